@@ -1,0 +1,12 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class LeasingConfig(AppConfig):
+    name = "leasing"
+    verbose_name = "Leasing"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from leasing import checks  # noqa: F401  (registers the system checks)

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.checks import CheckMessage, Error, register
+from django.db import connections
+
+
+@register()
+def check_postgresql(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Leases rely on PostgreSQL: ON CONFLICT ... DO UPDATE ... WHERE, SKIP LOCKED, sequences, LISTEN."""
+    errors: list[CheckMessage] = []
+    for alias in connections:
+        vendor = connections[alias].vendor
+        if vendor != "postgresql":
+            errors.append(
+                Error(
+                    f"django-leasing needs PostgreSQL, but database {alias!r} uses {vendor!r}.",
+                    hint="Point DATABASE_URL (or DATABASES) at a PostgreSQL server, version 13 or newer.",
+                    id="leasing.E001",
+                )
+            )
+    return errors

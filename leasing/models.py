@@ -1,0 +1,252 @@
+"""The Lease model and the lease columns shared with the task queue.
+
+Every transition is ONE conditional SQL statement timed by the database clock. The statements
+read ``clock_timestamp()``, never ``now()``: ``now()`` is the start of the *transaction*, so a caller
+inside a long ``transaction.atomic()`` block would see a stale clock and could take over a lease
+that is still live. (Read-only filters such as ``active()`` use Django's ``Now()``, which is
+``statement_timestamp()`` on PostgreSQL: also immune to the transaction problem.)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+from django.db import connections, models
+from django.db.models.functions import Least, Now
+
+from leasing import signals
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+#: The one sequence every grant (lease acquire, task claim) draws its fencing token from.
+FENCE_SEQUENCE = "leasing_fence_token_seq"
+
+_M = TypeVar("_M", bound=models.Model)
+
+
+def seconds(value: float | dt.timedelta) -> float:
+    """A TTL given as seconds or a timedelta, as positive seconds."""
+    result = value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
+    if not result > 0:
+        raise ValueError(f"a lease TTL must be positive, got {value!r}")
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What a holder gets from a successful acquire or renew."""
+
+    resource: str
+    holder: str
+    token: int
+    acquired_at: dt.datetime
+    expires_at: dt.datetime
+
+
+class LeaseStateQuerySet(models.QuerySet[_M]):
+    """State filters shared by every model with lease columns (``Lease`` and ``Task``)."""
+
+    def active(self) -> Self:
+        return self.filter(released_at__isnull=True, expires_at__gt=Now())
+
+    def expired(self) -> Self:
+        return self.filter(released_at__isnull=True, expires_at__lte=Now())
+
+    def renewed(self) -> Self:
+        """Active leases that have been renewed at least once."""
+        return self.active().filter(renewals__gt=0)
+
+    def released(self) -> Self:
+        return self.filter(released_at__isnull=False)
+
+    def held_by(self, holder: str) -> Self:
+        return self.filter(holder=holder)
+
+
+class LeaseFields(models.Model):
+    """The lease columns. ``Task`` reuses them so a task's lease lives on its own row."""
+
+    holder = models.CharField(max_length=200, null=True, blank=True, db_index=True)
+    token = models.BigIntegerField(null=True, blank=True, help_text="Fencing token of the current grant.")
+    acquired_at = models.DateTimeField(null=True, blank=True)
+    renewed_at = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    renewals = models.PositiveIntegerField(default=0, help_text="Renewals of the current grant.")
+    transitions = models.PositiveIntegerField(default=0, help_text="How many times the holder changed.")
+
+    class Meta:
+        abstract = True
+
+    @property
+    def state(self) -> str:
+        """active / renewed / expired / released, as of the Python clock (display only)."""
+        if self.released_at is not None:
+            return "released"
+        if self.expires_at is None:
+            return "unheld"
+        if self.expires_at <= dt.datetime.now(dt.UTC):
+            return "expired"
+        return "renewed" if self.renewals else "active"
+
+
+def _fetch_grant(connection: BaseDatabaseWrapper, sql: str, params: dict[str, Any]) -> Grant | None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return Grant(*row) if row else None
+
+
+_RETURNING = "RETURNING resource, holder, token, acquired_at, expires_at"
+
+# Times come from clock_timestamp(), read when the row is actually written. A statement that
+# waited for a row lock (an acquire queued behind a concurrent release) would otherwise stamp its
+# grant with the time it *started*, before the release it waited for: two grants whose recorded
+# validity overlaps. In the ON CONFLICT branch the times are computed in SET, after the lock is
+# taken, never copied from EXCLUDED (evaluated before the wait). The same goes for the token:
+# EXCLUDED.token was drawn before the wait, so an acquire queued behind another could install a
+# token *smaller* than the grant before it. Drawn in SET, under the row lock, tokens follow the
+# order in which grants really happen. (The VALUES token is then wasted: gaps are harmless.)
+ACQUIRE_SQL = f"""
+INSERT INTO leasing_lease AS lease
+    (resource, holder, token, created_at, acquired_at, renewed_at, released_at, expires_at,
+     renewals, transitions, metadata)
+VALUES (%(resource)s, %(holder)s, nextval('{FENCE_SEQUENCE}'), clock_timestamp(), clock_timestamp(), NULL, NULL,
+        clock_timestamp() + make_interval(secs => %(ttl)s), 0, 0, %(metadata)s::jsonb)
+ON CONFLICT (resource) DO UPDATE SET
+    holder = EXCLUDED.holder,
+    token = nextval('{FENCE_SEQUENCE}'),
+    acquired_at = clock_timestamp(),
+    renewed_at = NULL,
+    released_at = NULL,
+    expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
+    renewals = 0,
+    transitions = lease.transitions + (lease.holder IS DISTINCT FROM EXCLUDED.holder)::int,
+    metadata = COALESCE(EXCLUDED.metadata, lease.metadata)
+WHERE lease.expires_at <= clock_timestamp() OR lease.released_at IS NOT NULL
+{_RETURNING}
+"""
+
+RENEW_SQL = f"""
+UPDATE leasing_lease
+SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
+    renewed_at = clock_timestamp(),
+    renewals = renewals + 1
+WHERE resource = %(resource)s AND holder = %(holder)s AND token = %(token)s
+  AND released_at IS NULL AND expires_at > clock_timestamp()
+{_RETURNING}
+"""
+
+RELEASE_SQL = f"""
+UPDATE leasing_lease
+SET released_at = clock_timestamp(), expires_at = LEAST(expires_at, clock_timestamp())
+WHERE resource = %(resource)s AND holder = %(holder)s AND token = %(token)s
+  AND released_at IS NULL AND expires_at > clock_timestamp()
+{_RETURNING}
+"""
+
+
+def acquire_on(
+    connection: BaseDatabaseWrapper,
+    resource: str,
+    holder: str,
+    ttl: float,
+    metadata: dict[str, Any] | None = None,
+) -> Grant | None:
+    """The acquire statement on a given connection (the holder's heartbeat uses its own)."""
+    params = {
+        "resource": resource,
+        "holder": holder,
+        "ttl": ttl,
+        "metadata": None if metadata is None else json.dumps(metadata),
+    }
+    grant = _fetch_grant(connection, ACQUIRE_SQL, params)
+    if grant is not None:
+        signals.lease_acquired.send(sender=Lease, grant=grant)
+    return grant
+
+
+def renew_on(connection: BaseDatabaseWrapper, resource: str, holder: str, token: int, ttl: float) -> Grant | None:
+    grant = _fetch_grant(connection, RENEW_SQL, {"ttl": ttl, "resource": resource, "holder": holder, "token": token})
+    if grant is not None:
+        signals.lease_renewed.send(sender=Lease, grant=grant)
+    return grant
+
+
+def release_on(connection: BaseDatabaseWrapper, resource: str, holder: str, token: int) -> Grant | None:
+    """Release; the returned grant's ``expires_at`` is the moment of release (database clock)."""
+    grant = _fetch_grant(connection, RELEASE_SQL, {"resource": resource, "holder": holder, "token": token})
+    if grant is not None:
+        signals.lease_released.send(sender=Lease, grant=grant)
+    return grant
+
+
+class LeaseQuerySet(LeaseStateQuerySet["Lease"]):
+    """Lease operations. Each is one statement on this queryset's database, in its transaction.
+
+    Called inside ``transaction.atomic()``, the statement joins that transaction, so a lease taken
+    there is invisible to others until commit. ``leasing.lease()`` avoids that for you.
+    """
+
+    @property
+    def _connection(self) -> BaseDatabaseWrapper:
+        return connections[self.db]
+
+    def acquire(
+        self,
+        resource: str,
+        holder: str,
+        ttl: float | dt.timedelta,
+        *,
+        metadata: dict[str, Any] | None = None,
+    ) -> Grant | None:
+        """Take ``resource`` if it is free, expired or released; None if someone holds it.
+
+        A holder re-acquiring its own live lease gets None too: that is what ``renew`` is for.
+        """
+        return acquire_on(self._connection, resource, holder, seconds(ttl), metadata)
+
+    def renew(self, resource: str, holder: str, token: int, ttl: float | dt.timedelta) -> Grant | None:
+        """Extend a live lease by ``ttl`` from now (database clock); None if it is no longer ours."""
+        return renew_on(self._connection, resource, holder, token, seconds(ttl))
+
+    def release(self, resource: str, holder: str, token: int) -> bool:
+        """End a live lease now; False if it was no longer ours (expired, revoked, taken over)."""
+        return release_on(self._connection, resource, holder, token) is not None
+
+    def is_current(self, resource: str, token: int) -> bool:
+        """Whether ``token`` is the live grant of ``resource``: for callers that can check but not fence."""
+        return self.active().filter(resource=resource, token=token).exists()
+
+    def revoke(self) -> int:
+        """End every active lease in this queryset now. Holders notice at their next renewal."""
+        return self.active().update(released_at=Now(), expires_at=Least("expires_at", Now()))
+
+
+class Lease(LeaseFields):
+    """Time-bounded exclusive ownership of a named resource."""
+
+    resource = models.CharField(max_length=255, unique=True)
+    holder = models.CharField(max_length=200, db_index=True)
+    token = models.BigIntegerField(help_text="Fencing token of the current grant.")
+    acquired_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+    metadata = models.JSONField(null=True, blank=True)
+
+    objects = LeaseQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["resource"]
+        indexes = [models.Index(fields=["expires_at"], name="leasing_lease_expires_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.resource} held by {self.holder} (token {self.token})"
+
+    @property
+    def grant(self) -> Grant:
+        return Grant(self.resource, self.holder, self.token, self.acquired_at, self.expires_at)

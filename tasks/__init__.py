@@ -1,0 +1,1 @@
+"""A PostgreSQL task queue whose workers hold each task under a lease."""

@@ -1,0 +1,69 @@
+"""8 threads and 4 processes contend for the same few resources; no two grants may overlap."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import json
+import threading
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from django.db import connections
+
+from tests.helpers import read_message, start_child
+from tests.helpers.contend import contend
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+RESOURCES = ["alpha", "beta", "gamma"]
+DURATION = 4.0
+
+
+def test_no_two_grants_of_a_resource_overlap_and_tokens_grow() -> None:
+    processes = [start_child("contend", ",".join(RESOURCES), str(DURATION), str(i)) for i in range(4)]
+    for proc in processes:
+        assert read_message(proc).get("ready")
+
+    grants: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def run_thread(seed: int) -> None:
+        try:
+            mine = contend(RESOURCES, DURATION, 1000 + seed)
+            with lock:
+                grants.extend(mine)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run_thread, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+    for proc in processes:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        for line in out.splitlines():
+            message = json.loads(line)
+            if "token" in message:
+                message["start"] = dt.datetime.fromisoformat(message["start"])
+                message["end"] = dt.datetime.fromisoformat(message["end"])
+                grants.append(message)
+
+    by_resource: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for grant in grants:
+        by_resource[grant["resource"]].append(grant)
+    holders = {grant["holder"] for grant in grants}
+
+    assert set(by_resource) == set(RESOURCES)
+    assert len(holders) >= 10, "most contenders should have won at least once"
+    assert len({grant["token"] for grant in grants}) == len(grants), "a token was granted twice"
+    for resource, entries in by_resource.items():
+        entries.sort(key=lambda g: g["start"])
+        for before, after in itertools.pairwise(entries):
+            assert after["start"] >= before["end"], f"{resource}: {before} overlaps {after}"
+            assert after["token"] > before["token"], f"{resource}: token went backwards"
+    assert len(grants) > 300, f"too little contention to prove anything ({len(grants)} grants)"

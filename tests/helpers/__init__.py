@@ -1,0 +1,104 @@
+"""Helpers for tests that start real processes against the test database."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_database_url() -> str:
+    """A DATABASE_URL naming the test database that pytest-django created."""
+    s = connection.settings_dict
+    auth = quote(s["USER"] or "")
+    if s["PASSWORD"]:
+        auth += ":" + quote(s["PASSWORD"])
+    host = s["HOST"] or ""
+    port = f":{s['PORT']}" if s["PORT"] else ""
+    query = ""
+    socket_host = (s.get("OPTIONS") or {}).get("host")
+    if socket_host:
+        query = f"?host={quote(socket_host)}"
+    return f"postgres://{auth}@{host}{port}/{s['NAME']}{query}"
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(DATABASE_URL=test_database_url(), DJANGO_SETTINGS_MODULE="tests.settings", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def start_child(helper: str, *args: str, **env: str) -> subprocess.Popen[str]:
+    """Start ``tests/helpers/<helper>.py``'s ``main(args)`` in a new process, with pipes for JSON lines."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.child", helper, *args],
+        cwd=ROOT,
+        env=child_env(**env),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@contextmanager
+def ensure_ended(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """On the way out, resume and kill a child that is still running (a failed test)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            with suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait(30)
+
+
+def read_message(proc: subprocess.Popen[str], timeout: float = 30.0) -> dict[str, Any]:
+    """The next JSON line the child prints, or fail after ``timeout`` seconds."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    if not ready:
+        raise AssertionError(f"child printed nothing within {timeout}s")
+    line = proc.stdout.readline()
+    if not line:
+        stderr = proc.stderr.read() if proc.stderr else ""
+        raise AssertionError(f"child exited ({proc.wait()}) without a message: {stderr}")
+    return json.loads(line)
+
+
+def send(proc: subprocess.Popen[str], message: dict[str, Any]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(message) + "\n")
+    proc.stdin.flush()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:
+    """Poll ``predicate`` until it returns something truthy, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+def emit(**message: Any) -> None:
+    """For child scripts: one JSON line on stdout."""
+    print(json.dumps(message, default=str), flush=True)

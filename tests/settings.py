@@ -1,0 +1,31 @@
+"""Test settings: the demo settings on a throwaway embedded PostgreSQL.
+
+When ``DATABASE_URL`` is unset, a server is started once per test session in a temporary
+directory (fsync off) and stopped when the session ends. ``DATABASE_URL`` is exported so that
+worker processes the tests start reach the same server.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+
+if "DATABASE_URL" not in os.environ:
+    from project.embedded_db import discard, temporary_server
+
+    _server = temporary_server()
+    _owner = os.getpid()
+    os.environ["DATABASE_URL"] = _server.url()
+
+    def _stop_server() -> None:
+        if os.getpid() == _owner:
+            discard(_server)
+
+    atexit.register(_stop_server)
+
+from project.settings import *  # noqa: F403
+
+DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]  # noqa: F405
