@@ -4,14 +4,19 @@ from typing import Any
 
 from django.core.checks import CheckMessage, Error, register
 from django.db import connections
+from django.db.utils import ConnectionHandler
 
 
 @register()
 def check_postgresql(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Leases rely on PostgreSQL: ON CONFLICT ... DO UPDATE ... WHERE, SKIP LOCKED, sequences, LISTEN."""
+    return postgresql_errors(connections)
+
+
+def postgresql_errors(handler: ConnectionHandler) -> list[CheckMessage]:
     errors: list[CheckMessage] = []
-    for alias in connections:
-        vendor = connections[alias].vendor
+    for alias in handler:
+        vendor = handler[alias].vendor
         if vendor != "postgresql":
             errors.append(
                 Error(

@@ -43,4 +43,4 @@ class StaffFactory(factory.django.DjangoModelFactory):
     username = factory.Sequence(lambda n: f"staff{n}")
     is_staff = True
     is_superuser = True
-    password = factory.PostGenerationMethodCall("set_password", "pw")
+    password = factory.django.Password("pw")

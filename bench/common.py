@@ -1,0 +1,49 @@
+"""Shared set-up for the benchmarks: a database (DATABASE_URL, or an embedded server), Django."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def prepare_database() -> Any:
+    """Point DATABASE_URL at a migrated database; returns the embedded server to stop, if any."""
+    server = None
+    if "DATABASE_URL" not in os.environ:
+        from project.embedded_db import ensure_server
+
+        # Default durability settings (fsync on): the figures are what a real deployment sees.
+        server = ensure_server(Path(tempfile.mkdtemp(prefix="leasing-bench-")) / "pgdata")
+        os.environ["DATABASE_URL"] = server.url()
+    setup_django()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return server
+
+
+def setup_django() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    import django
+
+    django.setup()
+
+
+def psycopg_params() -> dict[str, Any]:
+    """Connection parameters of Django's default database, for raw psycopg connections."""
+    from django.db import connection
+
+    params = connection.get_connection_params()
+    return {k: v for k, v in params.items() if k in {"host", "port", "user", "password", "dbname"} and v}
+
+
+def figure(name: str, value: float, unit: str) -> None:
+    """One comparable figure per line."""
+    print(f"{name:<48} {value:>12.1f} {unit}", flush=True)

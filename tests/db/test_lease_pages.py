@@ -1,0 +1,84 @@
+"""Admin and staff pages for leases."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.urls import reverse
+
+from leasing.models import Lease
+from tests.factories import LeaseFactory, StaffFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def staff_client(client: Client) -> Client:
+    client.force_login(StaffFactory.create())
+    return client
+
+
+@pytest.mark.parametrize("state", ["active", "renewed", "expired", "released"])
+def test_state_pages_list_only_their_leases(staff_client: Client, state: str) -> None:
+    leases = {
+        "active": LeaseFactory.create(resource="is-active"),
+        "renewed": LeaseFactory.create(resource="is-renewed", renewed=True),
+        "expired": LeaseFactory.create(resource="is-expired", expired=True),
+        "released": LeaseFactory.create(resource="is-released", released=True),
+    }
+    response = staff_client.get(reverse("leasing:lease-state", args=[state]))
+    assert response.status_code == 200
+    page = response.content.decode()
+    expected = {"active": {"active", "renewed"}}.get(state, {state})
+    for name, lease in leases.items():
+        assert (lease.resource in page) == (name in expected), name
+    assert response.context["counts"] == {"active": 2, "renewed": 1, "expired": 1, "released": 1}
+
+
+def test_unknown_state_is_404(staff_client: Client) -> None:
+    assert staff_client.get("/leases/bogus/").status_code == 404
+
+
+def test_pages_are_staff_only(client: Client) -> None:
+    url = reverse("leasing:lease-list")
+    assert client.get(url).status_code == 302  # to the login page
+    user = get_user_model().objects.create_user("plain", password="pw")
+    client.force_login(user)
+    assert client.get(url).status_code == 302
+
+
+def test_admin_lists_filters_and_searches(staff_client: Client) -> None:
+    LeaseFactory.create(resource="jobs:alpha", holder="web-1")
+    LeaseFactory.create(resource="jobs:beta", expired=True)
+    url = reverse("admin:leasing_lease_changelist")
+    page = staff_client.get(url).content.decode()
+    assert "jobs:alpha" in page
+    assert "jobs:beta" in page
+    expired_only = staff_client.get(url, {"state": "expired"}).content.decode()
+    assert "jobs:beta" in expired_only
+    assert "jobs:alpha" not in expired_only
+    searched = staff_client.get(url, {"q": "web-1"}).content.decode()
+    assert "jobs:alpha" in searched
+    assert "jobs:beta" not in searched
+
+
+def test_admin_revoke_action_ends_the_lease_and_the_next_grant_gets_a_new_token(staff_client: Client) -> None:
+    grant = Lease.objects.acquire("jobs:alpha", "web-1", ttl=60)
+    assert grant is not None
+    lease = Lease.objects.get(resource="jobs:alpha")
+    response = staff_client.post(
+        reverse("admin:leasing_lease_changelist"),
+        {"action": "revoke", "_selected_action": [lease.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    assert "Revoked 1 active lease" in response.content.decode()
+    assert Lease.objects.renew("jobs:alpha", "web-1", grant.token, ttl=60) is None
+    taken = Lease.objects.acquire("jobs:alpha", "web-2", ttl=60)
+    assert taken is not None
+    assert taken.token > grant.token
+
+
+def test_admin_offers_no_hand_made_leases(staff_client: Client) -> None:
+    assert staff_client.get(reverse("admin:leasing_lease_add")).status_code == 403
