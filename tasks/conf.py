@@ -1,0 +1,38 @@
+"""Typed settings of the task queue, read from ``settings.LEASING_TASKS`` (Django's own ``TASKS``
+setting configures ``django.tasks`` backends, so ours has its own name)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from django.conf import settings
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSettings:
+    #: Lease of a claimed task, seconds. A dead worker's tasks run again within TTL + RECOVERY_INTERVAL.
+    TTL: float = 30.0
+    #: Attempts before a task ends FAILED for good (each attempt's error is kept).
+    MAX_ATTEMPTS: int = 3
+    #: Retry delay: BACKOFF_BASE * 2**(attempt-1) seconds, capped at BACKOFF_MAX, jittered 50-100 %.
+    BACKOFF_BASE: float = 1.0
+    BACKOFF_MAX: float = 300.0
+    #: Worker defaults (command-line options override them).
+    CONCURRENCY: int = 4
+    BATCH_SIZE: int = 16
+    POLL_INTERVAL: float = 2.0
+    SHUTDOWN_GRACE: float = 10.0
+    #: How often the (leader-elected) recovery controller runs, seconds.
+    RECOVERY_INTERVAL: float = 2.0
+    #: Failure injection of the demo handler (fractions of tasks). Off unless configured.
+    DEMO_CRASH_RATE: float = 0.0
+    DEMO_STALL_RATE: float = 0.0
+
+
+def get_settings() -> TaskSettings:
+    overrides: dict[str, Any] = dict(getattr(settings, "LEASING_TASKS", {}) or {})
+    unknown = set(overrides) - {f.name for f in fields(TaskSettings)}
+    if unknown:
+        raise ValueError(f"unknown LEASING_TASKS settings: {', '.join(sorted(unknown))}")
+    return TaskSettings(**overrides)

@@ -1,0 +1,329 @@
+"""Every queue operation and its failure cases, on a real server."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+from django.utils import timezone
+
+from tasks.models import NOTIFY_CHANNEL, Failure, Task, Worker
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.django_db
+
+NOOP = "tests.testapp.handlers.noop"
+
+
+def enqueue(**kwargs: Any) -> int:
+    return Task.objects.enqueue(NOOP, **kwargs).id
+
+
+def claim_one(worker: str = "w1", **kwargs: Any) -> Any:
+    claimed = Task.objects.claim(worker, limit=1, **kwargs)
+    assert len(claimed) == 1
+    return claimed[0]
+
+
+def test_enqueue_creates_a_ready_task() -> None:
+    task_id = enqueue(kwargs={"n": 1}, queue="mail", priority=5, max_attempts=4, timeout=2.5)
+    task = Task.objects.get(pk=task_id)
+    assert (task.status, task.queue, task.priority, task.kwargs, task.args) == ("READY", "mail", 5, {"n": 1}, [])
+    assert (task.attempts, task.max_attempts, task.timeout, task.errors, task.worker_ids) == (0, 4, 2.5, [], [])
+    assert task.run_after <= timezone.now()
+    assert task.holder is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("priority", 101, "priority"),
+        ("max_attempts", 0, "max_attempts"),
+        ("timeout", -1, "timeout"),
+        ("queue", "", "queue"),
+    ],
+)
+def test_enqueue_rejects_invalid_values(field: str, value: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Task.objects.enqueue(NOOP, **{field: value})
+    assert not Task.objects.exists()
+
+
+def test_dedup_key_is_unique_among_unfinished_tasks() -> None:
+    first = Task.objects.enqueue(NOOP, dedup_key="invoice:7")
+    again = Task.objects.enqueue(NOOP, dedup_key="invoice:7")
+    assert first.created
+    assert (again.id, again.created) == (first.id, False)
+    claimed = claim_one()
+    assert Task.objects.enqueue(NOOP, dedup_key="invoice:7").id == first.id  # running counts too
+    assert Task.objects.complete(claimed.id, "w1", claimed.token)
+    fresh = Task.objects.enqueue(NOOP, dedup_key="invoice:7")
+    assert fresh.created
+    assert fresh.id != first.id
+
+
+def test_bulk_enqueue_is_one_statement_per_chunk(django_assert_num_queries: Any) -> None:
+    with django_assert_num_queries(3):
+        ids = Task.objects.bulk_enqueue(NOOP, ({"i": i} for i in range(12_000)), queue="bulk")
+    assert len(ids) == len(set(ids)) == 12_000
+    assert Task.objects.filter(queue="bulk", status="READY").count() == 12_000
+    assert Task.objects.get(pk=ids[-1]).kwargs == {"i": 11_999}
+
+
+def test_claim_takes_priority_then_age_and_sets_the_lease(django_assert_num_queries: Any) -> None:
+    low = enqueue(priority=-5)
+    high = enqueue(priority=10)
+    mid_old = enqueue()
+    mid_new = enqueue()
+    with django_assert_num_queries(1):
+        claimed = Task.objects.claim("w1", limit=3, ttl=30)
+    assert [c.id for c in claimed] == [high, mid_old, mid_new]
+    assert all(c.attempts == 1 and c.worker_ids == ["w1"] for c in claimed)
+    assert len({c.token for c in claimed}) == 3
+    row = Task.objects.get(pk=high)
+    assert (row.status, row.holder, row.token, row.renewals) == ("RUNNING", "w1", claimed[0].token, 0)
+    assert row.expires_at is not None
+    assert row.started_at is not None
+    assert Task.objects.active().filter(pk=high).exists()
+    assert Task.objects.claim("w1", limit=5)[0].id == low
+
+
+def test_claim_honours_run_after_and_queues() -> None:
+    later = enqueue(run_after=timezone.now() + dt.timedelta(hours=1))
+    other = enqueue(queue="other")
+    assert Task.objects.claim("w1", limit=10) == []
+    assert [c.id for c in Task.objects.claim("w1", limit=10, queues=["other", "more"])] == [other]
+    Task.objects.filter(pk=later).retry_now()
+    assert [c.id for c in Task.objects.claim("w1", limit=10)] == [later]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_claims_skip_locked_rows_and_never_share_a_task() -> None:
+    Task.objects.bulk_enqueue(NOOP, [{}] * 400)
+    results: dict[str, list[int]] = {}
+    start = threading.Barrier(4)
+
+    def claimer(name: str) -> None:
+        try:
+            start.wait()
+            mine: list[int] = []
+            while batch := Task.objects.claim(name, limit=7):
+                mine.extend(c.id for c in batch)
+            results[name] = mine
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    all_ids = [task_id for ids in results.values() for task_id in ids]
+    assert len(all_ids) == len(set(all_ids)) == 400
+    assert sum(1 for ids in results.values() if ids) >= 2
+
+
+def test_heartbeat_renews_every_held_task_in_one_statement_and_reports_losses(django_assert_num_queries: Any) -> None:
+    Worker.objects.create(id="w1", hostname="h", pid=1, concurrency=2)
+    for _ in range(3):
+        enqueue()
+    a, b, c = Task.objects.claim("w1", limit=3, ttl=30)
+    Task.objects.filter(pk=b.id).cancel()
+    held = {a.id: a.token, b.id: b.token, c.id: c.token + 1}  # c: a token that is not ours
+    with django_assert_num_queries(1):
+        lost = Task.objects.heartbeat("w1", held, ttl=60, stats={"succeeded": 3})
+    assert lost == {b.id, c.id}
+    row = Task.objects.get(pk=a.id)
+    assert row.renewals == 1
+    assert row.renewed_at is not None
+    worker = Worker.objects.get(pk="w1")
+    assert (worker.running, worker.stats) == (3, {"succeeded": 3})
+
+
+def test_complete_is_a_compare_and_set(django_assert_num_queries: Any) -> None:
+    enqueue()
+    task = claim_one()
+    assert not Task.objects.complete(task.id, "w2", task.token, 1)
+    assert not Task.objects.complete(task.id, "w1", task.token - 1, 1)
+    with django_assert_num_queries(1):
+        assert Task.objects.complete(task.id, "w1", task.token, {"answer": 42})
+    assert not Task.objects.complete(task.id, "w1", task.token, "twice")
+    row = Task.objects.get(pk=task.id)
+    assert (row.status, row.return_value) == ("SUCCESSFUL", {"answer": 42})
+    assert row.finished_at is not None
+    assert Task.objects.released().filter(pk=task.id).exists()
+
+
+def test_completion_after_the_lease_expired_is_rejected() -> None:
+    enqueue()
+    task = claim_one(ttl=0.05)
+    wait_until(lambda: Task.objects.stuck().filter(pk=task.id).exists(), what="expiry")
+    assert not Task.objects.complete(task.id, "w1", task.token, 1)
+    assert Task.objects.get(pk=task.id).status == "RUNNING"
+
+
+def test_complete_many_accepts_only_owned_rows() -> None:
+    for _ in range(3):
+        enqueue()
+    a, b, c = Task.objects.claim("w1", limit=3)
+    accepted = Task.objects.complete_many("w1", [(a.id, a.token, 1), (b.id, b.token + 9, 2), (c.id, c.token, None)])
+    assert accepted == {a.id, c.id}
+
+
+def test_fail_retries_with_backoff_then_ends_failed_keeping_every_error(settings: Any) -> None:
+    settings.LEASING_TASKS = {"BACKOFF_BASE": 60.0, "BACKOFF_MAX": 600.0}
+    task_id = enqueue(max_attempts=2)
+    first = claim_one()
+    outcome = Task.objects.fail(Failure(first.id, first.token, "builtins.ValueError", "bad 1", "tb 1"), "w1")
+    assert outcome is not None
+    assert outcome.status == "READY"
+    delay = (outcome.run_after - timezone.now()).total_seconds()
+    assert 25 <= delay <= 60  # 60 s * 2**0, jittered down to half at most
+    assert Task.objects.claim("w1") == []  # backing off
+    Task.objects.filter(pk=task_id).retry_now()
+    second = claim_one()
+    assert second.attempts == 2
+    outcome = Task.objects.fail(Failure(second.id, second.token, "builtins.KeyError", "bad 2", "tb 2"), "w1")
+    assert outcome is not None
+    assert outcome.status == "FAILED"
+    row = Task.objects.get(pk=task_id)
+    assert row.status == "FAILED"
+    assert row.finished_at is not None
+    assert [(e["attempt"], e["exception_class_path"], e["message"]) for e in row.errors] == [
+        (1, "builtins.ValueError", "bad 1"),
+        (2, "builtins.KeyError", "bad 2"),
+    ]
+    assert row.worker_ids == ["w1", "w1"]
+
+
+def test_non_retryable_failure_is_terminal_at_once() -> None:
+    enqueue(max_attempts=5)
+    task = claim_one()
+    outcome = Task.objects.fail(Failure(task.id, task.token, "x.Y", "no", retry=False), "w1")
+    assert outcome is not None
+    assert outcome.status == "FAILED"
+
+
+def test_fail_from_a_stale_worker_changes_nothing() -> None:
+    enqueue()
+    task = claim_one()
+    assert Task.objects.fail(Failure(task.id, task.token + 1, "x.Y", "late"), "w1") is None
+    assert Task.objects.get(pk=task.id).errors == []
+
+
+def test_recover_expired_requeues_and_records_the_delay() -> None:
+    task_id = enqueue(max_attempts=3)
+    stale = claim_one(ttl=0.05)
+    wait_until(lambda: Task.objects.stuck().exists(), what="expiry")
+    recovered = Task.objects.recover_expired()
+    assert [(r.id, r.status) for r in recovered] == [(task_id, "READY")]
+    assert recovered[0].expired_for is not None
+    assert recovered[0].expired_for >= 0
+    row = Task.objects.get(pk=task_id)
+    assert (row.status, row.attempts) == ("READY", 1)
+    assert row.errors[-1]["message"].startswith("lease expired")
+    assert row.errors[-1]["worker"] == "w1"
+    again = claim_one("w2")  # the first recovery runs again at once
+    assert (again.attempts, again.token > stale.token) == (2, True)
+    assert not Task.objects.complete(stale.id, "w1", stale.token, "late")  # the stale worker loses
+    assert Task.objects.complete(again.id, "w2", again.token, "fresh")
+    assert Task.objects.get(pk=task_id).return_value == "fresh"
+
+
+def test_recovery_of_the_last_attempt_ends_failed() -> None:
+    enqueue(max_attempts=1)
+    claim_one(ttl=0.05)
+    wait_until(lambda: Task.objects.stuck().exists(), what="expiry")
+    assert [r.status for r in Task.objects.recover_expired()] == ["FAILED"]
+
+
+def test_recovery_repairs_impossible_states() -> None:
+    orphan = enqueue()
+    Task.objects.filter(pk=orphan).update(status="RUNNING", attempts=1)  # running, no holder, no lease
+    finished_with_lease = enqueue()
+    Task.objects.filter(pk=finished_with_lease).update(
+        status="SUCCESSFUL", holder="w9", token=1, expires_at=timezone.now() + dt.timedelta(hours=1)
+    )
+    recovered = Task.objects.recover_expired()
+    assert [(r.id, r.status, r.expired_for) for r in recovered] == [(orphan, "READY", None)]
+    assert Task.objects.get(pk=orphan).errors[-1]["message"].startswith("orphan")
+    assert Task.objects.release_stray_leases() == [finished_with_lease]
+    assert not Task.objects.active().filter(pk=finished_with_lease).exists()
+
+
+def test_tasks_of_a_stopped_worker_are_expired_at_once() -> None:
+    Worker.objects.create(id="w1", hostname="h", pid=1, concurrency=1, stopped_at=timezone.now())
+    enqueue()
+    task = claim_one("w1", ttl=300)
+    assert Task.objects.expire_orphans() == [task.id]
+    assert [r.id for r in Task.objects.recover_expired()] == [task.id]
+
+
+def test_checkpoint_is_kept_for_the_next_attempt() -> None:
+    enqueue()
+    task = claim_one(ttl=0.2)
+    assert Task.objects.checkpoint(task.id, "w1", task.token, {"done": 40})
+    assert not Task.objects.checkpoint(task.id, "w2", task.token, {"done": 99})
+    wait_until(lambda: Task.objects.stuck().exists(), what="expiry")
+    assert not Task.objects.checkpoint(task.id, "w1", task.token, {"done": 50})  # expired: rejected
+    Task.objects.recover_expired()
+    assert claim_one("w2").progress == {"done": 40}
+
+
+def test_cancel_requeue_and_retry_now() -> None:
+    waiting = enqueue()
+    running = enqueue()
+    Task.objects.filter(pk=waiting).update(run_after=timezone.now() + dt.timedelta(hours=1))
+    task = claim_one()
+    assert task.id == running
+    assert Task.objects.filter(pk__in=[waiting, running]).cancel() == 2
+    assert set(Task.objects.filter(status="CANCELLED").values_list("id", flat=True)) == {waiting, running}
+    assert Task.objects.heartbeat("w1", {task.id: task.token}) == {task.id}
+    assert not Task.objects.complete(task.id, "w1", task.token)
+    assert Task.objects.filter(pk=waiting).requeue() == 1
+    row = Task.objects.get(pk=waiting)
+    assert (row.status, row.attempts, row.finished_at) == ("READY", 0, None)
+    assert Task.objects.filter(pk=waiting).cancel() == 1
+    assert Task.objects.filter(pk=waiting).cancel() == 0  # already finished
+
+
+def test_requeue_refuses_to_duplicate_a_dedup_key() -> None:
+    from tasks.exceptions import TaskError
+
+    old = Task.objects.enqueue(NOOP, dedup_key="k").id
+    Task.objects.filter(pk=old).cancel()
+    Task.objects.enqueue(NOOP, dedup_key="k")
+    with pytest.raises(TaskError, match="dedup key"):
+        Task.objects.filter(pk=old).requeue()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_notifies_listeners_once_per_statement() -> None:
+    listener = connections["default"].get_new_connection(connections["default"].get_connection_params())
+    try:
+        listener.autocommit = True
+        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        enqueue(queue="mail")
+        Task.objects.bulk_enqueue(NOOP, [{}] * 50, queue="bulk")
+        enqueue(queue="later", run_after=timezone.now() + dt.timedelta(hours=1))
+        payloads = [n.payload for n in listener.notifies(timeout=1.0)]
+    finally:
+        listener.close()
+    assert sorted(payloads) == ["bulk", "later", "mail"]
+
+
+def test_claim_plan_walks_the_runnable_index_without_sorting_a_backlog() -> None:
+    ids = Task.objects.bulk_enqueue(NOOP, [{}] * 20_000)
+    Task.objects.filter(pk__in=ids[:10_000]).update(status="SUCCESSFUL")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE tasks_task")
+        cursor.execute(
+            "EXPLAIN SELECT id FROM tasks_task WHERE status = 'READY' AND run_after <= statement_timestamp()"
+            " AND queue = ANY(ARRAY['default']) ORDER BY priority DESC, run_after, id LIMIT 10 FOR UPDATE SKIP LOCKED"
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "tasks_task_runnable_idx" in plan, plan
+    assert "Sort" not in plan, plan
