@@ -13,13 +13,14 @@ import argparse
 import multiprocessing as mp
 import os
 import time
+from typing import Any
 
 from common import figure, prepare_database, psycopg_params, setup_django
 
 RESOURCES_PER_PROCESS = 64
 
 
-def api_worker(seconds: float, index: int, start: mp.synchronize.Event, results: mp.Queue) -> None:  # type: ignore[type-arg]
+def api_worker(seconds: float, index: int, start: Any, results: Any) -> None:
     setup_django()
     from leasing.models import Lease
 
@@ -37,7 +38,7 @@ def api_worker(seconds: float, index: int, start: mp.synchronize.Event, results:
     results.put(cycles)
 
 
-def raw_worker(seconds: float, index: int, start: mp.synchronize.Event, results: mp.Queue) -> None:  # type: ignore[type-arg]
+def raw_worker(seconds: float, index: int, start: Any, results: Any) -> None:
     setup_django()
     import json
 

@@ -115,3 +115,17 @@ LOGGING = {
 LEASING = {
     "DEFAULT_TTL": env.float("LEASING_DEFAULT_TTL", default=30.0),
 }
+
+TASKS = {
+    "default": {
+        "BACKEND": "tasks.backends.LeaseBackend",
+        "QUEUES": [],  # any queue name
+    }
+}
+
+LEASING_TASKS = {
+    "TTL": env.float("TASKS_TTL", default=30.0),
+    "RECOVERY_INTERVAL": env.float("TASKS_RECOVERY_INTERVAL", default=2.0),
+    "DEMO_CRASH_RATE": env.float("TASKS_DEMO_CRASH_RATE", default=0.0),
+    "DEMO_STALL_RATE": env.float("TASKS_DEMO_STALL_RATE", default=0.0),
+}

@@ -18,6 +18,7 @@ from django.db import IntegrityError, connections, models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from leasing.fencing import FencedModel
 from leasing.models import FENCE_SEQUENCE, LeaseFields, LeaseStateQuerySet, seconds
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError
@@ -353,18 +354,19 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
     ) -> Enqueued:
         """Insert one task (one statement). With ``dedup_key``, an unfinished task with the same
         key is returned instead of a new one (``created`` is False)."""
-        params = {
+        attempts = get_settings().MAX_ATTEMPTS if max_attempts is None else max_attempts
+        _validate(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
+        params: dict[str, Any] = {
             "queue": queue,
             "priority": priority,
             "task_path": task_path,
             "args": json.dumps(list(args)),
             "kwargs": json.dumps(kwargs or {}),
             "run_after": run_after,
-            "max_attempts": get_settings().MAX_ATTEMPTS if max_attempts is None else max_attempts,
+            "max_attempts": attempts,
             "timeout": timeout,
             "dedup_key": dedup_key,
         }
-        _validate(queue=queue, priority=priority, max_attempts=params["max_attempts"], timeout=timeout)
         while True:
             rows = self._rows(ENQUEUE_SQL, params)
             if rows:
@@ -473,7 +475,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
 
     def checkpoint(self, task_id: int, worker: str, token: int, progress: Any) -> bool:
         """Store ``progress`` (JSON) as the task's last checkpoint; False if the task is no longer ours."""
-        params = {"id": task_id, "worker": worker, "token": token, "progress": json.dumps(progress)}
+        params: dict[str, Any] = {"id": task_id, "worker": worker, "token": token, "progress": json.dumps(progress)}
         with self._connection.cursor() as cursor:
             cursor.execute(CHECKPOINT_SQL, params)
             return cursor.rowcount == 1
@@ -667,15 +669,26 @@ class Worker(models.Model):
         return self.id
 
 
-class GeneratorState(models.Model):
-    """Desired state of the demo generator, shared by every replica through the database."""
+class GeneratorState(FencedModel):
+    """The demo generator, shared by every replica through the database.
+
+    ``running``, ``rate`` and ``max_sleep`` are the desired state: any replica may change them.
+    The ``leader*`` fields, ``ticks``, ``observed_running`` and ``generated`` are written only by
+    the instance that holds the generator lease, through a fenced update, so a deposed leader
+    cannot keep generating.
+    """
 
     name = models.CharField(max_length=100, primary_key=True, default="default")
     running = models.BooleanField(default=False)
     rate = models.FloatField(default=2.0, help_text="Tasks per second while running.")
     max_sleep = models.FloatField(default=3.0, help_text="Largest sleep_duration_seconds of a generated task.")
-    generated = models.BigIntegerField(default=0)
+    queue = models.CharField(max_length=100, default="default")
     updated_at = models.DateTimeField(auto_now=True)
+    generated = models.BigIntegerField(default=0)
+    leader = models.CharField(max_length=200, blank=True, default="")
+    leader_seen_at = models.DateTimeField(null=True, blank=True)
+    observed_running = models.BooleanField(default=False)
+    ticks = models.BigIntegerField(default=0)
 
     def __str__(self) -> str:
         return f"generator {self.name}: {'running' if self.running else 'stopped'} at {self.rate}/s"

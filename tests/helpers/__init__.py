@@ -102,3 +102,33 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: fl
 def emit(**message: Any) -> None:
     """For child scripts: one JSON line on stdout."""
     print(json.dumps(message, default=str), flush=True)
+
+
+def start_manage(log_path: Path, command: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
+    """Start ``python manage.py command args`` on the test database, logging to ``log_path``
+    (a file, not a pipe: a worker that logs a lot would block on a full pipe nobody reads)."""
+    log = open(log_path, "ab")  # noqa: SIM115 (closed by the caller through stop_process)
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", command, *args],
+        cwd=ROOT,
+        env=child_env(**env),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()  # the child has its own copy
+    return proc
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 30.0) -> int:
+    """SIGCONT + SIGTERM, then SIGKILL after ``timeout``; returns the exit code."""
+    if proc.poll() is None:
+        with suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+    return proc.returncode

@@ -12,3 +12,27 @@ class FencedRecord(FencedModel):
 
     def __str__(self) -> str:
         return self.key
+
+
+class Gate(models.Model):
+    """A switch the tests open to let a blocked task handler finish."""
+
+    key = models.CharField(max_length=100, unique=True)
+    open = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class Effect(models.Model):
+    """One row per side effect of a task handler, to count executions."""
+
+    task_id = models.BigIntegerField(db_index=True)
+    token = models.BigIntegerField()
+    attempt = models.PositiveIntegerField()
+    phase = models.CharField(max_length=20)
+    pid = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.task_id}:{self.phase}"

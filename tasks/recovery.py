@@ -1,0 +1,106 @@
+"""The recovery controller: requeues tasks whose worker died, repairs impossible states.
+
+It runs as a loop (``manage.py recover_tasks``), inside every worker, or once from a Celery beat
+task. Wherever it runs, it works only while it holds the ``tasks:recovery`` lease, so exactly one
+instance recovers at a time and a standby takes over when that one dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from django.db import DEFAULT_DB_ALIAS, Error, connections
+
+from leasing.election import LeaderElection, Term
+from tasks.conf import get_settings
+from tasks.models import Recovered, Task
+
+logger = logging.getLogger("tasks.recovery")
+
+RECOVERY_LEASE = "tasks:recovery"
+#: The sweep for leases left live on rows that are not running runs every this many rounds.
+REPAIR_EVERY = 30
+
+
+@dataclass
+class RecoveryReport:
+    requeued: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    orphans_expired: list[int] = field(default_factory=list)
+    stray_leases_released: list[int] = field(default_factory=list)
+    #: Seconds from lease expiry to requeue, per recovered task that had a lease.
+    delays: list[float] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.requeued or self.failed or self.orphans_expired or self.stray_leases_released)
+
+
+def recover_once(*, using: str = DEFAULT_DB_ALIAS, repair: bool = True, batch: int = 1000) -> RecoveryReport:
+    """One round of recovery (statements, no lease): what the controller does each interval."""
+    manager = Task.objects.db_manager(using)
+    report = RecoveryReport(orphans_expired=manager.expire_orphans())
+    while True:
+        recovered: list[Recovered] = manager.recover_expired(limit=batch)
+        for item in recovered:
+            (report.requeued if item.status == "READY" else report.failed).append(item.id)
+            if item.expired_for is not None:
+                report.delays.append(item.expired_for)
+        if len(recovered) < batch:
+            break
+    if repair:
+        report.stray_leases_released = manager.release_stray_leases()
+    if not report.empty:
+        logger.warning(
+            "recovery: requeued %d, failed for good %d, orphans expired %d, stray leases released %d;"
+            " longest expiry-to-requeue %.2fs",
+            len(report.requeued),
+            len(report.failed),
+            len(report.orphans_expired),
+            len(report.stray_leases_released),
+            max(report.delays, default=0.0),
+        )
+    return report
+
+
+class RecoveryController:
+    def __init__(
+        self, *, interval: float | None = None, using: str = DEFAULT_DB_ALIAS, ttl: float | None = None
+    ) -> None:
+        self.interval = interval or get_settings().RECOVERY_INTERVAL
+        self.using = using
+        # The controller's own lease: long enough to ride out a slow round, short enough to hand over fast.
+        self.election = LeaderElection(
+            RECOVERY_LEASE, ttl=ttl or max(1.0, self.interval * 3), retry_interval=self.interval, using=using
+        )
+        self.rounds = 0
+        self.reports: list[RecoveryReport] = []
+
+    def _lead(self, term: Term) -> None:
+        logger.info("recovery controller %s is active", self.election.holder)
+        while not term.should_stop:
+            try:
+                report = recover_once(using=self.using, repair=self.rounds % REPAIR_EVERY == 0)
+                if not report.empty:
+                    self.reports = [*self.reports[-99:], report]
+            except Error as exc:
+                logger.warning("recovery round failed: %s", exc)
+                connections[self.using].close()
+            self.rounds += 1
+            term.wait(self.interval)
+
+    def run(self) -> None:
+        try:
+            self.election.run(self._lead)
+        finally:
+            connections.close_all()
+
+    def stop(self) -> None:
+        self.election.stop()
+
+    def run_in_thread(self) -> threading.Thread:
+        thread = threading.Thread(target=self.run, name="recovery", daemon=True)
+        thread.start()
+        return thread

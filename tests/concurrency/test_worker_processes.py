@@ -1,0 +1,172 @@
+"""Real worker processes against a real server: crashes, pauses, shutdown, throughput, wake-up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.db.models import Count
+
+from tasks.models import Task, TaskStatus, Worker
+from tests.helpers import start_manage, stop_process, wait_until
+from tests.testapp.models import Effect, Gate
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+FAST = ["--ttl", "1", "--recovery-interval", "0.2", "--poll-interval", "0.2", "-v", "2"]
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Any]:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str, worker_id: str | None = None) -> subprocess.Popen[bytes]:
+        name = worker_id or f"worker-{len(started)}"
+        proc = start_manage(tmp_path / f"{name}.log", "run_worker", "--worker-id", name, *args)
+        started.append(proc)
+        wait_until(lambda: Worker.objects.filter(id=name, last_seen_at__isnull=False).exists(), 30, what=f"{name} up")
+        return proc
+
+    start.logs = tmp_path  # type: ignore[attr-defined]
+    yield start
+    for proc in started:
+        stop_process(proc)
+
+
+def status_of(task_id: int) -> str:
+    return Task.objects.get(pk=task_id).status
+
+
+def wait_for_status(task_id: int, status: str, timeout: float = 20) -> None:
+    wait_until(lambda: status_of(task_id) == status, timeout, what=f"task {task_id} to be {status}")
+
+
+def started(task_id: int, attempt: int) -> bool:
+    return Effect.objects.filter(task_id=task_id, attempt=attempt, phase="started").exists()
+
+
+def test_sigkilled_worker_task_runs_again_and_finishes_exactly_once(workers: Any) -> None:
+    Gate.objects.create(key="g")
+    task_id = Task.objects.enqueue("tests.testapp.handlers.block", kwargs={"gate": "g"}, max_attempts=3).id
+    first = workers(*FAST, worker_id="doomed")
+    wait_until(lambda: started(task_id, 1), what="first attempt to start")
+
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(10)
+    killed_at = time.monotonic()
+    Gate.objects.filter(key="g").update(open=True)
+    workers(*FAST, worker_id="rescuer")
+
+    wait_until(lambda: status_of(task_id) == TaskStatus.SUCCESSFUL, 30, what="the task to succeed")
+    rerun_after = time.monotonic() - killed_at
+    task = Task.objects.get(pk=task_id)
+    assert task.attempts == 2
+    assert task.worker_ids == ["doomed", "rescuer"]
+    assert [e["message"][:13] for e in task.errors] == ["lease expired"]
+    phases = Counter(Effect.objects.filter(task_id=task_id).values_list("phase", flat=True))
+    assert phases == {"started": 2, "finished": 1}
+    assert rerun_after < 30  # generous bound; the benchmark measures it precisely
+
+
+def test_sigstopped_worker_loses_the_task_and_its_late_completion_is_rejected(workers: Any) -> None:
+    Gate.objects.create(key="g")
+    task_id = Task.objects.enqueue("tests.testapp.handlers.block", kwargs={"gate": "g"}).id
+    paused = workers(*FAST, worker_id="paused")
+    wait_until(lambda: started(task_id, 1), what="first attempt to start")
+
+    os.kill(paused.pid, signal.SIGSTOP)
+    Gate.objects.filter(key="g").update(open=True)
+    workers(*FAST, worker_id="other")
+    wait_until(lambda: status_of(task_id) == TaskStatus.SUCCESSFUL, 30, what="the other worker to finish")
+    winner = Task.objects.get(pk=task_id).return_value
+    assert isinstance(winner, dict)
+
+    os.kill(paused.pid, signal.SIGCONT)
+    # The paused worker's handler finishes too, but its completion is refused and counted.
+    wait_until(
+        lambda: (Worker.objects.get(pk="paused").stats or {}).get("rejected", 0) >= 1,
+        30,
+        what="the stale completion to be rejected",
+    )
+    task = Task.objects.get(pk=task_id)
+    assert task.return_value == winner
+    assert winner["pid"] != paused.pid
+    assert task.worker_ids == ["paused", "other"]
+    finished_by = list(Effect.objects.filter(task_id=task_id, phase="finished").values_list("pid", "token"))
+    assert sorted(pid for pid, _ in finished_by) == sorted([paused.pid, winner["pid"]])
+    assert winner["token"] == max(token for _, token in finished_by)
+
+
+def test_sigterm_drains_running_tasks_and_hands_back_the_unfinished_at_once(workers: Any) -> None:
+    Gate.objects.create(key="quick")
+    Gate.objects.create(key="stuck")
+    quick = Task.objects.enqueue("tests.testapp.handlers.block", kwargs={"gate": "quick"}).id
+    stuck = Task.objects.enqueue("tests.testapp.handlers.block", kwargs={"gate": "stuck"}).id
+    worker = workers("--ttl", "60", "--concurrency", "2", "--shutdown-grace", "3", "-v", "2", worker_id="draining")
+    wait_until(lambda: started(quick, 1) and started(stuck, 1), what="both tasks to start")
+
+    worker.send_signal(signal.SIGTERM)
+    Gate.objects.filter(key="quick").update(open=True)  # finishes within the grace period
+    assert worker.wait(30) == 0
+
+    assert status_of(quick) == TaskStatus.SUCCESSFUL
+    handed_back = Task.objects.get(pk=stuck)
+    assert handed_back.status == TaskStatus.READY
+    assert handed_back.attempts == 0  # the interrupted attempt does not count
+    assert handed_back.errors[-1]["exception_class_path"] == "tasks.exceptions.WorkerShutdown"
+    assert Task.objects.runnable().filter(pk=stuck).exists()  # at once, not after the 60 s TTL
+    assert Worker.objects.get(pk="draining").stopped_at is not None
+
+
+def test_second_signal_hands_back_without_waiting_for_the_grace_period(workers: Any) -> None:
+    Gate.objects.create(key="never")
+    task_id = Task.objects.enqueue("tests.testapp.handlers.block", kwargs={"gate": "never"}).id
+    worker = workers("--ttl", "60", "--shutdown-grace", "600", worker_id="impatient")
+    wait_until(lambda: started(task_id, 1), what="the task to start")
+    worker.send_signal(signal.SIGTERM)
+    wait_until(lambda: "draining" in (workers.logs / "impatient.log").read_text(), what="drain to begin")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    assert status_of(task_id) == TaskStatus.READY
+
+
+def test_four_worker_processes_drain_2000_tasks_each_exactly_once(workers: Any) -> None:
+    ids = Task.objects.bulk_enqueue("tests.testapp.handlers.record", [{}] * 2000)
+    procs = [workers("--concurrency", "4", "--batch-size", "16", "-v", "0", worker_id=f"w{i}") for i in range(4)]
+    wait_until(
+        lambda: not Task.objects.filter(status__in=["READY", "RUNNING"]).exists(), 120, what="the queue to drain"
+    )
+    for proc in procs:
+        assert stop_process(proc) == 0
+    assert Task.objects.filter(pk__in=ids, status=TaskStatus.SUCCESSFUL, attempts=1).count() == 2000
+    per_task = Effect.objects.values("task_id").annotate(n=Count("id"))
+    assert {row["n"] for row in per_task} == {1}
+    assert per_task.count() == 2000
+    assert len({worker for task in Task.objects.filter(pk__in=ids) for worker in task.worker_ids}) >= 2
+
+
+def listening_backends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN leasing_tasks%%'")
+        return int(cursor.fetchone()[0])
+
+
+def test_listen_notify_wakes_an_idle_worker_far_sooner_than_its_poll(workers: Any) -> None:
+    workers("--poll-interval", "30", worker_id="idle")
+    wait_until(lambda: listening_backends() >= 1, what="the listener")
+    latencies = []
+    for _ in range(5):
+        task_id = Task.objects.enqueue("tests.testapp.handlers.noop").id
+        wait_for_status(task_id, TaskStatus.SUCCESSFUL)
+        task = Task.objects.get(pk=task_id)
+        assert task.started_at is not None
+        latencies.append((task.started_at - task.enqueued_at).total_seconds())
+    assert max(latencies) < 3.0, latencies  # polling alone would take up to 30 s

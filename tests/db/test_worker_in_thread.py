@@ -1,0 +1,184 @@
+"""The Worker class in a thread of the test process: retries, checkpoints, django.tasks, timeouts."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connections
+from django.tasks import TaskResult, TaskResultStatus
+from django.tasks.signals import task_finished, task_started
+from django.utils import timezone
+
+from tasks.models import Task, TaskStatus
+from tasks.worker import Worker
+from tests.helpers import wait_until
+from tests.testapp import handlers
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def running_worker(settings: Any) -> Iterator[Worker]:
+    settings.LEASING_TASKS = {"BACKOFF_BASE": 0.01, "BACKOFF_MAX": 0.05}
+    worker = Worker(
+        concurrency=2, ttl=2, poll_interval=0.05, recovery_interval=0.1, install_signal_handlers=False, worker_id="t1"
+    )
+
+    def run() -> None:
+        try:
+            worker.run()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    yield worker
+    worker.request_stop()
+    worker.request_stop()
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+def refreshed(result: TaskResult) -> TaskResult:
+    result.refresh()
+    return result
+
+
+def wait_finished(result: TaskResult) -> None:
+    wait_until(lambda: refreshed(result).is_finished, 20, what=f"{result.task.name} to finish")
+
+
+def finished(task_id: int) -> Task:
+    return wait_until(
+        lambda: Task.objects.filter(pk=task_id, status__in=["SUCCESSFUL", "FAILED", "CANCELLED"]).first(),
+        20,
+        what=f"task {task_id} to finish",
+    )
+
+
+def test_failures_are_retried_with_every_error_kept(running_worker: Worker) -> None:
+    task_id = Task.objects.enqueue("tests.testapp.handlers.fail_until", kwargs={"succeed_on": 3}, max_attempts=3).id
+    task = finished(task_id)
+    assert (task.status, task.attempts, task.return_value) == ("SUCCESSFUL", 3, "succeeded on attempt 3")
+    assert [e["message"] for e in task.errors] == ["attempt 1 fails on purpose", "attempt 2 fails on purpose"]
+    assert all(
+        "Traceback" in e["traceback"] and e["exception_class_path"] == "builtins.ValueError" for e in task.errors
+    )
+
+
+def test_out_of_attempts_ends_failed(running_worker: Worker) -> None:
+    task_id = Task.objects.enqueue("tests.testapp.handlers.fail_until", kwargs={"succeed_on": 9}, max_attempts=2).id
+    task = finished(task_id)
+    assert (task.status, task.attempts, len(task.errors)) == ("FAILED", 2, 2)
+
+
+def test_unknown_handler_fails_without_retrying(running_worker: Worker) -> None:
+    task_id = Task.objects.enqueue("tests.testapp.handlers.missing", max_attempts=5).id
+    task = finished(task_id)
+    assert (task.status, task.attempts) == ("FAILED", 1)
+    assert task.errors[0]["exception_class_path"] == "builtins.ImportError"
+
+
+def test_retry_resumes_from_the_last_checkpoint(running_worker: Worker) -> None:
+    task = finished(Task.objects.enqueue("tests.testapp.handlers.resume").id)
+    assert task.return_value == {"resumed_from": 3, "attempt": 2}
+
+
+def test_dedup_key_returns_the_unfinished_task(running_worker: Worker) -> None:
+    first = Task.objects.enqueue("tests.testapp.handlers.fail_until", kwargs={"succeed_on": 1}, dedup_key="job-1")
+    second = Task.objects.enqueue("tests.testapp.handlers.fail_until", kwargs={"succeed_on": 1}, dedup_key="job-1")
+    assert second.id == first.id or finished(first.id).status == "SUCCESSFUL"
+    finished(first.id)
+    assert Task.objects.enqueue("tests.testapp.handlers.noop", dedup_key="job-1").created
+
+
+def test_timeout_lets_the_lease_lapse_and_the_late_result_is_rejected(running_worker: Worker) -> None:
+    from tests.testapp.models import Gate
+
+    Gate.objects.create(key="slow")
+    task_id = Task.objects.enqueue(
+        "tests.testapp.handlers.block", kwargs={"gate": "slow"}, timeout=0.3, max_attempts=1
+    ).id
+    task = finished(task_id)  # recovery ends it: one attempt, lease expired
+    assert task.status == "FAILED"
+    assert task.errors[-1]["message"].startswith("lease expired")
+    Gate.objects.filter(key="slow").update(open=True)
+    wait_until(lambda: running_worker.stats["rejected"] >= 1, 20, what="the late result to be rejected")
+    assert Task.objects.get(pk=task_id).status == "FAILED"
+
+
+def test_django_tasks_round_trip(running_worker: Worker) -> None:
+    events: list[tuple[str, str]] = []
+
+    def on_started(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        events.append(("started", task_result.id))
+
+    def on_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        events.append(("finished", task_result.status))
+
+    task_started.connect(on_started)
+    task_finished.connect(on_finished)
+    try:
+        result = handlers.add.enqueue(2, 3)
+        assert result.status == TaskResultStatus.READY
+        wait_until(lambda: refreshed(result).is_finished, 20, what="add() to finish")
+    finally:
+        task_started.disconnect(on_started)
+        task_finished.disconnect(on_finished)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.attempts == 1
+    assert result.worker_ids == ["t1"]
+    assert handlers.add.get_result(result.id).return_value == 5
+    assert events == [("started", result.id), ("finished", TaskResultStatus.SUCCESSFUL)]
+
+
+def test_django_tasks_context_async_and_errors(running_worker: Worker) -> None:
+    with_context = handlers.context_info.enqueue(label="x")
+    doubled = handlers.async_double.enqueue(21)
+    broken = handlers.explode.enqueue()
+    for result in (with_context, doubled, broken):
+        wait_finished(result)
+    info = with_context.return_value
+    assert (info["attempt"], info["label"], info["progress"]) == (1, "x", {"label": "x"})
+    assert info["token"] > 0
+    assert doubled.return_value == 42
+    assert broken.status == TaskResultStatus.FAILED
+    assert broken.errors[-1].exception_class_path == "builtins.KeyError"
+    assert broken.errors[-1].exception_class is KeyError
+
+
+def test_django_tasks_priority_and_run_after_are_honoured(running_worker: Worker) -> None:
+    running_worker.request_stop()  # stop claiming, then enqueue with priorities, then run a fresh worker
+    wait_until(lambda: Task.objects.running().count() == 0, what="idle")
+    later = handlers.add.using(run_after=timezone.now() + dt.timedelta(seconds=1.5)).enqueue(1, 1)
+    low = handlers.add.using(priority=-10).enqueue(1, 2)
+    high = handlers.add.using(priority=10).enqueue(1, 3)
+    claimed = Task.objects.claim("probe", limit=10)
+    assert [c.id for c in claimed] == [int(high.id), int(low.id)]  # run_after not due yet
+    Task.objects.complete_many("probe", [(c.id, c.token, 0) for c in claimed])
+    assert Task.objects.claim("probe", limit=10) == []
+    due = wait_until(lambda: Task.objects.claim("probe", limit=10), 10, what="the deferred task to become due")
+    assert [c.id for c in due] == [int(later.id)]
+    assert due[0].enqueued_at + dt.timedelta(seconds=1.4) <= timezone.now()
+
+
+def test_get_result_of_an_unknown_id_raises() -> None:
+    from django.tasks.exceptions import TaskResultDoesNotExist
+
+    with pytest.raises(TaskResultDoesNotExist):
+        handlers.add.get_result("999999")
+    with pytest.raises(TaskResultDoesNotExist):
+        handlers.add.get_result("not-a-number")
+
+
+def test_cancelled_task_maps_to_failed_and_running_cancel_is_lost_by_the_worker(running_worker: Worker) -> None:
+    result = handlers.add.using(run_after=timezone.now() + dt.timedelta(hours=1)).enqueue(1, 1)
+    Task.objects.filter(pk=int(result.id)).cancel()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert Task.objects.get(pk=int(result.id)).status == TaskStatus.CANCELLED
