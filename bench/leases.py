@@ -12,10 +12,16 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from common import figure, prepare_database, psycopg_params, setup_django
+# Run as a script, this folder would come first on sys.path and this file would shadow the
+# ``tasks`` app: import from the repository root instead.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.common import figure, prepare_database, psycopg_params, setup_django  # noqa: E402
 
 RESOURCES_PER_PROCESS = 64
 

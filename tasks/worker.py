@@ -116,6 +116,7 @@ class Worker:
         self._work: queue.SimpleQueue[Execution | None] = queue.SimpleQueue()
         self._outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._wake = threading.Event()
+        self._notified = threading.Event()  # a NOTIFY for one of our queues arrived
         self._stop = threading.Event()  # background threads end
         self._draining = threading.Event()  # first signal: stop claiming
         self._hurry = threading.Event()  # second signal: do not wait for running tasks
@@ -154,14 +155,23 @@ class Worker:
     # -- dispatcher ------------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
+        # Up to one claim batch is prefetched beyond the executors, so claims and finishes go to
+        # the database in batches instead of one statement per task. Prefetched tasks are held
+        # (and heartbeated) like running ones.
+        capacity = self.concurrency + self.batch_size
+        may_have_work = True  # false after a short claim, until a NOTIFY or the poll timeout
         drain_deadline: float | None = None
         while True:
             self._wake.clear()
+            if self._notified.is_set():
+                self._notified.clear()
+                may_have_work = True
             self._flush_outcomes()
             if self._draining.is_set():
                 if drain_deadline is None:
                     drain_deadline = time.monotonic() + self.shutdown_grace
-                    logger.info("worker %s draining: %d task(s) running", self.id, len(self._running))
+                    logger.info("worker %s draining: %d task(s) held", self.id, len(self._running))
+                    self._hand_back_unstarted()
                 if not self._running or self._hurry.is_set() or time.monotonic() >= drain_deadline:
                     return
                 self._wake.wait(min(0.1, max(0.0, drain_deadline - time.monotonic())))
@@ -171,15 +181,40 @@ class Worker:
                     return
                 self._wake.wait(0.1)
                 continue
-            free = self.concurrency - len(self._running)
-            if free > 0:
+            free = capacity - len(self._running)
+            starving = self._work.qsize() < self.concurrency
+            if may_have_work and free > 0 and (free >= self.batch_size or starving):
                 wanted = min(free, self.batch_size)
                 if self.max_tasks is not None:
                     wanted = min(wanted, self.max_tasks - self.stats["claimed"])
                 claimed = self._claim(wanted)
                 if claimed is not None and len(claimed) == wanted:
                     continue  # there may be more; go round without waiting
-            self._wake.wait(self.poll_interval)
+                may_have_work = claimed is None  # a failed claim is retried; a short one waits
+            if not self._wake.wait(self.poll_interval):
+                may_have_work = True  # the fallback poll
+
+    def _hand_back_unstarted(self) -> None:
+        """On drain, tasks claimed but not yet started go back to the queue at once."""
+        unstarted: list[Execution] = []
+        while True:
+            try:
+                execution = self._work.get_nowait()
+            except queue.Empty:
+                break
+            if execution is not None:
+                unstarted.append(execution)
+        if not unstarted:
+            return
+        held = {execution.id: execution.token for execution in unstarted}
+        try:
+            Task.objects.db_manager(self.using).hand_back(self.id, held)
+        except Error as exc:
+            logger.warning("worker %s: hand-back failed (tasks return after their TTL): %s", self.id, exc)
+        with self._running_lock:
+            for execution in unstarted:
+                execution.mark_lost("handed back unstarted at shutdown")
+                self._running.pop(execution.id, None)
 
     def _claim(self, limit: int) -> list[ClaimedTask] | None:
         sent = time.monotonic()
@@ -209,7 +244,7 @@ class Worker:
         if not outcomes:
             return
         successes = [o for o in outcomes if o.ok]
-        failures = [o for o in outcomes if not o.ok]
+        failures = [o for o in outcomes if o.failure is not None]
         manager = Task.objects.db_manager(self.using)
         while True:
             try:
@@ -271,7 +306,11 @@ class Worker:
     def _executor(self) -> None:
         try:
             while (execution := self._work.get()) is not None:
-                outcome = self._execute(execution)
+                if execution.lost:
+                    # Prefetched, but the claim lapsed before we got to it: not ours to run.
+                    outcome = Outcome(execution, ok=False)
+                else:
+                    outcome = self._execute(execution)
                 self._outcomes.put(outcome)
                 self._wake.set()
         finally:
@@ -364,10 +403,12 @@ class Worker:
                 conn = wrapper.get_new_connection(wrapper.get_connection_params())
                 conn.autocommit = True
                 conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                self._wake.set()  # anything enqueued while we were not listening
+                self._notified.set()  # anything enqueued while we were not listening
+                self._wake.set()
                 while not self._stop.is_set():
                     for notice in conn.notifies(timeout=0.5):
                         if notice.payload in self.queues:
+                            self._notified.set()
                             self._wake.set()
             except Exception as exc:
                 logger.warning("worker %s: listener connection failed: %s", self.id, exc)

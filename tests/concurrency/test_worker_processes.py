@@ -170,3 +170,23 @@ def test_listen_notify_wakes_an_idle_worker_far_sooner_than_its_poll(workers: An
         assert task.started_at is not None
         latencies.append((task.started_at - task.enqueued_at).total_seconds())
     assert max(latencies) < 3.0, latencies  # polling alone would take up to 30 s
+
+
+def test_drain_hands_back_prefetched_tasks_at_once(workers: Any) -> None:
+    Gate.objects.create(key="held")
+    running = Task.objects.enqueue("tests.testapp.handlers.block", kwargs={"gate": "held"}, priority=10).id
+    queued = Task.objects.bulk_enqueue("tests.testapp.handlers.noop", [{}] * 3)
+    worker = workers(
+        "--ttl", "60", "--concurrency", "1", "--batch-size", "4", "--shutdown-grace", "30", worker_id="prefetcher"
+    )
+    wait_until(lambda: started(running, 1), what="the blocking task to start")
+    assert Task.objects.filter(pk__in=queued, status="RUNNING", holder="prefetcher").count() == 3  # prefetched
+
+    worker.send_signal(signal.SIGTERM)
+    # While the running task still has its grace period, the unstarted ones are already runnable.
+    wait_until(lambda: Task.objects.runnable().filter(pk__in=queued).count() == 3, what="the hand-back")
+    assert Task.objects.get(pk=running).status == "RUNNING"
+    assert set(Task.objects.filter(pk__in=queued).values_list("attempts", flat=True)) == {0}
+    Gate.objects.filter(key="held").update(open=True)
+    assert worker.wait(30) == 0
+    assert status_of(running) == TaskStatus.SUCCESSFUL

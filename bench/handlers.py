@@ -1,0 +1,20 @@
+"""Handlers for the benchmarks (importable by worker processes started from the repository root)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tasks.runtime import current_task
+
+
+def noop(**kwargs: Any) -> None:
+    return None
+
+
+def hang_first_attempt(**kwargs: Any) -> int:
+    """Blocks on its first attempt (the benchmark kills that worker); returns at once afterwards."""
+    run = current_task()
+    if run.attempt == 1:
+        time.sleep(3600)
+    return run.attempt
