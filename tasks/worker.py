@@ -306,11 +306,8 @@ class Worker:
     def _executor(self) -> None:
         try:
             while (execution := self._work.get()) is not None:
-                if execution.lost:
-                    # Prefetched, but the claim lapsed before we got to it: not ours to run.
-                    outcome = Outcome(execution, ok=False)
-                else:
-                    outcome = self._execute(execution)
+                # A prefetched task whose claim lapsed before we got to it is not ours to run.
+                outcome = Outcome(execution, ok=False) if execution.lost else self._execute(execution)
                 self._outcomes.put(outcome)
                 self._wake.set()
         finally:
