@@ -1,0 +1,60 @@
+"""The demo handler's failure injection, on real worker processes."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasks.models import Task, Worker
+from tests.helpers import start_manage, stop_process, wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Any]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, **env: str) -> subprocess.Popen[bytes]:
+        args = ["--worker-id", name, "--ttl", "1", "--recovery-interval", "0.2", "--poll-interval", "0.2", "-v", "2"]
+        proc = start_manage(tmp_path / f"{name}.log", "run_worker", *args, **env)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        stop_process(proc)
+
+
+def test_injected_crash_kills_the_worker_and_the_task_is_recovered(spawn: Any) -> None:
+    task_id = Task.objects.enqueue("tasks.demo.sleep", kwargs={"sleep_duration_seconds": 0.3}, max_attempts=3).id
+    crasher = spawn("crasher", TASKS_DEMO_CRASH_RATE="1.0")
+    assert crasher.wait(30) == -9  # killed by its own injected SIGKILL
+    spawn("healthy")
+    done = wait_until(lambda: Task.objects.filter(pk=task_id, status="SUCCESSFUL").first(), 30, what="recovery")
+    assert done.attempts == 2
+    assert done.worker_ids == ["crasher", "healthy"]
+    assert done.errors[0]["message"].startswith("lease expired")
+
+
+def test_injected_stall_freezes_the_worker_past_its_ttl_and_another_takes_over(spawn: Any) -> None:
+    task_id = Task.objects.enqueue("tasks.demo.sleep", kwargs={"sleep_duration_seconds": 0.3}).id
+    staller = spawn("staller", TASKS_DEMO_STALL_RATE="1.0", TASKS_TTL="1")
+    wait_until(lambda: Task.objects.filter(pk=task_id, holder="staller").exists(), 30, what="the claim")
+    spawn("healthy")
+    done = wait_until(lambda: Task.objects.filter(pk=task_id, status="SUCCESSFUL").first(), 30, what="takeover")
+    assert done.worker_ids[0] == "staller"
+    assert done.worker_ids[-1] == "healthy"
+
+    # The frozen worker wakes up after 1.5 x TTL and finds its claim gone: the handler's own check
+    # raises, or the heartbeat is refused; either way its report is rejected. It carries on working.
+    def noticed() -> bool:
+        stats = Worker.objects.get(pk="staller").stats or {}
+        return stats.get("rejected", 0) + stats.get("lost", 0) >= 1
+
+    wait_until(noticed, 30, what="the stale worker to notice")
+    assert staller.poll() is None
