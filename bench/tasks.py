@@ -127,7 +127,7 @@ def bench_latency(samples: int, log_dir: Path) -> tuple[float, float]:
             task_id = Task.objects.enqueue(NOOP, queue="bench").id
             while True:
                 row = Task.objects.filter(pk=task_id, status="SUCCESSFUL").values("enqueued_at", "started_at").first()
-                if row:
+                if row and row["started_at"] is not None:
                     latencies.append((row["started_at"] - row["enqueued_at"]).total_seconds() * 1000)
                     break
                 time.sleep(0.001)
