@@ -6,7 +6,9 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
+from django.utils.html import format_html
 
 from leasing.models import Lease
 
@@ -29,6 +31,7 @@ class LeaseStateFilter(admin.SimpleListFilter):
 class LeaseAdmin(admin.ModelAdmin):
     list_display = (
         "resource",
+        "holder_tasks",
         "holder",
         "token",
         "state_display",
@@ -58,6 +61,15 @@ class LeaseAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         # Leases are granted by the acquire statement only; a hand-made row would bypass the sequence.
         return False
+
+    @admin.display(description="holder's tasks")
+    def holder_tasks(self, obj: Lease) -> str:
+        # Task leases are held by workers; link to whatever tasks this holder runs.
+        try:
+            url = reverse("admin:tasks_task_changelist") + f"?q={obj.holder}"
+        except NoReverseMatch:  # the tasks app is not installed
+            return "-"
+        return format_html('<a href="{}">tasks of {}</a>', url, obj.holder)
 
     @admin.display(description="state")
     def state_display(self, obj: Lease) -> str:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Self
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, Error, connections
 
-from leasing import signals
+from leasing import metrics, signals
 from leasing.conf import get_settings
 from leasing.exceptions import LeaseAcquisitionError, LeaseLost
 from leasing.models import Grant, Lease, acquire_on, release_on, renew_on, seconds
@@ -184,12 +184,13 @@ class LeaseHolder:
     def acquire(self) -> Self:
         give_up_at = time.monotonic() + self.timeout
         attempt = 0
-        while not self.try_acquire():
-            delay = self._next_backoff(attempt, give_up_at)
-            if delay is None:
-                raise self._acquisition_error()
-            time.sleep(delay)
-            attempt += 1
+        with metrics.acquisition_timer():
+            while not self.try_acquire():
+                delay = self._next_backoff(attempt, give_up_at)
+                if delay is None:
+                    raise self._acquisition_error()
+                time.sleep(delay)
+                attempt += 1
         self._start_heartbeat()
         return self
 

@@ -73,12 +73,18 @@ TEMPLATES = [
 WSGI_APPLICATION = "project.wsgi.application"
 
 
+#: The data directory of the embedded PostgreSQL this process started or reused (None: DATABASE_URL).
+EMBEDDED_PGDATA: str | None = None
+
+
 def _database_url() -> str:
+    global EMBEDDED_PGDATA
     if "DATABASE_URL" in os.environ:
         return env("DATABASE_URL")
     from project.embedded_db import ensure_server
 
     server = ensure_server(env.path("LEASING_PGDATA", default=str(BASE_DIR / ".pgdata")))
+    EMBEDDED_PGDATA = str(server.pgdata)
     # Child processes (workers, the generator) reuse the same server through the environment.
     os.environ["DATABASE_URL"] = server.url()
     return server.url()
@@ -129,3 +135,8 @@ LEASING_TASKS = {
     "DEMO_CRASH_RATE": env.float("TASKS_DEMO_CRASH_RATE", default=0.0),
     "DEMO_STALL_RATE": env.float("TASKS_DEMO_STALL_RATE", default=0.0),
 }
+
+# Bearer tokens for machine clients of the JSON API (comma-separated); none by default.
+LEASING_API_TOKENS = env.list("LEASING_API_TOKENS", default=[])
+LEASING_METRICS_TOKENS = env.list("LEASING_METRICS_TOKENS", default=[])
+LEASING_METRICS_PUBLIC = env.bool("LEASING_METRICS_PUBLIC", default=False)

@@ -25,6 +25,9 @@ class TaskSettings:
     SHUTDOWN_GRACE: float = 10.0
     #: How often the (leader-elected) recovery controller runs, seconds.
     RECOVERY_INTERVAL: float = 2.0
+    #: Task paths the JSON API may enqueue (fnmatch patterns). Python workers import and run a
+    #: task's path, so an API client must not be able to name any callable it likes.
+    API_TASK_PATTERNS: tuple[str, ...] = ("tasks.demo.*",)
     #: Failure injection of the demo handler (fractions of tasks). Off unless configured.
     DEMO_CRASH_RATE: float = 0.0
     DEMO_STALL_RATE: float = 0.0
@@ -35,4 +38,6 @@ def get_settings() -> TaskSettings:
     unknown = set(overrides) - {f.name for f in fields(TaskSettings)}
     if unknown:
         raise ValueError(f"unknown LEASING_TASKS settings: {', '.join(sorted(unknown))}")
+    if "API_TASK_PATTERNS" in overrides:
+        overrides["API_TASK_PATTERNS"] = tuple(overrides["API_TASK_PATTERNS"])
     return TaskSettings(**overrides)

@@ -110,7 +110,16 @@ class Worker:
         if self.concurrency < 1 or self.batch_size < 1:
             raise ValueError("concurrency and batch size must be at least 1")
 
-        self.stats = {"claimed": 0, "succeeded": 0, "retried": 0, "failed": 0, "rejected": 0, "lost": 0}
+        self.stats = {
+            "claimed": 0,
+            "succeeded": 0,
+            "retried": 0,
+            "failed": 0,
+            "rejected": 0,
+            "lost": 0,
+            "heartbeats": 0,
+            "heartbeat_failures": 0,
+        }
         self._running: dict[int, Execution] = {}
         self._running_lock = threading.Lock()
         self._work: queue.SimpleQueue[Execution | None] = queue.SimpleQueue()
@@ -374,10 +383,12 @@ class Worker:
                 try:
                     lost = Task.objects.db_manager(self.using).heartbeat(self.id, held, ttl=self.ttl, stats=self.stats)
                 except Error as exc:
+                    self.stats["heartbeat_failures"] += 1
                     logger.warning("worker %s: heartbeat failed: %s", self.id, exc)
                     connections[self.using].close()
                     delay = min(interval, 1.0)
                     continue
+                self.stats["heartbeats"] += 1
                 for execution in executions:
                     if execution.id in lost:
                         execution.mark_lost("heartbeat rejected: lease expired, task recovered or cancelled")

@@ -1,0 +1,134 @@
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+
+from tasks.exceptions import TaskError
+from tasks.models import GeneratorState, Task, Worker
+
+
+class StuckFilter(admin.SimpleListFilter):
+    title = "lease"
+    parameter_name = "lease"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("stuck", "Stuck (running, lease expired)"), ("live", "Running with a live lease")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "stuck":
+            return queryset.stuck()  # type: ignore[attr-defined]
+        if self.value() == "live":
+            return queryset.running().active()  # type: ignore[attr-defined]
+        return queryset
+
+
+@admin.register(Task)
+class TaskAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "task_path",
+        "queue",
+        "status_display",
+        "attempts_display",
+        "holder",
+        "lease_expiry",
+        "renewed_at",
+        "progress",
+        "enqueued_at",
+    )
+    list_filter = ("status", "queue", StuckFilter)
+    search_fields = ("=id", "=dedup_key", "=holder", "task_path")
+    show_full_result_count = False  # no full-table COUNT on a large queue
+    actions = ("requeue", "retry_now", "cancel")
+    readonly_fields = [
+        field.name for field in Task._meta.get_fields() if field.concrete and field.name not in ("errors",)
+    ] + ["errors_display"]
+    exclude = ("errors",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # enqueue through the API or Task.objects.enqueue
+
+    @admin.display(description="status", ordering="status")
+    def status_display(self, obj: Task) -> str:
+        return "STUCK" if obj.is_stuck else obj.status
+
+    @admin.display(description="attempts")
+    def attempts_display(self, obj: Task) -> str:
+        return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description="lease expires", ordering="expires_at")
+    def lease_expiry(self, obj: Task) -> str:
+        if obj.status != "RUNNING" or obj.expires_at is None:
+            return "-"
+        remaining = obj.expires_at - timezone.now()
+        if remaining <= dt.timedelta(0):
+            return f"expired {-remaining.total_seconds():.0f} s ago"
+        return f"in {remaining.total_seconds():.1f} s"
+
+    @admin.display(description="errors (every attempt)")
+    def errors_display(self, obj: Task) -> str:
+        if not obj.errors:
+            return "-"
+        return format_html_join(
+            "",
+            "<div style='margin-bottom:1em'><strong>attempt {} · {}</strong> by {} at {}<br>{}<pre>{}</pre></div>",
+            (
+                (
+                    error.get("attempt"),
+                    error.get("exception_class_path"),
+                    error.get("worker"),
+                    error.get("at"),
+                    error.get("message"),
+                    error.get("traceback") or json.dumps({k: v for k, v in error.items() if k != "traceback"}),
+                )
+                for error in obj.errors
+            ),
+        )
+
+    @admin.action(permissions=["change"], description="Requeue finished tasks (fresh attempts)")
+    def requeue(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        try:
+            count = Task.objects.filter(pk__in=queryset.values("pk")).requeue()
+        except TaskError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return
+        self.message_user(request, f"Requeued {count} finished task(s).", messages.SUCCESS)
+
+    @admin.action(permissions=["change"], description="Retry waiting tasks now")
+    def retry_now(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        count = Task.objects.filter(pk__in=queryset.values("pk")).retry_now()
+        self.message_user(request, f"{count} waiting task(s) will run now.", messages.SUCCESS)
+
+    @admin.action(permissions=["change"], description="Cancel unfinished tasks")
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        count = Task.objects.filter(pk__in=queryset.values("pk")).cancel()
+        self.message_user(request, f"Cancelled {count} unfinished task(s).", messages.SUCCESS)
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):
+    list_display = ("id", "hostname", "pid", "concurrency", "running", "last_seen_at", "stopped_at", "tasks_link")
+    search_fields = ("id", "hostname")
+    readonly_fields = [field.name for field in Worker._meta.get_fields() if field.concrete]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.display(description="tasks held")
+    def tasks_link(self, obj: Worker) -> str:
+        url = reverse("admin:tasks_task_changelist") + f"?q={obj.id}&status__exact=RUNNING"
+        return format_html('<a href="{}">tasks</a>', url)
+
+
+@admin.register(GeneratorState)
+class GeneratorStateAdmin(admin.ModelAdmin):
+    list_display = ("name", "running", "rate", "generated", "leader", "leader_seen_at")
+    readonly_fields = ("generated", "leader", "leader_seen_at", "observed_running", "ticks", "fence_token")

@@ -1,0 +1,314 @@
+"""JSON API for the task queue: enqueue, and the worker protocol for clients in any language
+(claim ``next``, ``heartbeat``, ``complete``, ``fail``), plus listings and administration."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Any
+
+from django.db.models import QuerySet
+from django.http import HttpRequest, JsonResponse
+from django.urls import path, re_path
+
+from leasing import metrics
+from leasing.http import ApiError, Body, api_view, iso, page_args
+from tasks import generator
+from tasks.conf import get_settings
+from tasks.exceptions import TaskError
+from tasks.models import FINISHED, Failure, Task, TaskStatus
+
+MAX_TTL = 86_400.0
+LISTINGS = {
+    "processed": lambda: Task.objects.finished(),
+    "started": lambda: Task.objects.running(),
+    "stuck": lambda: Task.objects.stuck(),
+}
+_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+_MAX_TOKEN = 2**63 - 1
+
+
+def task_json(task: Task) -> dict[str, Any]:
+    return {
+        "id": task.pk,
+        "task_path": task.task_path,
+        "queue": task.queue,
+        "priority": task.priority,
+        "status": task.status,
+        "stuck": task.is_stuck,
+        "args": task.args,
+        "kwargs": task.kwargs,
+        "attempts": task.attempts,
+        "max_attempts": task.max_attempts,
+        "timeout": task.timeout,
+        "dedup_key": task.dedup_key,
+        "run_after": iso(task.run_after),
+        "enqueued_at": iso(task.enqueued_at),
+        "started_at": iso(task.started_at),
+        "last_attempted_at": iso(task.last_attempted_at),
+        "finished_at": iso(task.finished_at),
+        "holder": task.holder,
+        "token": task.token,
+        "expires_at": iso(task.expires_at),
+        "renewed_at": iso(task.renewed_at),
+        "progress": task.progress,
+        "output": task.return_value,
+        "errors": task.errors,
+        "worker_ids": task.worker_ids,
+    }
+
+
+def _task_or_404(task_id: int) -> Task:
+    task = Task.objects.filter(pk=task_id).first() if 0 < task_id <= _MAX_TOKEN else None
+    if task is None:
+        raise ApiError(404, f"no task with id {task_id}")
+    return task
+
+
+def _listing(request: HttpRequest, queryset: QuerySet[Task]) -> tuple[int, Any]:
+    limit, before = page_args(request)
+    status = request.GET.get("status")
+    if status is not None:
+        if status not in TaskStatus.values:
+            raise ApiError(400, f"status must be one of {', '.join(TaskStatus.values)}", "status")
+        queryset = queryset.filter(status=status)
+    if queue := request.GET.get("queue"):
+        queryset = queryset.filter(queue=queue)
+    if before is not None:
+        queryset = queryset.filter(pk__lt=before)
+    rows = list(queryset.order_by("-pk")[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return 200, {
+        "tasks": [task_json(task) for task in rows],
+        "next": f"?limit={limit}&before={rows[-1].pk}" if more else None,
+    }
+
+
+def _worker_and_token(body: Body) -> tuple[str, int]:
+    return body.text("worker", max_length=200), body.whole("token", low=1, high=_MAX_TOKEN)
+
+
+def _rejected(task: Task, action: str) -> ApiError:
+    metrics.fencing_rejections.inc()
+    if task.status in FINISHED:
+        reason = f"task is already {task.status.lower()}"
+    elif task.status == TaskStatus.READY:
+        reason = "task was requeued: your claim expired"
+    else:
+        reason = "your claim is gone: wrong worker or token, or the lease expired"
+    return ApiError(409, f"{action} rejected: {reason}", status=task.status)
+
+
+@api_view("GET", "POST")
+def tasks(request: HttpRequest) -> tuple[int, Any]:
+    if request.method == "GET":
+        return _listing(request, Task.objects.all())
+    body = Body(request)
+    body.only(
+        "task_path",
+        "args",
+        "kwargs",
+        "payload",
+        "queue",
+        "priority",
+        "run_after",
+        "max_attempts",
+        "timeout",
+        "dedup_key",
+    )
+    task_path = body.text("task_path")
+    if not _PATH.match(task_path):
+        raise ApiError(400, "task_path must be a dotted import path", "task_path")
+    if not any(fnmatch.fnmatchcase(task_path, pattern) for pattern in get_settings().API_TASK_PATTERNS):
+        raise ApiError(400, "task_path is not allowed by LEASING_TASKS['API_TASK_PATTERNS']", "task_path")
+    kwargs = body.mapping("kwargs")
+    payload = body.mapping("payload")
+    if kwargs is not None and payload is not None:
+        raise ApiError(400, "give kwargs or payload (the same thing), not both", "payload")
+    try:
+        enqueued = Task.objects.enqueue(
+            task_path,
+            args=body.array("args") or [],
+            kwargs=kwargs if kwargs is not None else payload,
+            queue=body.text("queue", required=False, max_length=100, default="default"),
+            priority=body.whole("priority", required=False, low=-100, high=100, default=0),
+            run_after=body.when("run_after"),
+            max_attempts=body.whole("max_attempts", required=False, low=1, high=1000),
+            timeout=body.number("timeout", required=False, low=0, high=MAX_TTL),
+            dedup_key=body.text("dedup_key", required=False),
+        )
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from None
+    task = Task.objects.get(pk=enqueued.id)
+    return (201 if enqueued.created else 200), {"task": task_json(task), "created": enqueued.created}
+
+
+@api_view("POST")
+def next_task(request: HttpRequest) -> tuple[int, Any]:
+    body = Body(request)
+    body.only("worker", "queues", "ttl", "limit")
+    worker = body.text("worker", max_length=200)
+    claimed = Task.objects.claim(
+        worker,
+        limit=body.whole("limit", required=False, low=1, high=100, default=1),
+        queues=body.names("queues", default=["default"]),
+        ttl=body.number("ttl", required=False, low=0, high=MAX_TTL, default=get_settings().TTL),
+    )
+    rows = {task.pk: task for task in Task.objects.filter(pk__in=[c.id for c in claimed])}
+    found = [task_json(rows[c.id]) for c in claimed if c.id in rows]
+    return 200, {"task": found[0] if found else None, "tasks": found}
+
+
+@api_view("PUT")
+def heartbeat(request: HttpRequest, task_id: int) -> tuple[int, Any]:
+    task = _task_or_404(task_id)
+    body = Body(request)
+    body.only("worker", "token", "ttl", "progress")
+    worker, token = _worker_and_token(body)
+    ttl = body.number("ttl", required=False, low=0, high=MAX_TTL, default=get_settings().TTL)
+    progress = body.data.get("progress")
+    if Task.objects.heartbeat(worker, {task_id: token}, ttl=ttl):
+        raise _rejected(Task.objects.get(pk=task.pk), "heartbeat")
+    if "progress" in body.data and not Task.objects.checkpoint(task_id, worker, token, progress):
+        raise _rejected(Task.objects.get(pk=task.pk), "checkpoint")
+    task.refresh_from_db()
+    return 200, {"task": task_json(task)}
+
+
+@api_view("PUT")
+def complete(request: HttpRequest, task_id: int) -> tuple[int, Any]:
+    task = _task_or_404(task_id)
+    body = Body(request)
+    body.only("worker", "token", "output")
+    worker, token = _worker_and_token(body)
+    if not Task.objects.complete(task_id, worker, token, body.data.get("output")):
+        raise _rejected(Task.objects.get(pk=task.pk), "completion")
+    task.refresh_from_db()
+    return 200, {"task": task_json(task)}
+
+
+@api_view("PUT")
+def fail(request: HttpRequest, task_id: int) -> tuple[int, Any]:
+    task = _task_or_404(task_id)
+    body = Body(request)
+    body.only("worker", "token", "error", "retry")
+    worker, token = _worker_and_token(body)
+    error = body.mapping("error") or {}
+    for key in ("type", "message", "traceback"):
+        if key in error and not isinstance(error[key], str):
+            raise ApiError(400, f"error.{key} must be a string", f"error.{key}")
+    unknown = sorted(set(error) - {"type", "message", "traceback"})
+    if unknown:
+        raise ApiError(400, f"unknown field(s) in error: {', '.join(unknown)}", "error")
+    failure = Failure(
+        task_id,
+        token,
+        error.get("type", "api.Error")[:255],
+        error.get("message", "")[:10_000],
+        error.get("traceback", "")[:100_000],
+        retry=body.flag("retry", default=True),
+    )
+    outcome = Task.objects.fail(failure, worker)
+    if outcome is None:
+        raise _rejected(Task.objects.get(pk=task.pk), "failure report")
+    task.refresh_from_db()
+    return 200, {"task": task_json(task), "retrying": outcome.status == TaskStatus.READY}
+
+
+@api_view("GET")
+def task_detail(request: HttpRequest, task_id: int) -> tuple[int, Any]:
+    return 200, {"task": task_json(_task_or_404(task_id))}
+
+
+@api_view("POST")
+def cancel(request: HttpRequest, task_id: int) -> tuple[int, Any]:
+    task = _task_or_404(task_id)
+    if not Task.objects.filter(pk=task_id).cancel():
+        raise ApiError(409, f"task is already {task.status.lower()}", status=task.status)
+    task.refresh_from_db()
+    return 200, {"task": task_json(task)}
+
+
+@api_view("POST")
+def requeue(request: HttpRequest, task_id: int) -> tuple[int, Any]:
+    task = _task_or_404(task_id)
+    try:
+        changed = Task.objects.filter(pk=task_id).requeue() or Task.objects.filter(pk=task_id).retry_now()
+    except TaskError as exc:
+        raise ApiError(409, str(exc)) from None
+    if not changed:
+        raise ApiError(409, "only finished or waiting tasks can be requeued; this one is running", status=task.status)
+    task.refresh_from_db()
+    return 200, {"task": task_json(task)}
+
+
+def _listing_view(name: str) -> Any:
+    @api_view("GET")
+    def view(request: HttpRequest) -> tuple[int, Any]:
+        return _listing(request, LISTINGS[name]())
+
+    view.__name__ = f"tasks_{name}"
+    return view
+
+
+def generator_json(name: str = "default") -> dict[str, Any]:
+    state = generator.status(name)
+    return {
+        "name": state.name,
+        "running": state.running,
+        "rate": state.rate,
+        "max_sleep": state.max_sleep,
+        "queue": state.queue,
+        "generated": state.generated,
+        "leader": state.leader,
+        "leader_expires_at": iso(state.leader_expires_at),
+        "leader_sees_running": state.observed_running,
+    }
+
+
+@api_view("GET", "PUT")
+def generator_state(request: HttpRequest) -> tuple[int, Any]:
+    if request.method == "PUT":
+        body = Body(request)
+        body.only("running", "rate", "max_sleep")
+        running = None if body.data.get("running") is None else body.flag("running", default=False)
+        try:
+            generator.set_state(
+                running=running,
+                rate=body.number("rate", required=False, low=0, high=10_000),
+                max_sleep=body.number("max_sleep", required=False, low=0, high=3600),
+            )
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+    return 200, {"generator": generator_json()}
+
+
+def openapi(request: HttpRequest) -> JsonResponse:
+    from tasks.openapi import document
+
+    return JsonResponse(document(request.build_absolute_uri("/api")))
+
+
+urlpatterns = [
+    path("tasks", tasks, name="api-tasks"),
+    path("tasks/next", next_task, name="api-task-next"),
+    *[path(f"tasks/{name}", _listing_view(name), name=f"api-tasks-{name}") for name in LISTINGS],
+    path("tasks/<int:task_id>", task_detail, name="api-task-detail"),
+    path("tasks/<int:task_id>/heartbeat", heartbeat, name="api-task-heartbeat"),
+    path("tasks/<int:task_id>/complete", complete, name="api-task-complete"),
+    path("tasks/<int:task_id>/fail", fail, name="api-task-fail"),
+    path("tasks/<int:task_id>/cancel", cancel, name="api-task-cancel"),
+    path("tasks/<int:task_id>/requeue", requeue, name="api-task-requeue"),
+    path("generator", generator_state, name="api-generator"),
+    path("openapi.json", openapi, name="api-openapi"),
+]
+
+
+@api_view("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
+def not_found(request: HttpRequest, rest: str) -> tuple[int, Any]:
+    raise ApiError(404, f"no such API route: /api/{rest}")
+
+
+#: Mounted last under /api/: unknown routes answer in JSON too.
+fallback = [re_path(r"^(?P<rest>.*)$", not_found, name="api-not-found")]

@@ -1,0 +1,79 @@
+"""Cluster-wide task metrics, read from the database at scrape time (see leasing.metrics)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db import connection
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+WORKER_COUNTERS = ("claimed", "succeeded", "retried", "failed", "rejected", "lost", "heartbeats", "heartbeat_failures")
+
+
+def task_metrics() -> Iterable[Metric]:
+    from tasks.views import live_workers, queue_stats, task_counts
+
+    counts = task_counts()
+    tasks = GaugeMetricFamily(
+        "tasks_tasks", "Tasks by state (finished states are counted up to 10,000).", labels=["state"]
+    )
+    for state, count in counts.items():
+        tasks.add_metric([state], count.value)
+    yield tasks
+    yield GaugeMetricFamily("tasks_stuck", "Running tasks whose lease expired (orphaned).", value=counts["stuck"].value)
+
+    depth = GaugeMetricFamily("tasks_queue_depth", "Runnable tasks waiting, per queue.", labels=["queue"])
+    age = GaugeMetricFamily("tasks_queue_oldest_age_seconds", "Age of the oldest runnable task.", labels=["queue"])
+    for queue in queue_stats():
+        depth.add_metric([queue["queue"]], queue["depth"])
+        age.add_metric([queue["queue"]], queue["oldest_age"])
+    yield depth
+    yield age
+    yield GaugeMetricFamily("tasks_workers_alive", "Workers that heartbeated recently.", value=live_workers().count())
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT key, sum(value::bigint) FROM tasks_worker, jsonb_each_text(stats) WHERE key = ANY(%s) GROUP BY key",
+            [list(WORKER_COUNTERS)],
+        )
+        totals = dict.fromkeys(WORKER_COUNTERS, 0) | {key: int(value) for key, value in cursor.fetchall()}
+        cursor.execute(
+            "SELECT count(*), max((e->>'silent_for')::float8), avg((e->>'silent_for')::float8),"
+            " max((e->>'recovery_delay')::float8)"
+            " FROM tasks_task t, jsonb_array_elements(t.errors) e"
+            " WHERE (t.status IN ('READY', 'RUNNING') OR t.finished_at >= statement_timestamp() - interval '1 hour')"
+            " AND e->>'exception_class_path' = 'tasks.exceptions.TaskLeaseLost'"
+            " AND (e->>'at')::timestamptz >= statement_timestamp() - interval '1 hour'"
+        )
+        recoveries, silent_max, silent_avg, delay_max = cursor.fetchone()
+
+    events = CounterMetricFamily(
+        "tasks_worker_events", "Events reported by workers with their heartbeats.", labels=["event"]
+    )
+    for key in ("claimed", "succeeded", "retried", "failed", "lost"):
+        events.add_metric([key], totals[key])
+    yield events
+    yield CounterMetricFamily(
+        "tasks_fencing_rejections", "Worker results refused by the compare-and-set.", value=totals["rejected"]
+    )
+    heartbeats = CounterMetricFamily("tasks_heartbeats", "Worker heartbeat statements.", labels=["result"])
+    heartbeats.add_metric(["ok"], totals["heartbeats"])
+    heartbeats.add_metric(["failed"], totals["heartbeat_failures"])
+    yield heartbeats
+    sent = totals["heartbeats"] + totals["heartbeat_failures"]
+    ratio = totals["heartbeats"] / sent if sent else 1.0
+    yield GaugeMetricFamily("tasks_heartbeat_success_ratio", "Successful / all worker heartbeats.", value=ratio)
+    yield GaugeMetricFamily("tasks_recoveries_last_hour", "Tasks requeued after their lease expired.", value=recoveries)
+    death = GaugeMetricFamily(
+        "tasks_death_to_requeue_seconds",
+        "Time from a holder's last heartbeat to the requeue of its task, over the last hour's recoveries.",
+        labels=["stat"],
+    )
+    death.add_metric(["max"], float(silent_max or 0))
+    death.add_metric(["avg"], float(silent_avg or 0))
+    yield death
+    yield GaugeMetricFamily(
+        "tasks_expiry_to_requeue_seconds_max",
+        "Longest expiry-to-requeue delay in the last hour.",
+        value=float(delay_max or 0),
+    )

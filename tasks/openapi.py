@@ -1,0 +1,341 @@
+"""The OpenAPI 3.1 document of the JSON API, served at ``/api/openapi.json``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+STRING = {"type": "string", "minLength": 1, "maxLength": 255}
+HOLDER = {"type": "string", "minLength": 1, "maxLength": 200}
+TOKEN = {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
+TTL = {"type": "number", "exclusiveMinimum": 0, "maximum": 86400}
+ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 1}}
+PAGE = [
+    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}},
+    {"name": "before", "in": "query", "schema": {"type": "integer"}, "description": "keyset: ids below this"},
+]
+STATUSES = ["READY", "RUNNING", "SUCCESSFUL", "FAILED", "CANCELLED"]
+ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {"type": "string"}, "field": {"type": "string"}},
+}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _body(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {
+        "required": True,
+        **_json({"type": "object", "properties": properties, "required": required, "additionalProperties": False}),
+    }
+
+
+def _responses(ok: int, schema: dict[str, Any], *errors: int) -> dict[str, Any]:
+    described = {
+        400: "invalid body or query",
+        401: "no valid credentials",
+        403: "not staff, or CSRF token missing",
+        404: "unknown id",
+        409: "conflict: held by another holder, lease lost, or already finished",
+    }
+    responses: dict[str, Any] = {str(ok): {"description": "success", **_json(schema)}}
+    for status in sorted({401, 403, *errors}):
+        responses[str(status)] = {"description": described[status], **_json(ERROR)}
+    return responses
+
+
+def _op(summary: str, ok: int, schema: dict[str, Any], *errors: int, **extra: Any) -> dict[str, Any]:
+    return {"summary": summary, "responses": _responses(ok, schema, *errors), **extra}
+
+
+LEASE_LIST = {"type": "object", "properties": {"leases": {"type": "array", "items": _ref("Lease")}, "next": {}}}
+TASK_LIST = {"type": "object", "properties": {"tasks": {"type": "array", "items": _ref("Task")}, "next": {}}}
+ONE_TASK = {"type": "object", "properties": {"task": _ref("Task")}}
+WORKER_TOKEN = {"worker": HOLDER, "token": TOKEN}
+
+
+def document(server_url: str = "/api") -> dict[str, Any]:
+    paths: dict[str, Any] = {
+        "/leases": {
+            "get": _op(
+                "List leases, newest first",
+                200,
+                LEASE_LIST,
+                400,
+                parameters=[
+                    *PAGE,
+                    {
+                        "name": "state",
+                        "in": "query",
+                        "schema": {"enum": ["active", "expired", "renewed", "released"]},
+                    },
+                ],
+            ),
+            "post": _op(
+                "Acquire a lease",
+                201,
+                {"type": "object", "properties": {"grant": _ref("Grant"), "lease": _ref("Lease")}},
+                400,
+                409,
+                requestBody=_body(
+                    {"resource": STRING, "holder": HOLDER, "ttl": TTL, "metadata": {"type": "object"}},
+                    ["resource", "holder"],
+                ),
+            ),
+        },
+        "/leases/renew": {
+            "put": _op(
+                "Renew a lease you hold",
+                200,
+                {"type": "object", "properties": {"grant": _ref("Grant")}},
+                400,
+                404,
+                409,
+                requestBody=_body(
+                    {"resource": STRING, "holder": HOLDER, "token": TOKEN, "ttl": TTL},
+                    ["resource", "holder", "token"],
+                ),
+            )
+        },
+        **{
+            f"/leases/{state}": {"get": _op(f"List {state} leases", 200, LEASE_LIST, 400, parameters=PAGE)}
+            for state in ("active", "expired", "renewed", "released")
+        },
+        "/leases/{id}": {
+            "parameters": [ID],
+            "get": _op("One lease", 200, {"type": "object", "properties": {"lease": _ref("Lease")}}, 404),
+            "delete": _op(
+                "Release a lease you hold",
+                200,
+                {"type": "object", "properties": {"released": {"type": "boolean"}, "lease": _ref("Lease")}},
+                400,
+                404,
+                409,
+                requestBody=_body({"holder": HOLDER, "token": TOKEN}, ["holder", "token"]),
+            ),
+        },
+        "/tasks": {
+            "get": _op(
+                "List tasks, newest first",
+                200,
+                TASK_LIST,
+                400,
+                parameters=[
+                    *PAGE,
+                    {
+                        "name": "status",
+                        "in": "query",
+                        "schema": {"enum": STATUSES},
+                    },
+                    {"name": "queue", "in": "query", "schema": {"type": "string"}},
+                ],
+            ),
+            "post": _op(
+                "Enqueue a task (200 with created=false when an unfinished task has the dedup_key)",
+                201,
+                {"type": "object", "properties": {"task": _ref("Task"), "created": {"type": "boolean"}}},
+                400,
+                requestBody=_body(
+                    {
+                        "task_path": {**STRING, "pattern": r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"},
+                        "args": {"type": "array"},
+                        "kwargs": {"type": "object"},
+                        "payload": {"type": "object", "description": "the same as kwargs"},
+                        "queue": {"type": "string", "minLength": 1, "maxLength": 100},
+                        "priority": {"type": "integer", "minimum": -100, "maximum": 100},
+                        "run_after": {"type": "string", "format": "date-time"},
+                        "max_attempts": {"type": "integer", "minimum": 1, "maximum": 1000},
+                        "timeout": TTL,
+                        "dedup_key": STRING,
+                    },
+                    ["task_path"],
+                ),
+            ),
+        },
+        "/tasks/next": {
+            "post": _op(
+                "Claim the next runnable task(s) under a lease (task is null when there is none)",
+                200,
+                {
+                    "type": "object",
+                    "properties": {
+                        "task": {"oneOf": [_ref("Task"), {"type": "null"}]},
+                        "tasks": {"type": "array", "items": _ref("Task")},
+                    },
+                },
+                400,
+                requestBody=_body(
+                    {
+                        "worker": HOLDER,
+                        "queues": {
+                            "type": "array",
+                            "items": {"type": "string", "minLength": 1, "maxLength": 100},
+                            "minItems": 1,
+                            "maxItems": 50,
+                        },
+                        "ttl": TTL,
+                        "limit": {"type": "integer", "minimum": 1, "maximum": 100},
+                    },
+                    ["worker"],
+                ),
+            )
+        },
+        **{
+            f"/tasks/{name}": {"get": _op(summary, 200, TASK_LIST, 400, parameters=PAGE)}
+            for name, summary in (
+                ("processed", "Finished tasks"),
+                ("started", "Running tasks"),
+                ("stuck", "Running tasks whose lease expired"),
+            )
+        },
+        "/tasks/{id}": {"parameters": [ID], "get": _op("One task", 200, ONE_TASK, 404)},
+        "/tasks/{id}/heartbeat": {
+            "parameters": [ID],
+            "put": _op(
+                "Renew your claim (optionally storing a progress checkpoint)",
+                200,
+                ONE_TASK,
+                400,
+                404,
+                409,
+                requestBody=_body({**WORKER_TOKEN, "ttl": TTL, "progress": {}}, ["worker", "token"]),
+            ),
+        },
+        "/tasks/{id}/complete": {
+            "parameters": [ID],
+            "put": _op(
+                "Finish your claimed task with its output",
+                200,
+                ONE_TASK,
+                400,
+                404,
+                409,
+                requestBody=_body({**WORKER_TOKEN, "output": {}}, ["worker", "token"]),
+            ),
+        },
+        "/tasks/{id}/fail": {
+            "parameters": [ID],
+            "put": _op(
+                "Report a failed attempt (retried with backoff unless retry=false or out of attempts)",
+                200,
+                {"type": "object", "properties": {"task": _ref("Task"), "retrying": {"type": "boolean"}}},
+                400,
+                404,
+                409,
+                requestBody=_body(
+                    {
+                        **WORKER_TOKEN,
+                        "retry": {"type": "boolean"},
+                        "error": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {
+                                "type": {"type": "string"},
+                                "message": {"type": "string"},
+                                "traceback": {"type": "string"},
+                            },
+                        },
+                    },
+                    ["worker", "token"],
+                ),
+            ),
+        },
+        "/tasks/{id}/cancel": {"parameters": [ID], "post": _op("Cancel an unfinished task", 200, ONE_TASK, 404, 409)},
+        "/tasks/{id}/requeue": {
+            "parameters": [ID],
+            "post": _op("Run a finished or waiting task again now", 200, ONE_TASK, 404, 409),
+        },
+        "/generator": {
+            "get": _op("Demo generator state and leader", 200, {"type": "object"}),
+            "put": _op(
+                "Change the generator's desired state (reaches the leader from any replica)",
+                200,
+                {"type": "object"},
+                400,
+                requestBody=_body(
+                    {
+                        "running": {"type": "boolean"},
+                        "rate": {"type": "number", "exclusiveMinimum": 0, "maximum": 10000},
+                        "max_sleep": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
+                    },
+                    [],
+                ),
+            ),
+        },
+    }
+    stamp = {"type": ["string", "null"], "format": "date-time"}
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "django-leasing API",
+            "version": "1",
+            "description": "Leases with fencing tokens and a lease-based task queue.",
+        },
+        "servers": [{"url": server_url}],
+        "security": [{"bearer": []}, {"session": []}],
+        "paths": paths,
+        "components": {
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "session": {"type": "apiKey", "in": "cookie", "name": "sessionid"},
+            },
+            "schemas": {
+                "Grant": {
+                    "type": "object",
+                    "properties": {
+                        "resource": {"type": "string"},
+                        "holder": {"type": "string"},
+                        "token": {"type": "integer"},
+                        "acquired_at": stamp,
+                        "expires_at": stamp,
+                    },
+                },
+                "Lease": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "integer"},
+                        "resource": {"type": "string"},
+                        "holder": {"type": "string"},
+                        "token": {"type": "integer"},
+                        "state": {"enum": ["active", "renewed", "expired", "released"]},
+                        "created_at": stamp,
+                        "acquired_at": stamp,
+                        "renewed_at": stamp,
+                        "released_at": stamp,
+                        "expires_at": stamp,
+                        "renewals": {"type": "integer"},
+                        "transitions": {"type": "integer"},
+                        "metadata": {},
+                    },
+                },
+                "Task": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "integer"},
+                        "task_path": {"type": "string"},
+                        "queue": {"type": "string"},
+                        "priority": {"type": "integer"},
+                        "status": {"enum": STATUSES},
+                        "stuck": {"type": "boolean"},
+                        "args": {"type": "array"},
+                        "kwargs": {"type": "object"},
+                        "attempts": {"type": "integer"},
+                        "max_attempts": {"type": "integer"},
+                        "holder": {"type": ["string", "null"]},
+                        "token": {"type": ["integer", "null"]},
+                        "expires_at": stamp,
+                        "progress": {},
+                        "output": {},
+                        "errors": {"type": "array"},
+                        "worker_ids": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+            },
+        },
+    }

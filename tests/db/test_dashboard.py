@@ -1,0 +1,146 @@
+"""The HTML dashboard: staff only, every page, bulk actions, generator control, bounded counts."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.utils import timezone
+
+from tasks import generator
+from tasks.models import Failure, Task, Worker
+from tasks.views import TASK_STATES, bounded_count
+from tests.factories import StaffFactory
+
+pytestmark = pytest.mark.django_db
+
+PAGES = ["/dashboard/", "/dashboard/workers/", "/dashboard/generator/", "/dashboard/tasks/running/"]
+
+
+@pytest.fixture
+def staff(client: Client) -> Client:
+    client.force_login(StaffFactory.create())
+    return client
+
+
+@pytest.mark.parametrize("url", PAGES)
+def test_pages_are_staff_only(client: Client, url: str) -> None:
+    assert client.get(url).status_code == 302
+    client.force_login(get_user_model().objects.create_user("plain", password="pw"))
+    assert client.get(url).status_code == 302
+
+
+def make_tasks() -> dict[str, int]:
+    ids = {
+        name: Task.objects.enqueue("tests.testapp.handlers.noop", queue="q").id
+        for name in ("pending", "retrying", "running", "stuck", "succeeded", "failed", "cancelled")
+    }
+    for name in ("retrying", "running", "stuck", "succeeded", "failed"):
+        Task.objects.filter(pk=ids[name]).update(run_after=timezone.now() - dt.timedelta(hours=1), priority=100)
+        claimed = Task.objects.claim("w1", limit=1, queues=["q"], ttl=30)[0]
+        assert claimed.id == ids[name]
+        if name == "retrying":
+            Task.objects.fail(
+                Failure(claimed.id, claimed.token, "builtins.ValueError", "oops", "Traceback: boom"), "w1"
+            )
+            Task.objects.filter(pk=claimed.id).update(run_after=timezone.now() + dt.timedelta(hours=1))
+        elif name == "stuck":
+            Task.objects.filter(pk=claimed.id).update(expires_at=timezone.now() - dt.timedelta(seconds=3))
+        elif name == "succeeded":
+            Task.objects.complete(claimed.id, "w1", claimed.token, {"ok": True})
+        elif name == "failed":
+            Task.objects.fail(Failure(claimed.id, claimed.token, "builtins.KeyError", "dead", "", retry=False), "w1")
+        Task.objects.filter(pk=claimed.id).update(priority=0)
+    Task.objects.filter(pk=ids["cancelled"]).cancel()
+    return ids
+
+
+def test_overview_counts_every_state_and_charts_the_last_hour(staff: Client) -> None:
+    make_tasks()
+    Worker.objects.create(id="w1", hostname="h", pid=1, concurrency=2, running=1)
+    response = staff.get("/dashboard/")
+    assert response.status_code == 200
+    counts = response.context["task_counts"]
+    assert {name: count.value for name, count in counts.items()} == dict.fromkeys(TASK_STATES, 1)
+    chart = response.context["chart"]
+    assert chart["totals"] == {"succeeded": 1, "failed": 1, "recovered": 0}
+    assert len(chart["bars"]) >= 1
+    page = response.content.decode()
+    assert "<svg" in page
+    assert "w1" in page
+    assert response.context["queues"] == [{"queue": "q", "depth": 1, "oldest_age": pytest.approx(0, abs=60)}]
+
+
+@pytest.mark.parametrize("state", list(TASK_STATES))
+def test_each_state_page_lists_its_tasks(staff: Client, state: str) -> None:
+    ids = make_tasks()
+    response = staff.get(f"/dashboard/tasks/{state}/")
+    assert response.status_code == 200
+    assert [task.pk for task in response.context["tasks"]] == [ids[state]]
+
+
+def test_unknown_state_is_404_and_search_and_keyset_pages(staff: Client) -> None:
+    assert staff.get("/dashboard/tasks/nope/").status_code == 404
+    ids = Task.objects.bulk_enqueue("tests.testapp.handlers.noop", [{}] * 60)
+    first = staff.get("/dashboard/tasks/pending/")
+    assert len(first.context["tasks"]) == 50
+    assert first.context["next_before"] == ids[10]
+    second = staff.get(f"/dashboard/tasks/pending/?before={ids[10]}")
+    assert [t.pk for t in second.context["tasks"]] == list(reversed(ids[:10]))
+    found = staff.get(f"/dashboard/tasks/pending/?q={ids[3]}")
+    assert [t.pk for t in found.context["tasks"]] == [ids[3]]
+
+
+def test_task_detail_shows_attempts_errors_and_tracebacks(staff: Client) -> None:
+    ids = make_tasks()
+    page = staff.get(f"/dashboard/tasks/{ids['retrying']}/").content.decode()
+    assert "builtins.ValueError" in page
+    assert "Traceback: boom" in page
+    assert "w1" in page
+    assert staff.get("/dashboard/tasks/999999/").status_code == 404
+
+
+def test_bulk_retry_and_cancel_are_compare_and_set(staff: Client) -> None:
+    ids = make_tasks()
+    selected = [ids["failed"], ids["retrying"], ids["running"]]
+    response = staff.post(
+        "/dashboard/tasks/action/", {"action": "retry", "ids": selected, "next": "/dashboard/"}, follow=True
+    )
+    assert "Queued 2 task(s)" in response.content.decode()
+    assert Task.objects.get(pk=ids["running"]).status == "RUNNING"  # a running task is left alone
+    assert Task.objects.get(pk=ids["failed"]).status == "READY"
+    staff.post("/dashboard/tasks/action/", {"action": "cancel", "ids": [ids["pending"], ids["succeeded"]]})
+    assert Task.objects.get(pk=ids["pending"]).status == "CANCELLED"
+    assert Task.objects.get(pk=ids["succeeded"]).status == "SUCCESSFUL"  # finished: untouched
+    response = staff.post("/dashboard/tasks/action/", {"action": "explode", "next": "https://evil.example/"})
+    assert response["Location"] == "/dashboard/"
+
+
+def test_workers_page_shows_what_each_worker_holds(staff: Client) -> None:
+    ids = make_tasks()
+    Worker.objects.create(id="w1", hostname="box", pid=42, concurrency=2)
+    Worker.objects.create(id="gone", hostname="box", pid=43, concurrency=2, stopped_at=timezone.now())
+    response = staff.get("/dashboard/workers/")
+    entry = response.context["workers"][0]
+    assert entry["worker"].id == "w1"
+    assert {task.pk for task in entry["tasks"]} == {ids["running"], ids["stuck"]}
+    assert [w.id for w in response.context["recent"]] == ["gone"]
+
+
+def test_generator_page_starts_and_stops_through_the_database(staff: Client) -> None:
+    staff.post("/dashboard/generator/", {"action": "start", "rate": "7.5"})
+    assert (generator.status().running, generator.status().rate) == (True, 7.5)
+    staff.post("/dashboard/generator/", {"action": "stop", "rate": ""})
+    assert generator.status().running is False
+    response = staff.post("/dashboard/generator/", {"action": "start", "rate": "-3"}, follow=True)
+    assert "rate must be" in response.content.decode()
+    assert generator.status().running is False
+
+
+def test_counts_are_bounded() -> None:
+    Task.objects.bulk_enqueue("tests.testapp.handlers.noop", [{}] * 30)
+    count = bounded_count(Task.objects.all(), cap=20)
+    assert (count.value, count.capped, str(count)) == (20, True, "20+")
+    assert str(bounded_count(Task.objects.all(), cap=100)) == "30"

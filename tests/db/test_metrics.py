@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from leasing.metrics import scrape_values
+from leasing.models import Lease
+from tasks.models import Task, Worker
+from tests.factories import StaffFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def scrape(client: Client, **headers: str) -> tuple[int, dict[str, float]]:
+    response = client.get("/metrics", headers=headers)
+    return response.status_code, scrape_values(response.content.decode()) if response.status_code == 200 else {}
+
+
+def test_metrics_need_staff_or_a_token(client: Client, settings: Any) -> None:
+    settings.LEASING_METRICS_TOKENS = ["scrape-me"]
+    assert scrape(client)[0] == 401
+    assert scrape(client, Authorization="Bearer wrong")[0] == 401
+    assert scrape(client, Authorization="Bearer scrape-me")[0] == 200
+    client.force_login(StaffFactory.create())
+    assert scrape(client)[0] == 200
+
+
+def test_metrics_can_be_made_public(client: Client, settings: Any) -> None:
+    settings.LEASING_METRICS_PUBLIC = True
+    assert scrape(client)[0] == 200
+
+
+def test_metrics_report_the_cluster_from_the_database(client: Client, settings: Any) -> None:
+    settings.LEASING_METRICS_PUBLIC = True
+    Lease.objects.acquire("a", "h", ttl=30)
+    Task.objects.bulk_enqueue("tasks.demo.sleep", [{}] * 3, queue="mail")
+    stuck = Task.objects.enqueue("tasks.demo.sleep").id
+    Task.objects.filter(pk=stuck).update(
+        status="RUNNING", holder="dead", token=1, expires_at=timezone.now() - dt.timedelta(seconds=5)
+    )
+    Worker.objects.create(
+        id="w1", hostname="h", pid=1, concurrency=1, stats={"rejected": 2, "heartbeats": 9, "heartbeat_failures": 1}
+    )
+    status, values = scrape(client)
+    assert status == 200
+    assert values['leasing_leases{state="active"}'] == 1
+    assert values['tasks_queue_depth{queue="mail"}'] == 3
+    assert values['tasks_queue_oldest_age_seconds{queue="mail"}'] >= 0
+    assert values["tasks_stuck"] == 1
+    assert values['tasks_tasks{state="stuck"}'] == 1
+    assert values["tasks_workers_alive"] == 1
+    assert values["tasks_fencing_rejections_total"] == 2
+    assert values['tasks_heartbeats_total{result="failed"}'] == 1
+    assert values["tasks_heartbeat_success_ratio"] == pytest.approx(0.9)
+
+    Task.objects.recover_expired()
+    _, values = scrape(client)
+    assert values["tasks_recoveries_last_hour"] == 1
+    assert values['tasks_death_to_requeue_seconds{stat="max"}'] >= 0
+    assert values["tasks_stuck"] == 0
+
+
+def test_acquisition_latency_is_observed(client: Client, settings: Any) -> None:
+    settings.LEASING_METRICS_PUBLIC = True
+    settings.LEASING_API_TOKENS = ["t"]
+    before = scrape(client)[1].get("leasing_acquisition_seconds_count", 0)
+    client.post(
+        "/api/leases",
+        data={"resource": "r", "holder": "h"},
+        content_type="application/json",
+        headers={"Authorization": "Bearer t"},
+    )
+    assert scrape(client)[1]["leasing_acquisition_seconds_count"] == before + 1
