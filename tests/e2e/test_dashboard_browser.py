@@ -1,0 +1,118 @@
+"""A person at the dashboard: log in, read the overview, watch work finish live, stop the generator."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from tasks import generator
+from tasks.models import Failure, Task
+from tests.helpers import ROOT, start_manage, stop_process
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.slow]
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Any]:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(command: str, *args: str) -> subprocess.Popen[bytes]:
+        proc = start_manage(tmp_path / f"{command}-{len(started)}.log", command, *args)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        stop_process(proc)
+
+
+def log_in(page: Any, live_server: Any) -> None:
+    get_user_model().objects.create_user("ops", password="correct horse", is_staff=True, is_superuser=True)
+    page.goto(f"{live_server.url}/dashboard/")
+    page.fill("#id_username", "ops")
+    page.fill("#id_password", "correct horse")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{live_server.url}/dashboard/")
+
+
+def card(page: Any, state: str) -> Any:
+    return page.locator(f"#task-counts a[data-state={state}] .n")
+
+
+def test_log_in_watch_a_task_finish_live_and_stop_the_generator(
+    browser_page: Any, live_server: Any, processes: Any
+) -> None:
+    page = browser_page
+    log_in(page, live_server)
+    assert page.locator("h1").inner_text().endswith("Overview")
+    assert card(page, "succeeded").inner_text() == "0"
+
+    task_id = Task.objects.enqueue("tests.testapp.handlers.noop").id
+    page.evaluate("window.__noReload = 'still here'")
+    page.wait_for_function("document.querySelector('#task-counts a[data-state=pending] .n').innerText === '1'")
+
+    processes("run_worker", "--poll-interval", "0.2", "--ttl", "5")
+    page.wait_for_function("document.querySelector('#task-counts a[data-state=succeeded] .n').innerText === '1'")
+    assert card(page, "pending").inner_text() == "0"
+    assert page.evaluate("window.__noReload") == "still here", "the page reloaded instead of refreshing in place"
+    assert Task.objects.get(pk=task_id).status == "SUCCESSFUL"
+
+    generator.set_state(running=True, rate=5)
+    processes("run_generator", "--ttl", "2", "--tick", "0.1")
+    page.goto(f"{live_server.url}/dashboard/generator/")
+    page.wait_for_function("!document.querySelector('#generator-leader').innerText.startsWith('none')")
+    page.wait_for_function("document.querySelector('#generator-observed').innerText === 'running'")
+    page.click("#generator-stop")
+    page.wait_for_url(f"{live_server.url}/dashboard/generator/")
+    assert page.locator("#generator-desired").inner_text() == "stopped"
+    assert generator.status().running is False
+    # The leader (another process) picks the change up from the database; the page shows it live.
+    page.wait_for_function("document.querySelector('#generator-observed').innerText === 'stopped'")
+
+
+def seed_an_hour_of_history() -> None:
+    """Tasks in every state, finished over the last hour, for a screenshot worth looking at."""
+    now = timezone.now()
+    ids = Task.objects.bulk_enqueue("tasks.demo.sleep", ({"sleep_duration_seconds": 1} for _ in range(900)))
+    claimed = Task.objects.claim("vm:4242:demo", limit=860, ttl=60)
+    done = claimed[:780]
+    Task.objects.complete_many("vm:4242:demo", [(c.id, c.token, {"slept": 1}) for c in done])
+    failures = [
+        Failure(c.id, c.token, "builtins.TimeoutError", "upstream timed out", "", retry=False) for c in claimed[780:800]
+    ]
+    Task.objects.fail_many("vm:4242:demo", failures)
+    for offset, task_id in enumerate(ids[:800]):
+        minute = now - dt.timedelta(minutes=59 - (offset * 60) // 800, seconds=offset % 50)
+        Task.objects.filter(pk=task_id).update(finished_at=minute)
+    Task.objects.filter(pk__in=[c.id for c in claimed[800:806]]).update(expires_at=now - dt.timedelta(seconds=4))
+    Task.objects.recover_expired()
+    from leasing.models import Lease
+    from tasks.models import Worker
+
+    for name in ("reports:daily", "billing:sync", "scheduler"):
+        Lease.objects.acquire(name, "vm:4242:demo", ttl=120)
+    Lease.objects.renew("scheduler", "vm:4242:demo", Lease.objects.get(resource="scheduler").token, ttl=120)
+    Lease.objects.acquire("cache:warm", "vm:17:gone", ttl=0.01)
+    Worker.objects.create(id="vm:4242:demo", hostname="vm", pid=4242, queues=["default"], concurrency=4, running=54)
+
+
+def test_overview_screenshot(browser_page: Any, live_server: Any) -> None:
+    page = browser_page
+    seed_an_hour_of_history()
+    generator.set_state(running=True, rate=2)
+    log_in(page, live_server)
+    assert int(card(page, "succeeded").inner_text().replace(",", "")) == 780
+    assert page.locator("svg.chart rect").count() > 30
+    target = Path(os.environ.get("SCREENSHOT_TO") or ROOT / "docs" / "dashboard.png")
+    if not os.environ.get("SCREENSHOT_TO") and not os.environ.get("UPDATE_SCREENSHOT"):
+        target = Path(page.context.browser.version and "/tmp") / "leasing-dashboard.png"
+    page.screenshot(path=str(target), full_page=True)
+    assert target.stat().st_size > 10_000
