@@ -140,3 +140,17 @@ LEASING_TASKS = {
 LEASING_API_TOKENS = env.list("LEASING_API_TOKENS", default=[])
 LEASING_METRICS_TOKENS = env.list("LEASING_METRICS_TOKENS", default=[])
 LEASING_METRICS_PUBLIC = env.bool("LEASING_METRICS_PUBLIC", default=False)
+
+# Celery (the optional `celery` extra): the usual CELERY_ settings, read by project/celery.py.
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    # A message not acknowledged within this many seconds is delivered again (Redis, SQS).
+    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600),
+    "unacked_restore_interval": env.int("CELERY_UNACKED_RESTORE_INTERVAL", default=10),
+    "unacked_restore_throttle": env.int("CELERY_UNACKED_RESTORE_THROTTLE", default=10),
+}
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BEAT_SCHEDULE = {
+    "recover-expired-tasks": {"task": "tasks.recover_expired", "schedule": 5.0},
+}

@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from tasks.models import Failure, Task
+from tests.factories import StaffFactory
+
+pytestmark = pytest.mark.django_db
+
+URL = "/admin/tasks/task/"
+
+
+@pytest.fixture
+def staff(client: Client) -> Client:
+    client.force_login(StaffFactory.create())
+    return client
+
+
+def test_changelist_filters_searches_and_shows_the_lease(staff: Client) -> None:
+    stuck = Task.objects.enqueue("tests.testapp.handlers.noop", dedup_key="stuck-one").id
+    claimed = Task.objects.claim("w-admin", limit=1)[0]
+    Task.objects.filter(pk=claimed.id).update(expires_at=timezone.now() - dt.timedelta(seconds=5))
+    other = Task.objects.enqueue("tests.testapp.handlers.noop", queue="mail").id
+    page = staff.get(URL, {"lease": "stuck"})
+    assert [t.pk for t in page.context["cl"].result_list] == [stuck]
+    assert "expired 5 s ago" in page.content.decode() or "expired" in page.content.decode()
+    assert [t.pk for t in staff.get(URL, {"queue": "mail"}).context["cl"].result_list] == [other]
+    assert [t.pk for t in staff.get(URL, {"q": "stuck-one"}).context["cl"].result_list] == [stuck]
+    assert [t.pk for t in staff.get(URL, {"q": "w-admin"}).context["cl"].result_list] == [stuck]
+
+
+def test_detail_shows_every_attempt_with_its_traceback(staff: Client) -> None:
+    task_id = Task.objects.enqueue("tests.testapp.handlers.noop", max_attempts=2).id
+    for attempt in (1, 2):
+        claimed = Task.objects.claim("w1", limit=1)[0]
+        Task.objects.fail(Failure(claimed.id, claimed.token, "x.Boom", f"boom {attempt}", f"TB-{attempt}"), "w1")
+        Task.objects.filter(pk=task_id).retry_now()
+    page = staff.get(f"{URL}{task_id}/change/").content.decode()
+    assert "boom 1" in page
+    assert "TB-2" in page
+
+
+def test_actions_are_compare_and_set(staff: Client) -> None:
+    waiting = Task.objects.enqueue("tests.testapp.handlers.noop").id
+    running = Task.objects.enqueue("tests.testapp.handlers.noop").id
+    Task.objects.filter(pk=running).update(priority=5)
+    Task.objects.claim("w1", limit=1)
+    staff.post(URL, {"action": "requeue", "_selected_action": [waiting, running]})
+    assert Task.objects.get(pk=running).status == "RUNNING"  # requeue touches finished tasks only
+    staff.post(URL, {"action": "cancel", "_selected_action": [waiting]})
+    assert Task.objects.get(pk=waiting).status == "CANCELLED"
+    staff.post(URL, {"action": "requeue", "_selected_action": [waiting]})
+    assert Task.objects.get(pk=waiting).status == "READY"
+    Task.objects.filter(pk=waiting).update(run_after=timezone.now() + dt.timedelta(hours=1))
+    staff.post(URL, {"action": "retry_now", "_selected_action": [waiting]})
+    assert Task.objects.runnable().filter(pk=waiting).exists()
+    assert staff.get(f"{URL}add/").status_code == 403
+
+
+def test_lease_admin_links_to_the_holders_tasks(staff: Client) -> None:
+    from leasing.models import Lease
+
+    Lease.objects.acquire("r", "worker-7", ttl=30)
+    page = staff.get("/admin/leasing/lease/").content.decode()
+    assert "/admin/tasks/task/?q=worker-7" in page
