@@ -150,7 +150,7 @@ RETURNING id
 CLAIM_SQL = f"""
 UPDATE tasks_task AS t SET
     status = 'RUNNING',
-    holder = %(worker)s,
+    holder = %(worker)s::text,
     token = nextval('{FENCE_SEQUENCE}'),
     acquired_at = clock_timestamp(),
     renewed_at = NULL,
@@ -233,7 +233,7 @@ RETURNING t.id, t.status, t.run_after
 HAND_BACK_SQL = f"""
 UPDATE tasks_task AS t SET
     status = 'READY',
-    run_after = clock_timestamp(),
+    run_after = LEAST(t.run_after, clock_timestamp()),  -- runnable at once, keeping its place
     attempts = GREATEST(t.attempts - 1, 0),
     errors = t.errors || jsonb_build_array(jsonb_build_object(
         'attempt', t.attempts, 'worker', t.holder, 'at', clock_timestamp(),
@@ -247,16 +247,23 @@ RETURNING t.id
 """
 
 _STILL_ALLOWED = "t.attempts < t.max_attempts"
+# How often this task's holder died before: a poison pill that kills every worker it lands on backs
+# off; a task that merely failed once (an exception, a database restart) does not lose its turn.
+_PRIOR_RECOVERIES = (
+    "(SELECT count(*) FROM jsonb_array_elements(t.errors) AS e"
+    " WHERE e->>'exception_class_path' = 'tasks.exceptions.TaskLeaseLost')"
+)
 
 # Requeue tasks whose lease expired (their worker died or stalled) and running rows that have no
-# lease at all (impossible states, repaired). The first recovery of a task is immediate; repeated
-# ones back off. Each recovered attempt's error records how long the lease had been expired.
+# lease at all (impossible states, repaired). A task's first recovery is immediate and keeps its
+# place in the queue (run_after unchanged: a crash is not the task's fault, and behind a long backlog
+# "runnable again" would otherwise mean "runs minutes later"); only a task whose holders died
+# repeatedly backs off. Each recovered attempt's error records how long the lease had been expired.
 RECOVER_SQL = f"""
 UPDATE tasks_task AS t SET
     status = CASE WHEN {_STILL_ALLOWED} THEN 'READY' ELSE 'FAILED' END,
-    run_after = CASE WHEN NOT {_STILL_ALLOWED} THEN t.run_after
-                     WHEN t.attempts <= 1 THEN clock_timestamp()
-                     ELSE clock_timestamp() + {_backoff_sql("t.attempts - 2")} END,
+    run_after = CASE WHEN NOT {_STILL_ALLOWED} OR {_PRIOR_RECOVERIES} = 0 THEN LEAST(t.run_after, clock_timestamp())
+                     ELSE clock_timestamp() + {_backoff_sql(_PRIOR_RECOVERIES + " - 1")} END,
     finished_at = CASE WHEN {_STILL_ALLOWED} THEN NULL ELSE clock_timestamp() END,
     errors = t.errors || jsonb_build_array(jsonb_build_object(
         'attempt', t.attempts, 'worker', t.holder, 'at', clock_timestamp(),

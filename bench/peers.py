@@ -1,0 +1,242 @@
+"""Adapters for bench/compare.py: the same workload on this project and on the peers.
+
+Each system provides: enqueue one by one, enqueue in bulk (its own batch API, or None), count
+what is still pending, and run a worker until SIGTERM. Worker processes are started as
+``python bench/peers.py <system> <concurrency>`` and print "ready" once they are waiting.
+Everything runs against the database in DATABASE_URL, with Django settings bench.peer_settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+QUEUE = "bench"
+
+
+def conninfo() -> str:
+    from django.db import connection
+
+    params = connection.get_connection_params()
+    parts = [f"{key}={params[key]}" for key in ("host", "port", "user", "password", "dbname") if params.get(key)]
+    return " ".join(parts)
+
+
+def count(sql: str) -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return int(cursor.fetchone()[0])
+
+
+@dataclass
+class System:
+    name: str
+    enqueue_single: Callable[[int], None]
+    enqueue_bulk: Callable[[int], None] | None
+    pending: Callable[[], int]
+    reset: Callable[[], int]
+    worker: Callable[[int], None]
+
+
+# -- this project ---------------------------------------------------------------------------------
+
+
+def ours() -> System:
+    from tasks.models import Task
+
+    def single(n: int) -> None:
+        for i in range(n):
+            Task.objects.enqueue("bench.handlers.noop", kwargs={"i": i}, queue=QUEUE)
+
+    def bulk(n: int) -> None:
+        Task.objects.bulk_enqueue("bench.handlers.noop", ({"i": i} for i in range(n)), queue=QUEUE)
+
+    def worker(concurrency: int) -> None:
+        from tasks.worker import Worker
+
+        worker = Worker(queues=[QUEUE], concurrency=concurrency, batch_size=64, recovery=False)
+        print("ready", flush=True)
+        worker.run()
+
+    return System(
+        "django-leasing",
+        single,
+        bulk,
+        lambda: count("SELECT count(*) FROM tasks_task WHERE status IN ('READY', 'RUNNING')"),
+        lambda: count("WITH t AS (DELETE FROM tasks_task RETURNING 1) SELECT count(*) FROM t"),
+        worker,
+    )
+
+
+# -- PgQueuer ----------------------------------------------------------------------------------------
+
+
+def pgqueuer() -> System:
+    import psycopg
+    from pgqueuer import PsycopgDriver, Queries, QueueManager
+
+    async def connect() -> Any:
+        return await psycopg.AsyncConnection.connect(conninfo(), autocommit=True)
+
+    async def _single(n: int) -> None:
+        connection = await connect()
+        queries = Queries(PsycopgDriver(connection))
+        for _ in range(n):
+            await queries.enqueue("noop", None)
+        await connection.close()
+
+    async def _bulk(n: int) -> None:
+        connection = await connect()
+        queries = Queries(PsycopgDriver(connection))
+        for start in range(0, n, 5000):
+            size = min(5000, n - start)
+            await queries.enqueue(["noop"] * size, [None] * size, [0] * size)
+        await connection.close()
+
+    async def _worker(concurrency: int) -> None:
+        from datetime import timedelta
+
+        connection = await connect()
+        manager = QueueManager(Queries(PsycopgDriver(connection)))
+
+        @manager.entrypoint("noop")
+        async def noop(job: Any) -> None:
+            return None
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, manager.shutdown.set)
+        print("ready", flush=True)
+        await manager.run(batch_size=64, dequeue_timeout=timedelta(seconds=1))
+
+    return System(
+        "PgQueuer",
+        lambda n: asyncio.run(_single(n)),
+        lambda n: asyncio.run(_bulk(n)),
+        lambda: count("SELECT count(*) FROM pgqueuer"),
+        lambda: count("WITH t AS (DELETE FROM pgqueuer RETURNING 1) SELECT count(*) FROM t"),
+        lambda concurrency: asyncio.run(_worker(concurrency)),
+    )
+
+
+def install_pgqueuer() -> None:
+    import psycopg
+    from pgqueuer import PsycopgDriver, Queries
+
+    async def install() -> None:
+        connection = await psycopg.AsyncConnection.connect(conninfo(), autocommit=True)
+        queries = Queries(PsycopgDriver(connection))
+        if not await queries.schema_is_installed():
+            await queries.install()
+        await connection.close()
+
+    asyncio.run(install())
+
+
+# -- procrastinate -----------------------------------------------------------------------------------
+
+
+def _procrastinate_app() -> Any:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=conninfo()))
+
+    @app.task(name="noop", queue=QUEUE)
+    async def noop(i: int = 0) -> None:
+        return None
+
+    return app
+
+
+def procrastinate_system() -> System:
+    app = _procrastinate_app()
+    task = app.tasks["noop"]
+
+    def single(n: int) -> None:
+        with app.open():
+            for i in range(n):
+                task.defer(i=i)
+
+    def bulk(n: int) -> None:
+        with app.open():
+            for start in range(0, n, 5000):
+                task.batch_defer(*({"i": i} for i in range(start, min(n, start + 5000))))
+
+    def worker(concurrency: int) -> None:
+        async def run() -> None:
+            async with app.open_async():
+                print("ready", flush=True)
+                await app.run_worker_async(queues=[QUEUE], concurrency=concurrency, wait=True)
+
+        asyncio.run(run())
+
+    return System(
+        "procrastinate",
+        single,
+        bulk,
+        lambda: count("SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"),
+        lambda: count("WITH t AS (DELETE FROM procrastinate_jobs RETURNING 1) SELECT count(*) FROM t"),
+        worker,
+    )
+
+
+def install_procrastinate() -> None:
+    app = _procrastinate_app()
+    exists = count("SELECT count(*) FROM pg_tables WHERE tablename = 'procrastinate_jobs'")
+    if not exists:
+        with app.open():
+            app.schema_manager.apply_schema()
+
+
+# -- django-tasks-db -----------------------------------------------------------------------------
+
+
+def django_tasks_db() -> System:
+    from bench.peer_tasks import noop
+
+    def single(n: int) -> None:
+        for i in range(n):
+            noop.enqueue(i)
+
+    def worker(concurrency: int) -> None:
+        from django.core.management import call_command
+
+        print("ready", flush=True)
+        call_command("db_worker", queue_name=QUEUE, interval=0.05, startup_delay=False, verbosity=0, reload=False)
+
+    return System(
+        "django-tasks-db",
+        single,
+        None,  # no batch enqueue API
+        lambda: count("SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE status IN ('READY', 'RUNNING')"),
+        lambda: count("WITH t AS (DELETE FROM django_tasks_database_dbtaskresult RETURNING 1) SELECT count(*) FROM t"),
+        worker,
+    )
+
+
+SYSTEMS: dict[str, Callable[[], System]] = {
+    "django-leasing": ours,
+    "PgQueuer": pgqueuer,
+    "procrastinate": procrastinate_system,
+    "django-tasks-db": django_tasks_db,
+}
+
+
+def setup_django() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.peer_settings")
+    import django
+
+    django.setup()
+
+
+if __name__ == "__main__":
+    setup_django()
+    name, concurrency = sys.argv[1], int(sys.argv[2])
+    SYSTEMS[name]().worker(concurrency)
