@@ -212,6 +212,32 @@ WHERE {_OWNED} AND {_LIVE}
 RETURNING t.id
 """
 
+# The dispatcher's steady state in ONE statement (one round trip, one commit): finish the batch that
+# just completed and claim the next one. The two CTEs touch disjoint rows (RUNNING rows of ours vs
+# READY rows), and each finished row is still guarded by holder + token + RUNNING + live lease.
+_COMPLETE_SET = """
+    status = 'SUCCESSFUL',
+    return_value = d.return_value,
+    finished_at = clock_timestamp(),
+    released_at = clock_timestamp(),
+    expires_at = LEAST(t.expires_at, clock_timestamp())"""
+_CLAIM_BODY = CLAIM_SQL.strip().removeprefix("UPDATE tasks_task AS t SET").rsplit("RETURNING", 1)[0]
+FINISH_AND_CLAIM_SQL = f"""
+WITH finished AS (
+    UPDATE tasks_task AS t SET {_COMPLETE_SET}
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[]) AS d(id, token, return_value)
+    WHERE {_OWNED} AND {_LIVE}
+    RETURNING t.id
+), claimed AS (
+    UPDATE tasks_task AS t SET {_CLAIM_BODY}
+    RETURNING {_CLAIM_RETURNING}
+)
+SELECT true, claimed.* FROM claimed
+UNION ALL
+SELECT false, finished.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM finished
+"""
+
 _RETRYABLE = "(d.retry AND t.attempts < t.max_attempts)"
 
 FAIL_SQL = f"""
@@ -305,6 +331,25 @@ FROM tasks_worker AS w
 WHERE t.status = 'RUNNING' AND t.holder = w.id AND w.stopped_at IS NOT NULL AND t.expires_at > clock_timestamp()
 RETURNING t.id
 """
+
+
+def _claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
+    return ClaimedTask(
+        id=row[0],
+        token=row[1],
+        task_path=row[2],
+        args=_json(row[3]),
+        kwargs=_json(row[4]),
+        attempts=row[5],
+        max_attempts=row[6],
+        progress=_json(row[7]),
+        expires_at=row[8],
+        timeout=row[9],
+        queue=row[10],
+        priority=row[11],
+        enqueued_at=row[12],
+        worker_ids=_json(row[13]),
+    )
 
 
 class TaskQuerySet(LeaseStateQuerySet["Task"]):
@@ -436,25 +481,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "queues": list(queues),
             "limit": limit,
         }
-        claimed = [
-            ClaimedTask(
-                id=row[0],
-                token=row[1],
-                task_path=row[2],
-                args=_json(row[3]),
-                kwargs=_json(row[4]),
-                attempts=row[5],
-                max_attempts=row[6],
-                progress=_json(row[7]),
-                expires_at=row[8],
-                timeout=row[9],
-                queue=row[10],
-                priority=row[11],
-                enqueued_at=row[12],
-                worker_ids=_json(row[13]),
-            )
-            for row in self._rows(CLAIM_SQL, params)
-        ]
+        claimed = [_claimed_from_row(row) for row in self._rows(CLAIM_SQL, params)]
         claimed.sort(key=lambda task: (-task.priority, task.id))
         return claimed
 
@@ -501,6 +528,35 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "values": [json.dumps(r[2]) for r in results],
         }
         return {row[0] for row in self._rows(COMPLETE_SQL, params)}
+
+    def finish_and_claim(
+        self,
+        worker: str,
+        results: Sequence[tuple[int, int, Any]],
+        *,
+        limit: int,
+        queues: Sequence[str] = ("default",),
+        ttl: float | None = None,
+    ) -> tuple[set[int], list[ClaimedTask]]:
+        """``complete_many`` and ``claim`` in one statement: (ids accepted, tasks claimed)."""
+        params = {
+            "worker": worker,
+            "ids": [r[0] for r in results],
+            "tokens": [r[1] for r in results],
+            "values": [json.dumps(r[2]) for r in results],
+            "ttl": seconds(get_settings().TTL if ttl is None else ttl),
+            "queues": list(queues),
+            "limit": limit,
+        }
+        accepted: set[int] = set()
+        claimed: list[ClaimedTask] = []
+        for row in self._rows(FINISH_AND_CLAIM_SQL, params):
+            if row[0]:
+                claimed.append(_claimed_from_row(row[1:]))
+            else:
+                accepted.add(row[1])
+        claimed.sort(key=lambda task: (-task.priority, task.id))
+        return accepted, claimed
 
     def complete(self, task_id: int, worker: str, token: int, return_value: Any = None) -> bool:
         return task_id in self.complete_many(worker, [(task_id, token, return_value)])

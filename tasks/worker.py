@@ -39,7 +39,7 @@ from django.db.models.functions import Now
 from django.utils.module_loading import import_string
 
 from tasks.conf import get_settings
-from tasks.models import ClaimedTask, Failure, Task
+from tasks.models import ClaimedTask, FailOutcome, Failure, Task
 from tasks.models import Worker as WorkerRow
 from tasks.runtime import Execution, _set_current
 
@@ -175,7 +175,20 @@ class Worker:
             if self._notified.is_set():
                 self._notified.clear()
                 may_have_work = True
-            self._flush_outcomes()
+            outcomes = self._take_outcomes()
+            free = capacity - len(self._running) + len(outcomes)
+            starving = self._work.qsize() < self.concurrency
+            wanted = min(free, self.batch_size)
+            if self.max_tasks is not None:
+                wanted = min(wanted, self.max_tasks - self.stats["claimed"])
+            if not self._draining.is_set() and may_have_work and wanted > 0 and (free >= self.batch_size or starving):
+                # The steady state: finish what completed and claim the next batch in one statement.
+                claimed = self._write_outcomes(outcomes, claim=wanted)
+                if claimed is not None and len(claimed) == wanted:
+                    continue  # there may be more; go round without waiting
+                may_have_work = claimed is None  # a failed claim is retried; a short one waits
+            else:
+                self._write_outcomes(outcomes)
             if self._draining.is_set():
                 if drain_deadline is None:
                     drain_deadline = time.monotonic() + self.shutdown_grace
@@ -190,16 +203,6 @@ class Worker:
                     return
                 self._wake.wait(0.1)
                 continue
-            free = capacity - len(self._running)
-            starving = self._work.qsize() < self.concurrency
-            if may_have_work and free > 0 and (free >= self.batch_size or starving):
-                wanted = min(free, self.batch_size)
-                if self.max_tasks is not None:
-                    wanted = min(wanted, self.max_tasks - self.stats["claimed"])
-                claimed = self._claim(wanted)
-                if claimed is not None and len(claimed) == wanted:
-                    continue  # there may be more; go round without waiting
-                may_have_work = claimed is None  # a failed claim is retried; a short one waits
             if not self._wake.wait(self.poll_interval):
                 may_have_work = True  # the fallback poll
 
@@ -225,51 +228,71 @@ class Worker:
                 execution.mark_lost("handed back unstarted at shutdown")
                 self._running.pop(execution.id, None)
 
-    def _claim(self, limit: int) -> list[ClaimedTask] | None:
-        sent = time.monotonic()
-        try:
-            claimed = Task.objects.db_manager(self.using).claim(self.id, limit=limit, queues=self.queues, ttl=self.ttl)
-        except Error as exc:
-            logger.warning("worker %s: claim failed: %s", self.id, exc)
-            close_old_connections()
-            connections[self.using].close()
-            self._wake.wait(min(self.poll_interval, 1.0))
-            return None
-        for task in claimed:
-            execution = Execution(task, self.id, self.ttl, sent)
-            with self._running_lock:
-                self._running[task.id] = execution
-            self.stats["claimed"] += 1
-            self._work.put(execution)
-        return claimed
-
-    def _flush_outcomes(self) -> None:
+    def _take_outcomes(self) -> list[Outcome]:
         outcomes: list[Outcome] = []
         while True:
             try:
                 outcomes.append(self._outcomes.get_nowait())
             except queue.Empty:
-                break
-        if not outcomes:
-            return
-        successes = [o for o in outcomes if o.ok]
-        failures = [o for o in outcomes if o.failure is not None]
-        manager = Task.objects.db_manager(self.using)
+                return outcomes
+
+    def _flush_outcomes(self) -> None:
+        self._write_outcomes(self._take_outcomes())
+
+    def _retrying(self, what: str, statement: Callable[[], Any], outcomes: list[Outcome]) -> Any:
+        """Run one statement until it succeeds; outcomes live only in memory until written.
+
+        Each statement is retried on its own: re-sending one that already committed would make the
+        compare-and-set refuse its rows, and they would be miscounted as fencing rejections.
+        Gives up (None) once every execution's lease is gone anyway.
+        """
         while True:
             try:
-                accepted = manager.complete_many(
-                    self.id, [(o.execution.id, o.execution.token, o.value) for o in successes]
-                )
-                fail_results = manager.fail_many(self.id, [o.failure for o in failures if o.failure is not None])
-                break
+                return statement()
             except Error as exc:
-                # Outcomes are only in memory: keep trying until the lease would be gone anyway.
-                logger.warning("worker %s: writing outcomes failed, retrying: %s", self.id, exc)
+                logger.warning("worker %s: %s failed, retrying: %s", self.id, what, exc)
                 connections[self.using].close()
                 if all(o.execution.lost for o in outcomes):
-                    accepted, fail_results = set(), {}
-                    break
+                    return None
                 time.sleep(0.2)
+
+    def _complete(self, manager: Any, results: list[tuple[int, int, Any]], successes: list[Outcome]) -> set[int]:
+        written = self._retrying("writing outcomes", lambda: manager.complete_many(self.id, results), successes)
+        return written or set()
+
+    def _write_outcomes(self, outcomes: list[Outcome], *, claim: int = 0) -> list[ClaimedTask] | None:
+        """Write finished executions (and claim ``claim`` new tasks in the same statement)."""
+        manager = Task.objects.db_manager(self.using)
+        successes = [o for o in outcomes if o.ok]
+        failures = [o for o in outcomes if o.failure is not None]
+        fail_results: dict[int, FailOutcome] = {}
+        if failures:
+            reports = [o.failure for o in failures if o.failure is not None]
+            written = self._retrying("writing failures", lambda: manager.fail_many(self.id, reports), failures)
+            fail_results = written or {}
+        results = [(o.execution.id, o.execution.token, o.value) for o in successes]
+        claimed: list[ClaimedTask] | None = []
+        accepted: set[int] = set()
+        sent = time.monotonic()
+        if claim:
+            try:
+                accepted, claimed = manager.finish_and_claim(
+                    self.id, results, limit=claim, queues=self.queues, ttl=self.ttl
+                )
+            except Error as exc:
+                logger.warning("worker %s: finish-and-claim failed: %s", self.id, exc)
+                connections[self.using].close()
+                claimed = None  # the statement rolled back: nothing was claimed; write outcomes alone
+                if results:
+                    accepted = (
+                        self._retrying("writing outcomes", lambda: manager.complete_many(self.id, results), successes)
+                        or set()
+                    )
+                self._wake.wait(min(self.poll_interval, 1.0))
+        elif results:
+            accepted = (
+                self._retrying("writing outcomes", lambda: manager.complete_many(self.id, results), successes) or set()
+            )
         for outcome in successes:
             self._finish_log(outcome, "succeeded" if outcome.execution.id in accepted else None)
         for outcome in failures:
@@ -279,6 +302,13 @@ class Worker:
         with self._running_lock:
             for outcome in outcomes:
                 self._running.pop(outcome.execution.id, None)
+        for task in claimed or []:
+            execution = Execution(task, self.id, self.ttl, sent)
+            with self._running_lock:
+                self._running[task.id] = execution
+            self.stats["claimed"] += 1
+            self._work.put(execution)
+        return claimed
 
     def _finish_log(self, outcome: Outcome, state: str | None) -> None:
         execution = outcome.execution

@@ -342,3 +342,19 @@ def test_a_recovered_or_handed_back_task_keeps_its_place_in_the_queue() -> None:
     Task.objects.recover_expired()
     assert [c.id for c in Task.objects.claim("w2", limit=2)] == [crashed, interrupted]
     assert Task.objects.filter(pk__in=backlog, status="READY").count() == 20
+
+
+def test_finish_and_claim_is_one_statement_and_keeps_the_compare_and_set(django_assert_num_queries: Any) -> None:
+    for _ in range(4):
+        enqueue()
+    a, b = Task.objects.claim("w1", limit=2)
+    with django_assert_num_queries(1):
+        accepted, claimed = Task.objects.finish_and_claim(
+            "w1", [(a.id, a.token, "ok"), (b.id, b.token + 5, "stale")], limit=5
+        )
+    assert accepted == {a.id}  # b's token is wrong: refused
+    assert len(claimed) == 2
+    assert {c.id for c in claimed}.isdisjoint({a.id, b.id})
+    assert Task.objects.get(pk=a.id).return_value == "ok"
+    assert Task.objects.get(pk=b.id).status == "RUNNING"
+    assert Task.objects.finish_and_claim("w1", [], limit=5) == (set(), [])
