@@ -231,8 +231,12 @@ def _soak(args: argparse.Namespace, rng: random.Random, server: Any) -> int:
                 "SELECT max(EXTRACT(EPOCH FROM n.created_at) - %s) FROM tasks_task t"
                 " JOIN testapp_effect e ON e.task_id = t.id AND e.phase = 'started'"
                 " JOIN testapp_effect n ON n.task_id = t.id AND n.phase = 'started' AND n.attempt = e.attempt + 1"
-                " WHERE t.worker_ids -> (e.attempt - 1) = to_jsonb(%s::text) AND EXTRACT(EPOCH FROM e.created_at) < %s",
-                [killed_at, worker, killed_at],
+                " WHERE t.worker_ids -> (e.attempt - 1) = to_jsonb(%s::text) AND EXTRACT(EPOCH FROM e.created_at) < %s"
+                # only attempts the kill interrupted: recovery recorded their lease as lost
+                " AND EXISTS (SELECT 1 FROM jsonb_array_elements(t.errors) x WHERE x->>'worker' = %s"
+                "  AND (x->>'attempt')::int = e.attempt"
+                "  AND x->>'exception_class_path' = 'tasks.exceptions.TaskLeaseLost')",
+                [killed_at, worker, killed_at, worker],
             )
             worst_rerun = max(worst_rerun, float(cursor.fetchone()[0] or 0))
     print("")

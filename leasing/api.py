@@ -9,7 +9,7 @@ from django.urls import path
 
 from leasing import metrics
 from leasing.conf import get_settings
-from leasing.http import ApiError, Body, api_view, iso, page_args
+from leasing.http import ApiError, Body, api_view, iso, keyset_page
 from leasing.models import Grant, Lease
 
 STATES = ("active", "expired", "renewed", "released")
@@ -45,17 +45,8 @@ def grant_json(grant: Grant) -> dict[str, Any]:
 
 
 def _listing(request: HttpRequest, state: str | None) -> tuple[int, dict[str, Any]]:
-    limit, before = page_args(request)
     queryset = Lease.objects.all() if state is None else getattr(Lease.objects, state)()
-    if before is not None:
-        queryset = queryset.filter(pk__lt=before)
-    rows = list(queryset.order_by("-pk")[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return 200, {
-        "leases": [lease_json(lease) for lease in rows],
-        "next": f"?limit={limit}&before={rows[-1].pk}" if more else None,
-    }
+    return keyset_page(request, queryset, "leases", lease_json)
 
 
 def _conflict(resource: str, message: str) -> ApiError:

@@ -233,3 +233,19 @@ def page_args(request: HttpRequest, *, default_limit: int = 50, max_limit: int =
     if not 1 <= limit <= max_limit:
         raise ApiError(400, f"limit must be from 1 to {max_limit}", "limit")
     return limit, before_id
+
+
+def keyset_page(
+    request: HttpRequest, queryset: Any, key: str, serialize: Callable[[Any], dict[str, Any]]
+) -> tuple[int, dict[str, Any]]:
+    """One page, newest first, continued by ``?before=<last id>`` (no OFFSET, no COUNT)."""
+    limit, before = page_args(request)
+    if before is not None:
+        queryset = queryset.filter(pk__lt=before)
+    rows = list(queryset.order_by("-pk")[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return 200, {
+        key: [serialize(row) for row in rows],
+        "next": f"?limit={limit}&before={rows[-1].pk}" if more else None,
+    }

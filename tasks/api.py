@@ -12,7 +12,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path, re_path
 
 from leasing import metrics
-from leasing.http import ApiError, Body, api_view, iso, page_args
+from leasing.http import ApiError, Body, api_view, iso, keyset_page
 from tasks import generator
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError
@@ -66,7 +66,6 @@ def _task_or_404(task_id: int) -> Task:
 
 
 def _listing(request: HttpRequest, queryset: QuerySet[Task]) -> tuple[int, Any]:
-    limit, before = page_args(request)
     status = request.GET.get("status")
     if status is not None:
         if status not in TaskStatus.values:
@@ -74,15 +73,7 @@ def _listing(request: HttpRequest, queryset: QuerySet[Task]) -> tuple[int, Any]:
         queryset = queryset.filter(status=status)
     if queue := request.GET.get("queue"):
         queryset = queryset.filter(queue=queue)
-    if before is not None:
-        queryset = queryset.filter(pk__lt=before)
-    rows = list(queryset.order_by("-pk")[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return 200, {
-        "tasks": [task_json(task) for task in rows],
-        "next": f"?limit={limit}&before={rows[-1].pk}" if more else None,
-    }
+    return keyset_page(request, queryset, "tasks", task_json)
 
 
 def _worker_and_token(body: Body) -> tuple[str, int]:
