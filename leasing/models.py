@@ -111,6 +111,15 @@ _RETURNING = "RETURNING resource, holder, token, acquired_at, expires_at"
 # EXCLUDED.token was drawn before the wait, so an acquire queued behind another could install a
 # token *smaller* than the grant before it. Drawn in SET, under the row lock, tokens follow the
 # order in which grants really happen. (The VALUES token is then wasted: gaps are harmless.)
+#: The columns every new grant sets, shared by the lease acquire and the task claim so that the
+#: two cannot drift: a fresh token from the one sequence, timed by the clock read under the lock.
+GRANT_SET = f"""token = nextval('{FENCE_SEQUENCE}'),
+    acquired_at = clock_timestamp(),
+    renewed_at = NULL,
+    released_at = NULL,
+    expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
+    renewals = 0"""
+
 ACQUIRE_SQL = f"""
 INSERT INTO leasing_lease AS lease
     (resource, holder, token, created_at, acquired_at, renewed_at, released_at, expires_at,
@@ -119,12 +128,7 @@ VALUES (%(resource)s, %(holder)s, nextval('{FENCE_SEQUENCE}'), clock_timestamp()
         clock_timestamp() + make_interval(secs => %(ttl)s), 0, 0, %(metadata)s::jsonb)
 ON CONFLICT (resource) DO UPDATE SET
     holder = EXCLUDED.holder,
-    token = nextval('{FENCE_SEQUENCE}'),
-    acquired_at = clock_timestamp(),
-    renewed_at = NULL,
-    released_at = NULL,
-    expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
-    renewals = 0,
+    {GRANT_SET},
     transitions = lease.transitions + (lease.holder IS DISTINCT FROM EXCLUDED.holder)::int,
     metadata = COALESCE(EXCLUDED.metadata, lease.metadata)
 WHERE lease.expires_at <= clock_timestamp() OR lease.released_at IS NOT NULL

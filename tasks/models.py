@@ -19,7 +19,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from leasing.fencing import FencedModel
-from leasing.models import FENCE_SEQUENCE, LeaseFields, LeaseStateQuerySet, seconds
+from leasing.models import GRANT_SET, LeaseFields, LeaseStateQuerySet, seconds
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError
 
@@ -151,12 +151,7 @@ CLAIM_SQL = f"""
 UPDATE tasks_task AS t SET
     status = 'RUNNING',
     holder = %(worker)s::text,
-    token = nextval('{FENCE_SEQUENCE}'),
-    acquired_at = clock_timestamp(),
-    renewed_at = NULL,
-    released_at = NULL,
-    expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
-    renewals = 0,
+    {GRANT_SET},
     transitions = t.transitions + 1,
     attempts = t.attempts + 1,
     started_at = COALESCE(t.started_at, clock_timestamp()),
