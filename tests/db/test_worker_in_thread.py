@@ -89,11 +89,16 @@ def test_retry_resumes_from_the_last_checkpoint(running_worker: Worker) -> None:
 
 
 def test_dedup_key_returns_the_unfinished_task(running_worker: Worker) -> None:
-    first = Task.objects.enqueue("tests.testapp.handlers.fail_until", kwargs={"succeed_on": 1}, dedup_key="job-1")
-    second = Task.objects.enqueue("tests.testapp.handlers.fail_until", kwargs={"succeed_on": 1}, dedup_key="job-1")
-    assert second.id == first.id or finished(first.id).status == "SUCCESSFUL"
-    finished(first.id)
-    assert Task.objects.enqueue("tests.testapp.handlers.noop", dedup_key="job-1").created
+    # Deferred, so it is certainly still unfinished when the duplicate arrives.
+    later = timezone.now() + dt.timedelta(hours=1)
+    first = Task.objects.enqueue("tests.testapp.handlers.noop", dedup_key="job-1", run_after=later)
+    second = Task.objects.enqueue("tests.testapp.handlers.noop", dedup_key="job-1")
+    assert (second.id, second.created) == (first.id, False)
+    Task.objects.filter(pk=first.id).retry_now()
+    assert finished(first.id).status == "SUCCESSFUL"
+    third = Task.objects.enqueue("tests.testapp.handlers.noop", dedup_key="job-1")
+    assert third.created
+    assert third.id != first.id
 
 
 def test_timeout_lets_the_lease_lapse_and_the_late_result_is_rejected(running_worker: Worker) -> None:
