@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -22,6 +23,8 @@ def prepare_database() -> Any:
         # Default durability settings (fsync on): the figures are what a real deployment sees.
         server = ensure_server(Path(tempfile.mkdtemp(prefix="leasing-bench-")) / "pgdata")
         os.environ["DATABASE_URL"] = server.url()
+        # The callers discard the server in a `finally`; make SIGTERM run it too.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(2))
     setup_django()
     from django.core.management import call_command
 
