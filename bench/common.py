@@ -47,6 +47,24 @@ def psycopg_params() -> dict[str, Any]:
     return {k: v for k, v in params.items() if k in {"host", "port", "user", "password", "dbname"} and v}
 
 
+def stop_processes(procs: list[Any], timeout: float = 30) -> None:
+    """SIGCONT (a frozen one) + SIGTERM every process, then SIGKILL what is left after ``timeout``."""
+    import subprocess
+
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+
+
 def figure(name: str, value: float, unit: str) -> None:
     """One comparable figure per line."""
     print(f"{name:<48} {value:>12.1f} {unit}", flush=True)

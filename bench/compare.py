@@ -17,7 +17,6 @@ import argparse
 import multiprocessing as mp
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 ROOT = Path(__file__).resolve().parents[1]
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.peer_settings"
 
+from bench.common import stop_processes  # noqa: E402
 from bench.peers import SYSTEMS, install_pgqueuer, install_procrastinate, setup_django  # noqa: E402
 
 WORKER_CONCURRENCY = 8
@@ -58,20 +58,6 @@ def start_workers(system: str, processes: int, log_dir: Path) -> list[subprocess
     return procs
 
 
-def stop_workers(procs: list[subprocess.Popen[str]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout:
-            proc.stdout.close()
-
-
 def run_case(name: str, case: str, n: int, log_dir: Path) -> float | None:
     system = SYSTEMS[name]()
     system.reset()
@@ -98,7 +84,7 @@ def run_case(name: str, case: str, n: int, log_dir: Path) -> float | None:
             time.sleep(0.02)
         return n / (time.perf_counter() - started)
     finally:
-        stop_workers(procs)
+        stop_processes(procs)
         system.reset()
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 # ``tasks`` app: import from the repository root instead.
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.common import ROOT, figure, prepare_database  # noqa: E402
+from bench.common import ROOT, figure, prepare_database, stop_processes  # noqa: E402
 
 NOOP = "bench.handlers.noop"
 
@@ -65,19 +65,6 @@ def start_workers(count: int, *args: str, log_dir: Path) -> list[subprocess.Pope
     return procs
 
 
-def stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def bench_enqueue_single(n: int) -> float:
     from tasks.models import Task
 
@@ -109,7 +96,7 @@ def bench_drain(n: int, processes: int, log_dir: Path, worker_args: list[str]) -
             time.sleep(0.02)
         elapsed = time.perf_counter() - started
     finally:
-        stop_workers(procs)
+        stop_processes(procs)
     done = Task.objects.filter(queue="bench", status="SUCCESSFUL", attempts=1).count()
     if done != n:
         raise RuntimeError(f"only {done} of {n} tasks succeeded exactly once")
@@ -133,7 +120,7 @@ def bench_latency(samples: int, log_dir: Path) -> tuple[float, float]:
                 time.sleep(0.001)
             time.sleep(0.01)  # pacing: one task at a time into an idle worker
     finally:
-        stop_workers(procs)
+        stop_processes(procs)
     quantiles = statistics.quantiles(latencies, n=100)
     return statistics.median(latencies), quantiles[98]
 
@@ -161,7 +148,7 @@ def bench_kill_to_rerun(ttl: float, interval: float, log_dir: Path) -> float:
             time.sleep(0.01)
         rerun_at = Task.objects.get(pk=task_id).last_attempted_at
     finally:
-        stop_workers(victim + rescuer)
+        stop_processes(victim + rescuer)
     return (rerun_at - killed_at).total_seconds()
 
 

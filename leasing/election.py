@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, Error, close_old_connections
+from django.db import DEFAULT_DB_ALIAS, Error, close_old_connections, connections
 
 from leasing.conf import get_settings
 from leasing.holder import LeaseHolder, default_holder_id
@@ -122,7 +122,17 @@ class LeaderElection:
         return True
 
     def run(self, lead: Callable[[Term], Any]) -> None:
-        """Stand by and lead, again and again, until ``stop()``."""
+        """Stand by and lead, again and again, until ``stop()``.
+
+        Meant for a thread or process of its own: on return it closes that thread's database
+        connections (``lead`` and the lease statements used them).
+        """
+        try:
+            self._run(lead)
+        finally:
+            connections.close_all()
+
+    def _run(self, lead: Callable[[Term], Any]) -> None:
         while not self._stopping.is_set():
             try:
                 led = self.run_once(lead)

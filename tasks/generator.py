@@ -109,10 +109,7 @@ class Generator:
 
     def run(self) -> None:
         GeneratorState.objects.get_or_create(name=self.name)
-        try:
-            self.election.run(self._lead)
-        finally:
-            connections.close_all()
+        self.election.run(self._lead)
 
     def stop(self) -> None:
         self.election.stop()

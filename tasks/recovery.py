@@ -8,7 +8,6 @@ instance recovers at a time and a standby takes over when that one dies.
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass, field
 
 from django.db import DEFAULT_DB_ALIAS, Error, connections
@@ -92,15 +91,7 @@ class RecoveryController:
             term.wait(self.interval)
 
     def run(self) -> None:
-        try:
-            self.election.run(self._lead)
-        finally:
-            connections.close_all()
+        self.election.run(self._lead)
 
     def stop(self) -> None:
         self.election.stop()
-
-    def run_in_thread(self) -> threading.Thread:
-        thread = threading.Thread(target=self.run, name="recovery", daemon=True)
-        thread.start()
-        return thread

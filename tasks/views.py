@@ -142,13 +142,9 @@ def chart(series: dict[str, list[int]], *, width: int = 720, height: int = 140) 
     return {"bars": bars, "width": width, "height": height, "peak": peak, "totals": totals, "colours": colours}
 
 
-def _render(request: HttpRequest, template: str, context: dict[str, Any]) -> HttpResponse:
-    return render(request, template, context)
-
-
 @staff_member_required
 def overview(request: HttpRequest) -> HttpResponse:
-    return _render(
+    return render(
         request,
         "leasing/dashboard/overview.html",
         {
@@ -180,7 +176,7 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
     if before and before.isdigit():
         queryset = queryset.filter(pk__lt=int(before))
     rows = list(queryset.order_by("-pk")[: PAGE_SIZE + 1])
-    return _render(
+    return render(
         request,
         "leasing/dashboard/task_list.html",
         {
@@ -215,7 +211,7 @@ def attempts_of(task: Task) -> list[dict[str, Any]]:
 @staff_member_required
 def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
     task = get_object_or_404(Task, pk=task_id)
-    return _render(
+    return render(
         request,
         "leasing/dashboard/task_detail.html",
         {"task": task, "attempts": attempts_of(task), "states": TASK_STATES, "counts": task_counts()},
@@ -253,7 +249,7 @@ def workers(request: HttpRequest) -> HttpResponse:
     for task in Task.objects.running().filter(holder__in=[w.id for w in alive]).order_by("pk")[:1000]:
         held.setdefault(task.holder or "", []).append(task)
     recent = Worker.objects.exclude(pk__in=[w.id for w in alive]).order_by("-last_seen_at")[:20]
-    return _render(
+    return render(
         request,
         "leasing/dashboard/workers.html",
         {
@@ -276,4 +272,4 @@ def generator_page(request: HttpRequest) -> HttpResponse:
         except ValueError as exc:
             messages.error(request, str(exc))
         return HttpResponseRedirect(reverse("tasks:generator"))
-    return _render(request, "leasing/dashboard/generator.html", {"generator": generator.status()})
+    return render(request, "leasing/dashboard/generator.html", {"generator": generator.status()})

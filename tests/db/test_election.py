@@ -4,7 +4,6 @@ import threading
 from typing import Any
 
 import pytest
-from django.db import connections
 
 from leasing.election import LeaderElection, Term
 from leasing.models import Lease
@@ -32,10 +31,7 @@ class Candidate:
             self.log.append(("end", self.name, term.token))
 
     def _run(self) -> None:
-        try:
-            self.election.run(self._lead)
-        finally:
-            connections.close_all()
+        self.election.run(self._lead)
 
 
 def test_one_leader_at_a_time_and_handover_on_stop() -> None:
@@ -81,13 +77,7 @@ def test_leader_steps_down_when_its_lease_is_revoked() -> None:
 
     election = LeaderElection("singleton", ttl=1.0, retry_interval=0.05)
 
-    def run() -> None:
-        try:
-            election.run(lead)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=election.run, args=(lead,))
     thread.start()
     try:
         assert election.wait_for_leadership(10)
