@@ -17,6 +17,7 @@ from tasks import generator
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError
 from tasks.models import FINISHED, Failure, Task, TaskStatus
+from tasks.outcomes import is_storable
 
 MAX_TTL = 86_400.0
 LISTINGS = {
@@ -145,6 +146,7 @@ def next_task(request: HttpRequest) -> tuple[int, Any]:
         limit=body.whole("limit", required=False, low=1, high=100, default=1),
         queues=body.names("queues", default=["default"]),
         ttl=body.number("ttl", required=False, low=0, high=MAX_TTL, default=get_settings().TTL),
+        start=True,  # an HTTP client runs what it claims: the attempt begins (and is charged) now
     )
     rows = {task.pk: task for task in Task.objects.filter(pk__in=[c.id for c in claimed])}
     found = [task_json(rows[c.id]) for c in claimed if c.id in rows]
@@ -159,7 +161,10 @@ def heartbeat(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     worker, token = _worker_and_token(body)
     ttl = body.number("ttl", required=False, low=0, high=MAX_TTL, default=get_settings().TTL)
     progress = body.data.get("progress")
-    if Task.objects.heartbeat(worker, {task_id: token}, ttl=ttl):
+    if "progress" in body.data and not is_storable(progress):
+        # Checked before anything is written: a rejected request changes nothing.
+        raise ApiError(400, "progress cannot be stored as JSON (NaN, infinity, NUL or a lone surrogate)", "progress")
+    if Task.objects.heartbeat(worker, [(task_id, token)], ttl=ttl):
         raise _rejected(Task.objects.get(pk=task.pk), "heartbeat")
     if "progress" in body.data and not Task.objects.checkpoint(task_id, worker, token, progress):
         raise _rejected(Task.objects.get(pk=task.pk), "checkpoint")
@@ -173,6 +178,8 @@ def complete(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     body = Body(request)
     body.only("worker", "token", "output")
     worker, token = _worker_and_token(body)
+    if not is_storable(body.data.get("output")):
+        raise ApiError(400, "output cannot be stored as JSON (NaN, infinity, NUL or a lone surrogate)", "output")
     if not Task.objects.complete(task_id, worker, token, body.data.get("output")):
         raise _rejected(Task.objects.get(pk=task.pk), "completion")
     task.refresh_from_db()

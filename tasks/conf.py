@@ -13,8 +13,13 @@ from django.conf import settings
 class TaskSettings:
     #: Lease of a claimed task, seconds. A dead worker's tasks run again within TTL + RECOVERY_INTERVAL.
     TTL: float = 30.0
-    #: Attempts before a task ends FAILED for good (each attempt's error is kept).
+    #: Failed attempts (the handler's own: an exception, a timeout, an unstorable result) before a
+    #: task ends FAILED for good. Each attempt's error is kept.
     MAX_ATTEMPTS: int = 3
+    #: Started attempts whose worker vanished (killed, frozen past its lease) before a task ends
+    #: FAILED: a poison pill that kills every worker it lands on. Tasks that ran beside it are
+    #: charged a crash too, never a failure, and a prefetched task that never started nothing.
+    MAX_CRASHES: int = 5
     #: Retry delay: BACKOFF_BASE * 2**(attempt-1) seconds, capped at BACKOFF_MAX, jittered 50-100 %.
     BACKOFF_BASE: float = 1.0
     BACKOFF_MAX: float = 300.0
@@ -22,6 +27,9 @@ class TaskSettings:
     CONCURRENCY: int = 4
     BATCH_SIZE: int = 16
     POLL_INTERVAL: float = 2.0
+    #: A worker holds, beyond its running tasks, only as many claimed tasks as its executors will
+    #: start within this many seconds (from the observed task durations), at most BATCH_SIZE.
+    PREFETCH_WINDOW: float = 0.25
     SHUTDOWN_GRACE: float = 10.0
     #: How often the (leader-elected) recovery controller runs, seconds.
     RECOVERY_INTERVAL: float = 2.0

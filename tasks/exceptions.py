@@ -1,3 +1,7 @@
+"""One exception root for the task queue (``LeasingError`` → ``TaskError``); the docstring is the
+default message. Some classes here are only ever *recorded* (their import path is stored in a task's
+error entries), so that ``TaskError.exception_class`` of a recorded attempt imports a real class."""
+
 from __future__ import annotations
 
 from leasing.exceptions import LeasingError
@@ -13,3 +17,19 @@ class TaskLeaseLost(TaskError):
 
 class UnknownHandler(TaskError):
     """The task's handler path does not name an importable callable."""
+
+
+class UnstorableResult(TaskError, ValueError):
+    """The handler returned a value that cannot be stored as JSON (NaN, infinity, NUL, a lone surrogate, an object)."""
+
+
+class TaskTimeout(TaskError, TimeoutError):
+    """The attempt ran past its timeout and was abandoned; its late result is refused."""
+
+
+class WorkerShutdown(TaskError):
+    """The attempt was interrupted by its worker shutting down; it is not counted as a failure."""
+
+
+class UnstorableOutcome(TaskError):
+    """The database refused to store this attempt's outcome; the attempt is recorded as failed instead."""

@@ -19,9 +19,11 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from leasing.fencing import FencedModel
-from leasing.models import GRANT_SET, LeaseFields, LeaseStateQuerySet, seconds
+from leasing.models import LeaseFields, LeaseStateQuerySet, seconds
+from tasks import statements as sql
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError
+from tasks.outcomes import MAX_MESSAGE, MAX_TRACEBACK, storable_json, storable_text
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -59,6 +61,52 @@ class ClaimedTask:
     priority: int
     enqueued_at: dt.datetime
     worker_ids: list[str] = field(default_factory=list)
+    started_at: dt.datetime | None = None
+    last_attempted_at: dt.datetime | None = None
+    #: An earlier attempt's worker vanished: this attempt is marked started before its handler runs.
+    suspect: bool = False
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """The attempt: task id + fencing token. Every in-memory structure is keyed by it."""
+        return (self.id, self.token)
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A start marker that landed: the attempt number it charged and the task's start times."""
+
+    id: int
+    token: int
+    attempt: int
+    started_at: dt.datetime
+    last_attempted_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFate:
+    """Where an attempt a worker was finishing ended, as the database says (for reconciliation)."""
+
+    id: int
+    token: int | None
+    holder: str | None
+    status: str
+    last_error_token: str | None
+    last_error_kind: str | None
+
+    def completed_by(self, worker: str, token: int) -> bool:
+        return self.status == TaskStatus.SUCCESSFUL and self.holder == worker and self.token == token
+
+    def failed_by(self, worker: str, token: int) -> bool:
+        return (
+            self.status in (TaskStatus.READY, TaskStatus.FAILED)
+            and self.holder == worker
+            and self.last_error_kind == "failure"
+            and self.last_error_token == str(token)
+        )
+
+    def still_held_by(self, worker: str, token: int) -> bool:
+        return self.status == TaskStatus.RUNNING and self.holder == worker and self.token == token
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +127,7 @@ class Recovered:
     id: int
     status: str
     expired_for: float | None  # seconds from lease expiry to requeue (None: it had no lease at all)
+    crashed: bool = False  # the attempt had started (charged as a crash); False: it went back uncharged
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,12 +141,18 @@ class Failure:
     traceback: str = ""
     retry: bool = True
 
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.id, self.token)
+
     def as_json(self) -> str:
+        # Error text is made storable (NUL, lone surrogates escaped; long tracebacks cut in the
+        # middle) so that one attempt's odd exception can never make the statement fail.
         return json.dumps(
             {
-                "exception_class_path": self.exception_class_path,
-                "message": self.message,
-                "traceback": self.traceback,
+                "exception_class_path": storable_text(self.exception_class_path, 255),
+                "message": storable_text(self.message, MAX_MESSAGE),
+                "traceback": storable_text(self.traceback, MAX_TRACEBACK),
             }
         )
 
@@ -105,227 +160,6 @@ class Failure:
 def _json(value: Any) -> Any:
     # Django registers a text loader for jsonb, so raw cursors see JSON as strings.
     return json.loads(value) if isinstance(value, str) else value
-
-
-def _backoff_sql(exponent: str) -> str:
-    """Capped exponential backoff with 50-100 % jitter, as an interval (computed in the database)."""
-    return (
-        "make_interval(secs => LEAST(%(backoff_max)s, %(backoff_base)s * power(2, GREATEST(" + exponent + ", 0)))"
-        " * (0.5 + random() / 2))"
-    )
-
-
-_CLAIM_RETURNING = (
-    "t.id, t.token, t.task_path, t.args, t.kwargs, t.attempts, t.max_attempts, t.progress, t.expires_at,"
-    " t.timeout, t.queue, t.priority, t.enqueued_at, t.worker_ids"
-)
-
-INSERT_COLUMNS = (
-    "queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, attempts, max_attempts,"
-    " timeout, dedup_key, errors, worker_ids, renewals, transitions"
-)
-
-ENQUEUE_SQL = f"""
-INSERT INTO tasks_task ({INSERT_COLUMNS})
-VALUES (%(queue)s, %(priority)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, 'READY',
-        COALESCE(%(run_after)s::timestamptz, statement_timestamp()), statement_timestamp(), 0, %(max_attempts)s,
-        %(timeout)s, %(dedup_key)s, '[]'::jsonb, '[]'::jsonb, 0, 0)
-ON CONFLICT (dedup_key) WHERE status IN ('READY', 'RUNNING') AND dedup_key IS NOT NULL DO NOTHING
-RETURNING id
-"""
-
-BULK_ENQUEUE_SQL = f"""
-INSERT INTO tasks_task ({INSERT_COLUMNS})
-SELECT d.queue, d.priority, d.task_path, d.args, d.kwargs, 'READY', COALESCE(d.run_after, statement_timestamp()),
-       statement_timestamp(), 0, d.max_attempts, d.timeout, NULL, '[]'::jsonb, '[]'::jsonb, 0, 0
-FROM unnest(%(queue)s::text[], %(priority)s::smallint[], %(task_path)s::text[], %(args)s::jsonb[],
-            %(kwargs)s::jsonb[], %(run_after)s::timestamptz[], %(max_attempts)s::int[], %(timeout)s::float8[])
-     AS d(queue, priority, task_path, args, kwargs, run_after, max_attempts, timeout)
-RETURNING id
-"""
-
-# The subquery picks and locks; SKIP LOCKED lets concurrent workers pick different rows without
-# waiting. Its WHERE/ORDER BY match the partial index tasks_task_runnable_idx exactly, so the plan
-# is an index scan over runnable rows only, however many finished rows the table holds.
-CLAIM_SQL = f"""
-UPDATE tasks_task AS t SET
-    status = 'RUNNING',
-    holder = %(worker)s::text,
-    {GRANT_SET},
-    transitions = t.transitions + 1,
-    attempts = t.attempts + 1,
-    started_at = COALESCE(t.started_at, clock_timestamp()),
-    last_attempted_at = clock_timestamp(),
-    worker_ids = t.worker_ids || jsonb_build_array(%(worker)s::text)
-FROM (
-    SELECT id FROM tasks_task
-    WHERE status = 'READY' AND run_after <= statement_timestamp() AND queue = ANY(%(queues)s::text[])
-    ORDER BY priority DESC, run_after, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-) AS picked
-WHERE t.id = picked.id
-RETURNING {_CLAIM_RETURNING}
-"""
-
-# One statement renews every task the worker still runs, and records the worker as alive.
-HEARTBEAT_SQL = """
-WITH renewed AS (
-    UPDATE tasks_task
-    SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
-        renewed_at = clock_timestamp(),
-        renewals = renewals + 1
-    WHERE holder = %(worker)s AND id = ANY(%(ids)s::bigint[]) AND status = 'RUNNING'
-      AND expires_at > clock_timestamp()
-    RETURNING id, token
-), seen AS (
-    UPDATE tasks_worker SET last_seen_at = clock_timestamp(), running = %(running)s, stats = %(stats)s::jsonb
-    WHERE id = %(worker)s
-    RETURNING 1
-)
-SELECT id, token FROM renewed
-"""
-
-CHECKPOINT_SQL = """
-UPDATE tasks_task SET progress = %(progress)s::jsonb, progress_at = clock_timestamp()
-WHERE id = %(id)s AND holder = %(worker)s AND token = %(token)s AND status = 'RUNNING'
-  AND expires_at > clock_timestamp()
-"""
-
-_OWNED = "t.id = d.id AND t.token = d.token AND t.holder = %(worker)s AND t.status = 'RUNNING'"
-_LIVE = "t.expires_at > clock_timestamp()"
-
-COMPLETE_SQL = f"""
-UPDATE tasks_task AS t SET
-    status = 'SUCCESSFUL',
-    return_value = d.return_value,
-    finished_at = clock_timestamp(),
-    released_at = clock_timestamp(),
-    expires_at = LEAST(t.expires_at, clock_timestamp())
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[]) AS d(id, token, return_value)
-WHERE {_OWNED} AND {_LIVE}
-RETURNING t.id
-"""
-
-# The dispatcher's steady state in ONE statement (one round trip, one commit): finish the batch that
-# just completed and claim the next one. The two CTEs touch disjoint rows (RUNNING rows of ours vs
-# READY rows), and each finished row is still guarded by holder + token + RUNNING + live lease.
-_COMPLETE_SET = """
-    status = 'SUCCESSFUL',
-    return_value = d.return_value,
-    finished_at = clock_timestamp(),
-    released_at = clock_timestamp(),
-    expires_at = LEAST(t.expires_at, clock_timestamp())"""
-_CLAIM_BODY = CLAIM_SQL.strip().removeprefix("UPDATE tasks_task AS t SET").rsplit("RETURNING", 1)[0]
-FINISH_AND_CLAIM_SQL = f"""
-WITH finished AS (
-    UPDATE tasks_task AS t SET {_COMPLETE_SET}
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[]) AS d(id, token, return_value)
-    WHERE {_OWNED} AND {_LIVE}
-    RETURNING t.id
-), claimed AS (
-    UPDATE tasks_task AS t SET {_CLAIM_BODY}
-    RETURNING {_CLAIM_RETURNING}
-)
-SELECT true, claimed.* FROM claimed
-UNION ALL
-SELECT false, finished.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-FROM finished
-"""
-
-_RETRYABLE = "(d.retry AND t.attempts < t.max_attempts)"
-
-FAIL_SQL = f"""
-UPDATE tasks_task AS t SET
-    status = CASE WHEN {_RETRYABLE} THEN 'READY' ELSE 'FAILED' END,
-    run_after = CASE WHEN {_RETRYABLE} THEN clock_timestamp() + {_backoff_sql("t.attempts - 1")} ELSE t.run_after END,
-    finished_at = CASE WHEN {_RETRYABLE} THEN NULL ELSE clock_timestamp() END,
-    errors = t.errors || jsonb_build_array(
-        d.error || jsonb_build_object('attempt', t.attempts, 'worker', t.holder, 'at', clock_timestamp())),
-    released_at = clock_timestamp(),
-    expires_at = LEAST(t.expires_at, clock_timestamp())
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(errors)s::jsonb[], %(retry)s::boolean[])
-     AS d(id, token, error, retry)
-WHERE {_OWNED} AND {_LIVE}
-RETURNING t.id, t.status, t.run_after
-"""
-
-# Hand-back on graceful shutdown: runnable again at once, and the interrupted attempt is not counted.
-HAND_BACK_SQL = f"""
-UPDATE tasks_task AS t SET
-    status = 'READY',
-    run_after = LEAST(t.run_after, clock_timestamp()),  -- runnable at once, keeping its place
-    attempts = GREATEST(t.attempts - 1, 0),
-    errors = t.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', t.attempts, 'worker', t.holder, 'at', clock_timestamp(),
-        'exception_class_path', 'tasks.exceptions.WorkerShutdown',
-        'message', 'handed back by a worker shutting down; this attempt does not count', 'traceback', '')),
-    released_at = clock_timestamp(),
-    expires_at = LEAST(t.expires_at, clock_timestamp())
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token)
-WHERE {_OWNED}
-RETURNING t.id
-"""
-
-_STILL_ALLOWED = "t.attempts < t.max_attempts"
-# How often this task's holder died before: a poison pill that kills every worker it lands on backs
-# off; a task that merely failed once (an exception, a database restart) does not lose its turn.
-_PRIOR_RECOVERIES = (
-    "(SELECT count(*) FROM jsonb_array_elements(t.errors) AS e"
-    " WHERE e->>'exception_class_path' = 'tasks.exceptions.TaskLeaseLost')"
-)
-
-# Requeue tasks whose lease expired (their worker died or stalled) and running rows that have no
-# lease at all (impossible states, repaired). A task's first recovery is immediate and keeps its
-# place in the queue (run_after unchanged: a crash is not the task's fault, and behind a long backlog
-# "runnable again" would otherwise mean "runs minutes later"); only a task whose holders died
-# repeatedly backs off. Each recovered attempt's error records how long the lease had been expired.
-RECOVER_SQL = f"""
-UPDATE tasks_task AS t SET
-    status = CASE WHEN {_STILL_ALLOWED} THEN 'READY' ELSE 'FAILED' END,
-    run_after = CASE WHEN NOT {_STILL_ALLOWED} OR {_PRIOR_RECOVERIES} = 0 THEN LEAST(t.run_after, clock_timestamp())
-                     ELSE clock_timestamp() + {_backoff_sql(_PRIOR_RECOVERIES + " - 1")} END,
-    finished_at = CASE WHEN {_STILL_ALLOWED} THEN NULL ELSE clock_timestamp() END,
-    errors = t.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', t.attempts, 'worker', t.holder, 'at', clock_timestamp(),
-        'exception_class_path', 'tasks.exceptions.TaskLeaseLost',
-        'message', CASE WHEN t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL
-                        THEN 'orphan: running without a lease; repaired by recovery'
-                        ELSE 'lease expired: the worker stopped heartbeating' END,
-        'traceback', '',
-        'expired_at', t.expires_at,
-        'recovery_delay', EXTRACT(EPOCH FROM clock_timestamp() - t.expires_at),
-        'silent_for', EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(t.renewed_at, t.acquired_at)))),
-    released_at = clock_timestamp(),
-    expires_at = LEAST(t.expires_at, clock_timestamp())
-FROM (
-    SELECT id FROM tasks_task
-    WHERE status = 'RUNNING'
-      AND (expires_at <= clock_timestamp() OR expires_at IS NULL OR holder IS NULL OR token IS NULL)
-    ORDER BY expires_at NULLS FIRST
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-) AS picked
-WHERE t.id = picked.id
-RETURNING t.id, t.status, (t.errors -> -1 ->> 'recovery_delay')::float8
-"""
-
-# A lease left live on a row that is not running (it can only come from hand edits or a bug):
-# release it, so the lease state querysets and the dashboard stay truthful.
-RELEASE_STRAY_LEASES_SQL = """
-UPDATE tasks_task SET released_at = clock_timestamp(), expires_at = LEAST(expires_at, clock_timestamp())
-WHERE status <> 'RUNNING' AND released_at IS NULL AND expires_at IS NOT NULL
-RETURNING id
-"""
-
-# Running tasks held by a worker that has already said it stopped: it will never heartbeat or
-# finish them, so there is no reason to wait for the TTL. Expire them now; recovery requeues them.
-EXPIRE_ORPHANS_SQL = """
-UPDATE tasks_task AS t SET expires_at = clock_timestamp()
-FROM tasks_worker AS w
-WHERE t.status = 'RUNNING' AND t.holder = w.id AND w.stopped_at IS NOT NULL AND t.expires_at > clock_timestamp()
-RETURNING t.id
-"""
 
 
 def _claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
@@ -344,6 +178,9 @@ def _claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
         priority=row[11],
         enqueued_at=row[12],
         worker_ids=_json(row[13]),
+        started_at=row[14],
+        last_attempted_at=row[15],
+        suspect=bool(row[16]),
     )
 
 
@@ -407,21 +244,25 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "queue": queue,
             "priority": priority,
             "task_path": task_path,
-            "args": json.dumps(list(args)),
-            "kwargs": json.dumps(kwargs or {}),
+            "args": storable_json(list(args)),
+            "kwargs": storable_json(kwargs or {}),
             "run_after": run_after,
             "max_attempts": attempts,
             "timeout": timeout,
             "dedup_key": dedup_key,
         }
-        while True:
-            rows = self._rows(ENQUEUE_SQL, params)
+        # The lookup of an existing task must not go through this queryset's filters (a filtered
+        # queryset would never find it and the loop would spin): use the bare table.
+        table = self.model._base_manager.db_manager(self.db)
+        for _ in range(100):
+            rows = self._rows(sql.ENQUEUE_SQL, params)
             if rows:
                 return Enqueued(rows[0][0], True)
             # Only on a duplicate: the unfinished task that holds the key (unless it just finished).
-            existing = self.unfinished().filter(dedup_key=dedup_key).values_list("id", flat=True).first()
+            existing = table.filter(status__in=UNFINISHED, dedup_key=dedup_key).values_list("id", flat=True).first()
             if existing is not None:
                 return Enqueued(existing, False)
+        raise TaskError(f"could not enqueue: the task holding dedup key {dedup_key!r} kept changing")
 
     def bulk_enqueue(
         self,
@@ -453,11 +294,11 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
                 "max_attempts": [attempts] * n,
                 "timeout": [timeout] * n,
             }
-            ids.extend(row[0] for row in self._rows(BULK_ENQUEUE_SQL, params))
+            ids.extend(row[0] for row in self._rows(sql.BULK_ENQUEUE_SQL, params))
             chunk.clear()
 
         for kwargs in kwargs_list:
-            chunk.append(json.dumps(kwargs))
+            chunk.append(storable_json(kwargs))
             if len(chunk) >= chunk_size:
                 flush()
         if chunk:
@@ -467,96 +308,128 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
     # -- the worker's hot path --------------------------------------------------------------
 
     def claim(
-        self, worker: str, *, limit: int = 1, queues: Sequence[str] = ("default",), ttl: float | None = None
+        self,
+        worker: str,
+        *,
+        limit: int = 1,
+        queues: Sequence[str] = ("default",),
+        ttl: float | None = None,
+        start: bool = False,
     ) -> list[ClaimedTask]:
-        """Claim up to ``limit`` runnable tasks for ``worker`` under a lease of ``ttl`` seconds."""
+        """Claim up to ``limit`` runnable tasks for ``worker`` under a lease of ``ttl`` seconds.
+
+        With ``start`` the attempts begin (and are charged) at once, as for an HTTP client; a
+        worker claims without it and sends :meth:`start` when an executor begins the task.
+        """
         params = {
             "worker": worker,
             "ttl": seconds(get_settings().TTL if ttl is None else ttl),
             "queues": list(queues),
             "limit": limit,
+            "start": start,
         }
-        claimed = [_claimed_from_row(row) for row in self._rows(CLAIM_SQL, params)]
+        claimed = [_claimed_from_row(row) for row in self._rows(sql.CLAIM_SQL, params)]
         claimed.sort(key=lambda task: (-task.priority, task.id))
         return claimed
+
+    def start(self, task_id: int, worker: str, token: int) -> Started | None:
+        """Mark the claimed attempt started (charging it) now; None when the claim is no longer ours."""
+        params = {"worker": worker, "start_ids": [task_id], "start_tokens": [token], "start_at": [None]}
+        rows = self._rows(sql.START_SQL, params)
+        return Started(*rows[0]) if rows else None
 
     def heartbeat(
         self,
         worker: str,
-        held: dict[int, int],
+        held: Iterable[tuple[int, int]],
         *,
         ttl: float | None = None,
         stats: dict[str, Any] | None = None,
-    ) -> set[int]:
-        """Renew every task in ``held`` (id -> token) in one statement; return the ids LOST.
+    ) -> set[tuple[int, int]]:
+        """Renew every attempt in ``held`` ((id, token) pairs) in one statement; return those LOST.
 
-        A task is lost when its row no longer has this worker, this token, RUNNING and a live lease.
+        An attempt is lost when its row no longer has this worker, this token, RUNNING and a live
+        lease. The token is compared in SQL: a stale token renews nothing.
         """
+        attempts = list(held)
         params = {
             "worker": worker,
-            "ids": list(held),
+            "ids": [a[0] for a in attempts],
+            "tokens": [a[1] for a in attempts],
             "ttl": seconds(get_settings().TTL if ttl is None else ttl),
-            "running": len(held),
+            "running": len(attempts),
             "stats": json.dumps(stats or {}),
         }
-        renewed = {task_id for task_id, token in self._rows(HEARTBEAT_SQL, params) if held.get(task_id) == token}
-        return set(held) - renewed
+        renewed = {(row[0], row[1]) for row in self._rows(sql.HEARTBEAT_SQL, params)}
+        return set(attempts) - renewed
 
     def checkpoint(self, task_id: int, worker: str, token: int, progress: Any) -> bool:
-        """Store ``progress`` (JSON) as the task's last checkpoint; False if the task is no longer ours."""
-        params: dict[str, Any] = {"id": task_id, "worker": worker, "token": token, "progress": json.dumps(progress)}
+        """Store ``progress`` (JSON) as the task's last checkpoint; False if the task is no longer ours.
+
+        Raises :class:`~tasks.exceptions.UnstorableResult` (a ValueError) for progress jsonb cannot hold.
+        """
+        params: dict[str, Any] = {"id": task_id, "worker": worker, "token": token, "progress": storable_json(progress)}
         with self._connection.cursor() as cursor:
-            cursor.execute(CHECKPOINT_SQL, params)
+            cursor.execute(sql.CHECKPOINT_SQL, params)
             return cursor.rowcount == 1
 
-    def complete_many(self, worker: str, results: Sequence[tuple[int, int, Any]]) -> set[int]:
-        """Finish (id, token, return value) triples in one statement; return the ids accepted.
-
-        The rest were rejected by the compare-and-set: the worker no longer held them.
-        """
+    def complete_many(self, worker: str, results: Sequence[tuple[int, int, str]]) -> set[tuple[int, int]]:
+        """Finish (id, token, return value as JSON text) triples in one statement; return the
+        attempts accepted. The rest were rejected by the compare-and-set: no longer held."""
         if not results:
             return set()
         params = {
             "worker": worker,
             "ids": [r[0] for r in results],
             "tokens": [r[1] for r in results],
-            "values": [json.dumps(r[2]) for r in results],
+            "values": [r[2] for r in results],
         }
-        return {row[0] for row in self._rows(COMPLETE_SQL, params)}
+        return {(row[0], row[1]) for row in self._rows(sql.COMPLETE_SQL, params)}
 
-    def finish_and_claim(
+    def finish_start_claim(
         self,
         worker: str,
-        results: Sequence[tuple[int, int, Any]],
+        results: Sequence[tuple[int, int, str]],
+        starts: Sequence[tuple[int, int, dt.datetime | None]] = (),
         *,
         limit: int,
         queues: Sequence[str] = ("default",),
         ttl: float | None = None,
-    ) -> tuple[set[int], list[ClaimedTask]]:
-        """``complete_many`` and ``claim`` in one statement: (ids accepted, tasks claimed)."""
+    ) -> tuple[set[tuple[int, int]], dict[tuple[int, int], Started], list[ClaimedTask]]:
+        """One statement: finish ``results`` (id, token, JSON), mark ``starts`` (id, token, start
+        time) begun, claim up to ``limit`` more. Returns (finished, started, claimed); attempts
+        missing from the first two were refused by the compare-and-set: no longer ours."""
         params = {
             "worker": worker,
             "ids": [r[0] for r in results],
             "tokens": [r[1] for r in results],
-            "values": [json.dumps(r[2]) for r in results],
+            "values": [r[2] for r in results],
+            "start_ids": [s[0] for s in starts],
+            "start_tokens": [s[1] for s in starts],
+            "start_at": [s[2] for s in starts],
             "ttl": seconds(get_settings().TTL if ttl is None else ttl),
             "queues": list(queues),
             "limit": limit,
+            "start": False,
         }
-        accepted: set[int] = set()
+        finished: set[tuple[int, int]] = set()
+        started: dict[tuple[int, int], Started] = {}
         claimed: list[ClaimedTask] = []
-        for row in self._rows(FINISH_AND_CLAIM_SQL, params):
-            if row[0]:
+        for row in self._rows(sql.FINISH_START_CLAIM_SQL, params):
+            if row[0] == "c":
                 claimed.append(_claimed_from_row(row[1:]))
+            elif row[0] == "f":
+                finished.add((row[1], row[2]))
             else:
-                accepted.add(row[1])
+                started[(row[1], row[2])] = Started(row[1], row[2], row[6], row[15], row[16])
         claimed.sort(key=lambda task: (-task.priority, task.id))
-        return accepted, claimed
+        return finished, started, claimed
 
     def complete(self, task_id: int, worker: str, token: int, return_value: Any = None) -> bool:
-        return task_id in self.complete_many(worker, [(task_id, token, return_value)])
+        """Finish one attempt. Raises UnstorableResult (a ValueError) for a value jsonb cannot hold."""
+        return (task_id, token) in self.complete_many(worker, [(task_id, token, storable_json(return_value))])
 
-    def fail_many(self, worker: str, failures: Sequence[Failure]) -> dict[int, FailOutcome]:
+    def fail_many(self, worker: str, failures: Sequence[Failure]) -> dict[tuple[int, int], FailOutcome]:
         """Record failed attempts in one statement: retried later (READY) or terminal (FAILED)."""
         if not failures:
             return {}
@@ -570,33 +443,51 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "backoff_base": conf.BACKOFF_BASE,
             "backoff_max": conf.BACKOFF_MAX,
         }
-        return {row[0]: FailOutcome(row[0], row[1], row[2]) for row in self._rows(FAIL_SQL, params)}
+        tokens = {f.id: f.token for f in failures}
+        return {
+            (row[0], tokens[row[0]]): FailOutcome(row[0], row[1], row[2]) for row in self._rows(sql.FAIL_SQL, params)
+        }
 
     def fail(self, failure: Failure, worker: str) -> FailOutcome | None:
-        return self.fail_many(worker, [failure]).get(failure.id)
+        return self.fail_many(worker, [failure]).get(failure.key)
 
-    def hand_back(self, worker: str, held: dict[int, int]) -> set[int]:
-        """Return unfinished tasks to the queue at once (graceful shutdown); the attempt is not counted."""
-        if not held:
+    def hand_back(self, worker: str, held: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
+        """Return held attempts to the queue at once, uncharged (shutdown, claims we cannot run)."""
+        attempts = list(held)
+        if not attempts:
             return set()
-        params = {"worker": worker, "ids": list(held), "tokens": list(held.values())}
-        return {row[0] for row in self._rows(HAND_BACK_SQL, params)}
+        params = {"worker": worker, "ids": [a[0] for a in attempts], "tokens": [a[1] for a in attempts]}
+        return {(row[0], row[1]) for row in self._rows(sql.HAND_BACK_SQL, params)}
+
+    def held_by_worker(self, worker: str) -> dict[tuple[int, int], bool]:
+        """What the database says ``worker`` holds: attempt -> whether it started (reconciliation)."""
+        return {(row[0], row[1]): row[2] for row in self._rows(sql.HELD_SQL, {"worker": worker})}
+
+    def attempt_fates(self, ids: Iterable[int]) -> dict[int, AttemptFate]:
+        """Where the given tasks stand now, for a worker whose reply to a finish was lost."""
+        rows = self._rows(sql.ATTEMPT_FATE_SQL, {"ids": list(ids)})
+        return {row[0]: AttemptFate(*row) for row in rows}
 
     # -- recovery and administration ------------------------------------------------------------
 
     def recover_expired(self, *, limit: int = 1000) -> list[Recovered]:
-        """Requeue (or fail, when out of attempts) running tasks whose lease expired, and running
-        rows without a lease. Returns what it recovered, with seconds from expiry to requeue."""
+        """Requeue (or fail, after MAX_CRASHES) running tasks whose lease expired, and running rows
+        without a lease. Returns what it recovered, with seconds from expiry to requeue."""
         conf = get_settings()
-        params = {"limit": limit, "backoff_base": conf.BACKOFF_BASE, "backoff_max": conf.BACKOFF_MAX}
-        return [Recovered(row[0], row[1], row[2]) for row in self._rows(RECOVER_SQL, params)]
+        params = {
+            "limit": limit,
+            "backoff_base": conf.BACKOFF_BASE,
+            "backoff_max": conf.BACKOFF_MAX,
+            "max_crashes": conf.MAX_CRASHES,
+        }
+        return [Recovered(row[0], row[1], row[2], row[3]) for row in self._rows(sql.RECOVER_SQL, params)]
 
     def expire_orphans(self) -> list[int]:
         """Expire the leases of running tasks whose worker has recorded that it stopped."""
-        return [row[0] for row in self._rows(EXPIRE_ORPHANS_SQL, {})]
+        return [row[0] for row in self._rows(sql.EXPIRE_ORPHANS_SQL, {})]
 
     def release_stray_leases(self) -> list[int]:
-        return [row[0] for row in self._rows(RELEASE_STRAY_LEASES_SQL, {})]
+        return [row[0] for row in self._rows(sql.RELEASE_STRAY_LEASES_SQL, {})]
 
     def cancel(self) -> int:
         """Cancel the unfinished tasks of this queryset. A running task's worker loses it: its
@@ -611,7 +502,14 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         """Run finished (failed, cancelled, successful) tasks again now, with a fresh set of attempts."""
         try:
             return self.filter(status__in=FINISHED).update(
-                status=TaskStatus.READY, run_after=Now(), attempts=0, finished_at=None
+                status=TaskStatus.READY,
+                run_after=Now(),
+                attempts=0,
+                failures=0,
+                crashes=0,
+                unstarted_returns=0,
+                attempt_started=False,
+                finished_at=None,
             )
         except IntegrityError as exc:
             raise TaskError("an unfinished task with the same dedup key already exists") from exc
@@ -619,6 +517,14 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
     def retry_now(self) -> int:
         """Run waiting (READY, backed off or deferred) tasks now."""
         return self.filter(status=TaskStatus.READY).update(run_after=Now())
+
+
+class WorkerQuerySet(models.QuerySet["Worker"]):
+    def mark_dead(self) -> list[str]:
+        """Workers silent for more than twice their TTL are recorded as stopped, with the reason."""
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.MARK_DEAD_WORKERS_SQL, {})
+            return [row[0] for row in cursor.fetchall()]
 
 
 def _validate(*, queue: str, priority: int, max_attempts: int, timeout: float | None) -> None:
@@ -647,8 +553,16 @@ class Task(LeaseFields):
     started_at = models.DateTimeField(null=True, blank=True, help_text="First attempt's start.")
     last_attempted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    attempts = models.PositiveIntegerField(default=0)
-    max_attempts = models.PositiveIntegerField(default=3)
+    attempts = models.PositiveIntegerField(default=0, help_text="Attempts that started (charged or not).")
+    max_attempts = models.PositiveIntegerField(default=3, help_text="Failed attempts (the handler's own) allowed.")
+    failures = models.PositiveIntegerField(default=0, help_text="Attempts that ended in the handler's own failure.")
+    crashes = models.PositiveIntegerField(
+        default=0, help_text="Started attempts whose worker vanished (lease expired); bounded by MAX_CRASHES."
+    )
+    unstarted_returns = models.PositiveIntegerField(
+        default=0, help_text="Claims returned unstarted after their worker vanished (uncharged; makes it a suspect)."
+    )
+    attempt_started = models.BooleanField(default=False, help_text="The current claim's attempt has begun.")
     timeout = models.FloatField(null=True, blank=True, help_text="Seconds an attempt may run.")
     dedup_key = models.CharField(max_length=255, null=True, blank=True)
     return_value = models.JSONField(null=True, blank=True)
@@ -719,9 +633,16 @@ class Worker(models.Model):
     stopped_at = models.DateTimeField(null=True, blank=True)
     running = models.PositiveIntegerField(default=0, help_text="Tasks held at the last heartbeat.")
     stats = models.JSONField(default=dict, blank=True, help_text="Counters: succeeded, failed, rejected, lost.")
+    ttl = models.FloatField(default=30.0, help_text="Lease TTL of its tasks; silent for 2 x TTL means dead.")
+    stop_reason = models.CharField(max_length=200, blank=True, default="")
+
+    objects = WorkerQuerySet.as_manager()
 
     class Meta:
         ordering = ["-started_at"]
+        indexes = [
+            models.Index(fields=["last_seen_at"], name="tasks_worker_live_idx", condition=Q(stopped_at__isnull=True))
+        ]
 
     def __str__(self) -> str:
         return self.id

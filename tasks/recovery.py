@@ -15,6 +15,7 @@ from django.db import DEFAULT_DB_ALIAS, Error, connections
 from leasing.election import LeaderElection, Term
 from tasks.conf import get_settings
 from tasks.models import Recovered, Task
+from tasks.models import Worker as WorkerRow
 
 logger = logging.getLogger("tasks.recovery")
 
@@ -29,22 +30,31 @@ class RecoveryReport:
     failed: list[int] = field(default_factory=list)
     orphans_expired: list[int] = field(default_factory=list)
     stray_leases_released: list[int] = field(default_factory=list)
+    #: Requeued without charge: claimed but never started when their worker vanished.
+    returned_unstarted: list[int] = field(default_factory=list)
+    #: Workers silent for more than twice their TTL, now recorded as dead.
+    workers_dead: list[str] = field(default_factory=list)
     #: Seconds from lease expiry to requeue, per recovered task that had a lease.
     delays: list[float] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
-        return not (self.requeued or self.failed or self.orphans_expired or self.stray_leases_released)
+        return not (
+            self.requeued or self.failed or self.orphans_expired or self.stray_leases_released or self.workers_dead
+        )
 
 
 def recover_once(*, using: str = DEFAULT_DB_ALIAS, repair: bool = True, batch: int = 1000) -> RecoveryReport:
     """One round of recovery (statements, no lease): what the controller does each interval."""
     manager = Task.objects.db_manager(using)
-    report = RecoveryReport(orphans_expired=manager.expire_orphans())
+    dead = list(WorkerRow.objects.db_manager(using).mark_dead())
+    report = RecoveryReport(workers_dead=dead, orphans_expired=manager.expire_orphans())
     while True:
         recovered: list[Recovered] = manager.recover_expired(limit=batch)
         for item in recovered:
             (report.requeued if item.status == "READY" else report.failed).append(item.id)
+            if not item.crashed and item.status == "READY":
+                report.returned_unstarted.append(item.id)
             if item.expired_for is not None:
                 report.delays.append(item.expired_for)
         if len(recovered) < batch:
@@ -53,12 +63,14 @@ def recover_once(*, using: str = DEFAULT_DB_ALIAS, repair: bool = True, batch: i
         report.stray_leases_released = manager.release_stray_leases()
     if not report.empty:
         logger.warning(
-            "recovery: requeued %d, failed for good %d, orphans expired %d, stray leases released %d;"
-            " longest expiry-to-requeue %.2fs",
+            "recovery: requeued %d (%d never started: uncharged), failed for good %d, orphans expired %d,"
+            " stray leases released %d, workers found dead %d; longest expiry-to-requeue %.2fs",
             len(report.requeued),
+            len(report.returned_unstarted),
             len(report.failed),
             len(report.orphans_expired),
             len(report.stray_leases_released),
+            len(report.workers_dead),
             max(report.delays, default=0.0),
         )
     return report

@@ -1,24 +1,28 @@
 """The worker process: claims tasks under a lease, runs them in threads, heartbeats, finishes.
 
-Threads (each with its own database connection):
+Parts (each thread with its own database connection), sharing one :class:`~tasks.ledger.Ledger` of
+attempts keyed by (task id, token):
 
-- the dispatcher (the thread that calls :meth:`Worker.run`) claims batches of tasks and writes
-  batches of outcomes, each batch one statement;
-- ``concurrency`` executor threads run task handlers, with no transaction or lock held;
-- a heartbeat thread renews every held task in one statement about every ttl/3;
-- a listener thread waits on LISTEN/NOTIFY so an idle worker starts new work at once (polling is
-  only the fallback);
+- the dispatcher (the thread that calls :meth:`Worker.run`) sends one statement per round: finish
+  the attempts that completed, mark the ones that began, claim the next batch; it also abandons
+  attempts past their timeout and hands back claims it cannot run;
+- ``concurrency`` executor threads run task handlers, with no transaction or lock held. Whatever a
+  handler does (raise any ``BaseException``, return what jsonb cannot hold) ends as an outcome;
+- a heartbeat thread renews every held attempt in one statement about every ttl/3;
+- a listener thread waits on LISTEN/NOTIFY so an idle worker starts new work at once;
 - optionally a recovery thread, which only works while it holds the recovery lease.
 
-Shutdown: the first SIGTERM/SIGINT stops claiming and lets running tasks finish within the grace
-period, then hands the unfinished ones back (runnable at once, the attempt not counted); a second
-signal skips the wait.
+Shutdown: the first SIGTERM/SIGINT stops claiming, hands back claims that have not started, and lets
+running tasks finish within the grace period, then hands the rest back (not counted as failures);
+a second signal skips the wait.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
+import math
 import os
 import queue
 import random
@@ -26,36 +30,34 @@ import secrets
 import signal
 import socket
 import threading
-import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from inspect import iscoroutinefunction
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from django.db import DEFAULT_DB_ALIAS, Error, close_old_connections, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
 from django.db.models.functions import Now
 from django.utils.module_loading import import_string
 
+from leasing import clock
 from tasks.conf import get_settings
-from tasks.models import ClaimedTask, FailOutcome, Failure, Task
+from tasks.exceptions import TaskTimeout, UnstorableResult
+from tasks.ledger import Ledger, Outcome
+from tasks.models import ClaimedTask, Failure, Task
 from tasks.models import Worker as WorkerRow
+from tasks.outcome_writer import CONNECTION_ERRORS, OutcomeWriter, minimal_failure, retrying
+from tasks.outcomes import storable_json, storable_text
 from tasks.runtime import Execution, _set_current
 
 logger = logging.getLogger("tasks.worker")
 
+#: Smoothing of the observed task duration that sizes the prefetch.
+DURATION_SMOOTHING = 0.2
+
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-
-
-@dataclass(slots=True)
-class Outcome:
-    execution: Execution
-    ok: bool
-    value: Any = None
-    failure: Failure | None = None
 
 
 class HandlerCache:
@@ -72,9 +74,21 @@ class HandlerCache:
         return target
 
 
-def _exception_path(exc: BaseException) -> str:
+def exception_path(exc: BaseException) -> str:
     kind = type(exc)
     return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def failure_from(execution: Execution, exc: BaseException, *, retry: bool = True) -> Failure:
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception:  # a broken __str__/__repr__ must not stop the record
+        text = f"<traceback unavailable: {exception_path(exc)}>"
+    try:
+        message = str(exc)
+    except Exception:
+        message = f"<str() of the exception failed: {exception_path(exc)}>"
+    return Failure(execution.id, execution.token, exception_path(exc), message, text, retry=retry)
 
 
 class Worker:
@@ -93,6 +107,7 @@ class Worker:
         max_tasks: int | None = None,
         using: str = DEFAULT_DB_ALIAS,
         install_signal_handlers: bool = True,
+        prefetch_window: float | None = None,
     ) -> None:
         conf = get_settings()
         self.queues = list(queues)
@@ -103,6 +118,7 @@ class Worker:
         self.shutdown_grace = conf.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace
         self.recovery = recovery
         self.recovery_interval = recovery_interval or conf.RECOVERY_INTERVAL
+        self.prefetch_window = conf.PREFETCH_WINDOW if prefetch_window is None else prefetch_window
         self.id = worker_id or default_worker_id()
         self.max_tasks = max_tasks
         self.using = using
@@ -112,33 +128,43 @@ class Worker:
 
         self.stats = {
             "claimed": 0,
+            "started": 0,
             "succeeded": 0,
             "retried": 0,
             "failed": 0,
             "rejected": 0,
             "lost": 0,
+            "timed_out": 0,
+            "late_results_dropped": 0,
+            "claims_returned": 0,
+            "reconciled": 0,
+            "connection_errors": 0,
             "heartbeats": 0,
             "heartbeat_failures": 0,
         }
-        self._running: dict[int, Execution] = {}
-        self._running_lock = threading.Lock()
+        self.ledger = Ledger()
+        self.writer = OutcomeWriter(self)
         self._work: queue.SimpleQueue[Execution | None] = queue.SimpleQueue()
         self._outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        self._starts: queue.SimpleQueue[tuple[Execution, dt.datetime]] = queue.SimpleQueue()
+        self._returns: queue.SimpleQueue[Execution] = queue.SimpleQueue()  # claims an executor could not begin
         self._wake = threading.Event()
         self._notified = threading.Event()  # a NOTIFY for one of our queues arrived
         self._stop = threading.Event()  # background threads end
         self._draining = threading.Event()  # first signal: stop claiming
-        self._hurry = threading.Event()  # second signal: do not wait for running tasks
+        self.hurry = threading.Event()  # second signal: do not wait for running tasks or retries
         self._resolve = HandlerCache()
         self._threads: list[threading.Thread] = []
+        self._executor_count = 0
         self._recovery: Any = None
+        self._duration: float | None = None  # smoothed seconds per task, sizes the prefetch
 
     # -- public --------------------------------------------------------------------------------
 
     def request_stop(self) -> None:
         """First call: drain. Second call: hand back at once."""
         if self._draining.is_set():
-            self._hurry.set()
+            self.hurry.set()
         self._draining.set()
         self._wake.set()
 
@@ -163,11 +189,22 @@ class Worker:
 
     # -- dispatcher ------------------------------------------------------------------------------
 
+    def prefetch(self) -> int:
+        """Claims to hold beyond the executors: only what they will start within the window."""
+        if self._duration is None:
+            return 0
+        return min(self.batch_size, math.floor(self.concurrency * self.prefetch_window / max(self._duration, 1e-4)))
+
+    def _wanted(self) -> int:
+        if self._draining.is_set():
+            return 0
+        in_hand = len(self.ledger.in_hand())
+        wanted = min(self.batch_size, self.concurrency + self.prefetch() - in_hand)
+        if self.max_tasks is not None:
+            wanted = min(wanted, self.max_tasks - self.stats["claimed"])
+        return max(0, wanted)
+
     def _dispatch(self) -> None:
-        # Up to one claim batch is prefetched beyond the executors, so claims and finishes go to
-        # the database in batches instead of one statement per task. Prefetched tasks are held
-        # (and heartbeated) like running ones.
-        capacity = self.concurrency + self.batch_size
         may_have_work = True  # false after a short claim, until a NOTIFY or the poll timeout
         drain_deadline: float | None = None
         while True:
@@ -175,144 +212,189 @@ class Worker:
             if self._notified.is_set():
                 self._notified.clear()
                 may_have_work = True
-            outcomes = self._take_outcomes()
-            free = capacity - len(self._running) + len(outcomes)
-            starving = self._work.qsize() < self.concurrency
-            wanted = min(free, self.batch_size)
-            if self.max_tasks is not None:
-                wanted = min(wanted, self.max_tasks - self.stats["claimed"])
-            if not self._draining.is_set() and may_have_work and wanted > 0 and (free >= self.batch_size or starving):
-                # The steady state: finish what completed and claim the next batch in one statement.
-                claimed = self._write_outcomes(outcomes, claim=wanted)
-                if claimed is not None and len(claimed) == wanted:
-                    continue  # there may be more; go round without waiting
-                may_have_work = claimed is None  # a failed claim is retried; a short one waits
-            else:
-                self._write_outcomes(outcomes)
+            self._abandon_overdue()
+            self._take_returns()
+            outcomes = self._take(self._outcomes)
+            starts = self._take(self._starts)
+            wanted = self._wanted()
+            unstarted = sum(1 for e in self.ledger.in_hand() if not e.running)
+            idle = self.concurrency - len(self.ledger.running())
+            claim = wanted if may_have_work and wanted > 0 and (wanted >= self.batch_size or unstarted < idle) else 0
+            if outcomes or starts or claim:
+                claimed = self._round(outcomes, starts, claim)
+                if claim:
+                    if claimed is not None and len(claimed) == claim:
+                        continue  # there may be more; go round without waiting
+                    may_have_work = claimed is None  # a failed claim is retried; a short one waits
             if self._draining.is_set():
                 if drain_deadline is None:
-                    drain_deadline = time.monotonic() + self.shutdown_grace
-                    logger.info("worker %s draining: %d task(s) held", self.id, len(self._running))
+                    drain_deadline = clock.monotonic() + self.shutdown_grace
+                    logger.info("worker %s draining: %d attempt(s) held", self.id, len(self.ledger))
                     self._hand_back_unstarted()
-                if not self._running or self._hurry.is_set() or time.monotonic() >= drain_deadline:
+                running = self.ledger.running()
+                if not running or self.hurry.is_set() or clock.monotonic() >= drain_deadline:
                     return
-                self._wake.wait(min(0.1, max(0.0, drain_deadline - time.monotonic())))
+                self._wake.wait(min(0.1, max(0.0, drain_deadline - clock.monotonic())))
                 continue
             if self.max_tasks is not None and self.stats["claimed"] >= self.max_tasks:
-                if not self._running:
+                if not self.ledger.in_hand():
                     return
                 self._wake.wait(0.1)
                 continue
-            if not self._wake.wait(self.poll_interval):
+            if not self._wake.wait(self._next_wait()):
                 may_have_work = True  # the fallback poll
 
-    def _hand_back_unstarted(self) -> None:
-        """On drain, tasks claimed but not yet started go back to the queue at once."""
-        unstarted: list[Execution] = []
+    def _next_wait(self) -> float:
+        wait = self.poll_interval
+        now = clock.monotonic()
+        for execution in self.ledger.running():
+            deadline = execution.timeout_deadline
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - now) + 0.001)
+        return wait
+
+    @staticmethod
+    def _take(source: queue.SimpleQueue[Any]) -> list[Any]:
+        items: list[Any] = []
         while True:
             try:
-                execution = self._work.get_nowait()
+                items.append(source.get_nowait())
             except queue.Empty:
-                break
-            if execution is not None:
-                unstarted.append(execution)
-        if not unstarted:
-            return
-        held = {execution.id: execution.token for execution in unstarted}
-        try:
-            Task.objects.db_manager(self.using).hand_back(self.id, held)
-        except Error as exc:
-            logger.warning("worker %s: hand-back failed (tasks return after their TTL): %s", self.id, exc)
-        with self._running_lock:
-            for execution in unstarted:
-                execution.mark_lost("handed back unstarted at shutdown")
-                self._running.pop(execution.id, None)
+                return items
 
-    def _take_outcomes(self) -> list[Outcome]:
-        outcomes: list[Outcome] = []
-        while True:
-            try:
-                outcomes.append(self._outcomes.get_nowait())
-            except queue.Empty:
-                return outcomes
-
-    def _flush_outcomes(self) -> None:
-        self._write_outcomes(self._take_outcomes())
-
-    def _retrying(self, what: str, statement: Callable[[], Any], outcomes: list[Outcome]) -> Any:
-        """Run one statement until it succeeds; outcomes live only in memory until written.
-
-        Each statement is retried on its own: re-sending one that already committed would make the
-        compare-and-set refuse its rows, and they would be miscounted as fencing rejections.
-        Gives up (None) once every execution's lease is gone anyway.
-        """
-        while True:
-            try:
-                return statement()
-            except Error as exc:
-                logger.warning("worker %s: %s failed, retrying: %s", self.id, what, exc)
-                connections[self.using].close()
-                if all(o.execution.lost for o in outcomes):
-                    return None
-                time.sleep(0.2)
-
-    def _complete(self, manager: Any, results: list[tuple[int, int, Any]], successes: list[Outcome]) -> set[int]:
-        written = self._retrying("writing outcomes", lambda: manager.complete_many(self.id, results), successes)
-        return written or set()
-
-    def _write_outcomes(self, outcomes: list[Outcome], *, claim: int = 0) -> list[ClaimedTask] | None:
-        """Write finished executions (and claim ``claim`` new tasks in the same statement)."""
+    def _round(
+        self, outcomes: list[Outcome], starts: list[tuple[Execution, dt.datetime]], claim: int
+    ) -> list[ClaimedTask] | None:
+        """Write outcomes and start markers, claim ``claim`` more: one statement in the steady state."""
         manager = Task.objects.db_manager(self.using)
+        failures = [o for o in outcomes if not o.ok]
         successes = [o for o in outcomes if o.ok]
-        failures = [o for o in outcomes if o.failure is not None]
-        fail_results: dict[int, FailOutcome] = {}
-        if failures:
-            reports = [o.failure for o in failures if o.failure is not None]
-            written = self._retrying("writing failures", lambda: manager.fail_many(self.id, reports), failures)
-            fail_results = written or {}
-        results = [(o.execution.id, o.execution.token, o.value) for o in successes]
+        ended = {o.key for o in outcomes}
+        # An attempt that already ended is marked by the statement that records its end.
+        starts = [(e, at) for e, at in starts if e.key not in ended]
+        failed = self.writer.fail(failures) if failures else set()
+        results = [(o.execution.id, o.execution.token, o.value_json or "null") for o in successes]
+        markers = [(e.id, e.token, at) for e, at in starts]
+        accepted: set[tuple[int, int]] = set()
         claimed: list[ClaimedTask] | None = []
-        accepted: set[int] = set()
-        sent = time.monotonic()
-        if claim:
-            try:
-                accepted, claimed = manager.finish_and_claim(
-                    self.id, results, limit=claim, queues=self.queues, ttl=self.ttl
-                )
-            except Error as exc:
-                logger.warning("worker %s: finish-and-claim failed: %s", self.id, exc)
-                connections[self.using].close()
-                claimed = None  # the statement rolled back: nothing was claimed; write outcomes alone
-                if results:
-                    accepted = (
-                        self._retrying("writing outcomes", lambda: manager.complete_many(self.id, results), successes)
-                        or set()
-                    )
-                self._wake.wait(min(self.poll_interval, 1.0))
-        elif results:
-            accepted = (
-                self._retrying("writing outcomes", lambda: manager.complete_many(self.id, results), successes) or set()
+        refused: list[Outcome] = []
+        sent = clock.monotonic()
+        try:
+            accepted, marked, claimed = manager.finish_start_claim(
+                self.id, results, markers, limit=claim, queues=self.queues, ttl=self.ttl
             )
-        for outcome in successes:
-            self._finish_log(outcome, "succeeded" if outcome.execution.id in accepted else None)
-        for outcome in failures:
-            result = fail_results.get(outcome.execution.id)
-            state = None if result is None else ("retried" if result.status == "READY" else "failed")
-            self._finish_log(outcome, state)
-        with self._running_lock:
-            for outcome in outcomes:
-                self._running.pop(outcome.execution.id, None)
+        except CONNECTION_ERRORS as exc:
+            self.writer.connection_lost("finish-start-claim", exc)
+            claimed = None
+            accepted, refused = self.writer.reconcile(
+                "writing results", successes, self.writer.send_completions, self.writer.completed
+            )
+            marked = self._resend_markers(starts)
+            if claim:
+                self.writer.return_unknown_claims(lambda key: key in self.ledger)
+            self._wake.wait(min(self.poll_interval, 0.5))
+        except DatabaseError as exc:
+            # Refused, not lost: something in it cannot be stored. Nothing committed; isolate.
+            logger.warning("worker %s: round refused by the database (%s); isolating", self.id, exc)
+            claimed = None
+            accepted, refused = self.writer.complete(successes)
+            marked = self._resend_markers(starts)
+        for execution, _ in starts:
+            started = marked.get(execution.key)
+            if started is not None:
+                execution.attempt = started.attempt
+            elif not execution.lost:
+                execution.mark_lost("its start could not be recorded: the claim is no longer ours")
+        if refused:
+            for outcome in refused:
+                outcome.failure = minimal_failure(outcome, "the database refused the result")
+                outcome.value_json = None
+            failed |= self.writer.fail(refused)
+            failures += refused
+            successes = [o for o in successes if o.ok]
+        self._settle(successes, accepted, failures, failed)
         for task in claimed or []:
-            execution = Execution(task, self.id, self.ttl, sent)
-            with self._running_lock:
-                self._running[task.id] = execution
+            execution = Execution(task, self.id, self.ttl, sent, self.using)
+            self.ledger.add([execution])
             self.stats["claimed"] += 1
             self._work.put(execution)
         return claimed
 
+    def _resend_markers(self, starts: list[tuple[Execution, dt.datetime]]) -> dict[tuple[int, int], Any]:
+        marked: dict[tuple[int, int], Any] = {}
+        manager = Task.objects.db_manager(self.using)
+        for execution, _at in starts:
+            # Idempotent: a marker that did land matches again and changes nothing.
+            def mark(e: Execution = execution) -> Any:
+                return manager.start(e.id, self.id, e.token)
+
+            started = retrying("recording a start", self, mark)
+            if started is not None:
+                marked[execution.key] = started
+        return marked
+
+    def _settle(
+        self, successes: list[Outcome], accepted: set[tuple[int, int]], failures: list[Outcome], failed: set[Any]
+    ) -> None:
+        for outcome in successes:
+            self._finish_log(outcome, "succeeded" if outcome.key in accepted else None)
+        for outcome in failures:
+            result = self.writer.fail_results.pop(outcome.key, None)
+            if outcome.key not in failed:
+                state = None
+            else:
+                state = "retried" if result is not None and result.status == "READY" else "failed"
+            self._finish_log(outcome, state)
+        self.ledger.remove(o.key for o in successes + failures)
+
+    def _abandon_overdue(self) -> None:
+        """Attempts past their timeout: stop heartbeating them, record the timeout now (so the late
+        result is refused by the database), and give the executor slot to a new thread."""
+        for execution in self.ledger.running():
+            if not execution.overdue:
+                continue
+            execution.abandoned = True
+            timeout = execution.task.timeout or 0.0
+            reason = f"ran past its timeout of {timeout:g}s: abandoned, its late result will be refused"
+            execution.mark_lost(reason)
+            self.stats["timed_out"] += 1
+            logger.warning("task %d %s %s", execution.id, execution.task.task_path, reason)
+            failure = failure_from(execution, TaskTimeout(f"task {execution.id} {reason}"))
+            self._outcomes.put(Outcome(execution, failure=failure))
+            if not self._draining.is_set():
+                self._spawn_executor()  # the stuck thread retires when (if) its handler returns
+
+    def _take_returns(self) -> None:
+        returns = self._take(self._returns)
+        if not returns:
+            return
+        live = [e for e in returns if not e.lost]
+        if live:
+            retrying(
+                "handing back claims",
+                self,
+                lambda: Task.objects.db_manager(self.using).hand_back(self.id, [e.key for e in live]),
+            )
+            self.stats["claimed"] -= len(live)
+        self.ledger.remove(e.key for e in returns)
+
+    def _hand_back_unstarted(self) -> None:
+        """On drain, claims not yet begun go back to the queue at once, uncharged."""
+        unstarted = [e for e in self._take(self._work) if e is not None]
+        if not unstarted:
+            return
+        for execution in unstarted:
+            execution.mark_lost("handed back unstarted at shutdown")
+        retrying(
+            "handing back unstarted claims",
+            self,
+            lambda: Task.objects.db_manager(self.using).hand_back(self.id, [e.key for e in unstarted]),
+        )
+        self.ledger.remove(e.key for e in unstarted)
+
     def _finish_log(self, outcome: Outcome, state: str | None) -> None:
         execution = outcome.execution
-        elapsed = time.monotonic() - execution.started
+        elapsed = clock.monotonic() - (execution.started or execution.claimed_at)
         task = execution.task
         if state is None:
             self.stats["rejected"] += 1
@@ -325,32 +407,80 @@ class Worker:
             return
         self.stats[state] += 1
         if state == "succeeded":
-            logger.info("task %d %s succeeded in %.3fs (attempt %d)", task.id, task.task_path, elapsed, task.attempts)
+            logger.info(
+                "task %d %s succeeded in %.3fs (attempt %d)", task.id, task.task_path, elapsed, execution.attempt
+            )
         else:
             failure = outcome.failure
             logger.warning(
-                "task %d %s %s in %.3fs (attempt %d/%d): %s: %s",
+                "task %d %s %s in %.3fs (attempt %d): %s: %s",
                 task.id,
                 task.task_path,
                 "failed, will retry" if state == "retried" else "FAILED for good",
                 elapsed,
-                task.attempts,
-                task.max_attempts,
+                execution.attempt,
                 failure.exception_class_path if failure else "?",
-                failure.message if failure else "",
+                storable_text(failure.message, 500) if failure else "",
             )
 
     # -- executors -------------------------------------------------------------------------------
 
+    def _spawn_executor(self) -> None:
+        self._executor_count += 1
+        self._spawn(self._executor, f"executor-{self._executor_count}")
+
     def _executor(self) -> None:
         try:
             while (execution := self._work.get()) is not None:
-                # A prefetched task whose claim lapsed before we got to it is not ours to run.
-                outcome = Outcome(execution, ok=False) if execution.lost else self._execute(execution)
-                self._outcomes.put(outcome)
-                self._wake.set()
+                if self._run_one(execution):
+                    return  # abandoned: a replacement thread already took this one's place
         finally:
             connections.close_all()
+
+    def _run_one(self, execution: Execution) -> bool:
+        """Run one attempt to an outcome. Returns True when this thread must retire."""
+        if execution.lost or self._draining.is_set():
+            self._returns.put(execution)  # a lapsed or unwanted claim: not ours to run
+            self._wake.set()
+            return False
+        if execution.task.suspect:
+            # An earlier worker vanished while holding this task: mark the start before the handler
+            # runs, so a poison pill is charged for every try after the first.
+            try:
+                started = Task.objects.db_manager(self.using).start(execution.id, self.id, execution.token)
+            except DatabaseError as exc:
+                logger.warning("task %d: could not record its start: %s", execution.id, exc)
+                connections[self.using].close()
+                started = None
+            if started is None:
+                execution.mark_lost("the claim lapsed before it could start")
+                self._returns.put(execution)
+                self._wake.set()
+                return False
+            execution.begin(started)
+        else:
+            now = dt.datetime.now(dt.UTC)
+            execution.begin_local(now)
+            self._starts.put((execution, now))
+            self._wake.set()
+        self.stats["started"] += 1
+        try:
+            outcome = self._execute(execution)
+        except BaseException as exc:  # the worker's own code around the handler; never lose the attempt
+            logger.exception("task %d: executor error", execution.id)
+            outcome = Outcome(execution, failure=failure_from(execution, exc))
+        if execution.abandoned:
+            self.stats["late_results_dropped"] += 1
+            logger.warning("task %d: late result of an abandoned attempt dropped", execution.id)
+            return True
+        elapsed = clock.monotonic() - (execution.started or clock.monotonic())
+        self._duration = (
+            elapsed if self._duration is None else self._duration + DURATION_SMOOTHING * (elapsed - self._duration)
+        )
+        execution.finished = True
+        self._outcomes.put(outcome)
+        self._wake.set()
+        return False
 
     def _execute(self, execution: Execution) -> Outcome:
         task = execution.task
@@ -358,25 +488,22 @@ class Worker:
         try:
             target = self._resolve(task.task_path)
             value = self._call(target, execution)
-            json.dumps(value)  # the result must be storable; a TypeError here fails the attempt
-            return Outcome(execution, ok=True, value=value)
-        except Exception as exc:
-            return Outcome(
-                execution,
-                ok=False,
-                failure=Failure(
-                    task.id,
-                    task.token,
-                    _exception_path(exc),
-                    str(exc),
-                    "".join(traceback.format_exception(exc)),
-                    # A handler that cannot even be imported will not import on the next attempt either.
-                    retry=not isinstance(exc, ImportError),
-                ),
-            )
+        except BaseException as exc:
+            # Anything the handler raises ends the attempt as a recorded failure: SystemExit,
+            # KeyboardInterrupt, GeneratorExit and CancelledError included (the worker's own
+            # shutdown never raises inside a handler). An import error will not import next time.
+            return Outcome(execution, failure=failure_from(execution, exc, retry=not isinstance(exc, ImportError)))
         finally:
             _set_current(None)
-            close_old_connections()
+            try:
+                close_old_connections()
+            except Exception:
+                logger.debug("closing the handler's connections failed", exc_info=True)
+        try:
+            return Outcome(execution, value_json=storable_json(value))
+        except UnstorableResult as exc:
+            exc.args = (f"the return value cannot be stored: {exc}",)
+            return Outcome(execution, failure=failure_from(execution, exc, retry=False))
 
     def _call(self, target: Any, execution: Execution) -> Any:
         from django.tasks import Task as DjangoTask
@@ -399,33 +526,26 @@ class Worker:
         try:
             while not self._stop.wait(delay):
                 delay = interval * random.uniform(0.9, 1.1)
-                with self._running_lock:
-                    executions = list(self._running.values())
-                held = {}
-                for execution in executions:
-                    if execution.overdue:
-                        # A handler past its timeout cannot be stopped from outside; let its lease
-                        # lapse so recovery retries the task, and its late result is rejected.
-                        execution.mark_lost(f"ran past its timeout of {execution.task.timeout:g}s")
-                    if not execution.lost:
-                        held[execution.id] = execution.token
-                sent = time.monotonic()
+                held = self.ledger.to_heartbeat()
+                sent = clock.monotonic()
                 try:
-                    lost = Task.objects.db_manager(self.using).heartbeat(self.id, held, ttl=self.ttl, stats=self.stats)
-                except Error as exc:
+                    lost = Task.objects.db_manager(self.using).heartbeat(
+                        self.id, [e.key for e in held], ttl=self.ttl, stats=self.stats
+                    )
+                except DatabaseError as exc:
                     self.stats["heartbeat_failures"] += 1
                     logger.warning("worker %s: heartbeat failed: %s", self.id, exc)
                     connections[self.using].close()
                     delay = min(interval, 1.0)
                     continue
                 self.stats["heartbeats"] += 1
-                for execution in executions:
-                    if execution.id in lost:
+                for execution in held:
+                    if execution.key in lost:
                         execution.mark_lost("heartbeat rejected: lease expired, task recovered or cancelled")
                         self.stats["lost"] += 1
                         logger.warning("task %d: lease lost; its result will be rejected", execution.id)
-                    elif execution.id in held:
-                        execution.deadline = sent + self.ttl
+                    else:
+                        execution.renewed(sent, self.ttl)
         finally:
             connections.close_all()
 
@@ -444,7 +564,7 @@ class Worker:
                 self._notified.set()  # anything enqueued while we were not listening
                 self._wake.set()
                 while not self._stop.is_set():
-                    for notice in conn.notifies(timeout=0.5):
+                    for notice in conn.notifies(timeout=0.2):
                         if notice.payload in self.queues:
                             self._notified.set()
                             self._wake.set()
@@ -468,7 +588,9 @@ class Worker:
                 "pid": os.getpid(),
                 "queues": self.queues,
                 "concurrency": self.concurrency,
+                "ttl": self.ttl,
                 "stopped_at": None,
+                "stop_reason": "",
             },
         )
 
@@ -486,8 +608,8 @@ class Worker:
         self._threads.append(thread)
 
     def _start_threads(self) -> None:
-        for index in range(self.concurrency):
-            self._spawn(self._executor, f"executor-{index}")
+        for _ in range(self.concurrency):
+            self._spawn_executor()
         self._spawn(self._heartbeat, "heartbeat")
         self._spawn(self._listen, "listener")
         if self.recovery:
@@ -497,29 +619,42 @@ class Worker:
             self._spawn(self._recovery.run, "recovery")
 
     def _shutdown(self) -> None:
-        self._flush_outcomes()
-        with self._running_lock:
-            unfinished = {execution.id: execution.token for execution in self._running.values()}
-            for execution in self._running.values():
-                execution.mark_lost("handed back at shutdown")
+        self._abandon_overdue()
+        self._take_returns()
+        outcomes = self._take(self._outcomes)
+        starts = self._take(self._starts)
+        if outcomes or starts:
+            self._round(outcomes, starts, 0)
+        unfinished = [e for e in self.ledger.snapshot() if not e.finished and not e.abandoned]
+        for execution in unfinished:
+            execution.mark_lost("handed back at shutdown")
         if unfinished:
-            try:
-                handed = Task.objects.db_manager(self.using).hand_back(self.id, unfinished)
-                logger.info("worker %s handed back %d unfinished task(s): %s", self.id, len(handed), sorted(handed))
-            except Error as exc:
-                logger.warning("worker %s: hand-back failed (tasks return after their TTL): %s", self.id, exc)
+            handed = retrying(
+                "handing back at shutdown",
+                self,
+                lambda: Task.objects.db_manager(self.using).hand_back(self.id, [e.key for e in unfinished]),
+            )
+            if handed is None:
+                logger.warning("worker %s: hand-back failed (tasks return after their TTL)", self.id)
+            else:
+                logger.info(
+                    "worker %s handed back %d unfinished task(s): %s",
+                    self.id,
+                    len(handed),
+                    sorted(k[0] for k in handed),
+                )
         self._stop.set()
         if self._recovery is not None:
             self._recovery.stop()
-        for _ in range(self.concurrency):
+        for _ in range(self._executor_count):
             self._work.put(None)
         for thread in self._threads:
             if thread.name in ("heartbeat", "listener", "recovery"):
                 thread.join(timeout=5)
         try:
             WorkerRow.objects.using(self.using).filter(id=self.id).update(
-                stopped_at=Now(), last_seen_at=Now(), running=0, stats=self.stats
+                stopped_at=Now(), last_seen_at=Now(), running=0, stats=self.stats, stop_reason="stopped"
             )
-        except Error as exc:
+        except DatabaseError as exc:
             logger.warning("worker %s: could not record its stop: %s", self.id, exc)
         logger.info("worker %s stopped: %s", self.id, json.dumps(self.stats))

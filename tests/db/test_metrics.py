@@ -40,7 +40,11 @@ def test_metrics_report_the_cluster_from_the_database(client: Client, settings: 
     Task.objects.bulk_enqueue("tasks.demo.sleep", [{}] * 3, queue="mail")
     stuck = Task.objects.enqueue("tasks.demo.sleep").id
     Task.objects.filter(pk=stuck).update(
-        status="RUNNING", holder="dead", token=1, expires_at=timezone.now() - dt.timedelta(seconds=5)
+        status="RUNNING",
+        holder="dead",
+        token=1,
+        attempt_started=True,
+        expires_at=timezone.now() - dt.timedelta(seconds=5),
     )
     Worker.objects.create(
         id="w1", hostname="h", pid=1, concurrency=1, stats={"rejected": 2, "heartbeats": 9, "heartbeat_failures": 1}

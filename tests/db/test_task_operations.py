@@ -23,6 +23,8 @@ def enqueue(**kwargs: Any) -> int:
 
 
 def claim_one(worker: str = "w1", **kwargs: Any) -> Any:
+    """Claim and begin one attempt (as an HTTP client does); the worker's split is tested apart."""
+    kwargs.setdefault("start", True)
     claimed = Task.objects.claim(worker, limit=1, **kwargs)
     assert len(claimed) == 1
     return claimed[0]
@@ -79,7 +81,7 @@ def test_claim_takes_priority_then_age_and_sets_the_lease(django_assert_num_quer
     mid_old = enqueue()
     mid_new = enqueue()
     with django_assert_num_queries(1):
-        claimed = Task.objects.claim("w1", limit=3, ttl=30)
+        claimed = Task.objects.claim("w1", limit=3, ttl=30, start=True)
     assert [c.id for c in claimed] == [high, mid_old, mid_new]
     assert all(c.attempts == 1 and c.worker_ids == ["w1"] for c in claimed)
     assert len({c.token for c in claimed}) == 3
@@ -132,10 +134,11 @@ def test_heartbeat_renews_every_held_task_in_one_statement_and_reports_losses(dj
         enqueue()
     a, b, c = Task.objects.claim("w1", limit=3, ttl=30)
     Task.objects.filter(pk=b.id).cancel()
-    held = {a.id: a.token, b.id: b.token, c.id: c.token + 1}  # c: a token that is not ours
+    held = [a.key, b.key, (c.id, c.token + 1)]  # c: a token that is not ours
     with django_assert_num_queries(1):
         lost = Task.objects.heartbeat("w1", held, ttl=60, stats={"succeeded": 3})
-    assert lost == {b.id, c.id}
+    assert lost == {b.key, (c.id, c.token + 1)}
+    assert Task.objects.get(pk=c.id).renewals == 0  # compared in SQL: the stale token renewed nothing
     row = Task.objects.get(pk=a.id)
     assert row.renewals == 1
     assert row.renewed_at is not None
@@ -169,8 +172,10 @@ def test_complete_many_accepts_only_owned_rows() -> None:
     for _ in range(3):
         enqueue()
     a, b, c = Task.objects.claim("w1", limit=3)
-    accepted = Task.objects.complete_many("w1", [(a.id, a.token, 1), (b.id, b.token + 9, 2), (c.id, c.token, None)])
-    assert accepted == {a.id, c.id}
+    accepted = Task.objects.complete_many(
+        "w1", [(a.id, a.token, "1"), (b.id, b.token + 9, "2"), (c.id, c.token, "null")]
+    )
+    assert accepted == {a.key, c.key}
 
 
 def test_fail_retries_with_backoff_then_ends_failed_keeping_every_error(settings: Any) -> None:
@@ -222,8 +227,9 @@ def test_recover_expired_requeues_and_records_the_delay() -> None:
     assert [(r.id, r.status) for r in recovered] == [(task_id, "READY")]
     assert recovered[0].expired_for is not None
     assert recovered[0].expired_for >= 0
+    assert recovered[0].crashed  # it had started: a crash, not a failure
     row = Task.objects.get(pk=task_id)
-    assert (row.status, row.attempts) == ("READY", 1)
+    assert (row.status, row.attempts, row.crashes, row.failures) == ("READY", 1, 1, 0)
     assert row.errors[-1]["message"].startswith("lease expired")
     assert row.errors[-1]["worker"] == "w1"
     again = claim_one("w2")  # the first recovery runs again at once
@@ -233,11 +239,49 @@ def test_recover_expired_requeues_and_records_the_delay() -> None:
     assert Task.objects.get(pk=task_id).return_value == "fresh"
 
 
-def test_recovery_of_the_last_attempt_ends_failed() -> None:
-    enqueue(max_attempts=1)
-    claim_one(ttl=0.05)
+def test_a_poison_pill_ends_failed_after_max_crashes(settings: Any) -> None:
+    """A worker vanishing is not the handler failing (max_attempts is not touched), but a task whose
+    started attempts keep killing their workers is stopped after MAX_CRASHES, every crash recorded."""
+    settings.LEASING_TASKS = {"MAX_CRASHES": 3, "BACKOFF_BASE": 0.001, "BACKOFF_MAX": 0.001}
+    task_id = enqueue(max_attempts=1)
+    statuses = []
+    for n in range(3):
+        Task.objects.filter(pk=task_id).update(run_after=timezone.now())
+        claim_one(f"w{n}", ttl=0.05)
+        wait_until(lambda: Task.objects.stuck().exists(), what="expiry")
+        statuses += [r.status for r in Task.objects.recover_expired()]
+    assert statuses == ["READY", "READY", "FAILED"]
+    row = Task.objects.get(pk=task_id)
+    assert (row.attempts, row.crashes, row.failures) == (3, 3, 0)
+    assert [e["kind"] for e in row.errors] == ["crash"] * 3
+
+
+def test_a_claim_that_never_started_goes_back_uncharged_and_becomes_a_suspect() -> None:
+    task_id = enqueue(max_attempts=1)
+    claimed = Task.objects.claim("w1", limit=1, ttl=0.05)  # a worker's claim: not begun
+    assert not claimed[0].suspect
     wait_until(lambda: Task.objects.stuck().exists(), what="expiry")
-    assert [r.status for r in Task.objects.recover_expired()] == ["FAILED"]
+    [recovered] = Task.objects.recover_expired()
+    assert (recovered.status, recovered.crashed) == ("READY", False)
+    row = Task.objects.get(pk=task_id)
+    assert (row.attempts, row.crashes, row.failures, row.unstarted_returns, row.errors) == (0, 0, 0, 1, [])
+    again = Task.objects.claim("w2", limit=1)[0]
+    assert again.suspect  # its next attempts are marked started before the handler runs
+
+
+def test_start_marks_the_attempt_once_and_only_for_the_holder() -> None:
+    enqueue()
+    claimed = Task.objects.claim("w1", limit=1)[0]
+    assert Task.objects.get(pk=claimed.id).attempts == 0
+    assert Task.objects.start(claimed.id, "w2", claimed.token) is None
+    assert Task.objects.start(claimed.id, "w1", claimed.token + 1) is None
+    started = Task.objects.start(claimed.id, "w1", claimed.token)
+    assert started is not None and started.attempt == 1
+    again = Task.objects.start(claimed.id, "w1", claimed.token)  # a resent marker changes nothing
+    assert again is not None and again.attempt == 1
+    row = Task.objects.get(pk=claimed.id)
+    assert (row.attempts, row.worker_ids, row.attempt_started) == (1, ["w1"], True)
+    assert row.started_at == row.last_attempted_at == started.started_at
 
 
 def test_recovery_repairs_impossible_states() -> None:
@@ -281,7 +325,7 @@ def test_cancel_requeue_and_retry_now() -> None:
     assert task.id == running
     assert Task.objects.filter(pk__in=[waiting, running]).cancel() == 2
     assert set(Task.objects.filter(status="CANCELLED").values_list("id", flat=True)) == {waiting, running}
-    assert Task.objects.heartbeat("w1", {task.id: task.token}) == {task.id}
+    assert Task.objects.heartbeat("w1", [task.key]) == {task.key}
     assert not Task.objects.complete(task.id, "w1", task.token)
     assert Task.objects.filter(pk=waiting).requeue() == 1
     row = Task.objects.get(pk=waiting)
@@ -335,9 +379,9 @@ def test_a_recovered_or_handed_back_task_keeps_its_place_in_the_queue() -> None:
     crashed = enqueue()
     interrupted = enqueue()
     backlog = Task.objects.bulk_enqueue(NOOP, [{}] * 20)
-    first, second = Task.objects.claim("w1", limit=2, ttl=0.05)
+    first, second = Task.objects.claim("w1", limit=2, ttl=0.05, start=True)
     assert (first.id, second.id) == (crashed, interrupted)
-    assert Task.objects.hand_back("w1", {second.id: second.token}) == {interrupted}
+    assert Task.objects.hand_back("w1", [second.key]) == {second.key}
     wait_until(lambda: Task.objects.stuck().filter(pk=crashed).exists(), what="expiry")
     Task.objects.recover_expired()
     assert [c.id for c in Task.objects.claim("w2", limit=2)] == [crashed, interrupted]
@@ -347,14 +391,17 @@ def test_a_recovered_or_handed_back_task_keeps_its_place_in_the_queue() -> None:
 def test_finish_and_claim_is_one_statement_and_keeps_the_compare_and_set(django_assert_num_queries: Any) -> None:
     for _ in range(4):
         enqueue()
-    a, b = Task.objects.claim("w1", limit=2)
+    a, b, c = Task.objects.claim("w1", limit=3)
     with django_assert_num_queries(1):
-        accepted, claimed = Task.objects.finish_and_claim(
-            "w1", [(a.id, a.token, "ok"), (b.id, b.token + 5, "stale")], limit=5
+        accepted, started, claimed = Task.objects.finish_start_claim(
+            "w1", [(a.id, a.token, '"ok"'), (b.id, b.token + 5, '"stale"')], [(c.id, c.token, None)], limit=5
         )
-    assert accepted == {a.id}  # b's token is wrong: refused
-    assert len(claimed) == 2
-    assert {c.id for c in claimed}.isdisjoint({a.id, b.id})
-    assert Task.objects.get(pk=a.id).return_value == "ok"
+    assert accepted == {a.key}  # b's token is wrong: refused
+    assert set(started) == {c.key} and started[c.key].attempt == 1
+    assert len(claimed) == 1
+    assert {t.id for t in claimed}.isdisjoint({a.id, b.id, c.id})
+    row = Task.objects.get(pk=a.id)
+    assert (row.return_value, row.attempts, row.worker_ids) == ("ok", 1, ["w1"])  # the finish marked its start
     assert Task.objects.get(pk=b.id).status == "RUNNING"
-    assert Task.objects.finish_and_claim("w1", [], limit=5) == (set(), [])
+    assert Task.objects.get(pk=c.id).attempt_started
+    assert Task.objects.finish_start_claim("w1", [], limit=5) == (set(), {}, [])

@@ -101,19 +101,29 @@ def test_dedup_key_returns_the_unfinished_task(running_worker: Worker) -> None:
     assert third.id != first.id
 
 
-def test_timeout_lets_the_lease_lapse_and_the_late_result_is_rejected(running_worker: Worker) -> None:
+def test_timeout_abandons_the_attempt_and_the_next_attempt_in_the_same_process_is_unaffected(
+    running_worker: Worker,
+) -> None:
+    """Attempt 1 overruns its timeout: it is recorded as timed out at once and no longer heartbeated.
+    Attempt 2 of the same task runs in the same worker while attempt 1's thread is still stuck, and
+    when attempt 1 finally returns, its late result evicts nothing and changes nothing."""
     from tests.testapp.models import Gate
 
     Gate.objects.create(key="slow")
     task_id = Task.objects.enqueue(
-        "tests.testapp.handlers.block", kwargs={"gate": "slow"}, timeout=0.3, max_attempts=1
+        "tests.testapp.handlers.slow_first", kwargs={"gate": "slow"}, timeout=0.5, max_attempts=2
     ).id
-    task = finished(task_id)  # recovery ends it: one attempt, lease expired
-    assert task.status == "FAILED"
-    assert task.errors[-1]["message"].startswith("lease expired")
-    Gate.objects.filter(key="slow").update(open=True)
-    wait_until(lambda: running_worker.stats["rejected"] >= 1, 20, what="the late result to be rejected")
-    assert Task.objects.get(pk=task_id).status == "FAILED"
+    task = finished(task_id)
+    assert task.status == "SUCCESSFUL"
+    assert task.return_value == {"attempt": 2}
+    assert [(e["attempt"], e["exception_class_path"]) for e in task.errors] == [(1, "tasks.exceptions.TaskTimeout")]
+    assert (task.attempts, task.failures, task.crashes) == (2, 1, 0)
+    assert running_worker.stats["timed_out"] == 1
+    Gate.objects.filter(key="slow").update(open=True)  # attempt 1's handler returns now, late
+    wait_until(lambda: running_worker.stats["late_results_dropped"] >= 1, 20, what="the late result to be dropped")
+    task.refresh_from_db()
+    assert (task.status, task.return_value) == ("SUCCESSFUL", {"attempt": 2})
+    assert running_worker.stats["succeeded"] == 1
 
 
 def test_django_tasks_round_trip(running_worker: Worker) -> None:
@@ -165,7 +175,7 @@ def test_django_tasks_priority_and_run_after_are_honoured(running_worker: Worker
     high = handlers.add.using(priority=10).enqueue(1, 3)
     claimed = Task.objects.claim("probe", limit=10)
     assert [c.id for c in claimed] == [int(high.id), int(low.id)]  # run_after not due yet
-    Task.objects.complete_many("probe", [(c.id, c.token, 0) for c in claimed])
+    Task.objects.complete_many("probe", [(c.id, c.token, "0") for c in claimed])
     assert Task.objects.claim("probe", limit=10) == []
     due = wait_until(lambda: Task.objects.claim("probe", limit=10), 10, what="the deferred task to become due")
     assert [c.id for c in due] == [int(later.id)]

@@ -42,6 +42,19 @@ def block(gate: str, **kwargs: Any) -> dict[str, Any]:
     return {"pid": os.getpid(), "token": current_task().token}
 
 
+def slow_first(gate: str, **kwargs: Any) -> dict[str, Any]:
+    """Attempt 1 waits for the gate (past any short timeout); later attempts return at once."""
+    from tests.testapp.models import Gate
+
+    run = current_task()
+    if run.attempt == 1:
+        deadline = time.monotonic() + 120
+        while not Gate.objects.filter(key=gate, open=True).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return {"attempt": 1, "late": True}
+    return {"attempt": run.attempt}
+
+
 def fail_until(succeed_on: int, **kwargs: Any) -> str:
     run = current_task()
     if run.attempt < succeed_on:

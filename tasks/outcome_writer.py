@@ -1,0 +1,248 @@
+"""Writing attempts' outcomes so that no outcome can wedge the worker.
+
+Two kinds of database error need opposite answers:
+
+- **the connection failed** (reset, terminated backend, timeout): the statement may or may not have
+  committed. Re-sending blindly would make the compare-and-set refuse rows that *did* land, and they
+  would be miscounted as fencing rejections. So the writer asks the database where each attempt
+  ended (:meth:`TaskQuerySet.attempt_fates`) and re-sends only what is still held. It keeps trying
+  for at most one TTL, then gives up: those attempts are no longer heartbeated, their leases lapse,
+  and recovery takes over.
+- **the statement was refused** (a data error: something the database cannot store; a constraint):
+  retrying will not fix it. The batch is split and each attempt written alone, so the others land;
+  an attempt whose result is refused is recorded as failed (``UnstorableOutcome``) instead, and one
+  whose failure record is refused is recorded with a minimal error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
+
+from leasing import clock
+from tasks.models import AttemptFate, FailOutcome, Failure, Task
+from tasks.outcomes import storable_text
+
+if TYPE_CHECKING:
+    from tasks.ledger import Outcome
+    from tasks.worker import Worker
+
+logger = logging.getLogger("tasks.worker")
+
+Key = tuple[int, int]
+CONNECTION_ERRORS = (OperationalError, InterfaceError)
+
+
+class OutcomeWriter:
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        #: What the last writes decided for failures: attempt -> READY (retried) or FAILED.
+        self.fail_results: dict[Key, FailOutcome] = {}
+
+    @property
+    def _manager(self) -> Any:
+        return Task.objects.db_manager(self.worker.using)
+
+    def connection_lost(self, what: str, exc: BaseException) -> None:
+        logger.warning("worker %s: %s failed (connection): %s", self.worker.id, what, exc)
+        self.worker.stats["connection_errors"] += 1
+        try:
+            connections[self.worker.using].close()
+        except Exception:
+            logger.debug("closing the broken connection failed", exc_info=True)
+
+    def _pause(self, seconds: float = 0.2) -> None:
+        self.worker.hurry.wait(seconds)
+
+    # -- successes -----------------------------------------------------------------------------
+
+    def send_completions(self, items: Sequence[Outcome]) -> set[Key]:
+        results = [(o.execution.id, o.execution.token, o.value_json or "null") for o in items]
+        accepted: set[Key] = self._manager.complete_many(self.worker.id, results)
+        return accepted
+
+    def completed(self, fate: AttemptFate, outcome: Outcome) -> bool:
+        return fate.completed_by(self.worker.id, outcome.execution.token)
+
+    def complete(self, successes: Sequence[Outcome]) -> tuple[set[Key], list[Outcome]]:
+        """Write successes; returns (accepted, refused by the database as unstorable)."""
+        if not successes:
+            return set(), []
+        return self.apply("writing results", successes, self.send_completions, self.completed)
+
+    # -- failures ------------------------------------------------------------------------------
+
+    def send_failures(self, items: Sequence[Outcome]) -> set[Key]:
+        reports = [o.failure for o in items if o.failure is not None]
+        written = self._manager.fail_many(self.worker.id, reports)
+        self.fail_results.update(written)
+        return set(written)
+
+    def failed(self, fate: AttemptFate, outcome: Outcome) -> bool:
+        if fate.failed_by(self.worker.id, outcome.execution.token):
+            self.fail_results[outcome.key] = FailOutcome(fate.id, fate.status, None)  # type: ignore[arg-type]
+            return True
+        return False
+
+    def fail(self, failures: Sequence[Outcome]) -> set[Key]:
+        """Write failures; a failure the database refuses is written again with a minimal error."""
+        if not failures:
+            return set()
+        written, refused = self.apply("writing failures", failures, self.send_failures, self.failed)
+        if refused:
+            for outcome in refused:
+                outcome.failure = minimal_failure(outcome, "the failure report itself could not be stored")
+            again, still_refused = self.apply("writing failures", refused, self.send_failures, self.failed)
+            written |= again
+            for outcome in still_refused:
+                logger.error(
+                    "task %d: the database refused even a minimal failure record; its lease will lapse",
+                    outcome.execution.id,
+                )
+        return written
+
+    # -- the machinery -------------------------------------------------------------------------
+
+    def apply(
+        self,
+        what: str,
+        items: Sequence[Outcome],
+        send: Callable[[Sequence[Outcome]], set[Key]],
+        landed: Callable[[AttemptFate, Outcome], bool],
+    ) -> tuple[set[Key], list[Outcome]]:
+        """Send ``items``; reconcile after a connection error, isolate after a refusal.
+
+        Returns (keys written, items the database refused to store).
+        """
+        try:
+            return send(items), []
+        except CONNECTION_ERRORS as exc:
+            self.connection_lost(what, exc)
+            return self.reconcile(what, items, send, landed)
+        except DatabaseError as exc:
+            return self.isolate(what, items, send, landed, exc)
+
+    def isolate(
+        self,
+        what: str,
+        items: Sequence[Outcome],
+        send: Callable[[Sequence[Outcome]], set[Key]],
+        landed: Callable[[AttemptFate, Outcome], bool],
+        exc: DatabaseError,
+    ) -> tuple[set[Key], list[Outcome]]:
+        if len(items) == 1:
+            logger.error("task %d: %s refused by the database: %s", items[0].execution.id, what, exc)
+            items[0].extra["refused"] = storable_text(str(exc), 2000)
+            return set(), list(items)
+        logger.warning(
+            "worker %s: %s refused (%s); writing the %d attempts one by one", self.worker.id, what, exc, len(items)
+        )
+        written: set[Key] = set()
+        refused: list[Outcome] = []
+        for item in items:
+            ok, bad = self.apply(what, [item], send, landed)
+            written |= ok
+            refused += bad
+        return written, refused
+
+    def reconcile(
+        self,
+        what: str,
+        items: Sequence[Outcome],
+        send: Callable[[Sequence[Outcome]], set[Key]],
+        landed: Callable[[AttemptFate, Outcome], bool],
+    ) -> tuple[set[Key], list[Outcome]]:
+        """After a connection error: find out which writes landed, re-send the rest, for one TTL."""
+        give_up_at = clock.monotonic() + self.worker.ttl
+        written: set[Key] = set()
+        pending = list(items)
+        while pending:
+            if self.worker.hurry.is_set() or clock.monotonic() > give_up_at:
+                logger.error(
+                    "worker %s: giving up %s for %d attempt(s) after connection errors; their leases will lapse",
+                    self.worker.id,
+                    what,
+                    len(pending),
+                )
+                for outcome in pending:
+                    outcome.execution.mark_lost("its outcome could not be written (connection errors)")
+                break
+            try:
+                fates = self._manager.attempt_fates([o.execution.id for o in pending])
+                resend: list[Outcome] = []
+                for outcome in pending:
+                    fate = fates.get(outcome.execution.id)
+                    if fate is None:
+                        continue
+                    if landed(fate, outcome):
+                        written.add(outcome.key)
+                        self.worker.stats["reconciled"] += 1
+                    elif fate.still_held_by(self.worker.id, outcome.execution.token):
+                        resend.append(outcome)
+                pending = resend
+                if pending:
+                    written |= send(pending)
+                    pending = []
+            except CONNECTION_ERRORS as exc:
+                self.connection_lost(what, exc)
+                self._pause()
+            except DatabaseError as exc:
+                ok, refused = self.isolate(what, pending, send, landed, exc)
+                return written | ok, refused
+        return written, []
+
+    def return_unknown_claims(self, is_known: Callable[[Key], bool]) -> int:
+        """After a claim whose reply was lost: hand back (uncharged) what the database says we hold
+        but the worker never heard of. Returns how many."""
+        give_up_at = clock.monotonic() + self.worker.ttl
+        while not self.worker.hurry.is_set() and clock.monotonic() < give_up_at:
+            try:
+                held = self._manager.held_by_worker(self.worker.id)
+                unknown = [key for key, started in held.items() if not started and not is_known(key)]
+                if unknown:
+                    returned = self._manager.hand_back(self.worker.id, unknown)
+                    self.worker.stats["claims_returned"] += len(returned)
+                    logger.warning(
+                        "worker %s: %d claim(s) committed but never received (lost reply): handed back uncharged",
+                        self.worker.id,
+                        len(returned),
+                    )
+                    return len(returned)
+                return 0
+            except CONNECTION_ERRORS as exc:
+                self.connection_lost("reconciling claims", exc)
+                self._pause()
+        return 0
+
+
+def minimal_failure(outcome: Outcome, why: str) -> Failure:
+    execution = outcome.execution
+    refused = outcome.extra.get("refused", "")
+    return Failure(
+        execution.id,
+        execution.token,
+        "tasks.exceptions.UnstorableOutcome",
+        storable_text(f"{why}: {refused}", 2000),
+        "",
+        retry=False,
+    )
+
+
+def retrying[T](what: str, worker: Worker, statement: Callable[[], T]) -> T | None:
+    """Run a statement that is safe to repeat until it succeeds, for at most one TTL."""
+    give_up_at = clock.monotonic() + worker.ttl
+    while True:
+        try:
+            return statement()
+        except DatabaseError as exc:
+            logger.warning("worker %s: %s failed: %s", worker.id, what, exc)
+            try:
+                connections[worker.using].close()
+            except Exception:
+                logger.debug("closing the broken connection failed", exc_info=True)
+            if worker.hurry.is_set() or clock.monotonic() > give_up_at or not isinstance(exc, CONNECTION_ERRORS):
+                return None
+            worker.hurry.wait(0.2)

@@ -1,0 +1,336 @@
+"""The task queue's SQL: every hot path is one statement (see ../shared/DESIGN.md, "Statement shapes").
+
+Attempt accounting (invariant 10): a claim does not charge an attempt; a *start marker* does. It
+sets ``attempt_started``, bumps ``attempts`` and appends the worker to ``worker_ids``, so
+``attempts`` counts attempts that really began. The marker rides on the dispatcher's next round
+statement (``FINISH_START_CLAIM_SQL``: no extra round trip on the hot path), so an attempt runs for
+about one round trip before its marker commits. A worker that vanishes inside that window leaves
+the attempt looking unstarted: it goes back uncharged but ``unstarted_returns`` + 1 makes the task a
+*suspect*, and a suspect's later attempts are marked by ``START_SQL`` *before* the handler runs. A
+poison pill therefore costs at most one uncharged try before every further try is charged.
+How an attempt ends decides what it costs:
+
+- the handler's own outcome (an exception, a timeout, an unstorable result): ``failures`` + 1;
+  ``max_attempts`` bounds failures;
+- the worker vanished while the attempt ran (its lease expired after START): ``crashes`` + 1;
+  ``MAX_CRASHES`` bounds crashes, so a poison pill that kills every worker it lands on still ends
+  FAILED, while a task that merely ran beside it is not charged a *failure*;
+- the lease expired before START (prefetched, never begun), or a graceful hand-back: nothing.
+
+Every statement reads ``clock_timestamp()`` (the clock under the row lock, not the transaction's
+start) and every write to a held row is a compare-and-set on id + holder + token + RUNNING.
+"""
+
+from __future__ import annotations
+
+from leasing.models import GRANT_SET
+
+
+def _backoff_sql(exponent: str) -> str:
+    """Capped exponential backoff with 50-100 % jitter, as an interval (computed in the database)."""
+    return (
+        "make_interval(secs => LEAST(%(backoff_max)s, %(backoff_base)s * power(2, GREATEST(" + exponent + ", 0)))"
+        " * (0.5 + random() / 2))"
+    )
+
+
+CLAIM_RETURNING = (
+    "t.id, t.token, t.task_path, t.args, t.kwargs, t.attempts, t.max_attempts, t.progress, t.expires_at,"
+    " t.timeout, t.queue, t.priority, t.enqueued_at, t.worker_ids, t.started_at, t.last_attempted_at,"
+    " (t.crashes > 0 OR t.unstarted_returns > 0)"
+)
+
+INSERT_COLUMNS = (
+    "queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, attempts, max_attempts,"
+    " timeout, dedup_key, errors, worker_ids, renewals, transitions, failures, crashes, unstarted_returns,"
+    " attempt_started"
+)
+
+ENQUEUE_SQL = f"""
+INSERT INTO tasks_task ({INSERT_COLUMNS})
+VALUES (%(queue)s, %(priority)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, 'READY',
+        COALESCE(%(run_after)s::timestamptz, statement_timestamp()), statement_timestamp(), 0, %(max_attempts)s,
+        %(timeout)s, %(dedup_key)s, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, false)
+ON CONFLICT (dedup_key) WHERE status IN ('READY', 'RUNNING') AND dedup_key IS NOT NULL DO NOTHING
+RETURNING id
+"""
+
+BULK_ENQUEUE_SQL = f"""
+INSERT INTO tasks_task ({INSERT_COLUMNS})
+SELECT d.queue, d.priority, d.task_path, d.args, d.kwargs, 'READY', COALESCE(d.run_after, statement_timestamp()),
+       statement_timestamp(), 0, d.max_attempts, d.timeout, NULL, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, false
+FROM unnest(%(queue)s::text[], %(priority)s::smallint[], %(task_path)s::text[], %(args)s::jsonb[],
+            %(kwargs)s::jsonb[], %(run_after)s::timestamptz[], %(max_attempts)s::int[], %(timeout)s::float8[])
+     AS d(queue, priority, task_path, args, kwargs, run_after, max_attempts, timeout)
+RETURNING id
+"""
+
+# ``%(start)s`` is false for a worker's claim (the start marker follows when an executor begins the
+# task) and true for an HTTP client's claim, which begins the attempt as it returns.
+_CLAIM_SET = f"""
+    status = 'RUNNING',
+    holder = %(worker)s::text,
+    {GRANT_SET},
+    transitions = t.transitions + 1,
+    attempt_started = %(start)s::boolean,
+    attempts = t.attempts + %(start)s::boolean::int,
+    started_at = CASE WHEN %(start)s::boolean THEN COALESCE(t.started_at, clock_timestamp()) ELSE t.started_at END,
+    last_attempted_at = CASE WHEN %(start)s::boolean THEN clock_timestamp() ELSE t.last_attempted_at END,
+    worker_ids = CASE WHEN %(start)s::boolean THEN t.worker_ids || jsonb_build_array(%(worker)s::text)
+                      ELSE t.worker_ids END"""
+
+# The subquery picks and locks; SKIP LOCKED lets concurrent workers pick different rows without
+# waiting. Its WHERE/ORDER BY match the partial index tasks_task_runnable_idx exactly, so the plan
+# is an index scan over runnable rows only, however many finished rows the table holds.
+_PICK = """
+FROM (
+    SELECT id FROM tasks_task
+    WHERE status = 'READY' AND run_after <= statement_timestamp() AND queue = ANY(%(queues)s::text[])
+    ORDER BY priority DESC, run_after, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS picked
+WHERE t.id = picked.id"""
+
+CLAIM_SQL = f"""
+UPDATE tasks_task AS t SET {_CLAIM_SET}
+{_PICK}
+RETURNING {CLAIM_RETURNING}
+"""
+
+# The start marker. Idempotent (a resent marker whose first copy committed changes nothing and still
+# matches), so a worker that lost the reply may simply send it again. ``at`` is the executor's own
+# start time (what the handler was told); NULL means "now" on the database clock.
+_START_SET = """
+    attempt_started = true,
+    attempts = t.attempts + (NOT t.attempt_started)::int,
+    started_at = COALESCE(t.started_at, d.at, clock_timestamp()),
+    last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
+                             ELSE COALESCE(d.at, clock_timestamp()) END,
+    worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END"""
+_STARTS = "unnest(%(start_ids)s::bigint[], %(start_tokens)s::bigint[], %(start_at)s::timestamptz[]) AS d(id, token, at)"
+# An attempt that ended before its marker was sent is marked by the statement that records its end
+# (a row may be changed only once per statement, so the marker is never sent beside the finish).
+_FOLDED_START = """
+    attempt_started = true,
+    attempts = t.attempts + (NOT t.attempt_started)::int,
+    started_at = COALESCE(t.started_at, clock_timestamp()),
+    last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
+    worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END"""
+
+# A suspect's attempt is marked before its handler runs (one statement, by the executor).
+START_SQL = f"""
+UPDATE tasks_task AS t SET {_START_SET}
+FROM {_STARTS}
+WHERE t.id = d.id AND t.token = d.token AND t.holder = %(worker)s AND t.status = 'RUNNING'
+  AND t.expires_at > clock_timestamp()
+RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
+"""
+
+# One statement renews every task the worker still holds, and records the worker as alive. Each row
+# is a compare-and-set on holder + id + TOKEN: a stale client reusing a worker name renews nothing.
+HEARTBEAT_SQL = """
+WITH renewed AS (
+    UPDATE tasks_task AS t
+    SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
+        renewed_at = clock_timestamp(),
+        renewals = t.renewals + 1
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token)
+    WHERE t.id = d.id AND t.token = d.token AND t.holder = %(worker)s AND t.status = 'RUNNING'
+      AND t.expires_at > clock_timestamp()
+    RETURNING t.id, t.token
+), seen AS (
+    UPDATE tasks_worker SET last_seen_at = clock_timestamp(), running = %(running)s, stats = %(stats)s::jsonb,
+                            stopped_at = NULL, stop_reason = ''
+    WHERE id = %(worker)s
+    RETURNING 1
+)
+SELECT id, token FROM renewed
+"""
+
+CHECKPOINT_SQL = """
+UPDATE tasks_task SET progress = %(progress)s::jsonb, progress_at = clock_timestamp()
+WHERE id = %(id)s AND holder = %(worker)s AND token = %(token)s AND status = 'RUNNING'
+  AND expires_at > clock_timestamp()
+"""
+
+_OWNED = "t.id = d.id AND t.token = d.token AND t.holder = %(worker)s AND t.status = 'RUNNING'"
+_LIVE = "t.expires_at > clock_timestamp()"
+
+_COMPLETE_SET = f"""{_FOLDED_START},
+    status = 'SUCCESSFUL',
+    return_value = d.return_value,
+    finished_at = clock_timestamp(),
+    released_at = clock_timestamp(),
+    expires_at = LEAST(t.expires_at, clock_timestamp())"""
+
+COMPLETE_SQL = f"""
+UPDATE tasks_task AS t SET {_COMPLETE_SET}
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[]) AS d(id, token, return_value)
+WHERE {_OWNED} AND {_LIVE}
+RETURNING t.id, t.token
+"""
+
+# The dispatcher's steady state in ONE statement (one round trip, one commit): finish the attempts
+# that completed, mark the ones that began, claim the next batch. The CTEs touch disjoint rows
+# (finished and started are distinct attempts of ours; claimed rows are READY), and every row of
+# ours is guarded by holder + token + RUNNING + live lease.
+FINISH_START_CLAIM_SQL = f"""
+WITH finished AS (
+    UPDATE tasks_task AS t SET {_COMPLETE_SET}
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[]) AS d(id, token, return_value)
+    WHERE {_OWNED} AND {_LIVE}
+    RETURNING t.id, t.token
+), started AS (
+    UPDATE tasks_task AS t SET {_START_SET}
+    FROM {_STARTS}
+    WHERE {_OWNED} AND {_LIVE}
+    RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
+), claimed AS (
+    UPDATE tasks_task AS t SET {_CLAIM_SET}
+    {_PICK}
+    RETURNING {CLAIM_RETURNING}
+)
+SELECT 'c', claimed.* FROM claimed
+UNION ALL
+SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL
+FROM finished
+UNION ALL
+SELECT 's', started.id, started.token, NULL, NULL, NULL, started.attempts, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, started.started_at, started.last_attempted_at, NULL
+FROM started
+"""
+
+_RETRYABLE = "(d.retry AND t.failures + 1 < t.max_attempts)"
+
+# A failed attempt is the handler's own outcome: it costs one of ``max_attempts``. The error entry
+# carries the attempt's token so a worker whose reply was lost can tell that this write landed.
+FAIL_SQL = f"""
+UPDATE tasks_task AS t SET
+    status = CASE WHEN {_RETRYABLE} THEN 'READY' ELSE 'FAILED' END,
+    run_after = CASE WHEN {_RETRYABLE} THEN clock_timestamp() + {_backoff_sql("t.failures")} ELSE t.run_after END,
+    finished_at = CASE WHEN {_RETRYABLE} THEN NULL ELSE clock_timestamp() END,
+    failures = t.failures + 1,
+    attempt_started = false,
+    attempts = t.attempts + (NOT t.attempt_started)::int,
+    started_at = COALESCE(t.started_at, clock_timestamp()),
+    last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
+    worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
+    errors = t.errors || jsonb_build_array(d.error || jsonb_build_object(
+        'attempt', t.attempts + (NOT t.attempt_started)::int, 'worker', t.holder, 'token', t.token,
+        'kind', 'failure', 'at', clock_timestamp())),
+    released_at = clock_timestamp(),
+    expires_at = LEAST(t.expires_at, clock_timestamp())
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(errors)s::jsonb[], %(retry)s::boolean[])
+     AS d(id, token, error, retry)
+WHERE {_OWNED} AND {_LIVE}
+RETURNING t.id, t.status, t.run_after
+"""
+
+# Hand-back (graceful shutdown, or claims the worker cannot run): runnable again at once, keeping its
+# place. Nothing is charged. An interrupted attempt that had started stays counted in ``attempts``
+# (it did begin; ``worker_ids`` names it) and gets an error entry saying why it ended.
+HAND_BACK_SQL = f"""
+UPDATE tasks_task AS t SET
+    status = 'READY',
+    run_after = LEAST(t.run_after, clock_timestamp()),
+    attempt_started = false,
+    errors = CASE WHEN t.attempt_started THEN t.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'kind', 'shutdown', 'at', clock_timestamp(),
+        'exception_class_path', 'tasks.exceptions.WorkerShutdown',
+        'message', 'interrupted by a worker shutting down; not counted as a failure', 'traceback', ''))
+        ELSE t.errors END,
+    released_at = clock_timestamp(),
+    expires_at = LEAST(t.expires_at, clock_timestamp())
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token)
+WHERE {_OWNED}
+RETURNING t.id, t.token
+"""
+
+_CRASHED = "(t.attempt_started AND t.expires_at IS NOT NULL AND t.holder IS NOT NULL AND t.token IS NOT NULL)"
+_STILL_ALLOWED = f"(NOT {_CRASHED} OR t.crashes + 1 < %(max_crashes)s)"
+
+# Requeue tasks whose lease expired (their worker died or stalled) and running rows without a lease
+# (impossible states, repaired). An attempt that never started goes back uncharged, keeping its place.
+# One that started is a crash: the first keeps its place too (a crash is rarely the task's fault, and
+# behind a long backlog "runnable again" would otherwise mean "runs minutes later"); repeated crashes
+# back off, and after MAX_CRASHES the task is FAILED: a poison pill stops killing workers.
+RECOVER_SQL = f"""
+UPDATE tasks_task AS t SET
+    status = CASE WHEN {_STILL_ALLOWED} THEN 'READY' ELSE 'FAILED' END,
+    run_after = CASE WHEN NOT {_STILL_ALLOWED} OR NOT {_CRASHED} OR t.crashes = 0
+                     THEN LEAST(t.run_after, clock_timestamp())
+                     ELSE clock_timestamp() + {_backoff_sql("t.crashes - 1")} END,
+    finished_at = CASE WHEN {_STILL_ALLOWED} THEN NULL ELSE clock_timestamp() END,
+    crashes = t.crashes + {_CRASHED}::int,
+    unstarted_returns = t.unstarted_returns + (NOT t.attempt_started AND t.expires_at IS NOT NULL)::int,
+    attempt_started = false,
+    errors = CASE WHEN {_CRASHED} OR t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL
+        THEN t.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'kind', 'crash', 'at', clock_timestamp(),
+        'exception_class_path', 'tasks.exceptions.TaskLeaseLost',
+        'message', CASE WHEN t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL
+                        THEN 'orphan: running without a lease; repaired by recovery'
+                        ELSE 'lease expired: the worker stopped heartbeating while the attempt ran' END,
+        'traceback', '',
+        'expired_at', t.expires_at,
+        'recovery_delay', EXTRACT(EPOCH FROM clock_timestamp() - t.expires_at),
+        'silent_for', EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(t.renewed_at, t.acquired_at))))
+        ELSE t.errors END,
+    released_at = clock_timestamp(),
+    expires_at = LEAST(t.expires_at, clock_timestamp())
+FROM (
+    SELECT id, expires_at FROM tasks_task
+    WHERE status = 'RUNNING'
+      AND (expires_at <= clock_timestamp() OR expires_at IS NULL OR holder IS NULL OR token IS NULL)
+    ORDER BY expires_at NULLS FIRST
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS picked
+WHERE t.id = picked.id
+RETURNING t.id, t.status, EXTRACT(EPOCH FROM clock_timestamp() - picked.expires_at)::float8,
+          -- a grant crashes at most once, so a last error entry of kind crash with this token was just added
+          COALESCE(t.errors -> -1 ->> 'kind' = 'crash' AND t.errors -> -1 ->> 'token' = t.token::text, false)
+"""
+
+# A lease left live on a row that is not running (it can only come from hand edits or a bug):
+# release it, so the lease state querysets and the dashboard stay truthful.
+RELEASE_STRAY_LEASES_SQL = """
+UPDATE tasks_task SET released_at = clock_timestamp(), expires_at = LEAST(expires_at, clock_timestamp())
+WHERE status <> 'RUNNING' AND released_at IS NULL AND expires_at IS NOT NULL
+RETURNING id
+"""
+
+# Running tasks held by a worker that has already said it stopped (or was found dead): it will never
+# heartbeat or finish them, so there is no reason to wait for the TTL. Expire them now; recovery
+# requeues them.
+EXPIRE_ORPHANS_SQL = """
+UPDATE tasks_task AS t SET expires_at = clock_timestamp()
+FROM tasks_worker AS w
+WHERE t.status = 'RUNNING' AND t.holder = w.id AND w.stopped_at IS NOT NULL AND t.expires_at > clock_timestamp()
+RETURNING t.id
+"""
+
+# Workers that have not been seen for more than twice their own TTL are dead (SIGKILL, power loss):
+# say so, with the reason, so the workers page does not fill with ghosts that look alive.
+MARK_DEAD_WORKERS_SQL = """
+UPDATE tasks_worker SET
+    stopped_at = clock_timestamp(),
+    stop_reason = format('presumed dead: silent for %%ss (more than twice its %%ss TTL)',
+                         round(EXTRACT(EPOCH FROM clock_timestamp() - last_seen_at)::numeric, 1), ttl)
+WHERE stopped_at IS NULL AND last_seen_at < clock_timestamp() - make_interval(secs => 2 * ttl)
+RETURNING id
+"""
+
+# After a connection error the worker cannot know whether its last statement committed. It asks:
+# what does the database say it holds under its id, and where did the attempts it was finishing end?
+HELD_SQL = """
+SELECT id, token, attempt_started FROM tasks_task WHERE holder = %(worker)s AND status = 'RUNNING'
+"""
+
+ATTEMPT_FATE_SQL = """
+SELECT t.id, t.token, t.holder, t.status, t.errors -> -1 ->> 'token', t.errors -> -1 ->> 'kind'
+FROM tasks_task AS t
+WHERE t.id = ANY(%(ids)s::bigint[])
+"""
