@@ -136,6 +136,7 @@ LEASING_TASKS = {
     "RECOVERY_INTERVAL": env.float("TASKS_RECOVERY_INTERVAL", default=2.0),
     "DEMO_CRASH_RATE": env.float("TASKS_DEMO_CRASH_RATE", default=0.0),
     "DEMO_STALL_RATE": env.float("TASKS_DEMO_STALL_RATE", default=0.0),
+    "MAX_CRASHES": env.int("TASKS_MAX_CRASHES", default=5),
 }
 
 # Bearer tokens for machine clients of the JSON API (comma-separated); none by default.

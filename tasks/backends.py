@@ -92,6 +92,17 @@ class LeaseBackend(BaseTaskBackend):
             timeout=self.timeout,
         )
         result = self.get_result(str(enqueued.id))
+        if enqueued.created:
+            # The result describes the task as enqueued, even if a fast worker has already begun it.
+            for name, value in (
+                ("status", TaskResultStatus.READY),
+                ("started_at", None),
+                ("finished_at", None),
+                ("last_attempted_at", None),
+                ("errors", []),
+                ("worker_ids", []),
+            ):
+                object.__setattr__(result, name, value)
         task_enqueued.send(type(self), task_result=result)
         return result
 
@@ -122,6 +133,8 @@ class LeaseBackend(BaseTaskBackend):
             errors=[
                 TaskError(exception_class_path=e.get("exception_class_path", ""), traceback=e.get("traceback", ""))
                 for e in row.errors
+                # A claim returned before its attempt was known to start is not an attempt.
+                if e.get("kind") != "returned"
             ],
             worker_ids=list(row.worker_ids),
         )

@@ -1,10 +1,19 @@
 """The demo handler for generated tasks, with the seed's failure injection.
 
 ``sleep(sleep_duration_seconds)`` sleeps in steps, checkpointing after each, so a retried task
-resumes where the last attempt stopped. With ``LEASING_TASKS["DEMO_CRASH_RATE"]`` (about 5 % in
-the demo) it kills its own worker process outright, and with ``DEMO_STALL_RATE`` (about 10 %) it
-freezes the whole process (SIGSTOP) for longer than the lease TTL, so heartbeats are missed and
-another worker takes the task over: the failures the dashboard then shows being recovered.
+resumes where the last attempt stopped. Two injected faults, as the seed describes them:
+
+- ``LEASING_TASKS["DEMO_CRASH_RATE"]`` (about 5 % in the demo): the handler kills its own worker
+  process outright (SIGKILL), like an unexpected crash. Every attempt that process was running is
+  recovered after the lease TTL; attempts it had claimed but not begun go back uncharged.
+- ``DEMO_STALL_RATE`` (about 10 %): a latency spike in *this task only*. The attempt stops being
+  heartbeated and blocks for 1.5 x TTL, so its lease expires and another worker takes the task over;
+  when it wakes, its check and its late result are refused. The rest of the process carries on.
+
+Why a per-task stall and not a frozen process (SIGSTOP): the seed's worker heartbeats each task on
+its own, so a latency spike makes *that* task miss its heartbeats. Freezing the whole process instead
+made every task beside it lose its lease too (charged for a crash that was not theirs), and stalls
+drawn by several tasks of one process at once chained into freezes of minutes.
 """
 
 from __future__ import annotations
@@ -13,7 +22,6 @@ import logging
 import os
 import random
 import signal
-import subprocess
 import time
 from typing import Any
 
@@ -25,12 +33,6 @@ logger = logging.getLogger("tasks.demo")
 STEP = 0.25
 
 
-def _freeze_process(seconds: float) -> None:
-    # A detached helper resumes us; `sh` exits at once so nothing is left to reap.
-    subprocess.run(["sh", "-c", f"(sleep {seconds:.2f}; kill -CONT {os.getpid()}) >/dev/null 2>&1 &"], check=True)
-    os.kill(os.getpid(), signal.SIGSTOP)
-
-
 def sleep(sleep_duration_seconds: float = 1.0, **extra: Any) -> dict[str, Any]:
     conf = get_settings()
     run = current_task()
@@ -40,8 +42,9 @@ def sleep(sleep_duration_seconds: float = 1.0, **extra: Any) -> dict[str, Any]:
         os.kill(os.getpid(), signal.SIGKILL)
     elif dice < conf.DEMO_CRASH_RATE + conf.DEMO_STALL_RATE:
         pause = conf.TTL * 1.5
-        logger.error("task %d: injected stall: freezing worker process %d for %.1fs", run.id, os.getpid(), pause)
-        _freeze_process(pause)
+        logger.error("task %d: injected stall: this attempt misses its heartbeats for %.1fs", run.id, pause)
+        run.miss_heartbeats(pause)
+        time.sleep(pause)  # the latency spike: the handler does nothing, as if blocked on a slow call
     resumed_from = float((run.progress or {}).get("slept", 0.0))
     slept = resumed_from
     while slept < sleep_duration_seconds:

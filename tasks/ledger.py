@@ -35,6 +35,17 @@ class Outcome:
         return self.failure is None
 
 
+@dataclass(slots=True)
+class Census:
+    """The ledger counted in one pass (the dispatcher reads it once per round)."""
+
+    in_hand: int = 0  # claimed or running, not finished: counts against capacity
+    unstarted: int = 0
+    running: int = 0
+    overdue: list[Execution] = field(default_factory=list)
+    next_deadline: float | None = None  # earliest timeout among running attempts (local clock)
+
+
 class Ledger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -61,6 +72,25 @@ class Ledger:
     def snapshot(self) -> list[Execution]:
         with self._lock:
             return list(self._entries.values())
+
+    def census(self, now: float) -> Census:
+        census = Census()
+        with self._lock:
+            for e in self._entries.values():
+                if e.finished or e.abandoned:
+                    continue
+                census.in_hand += 1
+                if e.started is None:
+                    census.unstarted += 1
+                    continue
+                census.running += 1
+                if e.task.timeout is not None:
+                    deadline = e.started + e.task.timeout
+                    if deadline <= now:
+                        census.overdue.append(e)
+                    elif census.next_deadline is None or deadline < census.next_deadline:
+                        census.next_deadline = deadline
+        return census
 
     def to_heartbeat(self) -> list[Execution]:
         """Attempts whose lease this worker still keeps alive (finished ones too, until written)."""

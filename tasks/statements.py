@@ -248,7 +248,8 @@ WHERE {_OWNED}
 RETURNING t.id, t.token
 """
 
-_CRASHED = "(t.attempt_started AND t.expires_at IS NOT NULL AND t.holder IS NOT NULL AND t.token IS NOT NULL)"
+_NO_LEASE = "(t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)"
+_CRASHED = f"(t.attempt_started AND NOT {_NO_LEASE})"
 _STILL_ALLOWED = f"(NOT {_CRASHED} OR t.crashes + 1 < %(max_crashes)s)"
 
 # Requeue tasks whose lease expired (their worker died or stalled) and running rows without a lease
@@ -266,18 +267,17 @@ UPDATE tasks_task AS t SET
     crashes = t.crashes + {_CRASHED}::int,
     unstarted_returns = t.unstarted_returns + (NOT t.attempt_started AND t.expires_at IS NOT NULL)::int,
     attempt_started = false,
-    errors = CASE WHEN {_CRASHED} OR t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL
-        THEN t.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'kind', 'crash', 'at', clock_timestamp(),
+    errors = t.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'at', clock_timestamp(),
+        'kind', CASE WHEN {_CRASHED} THEN 'crash' WHEN {_NO_LEASE} THEN 'orphan' ELSE 'returned' END,
         'exception_class_path', 'tasks.exceptions.TaskLeaseLost',
-        'message', CASE WHEN t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL
-                        THEN 'orphan: running without a lease; repaired by recovery'
-                        ELSE 'lease expired: the worker stopped heartbeating while the attempt ran' END,
+        'message', CASE WHEN {_CRASHED} THEN 'lease expired: the worker stopped heartbeating while the attempt ran'
+                        WHEN {_NO_LEASE} THEN 'orphan: running without a lease; repaired by recovery'
+                        ELSE 'lease expired before the attempt was known to start: returned uncharged' END,
         'traceback', '',
         'expired_at', t.expires_at,
         'recovery_delay', EXTRACT(EPOCH FROM clock_timestamp() - t.expires_at),
-        'silent_for', EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(t.renewed_at, t.acquired_at))))
-        ELSE t.errors END,
+        'silent_for', EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(t.renewed_at, t.acquired_at)))),
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())
 FROM (

@@ -43,7 +43,7 @@ from django.utils.module_loading import import_string
 from leasing import clock
 from tasks.conf import get_settings
 from tasks.exceptions import TaskTimeout, UnstorableResult
-from tasks.ledger import Ledger, Outcome
+from tasks.ledger import Census, Ledger, Outcome
 from tasks.models import ClaimedTask, Failure, Task
 from tasks.models import Worker as WorkerRow
 from tasks.outcome_writer import CONNECTION_ERRORS, OutcomeWriter, minimal_failure, retrying
@@ -54,6 +54,9 @@ logger = logging.getLogger("tasks.worker")
 
 #: Smoothing of the observed task duration that sizes the prefetch.
 DURATION_SMOOTHING = 0.2
+#: A start marker waits this long for the attempt's own outcome, which then carries it (a short task
+#: costs one row update, not two); longer attempts are marked by the next round after that.
+MARKER_DELAY = 0.02
 
 
 def default_worker_id() -> str:
@@ -158,6 +161,7 @@ class Worker:
         self._executor_count = 0
         self._recovery: Any = None
         self._duration: float | None = None  # smoothed seconds per task, sizes the prefetch
+        self._pending_starts: dict[tuple[int, int], tuple[Execution, dt.datetime, float]] = {}
 
     # -- public --------------------------------------------------------------------------------
 
@@ -195,11 +199,10 @@ class Worker:
             return 0
         return min(self.batch_size, math.floor(self.concurrency * self.prefetch_window / max(self._duration, 1e-4)))
 
-    def _wanted(self) -> int:
+    def _wanted(self, census: Census) -> int:
         if self._draining.is_set():
             return 0
-        in_hand = len(self.ledger.in_hand())
-        wanted = min(self.batch_size, self.concurrency + self.prefetch() - in_hand)
+        wanted = min(self.batch_size, self.concurrency + self.prefetch() - census.in_hand)
         if self.max_tasks is not None:
             wanted = min(wanted, self.max_tasks - self.stats["claimed"])
         return max(0, wanted)
@@ -212,14 +215,15 @@ class Worker:
             if self._notified.is_set():
                 self._notified.clear()
                 may_have_work = True
-            self._abandon_overdue()
+            census = self.ledger.census(clock.monotonic())
+            self._abandon(census.overdue)
             self._take_returns()
             outcomes = self._take(self._outcomes)
-            starts = self._take(self._starts)
-            wanted = self._wanted()
-            unstarted = sum(1 for e in self.ledger.in_hand() if not e.running)
-            idle = self.concurrency - len(self.ledger.running())
-            claim = wanted if may_have_work and wanted > 0 and (wanted >= self.batch_size or unstarted < idle) else 0
+            starts = self._due_starts(outcomes)
+            wanted = self._wanted(census)
+            idle = self.concurrency - census.running
+            starving = census.unstarted < idle
+            claim = wanted if may_have_work and wanted > 0 and (wanted >= self.batch_size or starving) else 0
             if outcomes or starts or claim:
                 claimed = self._round(outcomes, starts, claim)
                 if claim:
@@ -231,7 +235,7 @@ class Worker:
                     drain_deadline = clock.monotonic() + self.shutdown_grace
                     logger.info("worker %s draining: %d attempt(s) held", self.id, len(self.ledger))
                     self._hand_back_unstarted()
-                running = self.ledger.running()
+                running = self.ledger.census(clock.monotonic()).running
                 if not running or self.hurry.is_set() or clock.monotonic() >= drain_deadline:
                     return
                 self._wake.wait(min(0.1, max(0.0, drain_deadline - clock.monotonic())))
@@ -241,16 +245,27 @@ class Worker:
                     return
                 self._wake.wait(0.1)
                 continue
-            if not self._wake.wait(self._next_wait()):
+            if not self._wake.wait(self._next_wait(census)):
                 may_have_work = True  # the fallback poll
 
-    def _next_wait(self) -> float:
+    def _due_starts(self, outcomes: list[Outcome]) -> list[tuple[Execution, dt.datetime]]:
+        """Start markers to send now: those older than MARKER_DELAY whose attempt has not ended
+        (an ended attempt is marked by the statement that records its end)."""
+        for execution, at in self._take(self._starts):
+            self._pending_starts[execution.key] = (execution, at, clock.monotonic() + MARKER_DELAY)
+        for outcome in outcomes:
+            self._pending_starts.pop(outcome.key, None)
+        now = clock.monotonic()
+        due = [key for key, (_e, _at, when) in self._pending_starts.items() if when <= now]
+        return [self._pending_starts.pop(key)[:2] for key in due]
+
+    def _next_wait(self, census: Census) -> float:
         wait = self.poll_interval
         now = clock.monotonic()
-        for execution in self.ledger.running():
-            deadline = execution.timeout_deadline
-            if deadline is not None:
-                wait = min(wait, max(0.0, deadline - now) + 0.001)
+        if census.next_deadline is not None:
+            wait = min(wait, max(0.0, census.next_deadline - now) + 0.001)
+        for _e, _at, when in self._pending_starts.values():
+            wait = min(wait, max(0.0, when - now) + 0.001)
         return wait
 
     @staticmethod
@@ -347,12 +362,10 @@ class Worker:
             self._finish_log(outcome, state)
         self.ledger.remove(o.key for o in successes + failures)
 
-    def _abandon_overdue(self) -> None:
+    def _abandon(self, overdue: list[Execution]) -> None:
         """Attempts past their timeout: stop heartbeating them, record the timeout now (so the late
         result is refused by the database), and give the executor slot to a new thread."""
-        for execution in self.ledger.running():
-            if not execution.overdue:
-                continue
+        for execution in overdue:
             execution.abandoned = True
             timeout = execution.task.timeout or 0.0
             reason = f"ran past its timeout of {timeout:g}s: abandoned, its late result will be refused"
@@ -619,10 +632,15 @@ class Worker:
             self._spawn(self._recovery.run, "recovery")
 
     def _shutdown(self) -> None:
-        self._abandon_overdue()
+        self._abandon(self.ledger.census(clock.monotonic()).overdue)
         self._take_returns()
         outcomes = self._take(self._outcomes)
-        starts = self._take(self._starts)
+        for execution, at in self._take(self._starts):
+            self._pending_starts[execution.key] = (execution, at, 0.0)
+        starts = [
+            (e, at) for key, (e, at, _when) in self._pending_starts.items() if key not in {o.key for o in outcomes}
+        ]
+        self._pending_starts.clear()
         if outcomes or starts:
             self._round(outcomes, starts, 0)
         unfinished = [e for e in self.ledger.snapshot() if not e.finished and not e.abandoned]

@@ -58,6 +58,7 @@ def test_sigkilled_worker_task_runs_again_and_finishes_exactly_once(workers: Any
     task_id = Task.objects.enqueue("tests.testapp.handlers.block", kwargs={"gate": "g"}, max_attempts=3).id
     first = workers(*FAST, worker_id="doomed")
     wait_until(lambda: started(task_id, 1), what="first attempt to start")
+    wait_until(lambda: Task.objects.get(pk=task_id).attempt_started, what="the start to be recorded")
 
     os.kill(first.pid, signal.SIGKILL)
     first.wait(10)
@@ -81,6 +82,8 @@ def test_sigstopped_worker_loses_the_task_and_its_late_completion_is_rejected(wo
     task_id = Task.objects.enqueue("tests.testapp.handlers.block", kwargs={"gate": "g"}).id
     paused = workers(*FAST, worker_id="paused")
     wait_until(lambda: started(task_id, 1), what="first attempt to start")
+    # The start marker follows the start by one round: freeze the worker once it has landed.
+    wait_until(lambda: Task.objects.get(pk=task_id).attempt_started, what="the start to be recorded")
 
     os.kill(paused.pid, signal.SIGSTOP)
     Gate.objects.filter(key="g").update(open=True)

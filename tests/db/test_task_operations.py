@@ -264,7 +264,8 @@ def test_a_claim_that_never_started_goes_back_uncharged_and_becomes_a_suspect() 
     [recovered] = Task.objects.recover_expired()
     assert (recovered.status, recovered.crashed) == ("READY", False)
     row = Task.objects.get(pk=task_id)
-    assert (row.attempts, row.crashes, row.failures, row.unstarted_returns, row.errors) == (0, 0, 0, 1, [])
+    assert (row.attempts, row.crashes, row.failures, row.unstarted_returns) == (0, 0, 0, 1)
+    assert [(e["kind"], e["worker"]) for e in row.errors] == [("returned", "w1")]  # recorded, not charged
     again = Task.objects.claim("w2", limit=1)[0]
     assert again.suspect  # its next attempts are marked started before the handler runs
 
