@@ -21,12 +21,12 @@ import datetime as dt
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, Error, close_old_connections, connections
 
+from leasing import clock
 from leasing.conf import get_settings
 from leasing.holder import LeaseHolder, default_holder_id
 
@@ -51,9 +51,10 @@ class Term:
 
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds; return True as soon as leadership must end."""
-        end = time.monotonic() + timeout
+        # The holder's clock: its deadline is on it (CLOCK_BOOTTIME, which counts through suspend).
+        end = clock.monotonic() + timeout
         while not self.should_stop:
-            now = time.monotonic()
+            now = clock.monotonic()
             if now >= end:
                 return False
             # Wake at the holder's local deadline too, so a stalled heartbeat still ends the term.

@@ -12,6 +12,12 @@ token, the stale holder's write matches no row and raises :class:`StaleTokenErro
 
     with lease(f"report:{day}") as held:
         fenced_update(Report.objects.filter(day=day), held.token, body=render(day))
+
+A plain ``save()`` of an existing row (the admin's, a form's) never lowers the token either: it
+writes ``fence_token = GREATEST(fence_token, <the instance's value>)``. Without that, saving an
+instance loaded before a newer holder wrote would put the old token back, and the deposed
+holder's next fenced write would be accepted again. (``QuerySet.update()`` and ``bulk_update()``
+write what they are given: use :func:`fenced_update`.)
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import models
+from django.db.models.functions import Greatest
 
 from leasing.exceptions import StaleTokenError
 
@@ -32,6 +39,18 @@ class FenceTokenField(models.BigIntegerField):
         kwargs.setdefault("default", 0)
         kwargs.setdefault("help_text", "Largest fencing token that has written to this row.")
         super().__init__(*args, **kwargs)
+
+    def pre_save(self, model_instance: models.Model, add: bool) -> Any:
+        value = super().pre_save(model_instance, add)
+        if add:
+            return value
+        # The UPDATE of save() keeps the larger of the stored and the instance's token, in one
+        # statement: the row lock the UPDATE takes orders it after any concurrent fenced write, so
+        # no read-then-write window is left. Because the value is an expression, Model.save()
+        # reads the resulting token back with RETURNING and sets it on the instance.
+        if not hasattr(value, "resolve_expression"):
+            value = models.Value(value, output_field=models.BigIntegerField())
+        return Greatest(models.F(self.attname), value)
 
 
 class FencedModel(models.Model):

@@ -47,19 +47,66 @@ class Census:
 
 
 class Ledger:
+    """Attempts by key, with their states counted as they change (the dispatcher reads the counts on
+    every round, so they must not cost a pass over every attempt)."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[tuple[int, int], Execution] = {}
+        self._unstarted = 0
+        self._running = 0
+        self._timed: dict[tuple[int, int], Execution] = {}  # running attempts that have a timeout
 
     def add(self, executions: Iterable[Execution]) -> None:
         with self._lock:
             for execution in executions:
                 self._entries[execution.key] = execution
+                self._unstarted += 1
+
+    def begin(self, execution: Execution) -> None:
+        """The executor is about to call the handler (``execution.begin*`` already ran)."""
+        with self._lock:
+            if execution.key in self._entries:
+                self._unstarted -= 1
+                self._running += 1
+                if execution.task.timeout is not None:
+                    self._timed[execution.key] = execution
+
+    def _leave_executor(self, execution: Execution) -> bool:
+        if execution.finished or execution.abandoned:
+            return False
+        if execution.key in self._entries:
+            self._running -= 1
+            self._timed.pop(execution.key, None)
+        return True
+
+    def finish(self, execution: Execution) -> bool:
+        """The handler returned. False when the attempt had been abandoned: drop its result."""
+        with self._lock:
+            if not self._leave_executor(execution):
+                return False
+            execution.finished = True
+            return True
+
+    def abandon(self, execution: Execution) -> bool:
+        """Past its timeout: the attempt stops counting as running. False if it had just finished."""
+        with self._lock:
+            if not self._leave_executor(execution):
+                return False
+            execution.abandoned = True
+            return True
 
     def remove(self, keys: Iterable[tuple[int, int]]) -> None:
         with self._lock:
             for key in keys:
-                self._entries.pop(key, None)
+                execution = self._entries.pop(key, None)
+                if execution is None or execution.finished or execution.abandoned:
+                    continue
+                if execution.started is None:
+                    self._unstarted -= 1
+                else:
+                    self._running -= 1
+                    self._timed.pop(key, None)
 
     def __contains__(self, key: object) -> bool:
         with self._lock:
@@ -74,31 +121,16 @@ class Ledger:
             return list(self._entries.values())
 
     def census(self, now: float) -> Census:
-        census = Census()
         with self._lock:
-            for e in self._entries.values():
-                if e.finished or e.abandoned:
-                    continue
-                census.in_hand += 1
-                if e.started is None:
-                    census.unstarted += 1
-                    continue
-                census.running += 1
-                if e.task.timeout is not None:
-                    deadline = e.started + e.task.timeout
-                    if deadline <= now:
-                        census.overdue.append(e)
-                    elif census.next_deadline is None or deadline < census.next_deadline:
-                        census.next_deadline = deadline
+            census = Census(in_hand=self._unstarted + self._running, unstarted=self._unstarted, running=self._running)
+            for execution in self._timed.values():
+                deadline = (execution.started or now) + (execution.task.timeout or 0.0)
+                if deadline <= now:
+                    census.overdue.append(execution)
+                elif census.next_deadline is None or deadline < census.next_deadline:
+                    census.next_deadline = deadline
         return census
 
     def to_heartbeat(self) -> list[Execution]:
         """Attempts whose lease this worker still keeps alive (finished ones too, until written)."""
         return [e for e in self.snapshot() if not e.abandoned and not e.lost and not e.heartbeat_paused]
-
-    def in_hand(self) -> list[Execution]:
-        """Claimed or running, not yet finished: what counts against the worker's capacity."""
-        return [e for e in self.snapshot() if not e.finished and not e.abandoned]
-
-    def running(self) -> list[Execution]:
-        return [e for e in self.snapshot() if e.running and not e.finished and not e.abandoned]

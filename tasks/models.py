@@ -349,7 +349,8 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         """Renew every attempt in ``held`` ((id, token) pairs) in one statement; return those LOST.
 
         An attempt is lost when its row no longer has this worker, this token, RUNNING and a live
-        lease. The token is compared in SQL: a stale token renews nothing.
+        lease. The token is compared in SQL: a stale token renews nothing. With ``stats`` (the worker
+        process's own beat) the worker's row records it alive; without, only leases are touched.
         """
         attempts = list(held)
         params = {
@@ -359,6 +360,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "ttl": seconds(get_settings().TTL if ttl is None else ttl),
             "running": len(attempts),
             "stats": json.dumps(stats or {}),
+            "record_worker": stats is not None,  # only the worker process itself reports stats
         }
         renewed = {(row[0], row[1]) for row in self._rows(sql.HEARTBEAT_SQL, params)}
         return set(attempts) - renewed
@@ -373,7 +375,9 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             cursor.execute(sql.CHECKPOINT_SQL, params)
             return cursor.rowcount == 1
 
-    def complete_many(self, worker: str, results: Sequence[tuple[int, int, str]]) -> set[tuple[int, int]]:
+    def complete_many(
+        self, worker: str, results: Sequence[tuple[int, int, str] | tuple[int, int, str, float | None]]
+    ) -> set[tuple[int, int]]:
         """Finish (id, token, return value as JSON text) triples in one statement; return the
         attempts accepted. The rest were rejected by the compare-and-set: no longer held."""
         if not results:
@@ -383,14 +387,15 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "ids": [r[0] for r in results],
             "tokens": [r[1] for r in results],
             "values": [r[2] for r in results],
+            "started": [r[3] if len(r) > 3 else None for r in results],
         }
         return {(row[0], row[1]) for row in self._rows(sql.COMPLETE_SQL, params)}
 
     def finish_start_claim(
         self,
         worker: str,
-        results: Sequence[tuple[int, int, str]],
-        starts: Sequence[tuple[int, int, dt.datetime | None]] = (),
+        results: Sequence[tuple[int, int, str] | tuple[int, int, str, float | None]],
+        starts: Sequence[tuple[int, int, float | None]] = (),
         *,
         limit: int,
         queues: Sequence[str] = ("default",),
@@ -404,6 +409,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "ids": [r[0] for r in results],
             "tokens": [r[1] for r in results],
             "values": [r[2] for r in results],
+            "started": [r[3] if len(r) > 3 else None for r in results],
             "start_ids": [s[0] for s in starts],
             "start_tokens": [s[1] for s in starts],
             "start_at": [s[2] for s in starts],

@@ -60,7 +60,9 @@ class OutcomeWriter:
     # -- successes -----------------------------------------------------------------------------
 
     def send_completions(self, items: Sequence[Outcome]) -> set[Key]:
-        results = [(o.execution.id, o.execution.token, o.value_json or "null") for o in items]
+        results = [
+            (o.execution.id, o.execution.token, o.value_json or "null", o.execution.started_epoch) for o in items
+        ]
         accepted: set[Key] = self._manager.complete_many(self.worker.id, results)
         return accepted
 

@@ -37,6 +37,7 @@ class Execution:
         self, task: ClaimedTask, worker_id: str, ttl: float, claimed_at: float, using: str = "default"
     ) -> None:
         self.task = task
+        self.key: tuple[int, int] = (task.id, task.token)
         self.worker_id = worker_id
         self.using = using
         self.claimed_at = claimed_at
@@ -55,8 +56,9 @@ class Execution:
         self._stalled_until = 0.0
 
     @property
-    def key(self) -> tuple[int, int]:
-        return self.task.key
+    def started_epoch(self) -> float | None:
+        """When the handler was called, in epoch seconds (what a folded start marker records)."""
+        return None if self.last_attempted_at is None else self.last_attempted_at.timestamp()
 
     @property
     def id(self) -> int:

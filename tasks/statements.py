@@ -100,22 +100,24 @@ RETURNING {CLAIM_RETURNING}
 
 # The start marker. Idempotent (a resent marker whose first copy committed changes nothing and still
 # matches), so a worker that lost the reply may simply send it again. ``at`` is the executor's own
-# start time (what the handler was told); NULL means "now" on the database clock.
+# start time (what the handler was told) in epoch seconds (cheaper to send than timestamps); NULL
+# means "now" on the database clock.
 _START_SET = """
     attempt_started = true,
     attempts = t.attempts + (NOT t.attempt_started)::int,
-    started_at = COALESCE(t.started_at, d.at, clock_timestamp()),
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), clock_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
-                             ELSE COALESCE(d.at, clock_timestamp()) END,
+                             ELSE COALESCE(to_timestamp(d.at), clock_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END"""
-_STARTS = "unnest(%(start_ids)s::bigint[], %(start_tokens)s::bigint[], %(start_at)s::timestamptz[]) AS d(id, token, at)"
+_STARTS = "unnest(%(start_ids)s::bigint[], %(start_tokens)s::bigint[], %(start_at)s::float8[]) AS d(id, token, at)"
 # An attempt that ended before its marker was sent is marked by the statement that records its end
 # (a row may be changed only once per statement, so the marker is never sent beside the finish).
 _FOLDED_START = """
     attempt_started = true,
     attempts = t.attempts + (NOT t.attempt_started)::int,
-    started_at = COALESCE(t.started_at, clock_timestamp()),
-    last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), clock_timestamp()),
+    last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
+                             ELSE COALESCE(to_timestamp(d.at), clock_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END"""
 
 # A suspect's attempt is marked before its handler runs (one statement, by the executor).
@@ -129,6 +131,8 @@ RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
 
 # One statement renews every task the worker still holds, and records the worker as alive. Each row
 # is a compare-and-set on holder + id + TOKEN: a stale client reusing a worker name renews nothing.
+# Only the worker process's own beat (``record_worker``) writes its row: an API client's heartbeat,
+# refused or not, must not wipe the worker's stats or revive a worker recorded as stopped.
 HEARTBEAT_SQL = """
 WITH renewed AS (
     UPDATE tasks_task AS t
@@ -142,7 +146,7 @@ WITH renewed AS (
 ), seen AS (
     UPDATE tasks_worker SET last_seen_at = clock_timestamp(), running = %(running)s, stats = %(stats)s::jsonb,
                             stopped_at = NULL, stop_reason = ''
-    WHERE id = %(worker)s
+    WHERE id = %(worker)s AND %(record_worker)s::boolean
     RETURNING 1
 )
 SELECT id, token FROM renewed
@@ -166,7 +170,8 @@ _COMPLETE_SET = f"""{_FOLDED_START},
 
 COMPLETE_SQL = f"""
 UPDATE tasks_task AS t SET {_COMPLETE_SET}
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[]) AS d(id, token, return_value)
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[], %(started)s::float8[])
+         AS d(id, token, return_value, at)
 WHERE {_OWNED} AND {_LIVE}
 RETURNING t.id, t.token
 """
@@ -178,7 +183,8 @@ RETURNING t.id, t.token
 FINISH_START_CLAIM_SQL = f"""
 WITH finished AS (
     UPDATE tasks_task AS t SET {_COMPLETE_SET}
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[]) AS d(id, token, return_value)
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[], %(started)s::float8[])
+         AS d(id, token, return_value, at)
     WHERE {_OWNED} AND {_LIVE}
     RETURNING t.id, t.token
 ), started AS (

@@ -241,7 +241,7 @@ class Worker:
                 self._wake.wait(min(0.1, max(0.0, drain_deadline - clock.monotonic())))
                 continue
             if self.max_tasks is not None and self.stats["claimed"] >= self.max_tasks:
-                if not self.ledger.in_hand():
+                if not self.ledger.census(clock.monotonic()).in_hand:
                     return
                 self._wake.wait(0.1)
                 continue
@@ -288,8 +288,10 @@ class Worker:
         # An attempt that already ended is marked by the statement that records its end.
         starts = [(e, at) for e, at in starts if e.key not in ended]
         failed = self.writer.fail(failures) if failures else set()
-        results = [(o.execution.id, o.execution.token, o.value_json or "null") for o in successes]
-        markers = [(e.id, e.token, at) for e, at in starts]
+        results = [
+            (o.execution.id, o.execution.token, o.value_json or "null", o.execution.started_epoch) for o in successes
+        ]
+        markers = [(e.id, e.token, at.timestamp()) for e, at in starts]
         accepted: set[tuple[int, int]] = set()
         claimed: list[ClaimedTask] | None = []
         refused: list[Outcome] = []
@@ -366,7 +368,8 @@ class Worker:
         """Attempts past their timeout: stop heartbeating them, record the timeout now (so the late
         result is refused by the database), and give the executor slot to a new thread."""
         for execution in overdue:
-            execution.abandoned = True
+            if not self.ledger.abandon(execution):
+                continue  # it finished in the meantime
             timeout = execution.task.timeout or 0.0
             reason = f"ran past its timeout of {timeout:g}s: abandoned, its late result will be refused"
             execution.mark_lost(reason)
@@ -471,9 +474,11 @@ class Worker:
                 self._wake.set()
                 return False
             execution.begin(started)
+            self.ledger.begin(execution)
         else:
             now = dt.datetime.now(dt.UTC)
             execution.begin_local(now)
+            self.ledger.begin(execution)
             self._starts.put((execution, now))
             self._wake.set()
         self.stats["started"] += 1
@@ -482,15 +487,14 @@ class Worker:
         except BaseException as exc:  # the worker's own code around the handler; never lose the attempt
             logger.exception("task %d: executor error", execution.id)
             outcome = Outcome(execution, failure=failure_from(execution, exc))
-        if execution.abandoned:
-            self.stats["late_results_dropped"] += 1
-            logger.warning("task %d: late result of an abandoned attempt dropped", execution.id)
-            return True
         elapsed = clock.monotonic() - (execution.started or clock.monotonic())
         self._duration = (
             elapsed if self._duration is None else self._duration + DURATION_SMOOTHING * (elapsed - self._duration)
         )
-        execution.finished = True
+        if not self.ledger.finish(execution):
+            self.stats["late_results_dropped"] += 1
+            logger.warning("task %d: late result of an abandoned attempt dropped", execution.id)
+            return True
         self._outcomes.put(outcome)
         self._wake.set()
         return False

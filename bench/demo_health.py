@@ -1,0 +1,208 @@
+#!/usr/bin/env python
+"""Demo health: run ``manage.py demo`` at its default failure rates and judge it by its outcome.
+
+    python bench/demo_health.py [--minutes 10] [--sample 30]
+
+The demo is started exactly as a user starts it (two workers at concurrency 4, the generator at
+2 tasks/s, 5 % injected crashes that SIGKILL a worker, 10 % injected stalls past the 5 s TTL), on
+its own embedded PostgreSQL with fsync on. Every ``--sample`` seconds it prints what the dashboard
+shows; at the end one comparable figure per line:
+
+- the share of finished tasks that SUCCEEDED (goal: at least 99 %);
+- the runnable backlog at the end and at its largest (goal: bounded: it keeps up);
+- tasks stuck longer than TTL + recovery interval + 2 s (goal: 0);
+- recoveries, crashes charged, failures charged, claims returned uncharged, worker restarts.
+
+``observe`` is also what ``tests/concurrency/test_demo_health.py`` runs for its short form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.common import ROOT, figure, prepare_database  # noqa: E402
+
+DEMO_TTL = 5.0
+DEMO_RECOVERY_INTERVAL = 1.0
+
+
+@dataclass
+class Sample:
+    at: float
+    generated: int
+    succeeded: int
+    failed: int
+    backlog: int
+    running: int
+    stuck: int
+    stuck_long: int
+    recoveries: int
+    crashes: int
+    failures: int
+    returned: int
+
+    @property
+    def finished(self) -> int:
+        return self.succeeded + self.failed
+
+    @property
+    def success_ratio(self) -> float:
+        return self.succeeded / self.finished if self.finished else 1.0
+
+
+@dataclass
+class Health:
+    samples: list[Sample] = field(default_factory=list)
+    restarts: int = 0
+    log: str = ""
+
+    @property
+    def last(self) -> Sample:
+        return self.samples[-1]
+
+    @property
+    def max_backlog(self) -> int:
+        return max(s.backlog for s in self.samples)
+
+    @property
+    def max_stuck_long(self) -> int:
+        return max(s.stuck_long for s in self.samples)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def sample(started: float) -> Sample:
+    from django.db import connection
+    from django.db.models import Sum
+
+    from tasks.models import GeneratorState, Task
+
+    stuck_after = DEMO_TTL + DEMO_RECOVERY_INTERVAL + 2
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FILTER (WHERE status = 'SUCCESSFUL'), count(*) FILTER (WHERE status = 'FAILED'),"
+            " count(*) FILTER (WHERE status = 'READY' AND run_after <= statement_timestamp()),"
+            " count(*) FILTER (WHERE status = 'RUNNING'),"
+            " count(*) FILTER (WHERE status = 'RUNNING' AND expires_at <= statement_timestamp()),"
+            " count(*) FILTER (WHERE status = 'RUNNING'"
+            "   AND expires_at <= statement_timestamp() - make_interval(secs => %s))"
+            " FROM tasks_task",
+            [stuck_after],
+        )
+        succeeded, failed, backlog, running, stuck, stuck_long = cursor.fetchone()
+        cursor.execute(
+            "SELECT count(*) FROM tasks_task t, jsonb_array_elements(t.errors) e"
+            " WHERE e->>'exception_class_path' = 'tasks.exceptions.TaskLeaseLost'"
+        )
+        (recoveries,) = cursor.fetchone()
+    sums = Task.objects.aggregate(crashes=Sum("crashes"), failures=Sum("failures"), returned=Sum("unstarted_returns"))
+    generated = GeneratorState.objects.aggregate(n=Sum("generated"))["n"] or 0
+    return Sample(
+        at=time.monotonic() - started,
+        generated=generated,
+        succeeded=succeeded,
+        failed=failed,
+        backlog=backlog,
+        running=running,
+        stuck=stuck,
+        stuck_long=stuck_long,
+        recoveries=recoveries,
+        crashes=sums["crashes"] or 0,
+        failures=sums["failures"] or 0,
+        returned=sums["returned"] or 0,
+    )
+
+
+def observe(seconds: float, *, log_path: Path, every: float = 30.0, echo: bool = True) -> Health:
+    """Start ``manage.py demo`` with its defaults on DATABASE_URL, watch it for ``seconds``, stop it."""
+    port = free_port()
+    log = open(log_path, "ab")  # noqa: SIM115 (closed below; the child keeps its own copy)
+    demo = subprocess.Popen(
+        [sys.executable, "manage.py", "demo", "--port", str(port)],
+        cwd=ROOT,
+        env=os.environ.copy(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    health = Health()
+    started = time.monotonic()
+    try:
+        next_sample = started + every
+        while (now := time.monotonic()) < started + seconds:
+            if demo.poll() is not None:
+                raise RuntimeError(f"the demo exited early ({demo.returncode}); see {log_path}")
+            if now >= next_sample:
+                health.samples.append(s := sample(started))
+                next_sample += every
+                if echo:
+                    print(
+                        f"{s.at:6.0f}s generated {s.generated:5d}  succeeded {s.succeeded:5d}  failed {s.failed:3d}"
+                        f"  backlog {s.backlog:4d}  running {s.running:3d}  stuck {s.stuck:2d} (long {s.stuck_long})"
+                        f"  recoveries {s.recoveries:4d}  crashes {s.crashes:4d}  returned {s.returned:4d}",
+                        flush=True,
+                    )
+            time.sleep(min(1.0, max(0.0, next_sample - now)))
+        health.samples.append(sample(started))
+    finally:
+        if demo.poll() is None:
+            demo.send_signal(signal.SIGINT)
+            try:
+                demo.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(demo.pid, signal.SIGKILL)
+                demo.wait()
+    health.log = log_path.read_text(errors="replace")
+    health.restarts = len(re.findall(r"worker-\d+ exited \(-?\d+\); restarting", health.log))
+    return health
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--sample", type=float, default=30.0, help="seconds between samples")
+    args = parser.parse_args()
+    server = prepare_database()
+    try:
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        health = observe(args.minutes * 60, log_path=Path(f"/tmp/demo-health-{stamp}.log"), every=args.sample)
+        last = health.last
+        figure("demo.minutes", args.minutes, "min")
+        figure("demo.generated", last.generated, "tasks")
+        figure("demo.finished", last.finished, "tasks")
+        figure("demo.success_ratio", 100 * last.success_ratio, "% of finished tasks SUCCESSFUL (goal >= 99)")
+        figure("demo.failed", last.failed, "tasks")
+        figure("demo.backlog.end", last.backlog, "runnable tasks waiting")
+        figure("demo.backlog.max", health.max_backlog, "runnable tasks waiting (largest sample)")
+        figure("demo.stuck_long.max", health.max_stuck_long, "tasks stuck > TTL + interval + 2 s (goal 0)")
+        figure("demo.recoveries", last.recoveries, "requeues after a lease expired")
+        figure("demo.crashes", last.crashes, "started attempts whose worker vanished or stalled")
+        figure("demo.failures", last.failures, "failed attempts (the handler's own)")
+        figure("demo.returned_uncharged", last.returned, "claims returned uncharged")
+        figure("demo.worker_restarts", health.restarts, "worker processes killed by injected crashes")
+    finally:
+        if server is not None:
+            from project.embedded_db import discard
+
+            discard(server)
+
+
+if __name__ == "__main__":
+    main()
