@@ -30,9 +30,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])
+if __name__ == "__main__":
+    # Run as a script, this folder would come first on sys.path and bench/tasks.py would shadow the
+    # ``tasks`` app: import from the repository root instead. (Imported by a test, leave sys.path be.)
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.common import ROOT, figure, prepare_database  # noqa: E402
+from bench.common import ROOT, figure, prepare_database
 
 DEMO_TTL = 5.0
 DEMO_RECOVERY_INTERVAL = 1.0
@@ -50,6 +53,7 @@ class Sample:
     stuck_long: int
     recoveries: int
     crashes: int
+    shared_crashes: int
     failures: int
     returned: int
 
@@ -111,7 +115,12 @@ def sample(started: float) -> Sample:
             " WHERE e->>'exception_class_path' = 'tasks.exceptions.TaskLeaseLost'"
         )
         (recoveries,) = cursor.fetchone()
-    sums = Task.objects.aggregate(crashes=Sum("crashes"), failures=Sum("failures"), returned=Sum("unstarted_returns"))
+    sums = Task.objects.aggregate(
+        crashes=Sum("crashes"),
+        shared=Sum("shared_crashes"),
+        failures=Sum("failures"),
+        returned=Sum("unstarted_returns"),
+    )
     generated = GeneratorState.objects.aggregate(n=Sum("generated"))["n"] or 0
     return Sample(
         at=time.monotonic() - started,
@@ -124,6 +133,7 @@ def sample(started: float) -> Sample:
         stuck_long=stuck_long,
         recoveries=recoveries,
         crashes=sums["crashes"] or 0,
+        shared_crashes=sums["shared"] or 0,
         failures=sums["failures"] or 0,
         returned=sums["returned"] or 0,
     )
@@ -156,7 +166,8 @@ def observe(seconds: float, *, log_path: Path, every: float = 30.0, echo: bool =
                     print(
                         f"{s.at:6.0f}s generated {s.generated:5d}  succeeded {s.succeeded:5d}  failed {s.failed:3d}"
                         f"  backlog {s.backlog:4d}  running {s.running:3d}  stuck {s.stuck:2d} (long {s.stuck_long})"
-                        f"  recoveries {s.recoveries:4d}  crashes {s.crashes:4d}  returned {s.returned:4d}",
+                        f"  recoveries {s.recoveries:4d}  crashes {s.crashes:4d}/{s.shared_crashes:4d} shared"
+                        f"  returned {s.returned:4d}",
                         flush=True,
                     )
             time.sleep(min(1.0, max(0.0, next_sample - now)))
@@ -193,7 +204,8 @@ def main() -> None:
         figure("demo.backlog.max", health.max_backlog, "runnable tasks waiting (largest sample)")
         figure("demo.stuck_long.max", health.max_stuck_long, "tasks stuck > TTL + interval + 2 s (goal 0)")
         figure("demo.recoveries", last.recoveries, "requeues after a lease expired")
-        figure("demo.crashes", last.crashes, "started attempts whose worker vanished or stalled")
+        figure("demo.crashes", last.crashes, "attributable crashes (the attempt stalled, or killed it alone)")
+        figure("demo.shared_crashes", last.shared_crashes, "attempts whose worker vanished beside others (uncharged)")
         figure("demo.failures", last.failures, "failed attempts (the handler's own)")
         figure("demo.returned_uncharged", last.returned, "claims returned uncharged")
         figure("demo.worker_restarts", health.restarts, "worker processes killed by injected crashes")

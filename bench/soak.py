@@ -11,8 +11,16 @@ and the recovery controller run while, every few seconds, a random worker is SIG
 one started) or SIGSTOPped for longer than the TTL (then SIGCONTed), and PostgreSQL itself is
 restarted once mid-run (the workers reconnect by themselves).
 
-At the end it checks, prints, and exits non-zero if any is not zero: tasks lost (not finished),
-tasks finished more than once, effect rows left by a stale token, tasks stuck running. It also
+A share of the tasks (``--misbehave``, 5 % by default) are what careless task authors write: they
+return NaN, infinity, a NUL character, a lone surrogate or an object; raise with NUL or a surrogate
+in the message; raise SystemExit or KeyboardInterrupt; overrun their timeout; and a few poison pills
+call ``os._exit`` on every worker they land on (the fleet restarts dead workers). Each must end in its
+recorded terminal state while the rest of the run is unaffected.
+
+At the end it checks, prints, and exits non-zero if any is not zero: tasks lost (a well-behaved task
+not SUCCESSFUL, a misbehaving one not in its expected recorded end), tasks finished more than once,
+effect rows left by a stale token, tasks stuck running, and attempts charged to tasks whose handler
+never started (each handler appends "task attempt" to a file first thing, which survives SIGKILL). It also
 prints how many stale writes the fence rejected, the longest time from a kill to the task running
 again, and the total time. Runs against its own embedded PostgreSQL (it must be able to restart
 it), with the test settings' fenced table.
@@ -40,6 +48,22 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 ROOT = Path(__file__).resolve().parents[1]
 
 HANDLER = "bench.soak_handlers.effect"
+MISBEHAVING = "bench.soak_handlers.misbehave"
+#: kind -> the exception class path its task must end FAILED with.
+KINDS = {
+    "nan": "tasks.exceptions.UnstorableResult",
+    "inf": "tasks.exceptions.UnstorableResult",
+    "nul": "tasks.exceptions.UnstorableResult",
+    "surrogate": "tasks.exceptions.UnstorableResult",
+    "object": "tasks.exceptions.UnstorableResult",
+    "error-nul": "builtins.ValueError",
+    "error-surrogate": "builtins.ValueError",
+    "system-exit": "builtins.SystemExit",
+    "keyboard-interrupt": "builtins.KeyboardInterrupt",
+    "timeout": "tasks.exceptions.TaskTimeout",
+    "poison": "tasks.exceptions.TaskLeaseLost",
+}
+POISON_PILLS = 2
 SUCCEEDED = re.compile(r"task (\d+) \S+ succeeded")
 
 
@@ -79,6 +103,14 @@ class Fleet:
 
     def start_recovery(self, interval: float) -> None:
         self.others.append(self._spawn("recovery", "recover_tasks", "--interval", str(interval), "-v", "1"))
+
+    def restart_dead(self) -> list[str]:
+        """Workers that died on their own (a poison pill's os._exit) are replaced, as a supervisor would."""
+        dead = [name for name, proc in self.workers.items() if proc.poll() is not None]
+        for name in dead:
+            del self.workers[name]
+            self.start_worker()
+        return dead
 
     def stop(self) -> None:
         for proc in [*self.workers.values(), *self.others]:
@@ -123,6 +155,7 @@ def main() -> int:
     parser.add_argument("--chaos-every", type=float, default=3.0, help="seconds between chaos events")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--misbehave", type=float, default=0.05, help="share of tasks that misbehave")
     args = parser.parse_args()
     rng = random.Random(args.seed)
 
@@ -146,15 +179,33 @@ def _soak(args: argparse.Namespace, rng: random.Random, server: Any) -> int:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+    from django.db import models
+
     from tasks.models import Task
     from tests.testapp.models import Effect, FencedRecord
 
     log_dir = Path(tempfile.mkdtemp(prefix="leasing-soak-logs-"))  # kept after the server is discarded
     print(f"soak: {args.tasks} tasks, {args.workers} workers, TTL {args.ttl}s; logs in {log_dir}", flush=True)
     FencedRecord.objects.bulk_create([FencedRecord(key=str(i)) for i in range(args.tasks)], batch_size=5000)
-    Task.objects.bulk_enqueue(HANDLER, ({"key": str(i)} for i in range(args.tasks)), max_attempts=25)
+    kinds = list(KINDS)
+    step = max(1, round(1 / args.misbehave)) if args.misbehave > 0 else args.tasks + 1
+    bad = {i: kinds[n % (len(kinds) - 1)] for n, i in enumerate(range(0, args.tasks, step))}
+    for i in sorted(bad)[:POISON_PILLS] if bad else []:
+        bad[i] = "poison"
+    good = [i for i in range(args.tasks) if i not in bad]
+    Task.objects.bulk_enqueue(HANDLER, ({"key": str(i)} for i in good), max_attempts=25)
+    expected: dict[int, str] = {}
+    for i, kind in bad.items():
+        task_id = Task.objects.enqueue(
+            MISBEHAVING,
+            kwargs={"key": str(i), "kind": kind},
+            max_attempts=3,
+            timeout=0.3 if kind == "timeout" else None,
+        ).id
+        expected[task_id] = kind
+    starts_dir = Path(tempfile.mkdtemp(prefix="leasing-soak-starts-"))
 
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TASKS_TTL=str(args.ttl))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TASKS_TTL=str(args.ttl), SOAK_START_LOG=str(starts_dir))
     fleet = Fleet(log_dir, env, args.ttl)
     chaos = Chaos()
     started = time.monotonic()
@@ -168,6 +219,8 @@ def _soak(args: argparse.Namespace, rng: random.Random, server: Any) -> int:
             unfinished = retrying(lambda: Task.objects.unfinished().count())
             if unfinished == 0:
                 break
+            for name in fleet.restart_dead():
+                print(f"soak: {name} died on its own (a poison pill); replaced it", flush=True)
             if time.monotonic() - started > args.timeout:
                 print(f"soak: TIMEOUT with {unfinished} unfinished tasks", flush=True)
                 break
@@ -201,15 +254,54 @@ def _soak(args: argparse.Namespace, rng: random.Random, server: Any) -> int:
     total = time.monotonic() - started
 
     # -- verdict ------------------------------------------------------------------------------
-    statuses = Counter(Task.objects.values_list("status", flat=True))
-    lost = args.tasks - statuses.get("SUCCESSFUL", 0)
+    statuses = Counter(Task.objects.exclude(pk__in=expected).values_list("status", flat=True))
+    lost = len(good) - statuses.get("SUCCESSFUL", 0)
+    wrong_ends: list[str] = []
+    from tasks.conf import get_settings
+
+    max_crashes = get_settings().MAX_CRASHES
+    for task in Task.objects.filter(pk__in=expected):
+        kind = expected[task.pk]
+        last = (task.errors or [{}])[-1]
+        ok = task.status == "FAILED" and last.get("exception_class_path") == KINDS[kind]
+        if kind == "poison":
+            ok = ok and last.get("kind") == "crash" and task.failures == 0 and task.crashes == max_crashes
+        elif task.failures > task.max_attempts:
+            ok = False
+        if not ok:
+            wrong_ends.append(f"{task.pk} {kind}: {task.status} {last.get('exception_class_path')} {last.get('kind')}")
+    lost += len(wrong_ends)
+    handler_starts: set[tuple[int, int]] = set()
+    for path in starts_dir.glob("starts-*.txt"):
+        for line in path.read_text().splitlines():
+            task_id, attempt = line.split()
+            handler_starts.add((int(task_id), int(attempt)))
+    # What an attempt is charged with is a failure or an attributable crash (error entries of kind
+    # "failure" / "crash"); ``attempts`` counts every attempt recorded as begun, charged or not.
+    charged_never_begun = []
+    marked_never_begun = 0
+    for task_id, attempts, errors in Task.objects.values_list("id", "attempts", "errors"):
+        marked_never_begun += sum(1 for n in range(1, attempts + 1) if (task_id, n) not in handler_starts)
+        for entry in errors:
+            if entry.get("kind") in ("failure", "crash") and (task_id, entry.get("attempt")) not in handler_starts:
+                charged_never_begun.append((task_id, entry.get("attempt"), entry.get("kind")))
+    charged_unstarted = len(charged_never_begun)
+    for task_id, n, kind in charged_never_begun[:10]:
+        task = Task.objects.get(pk=task_id)
+        entries = [(e.get("attempt"), e.get("kind"), e.get("worker")) for e in task.errors]
+        print(f"  charged ({kind}), never begun: task {task_id} attempt {n} ({expected.get(task_id, 'effect')})"
+              f" {task.status} worker_ids={task.worker_ids} errors={entries}")  # fmt: skip
     stuck = Task.objects.running().count()
     completions: Counter[int] = Counter()
     for log in log_dir.glob("soak-worker-*.log"):
         completions.update(int(task_id) for task_id in SUCCEEDED.findall(log.read_text()))
     doubled = sum(1 for count in completions.values() if count > 1)
     finals = dict(Task.objects.values_list("kwargs__key", "token"))
-    stale_rows = sum(1 for record in FencedRecord.objects.all() if record.fence_token != finals.get(record.key))
+    stale_rows = sum(
+        1
+        for record in FencedRecord.objects.exclude(key__in=[str(i) for i in bad])
+        if record.fence_token != finals.get(record.key)
+    )
     rejected = Effect.objects.filter(phase="stale-rejected").count()
     attempts = Counter(Task.objects.values_list("attempts", flat=True))
     # Kill -> requeue (runnable again: what invariant 7 bounds), from each recovery's own record;
@@ -242,6 +334,13 @@ def _soak(args: argparse.Namespace, rng: random.Random, server: Any) -> int:
     print("")
     print(f"tasks                          {args.tasks}")
     print(f"tasks lost (not finished)      {lost}")
+    print(f"misbehaving tasks              {len(expected)} ({', '.join(sorted(set(expected.values())))})")
+    for line in wrong_ends[:20]:
+        print(f"  not in its recorded end: {line}")
+    print(f"attempts charged, never begun  {charged_unstarted} (failures or crashes, handler never ran)")
+    print(f"attempts marked, never begun   {marked_never_begun} (killed before the handler ran)")
+    returned = Task.objects.aggregate(n=models.Sum("unstarted_returns"))["n"] or 0
+    print(f"claims returned uncharged      {returned}")
     print(f"tasks finished more than once  {doubled}")
     print(f"effect rows by a stale token   {stale_rows}")
     print(f"stale writes rejected          {rejected}")
@@ -255,7 +354,7 @@ def _soak(args: argparse.Namespace, rng: random.Random, server: Any) -> int:
     )
     print(f"longest kill to rerun          {worst_rerun:.2f} s (the next attempt's start, while every worker is busy)")
     print(f"total time                     {total:.1f} s")
-    failed = lost or doubled or stale_rows or stuck
+    failed = lost or doubled or stale_rows or stuck or charged_unstarted
     print("soak: " + ("FAILED" if failed else "passed: nothing lost, doubled, stale or stuck"))
     return 1 if failed else 0
 

@@ -16,6 +16,7 @@ from tasks.runtime import current_task
 def effect(key: str) -> str:
     from tests.testapp.models import Effect, FencedRecord
 
+    _record_start()
     run = current_task()
     Effect.objects.create(task_id=run.id, token=run.token, attempt=run.attempt, phase="started", pid=os.getpid())
     # Sleep before the write: a worker paused here wakes up to find a newer attempt has written.
@@ -29,3 +30,46 @@ def effect(key: str) -> str:
         )
         raise
     return key
+
+
+def _record_start() -> None:
+    """Evidence that the handler was called, which survives SIGKILL a microsecond later: one line
+    appended to a file (kernel page cache), not a database row that may never commit."""
+    directory = os.environ.get("SOAK_START_LOG")
+    if directory:
+        run = current_task()
+        line = f"{run.id} {run.attempt}\n".encode()
+        fd = os.open(os.path.join(directory, f"starts-{os.getpid()}.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+
+def misbehave(key: str, kind: str) -> object:
+    """What a careless task author writes: each kind ends in a recorded outcome, never a wedge."""
+    _record_start()
+    if kind == "nan":
+        return {"mean": float("nan")}
+    if kind == "inf":
+        return [float("inf")]
+    if kind == "nul":
+        return "a\x00b"
+    if kind == "surrogate":
+        return {"text": "\ud800"}
+    if kind == "object":
+        return object()
+    if kind == "error-nul":
+        raise ValueError("bad byte \x00 in the input")
+    if kind == "error-surrogate":
+        raise ValueError("undecodable \udcff")
+    if kind == "system-exit":
+        raise SystemExit(3)
+    if kind == "keyboard-interrupt":
+        raise KeyboardInterrupt
+    if kind == "timeout":
+        time.sleep(1.0)  # the task's timeout is 0.3 s: abandoned, then this late result is dropped
+        return "late"
+    if kind == "poison":
+        os._exit(7)  # kills every worker it lands on
+    raise ValueError(f"unknown kind {kind}")

@@ -16,10 +16,14 @@ class TaskSettings:
     #: Failed attempts (the handler's own: an exception, a timeout, an unstorable result) before a
     #: task ends FAILED for good. Each attempt's error is kept.
     MAX_ATTEMPTS: int = 3
-    #: Started attempts whose worker vanished (killed, frozen past its lease) before a task ends
-    #: FAILED: a poison pill that kills every worker it lands on. Tasks that ran beside it are
-    #: charged a crash too, never a failure, and a prefetched task that never started nothing.
+    #: Attributable crashes before a task ends FAILED: started attempts whose lease expired while
+    #: their worker lived on (the attempt stalled), or that ran isolated when their worker died (a
+    #: poison pill). Attempts that merely ran beside a worker's death are charged nothing.
     MAX_CRASHES: int = 5
+    #: A task whose worker vanished this many times while it ran beside other attempts (shared
+    #: crashes, charged to no one) runs isolated from then on: alone in its worker process, so that
+    #: its next crash is attributable and counts against MAX_CRASHES.
+    ISOLATE_AFTER: int = 2
     #: Retry delay: BACKOFF_BASE * 2**(attempt-1) seconds, capped at BACKOFF_MAX, jittered 50-100 %.
     BACKOFF_BASE: float = 1.0
     BACKOFF_MAX: float = 300.0

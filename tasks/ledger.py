@@ -9,7 +9,7 @@ other (invariant 11).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,3 +134,52 @@ class Ledger:
     def to_heartbeat(self) -> list[Execution]:
         """Attempts whose lease this worker still keeps alive (finished ones too, until written)."""
         return [e for e in self.snapshot() if not e.abandoned and not e.lost and not e.heartbeat_paused]
+
+
+class IsolationGate:
+    """Normal attempts share the process; an isolated attempt runs alone in it.
+
+    A readers-writer gate with the writer preferred: once an isolated attempt waits, no new attempt
+    starts until it has run, so it waits at most for the attempts already running.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    def enter_shared(self, stop: threading.Event) -> bool:
+        with self._cond:
+            while self._exclusive or self._waiting:
+                if stop.is_set():
+                    return False
+                self._cond.wait(0.1)
+            self._shared += 1
+            return True
+
+    def leave_shared(self) -> None:
+        with self._cond:
+            self._shared -= 1
+            self._cond.notify_all()
+
+    def enter_exclusive(self, deadline: float, now: Callable[[], float]) -> bool:
+        """Wait until nothing else runs; False when ``deadline`` (on ``now``'s clock) passes first."""
+        with self._cond:
+            self._waiting += 1
+            try:
+                while self._exclusive or self._shared:
+                    remaining = deadline - now()
+                    if remaining <= 0:
+                        return False
+                    self._cond.wait(min(remaining, 0.1))
+                self._exclusive = True
+                return True
+            finally:
+                self._waiting -= 1
+                self._cond.notify_all()
+
+    def leave_exclusive(self) -> None:
+        with self._cond:
+            self._exclusive = False
+            self._cond.notify_all()

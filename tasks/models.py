@@ -65,6 +65,8 @@ class ClaimedTask:
     last_attempted_at: dt.datetime | None = None
     #: An earlier attempt's worker vanished: this attempt is marked started before its handler runs.
     suspect: bool = False
+    #: Its workers vanished ISOLATE_AFTER times beside other attempts: run it alone in the process.
+    isolate: bool = False
 
     @property
     def key(self) -> tuple[int, int]:
@@ -127,7 +129,12 @@ class Recovered:
     id: int
     status: str
     expired_for: float | None  # seconds from lease expiry to requeue (None: it had no lease at all)
-    crashed: bool = False  # the attempt had started (charged as a crash); False: it went back uncharged
+    kind: str = ""  # crash (charged), vanished (shared, not charged), returned (never started), orphan
+
+    @property
+    def crashed(self) -> bool:
+        """The attempt had started when its lease expired (charged or not)."""
+        return self.kind in ("crash", "vanished")
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +188,7 @@ def _claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
         started_at=row[14],
         last_attempted_at=row[15],
         suspect=bool(row[16]),
+        isolate=bool(row[17]),
     )
 
 
@@ -327,14 +335,22 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "queues": list(queues),
             "limit": limit,
             "start": start,
+            "isolate_after": get_settings().ISOLATE_AFTER,
         }
         claimed = [_claimed_from_row(row) for row in self._rows(sql.CLAIM_SQL, params)]
         claimed.sort(key=lambda task: (-task.priority, task.id))
         return claimed
 
-    def start(self, task_id: int, worker: str, token: int) -> Started | None:
-        """Mark the claimed attempt started (charging it) now; None when the claim is no longer ours."""
-        params = {"worker": worker, "start_ids": [task_id], "start_tokens": [token], "start_at": [None]}
+    def start(self, task_id: int, worker: str, token: int, *, isolated: bool = False) -> Started | None:
+        """Mark the claimed attempt started now (``isolated``: nothing else runs in its process);
+        None when the claim is no longer ours."""
+        params = {
+            "worker": worker,
+            "start_ids": [task_id],
+            "start_tokens": [token],
+            "start_at": [None],
+            "isolated": isolated,
+        }
         rows = self._rows(sql.START_SQL, params)
         return Started(*rows[0]) if rows else None
 
@@ -417,6 +433,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "queues": list(queues),
             "limit": limit,
             "start": False,
+            "isolate_after": get_settings().ISOLATE_AFTER,
         }
         finished: set[tuple[int, int]] = set()
         started: dict[tuple[int, int], Started] = {}
@@ -486,7 +503,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "backoff_max": conf.BACKOFF_MAX,
             "max_crashes": conf.MAX_CRASHES,
         }
-        return [Recovered(row[0], row[1], row[2], row[3]) for row in self._rows(sql.RECOVER_SQL, params)]
+        return [Recovered(row[0], row[1], row[2], row[3] or "") for row in self._rows(sql.RECOVER_SQL, params)]
 
     def expire_orphans(self) -> list[int]:
         """Expire the leases of running tasks whose worker has recorded that it stopped."""
@@ -513,6 +530,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
                 attempts=0,
                 failures=0,
                 crashes=0,
+                shared_crashes=0,
                 unstarted_returns=0,
                 attempt_started=False,
                 finished_at=None,
@@ -565,6 +583,10 @@ class Task(LeaseFields):
     crashes = models.PositiveIntegerField(
         default=0, help_text="Started attempts whose worker vanished (lease expired); bounded by MAX_CRASHES."
     )
+    shared_crashes = models.PositiveIntegerField(
+        default=0, help_text="Started attempts whose worker vanished beside other attempts (not charged)."
+    )
+    attempt_isolated = models.BooleanField(default=False, help_text="The current attempt runs alone in its process.")
     unstarted_returns = models.PositiveIntegerField(
         default=0, help_text="Claims returned unstarted after their worker vanished (uncharged; makes it a suspect)."
     )

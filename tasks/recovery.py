@@ -53,7 +53,7 @@ def recover_once(*, using: str = DEFAULT_DB_ALIAS, repair: bool = True, batch: i
         recovered: list[Recovered] = manager.recover_expired(limit=batch)
         for item in recovered:
             (report.requeued if item.status == "READY" else report.failed).append(item.id)
-            if not item.crashed and item.status == "READY":
+            if item.kind == "returned":
                 report.returned_unstarted.append(item.id)
             if item.expired_for is not None:
                 report.delays.append(item.expired_for)

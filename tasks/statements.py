@@ -37,20 +37,21 @@ def _backoff_sql(exponent: str) -> str:
 CLAIM_RETURNING = (
     "t.id, t.token, t.task_path, t.args, t.kwargs, t.attempts, t.max_attempts, t.progress, t.expires_at,"
     " t.timeout, t.queue, t.priority, t.enqueued_at, t.worker_ids, t.started_at, t.last_attempted_at,"
-    " (t.crashes > 0 OR t.unstarted_returns > 0)"
+    " (t.crashes > 0 OR t.shared_crashes > 0 OR t.unstarted_returns > 0),"
+    " t.shared_crashes >= %(isolate_after)s"
 )
 
 INSERT_COLUMNS = (
     "queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, attempts, max_attempts,"
-    " timeout, dedup_key, errors, worker_ids, renewals, transitions, failures, crashes, unstarted_returns,"
-    " attempt_started"
+    " timeout, dedup_key, errors, worker_ids, renewals, transitions, failures, crashes, shared_crashes,"
+    " unstarted_returns, attempt_started, attempt_isolated"
 )
 
 ENQUEUE_SQL = f"""
 INSERT INTO tasks_task ({INSERT_COLUMNS})
 VALUES (%(queue)s, %(priority)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, 'READY',
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), statement_timestamp(), 0, %(max_attempts)s,
-        %(timeout)s, %(dedup_key)s, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, false)
+        %(timeout)s, %(dedup_key)s, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false)
 ON CONFLICT (dedup_key) WHERE status IN ('READY', 'RUNNING') AND dedup_key IS NOT NULL DO NOTHING
 RETURNING id
 """
@@ -58,7 +59,8 @@ RETURNING id
 BULK_ENQUEUE_SQL = f"""
 INSERT INTO tasks_task ({INSERT_COLUMNS})
 SELECT d.queue, d.priority, d.task_path, d.args, d.kwargs, 'READY', COALESCE(d.run_after, statement_timestamp()),
-       statement_timestamp(), 0, d.max_attempts, d.timeout, NULL, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, false
+       statement_timestamp(), 0, d.max_attempts, d.timeout, NULL, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false,
+       false
 FROM unnest(%(queue)s::text[], %(priority)s::smallint[], %(task_path)s::text[], %(args)s::jsonb[],
             %(kwargs)s::jsonb[], %(run_after)s::timestamptz[], %(max_attempts)s::int[], %(timeout)s::float8[])
      AS d(queue, priority, task_path, args, kwargs, run_after, max_attempts, timeout)
@@ -73,6 +75,7 @@ _CLAIM_SET = f"""
     {GRANT_SET},
     transitions = t.transitions + 1,
     attempt_started = %(start)s::boolean,
+    attempt_isolated = false,
     attempts = t.attempts + %(start)s::boolean::int,
     started_at = CASE WHEN %(start)s::boolean THEN COALESCE(t.started_at, clock_timestamp()) ELSE t.started_at END,
     last_attempted_at = CASE WHEN %(start)s::boolean THEN clock_timestamp() ELSE t.last_attempted_at END,
@@ -122,7 +125,8 @@ _FOLDED_START = """
 
 # A suspect's attempt is marked before its handler runs (one statement, by the executor).
 START_SQL = f"""
-UPDATE tasks_task AS t SET {_START_SET}
+UPDATE tasks_task AS t SET {_START_SET},
+    attempt_isolated = %(isolated)s::boolean
 FROM {_STARTS}
 WHERE t.id = d.id AND t.token = d.token AND t.holder = %(worker)s AND t.status = 'RUNNING'
   AND t.expires_at > clock_timestamp()
@@ -200,11 +204,11 @@ WITH finished AS (
 SELECT 'c', claimed.* FROM claimed
 UNION ALL
 SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL
+       NULL, NULL, NULL, NULL
 FROM finished
 UNION ALL
 SELECT 's', started.id, started.token, NULL, NULL, NULL, started.attempts, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, started.started_at, started.last_attempted_at, NULL
+       NULL, NULL, started.started_at, started.last_attempted_at, NULL, NULL
 FROM started
 """
 
@@ -219,6 +223,7 @@ UPDATE tasks_task AS t SET
     finished_at = CASE WHEN {_RETRYABLE} THEN NULL ELSE clock_timestamp() END,
     failures = t.failures + 1,
     attempt_started = false,
+    attempt_isolated = false,
     attempts = t.attempts + (NOT t.attempt_started)::int,
     started_at = COALESCE(t.started_at, clock_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
@@ -242,6 +247,7 @@ UPDATE tasks_task AS t SET
     status = 'READY',
     run_after = LEAST(t.run_after, clock_timestamp()),
     attempt_started = false,
+    attempt_isolated = false,
     errors = CASE WHEN t.attempt_started THEN t.errors || jsonb_build_array(jsonb_build_object(
         'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'kind', 'shutdown', 'at', clock_timestamp(),
         'exception_class_path', 'tasks.exceptions.WorkerShutdown',
@@ -255,14 +261,28 @@ RETURNING t.id, t.token
 """
 
 _NO_LEASE = "(t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)"
-_CRASHED = f"(t.attempt_started AND NOT {_NO_LEASE})"
+_STARTED = f"(t.attempt_started AND NOT {_NO_LEASE})"
+# Whose fault was it? The worker's heartbeat renews every attempt it holds and stamps its own row in
+# the same statement. If the worker stamped its row again well after this attempt's last renewal
+# (a beat is ttl/3 apart; ttl/6 is the margin), the worker lived on without renewing this attempt:
+# the attempt itself stalled, and the crash is the task's. An attempt that ran isolated (nothing
+# else in its process) is the task's too. Otherwise the worker vanished with several attempts in it,
+# and nobody can tell which one killed it: a *shared* crash, charged to no one.
+_WORKER_OUTLIVED = """EXISTS (
+    SELECT 1 FROM tasks_worker AS w
+    WHERE w.id = t.holder
+      AND w.last_seen_at > COALESCE(t.renewed_at, t.acquired_at) + make_interval(secs => w.ttl / 6))"""
+_CRASHED = f"({_STARTED} AND (t.attempt_isolated OR {_WORKER_OUTLIVED}))"
+_SHARED = f"({_STARTED} AND NOT t.attempt_isolated AND NOT {_WORKER_OUTLIVED})"
 _STILL_ALLOWED = f"(NOT {_CRASHED} OR t.crashes + 1 < %(max_crashes)s)"
 
 # Requeue tasks whose lease expired (their worker died or stalled) and running rows without a lease
-# (impossible states, repaired). An attempt that never started goes back uncharged, keeping its place.
-# One that started is a crash: the first keeps its place too (a crash is rarely the task's fault, and
-# behind a long backlog "runnable again" would otherwise mean "runs minutes later"); repeated crashes
-# back off, and after MAX_CRASHES the task is FAILED: a poison pill stops killing workers.
+# (impossible states, repaired). An attempt that never started goes back uncharged, keeping its place;
+# so does a shared crash (the first keeps its place: a crash is rarely the task's fault, and behind a
+# long backlog "runnable again" would otherwise mean "runs minutes later"). From ISOLATE_AFTER shared
+# crashes on, the task runs isolated, so its next crash is attributable. Attributable crashes back
+# off after the first and after MAX_CRASHES the task is FAILED: a poison pill stops killing workers.
+# One statement per batch; a row's classification is read under its row lock.
 RECOVER_SQL = f"""
 UPDATE tasks_task AS t SET
     status = CASE WHEN {_STILL_ALLOWED} THEN 'READY' ELSE 'FAILED' END,
@@ -271,13 +291,17 @@ UPDATE tasks_task AS t SET
                      ELSE clock_timestamp() + {_backoff_sql("t.crashes - 1")} END,
     finished_at = CASE WHEN {_STILL_ALLOWED} THEN NULL ELSE clock_timestamp() END,
     crashes = t.crashes + {_CRASHED}::int,
-    unstarted_returns = t.unstarted_returns + (NOT t.attempt_started AND t.expires_at IS NOT NULL)::int,
+    shared_crashes = t.shared_crashes + {_SHARED}::int,
+    unstarted_returns = t.unstarted_returns + (NOT t.attempt_started AND NOT {_NO_LEASE})::int,
     attempt_started = false,
+    attempt_isolated = false,
     errors = t.errors || jsonb_build_array(jsonb_build_object(
         'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'at', clock_timestamp(),
-        'kind', CASE WHEN {_CRASHED} THEN 'crash' WHEN {_NO_LEASE} THEN 'orphan' ELSE 'returned' END,
+        'kind', CASE WHEN {_CRASHED} THEN 'crash' WHEN {_SHARED} THEN 'vanished' WHEN {_NO_LEASE} THEN 'orphan'
+                     ELSE 'returned' END,
         'exception_class_path', 'tasks.exceptions.TaskLeaseLost',
-        'message', CASE WHEN {_CRASHED} THEN 'lease expired: the worker stopped heartbeating while the attempt ran'
+        'message', CASE WHEN {_CRASHED} THEN 'lease expired: the attempt stalled or killed its worker (charged)'
+                        WHEN {_SHARED} THEN 'lease expired: its worker vanished with other attempts (not charged)'
                         WHEN {_NO_LEASE} THEN 'orphan: running without a lease; repaired by recovery'
                         ELSE 'lease expired before the attempt was known to start: returned uncharged' END,
         'traceback', '',
@@ -296,8 +320,8 @@ FROM (
 ) AS picked
 WHERE t.id = picked.id
 RETURNING t.id, t.status, EXTRACT(EPOCH FROM clock_timestamp() - picked.expires_at)::float8,
-          -- a grant crashes at most once, so a last error entry of kind crash with this token was just added
-          COALESCE(t.errors -> -1 ->> 'kind' = 'crash' AND t.errors -> -1 ->> 'token' = t.token::text, false)
+          -- a grant is recovered at most once: a last error entry with this token was just added
+          t.errors -> -1 ->> 'kind'
 """
 
 # A lease left live on a row that is not running (it can only come from hand edits or a bug):

@@ -43,7 +43,7 @@ from django.utils.module_loading import import_string
 from leasing import clock
 from tasks.conf import get_settings
 from tasks.exceptions import TaskTimeout, UnstorableResult
-from tasks.ledger import Census, Ledger, Outcome
+from tasks.ledger import Census, IsolationGate, Ledger, Outcome
 from tasks.models import ClaimedTask, Failure, Task
 from tasks.models import Worker as WorkerRow
 from tasks.outcome_writer import CONNECTION_ERRORS, OutcomeWriter, minimal_failure, retrying
@@ -146,6 +146,7 @@ class Worker:
             "heartbeat_failures": 0,
         }
         self.ledger = Ledger()
+        self.isolation = IsolationGate()
         self.writer = OutcomeWriter(self)
         self._work: queue.SimpleQueue[Execution | None] = queue.SimpleQueue()
         self._outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
@@ -453,26 +454,50 @@ class Worker:
         finally:
             connections.close_all()
 
+    def _return(self, execution: Execution) -> bool:
+        self._returns.put(execution)  # handed back uncharged by the dispatcher (or dropped if lapsed)
+        self._wake.set()
+        return False
+
     def _run_one(self, execution: Execution) -> bool:
         """Run one attempt to an outcome. Returns True when this thread must retire."""
         if execution.lost or self._draining.is_set():
-            self._returns.put(execution)  # a lapsed or unwanted claim: not ours to run
-            self._wake.set()
-            return False
+            return self._return(execution)  # a lapsed or unwanted claim: not ours to run
+        isolated = execution.task.isolate
+        if isolated:
+            # Its workers vanished beside other attempts more than once: run it alone, so that if it
+            # kills this process too, the crash is attributable. Waiting longer than its lease would
+            # only hold it from workers that are free: hand it back instead.
+            if not self.isolation.enter_exclusive(execution.deadline, clock.monotonic):
+                logger.info("task %d: no quiet moment to run it isolated; handed back", execution.id)
+                return self._return(execution)
+        elif not self.isolation.enter_shared(self._draining):
+            return self._return(execution)
+        try:
+            if execution.lost or self._draining.is_set():
+                return self._return(execution)
+            return self._run_admitted(execution, isolated)
+        finally:
+            if isolated:
+                self.isolation.leave_exclusive()
+            else:
+                self.isolation.leave_shared()
+
+    def _run_admitted(self, execution: Execution, isolated: bool) -> bool:
         if execution.task.suspect:
             # An earlier worker vanished while holding this task: mark the start before the handler
             # runs, so a poison pill is charged for every try after the first.
             try:
-                started = Task.objects.db_manager(self.using).start(execution.id, self.id, execution.token)
+                started = Task.objects.db_manager(self.using).start(
+                    execution.id, self.id, execution.token, isolated=isolated
+                )
             except DatabaseError as exc:
                 logger.warning("task %d: could not record its start: %s", execution.id, exc)
                 connections[self.using].close()
                 started = None
             if started is None:
                 execution.mark_lost("the claim lapsed before it could start")
-                self._returns.put(execution)
-                self._wake.set()
-                return False
+                return self._return(execution)
             execution.begin(started)
             self.ledger.begin(execution)
         else:

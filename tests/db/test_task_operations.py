@@ -227,9 +227,10 @@ def test_recover_expired_requeues_and_records_the_delay() -> None:
     assert [(r.id, r.status) for r in recovered] == [(task_id, "READY")]
     assert recovered[0].expired_for is not None
     assert recovered[0].expired_for >= 0
-    assert recovered[0].crashed  # it had started: a crash, not a failure
+    # It had started and its worker (no row: never seen again) vanished: a shared crash, not charged.
+    assert recovered[0].kind == "vanished"
     row = Task.objects.get(pk=task_id)
-    assert (row.status, row.attempts, row.crashes, row.failures) == ("READY", 1, 1, 0)
+    assert (row.status, row.attempts, row.crashes, row.shared_crashes, row.failures) == ("READY", 1, 0, 1, 0)
     assert row.errors[-1]["message"].startswith("lease expired")
     assert row.errors[-1]["worker"] == "w1"
     again = claim_one("w2")  # the first recovery runs again at once
@@ -239,17 +240,54 @@ def test_recover_expired_requeues_and_records_the_delay() -> None:
     assert Task.objects.get(pk=task_id).return_value == "fresh"
 
 
-def test_a_poison_pill_ends_failed_after_max_crashes(settings: Any) -> None:
+def expire_and_recover(task_id: int) -> list[Any]:
+    wait_until(lambda: Task.objects.stuck().filter(pk=task_id).exists(), what="expiry")
+    return Task.objects.recover_expired()
+
+
+def test_a_crash_beside_other_attempts_is_shared_and_after_isolate_after_the_task_runs_isolated(
+    settings: Any,
+) -> None:
+    settings.LEASING_TASKS = {"ISOLATE_AFTER": 2}
+    task_id = enqueue(max_attempts=1)
+    for n in range(2):
+        claimed = Task.objects.claim(f"w{n}", limit=1, ttl=0.05)[0]
+        assert not claimed.isolate
+        assert Task.objects.start(claimed.id, f"w{n}", claimed.token) is not None
+        [recovered] = expire_and_recover(task_id)
+        assert (recovered.status, recovered.kind) == ("READY", "vanished")
+    row = Task.objects.get(pk=task_id)
+    assert (row.attempts, row.crashes, row.shared_crashes, row.failures) == (2, 0, 2, 0)
+    assert Task.objects.claim("w9", limit=1)[0].isolate  # its next attempt runs alone
+
+
+def test_a_stalled_attempt_whose_worker_lived_on_is_charged() -> None:
+    """The worker kept heartbeating (its row stamped after the attempt's last renewal) without
+    renewing this attempt: the attempt itself stalled, so the crash is the task's."""
+    Worker.objects.create(id="w1", hostname="h", pid=1, concurrency=1, ttl=0.3)
+    task_id = enqueue()
+    claimed = Task.objects.claim("w1", limit=1, ttl=0.3, start=True)[0]
+    Task.objects.heartbeat("w1", [], ttl=0.3, stats={})  # too soon after the claim to count
+    wait_until(lambda: Task.objects.stuck().filter(pk=task_id).exists(), what="expiry")
+    Task.objects.heartbeat("w1", [], ttl=0.3, stats={})  # alive, but not renewing the attempt
+    assert claimed.id == task_id
+    [recovered] = Task.objects.recover_expired()
+    assert recovered.kind == "crash"
+    row = Task.objects.get(pk=task_id)
+    assert (row.crashes, row.shared_crashes) == (1, 0)
+
+
+def test_a_poison_pill_running_isolated_ends_failed_after_max_crashes(settings: Any) -> None:
     """A worker vanishing is not the handler failing (max_attempts is not touched), but a task whose
-    started attempts keep killing their workers is stopped after MAX_CRASHES, every crash recorded."""
+    isolated attempts keep killing their workers is stopped after MAX_CRASHES, every crash recorded."""
     settings.LEASING_TASKS = {"MAX_CRASHES": 3, "BACKOFF_BASE": 0.001, "BACKOFF_MAX": 0.001}
     task_id = enqueue(max_attempts=1)
     statuses = []
     for n in range(3):
         Task.objects.filter(pk=task_id).update(run_after=timezone.now())
-        claim_one(f"w{n}", ttl=0.05)
-        wait_until(lambda: Task.objects.stuck().exists(), what="expiry")
-        statuses += [r.status for r in Task.objects.recover_expired()]
+        claimed = Task.objects.claim(f"w{n}", limit=1, ttl=0.05)[0]
+        assert Task.objects.start(claimed.id, f"w{n}", claimed.token, isolated=True) is not None
+        statuses += [r.status for r in expire_and_recover(task_id)]
     assert statuses == ["READY", "READY", "FAILED"]
     row = Task.objects.get(pk=task_id)
     assert (row.attempts, row.crashes, row.failures) == (3, 3, 0)
@@ -406,3 +444,26 @@ def test_finish_and_claim_is_one_statement_and_keeps_the_compare_and_set(django_
     assert Task.objects.get(pk=b.id).status == "RUNNING"
     assert Task.objects.get(pk=c.id).attempt_started
     assert Task.objects.finish_start_claim("w1", [], limit=5) == (set(), {}, [])
+
+
+def test_enqueue_through_a_filtered_queryset_returns_the_existing_task_for_a_duplicate_key() -> None:
+    """Regression: the lookup of the existing task went through the filters and never found it."""
+    first = Task.objects.enqueue(NOOP, dedup_key="report:1", queue="mail")
+    again = Task.objects.filter(queue="other").enqueue(NOOP, dedup_key="report:1")
+    assert (again.id, again.created) == (first.id, False)
+
+
+def test_recovery_marks_workers_silent_for_twice_their_ttl_as_dead() -> None:
+    long_ago = timezone.now() - dt.timedelta(seconds=30)
+    Worker.objects.create(id="ghost", hostname="h", pid=1, concurrency=1, ttl=5, last_seen_at=long_ago)
+    Worker.objects.create(id="slow", hostname="h", pid=2, concurrency=1, ttl=60, last_seen_at=long_ago)
+    Worker.objects.create(id="alive", hostname="h", pid=3, concurrency=1, ttl=5)
+    assert Worker.objects.mark_dead() == ["ghost"]
+    ghost = Worker.objects.get(pk="ghost")
+    assert ghost.stopped_at is not None
+    assert ghost.stop_reason.startswith("presumed dead: silent for 3")
+    assert Worker.objects.mark_dead() == []
+    # A worker presumed dead that heartbeats again is alive again.
+    Task.objects.heartbeat("ghost", [], stats={})
+    ghost.refresh_from_db()
+    assert (ghost.stopped_at, ghost.stop_reason) == (None, "")
