@@ -96,14 +96,17 @@ def _raw_worker(params: dict[str, Any], index: int, start: Any, done: Any) -> No
 
     import psycopg
 
-    from tasks.models import CLAIM_SQL, COMPLETE_SQL
+    from tasks.statements import CLAIM_SQL, COMPLETE_SQL
 
     worker = f"raw-{index}"
     with psycopg.connect(**params, autocommit=True) as conn:
         cursor = conn.cursor()
         start.wait()
         while True:
-            cursor.execute(CLAIM_SQL, {"worker": worker, "ttl": 30.0, "queues": ["bench"], "limit": 64})
+            cursor.execute(
+                CLAIM_SQL,
+                {"worker": worker, "ttl": 30.0, "queues": ["bench"], "limit": 64, "start": True, "isolate_after": 2},
+            )
             rows = cursor.fetchall()
             if not rows:
                 break
@@ -114,6 +117,7 @@ def _raw_worker(params: dict[str, Any], index: int, start: Any, done: Any) -> No
                     "ids": [r[0] for r in rows],
                     "tokens": [r[1] for r in rows],
                     "values": [json.dumps(None)] * len(rows),
+                    "started": [None] * len(rows),
                 },
             )
     done.put(index)

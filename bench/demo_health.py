@@ -139,14 +139,17 @@ def sample(started: float) -> Sample:
     )
 
 
-def observe(seconds: float, *, log_path: Path, every: float = 30.0, echo: bool = True) -> Health:
-    """Start ``manage.py demo`` with its defaults on DATABASE_URL, watch it for ``seconds``, stop it."""
+def observe(
+    seconds: float, *, log_path: Path, every: float = 30.0, echo: bool = True, env: dict[str, str] | None = None
+) -> Health:
+    """Start ``manage.py demo`` with its defaults on DATABASE_URL (of ``env``, by default this
+    process's environment), watch it for ``seconds`` through Django's connection, stop it."""
     port = free_port()
     log = open(log_path, "ab")  # noqa: SIM115 (closed below; the child keeps its own copy)
     demo = subprocess.Popen(
         [sys.executable, "manage.py", "demo", "--port", str(port)],
         cwd=ROOT,
-        env=os.environ.copy(),
+        env=os.environ.copy() if env is None else env,
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,

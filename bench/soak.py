@@ -274,14 +274,14 @@ def _soak(args: argparse.Namespace, rng: random.Random, server: Any) -> int:
     handler_starts: set[tuple[int, int]] = set()
     for path in starts_dir.glob("starts-*.txt"):
         for line in path.read_text().splitlines():
-            task_id, attempt = line.split()
-            handler_starts.add((int(task_id), int(attempt)))
+            started_id, started_attempt = line.split()
+            handler_starts.add((int(started_id), int(started_attempt)))
     # What an attempt is charged with is a failure or an attributable crash (error entries of kind
     # "failure" / "crash"); ``attempts`` counts every attempt recorded as begun, charged or not.
     charged_never_begun = []
     marked_never_begun = 0
-    for task_id, attempts, errors in Task.objects.values_list("id", "attempts", "errors"):
-        marked_never_begun += sum(1 for n in range(1, attempts + 1) if (task_id, n) not in handler_starts)
+    for task_id, begun, errors in Task.objects.values_list("id", "attempts", "errors"):
+        marked_never_begun += sum(1 for n in range(1, begun + 1) if (task_id, n) not in handler_starts)
         for entry in errors:
             if entry.get("kind") in ("failure", "crash") and (task_id, entry.get("attempt")) not in handler_starts:
                 charged_never_begun.append((task_id, entry.get("attempt"), entry.get("kind")))

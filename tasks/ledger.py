@@ -140,7 +140,10 @@ class IsolationGate:
     """Normal attempts share the process; an isolated attempt runs alone in it.
 
     A readers-writer gate with the writer preferred: once an isolated attempt waits, no new attempt
-    starts until it has run, so it waits at most for the attempts already running.
+    starts until it has run, so it waits at most for the attempts already running. Each attempt
+    holds its slot (``execution.gate_slot``) until :meth:`release`, which is idempotent: an attempt
+    abandoned past its timeout gives its slot up at once (a stuck handler must not keep the process
+    from running anything else), and its thread's later release is then a no-op.
     """
 
     def __init__(self) -> None:
@@ -149,21 +152,17 @@ class IsolationGate:
         self._exclusive = False
         self._waiting = 0
 
-    def enter_shared(self, stop: threading.Event) -> bool:
+    def enter_shared(self, execution: Execution, stop: threading.Event) -> bool:
         with self._cond:
             while self._exclusive or self._waiting:
                 if stop.is_set():
                     return False
                 self._cond.wait(0.1)
             self._shared += 1
+            execution.gate_slot = "shared"
             return True
 
-    def leave_shared(self) -> None:
-        with self._cond:
-            self._shared -= 1
-            self._cond.notify_all()
-
-    def enter_exclusive(self, deadline: float, now: Callable[[], float]) -> bool:
+    def enter_exclusive(self, execution: Execution, deadline: float, now: Callable[[], float]) -> bool:
         """Wait until nothing else runs; False when ``deadline`` (on ``now``'s clock) passes first."""
         with self._cond:
             self._waiting += 1
@@ -174,12 +173,19 @@ class IsolationGate:
                         return False
                     self._cond.wait(min(remaining, 0.1))
                 self._exclusive = True
+                execution.gate_slot = "exclusive"
                 return True
             finally:
                 self._waiting -= 1
                 self._cond.notify_all()
 
-    def leave_exclusive(self) -> None:
+    def release(self, execution: Execution) -> None:
         with self._cond:
-            self._exclusive = False
+            if execution.gate_slot == "shared":
+                self._shared -= 1
+            elif execution.gate_slot == "exclusive":
+                self._exclusive = False
+            else:
+                return
+            execution.gate_slot = None
             self._cond.notify_all()

@@ -49,6 +49,7 @@ class Execution:
         self.lost_reason: str | None = None
         self.abandoned = False
         self.finished = False  # the handler returned; its outcome waits for the writer
+        self.gate_slot: str | None = None  # "shared" / "exclusive" while it holds the isolation gate
         self.progress: Any = task.progress
         self.attempt = task.attempts  # the attempt number once START charged it
         self.started_at: dt.datetime | None = task.started_at

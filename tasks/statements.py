@@ -272,8 +272,15 @@ _WORKER_OUTLIVED = """EXISTS (
     SELECT 1 FROM tasks_worker AS w
     WHERE w.id = t.holder
       AND w.last_seen_at > COALESCE(t.renewed_at, t.acquired_at) + make_interval(secs => w.ttl / 6))"""
-_CRASHED = f"({_STARTED} AND (t.attempt_isolated OR {_WORKER_OUTLIVED}))"
-_SHARED = f"({_STARTED} AND NOT t.attempt_isolated AND NOT {_WORKER_OUTLIVED})"
+# Nor is there doubt when the worker died running this attempt alone (no other started attempt of
+# its holder is still RUNNING; the subquery sees the rows as they were when this statement began, and
+# walks the running-by-holder index).
+_ALONE = """NOT EXISTS (
+    SELECT 1 FROM tasks_task AS o
+    WHERE o.status = 'RUNNING' AND o.holder = t.holder AND o.id <> t.id AND o.attempt_started)"""
+_ATTRIBUTABLE = f"(t.attempt_isolated OR {_WORKER_OUTLIVED} OR {_ALONE})"
+_CRASHED = f"({_STARTED} AND {_ATTRIBUTABLE})"
+_SHARED = f"({_STARTED} AND NOT {_ATTRIBUTABLE})"
 _STILL_ALLOWED = f"(NOT {_CRASHED} OR t.crashes + 1 < %(max_crashes)s)"
 
 # Requeue tasks whose lease expired (their worker died or stalled) and running rows without a lease

@@ -371,6 +371,7 @@ class Worker:
         for execution in overdue:
             if not self.ledger.abandon(execution):
                 continue  # it finished in the meantime
+            self.isolation.release(execution)  # a stuck handler must not keep anything else from running
             timeout = execution.task.timeout or 0.0
             reason = f"ran past its timeout of {timeout:g}s: abandoned, its late result will be refused"
             execution.mark_lost(reason)
@@ -468,20 +469,17 @@ class Worker:
             # Its workers vanished beside other attempts more than once: run it alone, so that if it
             # kills this process too, the crash is attributable. Waiting longer than its lease would
             # only hold it from workers that are free: hand it back instead.
-            if not self.isolation.enter_exclusive(execution.deadline, clock.monotonic):
+            if not self.isolation.enter_exclusive(execution, execution.deadline, clock.monotonic):
                 logger.info("task %d: no quiet moment to run it isolated; handed back", execution.id)
                 return self._return(execution)
-        elif not self.isolation.enter_shared(self._draining):
+        elif not self.isolation.enter_shared(execution, self._draining):
             return self._return(execution)
         try:
             if execution.lost or self._draining.is_set():
                 return self._return(execution)
             return self._run_admitted(execution, isolated)
         finally:
-            if isolated:
-                self.isolation.leave_exclusive()
-            else:
-                self.isolation.leave_shared()
+            self.isolation.release(execution)
 
     def _run_admitted(self, execution: Execution, isolated: bool) -> bool:
         if execution.task.suspect:

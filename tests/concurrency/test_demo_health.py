@@ -16,6 +16,7 @@ from django.test import Client
 from bench.demo_health import observe
 from tasks.views import activity_last_hour
 from tests.factories import StaffFactory
+from tests.helpers import child_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -23,7 +24,7 @@ SECONDS = float(os.environ.get("DEMO_HEALTH_SECONDS", "170"))
 
 
 def test_demo_at_default_failure_rates_keeps_up_and_fails_no_healthy_task(tmp_path: Path) -> None:
-    health = observe(SECONDS, log_path=tmp_path / "demo.log", every=15, echo=False)
+    health = observe(SECONDS, log_path=tmp_path / "demo.log", every=15, echo=False, env=child_env())
     last = health.last
     report = "\n".join(
         f"{s.at:5.0f}s finished {s.finished} failed {s.failed} backlog {s.backlog} stuck>{s.stuck_long}"

@@ -222,12 +222,15 @@ def test_fail_from_a_stale_worker_changes_nothing() -> None:
 def test_recover_expired_requeues_and_records_the_delay() -> None:
     task_id = enqueue(max_attempts=3)
     stale = claim_one(ttl=0.05)
-    wait_until(lambda: Task.objects.stuck().exists(), what="expiry")
-    recovered = Task.objects.recover_expired()
+    beside = enqueue()
+    claim_one(ttl=0.05)  # a second attempt running in the same worker when it vanished
+    wait_until(lambda: Task.objects.stuck().count() == 2, what="expiry")
+    recovered = [r for r in Task.objects.recover_expired() if r.id != beside]
     assert [(r.id, r.status) for r in recovered] == [(task_id, "READY")]
     assert recovered[0].expired_for is not None
     assert recovered[0].expired_for >= 0
-    # It had started and its worker (no row: never seen again) vanished: a shared crash, not charged.
+    # It had started and its worker (no row: never seen again) vanished with another attempt running:
+    # nobody can tell which one killed it, so it is a shared crash, charged to no one.
     assert recovered[0].kind == "vanished"
     row = Task.objects.get(pk=task_id)
     assert (row.status, row.attempts, row.crashes, row.shared_crashes, row.failures) == ("READY", 1, 0, 1, 0)
@@ -249,13 +252,15 @@ def test_a_crash_beside_other_attempts_is_shared_and_after_isolate_after_the_tas
     settings: Any,
 ) -> None:
     settings.LEASING_TASKS = {"ISOLATE_AFTER": 2}
-    task_id = enqueue(max_attempts=1)
+    task_id = enqueue(max_attempts=1, priority=1)
     for n in range(2):
-        claimed = Task.objects.claim(f"w{n}", limit=1, ttl=0.05)[0]
-        assert not claimed.isolate
+        enqueue()  # the neighbour it runs beside
+        claimed, neighbour = Task.objects.claim(f"w{n}", limit=2, ttl=0.05)
+        assert claimed.id == task_id and not claimed.isolate
         assert Task.objects.start(claimed.id, f"w{n}", claimed.token) is not None
-        [recovered] = expire_and_recover(task_id)
-        assert (recovered.status, recovered.kind) == ("READY", "vanished")
+        assert Task.objects.start(neighbour.id, f"w{n}", neighbour.token) is not None
+        recovered = {r.id: r for r in expire_and_recover(task_id)}
+        assert (recovered[task_id].status, recovered[task_id].kind) == ("READY", "vanished")
     row = Task.objects.get(pk=task_id)
     assert (row.attempts, row.crashes, row.shared_crashes, row.failures) == (2, 0, 2, 0)
     assert Task.objects.claim("w9", limit=1)[0].isolate  # its next attempt runs alone
@@ -275,6 +280,14 @@ def test_a_stalled_attempt_whose_worker_lived_on_is_charged() -> None:
     assert recovered.kind == "crash"
     row = Task.objects.get(pk=task_id)
     assert (row.crashes, row.shared_crashes) == (1, 0)
+
+
+def test_a_worker_that_died_running_one_attempt_alone_charges_that_attempt() -> None:
+    task_id = enqueue()
+    claimed = Task.objects.claim("w1", limit=1, ttl=0.05, start=True)[0]
+    assert claimed.id == task_id
+    [recovered] = expire_and_recover(task_id)
+    assert recovered.kind == "crash"
 
 
 def test_a_poison_pill_running_isolated_ends_failed_after_max_crashes(settings: Any) -> None:

@@ -197,3 +197,34 @@ def test_cancelled_task_maps_to_failed_and_running_cancel_is_lost_by_the_worker(
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     assert Task.objects.get(pk=int(result.id)).status == TaskStatus.CANCELLED
+
+
+def test_an_isolated_task_runs_alone_in_its_worker(running_worker: Worker) -> None:
+    """A task whose workers vanished beside other attempts ISOLATE_AFTER times runs alone, so that if
+    it is the one killing them, the next crash is attributable."""
+    from django.db import transaction
+
+    from tests.testapp.models import Effect, Gate
+
+    def started(task_id: int) -> bool:
+        return Effect.objects.filter(task_id=task_id, phase="started").exists()
+
+    Gate.objects.create(key="a")
+    Gate.objects.create(key="b")
+    first = Task.objects.enqueue("tests.testapp.handlers.block", kwargs={"gate": "a"}).id
+    wait_until(lambda: started(first), what="the first task to start")
+    with transaction.atomic():
+        suspect = Task.objects.enqueue("tests.testapp.handlers.block", kwargs={"gate": "b"}).id
+        Task.objects.filter(pk=suspect).update(shared_crashes=2)
+    # A free executor exists (concurrency 2), yet the suspect waits for the running task to end.
+    with pytest.raises(AssertionError, match="timed out"):
+        wait_until(lambda: started(suspect), 1.0, what="the suspect to start beside another task")
+    Gate.objects.filter(key="a").update(open=True)
+    wait_until(lambda: started(suspect), 20, what="the suspect to start alone")
+    assert Task.objects.get(pk=suspect).attempt_isolated
+    later = Task.objects.enqueue("tests.testapp.handlers.record").id
+    with pytest.raises(AssertionError, match="timed out"):
+        wait_until(lambda: Effect.objects.filter(task_id=later).exists(), 1.0, what="a task to start beside it")
+    Gate.objects.filter(key="b").update(open=True)
+    assert finished(suspect).status == "SUCCESSFUL"
+    assert finished(later).status == "SUCCESSFUL"

@@ -84,7 +84,7 @@ def seed_an_hour_of_history() -> None:
     ids = Task.objects.bulk_enqueue("tasks.demo.sleep", ({"sleep_duration_seconds": 1} for _ in range(900)))
     claimed = Task.objects.claim("vm:4242:demo", limit=860, ttl=60)
     done = claimed[:780]
-    Task.objects.complete_many("vm:4242:demo", [(c.id, c.token, {"slept": 1}) for c in done])
+    Task.objects.complete_many("vm:4242:demo", [(c.id, c.token, '{"slept": 1}') for c in done])
     failures = [
         Failure(c.id, c.token, "builtins.TimeoutError", "upstream timed out", "", retry=False) for c in claimed[780:800]
     ]

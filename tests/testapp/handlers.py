@@ -91,3 +91,97 @@ async def async_double(n: int) -> int:
 @task()
 def explode() -> None:
     raise KeyError("boom")
+
+
+# -- fault matrix handlers (tests/concurrency/test_worker_faults.py) ---------------------------------
+# Task arguments must be storable JSON, so each handler builds its poison (NaN, NUL, a lone surrogate,
+# an exotic BaseException) itself from a plain name.
+
+UNSTORABLE_RESULTS: dict[str, Any] = {
+    "nan": lambda: {"mean": float("nan")},
+    "inf": lambda: {"mean": float("inf")},
+    "nul": lambda: "before\x00after",
+    "surrogate": lambda: "lone \ud800 surrogate",
+    "object": object,
+}
+
+
+def unstorable_result(kind: str, **kwargs: Any) -> Any:
+    """Return a value jsonb cannot hold."""
+    return UNSTORABLE_RESULTS[kind]()
+
+
+def raise_base(kind: str, **kwargs: Any) -> None:
+    """Raise an exception the worker must record as a failed attempt and survive."""
+    import asyncio
+
+    exceptions: dict[str, BaseException] = {
+        "nul_message": ValueError("before\x00after"),
+        "surrogate_message": ValueError("lone \ud800 surrogate"),
+        "system_exit": SystemExit(7),
+        "keyboard_interrupt": KeyboardInterrupt("interrupted by the handler"),
+        "cancelled": asyncio.CancelledError("cancelled by the handler"),
+        "generator_exit": GeneratorExit("closed by the handler"),
+    }
+    raise exceptions[kind]
+
+
+async def async_cancelled(**kwargs: Any) -> None:
+    """A coroutine handler cancelled from inside (what a cancelled await surfaces as)."""
+    import asyncio
+
+    raise asyncio.CancelledError("cancelled inside a coroutine handler")
+
+
+def echo(value: Any, **kwargs: Any) -> Any:
+    _effect("done")
+    return value
+
+
+def _wait_for_gate(gate: str) -> None:
+    from tests.testapp.models import Gate
+
+    deadline = time.monotonic() + 120
+    while not Gate.objects.filter(key=gate, open=True).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate} never opened")
+        time.sleep(0.02)
+
+
+def exit_after_start(code: int = 3, gate: str | None = None, every_time: bool = False, **kwargs: Any) -> Any:
+    """Kill the whole worker process (``os._exit``) once this attempt's start is recorded.
+
+    Waiting for the start marker makes the death a *started* attempt's (a crash, or a shared crash
+    when other attempts ran beside it): a worker that dies before its marker lands has its claim
+    returned uncharged, by design (invariant 10). Unless ``every_time``, later attempts return.
+    """
+    from tasks.models import Task
+
+    run = current_task()
+    _effect("started")
+    if run.attempt > 1 and not every_time:
+        return {"attempt": run.attempt}
+    deadline = time.monotonic() + 60
+    while not Task.objects.filter(pk=run.id, token=run.token, attempt_started=True).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the start marker never landed")
+        time.sleep(0.02)
+    if gate is not None:
+        _wait_for_gate(gate)
+    os._exit(code)
+
+
+def fail_first_then_block(gate: str, **kwargs: Any) -> dict[str, Any]:
+    """Attempt 1 fails at once; later attempts wait for ``gate`` (a newer attempt to fence against)."""
+    run = current_task()
+    if run.attempt == 1:
+        raise ValueError("attempt 1 fails on purpose")
+    _effect("started")
+    _wait_for_gate(gate)
+    return {"attempt": run.attempt, "token": run.token}
+
+
+def work(seconds: float = 0.05, **kwargs: Any) -> int:
+    """Stand-in for a short computation that touches no database (simulated work, not a wait)."""
+    time.sleep(seconds)
+    return os.getpid()
