@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from leasing import clock
 from tasks.models import Failure
 from tasks.runtime import Execution
 
@@ -40,6 +41,7 @@ class Census:
     """The ledger counted in one pass (the dispatcher reads it once per round)."""
 
     in_hand: int = 0  # claimed or running, not finished: counts against capacity
+    isolated: int = 0  # attempts in hand that must run alone
     unstarted: int = 0
     running: int = 0
     overdue: list[Execution] = field(default_factory=list)
@@ -56,12 +58,14 @@ class Ledger:
         self._unstarted = 0
         self._running = 0
         self._timed: dict[tuple[int, int], Execution] = {}  # running attempts that have a timeout
+        self._isolated = 0
 
     def add(self, executions: Iterable[Execution]) -> None:
         with self._lock:
             for execution in executions:
                 self._entries[execution.key] = execution
                 self._unstarted += 1
+                self._isolated += execution.task.isolate
 
     def begin(self, execution: Execution) -> None:
         """The executor is about to call the handler (``execution.begin*`` already ran)."""
@@ -86,6 +90,7 @@ class Ledger:
             if not self._leave_executor(execution):
                 return False
             execution.finished = True
+            execution.finished_at = clock.monotonic()
             return True
 
     def abandon(self, execution: Execution) -> bool:
@@ -100,7 +105,10 @@ class Ledger:
         with self._lock:
             for key in keys:
                 execution = self._entries.pop(key, None)
-                if execution is None or execution.finished or execution.abandoned:
+                if execution is None:
+                    continue
+                self._isolated -= execution.task.isolate
+                if execution.finished or execution.abandoned:
                     continue
                 if execution.started is None:
                     self._unstarted -= 1
@@ -122,7 +130,12 @@ class Ledger:
 
     def census(self, now: float) -> Census:
         with self._lock:
-            census = Census(in_hand=self._unstarted + self._running, unstarted=self._unstarted, running=self._running)
+            census = Census(
+                in_hand=self._unstarted + self._running,
+                unstarted=self._unstarted,
+                running=self._running,
+                isolated=self._isolated,
+            )
             for execution in self._timed.values():
                 deadline = (execution.started or now) + (execution.task.timeout or 0.0)
                 if deadline <= now:
@@ -131,9 +144,17 @@ class Ledger:
                     census.next_deadline = deadline
         return census
 
-    def to_heartbeat(self) -> list[Execution]:
-        """Attempts whose lease this worker still keeps alive (finished ones too, until written)."""
-        return [e for e in self.snapshot() if not e.abandoned and not e.lost and not e.heartbeat_paused]
+    def to_heartbeat(self, now: float, ttl: float) -> list[Execution]:
+        """Attempts whose lease this worker still keeps alive: finished ones too, until written, but
+        not for more than a TTL (a write stuck that long must not keep a task RUNNING forever)."""
+        return [
+            e
+            for e in self.snapshot()
+            if not e.abandoned
+            and not e.lost
+            and not e.heartbeat_paused
+            and not (e.finished and now - e.finished_at > ttl)
+        ]
 
 
 class IsolationGate:
@@ -143,21 +164,28 @@ class IsolationGate:
     starts until it has run, so it waits at most for the attempts already running. Each attempt
     holds its slot (``execution.gate_slot``) until :meth:`release`, which is idempotent: an attempt
     abandoned past its timeout gives its slot up at once (a stuck handler must not keep the process
-    from running anything else), and its thread's later release is then a no-op.
+    from running anything else), and its thread's later release is then a no-op. With no isolated
+    attempt around (the normal case) entering and leaving cost one uncontended lock each.
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())  # a plain lock: cheaper than the default RLock
         self._shared = 0
         self._exclusive = False
-        self._waiting = 0
+        self._waiting = 0  # isolated attempts waiting for the process to be theirs
+        self._blocked = 0  # normal attempts waiting for an isolated one to be done
 
     def enter_shared(self, execution: Execution, stop: threading.Event) -> bool:
         with self._cond:
-            while self._exclusive or self._waiting:
-                if stop.is_set():
-                    return False
-                self._cond.wait(0.1)
+            if self._exclusive or self._waiting:
+                self._blocked += 1
+                try:
+                    while self._exclusive or self._waiting:
+                        if stop.is_set():
+                            return False
+                        self._cond.wait(0.1)
+                finally:
+                    self._blocked -= 1
             self._shared += 1
             execution.gate_slot = "shared"
             return True
@@ -177,7 +205,8 @@ class IsolationGate:
                 return True
             finally:
                 self._waiting -= 1
-                self._cond.notify_all()
+                if self._blocked:
+                    self._cond.notify_all()
 
     def release(self, execution: Execution) -> None:
         with self._cond:
@@ -188,4 +217,5 @@ class IsolationGate:
             else:
                 return
             execution.gate_slot = None
-            self._cond.notify_all()
+            if self._waiting or self._blocked:
+                self._cond.notify_all()

@@ -323,6 +323,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         queues: Sequence[str] = ("default",),
         ttl: float | None = None,
         start: bool = False,
+        take_isolated: bool = True,
     ) -> list[ClaimedTask]:
         """Claim up to ``limit`` runnable tasks for ``worker`` under a lease of ``ttl`` seconds.
 
@@ -336,6 +337,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "limit": limit,
             "start": start,
             "isolate_after": get_settings().ISOLATE_AFTER,
+            "take_isolated": take_isolated,
         }
         claimed = [_claimed_from_row(row) for row in self._rows(sql.CLAIM_SQL, params)]
         claimed.sort(key=lambda task: (-task.priority, task.id))
@@ -378,16 +380,51 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "stats": json.dumps(stats or {}),
             "record_worker": stats is not None,  # only the worker process itself reports stats
         }
-        renewed = {(row[0], row[1]) for row in self._rows(sql.HEARTBEAT_SQL, params)}
-        return set(attempts) - renewed
+        answered = {(row[1], row[2]) for row in self._rows(sql.HEARTBEAT_SQL, params)}
+        return set(attempts) - answered
+
+    def heartbeat_detail(
+        self,
+        worker: str,
+        held: Iterable[tuple[int, int]],
+        *,
+        ttl: float,
+        stats: dict[str, Any],
+        running: int,
+    ) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:
+        """The worker's own beat: (renewed, busy). Busy attempts are still ours but their rows are
+        locked by another session right now: not renewed this beat, not lost either. The rest of
+        ``held`` is lost. ``running`` is what the worker row records (attempts running, stuck
+        threads included), which recovery reads to attribute a crash."""
+        attempts = list(held)
+        params = {
+            "worker": worker,
+            "ids": [a[0] for a in attempts],
+            "tokens": [a[1] for a in attempts],
+            "ttl": seconds(ttl),
+            "running": running,
+            "stats": json.dumps(stats),
+            "record_worker": True,
+        }
+        renewed: set[tuple[int, int]] = set()
+        busy: set[tuple[int, int]] = set()
+        for row in self._rows(sql.HEARTBEAT_SQL, params):
+            (renewed if row[0] else busy).add((row[1], row[2]))
+        return renewed, busy
 
     def checkpoint(self, task_id: int, worker: str, token: int, progress: Any) -> bool:
         """Store ``progress`` (JSON) as the task's last checkpoint; False if the task is no longer ours.
 
         Raises :class:`~tasks.exceptions.UnstorableResult` (a ValueError) for progress jsonb cannot hold.
         """
+        return self.checkpoint_on(self._connection, task_id, worker, token, progress)
+
+    def checkpoint_on(
+        self, connection: BaseDatabaseWrapper, task_id: int, worker: str, token: int, progress: Any
+    ) -> bool:
+        """:meth:`checkpoint` on a given connection (one outside the handler's transaction)."""
         params: dict[str, Any] = {"id": task_id, "worker": worker, "token": token, "progress": storable_json(progress)}
-        with self._connection.cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.execute(sql.CHECKPOINT_SQL, params)
             return cursor.rowcount == 1
 
@@ -416,29 +453,35 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         limit: int,
         queues: Sequence[str] = ("default",),
         ttl: float | None = None,
+        isolate_after: int | None = None,
+        take_isolated: bool = True,
     ) -> tuple[set[tuple[int, int]], dict[tuple[int, int], Started], list[ClaimedTask]]:
         """One statement: finish ``results`` (id, token, JSON), mark ``starts`` (id, token, start
         time) begun, claim up to ``limit`` more. Returns (finished, started, claimed); attempts
         missing from the first two were refused by the compare-and-set: no longer ours."""
-        params = {
+        params: dict[str, Any] = {
             "worker": worker,
             "ids": [r[0] for r in results],
             "tokens": [r[1] for r in results],
             "values": [r[2] for r in results],
             "started": [r[3] if len(r) > 3 else None for r in results],
-            "start_ids": [s[0] for s in starts],
-            "start_tokens": [s[1] for s in starts],
-            "start_at": [s[2] for s in starts],
             "ttl": seconds(get_settings().TTL if ttl is None else ttl),
             "queues": list(queues),
             "limit": limit,
             "start": False,
-            "isolate_after": get_settings().ISOLATE_AFTER,
+            "isolate_after": get_settings().ISOLATE_AFTER if isolate_after is None else isolate_after,
+            "take_isolated": take_isolated,
         }
+        statement = sql.FINISH_AND_CLAIM_SQL
+        if starts:  # the usual round has none: a short task's start rides on its finish
+            statement = sql.FINISH_START_CLAIM_SQL
+            params.update(
+                start_ids=[s[0] for s in starts], start_tokens=[s[1] for s in starts], start_at=[s[2] for s in starts]
+            )
         finished: set[tuple[int, int]] = set()
         started: dict[tuple[int, int], Started] = {}
         claimed: list[ClaimedTask] = []
-        for row in self._rows(sql.FINISH_START_CLAIM_SQL, params):
+        for row in self._rows(statement, params):
             if row[0] == "c":
                 claimed.append(_claimed_from_row(row[1:]))
             elif row[0] == "f":
@@ -474,12 +517,24 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
     def fail(self, failure: Failure, worker: str) -> FailOutcome | None:
         return self.fail_many(worker, [failure]).get(failure.key)
 
-    def hand_back(self, worker: str, held: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
-        """Return held attempts to the queue at once, uncharged (shutdown, claims we cannot run)."""
+    def hand_back(
+        self,
+        worker: str,
+        held: Iterable[tuple[int, int]],
+        *,
+        reason: str = "interrupted by a worker shutting down; not counted as a failure",
+    ) -> set[tuple[int, int]]:
+        """Return held attempts to the queue at once, uncharged (shutdown, claims we cannot run).
+        An attempt that had started gets an error entry with ``reason``."""
         attempts = list(held)
         if not attempts:
             return set()
-        params = {"worker": worker, "ids": [a[0] for a in attempts], "tokens": [a[1] for a in attempts]}
+        params = {
+            "worker": worker,
+            "ids": [a[0] for a in attempts],
+            "tokens": [a[1] for a in attempts],
+            "reason": reason,
+        }
         return {(row[0], row[1]) for row in self._rows(sql.HAND_BACK_SQL, params)}
 
     def held_by_worker(self, worker: str) -> dict[tuple[int, int], bool]:
@@ -658,6 +713,7 @@ class Worker(models.Model):
     concurrency = models.PositiveIntegerField()
     started_at = models.DateTimeField(db_default=Now())
     last_seen_at = models.DateTimeField(db_default=Now())
+    previous_seen_at = models.DateTimeField(null=True, blank=True, help_text="The heartbeat before the last.")
     stopped_at = models.DateTimeField(null=True, blank=True)
     running = models.PositiveIntegerField(default=0, help_text="Tasks held at the last heartbeat.")
     stats = models.JSONField(default=dict, blank=True, help_text="Counters: succeeded, failed, rejected, lost.")

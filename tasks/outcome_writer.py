@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from psycopg import errors as psycopg_errors
 
 from leasing import clock
 from tasks.models import AttemptFate, FailOutcome, Failure, Task
@@ -41,9 +42,12 @@ class OutcomeWriter:
         self.worker = worker
         #: What the last writes decided for failures: attempt -> READY (retried) or FAILED.
         self.fail_results: dict[Key, FailOutcome] = {}
+        #: Outcomes whose row another session holds locked: the dispatcher retries them later.
+        self.deferred: list[Outcome] = []
 
     @property
     def _manager(self) -> Any:
+        self.worker.bind()  # a reconnected dispatcher connection gets its timeouts again
         return Task.objects.db_manager(self.worker.using)
 
     def connection_lost(self, what: str, exc: BaseException) -> None:
@@ -122,6 +126,16 @@ class OutcomeWriter:
         try:
             return send(items), []
         except CONNECTION_ERRORS as exc:
+            if is_lock_wait(exc):
+                # Another session holds one of these rows locked (nothing committed, the connection
+                # is fine): write the others now, and this one in a later round.
+                if len(items) == 1:
+                    logger.warning(
+                        "task %d: its row is locked by another session; writing later", items[0].execution.id
+                    )
+                    self.deferred.append(items[0])
+                    return set(), []
+                return self.isolate(what, items, send, landed, exc)
             self.connection_lost(what, exc)
             return self.reconcile(what, items, send, landed)
         except DatabaseError as exc:
@@ -133,9 +147,9 @@ class OutcomeWriter:
         items: Sequence[Outcome],
         send: Callable[[Sequence[Outcome]], set[Key]],
         landed: Callable[[AttemptFate, Outcome], bool],
-        exc: DatabaseError,
+        exc: Exception,
     ) -> tuple[set[Key], list[Outcome]]:
-        if len(items) == 1:
+        if len(items) == 1 and not is_lock_wait(exc):
             logger.error("task %d: %s refused by the database: %s", items[0].execution.id, what, exc)
             items[0].extra["refused"] = storable_text(str(exc), 2000)
             return set(), list(items)
@@ -158,7 +172,7 @@ class OutcomeWriter:
         landed: Callable[[AttemptFate, Outcome], bool],
     ) -> tuple[set[Key], list[Outcome]]:
         """After a connection error: find out which writes landed, re-send the rest, for one TTL."""
-        give_up_at = clock.monotonic() + self.worker.ttl
+        give_up_at = self.worker.retry_deadline()
         written: set[Key] = set()
         pending = list(items)
         while pending:
@@ -199,7 +213,7 @@ class OutcomeWriter:
     def return_unknown_claims(self, is_known: Callable[[Key], bool]) -> int:
         """After a claim whose reply was lost: hand back (uncharged) what the database says we hold
         but the worker never heard of. Returns how many."""
-        give_up_at = clock.monotonic() + self.worker.ttl
+        give_up_at = self.worker.retry_deadline()
         while not self.worker.hurry.is_set() and clock.monotonic() < give_up_at:
             try:
                 held = self._manager.held_by_worker(self.worker.id)
@@ -220,6 +234,13 @@ class OutcomeWriter:
         return 0
 
 
+def is_lock_wait(exc: BaseException) -> bool:
+    """A lock_timeout or statement_timeout cut the statement short: nothing committed, the
+    connection is usable, and retrying the same rows right away would wait again."""
+    cause = exc.__cause__
+    return isinstance(cause, (psycopg_errors.LockNotAvailable, psycopg_errors.QueryCanceled))
+
+
 def minimal_failure(outcome: Outcome, why: str) -> Failure:
     execution = outcome.execution
     refused = outcome.extra.get("refused", "")
@@ -234,10 +255,12 @@ def minimal_failure(outcome: Outcome, why: str) -> Failure:
 
 
 def retrying[T](what: str, worker: Worker, statement: Callable[[], T]) -> T | None:
-    """Run a statement that is safe to repeat until it succeeds, for at most one TTL."""
-    give_up_at = clock.monotonic() + worker.ttl
+    """Run a statement that is safe to repeat until it succeeds, for at most one TTL (less when the
+    worker is shutting down: a stop request must not wait out a database outage)."""
+    give_up_at = worker.retry_deadline()
     while True:
         try:
+            worker.bind()
             return statement()
         except DatabaseError as exc:
             logger.warning("worker %s: %s failed: %s", worker.id, what, exc)
@@ -245,6 +268,11 @@ def retrying[T](what: str, worker: Worker, statement: Callable[[], T]) -> T | No
                 connections[worker.using].close()
             except Exception:
                 logger.debug("closing the broken connection failed", exc_info=True)
-            if worker.hurry.is_set() or clock.monotonic() > give_up_at or not isinstance(exc, CONNECTION_ERRORS):
+            if (
+                worker.hurry.is_set()
+                or clock.monotonic() > give_up_at
+                or not isinstance(exc, CONNECTION_ERRORS)
+                or is_lock_wait(exc)  # the row stays locked for now: retrying at once would only wait again
+            ):
                 return None
             worker.hurry.wait(0.2)

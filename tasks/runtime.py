@@ -18,6 +18,8 @@ import datetime as dt
 import threading
 from typing import Any
 
+from django.db import connections
+
 from leasing import clock
 from tasks.exceptions import TaskLeaseLost
 from tasks.models import ClaimedTask, Started, Task
@@ -45,21 +47,39 @@ class Execution:
         # Local deadline: the claim statement was sent at ``claimed_at``; the lease ends ttl later at
         # the latest. Used to give up early, never to hold longer.
         self.deadline = claimed_at + ttl
-        self._lost = threading.Event()
+        # A plain flag (set once, never cleared; one attribute write is atomic under the GIL): an
+        # Event here cost a Condition and a lock per claimed task on the dispatcher's hot path.
+        self._lost = False
         self.lost_reason: str | None = None
         self.abandoned = False
         self.finished = False  # the handler returned; its outcome waits for the writer
+        self.finished_at = 0.0  # local clock when it finished
         self.gate_slot: str | None = None  # "shared" / "exclusive" while it holds the isolation gate
         self.progress: Any = task.progress
         self.attempt = task.attempts  # the attempt number once START charged it
-        self.started_at: dt.datetime | None = task.started_at
-        self.last_attempted_at: dt.datetime | None = task.last_attempted_at
+        self._started_at: dt.datetime | None = task.started_at
+        self._attempted_epoch: float | None = None  # when this attempt began (epoch seconds)
+        self._attempted_at: dt.datetime | None = task.last_attempted_at
         self._stalled_until = 0.0
 
     @property
     def started_epoch(self) -> float | None:
         """When the handler was called, in epoch seconds (what a folded start marker records)."""
-        return None if self.last_attempted_at is None else self.last_attempted_at.timestamp()
+        if self._attempted_epoch is None and self._attempted_at is not None:
+            return self._attempted_at.timestamp()
+        return self._attempted_epoch
+
+    @property
+    def last_attempted_at(self) -> dt.datetime | None:
+        """When this attempt began (the task's ``last_attempted_at`` once its start is recorded)."""
+        if self._attempted_epoch is not None:
+            return dt.datetime.fromtimestamp(self._attempted_epoch, dt.UTC)
+        return self._attempted_at
+
+    @property
+    def started_at(self) -> dt.datetime | None:
+        """When the task's first attempt began."""
+        return self._started_at or self.last_attempted_at
 
     @property
     def id(self) -> int:
@@ -77,27 +97,26 @@ class Execution:
         """The start marker committed before the handler runs (a suspect task)."""
         self.started = clock.monotonic()
         self.attempt = started.attempt
-        self.started_at = started.started_at
-        self.last_attempted_at = started.last_attempted_at
+        self._started_at = started.started_at
+        self._attempted_at = started.last_attempted_at
 
-    def begin_local(self, now: dt.datetime) -> None:
-        """The handler runs now; the start marker follows in the dispatcher's next round. The claim
-        holds the row for us, so the attempt number it will charge is known: one more."""
+    def begin_local(self, now: float) -> None:
+        """The handler runs now (``now``: epoch seconds); the start marker follows in the dispatcher's
+        next round. The claim holds the row for us, so the attempt number it will charge is known."""
         self.started = clock.monotonic()
         self.attempt = self.task.attempts + 1
-        self.started_at = self.task.started_at or now
-        self.last_attempted_at = now
+        self._attempted_epoch = now
 
     @property
     def lost(self) -> bool:
-        if not self._lost.is_set() and clock.monotonic() >= self.deadline:
+        if not self._lost and clock.monotonic() >= self.deadline:
             self.mark_lost("the lease ran out without a successful heartbeat")
-        return self._lost.is_set()
+        return self._lost
 
     def mark_lost(self, reason: str) -> None:
-        if not self._lost.is_set():
+        if not self._lost:
             self.lost_reason = reason
-            self._lost.set()
+            self._lost = True
 
     def renewed(self, sent: float, ttl: float) -> None:
         """A heartbeat sent at ``sent`` (local clock) renewed the lease for ``ttl`` seconds."""
@@ -113,7 +132,20 @@ class Execution:
         Returns False (and marks the execution lost) when the claim is no longer ours. Raises
         :class:`~tasks.exceptions.UnstorableResult` (a ValueError) for progress jsonb cannot hold.
         """
-        saved = Task.objects.db_manager(self.using).checkpoint(self.id, self.worker_id, self.token, progress)
+        connection = connections[self.using]
+        if connection.in_atomic_block:
+            # Inside the handler's own transaction the checkpoint would hold the task's row lock
+            # until the handler commits, and the worker's heartbeat and finish could not touch the
+            # row meanwhile; it would also vanish on rollback. Write it on a connection of its own.
+            dedicated = connections.create_connection(self.using)
+            try:
+                saved = Task.objects.db_manager(self.using).checkpoint_on(
+                    dedicated, self.id, self.worker_id, self.token, progress
+                )
+            finally:
+                dedicated.close()
+        else:
+            saved = Task.objects.db_manager(self.using).checkpoint(self.id, self.worker_id, self.token, progress)
         if saved:
             self.progress = progress
         else:

@@ -84,11 +84,14 @@ _CLAIM_SET = f"""
 
 # The subquery picks and locks; SKIP LOCKED lets concurrent workers pick different rows without
 # waiting. Its WHERE/ORDER BY match the partial index tasks_task_runnable_idx exactly, so the plan
-# is an index scan over runnable rows only, however many finished rows the table holds.
+# is an index scan over runnable rows only, however many finished rows the table holds. A task that
+# must run isolated is taken only by a worker that holds nothing else (``take_isolated``), so it never
+# waits inside a busy worker for a quiet moment (a filter on the index scan: such tasks are rare).
 _PICK = """
 FROM (
     SELECT id FROM tasks_task
     WHERE status = 'READY' AND run_after <= statement_timestamp() AND queue = ANY(%(queues)s::text[])
+      AND (%(take_isolated)s::boolean OR shared_crashes < %(isolate_after)s)
     ORDER BY priority DESC, run_after, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -138,22 +141,32 @@ RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
 # Only the worker process's own beat (``record_worker``) writes its row: an API client's heartbeat,
 # refused or not, must not wipe the worker's stats or revive a worker recorded as stopped.
 HEARTBEAT_SQL = """
-WITH renewed AS (
+WITH mine AS (
+    SELECT t.id FROM tasks_task AS t
+    JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token) ON t.id = d.id AND t.token = d.token
+    WHERE t.holder = %(worker)s AND t.status = 'RUNNING' AND t.expires_at > clock_timestamp()
+    FOR UPDATE OF t SKIP LOCKED
+), renewed AS (
     UPDATE tasks_task AS t
     SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
         renewed_at = clock_timestamp(),
         renewals = t.renewals + 1
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token)
-    WHERE t.id = d.id AND t.token = d.token AND t.holder = %(worker)s AND t.status = 'RUNNING'
-      AND t.expires_at > clock_timestamp()
+    FROM mine WHERE t.id = mine.id
     RETURNING t.id, t.token
+), busy AS (
+    SELECT t.id, t.token FROM tasks_task AS t
+    JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token) ON t.id = d.id AND t.token = d.token
+    WHERE t.holder = %(worker)s AND t.status = 'RUNNING' AND t.expires_at > clock_timestamp()
+      AND t.id NOT IN (SELECT id FROM mine)
 ), seen AS (
-    UPDATE tasks_worker SET last_seen_at = clock_timestamp(), running = %(running)s, stats = %(stats)s::jsonb,
-                            stopped_at = NULL, stop_reason = ''
+    UPDATE tasks_worker SET previous_seen_at = last_seen_at, last_seen_at = clock_timestamp(),
+                            running = %(running)s, stats = %(stats)s::jsonb, stopped_at = NULL, stop_reason = ''
     WHERE id = %(worker)s AND %(record_worker)s::boolean
     RETURNING 1
 )
-SELECT id, token FROM renewed
+SELECT true, id, token FROM renewed
+UNION ALL
+SELECT false, id, token FROM busy
 """
 
 CHECKPOINT_SQL = """
@@ -212,6 +225,26 @@ SELECT 's', started.id, started.token, NULL, NULL, NULL, started.attempts, NULL,
 FROM started
 """
 
+# The same round when no start marker is due (the usual case for short tasks): fewer arrays to send.
+FINISH_AND_CLAIM_SQL = f"""
+WITH finished AS (
+    UPDATE tasks_task AS t SET {_COMPLETE_SET}
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[], %(started)s::float8[])
+         AS d(id, token, return_value, at)
+    WHERE {_OWNED} AND {_LIVE}
+    RETURNING t.id, t.token
+), claimed AS (
+    UPDATE tasks_task AS t SET {_CLAIM_SET}
+    {_PICK}
+    RETURNING {CLAIM_RETURNING}
+)
+SELECT 'c', claimed.* FROM claimed
+UNION ALL
+SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL
+FROM finished
+"""
+
 _RETRYABLE = "(d.retry AND t.failures + 1 < t.max_attempts)"
 
 # A failed attempt is the handler's own outcome: it costs one of ``max_attempts``. The error entry
@@ -251,7 +284,7 @@ UPDATE tasks_task AS t SET
     errors = CASE WHEN t.attempt_started THEN t.errors || jsonb_build_array(jsonb_build_object(
         'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'kind', 'shutdown', 'at', clock_timestamp(),
         'exception_class_path', 'tasks.exceptions.WorkerShutdown',
-        'message', 'interrupted by a worker shutting down; not counted as a failure', 'traceback', ''))
+        'message', %(reason)s::text, 'traceback', ''))
         ELSE t.errors END,
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())
@@ -262,23 +295,23 @@ RETURNING t.id, t.token
 
 _NO_LEASE = "(t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)"
 _STARTED = f"(t.attempt_started AND NOT {_NO_LEASE})"
-# Whose fault was it? The worker's heartbeat renews every attempt it holds and stamps its own row in
-# the same statement. If the worker stamped its row again well after this attempt's last renewal
-# (a beat is ttl/3 apart; ttl/6 is the margin), the worker lived on without renewing this attempt:
-# the attempt itself stalled, and the crash is the task's. An attempt that ran isolated (nothing
-# else in its process) is the task's too. Otherwise the worker vanished with several attempts in it,
-# and nobody can tell which one killed it: a *shared* crash, charged to no one.
+# Whose fault was it? The worker's heartbeat renews every attempt it holds and stamps its own row
+# (last_seen_at, and the beat before it in previous_seen_at) in the same statement. If the SAME
+# incarnation of the worker (started before this claim) stamped its row between this attempt's last
+# renewal (+ ttl/6 margin: beats are ttl/3 apart) and its expiry, the worker lived on without renewing
+# this attempt: the attempt itself stalled, and the crash is the task's. Stamps after the expiry do
+# not count (a frozen worker that thaws before recovery runs, or a restart under the same id). An
+# attempt that ran isolated (nothing else in its process, abandoned threads included) is the task's
+# too. Otherwise the worker vanished with several attempts in it and nobody can tell which one killed
+# it: a *shared* crash, charged to no one; after ISOLATE_AFTER of them the task runs isolated.
 _WORKER_OUTLIVED = """EXISTS (
     SELECT 1 FROM tasks_worker AS w
-    WHERE w.id = t.holder
-      AND w.last_seen_at > COALESCE(t.renewed_at, t.acquired_at) + make_interval(secs => w.ttl / 6))"""
-# Nor is there doubt when the worker died running this attempt alone (no other started attempt of
-# its holder is still RUNNING; the subquery sees the rows as they were when this statement began, and
-# walks the running-by-holder index).
-_ALONE = """NOT EXISTS (
-    SELECT 1 FROM tasks_task AS o
-    WHERE o.status = 'RUNNING' AND o.holder = t.holder AND o.id <> t.id AND o.attempt_started)"""
-_ATTRIBUTABLE = f"(t.attempt_isolated OR {_WORKER_OUTLIVED} OR {_ALONE})"
+    WHERE w.id = t.holder AND w.started_at <= t.acquired_at
+      AND (w.last_seen_at > COALESCE(t.renewed_at, t.acquired_at) + make_interval(secs => w.ttl / 6)
+           AND w.last_seen_at < t.expires_at
+        OR w.previous_seen_at > COALESCE(t.renewed_at, t.acquired_at) + make_interval(secs => w.ttl / 6)
+           AND w.previous_seen_at < t.expires_at))"""
+_ATTRIBUTABLE = f"(t.attempt_isolated OR {_WORKER_OUTLIVED})"
 _CRASHED = f"({_STARTED} AND {_ATTRIBUTABLE})"
 _SHARED = f"({_STARTED} AND NOT {_ATTRIBUTABLE})"
 _STILL_ALLOWED = f"(NOT {_CRASHED} OR t.crashes + 1 < %(max_crashes)s)"

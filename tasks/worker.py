@@ -19,7 +19,6 @@ a second signal skips the wait.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 import math
@@ -30,7 +29,9 @@ import secrets
 import signal
 import socket
 import threading
+import time
 import traceback
+import weakref
 from collections.abc import Callable, Sequence
 from inspect import iscoroutinefunction
 from typing import Any
@@ -46,11 +47,31 @@ from tasks.exceptions import TaskTimeout, UnstorableResult
 from tasks.ledger import Census, IsolationGate, Ledger, Outcome
 from tasks.models import ClaimedTask, Failure, Task
 from tasks.models import Worker as WorkerRow
-from tasks.outcome_writer import CONNECTION_ERRORS, OutcomeWriter, minimal_failure, retrying
+from tasks.outcome_writer import CONNECTION_ERRORS, OutcomeWriter, is_lock_wait, minimal_failure, retrying
 from tasks.outcomes import storable_json, storable_text
 from tasks.runtime import Execution, _set_current
 
+_bound: weakref.WeakSet[Any] = weakref.WeakSet()  # raw connections whose session is already bounded
+
+
+def bound_connection(using: str, *, lock_ms: int, statement_ms: int) -> None:
+    """Bound this thread's connection for the worker's own statements (once per new connection)."""
+    wrapper = connections[using]
+    wrapper.ensure_connection()
+    if wrapper.connection in _bound:
+        return
+    with wrapper.cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
+            [f"{lock_ms}ms", f"{statement_ms}ms"],
+        )
+    _bound.add(wrapper.connection)
+
+
 logger = logging.getLogger("tasks.worker")
+
+#: A start marker that met a locked row (its start is re-sent later, not lost).
+LOCKED: Any = object()
 
 #: Smoothing of the observed task duration that sizes the prefetch.
 DURATION_SMOOTHING = 0.2
@@ -111,6 +132,7 @@ class Worker:
         using: str = DEFAULT_DB_ALIAS,
         install_signal_handlers: bool = True,
         prefetch_window: float | None = None,
+        hard_exit_after: float | None = None,
     ) -> None:
         conf = get_settings()
         self.queues = list(queues)
@@ -122,10 +144,15 @@ class Worker:
         self.recovery = recovery
         self.recovery_interval = recovery_interval or conf.RECOVERY_INTERVAL
         self.prefetch_window = conf.PREFETCH_WINDOW if prefetch_window is None else prefetch_window
+        self.isolate_after = conf.ISOLATE_AFTER
         self.id = worker_id or default_worker_id()
         self.max_tasks = max_tasks
         self.using = using
         self.install_signal_handlers = install_signal_handlers
+        # A process worker (``run_worker``) ends for sure: task code can leave a thread that never
+        # returns, or hang a statement past any timeout; after a stop request plus this many
+        # seconds the process exits whatever it is doing (its claims lapse and are recovered).
+        self.hard_exit_after = hard_exit_after
         if self.concurrency < 1 or self.batch_size < 1:
             raise ValueError("concurrency and batch size must be at least 1")
 
@@ -144,17 +171,20 @@ class Worker:
             "connection_errors": 0,
             "heartbeats": 0,
             "heartbeat_failures": 0,
+            "heartbeat_busy": 0,
+            "zombies": 0,
         }
         self.ledger = Ledger()
         self.isolation = IsolationGate()
         self.writer = OutcomeWriter(self)
         self._work: queue.SimpleQueue[Execution | None] = queue.SimpleQueue()
         self._outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
-        self._starts: queue.SimpleQueue[tuple[Execution, dt.datetime]] = queue.SimpleQueue()
+        self._starts: queue.SimpleQueue[tuple[Execution, float]] = queue.SimpleQueue()
         self._returns: queue.SimpleQueue[Execution] = queue.SimpleQueue()  # claims an executor could not begin
         self._wake = threading.Event()
         self._notified = threading.Event()  # a NOTIFY for one of our queues arrived
         self._stop = threading.Event()  # background threads end
+        self._stopped = threading.Event()  # run() has returned
         self._draining = threading.Event()  # first signal: stop claiming
         self.hurry = threading.Event()  # second signal: do not wait for running tasks or retries
         self._resolve = HandlerCache()
@@ -162,18 +192,58 @@ class Worker:
         self._executor_count = 0
         self._recovery: Any = None
         self._duration: float | None = None  # smoothed seconds per task, sizes the prefetch
-        self._pending_starts: dict[tuple[int, int], tuple[Execution, dt.datetime, float]] = {}
+        self._pending_starts: dict[tuple[int, int], tuple[Execution, float, float]] = {}
+        self._last_beat: float | None = None  # local clock of the last heartbeat that got through
+        self._own_threads: set[int] = set()  # dispatcher and heartbeat: their statements are bounded
+        self._deferred: list[tuple[float, Outcome]] = []  # outcomes whose row was locked: (retry at, outcome)
+        self._zombies = 0  # abandoned attempts whose thread has not returned yet
+        self.drain_deadline: float | None = None
+        # The worker's own statements never wait long on a row lock or a slow server: another
+        # session locking a task row (or a hung statement) must not wedge the dispatcher or the
+        # heartbeat. Handler code runs on other connections and is not bounded.
+        self.lock_timeout_ms = int(max(100, min(2000, self.ttl * 1000 / 6)))
+        self.statement_timeout_ms = int(max(1000, self.ttl * 1000 / 3))
 
     # -- public --------------------------------------------------------------------------------
+
+    def bind(self) -> None:
+        """Bound the statement and lock waits of the worker's own threads (dispatcher, heartbeat);
+        never an executor's connection, which task code uses."""
+        if threading.get_ident() in self._own_threads:
+            bound_connection(self.using, lock_ms=self.lock_timeout_ms, statement_ms=self.statement_timeout_ms)
+
+    def retry_deadline(self) -> float:
+        """How long a retry loop may go on: one TTL, and never past the drain deadline."""
+        deadline = clock.monotonic() + self.ttl
+        if self.drain_deadline is not None:
+            deadline = min(deadline, self.drain_deadline + 1.0)
+        elif self._draining.is_set():
+            deadline = min(deadline, clock.monotonic() + self.shutdown_grace + 1.0)
+        return deadline
 
     def request_stop(self) -> None:
         """First call: drain. Second call: hand back at once."""
         if self._draining.is_set():
             self.hurry.set()
+        elif self.hard_exit_after is not None:
+            threading.Thread(target=self._hard_exit, name="hard-exit", daemon=True).start()
         self._draining.set()
         self._wake.set()
 
+    def _hard_exit(self) -> None:
+        assert self.hard_exit_after is not None
+        if self._stopped.wait(self.hard_exit_after):
+            return
+        logger.critical(
+            "worker %s still running %.0fs after the stop request (stuck task code or database): exiting now",
+            self.id,
+            self.hard_exit_after,
+        )
+        logging.shutdown()
+        os._exit(70)
+
     def run(self) -> None:
+        self._own_threads.add(threading.get_ident())
         self._register()
         previous_handlers = self._install_signals()
         try:
@@ -188,9 +258,12 @@ class Worker:
             )
             self._dispatch()
         finally:
-            self._shutdown()
-            for signum, handler in previous_handlers.items():
-                signal.signal(signum, handler)
+            try:
+                self._shutdown()
+            finally:
+                self._stopped.set()
+                for signum, handler in previous_handlers.items():
+                    signal.signal(signum, handler)
 
     # -- dispatcher ------------------------------------------------------------------------------
 
@@ -201,8 +274,10 @@ class Worker:
         return min(self.batch_size, math.floor(self.concurrency * self.prefetch_window / max(self._duration, 1e-4)))
 
     def _wanted(self, census: Census) -> int:
-        if self._draining.is_set():
-            return 0
+        if self._draining.is_set() or census.isolated:
+            return 0  # an isolated attempt runs alone: claim nothing beside it
+        if self._last_beat is not None and clock.monotonic() - self._last_beat > self.ttl / 2:
+            return 0  # heartbeats are not getting through: claims would only lapse (invariant 6)
         wanted = min(self.batch_size, self.concurrency + self.prefetch() - census.in_hand)
         if self.max_tasks is not None:
             wanted = min(wanted, self.max_tasks - self.stats["claimed"])
@@ -219,21 +294,23 @@ class Worker:
             census = self.ledger.census(clock.monotonic())
             self._abandon(census.overdue)
             self._take_returns()
-            outcomes = self._take(self._outcomes)
+            outcomes = self._take(self._outcomes) + self._due_deferred()
             starts = self._due_starts(outcomes)
             wanted = self._wanted(census)
+            # Refill before the executors run dry: keep as many claims ready as there are idle
+            # executors, or (short tasks, prefetch allowed) as many as there are executors.
             idle = self.concurrency - census.running
-            starving = census.unstarted < idle
+            starving = census.unstarted < max(idle, min(self.concurrency, self.prefetch()))
             claim = wanted if may_have_work and wanted > 0 and (wanted >= self.batch_size or starving) else 0
             if outcomes or starts or claim:
-                claimed = self._round(outcomes, starts, claim)
+                claimed = self._round(outcomes, starts, claim, idle=census.in_hand == 0)
                 if claim:
                     if claimed is not None and len(claimed) == claim:
                         continue  # there may be more; go round without waiting
                     may_have_work = claimed is None  # a failed claim is retried; a short one waits
             if self._draining.is_set():
                 if drain_deadline is None:
-                    drain_deadline = clock.monotonic() + self.shutdown_grace
+                    drain_deadline = self.drain_deadline = clock.monotonic() + self.shutdown_grace
                     logger.info("worker %s draining: %d attempt(s) held", self.id, len(self.ledger))
                     self._hand_back_unstarted()
                 running = self.ledger.census(clock.monotonic()).running
@@ -249,7 +326,7 @@ class Worker:
             if not self._wake.wait(self._next_wait(census)):
                 may_have_work = True  # the fallback poll
 
-    def _due_starts(self, outcomes: list[Outcome]) -> list[tuple[Execution, dt.datetime]]:
+    def _due_starts(self, outcomes: list[Outcome]) -> list[tuple[Execution, float]]:
         """Start markers to send now: those older than MARKER_DELAY whose attempt has not ended
         (an ended attempt is marked by the statement that records its end)."""
         for execution, at in self._take(self._starts):
@@ -260,13 +337,25 @@ class Worker:
         due = [key for key, (_e, _at, when) in self._pending_starts.items() if when <= now]
         return [self._pending_starts.pop(key)[:2] for key in due]
 
+    def _due_deferred(self) -> list[Outcome]:
+        if not self._deferred:
+            return []
+        now = clock.monotonic()
+        due = [o for at, o in self._deferred if at <= now]
+        self._deferred = [(at, o) for at, o in self._deferred if at > now]
+        return due
+
     def _next_wait(self, census: Census) -> float:
         wait = self.poll_interval
         now = clock.monotonic()
+        for at, _o in self._deferred:
+            wait = min(wait, max(0.0, at - now) + 0.001)
         if census.next_deadline is not None:
             wait = min(wait, max(0.0, census.next_deadline - now) + 0.001)
         for _e, _at, when in self._pending_starts.values():
             wait = min(wait, max(0.0, when - now) + 0.001)
+        if census.unstarted:
+            wait = min(wait, MARKER_DELAY)  # an executor may start one at any moment
         return wait
 
     @staticmethod
@@ -279,7 +368,7 @@ class Worker:
                 return items
 
     def _round(
-        self, outcomes: list[Outcome], starts: list[tuple[Execution, dt.datetime]], claim: int
+        self, outcomes: list[Outcome], starts: list[tuple[Execution, float]], claim: int, idle: bool = False
     ) -> list[ClaimedTask] | None:
         """Write outcomes and start markers, claim ``claim`` more: one statement in the steady state."""
         manager = Task.objects.db_manager(self.using)
@@ -292,37 +381,67 @@ class Worker:
         results = [
             (o.execution.id, o.execution.token, o.value_json or "null", o.execution.started_epoch) for o in successes
         ]
-        markers = [(e.id, e.token, at.timestamp()) for e, at in starts]
+        markers = [(e.id, e.token, at) for e, at in starts]
         accepted: set[tuple[int, int]] = set()
         claimed: list[ClaimedTask] | None = []
         refused: list[Outcome] = []
         sent = clock.monotonic()
         try:
-            accepted, marked, claimed = manager.finish_start_claim(
-                self.id, results, markers, limit=claim, queues=self.queues, ttl=self.ttl
-            )
+            self.bind()
+            if markers or claim:
+                accepted, marked, claimed = manager.finish_start_claim(
+                    self.id,
+                    results,
+                    markers,
+                    limit=claim,
+                    queues=self.queues,
+                    ttl=self.ttl,
+                    isolate_after=self.isolate_after,
+                    # a task to run isolated goes only to a worker holding nothing else
+                    take_isolated=idle and self._zombies == 0,
+                )
+            else:  # only results: the plain finish statement is lighter to send
+                accepted, marked = (manager.complete_many(self.id, results) if results else set()), {}
         except CONNECTION_ERRORS as exc:
-            self.writer.connection_lost("finish-start-claim", exc)
             claimed = None
-            accepted, refused = self.writer.reconcile(
-                "writing results", successes, self.writer.send_completions, self.writer.completed
-            )
-            marked = self._resend_markers(starts)
-            if claim:
-                self.writer.return_unknown_claims(lambda key: key in self.ledger)
-            self._wake.wait(min(self.poll_interval, 0.5))
+            if is_lock_wait(exc):
+                # A row of ours is locked by another session: nothing committed, the connection is
+                # fine. Write the rest one by one now; the locked one waits for a later round.
+                logger.warning("worker %s: a row it is finishing is locked by another session: %s", self.id, exc)
+                accepted, refused = self.writer.complete(successes)
+                marked = self._resend_markers(starts)
+            else:
+                self.writer.connection_lost("finish-start-claim", exc)
+                accepted, refused = self.writer.reconcile(
+                    "writing results", successes, self.writer.send_completions, self.writer.completed
+                )
+                marked = self._resend_markers(starts)
+                if claim:
+                    self.writer.return_unknown_claims(lambda key: key in self.ledger)
+                self._wake.wait(min(self.poll_interval, 0.5))
         except DatabaseError as exc:
             # Refused, not lost: something in it cannot be stored. Nothing committed; isolate.
             logger.warning("worker %s: round refused by the database (%s); isolating", self.id, exc)
             claimed = None
             accepted, refused = self.writer.complete(successes)
             marked = self._resend_markers(starts)
-        for execution, _ in starts:
+        for execution, at in starts:
             started = marked.get(execution.key)
             if started is not None:
-                execution.attempt = started.attempt
+                if started is not LOCKED:
+                    execution.attempt = started.attempt
+                else:  # its row is locked right now: send the marker again a little later
+                    self._pending_starts[execution.key] = (execution, at, clock.monotonic() + 0.5)
             elif not execution.lost:
                 execution.mark_lost("its start could not be recorded: the claim is no longer ours")
+        deferred = self.writer.deferred
+        if deferred:
+            self.writer.deferred = []
+            keys = {o.key for o in deferred}
+            successes = [o for o in successes if o.key not in keys]
+            failures = [o for o in failures if o.key not in keys]
+            retry_at = clock.monotonic() + 0.5
+            self._deferred += [(retry_at, o) for o in deferred]
         if refused:
             for outcome in refused:
                 outcome.failure = minimal_failure(outcome, "the database refused the result")
@@ -331,20 +450,26 @@ class Worker:
             failures += refused
             successes = [o for o in successes if o.ok]
         self._settle(successes, accepted, failures, failed)
-        for task in claimed or []:
-            execution = Execution(task, self.id, self.ttl, sent, self.using)
-            self.ledger.add([execution])
-            self.stats["claimed"] += 1
-            self._work.put(execution)
+        if claimed:
+            executions = [Execution(task, self.id, self.ttl, sent, self.using) for task in claimed]
+            self.ledger.add(executions)  # before any executor can see them
+            self.stats["claimed"] += len(executions)
+            for execution in executions:
+                self._work.put(execution)
         return claimed
 
-    def _resend_markers(self, starts: list[tuple[Execution, dt.datetime]]) -> dict[tuple[int, int], Any]:
+    def _resend_markers(self, starts: list[tuple[Execution, float]]) -> dict[tuple[int, int], Any]:
         marked: dict[tuple[int, int], Any] = {}
         manager = Task.objects.db_manager(self.using)
         for execution, _at in starts:
             # Idempotent: a marker that did land matches again and changes nothing.
             def mark(e: Execution = execution) -> Any:
-                return manager.start(e.id, self.id, e.token)
+                try:
+                    return manager.start(e.id, self.id, e.token)
+                except CONNECTION_ERRORS as exc:
+                    if is_lock_wait(exc):
+                        return LOCKED
+                    raise
 
             started = retrying("recording a start", self, mark)
             if started is not None:
@@ -372,6 +497,8 @@ class Worker:
             if not self.ledger.abandon(execution):
                 continue  # it finished in the meantime
             self.isolation.release(execution)  # a stuck handler must not keep anything else from running
+            self._zombies += 1
+            self.stats["zombies"] = self._zombies
             timeout = execution.task.timeout or 0.0
             reason = f"ran past its timeout of {timeout:g}s: abandoned, its late result will be refused"
             execution.mark_lost(reason)
@@ -381,19 +508,29 @@ class Worker:
             self._outcomes.put(Outcome(execution, failure=failure))
             if not self._draining.is_set():
                 self._spawn_executor()  # the stuck thread retires when (if) its handler returns
+            if self._zombies > 2 * self.concurrency and not self._draining.is_set():
+                logger.error(
+                    "worker %s: %d handlers stuck past their timeouts; stopping so that a supervisor"
+                    " restarts a clean process",
+                    self.id,
+                    self._zombies,
+                )
+                self.request_stop()
 
     def _take_returns(self) -> None:
         returns = self._take(self._returns)
         if not returns:
             return
-        live = [e for e in returns if not e.lost]
-        if live:
-            retrying(
-                "handing back claims",
-                self,
-                lambda: Task.objects.db_manager(self.using).hand_back(self.id, [e.key for e in live]),
-            )
-            self.stats["claimed"] -= len(live)
+        # Lapsed ones too: "lost" is this worker's own (early) verdict; if the row is still ours, it
+        # goes back now rather than after its lease (the compare-and-set refuses the rest).
+        retrying(
+            "handing back claims",
+            self,
+            lambda: Task.objects.db_manager(self.using).hand_back(
+                self.id, [e.key for e in returns], reason="handed back by its worker before it could run"
+            ),
+        )
+        self.stats["claimed"] -= len(returns)
         self.ledger.remove(e.key for e in returns)
 
     def _hand_back_unstarted(self) -> None:
@@ -462,8 +599,6 @@ class Worker:
 
     def _run_one(self, execution: Execution) -> bool:
         """Run one attempt to an outcome. Returns True when this thread must retire."""
-        if execution.lost or self._draining.is_set():
-            return self._return(execution)  # a lapsed or unwanted claim: not ours to run
         isolated = execution.task.isolate
         if isolated:
             # Its workers vanished beside other attempts more than once: run it alone, so that if it
@@ -476,7 +611,7 @@ class Worker:
             return self._return(execution)
         try:
             if execution.lost or self._draining.is_set():
-                return self._return(execution)
+                return self._return(execution)  # a lapsed or unwanted claim: not ours to run
             return self._run_admitted(execution, isolated)
         finally:
             self.isolation.release(execution)
@@ -485,25 +620,28 @@ class Worker:
         if execution.task.suspect:
             # An earlier worker vanished while holding this task: mark the start before the handler
             # runs, so a poison pill is charged for every try after the first.
-            try:
-                started = Task.objects.db_manager(self.using).start(
-                    execution.id, self.id, execution.token, isolated=isolated
-                )
-            except DatabaseError as exc:
-                logger.warning("task %d: could not record its start: %s", execution.id, exc)
-                connections[self.using].close()
-                started = None
+            # Idempotent, so a start whose reply was lost is simply sent again. An abandoned thread
+            # still running in this process means the attempt does not run alone after all.
+            alone = isolated and self._zombies == 0
+            started = retrying(
+                "recording a start",
+                self,
+                lambda: Task.objects.db_manager(self.using).start(
+                    execution.id, self.id, execution.token, isolated=alone
+                ),
+            )
             if started is None:
                 execution.mark_lost("the claim lapsed before it could start")
                 return self._return(execution)
             execution.begin(started)
             self.ledger.begin(execution)
         else:
-            now = dt.datetime.now(dt.UTC)
+            now = time.time()
             execution.begin_local(now)
             self.ledger.begin(execution)
+            # No wake-up: the dispatcher looks for start markers every MARKER_DELAY while it holds
+            # claims that may start, and an outcome wakes it anyway.
             self._starts.put((execution, now))
-            self._wake.set()
         self.stats["started"] += 1
         try:
             outcome = self._execute(execution)
@@ -515,6 +653,8 @@ class Worker:
             elapsed if self._duration is None else self._duration + DURATION_SMOOTHING * (elapsed - self._duration)
         )
         if not self.ledger.finish(execution):
+            self._zombies -= 1
+            self.stats["zombies"] = self._zombies
             self.stats["late_results_dropped"] += 1
             logger.warning("task %d: late result of an abandoned attempt dropped", execution.id)
             return True
@@ -561,16 +701,22 @@ class Worker:
     # -- heartbeat -------------------------------------------------------------------------------
 
     def _heartbeat(self) -> None:
+        self._own_threads.add(threading.get_ident())
         interval = self.ttl / 3
         delay = 0.0  # a first beat at once registers the worker as alive
         try:
             while not self._stop.wait(delay):
                 delay = interval * random.uniform(0.9, 1.1)
-                held = self.ledger.to_heartbeat()
                 sent = clock.monotonic()
+                held = self.ledger.to_heartbeat(sent, self.ttl)
                 try:
-                    lost = Task.objects.db_manager(self.using).heartbeat(
-                        self.id, [e.key for e in held], ttl=self.ttl, stats=self.stats
+                    self.bind()
+                    renewed, busy = Task.objects.db_manager(self.using).heartbeat_detail(
+                        self.id,
+                        [e.key for e in held],
+                        ttl=self.ttl,
+                        stats=self.stats,
+                        running=self.ledger.census(sent).running + self._zombies,
                     )
                 except DatabaseError as exc:
                     self.stats["heartbeat_failures"] += 1
@@ -579,13 +725,18 @@ class Worker:
                     delay = min(interval, 1.0)
                     continue
                 self.stats["heartbeats"] += 1
+                self._last_beat = sent
                 for execution in held:
-                    if execution.key in lost:
+                    if execution.key in renewed:
+                        execution.renewed(sent, self.ttl)
+                    elif execution.key in busy:
+                        # Ours, but another session holds its row lock: not renewed this beat. If that
+                        # lasts a TTL, the local deadline gives the attempt up.
+                        self.stats["heartbeat_busy"] += 1
+                    elif not execution.finished:  # a finish that committed meanwhile is no loss
                         execution.mark_lost("heartbeat rejected: lease expired, task recovered or cancelled")
                         self.stats["lost"] += 1
                         logger.warning("task %d: lease lost; its result will be rejected", execution.id)
-                    else:
-                        execution.renewed(sent, self.ttl)
         finally:
             connections.close_all()
 
@@ -629,6 +780,7 @@ class Worker:
                 "queues": self.queues,
                 "concurrency": self.concurrency,
                 "ttl": self.ttl,
+                "started_at": Now(),  # a new incarnation, even under a reused id (crash attribution)
                 "stopped_at": None,
                 "stop_reason": "",
             },
@@ -661,16 +813,23 @@ class Worker:
     def _shutdown(self) -> None:
         self._abandon(self.ledger.census(clock.monotonic()).overdue)
         self._take_returns()
-        outcomes = self._take(self._outcomes)
-        for execution, at in self._take(self._starts):
-            self._pending_starts[execution.key] = (execution, at, 0.0)
-        starts = [
-            (e, at) for key, (e, at, _when) in self._pending_starts.items() if key not in {o.key for o in outcomes}
-        ]
-        self._pending_starts.clear()
-        if outcomes or starts:
+        # Outcomes may still arrive while the last rounds are in flight: write until none is left.
+        pending = [o for _at, o in self._deferred]  # rows that were locked get one more try
+        self._deferred = []
+        for _ in range(10):
+            outcomes = self._take(self._outcomes) + pending
+            pending = []
+            for execution, at in self._take(self._starts):
+                self._pending_starts[execution.key] = (execution, at, 0.0)
+            ended = {o.key for o in outcomes}
+            starts = [(e, at) for key, (e, at, _when) in self._pending_starts.items() if key not in ended]
+            self._pending_starts.clear()
+            if not outcomes and not starts:
+                break
             self._round(outcomes, starts, 0)
-        unfinished = [e for e in self.ledger.snapshot() if not e.finished and not e.abandoned]
+        # Everything still held goes back: unstarted and running attempts, and finished ones whose
+        # outcome could not be written (their compare-and-set protects the rows they no longer own).
+        unfinished = [e for e in self.ledger.snapshot() if not e.abandoned]
         for execution in unfinished:
             execution.mark_lost("handed back at shutdown")
         if unfinished:

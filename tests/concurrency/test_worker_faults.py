@@ -316,11 +316,11 @@ def test_handler_killing_a_busy_worker_is_a_shared_crash_and_another_worker_fini
 
 
 def test_poison_pill_that_kills_every_worker_ends_failed_after_max_crashes(workers: Workers) -> None:
-    """Alone in its worker, each death is attributable and charged (beside other attempts the first
-    ISOLATE_AFTER would be shared: see the os._exit row); after MAX_CRASHES it is FAILED. Every try
-    is recorded."""
+    """Its first ISOLATE_AFTER deaths are shared crashes (not charged); from then on it runs
+    isolated, each death is charged, and after MAX_CRASHES it is FAILED. Every try is recorded."""
     max_crashes = 3
-    tries = max_crashes
+    isolate_after = 2  # the default of ISOLATE_AFTER
+    tries = isolate_after + max_crashes
     pill = Task.objects.enqueue(H + "exit_after_start", kwargs={"code": 3, "every_time": True}, max_attempts=1).id
     deaths: list[int | None] = []
     survivor: tuple[str, subprocess.Popen[bytes]] | None = None
@@ -338,10 +338,11 @@ def test_poison_pill_that_kills_every_worker_ends_failed_after_max_crashes(worke
     assert survivor is not None
     task = Task.objects.get(pk=pill)
     assert task.status == TaskStatus.FAILED
-    assert charges(task) == (tries, 0, max_crashes, 0, 0)
+    assert charges(task) == (tries, 0, max_crashes, isolate_after, 0)
     dead = [f"pill-{number}" for number in range(tries)]
     assert task.worker_ids == dead
-    assert [(entry["kind"], entry["worker"]) for entry in task.errors] == [("crash", name) for name in dead]
+    kinds = ["vanished"] * isolate_after + ["crash"] * max_crashes
+    assert [(entry["kind"], entry["worker"]) for entry in task.errors] == list(zip(kinds, dead, strict=True))
     assert {entry["exception_class_path"] for entry in task.errors} == {"tasks.exceptions.TaskLeaseLost"}
     assert effects(pill, "started") == tries  # one try per recorded error entry, none unrecorded
 

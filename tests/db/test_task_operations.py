@@ -267,27 +267,32 @@ def test_a_crash_beside_other_attempts_is_shared_and_after_isolate_after_the_tas
 
 
 def test_a_stalled_attempt_whose_worker_lived_on_is_charged() -> None:
-    """The worker kept heartbeating (its row stamped after the attempt's last renewal) without
-    renewing this attempt: the attempt itself stalled, so the crash is the task's."""
-    Worker.objects.create(id="w1", hostname="h", pid=1, concurrency=1, ttl=0.3)
+    """The same worker stamped its row between the attempt's last renewal and its expiry without
+    renewing the attempt: the attempt itself stalled, so the crash is the task's."""
+    Worker.objects.create(id="w1", hostname="h", pid=1, concurrency=1, ttl=1.0)
     task_id = enqueue()
-    claimed = Task.objects.claim("w1", limit=1, ttl=0.3, start=True)[0]
-    Task.objects.heartbeat("w1", [], ttl=0.3, stats={})  # too soon after the claim to count
-    wait_until(lambda: Task.objects.stuck().filter(pk=task_id).exists(), what="expiry")
-    Task.objects.heartbeat("w1", [], ttl=0.3, stats={})  # alive, but not renewing the attempt
-    assert claimed.id == task_id
-    [recovered] = Task.objects.recover_expired()
+    claimed = Task.objects.claim("w1", limit=1, ttl=1.0, start=True)[0]
+    acquired = Task.objects.get(pk=task_id).acquired_at
+    assert acquired is not None
+    beat_after = acquired + dt.timedelta(seconds=0.3)
+    wait_until(lambda: timezone.now() > beat_after, what="a beat's distance")
+    Task.objects.heartbeat("w1", [], ttl=1.0, stats={})  # alive, but not renewing the attempt
+    [recovered] = expire_and_recover(claimed.id)
     assert recovered.kind == "crash"
     row = Task.objects.get(pk=task_id)
     assert (row.crashes, row.shared_crashes) == (1, 0)
 
 
-def test_a_worker_that_died_running_one_attempt_alone_charges_that_attempt() -> None:
+def test_stamps_after_the_expiry_or_from_another_incarnation_do_not_charge_the_attempt() -> None:
+    """A frozen worker that thaws (or a restart under the same id) stamps its row after the attempt
+    expired: that says nothing about the attempt, which stays a shared crash."""
+    Worker.objects.create(id="w1", hostname="h", pid=1, concurrency=1, ttl=0.3)
     task_id = enqueue()
-    claimed = Task.objects.claim("w1", limit=1, ttl=0.05, start=True)[0]
-    assert claimed.id == task_id
-    [recovered] = expire_and_recover(task_id)
-    assert recovered.kind == "crash"
+    claim_one("w1", ttl=0.3)
+    wait_until(lambda: Task.objects.stuck().filter(pk=task_id).exists(), what="expiry")
+    Task.objects.heartbeat("w1", [], ttl=0.3, stats={})  # the thaw: after the expiry
+    [recovered] = Task.objects.recover_expired()
+    assert recovered.kind == "vanished"
 
 
 def test_a_poison_pill_running_isolated_ends_failed_after_max_crashes(settings: Any) -> None:

@@ -185,3 +185,17 @@ def work(seconds: float = 0.05, **kwargs: Any) -> int:
     """Stand-in for a short computation that touches no database (simulated work, not a wait)."""
     time.sleep(seconds)
     return os.getpid()
+
+
+# -- lock-holding handlers (tests/concurrency/test_worker_locks.py) ---------------------------------
+
+
+def checkpoint_in_atomic(gate: str, **kwargs: Any) -> str:
+    """A handler wrapped in ``transaction.atomic`` (a common habit) that checkpoints, then waits: the
+    checkpoint must not keep its own task row locked for the rest of the transaction."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        current_task().checkpoint({"step": 1})
+        _wait_for_gate(gate)
+    return "done"

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
+from django.db import connections
 
 from tasks.management.commands._common import (
     configure_logging,
@@ -46,7 +49,7 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         configure_logging(verbosity)
-        Worker(
+        worker = Worker(
             queues=queues,
             concurrency=concurrency,
             batch_size=batch_size,
@@ -57,4 +60,13 @@ class Command(BaseCommand):
             recovery_interval=recovery_interval,
             max_tasks=max_tasks,
             worker_id=worker_id,
-        ).run()
+            hard_exit_after=None,
+        )
+        # Past the grace period, the hand-back and a TTL's worth of retries, the process ends anyway.
+        worker.hard_exit_after = worker.shutdown_grace + 2 * worker.ttl + 5
+        worker.run()
+        # Task code may have left non-daemon threads behind; they must not keep a stopped worker
+        # alive. Everything of the worker's own is written and closed by now.
+        connections.close_all()
+        logging.shutdown()
+        os._exit(0)
