@@ -61,6 +61,7 @@ class ClaimedTask:
     priority: int
     enqueued_at: dt.datetime
     worker_ids: list[str] = field(default_factory=list)
+    #: Not read by the claim (fewer columns to decode on the hot path); the start marker returns them.
     started_at: dt.datetime | None = None
     last_attempted_at: dt.datetime | None = None
     #: An earlier attempt's worker vanished: this attempt is marked started before its handler runs.
@@ -185,10 +186,8 @@ def _claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
         priority=row[11],
         enqueued_at=row[12],
         worker_ids=_json(row[13]),
-        started_at=row[14],
-        last_attempted_at=row[15],
-        suspect=bool(row[16]),
-        isolate=bool(row[17]),
+        suspect=bool(row[14]),
+        isolate=bool(row[15]),
     )
 
 
@@ -487,7 +486,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             elif row[0] == "f":
                 finished.add((row[1], row[2]))
             else:
-                started[(row[1], row[2])] = Started(row[1], row[2], row[6], row[15], row[16])
+                started[(row[1], row[2])] = Started(row[1], row[2], row[6], row[9], row[13])
         claimed.sort(key=lambda task: (-task.priority, task.id))
         return finished, started, claimed
 

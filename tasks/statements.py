@@ -36,7 +36,7 @@ def _backoff_sql(exponent: str) -> str:
 
 CLAIM_RETURNING = (
     "t.id, t.token, t.task_path, t.args, t.kwargs, t.attempts, t.max_attempts, t.progress, t.expires_at,"
-    " t.timeout, t.queue, t.priority, t.enqueued_at, t.worker_ids, t.started_at, t.last_attempted_at,"
+    " t.timeout, t.queue, t.priority, t.enqueued_at, t.worker_ids,"
     " (t.crashes > 0 OR t.shared_crashes > 0 OR t.unstarted_returns > 0),"
     " t.shared_crashes >= %(isolate_after)s"
 )
@@ -217,11 +217,11 @@ WITH finished AS (
 SELECT 'c', claimed.* FROM claimed
 UNION ALL
 SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL
+       NULL, NULL
 FROM finished
 UNION ALL
-SELECT 's', started.id, started.token, NULL, NULL, NULL, started.attempts, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, started.started_at, started.last_attempted_at, NULL, NULL
+SELECT 's', started.id, started.token, NULL, NULL, NULL, started.attempts, NULL, NULL,
+       started.started_at, NULL, NULL, NULL, started.last_attempted_at, NULL, NULL, NULL  -- in timestamp columns
 FROM started
 """
 
@@ -241,7 +241,7 @@ WITH finished AS (
 SELECT 'c', claimed.* FROM claimed
 UNION ALL
 SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL
+       NULL, NULL
 FROM finished
 """
 
