@@ -207,7 +207,7 @@ def main() -> None:
         figure("demo.backlog.max", health.max_backlog, "runnable tasks waiting (largest sample)")
         figure("demo.stuck_long.max", health.max_stuck_long, "tasks stuck > TTL + interval + 2 s (goal 0)")
         figure("demo.recoveries", last.recoveries, "requeues after a lease expired")
-        figure("demo.crashes", last.crashes, "attributable crashes (the attempt stalled, or killed it alone)")
+        figure("demo.crashes", last.crashes, "attributable crashes (the attempt stalled, or ran isolated)")
         figure("demo.shared_crashes", last.shared_crashes, "attempts whose worker vanished beside others (uncharged)")
         figure("demo.failures", last.failures, "failed attempts (the handler's own)")
         figure("demo.returned_uncharged", last.returned, "claims returned uncharged")
