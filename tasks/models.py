@@ -61,9 +61,6 @@ class ClaimedTask:
     priority: int
     enqueued_at: dt.datetime
     worker_ids: list[str] = field(default_factory=list)
-    #: Not read by the claim (fewer columns to decode on the hot path); the start marker returns them.
-    started_at: dt.datetime | None = None
-    last_attempted_at: dt.datetime | None = None
     #: An earlier attempt's worker vanished: this attempt is marked started before its handler runs.
     suspect: bool = False
     #: Its workers vanished ISOLATE_AFTER times beside other attempts: run it alone in the process.
@@ -370,40 +367,31 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         process's own beat) the worker's row records it alive; without, only leases are touched.
         """
         attempts = list(held)
-        params = {
-            "worker": worker,
-            "ids": [a[0] for a in attempts],
-            "tokens": [a[1] for a in attempts],
-            "ttl": seconds(get_settings().TTL if ttl is None else ttl),
-            "running": len(attempts),
-            "stats": json.dumps(stats or {}),
-            "record_worker": stats is not None,  # only the worker process itself reports stats
-        }
-        answered = {(row[1], row[2]) for row in self._rows(sql.HEARTBEAT_SQL, params)}
-        return set(attempts) - answered
+        renewed, busy = self.heartbeat_detail(worker, attempts, ttl=ttl, stats=stats, running=len(attempts))
+        return set(attempts) - renewed - busy
 
     def heartbeat_detail(
         self,
         worker: str,
         held: Iterable[tuple[int, int]],
         *,
-        ttl: float,
-        stats: dict[str, Any],
-        running: int,
+        ttl: float | None = None,
+        stats: dict[str, Any] | None = None,
+        running: int = 0,
     ) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:
-        """The worker's own beat: (renewed, busy). Busy attempts are still ours but their rows are
-        locked by another session right now: not renewed this beat, not lost either. The rest of
-        ``held`` is lost. ``running`` is what the worker row records (attempts running, stuck
-        threads included), which recovery reads to attribute a crash."""
+        """The heartbeat statement: (renewed, busy). Busy attempts are still ours but their rows are
+        locked by another session right now: not renewed this beat, not lost either; the rest of
+        ``held`` is lost. Only a beat with ``stats`` (the worker process's own) stamps the worker
+        row, with ``running`` (attempts running, stuck threads included) for the workers page."""
         attempts = list(held)
         params = {
             "worker": worker,
             "ids": [a[0] for a in attempts],
             "tokens": [a[1] for a in attempts],
-            "ttl": seconds(ttl),
+            "ttl": seconds(get_settings().TTL if ttl is None else ttl),
             "running": running,
-            "stats": json.dumps(stats),
-            "record_worker": True,
+            "stats": json.dumps(stats or {}),
+            "record_worker": stats is not None,  # a client reusing the worker's name must not touch its row
         }
         renewed: set[tuple[int, int]] = set()
         busy: set[tuple[int, int]] = set()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
@@ -37,6 +38,16 @@ Key = tuple[int, int]
 CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
 
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """One kind of outcome: how to send a batch of them, and how to tell from where an attempt ended
+    that its write landed (for reconciliation after a lost reply)."""
+
+    what: str
+    send: Callable[[Sequence[Outcome]], set[Key]]
+    landed: Callable[[AttemptFate, Outcome], bool]
+
+
 class OutcomeWriter:
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
@@ -44,6 +55,8 @@ class OutcomeWriter:
         self.fail_results: dict[Key, FailOutcome] = {}
         #: Outcomes whose row another session holds locked: the dispatcher retries them later.
         self.deferred: list[Outcome] = []
+        self.completions = Kind("writing results", self.send_completions, self.completed)
+        self.failures = Kind("writing failures", self.send_failures, self.failed)
 
     @property
     def _manager(self) -> Any:
@@ -77,7 +90,7 @@ class OutcomeWriter:
         """Write successes; returns (accepted, refused by the database as unstorable)."""
         if not successes:
             return set(), []
-        return self.apply("writing results", successes, self.send_completions, self.completed)
+        return self.apply(self.completions, successes)
 
     # -- failures ------------------------------------------------------------------------------
 
@@ -97,11 +110,11 @@ class OutcomeWriter:
         """Write failures; a failure the database refuses is written again with a minimal error."""
         if not failures:
             return set()
-        written, refused = self.apply("writing failures", failures, self.send_failures, self.failed)
+        written, refused = self.apply(self.failures, failures)
         if refused:
             for outcome in refused:
                 outcome.failure = minimal_failure(outcome, "the failure report itself could not be stored")
-            again, still_refused = self.apply("writing failures", refused, self.send_failures, self.failed)
+            again, still_refused = self.apply(self.failures, refused)
             written |= again
             for outcome in still_refused:
                 logger.error(
@@ -112,19 +125,13 @@ class OutcomeWriter:
 
     # -- the machinery -------------------------------------------------------------------------
 
-    def apply(
-        self,
-        what: str,
-        items: Sequence[Outcome],
-        send: Callable[[Sequence[Outcome]], set[Key]],
-        landed: Callable[[AttemptFate, Outcome], bool],
-    ) -> tuple[set[Key], list[Outcome]]:
+    def apply(self, kind: Kind, items: Sequence[Outcome]) -> tuple[set[Key], list[Outcome]]:
         """Send ``items``; reconcile after a connection error, isolate after a refusal.
 
         Returns (keys written, items the database refused to store).
         """
         try:
-            return send(items), []
+            return kind.send(items), []
         except CONNECTION_ERRORS as exc:
             if is_lock_wait(exc):
                 # Another session holds one of these rows locked (nothing committed, the connection
@@ -135,42 +142,29 @@ class OutcomeWriter:
                     )
                     self.deferred.append(items[0])
                     return set(), []
-                return self.isolate(what, items, send, landed, exc)
-            self.connection_lost(what, exc)
-            return self.reconcile(what, items, send, landed)
+                return self.isolate(kind, items, exc)
+            self.connection_lost(kind.what, exc)
+            return self.reconcile(kind, items)
         except DatabaseError as exc:
-            return self.isolate(what, items, send, landed, exc)
+            return self.isolate(kind, items, exc)
 
-    def isolate(
-        self,
-        what: str,
-        items: Sequence[Outcome],
-        send: Callable[[Sequence[Outcome]], set[Key]],
-        landed: Callable[[AttemptFate, Outcome], bool],
-        exc: Exception,
-    ) -> tuple[set[Key], list[Outcome]]:
+    def isolate(self, kind: Kind, items: Sequence[Outcome], exc: Exception) -> tuple[set[Key], list[Outcome]]:
         if len(items) == 1 and not is_lock_wait(exc):
-            logger.error("task %d: %s refused by the database: %s", items[0].execution.id, what, exc)
+            logger.error("task %d: %s refused by the database: %s", items[0].execution.id, kind.what, exc)
             items[0].extra["refused"] = storable_text(str(exc), 2000)
             return set(), list(items)
         logger.warning(
-            "worker %s: %s refused (%s); writing the %d attempts one by one", self.worker.id, what, exc, len(items)
+            "worker %s: %s refused (%s); writing the %d attempts one by one", self.worker.id, kind.what, exc, len(items)
         )
         written: set[Key] = set()
         refused: list[Outcome] = []
         for item in items:
-            ok, bad = self.apply(what, [item], send, landed)
+            ok, bad = self.apply(kind, [item])
             written |= ok
             refused += bad
         return written, refused
 
-    def reconcile(
-        self,
-        what: str,
-        items: Sequence[Outcome],
-        send: Callable[[Sequence[Outcome]], set[Key]],
-        landed: Callable[[AttemptFate, Outcome], bool],
-    ) -> tuple[set[Key], list[Outcome]]:
+    def reconcile(self, kind: Kind, items: Sequence[Outcome]) -> tuple[set[Key], list[Outcome]]:
         """After a connection error: find out which writes landed, re-send the rest, for one TTL."""
         give_up_at = self.worker.retry_deadline()
         written: set[Key] = set()
@@ -180,7 +174,7 @@ class OutcomeWriter:
                 logger.error(
                     "worker %s: giving up %s for %d attempt(s) after connection errors; their leases will lapse",
                     self.worker.id,
-                    what,
+                    kind.what,
                     len(pending),
                 )
                 for outcome in pending:
@@ -193,20 +187,20 @@ class OutcomeWriter:
                     fate = fates.get(outcome.execution.id)
                     if fate is None:
                         continue
-                    if landed(fate, outcome):
+                    if kind.landed(fate, outcome):
                         written.add(outcome.key)
                         self.worker.stats["reconciled"] += 1
                     elif fate.still_held_by(self.worker.id, outcome.execution.token):
                         resend.append(outcome)
                 pending = resend
                 if pending:
-                    written |= send(pending)
+                    written |= kind.send(pending)
                     pending = []
             except CONNECTION_ERRORS as exc:
-                self.connection_lost(what, exc)
+                self.connection_lost(kind.what, exc)
                 self._pause()
             except DatabaseError as exc:
-                ok, refused = self.isolate(what, pending, send, landed, exc)
+                ok, refused = self.isolate(kind, pending, exc)
                 return written | ok, refused
         return written, []
 

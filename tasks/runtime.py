@@ -57,9 +57,11 @@ class Execution:
         self.gate_slot: str | None = None  # "shared" / "exclusive" while it holds the isolation gate
         self.progress: Any = task.progress
         self.attempt = task.attempts  # the attempt number once START charged it
-        self._started_at: dt.datetime | None = task.started_at
+        # The claim does not read the task's start times (fewer columns on the hot path); a start
+        # marker that returns them fills these in.
+        self._started_at: dt.datetime | None = None
         self._attempted_epoch: float | None = None  # when this attempt began (epoch seconds)
-        self._attempted_at: dt.datetime | None = task.last_attempted_at
+        self._attempted_at: dt.datetime | None = None
         self._stalled_until = 0.0
 
     @property
@@ -88,10 +90,6 @@ class Execution:
     @property
     def token(self) -> int:
         return self.task.token
-
-    @property
-    def running(self) -> bool:
-        return self.started is not None
 
     def begin(self, started: Started) -> None:
         """The start marker committed before the handler runs (a suspect task)."""
@@ -151,17 +149,6 @@ class Execution:
         else:
             self.mark_lost("checkpoint rejected: the task is no longer ours")
         return saved
-
-    @property
-    def overdue(self) -> bool:
-        timeout = self.task.timeout
-        return timeout is not None and self.started is not None and clock.monotonic() - self.started > timeout
-
-    @property
-    def timeout_deadline(self) -> float | None:
-        if self.task.timeout is None or self.started is None:
-            return None
-        return self.started + self.task.timeout
 
     # -- fault injection ------------------------------------------------------------------------
 

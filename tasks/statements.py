@@ -108,6 +108,8 @@ RETURNING {CLAIM_RETURNING}
 # matches), so a worker that lost the reply may simply send it again. ``at`` is the executor's own
 # start time (what the handler was told) in epoch seconds (cheaper to send than timestamps); NULL
 # means "now" on the database clock.
+# An attempt that ended before its marker was sent is marked by the statement that records its end
+# (finish or fail: a row may be changed only once per statement, so the marker never goes beside it).
 _START_SET = """
     attempt_started = true,
     attempts = t.attempts + (NOT t.attempt_started)::int,
@@ -116,15 +118,6 @@ _START_SET = """
                              ELSE COALESCE(to_timestamp(d.at), clock_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END"""
 _STARTS = "unnest(%(start_ids)s::bigint[], %(start_tokens)s::bigint[], %(start_at)s::float8[]) AS d(id, token, at)"
-# An attempt that ended before its marker was sent is marked by the statement that records its end
-# (a row may be changed only once per statement, so the marker is never sent beside the finish).
-_FOLDED_START = """
-    attempt_started = true,
-    attempts = t.attempts + (NOT t.attempt_started)::int,
-    started_at = COALESCE(t.started_at, to_timestamp(d.at), clock_timestamp()),
-    last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
-                             ELSE COALESCE(to_timestamp(d.at), clock_timestamp()) END,
-    worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END"""
 
 # A suspect's attempt is marked before its handler runs (one statement, by the executor).
 START_SQL = f"""
@@ -178,7 +171,7 @@ WHERE id = %(id)s AND holder = %(worker)s AND token = %(token)s AND status = 'RU
 _OWNED = "t.id = d.id AND t.token = d.token AND t.holder = %(worker)s AND t.status = 'RUNNING'"
 _LIVE = "t.expires_at > clock_timestamp()"
 
-_COMPLETE_SET = f"""{_FOLDED_START},
+_COMPLETE_SET = f"""{_START_SET},
     status = 'SUCCESSFUL',
     return_value = d.return_value,
     finished_at = clock_timestamp(),
@@ -196,53 +189,44 @@ RETURNING t.id, t.token
 # The dispatcher's steady state in ONE statement (one round trip, one commit): finish the attempts
 # that completed, mark the ones that began, claim the next batch. The CTEs touch disjoint rows
 # (finished and started are distinct attempts of ours; claimed rows are READY), and every row of
-# ours is guarded by holder + token + RUNNING + live lease.
-FINISH_START_CLAIM_SQL = f"""
-WITH finished AS (
+# ours is guarded by holder + token + RUNNING + live lease. Rows come back tagged: 'c' claimed (the
+# claim's columns), 'f' finished, 's' started (its times placed in the timestamp columns).
+_FINISHED_CTE = f"""finished AS (
     UPDATE tasks_task AS t SET {_COMPLETE_SET}
     FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[], %(started)s::float8[])
          AS d(id, token, return_value, at)
     WHERE {_OWNED} AND {_LIVE}
     RETURNING t.id, t.token
-), started AS (
+)"""
+_CLAIMED_CTE = f"""claimed AS (
+    UPDATE tasks_task AS t SET {_CLAIM_SET}
+    {_PICK}
+    RETURNING {CLAIM_RETURNING}
+)"""
+_CLAIMED_AND_FINISHED = """SELECT 'c', claimed.* FROM claimed
+UNION ALL
+SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL
+FROM finished"""
+
+# The usual round (a short task's start rides on its finish): no marker arrays to send.
+FINISH_AND_CLAIM_SQL = f"""
+WITH {_FINISHED_CTE}, {_CLAIMED_CTE}
+{_CLAIMED_AND_FINISHED}
+"""
+
+FINISH_START_CLAIM_SQL = f"""
+WITH {_FINISHED_CTE}, started AS (
     UPDATE tasks_task AS t SET {_START_SET}
     FROM {_STARTS}
     WHERE {_OWNED} AND {_LIVE}
     RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
-), claimed AS (
-    UPDATE tasks_task AS t SET {_CLAIM_SET}
-    {_PICK}
-    RETURNING {CLAIM_RETURNING}
-)
-SELECT 'c', claimed.* FROM claimed
-UNION ALL
-SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL
-FROM finished
+), {_CLAIMED_CTE}
+{_CLAIMED_AND_FINISHED}
 UNION ALL
 SELECT 's', started.id, started.token, NULL, NULL, NULL, started.attempts, NULL, NULL,
-       started.started_at, NULL, NULL, NULL, started.last_attempted_at, NULL, NULL, NULL  -- in timestamp columns
+       started.started_at, NULL, NULL, NULL, started.last_attempted_at, NULL, NULL, NULL
 FROM started
-"""
-
-# The same round when no start marker is due (the usual case for short tasks): fewer arrays to send.
-FINISH_AND_CLAIM_SQL = f"""
-WITH finished AS (
-    UPDATE tasks_task AS t SET {_COMPLETE_SET}
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[], %(started)s::float8[])
-         AS d(id, token, return_value, at)
-    WHERE {_OWNED} AND {_LIVE}
-    RETURNING t.id, t.token
-), claimed AS (
-    UPDATE tasks_task AS t SET {_CLAIM_SET}
-    {_PICK}
-    RETURNING {CLAIM_RETURNING}
-)
-SELECT 'c', claimed.* FROM claimed
-UNION ALL
-SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL
-FROM finished
 """
 
 _RETRYABLE = "(d.retry AND t.failures + 1 < t.max_attempts)"

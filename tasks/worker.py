@@ -412,9 +412,7 @@ class Worker:
                 marked = self._resend_markers(starts)
             else:
                 self.writer.connection_lost("finish-start-claim", exc)
-                accepted, refused = self.writer.reconcile(
-                    "writing results", successes, self.writer.send_completions, self.writer.completed
-                )
+                accepted, refused = self.writer.reconcile(self.writer.completions, successes)
                 marked = self._resend_markers(starts)
                 if claim:
                     self.writer.return_unknown_claims(lambda key: key in self.ledger)
