@@ -96,7 +96,7 @@ def _raw_worker(params: dict[str, Any], index: int, start: Any, done: Any) -> No
 
     import psycopg
 
-    from tasks.statements import CLAIM_SQL, COMPLETE_SQL
+    from tasks.statements import CLAIM_SQL, COMPLETE_SQL, claim_params
 
     worker = f"raw-{index}"
     with psycopg.connect(**params, autocommit=True) as conn:
@@ -104,8 +104,15 @@ def _raw_worker(params: dict[str, Any], index: int, start: Any, done: Any) -> No
         start.wait()
         while True:
             cursor.execute(
-                CLAIM_SQL,
-                {"worker": worker, "ttl": 30.0, "queues": ["bench"], "limit": 64, "start": True, "isolate_after": 2},
+                CLAIM_SQL[0],
+                {
+                    "worker": worker,
+                    "ttl": 30.0,
+                    "limit": 64,
+                    "start": True,
+                    "isolate_after": 2,
+                    **claim_params(["bench"], busy=False, isolate_after=2),
+                },
             )
             rows = cursor.fetchall()
             if not rows:

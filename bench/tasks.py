@@ -9,7 +9,10 @@ Prints one figure per line:
   timed from the enqueue of the batch to the last completion;
 - enqueue-to-start latency of single tasks sent to an idle worker, p50 and p99 (ms);
 - SIGKILL-to-rerun: a worker is killed mid-task; seconds until another worker starts it again,
-  beside the bound TTL + recovery interval + 1 s.
+  beside the bound TTL + recovery interval + 1 s;
+- claim cost (median of one-task claims, rolled back) on an empty table and beside 1,000,000 finished
+  rows, 300,000 READY rows of another queue and 300,000 deferred higher-priority rows of the same
+  queue, and the ratio (goal: at most 3); also a claim from an empty queue beside those backlogs.
 """
 
 from __future__ import annotations
@@ -152,6 +155,52 @@ def bench_kill_to_rerun(ttl: float, interval: float, log_dir: Path) -> float:
     return (rerun_at - killed_at).total_seconds()
 
 
+def _claim_ms(queue: str, samples: int = 300) -> float:
+    """Median wall time of the worker's claim statement (one task, rolled back so it stays)."""
+    from django.db import transaction
+
+    from tasks.models import Task
+
+    times = []
+    for _ in range(samples):
+        with transaction.atomic():
+            started = time.perf_counter()
+            Task.objects.claim("bench-claimer", limit=1, queues=[queue], take_isolated=False)
+            times.append(time.perf_counter() - started)
+            transaction.set_rollback(True)
+    return statistics.median(times) * 1000
+
+
+_ROWS = """
+INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, finished_at,
+    attempts, max_attempts, errors, worker_ids, renewals, transitions, failures, crashes, shared_crashes,
+    unstarted_returns, attempt_started, attempt_isolated)
+SELECT %s, %s, 'bench.handlers.noop', '[]', '{}', %s, now() + make_interval(secs => %s),
+       now(), CASE WHEN %s = 'SUCCESSFUL' THEN now() END, 0, 3, '[]', '[]', 0, 0, 0, 0, 0, 0, false, false
+FROM generate_series(1, %s)
+"""
+
+
+def bench_claim_cost() -> tuple[float, float, float]:
+    """(empty-table claim ms, claim ms beside the backlogs, empty-queue claim ms beside them)."""
+    from django.db import connection
+
+    from tasks.models import Task
+
+    reset()
+    Task.objects.enqueue(NOOP, queue="bench")
+    empty = _claim_ms("bench")
+    with connection.cursor() as cursor:
+        for queue, priority, status, delay, count in (
+            ("bench", 0, "SUCCESSFUL", 0, 1_000_000),
+            ("bulk", 5, "READY", 0, 300_000),
+            ("bench", 10, "READY", 86_400, 300_000),
+        ):
+            cursor.execute(_ROWS, [queue, priority, status, delay, status, count])
+        cursor.execute("VACUUM ANALYZE tasks_task")
+    return empty, _claim_ms("bench"), _claim_ms("nothing-here")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=20_000)
@@ -175,6 +224,11 @@ def main() -> None:
         ttl, interval = 5.0, 1.0
         figure("tasks.sigkill_to_rerun", bench_kill_to_rerun(ttl, interval, log_dir), "s")
         figure("tasks.sigkill_to_rerun.bound", ttl + interval + 1, "s (TTL + recovery interval + 1)")
+        empty, backlog, idle = bench_claim_cost()
+        figure("tasks.claim.empty_table", empty, "ms")
+        figure("tasks.claim.beside_backlogs", backlog, "ms")
+        figure("tasks.claim.ratio", backlog / empty, "x (goal <= 3)")
+        figure("tasks.claim.empty_queue_beside_backlogs", idle, "ms")
     finally:
         reset()
         if server is not None:

@@ -73,11 +73,16 @@ class TaskAdmin(admin.ModelAdmin):
             return f"expired {-remaining.total_seconds():.0f} s ago"
         return f"in {remaining.total_seconds():.1f} s"
 
-    @admin.display(description="errors (every attempt)")
+    @admin.display(description="errors (the first and the newest)")
     def errors_display(self, obj: Task) -> str:
         if not obj.errors:
             return "-"
-        return format_html_join(
+        dropped = (
+            format_html("<p>{} entries dropped between the first and the newest</p>", obj.errors_dropped)
+            if obj.errors_dropped
+            else ""
+        )
+        history = format_html_join(
             "",
             "<div style='margin-bottom:1em'><strong>attempt {} · {}</strong> by {} at {}<br>{}<pre>{}</pre></div>",
             (
@@ -92,6 +97,7 @@ class TaskAdmin(admin.ModelAdmin):
                 for error in obj.errors
             ),
         )
+        return format_html("{}{}", dropped, history)
 
     @admin.action(permissions=["change"], description="Requeue finished tasks (fresh attempts)")
     def requeue(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:

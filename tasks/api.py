@@ -55,6 +55,7 @@ def task_json(task: Task) -> dict[str, Any]:
         "progress": task.progress,
         "output": task.return_value,
         "errors": task.errors,
+        "errors_dropped": task.errors_dropped,
         "worker_ids": task.worker_ids,
     }
 

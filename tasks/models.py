@@ -326,16 +326,17 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         With ``start`` the attempts begin (and are charged) at once, as for an HTTP client; a
         worker claims without it and sends :meth:`start` when an executor begins the task.
         """
+        names = list(queues)
+        isolate_after = get_settings().ISOLATE_AFTER
         params = {
             "worker": worker,
             "ttl": seconds(get_settings().TTL if ttl is None else ttl),
-            "queues": list(queues),
             "limit": limit,
             "start": start,
-            "isolate_after": get_settings().ISOLATE_AFTER,
-            "take_isolated": take_isolated,
+            "isolate_after": isolate_after,
+            **sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after),
         }
-        claimed = [_claimed_from_row(row) for row in self._rows(sql.CLAIM_SQL, params)]
+        claimed = [_claimed_from_row(row) for row in self._rows(sql.CLAIM_SQL[len(names) > 1], params)]
         claimed.sort(key=lambda task: (-task.priority, task.id))
         return claimed
 
@@ -446,6 +447,9 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         """One statement: finish ``results`` (id, token, JSON), mark ``starts`` (id, token, start
         time) begun, claim up to ``limit`` more. Returns (finished, started, claimed); attempts
         missing from the first two were refused by the compare-and-set: no longer ours."""
+        names = list(queues)
+        if isolate_after is None:
+            isolate_after = get_settings().ISOLATE_AFTER
         params: dict[str, Any] = {
             "worker": worker,
             "ids": [r[0] for r in results],
@@ -453,15 +457,14 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "values": [r[2] for r in results],
             "started": [r[3] if len(r) > 3 else None for r in results],
             "ttl": seconds(get_settings().TTL if ttl is None else ttl),
-            "queues": list(queues),
             "limit": limit,
             "start": False,
-            "isolate_after": get_settings().ISOLATE_AFTER if isolate_after is None else isolate_after,
-            "take_isolated": take_isolated,
+            "isolate_after": isolate_after,
+            **sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after),
         }
-        statement = sql.FINISH_AND_CLAIM_SQL
+        statement = sql.FINISH_AND_CLAIM_SQL[len(names) > 1]
         if starts:  # the usual round has none: a short task's start rides on its finish
-            statement = sql.FINISH_START_CLAIM_SQL
+            statement = sql.FINISH_START_CLAIM_SQL[len(names) > 1]
             params.update(
                 start_ids=[s[0] for s in starts], start_tokens=[s[1] for s in starts], start_at=[s[2] for s in starts]
             )
@@ -636,7 +639,14 @@ class Task(LeaseFields):
     timeout = models.FloatField(null=True, blank=True, help_text="Seconds an attempt may run.")
     dedup_key = models.CharField(max_length=255, null=True, blank=True)
     return_value = models.JSONField(null=True, blank=True)
-    errors = models.JSONField(default=list, blank=True, help_text="Every failed attempt: class, message, traceback.")
+    errors = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="How attempts ended (class, message, traceback): the first and the newest, at most ten.",
+    )
+    errors_dropped = models.IntegerField(
+        default=0, db_default=0, help_text="Error entries dropped from the middle of the history to bound it."
+    )
     worker_ids = models.JSONField(default=list, blank=True, help_text="The worker of each attempt.")
     progress = models.JSONField(null=True, blank=True, help_text="The last checkpoint.")
     progress_at = models.DateTimeField(null=True, blank=True)
@@ -646,12 +656,10 @@ class Task(LeaseFields):
     class Meta:
         ordering = ["-id"]
         indexes = [
-            # Exactly the claim's WHERE + ORDER BY (see CLAIM_SQL).
+            # Exactly the claim's WHERE + ORDER BY, per queue (see _PICK_ONE in statements.py).
             models.Index(
-                models.F("priority").desc(),
-                "run_after",
-                "id",
-                name="tasks_task_runnable_idx",
+                fields=["queue", "-priority", "run_after", "id", "shared_crashes"],
+                name="tasks_task_claim_idx",
                 condition=Q(status="READY"),
             ),
             # Recovery and the stuck list: running rows by lease expiry.

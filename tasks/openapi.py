@@ -333,6 +333,7 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                         "progress": {},
                         "output": {},
                         "errors": {"type": "array"},
+                        "errors_dropped": {"type": "integer"},
                         "worker_ids": {"type": "array", "items": {"type": "string"}},
                     },
                 },

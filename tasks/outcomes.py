@@ -26,7 +26,7 @@ _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 #: Longest stored error message and traceback (characters); longer ones keep their head and tail.
 MAX_MESSAGE = 10_000
-MAX_TRACEBACK = 64_000
+MAX_TRACEBACK = 16_000  # x MAX_ERRORS (10) entries: a row's error history stays under ~200 KB
 
 
 def storable_json(value: Any) -> str:

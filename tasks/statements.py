@@ -23,6 +23,8 @@ start) and every write to a held row is a compare-and-set on id + holder + token
 
 from __future__ import annotations
 
+from typing import Any
+
 from leasing.models import GRANT_SET
 
 
@@ -83,39 +85,73 @@ _CLAIM_SET = f"""
                       ELSE t.worker_ids END"""
 
 # The subquery picks and locks; SKIP LOCKED lets concurrent workers pick different rows without
-# waiting. Its WHERE/ORDER BY match the partial index tasks_task_runnable_idx exactly, so the plan
-# is an index scan over runnable rows only, however many finished rows the table holds. A task that
-# must run isolated is taken only by a worker that holds nothing else (``take_isolated``), so it never
-# waits inside a busy worker for a quiet moment (a filter on the index scan: such tasks are rare).
-_PICK = """
+# waiting. Its WHERE/ORDER BY match the partial index tasks_task_claim_idx (queue, priority DESC,
+# run_after, id, shared_crashes) WHERE status = 'READY', so a claim reads only runnable rows of its
+# own queue: finished rows, other queues' backlogs and (PostgreSQL 18's skip scan over priority)
+# deferred rows cost it nothing. Every condition is an index condition, checked on the index entry
+# before the row is fetched. A task that must run isolated (``shared_crashes`` at ISOLATE_AFTER) is
+# taken only by a worker that holds nothing else: ``isolation_bar`` is ISOLATE_AFTER for a busy
+# worker and no bar at all for an idle one (one statement text either way).
+# One queue: an ordered index scan. Several: the best ``limit`` of each queue (locked), the best
+# ``limit`` of those claimed; the rest are unlocked when the statement commits.
+_PICK_ONE = """
 FROM (
     SELECT id FROM tasks_task
-    WHERE status = 'READY' AND run_after <= statement_timestamp() AND queue = ANY(%(queues)s::text[])
-      AND (%(take_isolated)s::boolean OR shared_crashes < %(isolate_after)s)
+    WHERE status = 'READY' AND queue = %(queue)s AND run_after <= statement_timestamp()
+      AND shared_crashes < %(isolation_bar)s
     ORDER BY priority DESC, run_after, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ) AS picked
 WHERE t.id = picked.id"""
 
-CLAIM_SQL = f"""
+_PICK_MANY = """
+FROM (
+    SELECT p.id FROM unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL (
+        SELECT id, priority, run_after FROM tasks_task
+        WHERE status = 'READY' AND queue = q.name AND run_after <= statement_timestamp()
+          AND shared_crashes < %(isolation_bar)s
+        ORDER BY priority DESC, run_after, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS p
+    ORDER BY p.priority DESC, p.run_after, p.id
+    LIMIT %(limit)s
+) AS picked
+WHERE t.id = picked.id"""
+
+NO_ISOLATION_BAR = 2**31 - 1  # ``isolation_bar`` of an idle worker: it may take any task
+
+
+def claim_params(queues: list[str], *, busy: bool, isolate_after: int) -> dict[str, Any]:
+    """The queue and isolation parameters of every claim statement."""
+    return {
+        "queue": queues[0] if queues else "",
+        "queues": queues,
+        "isolation_bar": isolate_after if busy else NO_ISOLATION_BAR,
+    }
+
+
+def _claim_sql(pick: str) -> str:
+    return f"""
 UPDATE tasks_task AS t SET {_CLAIM_SET}
-{_PICK}
+{pick}
 RETURNING {CLAIM_RETURNING}
 """
+
 
 # The start marker. Idempotent (a resent marker whose first copy committed changes nothing and still
 # matches), so a worker that lost the reply may simply send it again. ``at`` is the executor's own
 # start time (what the handler was told) in epoch seconds (cheaper to send than timestamps); NULL
-# means "now" on the database clock.
+# means "now" on the database clock (the statement's timestamp: one value for both columns).
 # An attempt that ended before its marker was sent is marked by the statement that records its end
 # (finish or fail: a row may be changed only once per statement, so the marker never goes beside it).
 _START_SET = """
     attempt_started = true,
     attempts = t.attempts + (NOT t.attempt_started)::int,
-    started_at = COALESCE(t.started_at, to_timestamp(d.at), clock_timestamp()),
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), statement_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
-                             ELSE COALESCE(to_timestamp(d.at), clock_timestamp()) END,
+                             ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END"""
 _STARTS = "unnest(%(start_ids)s::bigint[], %(start_tokens)s::bigint[], %(start_at)s::float8[]) AS d(id, token, at)"
 
@@ -198,36 +234,66 @@ _FINISHED_CTE = f"""finished AS (
     WHERE {_OWNED} AND {_LIVE}
     RETURNING t.id, t.token
 )"""
-_CLAIMED_CTE = f"""claimed AS (
+
+
+def _claimed_cte(pick: str) -> str:
+    return f"""claimed AS (
     UPDATE tasks_task AS t SET {_CLAIM_SET}
-    {_PICK}
+    {pick}
     RETURNING {CLAIM_RETURNING}
 )"""
+
+
 _CLAIMED_AND_FINISHED = """SELECT 'c', claimed.* FROM claimed
 UNION ALL
 SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        NULL, NULL
 FROM finished"""
 
+
 # The usual round (a short task's start rides on its finish): no marker arrays to send.
-FINISH_AND_CLAIM_SQL = f"""
-WITH {_FINISHED_CTE}, {_CLAIMED_CTE}
+def _finish_and_claim_sql(pick: str) -> str:
+    return f"""
+WITH {_FINISHED_CTE}, {_claimed_cte(pick)}
 {_CLAIMED_AND_FINISHED}
 """
 
-FINISH_START_CLAIM_SQL = f"""
+
+def _finish_start_claim_sql(pick: str) -> str:
+    return f"""
 WITH {_FINISHED_CTE}, started AS (
     UPDATE tasks_task AS t SET {_START_SET}
     FROM {_STARTS}
     WHERE {_OWNED} AND {_LIVE}
     RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
-), {_CLAIMED_CTE}
+), {_claimed_cte(pick)}
 {_CLAIMED_AND_FINISHED}
 UNION ALL
 SELECT 's', started.id, started.token, NULL, NULL, NULL, started.attempts, NULL, NULL,
        started.started_at, NULL, NULL, NULL, started.last_attempted_at, NULL, NULL, NULL
 FROM started
 """
+
+
+# Each claiming statement in two forms, indexed by "claims from several queues".
+CLAIM_SQL = (_claim_sql(_PICK_ONE), _claim_sql(_PICK_MANY))
+FINISH_AND_CLAIM_SQL = (_finish_and_claim_sql(_PICK_ONE), _finish_and_claim_sql(_PICK_MANY))
+FINISH_START_CLAIM_SQL = (_finish_start_claim_sql(_PICK_ONE), _finish_start_claim_sql(_PICK_MANY))
+
+# The error history is bounded: a task failing, crashing or being requeued forever must not grow a
+# row without end (40 requeues of a 100 KB traceback made a 4.4 MB row). The first entry (how it
+# started to go wrong) and the newest MAX_ERRORS - 1 are kept; each entry dropped to make room is
+# counted in ``errors_dropped``. The newest entry stays last (``errors -> -1`` is how a worker whose
+# reply was lost tells that its write landed).
+MAX_ERRORS = 10
+_ERRORS_FULL = f"(jsonb_array_length(t.errors) >= {MAX_ERRORS})"
+
+
+def _append_error(entry: str) -> str:
+    """SET items appending ``entry`` (a jsonb object expression) to ``errors``, capped."""
+    return f"""errors = CASE WHEN {_ERRORS_FULL} THEN (t.errors - 1) ELSE t.errors END || jsonb_build_array({entry}),
+    errors_dropped = t.errors_dropped + {_ERRORS_FULL}::int"""
+
 
 _RETRYABLE = "(d.retry AND t.failures + 1 < t.max_attempts)"
 
@@ -245,9 +311,11 @@ UPDATE tasks_task AS t SET
     started_at = COALESCE(t.started_at, clock_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
-    errors = t.errors || jsonb_build_array(d.error || jsonb_build_object(
+    {
+    _append_error('''d.error || jsonb_build_object(
         'attempt', t.attempts + (NOT t.attempt_started)::int, 'worker', t.holder, 'token', t.token,
-        'kind', 'failure', 'at', clock_timestamp())),
+        'kind', 'failure', 'at', clock_timestamp())''')
+},
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(errors)s::jsonb[], %(retry)s::boolean[])
@@ -265,11 +333,13 @@ UPDATE tasks_task AS t SET
     run_after = LEAST(t.run_after, clock_timestamp()),
     attempt_started = false,
     attempt_isolated = false,
-    errors = CASE WHEN t.attempt_started THEN t.errors || jsonb_build_array(jsonb_build_object(
+    errors = CASE WHEN NOT t.attempt_started THEN t.errors
+                  WHEN {_ERRORS_FULL} THEN t.errors - 1 ELSE t.errors END
+        || CASE WHEN t.attempt_started THEN jsonb_build_array(jsonb_build_object(
         'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'kind', 'shutdown', 'at', clock_timestamp(),
         'exception_class_path', 'tasks.exceptions.WorkerShutdown',
-        'message', %(reason)s::text, 'traceback', ''))
-        ELSE t.errors END,
+        'message', %(reason)s::text, 'traceback', '')) ELSE '[]'::jsonb END,
+    errors_dropped = t.errors_dropped + (t.attempt_started AND {_ERRORS_FULL})::int,
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token)
@@ -300,6 +370,20 @@ _CRASHED = f"({_STARTED} AND {_ATTRIBUTABLE})"
 _SHARED = f"({_STARTED} AND NOT {_ATTRIBUTABLE})"
 _STILL_ALLOWED = f"(NOT {_CRASHED} OR t.crashes + 1 < %(max_crashes)s)"
 
+_RECOVERY_ENTRY = f"""jsonb_build_object(
+        'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'at', clock_timestamp(),
+        'kind', CASE WHEN {_CRASHED} THEN 'crash' WHEN {_SHARED} THEN 'vanished' WHEN {_NO_LEASE} THEN 'orphan'
+                     ELSE 'returned' END,
+        'exception_class_path', 'tasks.exceptions.TaskLeaseLost',
+        'message', CASE WHEN {_CRASHED} THEN 'lease expired: the attempt stalled or killed its worker (charged)'
+                        WHEN {_SHARED} THEN 'lease expired: its worker vanished with other attempts (not charged)'
+                        WHEN {_NO_LEASE} THEN 'orphan: running without a lease; repaired by recovery'
+                        ELSE 'lease expired before the attempt was known to start: returned uncharged' END,
+        'traceback', '',
+        'expired_at', t.expires_at,
+        'recovery_delay', EXTRACT(EPOCH FROM clock_timestamp() - t.expires_at),
+        'silent_for', EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(t.renewed_at, t.acquired_at)))"""
+
 # Requeue tasks whose lease expired (their worker died or stalled) and running rows without a lease
 # (impossible states, repaired). An attempt that never started goes back uncharged, keeping its place;
 # so does a shared crash (the first keeps its place: a crash is rarely the task's fault, and behind a
@@ -319,19 +403,7 @@ UPDATE tasks_task AS t SET
     unstarted_returns = t.unstarted_returns + (NOT t.attempt_started AND NOT {_NO_LEASE})::int,
     attempt_started = false,
     attempt_isolated = false,
-    errors = t.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'at', clock_timestamp(),
-        'kind', CASE WHEN {_CRASHED} THEN 'crash' WHEN {_SHARED} THEN 'vanished' WHEN {_NO_LEASE} THEN 'orphan'
-                     ELSE 'returned' END,
-        'exception_class_path', 'tasks.exceptions.TaskLeaseLost',
-        'message', CASE WHEN {_CRASHED} THEN 'lease expired: the attempt stalled or killed its worker (charged)'
-                        WHEN {_SHARED} THEN 'lease expired: its worker vanished with other attempts (not charged)'
-                        WHEN {_NO_LEASE} THEN 'orphan: running without a lease; repaired by recovery'
-                        ELSE 'lease expired before the attempt was known to start: returned uncharged' END,
-        'traceback', '',
-        'expired_at', t.expires_at,
-        'recovery_delay', EXTRACT(EPOCH FROM clock_timestamp() - t.expires_at),
-        'silent_for', EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(t.renewed_at, t.acquired_at)))),
+    {_append_error(_RECOVERY_ENTRY)},
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())
 FROM (

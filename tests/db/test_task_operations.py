@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import secrets
 import threading
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from tasks.models import NOTIFY_CHANNEL, Failure, Task, Worker
@@ -102,9 +103,23 @@ def test_claim_honours_run_after_and_queues() -> None:
     assert [c.id for c in Task.objects.claim("w1", limit=10)] == [later]
 
 
+def test_a_claim_from_several_queues_takes_the_best_of_them_all() -> None:
+    a_low = enqueue(queue="a", priority=0)
+    b_high = enqueue(queue="b", priority=9)
+    a_mid = enqueue(queue="a", priority=5)
+    b_low = enqueue(queue="b", priority=0)
+    enqueue(queue="c", priority=10)  # not served
+    enqueue(queue="b", priority=10, run_after=timezone.now() + dt.timedelta(hours=1))  # not due
+    assert [c.id for c in Task.objects.claim("w1", limit=3, queues=["a", "b"])] == [b_high, a_mid, a_low]
+    assert [c.id for c in Task.objects.claim("w1", limit=3, queues=["a", "b"])] == [b_low]
+
+
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_claims_skip_locked_rows_and_never_share_a_task() -> None:
-    Task.objects.bulk_enqueue(NOOP, [{}] * 400)
+@pytest.mark.parametrize("queues", [["default"], ["default", "other", "third"]], ids=["one-queue", "three-queues"])
+def test_concurrent_claims_skip_locked_rows_and_never_share_a_task(queues: list[str]) -> None:
+    for queue in queues:
+        Task.objects.bulk_enqueue(NOOP, [{}] * (400 // len(queues) + 1), queue=queue)
+    total = Task.objects.count()
     results: dict[str, list[int]] = {}
     start = threading.Barrier(4)
 
@@ -112,7 +127,7 @@ def test_concurrent_claims_skip_locked_rows_and_never_share_a_task() -> None:
         try:
             start.wait()
             mine: list[int] = []
-            while batch := Task.objects.claim(name, limit=7):
+            while batch := Task.objects.claim(name, limit=7, queues=queues):
                 mine.extend(c.id for c in batch)
             results[name] = mine
         finally:
@@ -124,7 +139,7 @@ def test_concurrent_claims_skip_locked_rows_and_never_share_a_task() -> None:
     for thread in threads:
         thread.join(60)
     all_ids = [task_id for ids in results.values() for task_id in ids]
-    assert len(all_ids) == len(set(all_ids)) == 400
+    assert len(all_ids) == len(set(all_ids)) == total
     assert sum(1 for ids in results.values() if ids) >= 2
 
 
@@ -202,6 +217,37 @@ def test_fail_retries_with_backoff_then_ends_failed_keeping_every_error(settings
         (2, "builtins.KeyError", "bad 2"),
     ]
     assert row.worker_ids == ["w1", "w1"]
+
+
+def test_the_error_history_is_bounded_keeping_the_first_and_the_newest_entries() -> None:
+    """Issue 11: failing with a 100 KB traceback and requeueing 40 times made a 4.4 MB row. Every way
+    an entry is added (failure, hand-back of a started attempt, recovery) keeps the history bounded."""
+    from tasks.statements import MAX_ERRORS
+
+    task_id = enqueue(max_attempts=1000)
+    huge = secrets.token_hex(50_000)  # 100 KB that does not compress away
+    for n in range(40):
+        claimed = Task.objects.claim("w1", start=True)[0]
+        kind = n % 3
+        if kind == 0:
+            Task.objects.fail(Failure(claimed.id, claimed.token, "builtins.ValueError", f"bad {n}", huge), "w1")
+        elif kind == 1:
+            Task.objects.hand_back("w1", [claimed.key], reason=f"stop {n}")
+        else:
+            Task.objects.filter(pk=task_id).update(expires_at=timezone.now() - dt.timedelta(seconds=1))
+            assert [r.id for r in Task.objects.recover_expired()] == [task_id]
+        Task.objects.filter(pk=task_id).retry_now()
+        row = Task.objects.get(pk=task_id)
+        assert len(row.errors) == min(n + 1, MAX_ERRORS)
+        assert row.errors_dropped == max(0, n + 1 - MAX_ERRORS)
+    row = Task.objects.get(pk=task_id)
+    assert row.errors[0]["message"] == "bad 0"  # how it started to go wrong
+    assert [e["attempt"] for e in row.errors] == [1, *range(40 - MAX_ERRORS + 2, 41)]  # then the newest
+    assert row.errors[-1]["token"] == row.token  # the newest entry stays last (attempt fates read it)
+    assert all(len(e.get("traceback", "")) <= 16_100 for e in row.errors)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_column_size(errors) FROM tasks_task WHERE id = %s", [task_id])
+        assert cursor.fetchone()[0] < 200_000
 
 
 def test_non_retryable_failure_is_terminal_at_once() -> None:
@@ -416,18 +462,62 @@ def test_enqueue_notifies_listeners_once_per_statement() -> None:
     assert sorted(payloads) == ["bulk", "later", "mail"]
 
 
-def test_claim_plan_walks_the_runnable_index_without_sorting_a_backlog() -> None:
-    ids = Task.objects.bulk_enqueue(NOOP, [{}] * 20_000)
-    Task.objects.filter(pk__in=ids[:10_000]).update(status="SUCCESSFUL")
+def _claim_plan(queues: list[str], *, busy: bool) -> dict[str, Any]:
+    """EXPLAIN ANALYZE of the worker's claim statement (rolled back), as JSON."""
+    from tasks.statements import CLAIM_SQL, claim_params
+
+    params = {
+        "worker": "plan",
+        "ttl": 30.0,
+        "limit": 10,
+        "start": False,
+        "isolate_after": 2,
+        **claim_params(queues, busy=busy, isolate_after=2),
+    }
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CLAIM_SQL[len(queues) > 1], params)
+        plan = cursor.fetchone()[0][0]["Plan"]
+        transaction.set_rollback(True)
+    return plan
+
+
+def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [plan, *(node for child in plan.get("Plans", []) for node in _nodes(child))]
+
+
+@pytest.mark.parametrize("queues", [["default"], ["default", "empty"]], ids=["one-queue", "two-queues"])
+def test_a_claim_reads_only_its_own_runnable_rows_whatever_other_queues_and_deferred_rows_hold(
+    queues: list[str],
+) -> None:
+    """Issue 13: 300,000 READY rows in another queue and 300,000 deferred higher-priority rows in
+    this one must not cost a claim anything (each used to add a scan of all of them)."""
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE tasks_task")
         cursor.execute(
-            "EXPLAIN SELECT id FROM tasks_task WHERE status = 'READY' AND run_after <= statement_timestamp()"
-            " AND queue = ANY(ARRAY['default']) ORDER BY priority DESC, run_after, id LIMIT 10 FOR UPDATE SKIP LOCKED"
+            "INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at,"
+            " attempts, max_attempts, errors, worker_ids, renewals, transitions, failures, crashes,"
+            " shared_crashes, unstarted_returns, attempt_started, attempt_isolated)"
+            " SELECT CASE WHEN g %% 2 = 0 THEN 'bulk' ELSE 'default' END, CASE WHEN g %% 2 = 0 THEN 5 ELSE 10 END,"
+            " %s, '[]', '{}', 'READY',"
+            " CASE WHEN g %% 2 = 0 THEN now() ELSE now() + interval '1 day' END, now(),"
+            " 0, 3, '[]', '[]', 0, 0, 0, 0, 0, 0, false, false"
+            " FROM generate_series(1, 600000) AS g",
+            [NOOP],
         )
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert "tasks_task_runnable_idx" in plan, plan
-    assert "Sort" not in plan, plan
+        cursor.execute("ANALYZE tasks_task")
+    due = [enqueue(priority=p) for p in (0, 1)]
+    for busy in (True, False):
+        plan = _claim_plan(queues, busy=busy)
+        nodes = _nodes(plan)
+        kinds = [node["Node Type"] for node in nodes]
+        assert "Seq Scan" not in kinds, kinds
+        scans = [node for node in nodes if node.get("Index Name") == "tasks_task_claim_idx"]
+        assert scans, kinds
+        # Only the two due rows of 'default' come out; the backlogs were never read row by row.
+        assert plan["Actual Rows"] == len(due), plan["Actual Rows"]
+        touched = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]  # the whole statement's
+        assert touched < 150, (touched, kinds)
+    if len(queues) == 1:
+        assert "Sort" not in kinds, kinds
 
 
 def test_a_recovered_or_handed_back_task_keeps_its_place_in_the_queue() -> None:
