@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self
 
-from django.db import IntegrityError, connections, models
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
@@ -750,3 +750,49 @@ class GeneratorState(FencedModel):
 
     def __str__(self) -> str:
         return f"generator {self.name}: {'running' if self.running else 'stopped'} at {self.rate}/s"
+
+
+class QueueControlQuerySet(models.QuerySet["QueueControl"]):
+    def pause(self, name: str, *, by: str = "", reason: str = "") -> QueueControl:
+        """Stop every worker and client from claiming ``name`` (from their next claim); running tasks
+        go on and finish. Enqueueing into a paused queue still works."""
+        _validate(queue=name, priority=0, max_attempts=1, timeout=None)
+        control, _ = self.update_or_create(
+            name=name, defaults={"paused": True, "changed_by": by[:200], "reason": reason[:500]}
+        )
+        return control
+
+    def resume(self, name: str, *, by: str = "") -> QueueControl:
+        """Let ``name`` be claimed again and wake idle workers at once (a NOTIFY, as an enqueue sends)."""
+        _validate(queue=name, priority=0, max_attempts=1, timeout=None)
+        with transaction.atomic(using=self.db):
+            control, _ = self.update_or_create(
+                name=name, defaults={"paused": False, "changed_by": by[:200], "reason": ""}
+            )
+            with connections[self.db].cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, name])
+        return control
+
+    def paused_names(self) -> list[str]:
+        return list(self.filter(paused=True).order_by("name").values_list("name", flat=True))
+
+
+class QueueControl(models.Model):
+    """The operator's switch for one queue: while ``paused``, claims take nothing from it.
+
+    The state lives in the database, so every replica obeys it; the claim statement reads it.
+    """
+
+    name = models.CharField(max_length=100, primary_key=True)
+    paused = models.BooleanField(default=False)
+    changed_at = models.DateTimeField(auto_now=True)
+    changed_by = models.CharField(max_length=200, blank=True, default="")
+    reason = models.CharField(max_length=500, blank=True, default="")
+
+    objects = QueueControlQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"queue {self.name}: {'paused' if self.paused else 'running'}"

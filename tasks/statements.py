@@ -94,11 +94,14 @@ _CLAIM_SET = f"""
 # worker and no bar at all for an idle one (one statement text either way).
 # One queue: an ordered index scan. Several: the best ``limit`` of each queue (locked), the best
 # ``limit`` of those claimed; the rest are unlocked when the statement commits.
+# A paused queue (a row of tasks_queuecontrol) gives nothing: checked once per queue per statement
+# (a primary-key probe), so a pause holds from the next claim of every worker and HTTP client.
 _PICK_ONE = """
 FROM (
     SELECT id FROM tasks_task
     WHERE status = 'READY' AND queue = %(queue)s AND run_after <= statement_timestamp()
       AND shared_crashes < %(isolation_bar)s
+      AND NOT EXISTS (SELECT 1 FROM tasks_queuecontrol WHERE name = %(queue)s AND paused)
     ORDER BY priority DESC, run_after, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -107,7 +110,10 @@ WHERE t.id = picked.id"""
 
 _PICK_MANY = """
 FROM (
-    SELECT p.id FROM unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL (
+    SELECT p.id FROM (
+        SELECT name FROM unnest(%(queues)s::text[]) AS u(name)
+        WHERE NOT EXISTS (SELECT 1 FROM tasks_queuecontrol AS c WHERE c.name = u.name AND c.paused)
+    ) AS q CROSS JOIN LATERAL (
         SELECT id, priority, run_after FROM tasks_task
         WHERE status = 'READY' AND queue = q.name AND run_after <= statement_timestamp()
           AND shared_crashes < %(isolation_bar)s

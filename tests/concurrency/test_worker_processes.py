@@ -199,3 +199,25 @@ def test_drain_hands_back_prefetched_tasks_at_once(workers: Any) -> None:
     Gate.objects.filter(key="held").update(open=True)
     assert worker.wait(30) == 0
     assert status_of(running) == TaskStatus.SUCCESSFUL
+
+
+def test_a_paused_queue_is_left_alone_while_its_running_task_finishes_and_resume_is_prompt(workers: Any) -> None:
+    from tasks.models import QueueControl
+
+    workers("--queues", "mail,bulk", "--poll-interval", "30", "-v", "2", worker_id="pauser")
+    running = Task.objects.enqueue("tests.testapp.handlers.block", kwargs={"gate": "paused-run"}, queue="mail").id
+    wait_for_status(running, "RUNNING")
+    QueueControl.objects.pause("mail", by="test")
+    waiting = [Task.objects.enqueue("tests.testapp.handlers.record", queue="mail").id for _ in range(3)]
+    flowing = [Task.objects.enqueue("tests.testapp.handlers.record", queue="bulk").id for _ in range(3)]
+    # The bulk tasks, enqueued after the mail ones, are claimed and run: the worker has claimed since.
+    for task_id in flowing:
+        wait_for_status(task_id, "SUCCESSFUL")
+    assert {status_of(task_id) for task_id in waiting} == {"READY"}
+    Gate.objects.create(key="paused-run", open=True)
+    wait_for_status(running, "SUCCESSFUL")  # a pause does not touch what already runs
+    assert {status_of(task_id) for task_id in waiting} == {"READY"}
+    QueueControl.objects.resume("mail", by="test")
+    # The worker polls every 30 s: only the NOTIFY sent by resume can wake it this soon.
+    for task_id in waiting:
+        wait_for_status(task_id, "SUCCESSFUL", timeout=10)
