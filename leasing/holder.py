@@ -45,7 +45,7 @@ from django.db import DEFAULT_DB_ALIAS, Error, connections
 from leasing import clock, metrics, signals
 from leasing.conf import get_settings
 from leasing.exceptions import LeaseAcquisitionError, LeaseLost
-from leasing.models import Grant, Lease, acquire_on, release_on, renew_on, seconds
+from leasing.models import Grant, Lease, acquire_on, acquire_slot_on, release_on, renew_on, seconds
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -181,9 +181,13 @@ class LeaseHolder:
         renew_interval: float | None = None,
         metadata: dict[str, Any] | None = None,
         using: str = DEFAULT_DB_ALIAS,
+        limit: int | None = None,
     ) -> None:
         conf = get_settings()
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"limit must be a whole number of slots, at least 1; got {limit!r}")
         self.resource = resource
+        self.limit = limit
         self.ttl = seconds(conf.DEFAULT_TTL if ttl is None else ttl)
         self.timeout = conf.ACQUIRE_TIMEOUT if timeout is None else float(timeout)
         if self.timeout < 0:
@@ -277,7 +281,10 @@ class LeaseHolder:
         """One acquire statement; True when the lease is now ours."""
         with self._statement_connection() as connection:
             sent = clock.monotonic()
-            grant = acquire_on(connection, self.resource, self.holder, self.ttl, self.metadata)
+            if self.limit is None:
+                grant = acquire_on(connection, self.resource, self.holder, self.ttl, self.metadata)
+            else:  # one of ``limit`` slots; the grant names the slot's own lease row
+                grant = acquire_slot_on(connection, self.resource, self.holder, self.ttl, self.limit, self.metadata)
         if grant is None:
             return False
         with self._state_lock:
@@ -293,6 +300,10 @@ class LeaseHolder:
         return min(remaining, backoff_delay(attempt, *self._backoff))
 
     def _acquisition_error(self) -> LeaseAcquisitionError:
+        if self.limit is not None:
+            return LeaseAcquisitionError(
+                f"all {self.limit} slots of {self.resource!r} are held by others (waited {self.timeout:g}s)"
+            )
         return LeaseAcquisitionError(f"lease {self.resource!r} is held by another holder (waited {self.timeout:g}s)")
 
     def acquire(self) -> Self:
@@ -516,11 +527,16 @@ def lease(
     renew_interval: float | None = None,
     metadata: dict[str, Any] | None = None,
     using: str = DEFAULT_DB_ALIAS,
+    limit: int | None = None,
 ) -> LeaseHolder:
     """A lease on ``resource`` for a ``with`` or ``async with`` block.
 
     ``timeout`` (seconds, default ``LEASING["ACQUIRE_TIMEOUT"]``) bounds the wait for a held lease;
     0 tries once. Raises :class:`LeaseAcquisitionError` when the wait runs out.
+
+    With ``limit=N`` the lease is one of N slots of a counting semaphore (at most N holders at once
+    on the database clock); ``holder.grant.resource`` names the slot (``resource#k``), whose
+    fencing token, renewal and loss detection are those of a plain lease.
     """
     return LeaseHolder(
         resource,
@@ -531,4 +547,5 @@ def lease(
         renew_interval=renew_interval,
         metadata=metadata,
         using=using,
+        limit=limit,
     )

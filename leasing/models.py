@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
@@ -154,6 +155,77 @@ WHERE resource = %(resource)s AND holder = %(holder)s AND token = %(token)s
 """
 
 
+def slot_name(resource: str, slot: int) -> str:
+    """The lease row behind slot ``slot`` of the counting semaphore ``resource``."""
+    return f"{resource}#{slot}"
+
+
+# A counting semaphore of N slots is N ordinary lease rows (``resource#0`` .. ``resource#N-1``): each
+# slot has the TTL, renewal, release, loss detection and fencing token of a plain lease, and since a
+# row holds one live grant at most, N rows hold at most N. Taking one is ONE statement: lock the first
+# free slot row (expired or released; SKIP LOCKED passes slots another acquirer is taking, and a row
+# taken since this statement's snapshot fails the recheck under its lock), or, when every existing slot
+# is held, create a missing one (ON CONFLICT DO NOTHING: two acquirers creating the same slot cannot
+# both win; the loser gets nothing and retries, like any acquirer of a busy lease).
+ACQUIRE_SLOT_SQL = f"""
+WITH slots AS (
+    SELECT %(resource)s || '#' || k AS name, k FROM generate_series(0, %(limit)s - 1) AS k
+), free AS (
+    SELECT lease.id FROM leasing_lease AS lease JOIN slots ON lease.resource = slots.name
+    WHERE lease.expires_at <= clock_timestamp() OR lease.released_at IS NOT NULL
+    ORDER BY slots.k
+    LIMIT 1
+    FOR UPDATE OF lease SKIP LOCKED
+), taken AS (
+    UPDATE leasing_lease AS lease SET
+        holder = %(holder)s,
+        {GRANT_SET},
+        transitions = lease.transitions + (lease.holder IS DISTINCT FROM %(holder)s)::int,
+        metadata = COALESCE(%(metadata)s::jsonb, lease.metadata)
+    FROM free WHERE lease.id = free.id
+    {_RETURNING.replace("RETURNING ", "RETURNING lease.").replace(", ", ", lease.")}
+), created AS (
+    INSERT INTO leasing_lease AS lease
+        (resource, holder, token, created_at, acquired_at, renewed_at, released_at, expires_at,
+         renewals, transitions, metadata)
+    SELECT slots.name, %(holder)s, nextval('{FENCE_SEQUENCE}'), clock_timestamp(), clock_timestamp(), NULL, NULL,
+           clock_timestamp() + make_interval(secs => %(ttl)s), 0, 0, %(metadata)s::jsonb
+    FROM slots
+    WHERE NOT EXISTS (SELECT 1 FROM taken)
+      AND NOT EXISTS (SELECT 1 FROM leasing_lease AS existing WHERE existing.resource = slots.name)
+    ORDER BY random()
+    LIMIT 1
+    ON CONFLICT (resource) DO NOTHING
+    {_RETURNING}
+)
+SELECT * FROM taken UNION ALL SELECT * FROM created
+"""
+
+
+def acquire_slot_on(
+    connection: BaseDatabaseWrapper,
+    resource: str,
+    holder: str,
+    ttl: float,
+    limit: int,
+    metadata: dict[str, Any] | None = None,
+) -> Grant | None:
+    """Take one of ``limit`` slots of the semaphore ``resource``; the grant names its slot's row."""
+    if limit < 1:
+        raise ValueError(f"a semaphore needs at least one slot, got limit={limit!r}")
+    params = {
+        "resource": resource,
+        "holder": holder,
+        "ttl": ttl,
+        "limit": limit,
+        "metadata": None if metadata is None else json.dumps(metadata),
+    }
+    grant = _fetch_grant(connection, ACQUIRE_SLOT_SQL, params)
+    if grant is not None:
+        signals.lease_acquired.send(sender=Lease, grant=grant)
+    return grant
+
+
 def acquire_on(
     connection: BaseDatabaseWrapper,
     resource: str,
@@ -213,6 +285,27 @@ class LeaseQuerySet(LeaseStateQuerySet["Lease"]):
         A holder re-acquiring its own live lease gets None too: that is what ``renew`` is for.
         """
         return acquire_on(self._connection, resource, holder, seconds(ttl), metadata)
+
+    def acquire_slot(
+        self,
+        resource: str,
+        holder: str,
+        ttl: float | dt.timedelta,
+        *,
+        limit: int,
+        metadata: dict[str, Any] | None = None,
+    ) -> Grant | None:
+        """Take one of ``limit`` slots of the counting semaphore ``resource``; None when all are held.
+
+        The grant's ``resource`` is the slot's own lease (``resource#k``): renew and release it
+        like any lease. At most ``limit`` grants of the semaphore are live at any moment of the
+        database clock (callers with different limits share the lower slots).
+        """
+        return acquire_slot_on(self._connection, resource, holder, seconds(ttl), limit, metadata)
+
+    def slots(self, resource: str) -> Self:
+        """The slot leases of the semaphore ``resource``."""
+        return self.filter(resource__regex=rf"^{re.escape(resource)}#[0-9]+$")
 
     def renew(self, resource: str, holder: str, token: int, ttl: float | dt.timedelta) -> Grant | None:
         """Extend a live lease by ``ttl`` from now (database clock); None if it is no longer ours."""

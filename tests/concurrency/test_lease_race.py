@@ -75,3 +75,40 @@ def test_no_two_grants_of_a_resource_overlap_and_tokens_grow() -> None:
         if before["holder"] != after["holder"]
     )
     assert handoffs >= 30, f"only {handoffs} changes of holder"
+
+
+def test_a_semaphore_of_three_raced_by_eight_processes_never_has_more_than_three_holders() -> None:
+    """Issue 12: a counting semaphore on the lease core; checked on the database clock."""
+    limit = 3
+    processes = [start_child("semaphore", "pool", str(limit), str(DURATION), str(i)) for i in range(8)]
+    for proc in processes:
+        assert read_message(proc).get("ready")
+    grants: list[dict[str, Any]] = []
+    for proc in processes:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        for line in out.splitlines():
+            message = json.loads(line)
+            if "token" in message:
+                message["start"] = dt.datetime.fromisoformat(message["start"])
+                message["end"] = dt.datetime.fromisoformat(message["end"])
+                grants.append(message)
+    assert len(grants) >= 100, f"too little contention to prove anything ({len(grants)} grants)"
+    assert {grant["slot"] for grant in grants} == {f"pool#{k}" for k in range(limit)}
+    assert len({grant["token"] for grant in grants}) == len(grants), "a token was granted twice"
+    # Sweep the grants' validity intervals in database time: never more than `limit` live at once.
+    events = sorted([(g["start"], 1) for g in grants] + [(g["end"], -1) for g in grants], key=lambda e: (e[0], e[1]))
+    live = peak = 0
+    for _, change in events:
+        live += change
+        peak = max(peak, live)
+    assert peak <= limit, f"{peak} holders at once"
+    assert peak == limit, "the slots were never all in use: the race proved nothing"
+    by_slot: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for grant in grants:
+        by_slot[grant["slot"]].append(grant)
+    for slot, entries in by_slot.items():
+        entries.sort(key=lambda g: g["start"])
+        for before, after in itertools.pairwise(entries):
+            assert after["start"] >= before["end"], f"{slot}: {before} overlaps {after}"
+            assert after["token"] > before["token"], f"{slot}: token went backwards"

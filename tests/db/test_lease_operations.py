@@ -202,3 +202,56 @@ def test_hot_paths_are_one_statement_each(holder_id: str, django_assert_num_quer
         assert Lease.objects.release("r", holder_id, grant.token)
     with django_assert_num_queries(1):  # type: ignore[operator]
         assert Lease.objects.acquire("r", "other", ttl=30) is not None
+
+
+def expire(resource: str) -> None:
+    Lease.objects.filter(resource=resource).update(expires_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+
+
+def test_a_semaphore_grants_distinct_slots_up_to_its_limit_then_nothing() -> None:
+    grants = [Lease.objects.acquire_slot("pool", f"h{i}", ttl=30, limit=3) for i in range(4)]
+    assert grants[3] is None
+    taken = [g for g in grants if g is not None]
+    assert sorted(g.resource for g in taken) == ["pool#0", "pool#1", "pool#2"]
+    assert sorted(g.token for g in taken) == [g.token for g in taken]  # one sequence, in grant order
+    assert sorted(Lease.objects.slots("pool").active().values_list("holder", flat=True)) == ["h0", "h1", "h2"]
+    # A released slot and an expired slot are free again, with larger tokens.
+    assert Lease.objects.release(taken[1].resource, "h1", taken[1].token)
+    again = Lease.objects.acquire_slot("pool", "h9", ttl=30, limit=3)
+    assert again is not None and again.resource == taken[1].resource and again.token > max(g.token for g in taken)
+    expire(taken[0].resource)
+    late = Lease.objects.acquire_slot("pool", "h8", ttl=30, limit=3)
+    assert late is not None and late.resource == taken[0].resource
+    assert Lease.objects.acquire_slot("pool", "h7", ttl=30, limit=3) is None
+    # The slot is a plain lease: its holder renews and releases it by its own name and token.
+    assert Lease.objects.renew(late.resource, "h8", late.token, ttl=30) is not None
+    assert not Lease.objects.release(late.resource, "h0", taken[0].token)  # the old holder is fenced off
+
+
+def test_a_larger_limit_adds_slots_and_a_smaller_one_uses_only_the_lower_ones() -> None:
+    first = Lease.objects.acquire_slot("pool", "a", ttl=30, limit=1)
+    assert first is not None and first.resource == "pool#0"
+    assert Lease.objects.acquire_slot("pool", "b", ttl=30, limit=1) is None
+    wider = Lease.objects.acquire_slot("pool", "b", ttl=30, limit=2)
+    assert wider is not None and wider.resource == "pool#1"
+
+
+@pytest.mark.parametrize("limit", [0, -1])
+def test_a_semaphore_without_slots_is_refused(limit: int) -> None:
+    with pytest.raises(ValueError, match="at least one slot"):
+        Lease.objects.acquire_slot("pool", "a", ttl=30, limit=limit)
+    assert not Lease.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_lease_context_manager_holds_one_slot_and_releases_it() -> None:
+    from leasing import LeaseAcquisitionError, lease
+
+    with lease("pool", limit=2, ttl=5, timeout=0) as one, lease("pool", limit=2, ttl=5, timeout=0) as two:
+        assert {one.grant.resource, two.grant.resource} == {"pool#0", "pool#1"}
+        one.check()
+        with pytest.raises(LeaseAcquisitionError, match="all 2 slots of 'pool'"), lease("pool", limit=2, timeout=0):
+            pass
+    assert not Lease.objects.slots("pool").active().exists()
+    with pytest.raises(ValueError, match="limit must be"):
+        lease("pool", limit=0)
