@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from tasks.exceptions import TaskError
-from tasks.models import GeneratorState, Task, Worker
+from tasks.models import GeneratorState, QueueControl, Task, Worker
 
 
 class StuckFilter(admin.SimpleListFilter):
@@ -138,3 +138,40 @@ class WorkerAdmin(admin.ModelAdmin):
 class GeneratorStateAdmin(admin.ModelAdmin):
     list_display = ("name", "running", "rate", "generated", "leader", "leader_seen_at")
     readonly_fields = ("generated", "leader", "leader_seen_at", "observed_running", "ticks", "fence_token")
+
+
+@admin.register(QueueControl)
+class QueueControlAdmin(admin.ModelAdmin):
+    """Pause and resume queues. Saving here goes through the same calls as the command and the API,
+    so a resume wakes idle workers at once."""
+
+    list_display = ("name", "paused", "changed_at", "changed_by", "reason")
+    list_filter = ("paused",)
+    search_fields = ("=name",)
+    fields = ("name", "paused", "reason", "changed_at", "changed_by")
+    readonly_fields = ("changed_at", "changed_by")
+    actions = ("pause", "resume")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: QueueControl | None = None) -> tuple[str, ...]:
+        return (*self.readonly_fields, "name") if obj is not None else self.readonly_fields
+
+    def save_model(self, request: HttpRequest, obj: QueueControl, form: Any, change: bool) -> None:
+        by = f"{request.user} (admin)"
+        if obj.paused:
+            QueueControl.objects.pause(obj.name, by=by, reason=obj.reason)
+        else:
+            QueueControl.objects.resume(obj.name, by=by)
+
+    @admin.action(permissions=["change"], description="Pause the selected queues")
+    def pause(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> None:
+        names = list(queryset.values_list("name", flat=True))
+        for name in names:
+            QueueControl.objects.pause(name, by=f"{request.user} (admin)")
+        self.message_user(request, f"Paused {len(names)} queue(s).", messages.SUCCESS)
+
+    @admin.action(permissions=["change"], description="Resume the selected queues")
+    def resume(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> None:
+        names = list(queryset.values_list("name", flat=True))
+        for name in names:
+            QueueControl.objects.resume(name, by=f"{request.user} (admin)")
+        self.message_user(request, f"Resumed {len(names)} queue(s).", messages.SUCCESS)

@@ -67,3 +67,23 @@ def test_lease_admin_links_to_the_holders_tasks(staff: Client) -> None:
     Lease.objects.acquire("r", "worker-7", ttl=30)
     page = staff.get("/admin/leasing/lease/").content.decode()
     assert "/admin/tasks/task/?q=worker-7" in page
+
+
+def test_queues_are_paused_and_resumed_from_the_admin(staff: Client) -> None:
+    from tasks.models import QueueControl
+
+    Task.objects.enqueue("tests.testapp.handlers.noop", queue="mail")
+    response = staff.post(
+        "/admin/tasks/queuecontrol/add/", {"name": "mail", "paused": "on", "reason": "smtp down"}, follow=True
+    )
+    assert response.status_code == 200
+    control = QueueControl.objects.get(name="mail")
+    assert control.paused and control.reason == "smtp down" and "(admin)" in control.changed_by
+    assert Task.objects.claim("w1", queues=["mail"]) == []
+    staff.post(
+        "/admin/tasks/queuecontrol/",
+        {"action": "resume", "_selected_action": ["mail"]},
+        follow=True,
+    )
+    assert not QueueControl.objects.get(name="mail").paused
+    assert len(Task.objects.claim("w1", queues=["mail"])) == 1
