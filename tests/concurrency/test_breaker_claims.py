@@ -1,0 +1,115 @@
+"""Adversarial tests of the claim hot path: several queues, queue pause, the bounded error history.
+
+Real connections, threads and worker processes; every wait polls the database with a deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection, connections
+
+from tasks.exceptions import TaskError
+from tasks.models import QueueControl, Task
+from tests.helpers import test_database_url as database_url
+from tests.helpers import wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+NOOP = "tests.testapp.handlers.noop"
+
+
+def _backend_state(pid: int) -> str | None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+class InThread:
+    """Runs ``call`` on its own thread and database connection; remembers its backend pid."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self.call = call
+        self.pid: int | None = None
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                self.pid = cursor.fetchone()[0]
+            self.result = self.call()
+        except BaseException as exc:  # reported by the test thread
+            self.error = exc
+        finally:
+            connections.close_all()
+            self.done.set()
+
+    def waiting_on_lock(self) -> bool:
+        if self.error is not None:
+            raise AssertionError("the thread failed") from self.error
+        return self.pid is not None and not self.done.is_set() and _backend_state(self.pid) == "Lock"
+
+    def join(self) -> Any:
+        assert self.done.wait(30), "the thread did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def _admin() -> psycopg.Connection[Any]:
+    return psycopg.connect(database_url().replace("postgres://", "postgresql://", 1))
+
+
+def test_pause_waits_for_a_round_in_flight_so_no_claim_lands_after_it() -> None:
+    """A worker's finish-and-claim round has claimed a task of ``mail`` and then waits on a row lock (an
+    admin transaction holds a task it is finishing). An operator pauses ``mail`` meanwhile. Either the
+    round's claim commits before the pause does, or it sees the pause: ``pause`` must not return while
+    a claim that missed it is still to commit."""
+    Task.objects.enqueue(NOOP, queue="bulk")
+    finishing = Task.objects.claim("w", queues=["bulk"], start=True)[0]
+    first = Task.objects.enqueue(NOOP, queue="mail").id
+    with _admin() as admin:
+        admin.execute("SELECT id FROM tasks_task WHERE id = %s FOR UPDATE", [finishing.id])
+        round_ = InThread(
+            lambda: Task.objects.finish_start_claim(
+                "w", [(finishing.id, finishing.token, "null")], limit=1, queues=["mail"]
+            )
+        )
+        wait_until(round_.waiting_on_lock, what="the round to wait on the admin's row lock")
+        pause = InThread(lambda: QueueControl.objects.pause("mail", by="breaker"))
+        wait_until(
+            lambda: pause.done.is_set() or pause.waiting_on_lock(), what="the pause to commit or to wait for the round"
+        )
+        returned_early = pause.done.is_set()
+        admin.commit()
+    pause.join()
+    _finished, _started, claimed = round_.join()
+    assert not returned_early, f"pause returned while a round that claimed {[c.id for c in claimed]} had yet to commit"
+    assert [c.id for c in claimed] == [first]  # it committed before the pause: allowed
+    Task.objects.enqueue(NOOP, queue="mail")
+    assert Task.objects.claim("w", queues=["mail", "bulk"], limit=5) == []
+
+
+def test_a_pause_blocked_by_a_long_reader_fails_clearly_and_changes_nothing(monkeypatch: Any) -> None:
+    """While ``pause`` waits, claims queue behind it: so it waits a bounded time, then says why."""
+    import tasks.models
+
+    monkeypatch.setattr(tasks.models, "PAUSE_LOCK_TIMEOUT_MS", 300)
+    task_id = Task.objects.enqueue(NOOP, queue="mail").id
+    with _admin() as admin:
+        admin.execute("SELECT count(*) FROM tasks_queuecontrol")  # an open transaction that read the table
+        with pytest.raises(TaskError, match="could not pause 'mail'.*try again"):
+            QueueControl.objects.pause("mail")
+        admin.rollback()
+    assert not QueueControl.objects.exists()
+    assert [c.id for c in Task.objects.claim("w", queues=["mail"])] == [task_id]
