@@ -108,8 +108,41 @@ def test_a_pause_blocked_by_a_long_reader_fails_clearly_and_changes_nothing(monk
     task_id = Task.objects.enqueue(NOOP, queue="mail").id
     with _admin() as admin:
         admin.execute("SELECT count(*) FROM tasks_queuecontrol")  # an open transaction that read the table
-        with pytest.raises(TaskError, match="could not pause 'mail'.*try again"):
+        with pytest.raises(TaskError, match=r"could not pause 'mail'.*try again"):
             QueueControl.objects.pause("mail")
         admin.rollback()
     assert not QueueControl.objects.exists()
     assert [c.id for c in Task.objects.claim("w", queues=["mail"])] == [task_id]
+
+
+def test_a_several_queue_claimer_does_not_make_another_worker_skip_the_best_task() -> None:
+    """``fast`` always outranks ``slow``, so the two-queue claimer only ever takes ``fast`` tasks; the
+    ``slow`` queue's one claimer must then take its tasks strictly in order. Rows the two-queue
+    claimer locks but does not claim would make it skip the best one (a priority inversion)."""
+    Task.objects.bulk_enqueue(NOOP, [{}] * 3000, queue="fast", priority=10)
+    slow = Task.objects.bulk_enqueue(NOOP, [{}] * 200, queue="slow")
+    stop = threading.Event()
+
+    def two_queues() -> int:
+        n = 0
+        while not stop.is_set():
+            n += len(Task.objects.claim("both", queues=["fast", "slow"], limit=1))
+        return n
+
+    def one_queue() -> list[int]:
+        order: list[int] = []
+        try:
+            while len(order) < len(slow):
+                order += [c.id for c in Task.objects.claim("one", queues=["slow"], limit=1)]
+        finally:
+            stop.set()
+        return order
+
+    both = InThread(two_queues)
+    one = InThread(one_queue)
+    order = one.join()
+    claimed_by_both = both.join()
+    assert claimed_by_both > 0
+    assert Task.objects.filter(queue="slow", holder="both").count() == 0
+    inversions = [(a, b) for a, b in zip(order, order[1:], strict=False) if b < a]
+    assert order == slow, f"{len(inversions)} inversion(s), e.g. {inversions[:5]}"
