@@ -5,6 +5,7 @@ Real connections, threads and worker processes; every wait polls the database wi
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -144,5 +145,5 @@ def test_a_several_queue_claimer_does_not_make_another_worker_skip_the_best_task
     claimed_by_both = both.join()
     assert claimed_by_both > 0
     assert Task.objects.filter(queue="slow", holder="both").count() == 0
-    inversions = [(a, b) for a, b in zip(order, order[1:], strict=False) if b < a]
+    inversions = [(a, b) for a, b in itertools.pairwise(order) if b < a]
     assert order == slow, f"{len(inversions)} inversion(s), e.g. {inversions[:5]}"
