@@ -6,8 +6,10 @@ Real connections, threads and worker processes; every wait polls the database wi
 from __future__ import annotations
 
 import itertools
+import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -15,9 +17,9 @@ import pytest
 from django.db import connection, connections
 
 from tasks.exceptions import TaskError
-from tasks.models import QueueControl, Task
+from tasks.models import QueueControl, Task, Worker
+from tests.helpers import start_manage, stop_process, wait_until
 from tests.helpers import test_database_url as database_url
-from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -147,3 +149,60 @@ def test_a_several_queue_claimer_does_not_make_another_worker_skip_the_best_task
     assert Task.objects.filter(queue="slow", holder="both").count() == 0
     inversions = [(a, b) for a, b in itertools.pairwise(order) if b < a]
     assert order == slow, f"{len(inversions)} inversion(s), e.g. {inversions[:5]}"
+
+
+# -- real worker processes ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def worker_procs(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
+        proc = start_manage(tmp_path / f"{name}.log", "run_worker", "--worker-id", name, *args, **env)
+        started.append(proc)
+        wait_until(lambda: Worker.objects.filter(id=name).exists(), 30, what=f"{name} to register")
+        return proc
+
+    yield start
+    for proc in started:
+        stop_process(proc)
+    for log in sorted(tmp_path.glob("*.log")):  # shown by pytest for a failing test only
+        print(f"----- {log.name} -----\n{log.read_text(errors='replace')[-5000:]}")
+
+
+def _db_now() -> Any:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.slow
+def test_pause_and_resume_under_several_queue_workers_never_lets_a_claim_through(worker_procs: Any) -> None:
+    """Two worker processes drain ``mail`` and ``bulk`` flat out while an operator pauses and resumes
+    ``mail`` again and again. After each ``pause`` returns, no ``mail`` task may be claimed: none with a
+    grant later than the pause, and no more of them out of READY than at the moment it returned, even
+    after every worker has claimed from ``bulk`` since."""
+    Task.objects.bulk_enqueue(NOOP, [{}] * 4000, queue="mail")
+    Task.objects.bulk_enqueue(NOOP, [{}] * 4000, queue="bulk")
+    names = ["pw-1", "pw-2"]
+    for name in names:
+        worker_procs(name, "--queues", "mail,bulk", "--concurrency", "2", "--batch-size", "8", "--poll-interval", "0.2")
+    mail = Task.objects.filter(queue="mail")
+    for cycle in range(4):
+        wait_until(lambda: mail.filter(status="RUNNING").exists() or mail.exclude(status="READY").count() > 0)
+        QueueControl.objects.pause("mail", by="breaker")
+        paused_at = _db_now()
+        taken = mail.exclude(status="READY").count()
+        # Every worker has claimed from bulk after the pause: each went through at least one round.
+        for name in names:
+            wait_until(
+                lambda name=name: Task.objects.filter(queue="bulk", holder=name, acquired_at__gt=paused_at).exists(),
+                what=f"{name} to claim from bulk after the pause (cycle {cycle})",
+            )
+        late = list(mail.filter(acquired_at__gt=paused_at).values_list("id", "holder", "acquired_at"))
+        assert late == [], f"cycle {cycle}: mail tasks claimed after the pause: {late[:5]}"
+        assert mail.exclude(status="READY").count() == taken, f"cycle {cycle}: a claim in flight landed after pause"
+        QueueControl.objects.resume("mail", by="breaker")
+        wait_until(lambda: mail.filter(acquired_at__gt=paused_at).exists(), what="mail to flow again after resume")
+    assert not Task.objects.filter(status="RUNNING", expires_at__lt=_db_now()).exists()
