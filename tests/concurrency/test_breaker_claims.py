@@ -9,17 +9,20 @@ import itertools
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from django.db import connection, connections
+from django.db.models.functions import Now
 
 from tasks.exceptions import TaskError
 from tasks.models import QueueControl, Task, Worker
 from tests.helpers import start_manage, stop_process, wait_until
 from tests.helpers import test_database_url as database_url
+from tests.helpers.pgproxy import PgProxy
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -151,6 +154,52 @@ def test_a_several_queue_claimer_does_not_make_another_worker_skip_the_best_task
     assert order == slow, f"{len(inversions)} inversion(s), e.g. {inversions[:5]}"
 
 
+def test_http_style_claims_from_threads_over_several_queues_run_each_task_once_best_first() -> None:
+    """Four threads claim (``start=True``, as the JSON API does) from three queues, one a paused one
+    that is resumed half-way, and complete what they get. Each task is claimed exactly once, charged
+    once, and every claim returns its tasks best first; nothing of the paused queue goes while paused."""
+    import random
+
+    rng = random.Random(7)
+    ids: dict[int, int] = {}
+    for queue in ("a", "b", "held"):
+        for _ in range(150):
+            priority = rng.randint(-5, 5)
+            ids[Task.objects.enqueue(NOOP, queue=queue, priority=priority).id] = priority
+    QueueControl.objects.pause("held")
+    held = set(Task.objects.filter(queue="held").values_list("id", flat=True))
+    resumed = threading.Event()
+
+    def client(name: str) -> list[list[tuple[int, int, str]]]:
+        batches: list[list[tuple[int, int, str]]] = []
+        while True:
+            was_resumed = resumed.is_set()
+            claimed = Task.objects.claim(name, queues=["a", "b", "held"], limit=3, start=True)
+            if not claimed:
+                if was_resumed:
+                    return batches
+                continue
+            batches.append([(c.id, c.priority, "resumed" if was_resumed else "paused") for c in claimed])
+            done = Task.objects.complete_many(name, [(c.id, c.token, "null") for c in claimed])
+            assert done == {c.key for c in claimed}
+
+    clients = [InThread(partial(client, f"http-{i}")) for i in range(4)]
+    wait_until(lambda: Task.objects.filter(queue__in=["a", "b"], status="READY").count() < 150, what="progress")
+    assert not Task.objects.filter(queue="held").exclude(status="READY").exists()
+    resumed.set()
+    QueueControl.objects.resume("held")
+    batches = [batch for c in clients for batch in c.join()]
+    claimed = [task_id for batch in batches for task_id, _p, _w in batch]
+    assert sorted(claimed) == sorted(ids)  # every task once, none twice
+    for batch in batches:
+        assert [p for _id, p, _w in batch] == sorted((p for _id, p, _w in batch), reverse=True), batch
+    early = [task_id for batch in batches for task_id, _p, when in batch if when == "paused" and task_id in held]
+    assert early == []
+    rows = Task.objects.filter(pk__in=ids)
+    assert set(rows.values_list("status", "attempts", "failures")) == {("SUCCESSFUL", 1, 0)}
+    assert all(len(w) == 1 for w in rows.values_list("worker_ids", flat=True))
+
+
 # -- real worker processes ------------------------------------------------------------------------
 
 
@@ -196,13 +245,63 @@ def test_pause_and_resume_under_several_queue_workers_never_lets_a_claim_through
         taken = mail.exclude(status="READY").count()
         # Every worker has claimed from bulk after the pause: each went through at least one round.
         for name in names:
-            wait_until(
-                lambda name=name: Task.objects.filter(queue="bulk", holder=name, acquired_at__gt=paused_at).exists(),
-                what=f"{name} to claim from bulk after the pause (cycle {cycle})",
-            )
+            claimed_since = Task.objects.filter(queue="bulk", holder=name, acquired_at__gt=paused_at)
+            wait_until(claimed_since.exists, what=f"{name} to claim from bulk after the pause (cycle {cycle})")
         late = list(mail.filter(acquired_at__gt=paused_at).values_list("id", "holder", "acquired_at"))
         assert late == [], f"cycle {cycle}: mail tasks claimed after the pause: {late[:5]}"
         assert mail.exclude(status="READY").count() == taken, f"cycle {cycle}: a claim in flight landed after pause"
         QueueControl.objects.resume("mail", by="breaker")
-        wait_until(lambda: mail.filter(acquired_at__gt=paused_at).exists(), what="mail to flow again after resume")
+        wait_until(mail.filter(acquired_at__gt=paused_at).exists, what="mail to flow again after resume")
     assert not Task.objects.filter(status="RUNNING", expires_at__lt=_db_now()).exists()
+
+
+def _failures_beyond(task_id: int, seen: int) -> int:
+    """The task's failures once there are more than ``seen`` (0 until then)."""
+    failures = Task.objects.get(pk=task_id).failures
+    return failures if failures > seen else 0
+
+
+@pytest.mark.slow
+def test_a_lost_reply_to_the_twelfth_failure_is_reconciled_through_the_capped_history(worker_procs: Any) -> None:
+    """A task fails 13 times (past the 10-entry cap) and the reply to its 12th failure never reaches
+    the worker (the statement committed). The worker must learn from ``errors -> -1`` that its write
+    landed (reconciled, not re-sent, not a fencing rejection), and the history must hold the first
+    entry and the newest nine, in order, with the three dropped ones counted."""
+    task_id = Task.objects.enqueue(
+        "tests.testapp.handlers.fail_until", kwargs={"succeed_on": 14}, queue="flaky", max_attempts=20
+    ).id
+    with PgProxy.from_database_url(database_url()) as proxy:
+        fault = proxy.drop_reply_after(b"attempt 12 fails on purpose")
+        worker_procs(
+            "flaky-1",
+            "--queues",
+            "flaky,other",
+            "--ttl",
+            "3",
+            "--poll-interval",
+            "0.1",
+            DATABASE_URL=proxy.url_for(database_url()),
+        )
+        task = Task.objects.filter(pk=task_id)
+        failures = 0
+        while failures < 13:
+            failures = wait_until(partial(_failures_beyond, task_id, failures), 30, what=f"failure {failures + 1}")
+            # The handler's own failures back off for up to minutes: the operator's "retry now".
+            task.filter(status="READY").update(run_after=Now())
+        assert fault.fired.is_set() and fault.status == b"I"  # the 12th failure committed, its reply was lost
+        wait_until(lambda: task.get().status == "SUCCESSFUL", 30, what="the 14th attempt to succeed")
+        stats = wait_until(
+            lambda: (
+                (Worker.objects.get(pk="flaky-1").stats or {}).get("reconciled")
+                and Worker.objects.get(pk="flaky-1").stats
+            ),
+            30,
+            what="the worker to report reconciliation",
+        )
+    row = task.get()
+    assert (row.attempts, row.failures, row.crashes, row.shared_crashes) == (14, 13, 0, 0)
+    assert row.errors_dropped == 3
+    assert [e["attempt"] for e in row.errors] == [1, 5, 6, 7, 8, 9, 10, 11, 12, 13]
+    assert {e["kind"] for e in row.errors} == {"failure"}
+    assert len({e["token"] for e in row.errors}) == 10
+    assert stats["rejected"] == 0 and stats["reconciled"] >= 1
