@@ -14,9 +14,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self
 
-from django.db import IntegrityError, connections, models, transaction
+from django.db import IntegrityError, OperationalError, connections, models, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
+from psycopg import errors as psycopg_errors
 
 from leasing.fencing import FencedModel
 from leasing.models import LeaseFields, LeaseStateQuerySet, seconds
@@ -752,14 +753,40 @@ class GeneratorState(FencedModel):
         return f"generator {self.name}: {'running' if self.running else 'stopped'} at {self.rate}/s"
 
 
+#: How long ``pause`` waits for claims in flight (and makes new claims wait) before giving up.
+PAUSE_LOCK_TIMEOUT_MS = 5000
+
+
 class QueueControlQuerySet(models.QuerySet["QueueControl"]):
     def pause(self, name: str, *, by: str = "", reason: str = "") -> QueueControl:
         """Stop every worker and client from claiming ``name`` (from their next claim); running tasks
         go on and finish. Enqueueing into a paused queue still works."""
         _validate(queue=name, priority=0, max_attempts=1, timeout=None)
-        control, _ = self.update_or_create(
-            name=name, defaults={"paused": True, "changed_by": by[:200], "reason": reason[:500]}
-        )
+        with transaction.atomic(using=self.db):
+            # A claim reads this table under ACCESS SHARE until its transaction ends, and takes its
+            # snapshot only after its locks. Waiting for ACCESS EXCLUSIVE makes the pause commit only
+            # after every claim that read the old state has committed (a round held up by a row lock
+            # included), and claims arriving meanwhile wait and then see the pause. Bounded: while
+            # we wait, new claims queue behind us.
+            with connections[self.db].cursor() as cursor:
+                cursor.execute(
+                    "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
+                    [f"{PAUSE_LOCK_TIMEOUT_MS}ms"],
+                )
+                (previous, _) = cursor.fetchone()
+                try:
+                    cursor.execute(f"LOCK TABLE {self.model._meta.db_table} IN ACCESS EXCLUSIVE MODE")
+                    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+                except OperationalError as exc:
+                    if not isinstance(exc.__cause__, psycopg_errors.LockNotAvailable):
+                        raise
+                    raise TaskError(
+                        f"could not pause {name!r}: a transaction reading the queue controls did not end within "
+                        f"{PAUSE_LOCK_TIMEOUT_MS / 1000:g}s; try again"
+                    ) from exc
+            control, _ = self.update_or_create(
+                name=name, defaults={"paused": True, "changed_by": by[:200], "reason": reason[:500]}
+            )
         return control
 
     def resume(self, name: str, *, by: str = "") -> QueueControl:

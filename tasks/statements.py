@@ -92,8 +92,7 @@ _CLAIM_SET = f"""
 # before the row is fetched. A task that must run isolated (``shared_crashes`` at ISOLATE_AFTER) is
 # taken only by a worker that holds nothing else: ``isolation_bar`` is ISOLATE_AFTER for a busy
 # worker and no bar at all for an idle one (one statement text either way).
-# One queue: an ordered index scan. Several: the best ``limit`` of each queue (locked), the best
-# ``limit`` of those claimed; the rest are unlocked when the statement commits.
+# One queue: an ordered index scan, locking as it goes, up to ``limit`` rows.
 # A paused queue (a row of tasks_queuecontrol) gives nothing: checked once per queue per statement
 # (a primary-key probe), so a pause holds from the next claim of every worker and HTTP client.
 _PICK_ONE = """
@@ -108,21 +107,39 @@ FROM (
 ) AS picked
 WHERE t.id = picked.id"""
 
+# Several queues, in two steps, so that only the rows claimed are locked. A row locked and not
+# claimed is skipped by every other claimer until the statement commits: locking each queue's best
+# ``limit`` and keeping the best ``limit`` of those made a one-queue worker pass over its queue's best
+# task while nobody claimed it (a priority inversion). First, without locks, the best ``limit`` of each
+# queue decide how many of the best ``limit`` overall each queue gives (``share``); then each queue
+# locks that many, skipping rows other claimers hold, exactly as a one-queue claim does.
 _PICK_MANY = """
 FROM (
     SELECT p.id FROM (
-        SELECT name FROM unnest(%(queues)s::text[]) AS u(name)
-        WHERE NOT EXISTS (SELECT 1 FROM tasks_queuecontrol AS c WHERE c.name = u.name AND c.paused)
-    ) AS q CROSS JOIN LATERAL (
-        SELECT id, priority, run_after FROM tasks_task
-        WHERE status = 'READY' AND queue = q.name AND run_after <= statement_timestamp()
+        SELECT best.name, count(*) AS share FROM (
+            SELECT q.name, r.priority, r.run_after, r.id FROM (
+                SELECT name FROM unnest(%(queues)s::text[]) AS u(name)
+                WHERE NOT EXISTS (SELECT 1 FROM tasks_queuecontrol AS c WHERE c.name = u.name AND c.paused)
+            ) AS q CROSS JOIN LATERAL (
+                SELECT id, priority, run_after FROM tasks_task
+                WHERE status = 'READY' AND queue = q.name AND run_after <= statement_timestamp()
+                  AND shared_crashes < %(isolation_bar)s
+                ORDER BY priority DESC, run_after, id
+                LIMIT %(limit)s
+            ) AS r
+            ORDER BY r.priority DESC, r.run_after, r.id
+            LIMIT %(limit)s
+        ) AS best
+        GROUP BY best.name
+    ) AS s CROSS JOIN LATERAL (
+        SELECT id FROM tasks_task
+        WHERE status = 'READY' AND queue = s.name AND run_after <= statement_timestamp()
           AND shared_crashes < %(isolation_bar)s
         ORDER BY priority DESC, run_after, id
-        LIMIT %(limit)s
+        LIMIT s.share
         FOR UPDATE SKIP LOCKED
     ) AS p
-    ORDER BY p.priority DESC, p.run_after, p.id
-    LIMIT %(limit)s
+    LIMIT %(limit)s -- cuts nothing (the shares add up to at most this); tells the planner how few rows come
 ) AS picked
 WHERE t.id = picked.id"""
 
