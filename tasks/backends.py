@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.core import checks
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.tasks import Task as DjangoTask
 from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.backends.base import BaseTaskBackend
@@ -99,34 +99,37 @@ class LeaseBackend(BaseTaskBackend):
         # infinity, NUL, lone surrogates) with a ValueError before anything is written.
         args = normalize_json(args)
         kwargs = normalize_json(kwargs)
-        enqueued = Task.objects.db_manager(self.using).enqueue(
-            task.module_path,
-            args=args,
-            kwargs=kwargs,
-            queue=task.queue_name,
-            priority=task.priority,
-            run_after=task.run_after,
-            max_attempts=self.max_attempts,
-            timeout=self.timeout,
-            backend_alias=self.alias,
-        )
-        # The result describes the task as enqueued (one statement: the insert returns what it
-        # needs), even if a fast worker has already begun it.
-        result: TaskResult = TaskResult(
-            task=task,
-            id=str(enqueued.id),
-            status=TaskResultStatus.READY,
-            enqueued_at=enqueued.enqueued_at,
-            started_at=None,
-            finished_at=None,
-            last_attempted_at=None,
-            args=args,
-            kwargs=kwargs,
-            backend=self.alias,
-            errors=[],
-            worker_ids=[],
-        )
-        task_enqueued.send(type(self), task_result=result)
+        # task_enqueued is sent before the row is committed, so before any worker can start the
+        # task: it always precedes task_started. (Inside the caller's transaction, the task and the
+        # signal stand or fall with it: a rolled-back enqueue runs nothing, though it was signalled.)
+        with transaction.atomic(using=self.using, savepoint=False):
+            enqueued = Task.objects.db_manager(self.using).enqueue(
+                task.module_path,
+                args=args,
+                kwargs=kwargs,
+                queue=task.queue_name,
+                priority=task.priority,
+                run_after=task.run_after,
+                max_attempts=self.max_attempts,
+                timeout=self.timeout,
+                backend_alias=self.alias,
+            )
+            # The result describes the task as enqueued (the insert returns what it needs).
+            result: TaskResult = TaskResult(
+                task=task,
+                id=str(enqueued.id),
+                status=TaskResultStatus.READY,
+                enqueued_at=enqueued.enqueued_at,
+                started_at=None,
+                finished_at=None,
+                last_attempted_at=None,
+                args=args,
+                kwargs=kwargs,
+                backend=self.alias,
+                errors=[],
+                worker_ids=[],
+            )
+            task_enqueued.send(type(self), task_result=result)
         return result
 
     def get_result(self, result_id: str) -> TaskResult:
