@@ -9,7 +9,9 @@ Prints one figure per line:
   timed from the enqueue of the batch to the last completion;
 - enqueue-to-start latency of single tasks sent to an idle worker, p50 and p99 (ms);
 - SIGKILL-to-rerun: a worker is killed mid-task; seconds until another worker starts it again,
-  beside the bound TTL + recovery interval + 1 s.
+  beside the bound TTL + recovery interval + 1 s;
+- stop-to-exit: SIGTERM arrives while a worker's one task runs; milliseconds from that task's end
+  to the process's exit (median of 5).
 """
 
 from __future__ import annotations
@@ -152,6 +154,30 @@ def bench_kill_to_rerun(ttl: float, interval: float, log_dir: Path) -> float:
     return (rerun_at - killed_at).total_seconds()
 
 
+def bench_stop_to_exit(samples: int, log_dir: Path) -> float:
+    """Milliseconds from the end of a worker's last task (SIGTERM arrived while it ran) to the
+    process's exit: the median of ``samples`` workers."""
+    from tasks.models import Task
+
+    delays = []
+    for _ in range(samples):
+        reset()
+        [proc] = start_workers(1, "--concurrency", "1", "--no-recovery", log_dir=log_dir)
+        try:
+            task_id = Task.objects.enqueue("bench.handlers.pause", kwargs={"seconds": 0.3}, queue="bench").id
+            while not Task.objects.filter(pk=task_id, attempt_started=True).exists():
+                time.sleep(0.001)
+            proc.send_signal(signal.SIGTERM)
+            while not Task.objects.filter(pk=task_id, status="SUCCESSFUL").exists():
+                time.sleep(0.001)
+            finished = time.perf_counter()
+            proc.wait(60)
+            delays.append((time.perf_counter() - finished) * 1000)
+        finally:
+            stop_processes([proc])
+    return statistics.median(delays)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=20_000)
@@ -175,6 +201,7 @@ def main() -> None:
         ttl, interval = 5.0, 1.0
         figure("tasks.sigkill_to_rerun", bench_kill_to_rerun(ttl, interval, log_dir), "s")
         figure("tasks.sigkill_to_rerun.bound", ttl + interval + 1, "s (TTL + recovery interval + 1)")
+        figure("tasks.stop_to_exit.p50", bench_stop_to_exit(5, log_dir), "ms (last task's end to process exit)")
     finally:
         reset()
         if server is not None:

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import os
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -97,7 +98,7 @@ class BackendTestCase(TransactionTestCase):
         what the signal carried."""
         event = wait_until(lambda: self._finished_event(result.id), timeout, what=f"task {result.id} to finish")
         self.assert_sent_by_the_worker(event)
-        return event  # type: ignore[no-any-return]
+        return event
 
     def assert_sent_by_the_worker(self, event: dict[str, Any]) -> None:
         """The worker under test sent it: this process's in the thread mode, another's otherwise."""
@@ -221,6 +222,7 @@ class ProcessWorkerTestCase(BackendTestCase):
 
     mode = "process"
     worker_id: ClassVar[str]
+    _process: ClassVar[subprocess.Popen[bytes]]
 
     @classmethod
     def setUpClass(cls) -> None:

@@ -49,7 +49,7 @@ def snapshot(signal: str, sender: Any, task_result: TaskResult) -> dict[str, Any
         "attempts": task_result.attempts,
         "worker_ids": list(task_result.worker_ids),
         "errors": [[e.exception_class_path, e.traceback] for e in task_result.errors],
-        "return_value": task_result._return_value,
+        "return_value": getattr(task_result, "_return_value", None),
         "backend": task_result.backend,
         "task": {
             "module_path": task.module_path,

@@ -5,6 +5,8 @@ the stored result to change, so it runs with a real worker in test_immediate_bac
 """
 
 # Django TestCase style, as in the source: unittest assertions, properties read for their exception.
+# mypy: ignore-errors
+# (the tests pass what the type stubs forbid on purpose: 3.1 as a priority, tuples for lists, ...)
 # ruff: noqa: PT009, PT027, B018, SIM117
 
 from typing import cast

@@ -21,16 +21,16 @@ import datetime as dt
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.core.management import CommandError, call_command
 from django.db import connection, connections, transaction
-from django.tasks import TaskResultStatus, default_task_backend, task_backends
+from django.tasks import TaskResult, TaskResultStatus, default_task_backend, task_backends
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.test import override_settings
 from django.utils import timezone
 
-from tasks.exceptions import NotATask, UnstorableResult, WorkerShutdown
+from tasks.exceptions import NotATask, TaskTimeout, UnstorableResult, WorkerShutdown
 from tasks.models import Task as TaskRow
 from tasks.worker import Worker
 from tests.conformance import lease_tasks
@@ -51,6 +51,7 @@ LEASE_BACKENDS = {
     # Another alias on the same database: results must say which one enqueued them.
     "other": {"BACKEND": "tasks.backends.LeaseBackend", "QUEUES": ["default", "queue_1"]},
     "immediate": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend", "QUEUES": []},
+    "timed": {"BACKEND": "tasks.backends.LeaseBackend", "QUEUES": [], "OPTIONS": {"timeout": 0.3}},
 }
 SETTINGS = override_settings(TASKS=LEASE_BACKENDS, LEASING_TASKS=CONFORMANCE_LEASING_TASKS)
 RETRYING = {**CONFORMANCE_LEASING_TASKS, "MAX_ATTEMPTS": 3}
@@ -65,7 +66,14 @@ def close_in_time(a: dt.datetime | None, b: dt.datetime | None) -> bool:
     return a is not None and b is not None and abs(a - b) <= dt.timedelta(milliseconds=1)
 
 
-class LeaseBackendTests:
+# The tests are written once and run by two test cases (bottom); type-checked as one of them.
+if TYPE_CHECKING:
+    _Tests = BackendTestCase
+else:
+    _Tests = object
+
+
+class LeaseBackendTests(_Tests):
     """Run by a class with the worker in a thread and one with the worker process (bottom)."""
 
     # -- the task as enqueued ------------------------------------------------------------------
@@ -96,6 +104,7 @@ class LeaseBackendTests:
             result.return_value["task"],
             {"priority": 10, "queue_name": "queue_1", "run_after": run_after.isoformat(), "backend": "default"},
         )
+        assert result.started_at is not None
         self.assertGreaterEqual(result.started_at, run_after)  # deferred, and run when due
 
     def test_results_keep_the_backend_alias_that_enqueued_them(self):
@@ -175,7 +184,9 @@ class LeaseBackendTests:
         # started_at is the first attempt's; last_attempted_at this one's; the earlier error is known.
         self.assertEqual(when(start_2["started_at"]), result.started_at)
         self.assertTrue(close_in_time(when(start_2["last_attempted_at"]), result.last_attempted_at))
-        self.assertGreater(when(start_2["last_attempted_at"]), when(start_2["started_at"]))
+        first_started, this_attempt = when(start_2["started_at"]), when(start_2["last_attempted_at"])
+        assert first_started is not None and this_attempt is not None
+        self.assertGreater(this_attempt, first_started)
         self.assertEqual([e[0] for e in start_2["errors"]], ["builtins.ValueError"])
         inside = result.return_value
         self.assertEqual((inside["attempt"], inside["attempts"]), (2, 2))
@@ -194,6 +205,20 @@ class LeaseBackendTests:
         self.assertEqual(result.status, TaskResultStatus.FAILED)
         self.assertEqual(when(finished["finished_at"]), result.finished_at)
         self.assertEqual(TaskRow.objects.get(pk=int(result.id)).return_value, None)  # the late result refused
+
+    def test_an_attempt_past_its_timeout_finishes_when_it_is_abandoned_and_only_then(self):
+        dropped = cast(ThreadWorkerTestCase, self).worker.stats["late_results_dropped"] if self.mode == "thread" else 0
+        result = test_tasks.sleep_for.using(backend="timed").enqueue(1.5)
+        finished = self.wait_finished(result)
+        self.assertEqual((finished["status"], finished["stored_status"]), ("FAILED", "FAILED"))
+        self.assertEqual([e[0] for e in finished["errors"]], ["tasks.exceptions.TaskTimeout"])
+        self.assertIs(result.errors[0].exception_class, TaskTimeout)
+        assert result.finished_at is not None and result.started_at is not None
+        self.assertLess(result.finished_at - result.started_at, dt.timedelta(seconds=1.5))  # not waited for
+        if self.mode == "thread":  # the handler returns later: its result is dropped, and not signalled
+            worker = cast(ThreadWorkerTestCase, self).worker
+            wait_until(lambda: worker.stats["late_results_dropped"] > dropped, WAIT, what="the late return")
+            self.assertEqual(len(self.events(result.id, "finished")), 1)
 
     # -- what runs -------------------------------------------------------------------------------
 
@@ -474,8 +499,12 @@ class RunWorkerTargetTestCase(BackendTestCase):
                             **env,
                             **{EVENTS_ENV: self.events_path},
                         )
+
+                        def finished(result: TaskResult = served) -> bool:
+                            return bool(backend.get_result(result.id).is_finished)
+
                         try:
-                            wait_until(lambda s=served: backend.get_result(s.id).is_finished, WAIT, what="the task")
+                            wait_until(finished, WAIT, what="the task in the other database")
                         finally:
                             self.assertEqual(stop_process(process), 0, (self.workdir / "other-worker.log").read_text())
                         served.refresh()

@@ -3,6 +3,7 @@ django.tasks signals and logs, and fast retries (as the thread mode's override).
 ``CONFORMANCE_OTHER_DATABASE``, a second database ("other") and a LeaseBackend on it ("elsewhere")."""
 
 import os
+from typing import Any
 
 from tests.settings import *  # noqa: F403
 
@@ -11,5 +12,9 @@ LEASING_TASKS = {**LEASING_TASKS, "BACKOFF_BASE": 0.01, "BACKOFF_MAX": 0.05}  # 
 
 if os.environ.get("CONFORMANCE_OTHER_DATABASE"):
     DATABASES["other"] = {**DATABASES["default"], "NAME": os.environ["CONFORMANCE_OTHER_DATABASE"]}  # noqa: F405
-    ELSEWHERE = {"BACKEND": "tasks.backends.LeaseBackend", "QUEUES": ["elsewhere"], "OPTIONS": {"database": "other"}}
+    ELSEWHERE: dict[str, Any] = {
+        "BACKEND": "tasks.backends.LeaseBackend",
+        "QUEUES": ["elsewhere"],
+        "OPTIONS": {"database": "other"},
+    }
     TASKS = {**TASKS, "elsewhere": ELSEWHERE}  # noqa: F405
