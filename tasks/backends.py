@@ -195,23 +195,54 @@ def task_errors(entries: list[dict[str, Any]], *, up_to_token: int | None = None
     ]
 
 
+def stand_in(path: str, *, backend: str, queue_name: str, priority: int, run_after: dt.datetime | None) -> DjangoTask:
+    """A Task named ``path`` for a task enqueued through a backend whose code no longer imports as
+    a Task (removed, renamed, replaced by something else): its result, and the ``task_finished``
+    of the attempt that could not run, still need a Task, and receivers read its ``module_path``.
+    Calling it raises ImportError."""
+    module, _, name = path.rpartition(".")
+
+    def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise ImportError(f"{path} does not name a django.tasks Task")
+
+    unavailable.__module__, unavailable.__name__, unavailable.__qualname__ = module, name, name
+    task = object.__new__(DjangoTask)
+    for field, value in (
+        ("func", unavailable),
+        ("priority", priority),
+        ("backend", backend),
+        ("queue_name", queue_name),
+        ("run_after", run_after),
+        ("takes_context", False),
+    ):
+        object.__setattr__(task, field, value)
+    return task
+
+
 def task_result(row: Task, *, default_alias: str, task: DjangoTask | None = None) -> TaskResult:
     """A stored task as a django.tasks TaskResult (``task``: the Task object, when already known)."""
     if task is None:
+        alias = row.backend_alias or default_alias
         try:
             imported = import_string(row.task_path)
         except ImportError as exc:
-            raise TaskResultDoesNotExist(f"task {row.pk}: {row.task_path} does not import ({exc})") from None
-        if not isinstance(imported, DjangoTask):
+            if not row.backend_alias:
+                raise TaskResultDoesNotExist(f"task {row.pk}: {row.task_path} does not import ({exc})") from None
+            imported = None
+        if isinstance(imported, DjangoTask):
+            task = enqueued_task(
+                imported,
+                backend=alias,
+                queue_name=row.queue,
+                priority=row.priority,
+                run_after=row.task_run_after if row.backend_alias else imported.run_after,
+            )
+        elif row.backend_alias:  # it was a Task when it was enqueued
+            task = stand_in(
+                row.task_path, backend=alias, queue_name=row.queue, priority=row.priority, run_after=row.task_run_after
+            )
+        else:
             raise TaskResultDoesNotExist(f"task {row.pk} does not run a django.tasks Task")
-        alias = row.backend_alias or default_alias
-        task = enqueued_task(
-            imported,
-            backend=alias,
-            queue_name=row.queue,
-            priority=row.priority,
-            run_after=row.task_run_after if row.backend_alias else imported.run_after,
-        )
     result: TaskResult = TaskResult(
         task=task,
         id=str(row.pk),
@@ -250,6 +281,36 @@ class DjangoRun:
     sender: type[BaseTaskBackend]
     result: TaskResult
     finish_sent: bool = False
+
+
+def refused(execution: Execution) -> None:
+    """A task enqueued through a backend that cannot run here (its path does not import, or names
+    no Task): it was unable to start, and its ``task_finished`` will say so (FAILED)."""
+    claimed = execution.task
+    if claimed.backend_alias is None or execution.django is not None:
+        return
+    task = stand_in(
+        claimed.task_path,
+        backend=claimed.backend_alias,
+        queue_name=claimed.queue,
+        priority=claimed.priority,
+        run_after=claimed.task_run_after,
+    )
+    result: TaskResult = TaskResult(
+        task=task,
+        id=str(claimed.id),
+        status=TaskResultStatus.FAILED,
+        enqueued_at=claimed.enqueued_at,
+        started_at=execution.started_at,
+        finished_at=None,
+        last_attempted_at=execution.last_attempted_at,
+        args=claimed.args,
+        kwargs=claimed.kwargs,
+        backend=claimed.backend_alias,
+        errors=[],
+        worker_ids=[*claimed.worker_ids, execution.worker_id],
+    )
+    execution.django = DjangoRun(task=task, sender=sender_for(claimed.backend_alias), result=result)
 
 
 def run_django_task(task: DjangoTask, execution: Execution) -> Any:

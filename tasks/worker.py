@@ -679,6 +679,10 @@ class Worker:
             # KeyboardInterrupt, GeneratorExit and CancelledError included (the worker's own
             # shutdown never raises inside a handler). An import error will not import next time.
             retry = not isinstance(exc, (ImportError, NotATask))
+            if not retry:
+                from tasks.backends import refused
+
+                refused(execution)  # a backend's task that cannot run here: task_finished says so
             return Outcome(execution, failure=failure_from(execution, exc, retry=retry), error=exc)
         finally:
             _set_current(None)

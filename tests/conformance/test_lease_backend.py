@@ -244,9 +244,26 @@ class LeaseBackendTests(_Tests):
             ("FAILED", 1, "builtins.ImportError"),
         )
         self.assertEqual((rows[plain].status, rows[plain].return_value), ("SUCCESSFUL", "ran"))
-        with self.assertRaises(TaskResultDoesNotExist):
-            default_task_backend.get_result(str(refused))
         self.assertTrue(issubclass(NotATask, InvalidTask))  # Django's "not a valid task", recorded as ours
+        # Unable to start: no task_started; task_finished and the result say FAILED, with the error, for
+        # a task named as it was enqueued (its code is not a Task any more).
+        for task_id, path, error in [
+            (refused, "tests.conformance.lease_tasks.not_a_task", NotATask),
+            (missing, "tests.conformance.lease_tasks.missing", ImportError),
+        ]:
+            with self.subTest(path):
+                result = default_task_backend.get_result(str(task_id))
+                finished = self.wait_signalled(result)
+                self.assertEqual(self.events(result.id, "started"), [])
+                self.assertEqual((finished["status"], finished["stored_status"]), ("FAILED", "FAILED"))
+                self.assertEqual(finished["task"]["module_path"], path)
+                self.assertEqual(when(finished["finished_at"]), result.finished_at)
+                self.assertEqual((result.status, result.task.module_path), (TaskResultStatus.FAILED, path))
+                self.assertIs(result.errors[0].exception_class, error)
+                with self.assertRaisesMessage(ImportError, "does not name a django.tasks Task"):
+                    result.task.call()
+        with self.assertRaises(TaskResultDoesNotExist):  # Task.objects.enqueue's row: no django.tasks result
+            default_task_backend.get_result(str(plain))
 
     # -- normalisation ----------------------------------------------------------------------------
 
@@ -356,6 +373,34 @@ class LeaseBackendThreadTestCase(LeaseBackendTests, ThreadWorkerTestCase):
 @SETTINGS
 class LeaseBackendProcessTestCase(LeaseBackendTests, ProcessWorkerTestCase):
     pass
+
+
+# -- leases in a result -------------------------------------------------------------------------
+
+
+@SETTINGS
+class LeasesInResultsTestCase(BackendTestCase):
+    def test_a_claim_returned_before_it_began_is_no_attempt_and_a_crash_is_one(self):
+        result = lease_tasks.echo.enqueue("leased")
+        task_id = int(result.id)
+
+        def expire_and_recover() -> None:
+            wait_until(lambda: TaskRow.objects.filter(pk=task_id).stuck().exists(), WAIT, what="the lease to expire")
+            self.assertEqual([r.id for r in TaskRow.objects.recover_expired()], [task_id])
+
+        TaskRow.objects.claim("vanished-before-start", ttl=0.05)  # a worker that died before it began
+        expire_and_recover()
+        returned = default_task_backend.get_result(result.id)
+        self.assertEqual((returned.status, returned.attempts, returned.errors), (TaskResultStatus.READY, 0, []))
+
+        [claimed] = TaskRow.objects.claim("died-while-running", ttl=0.05)
+        self.assertIsNotNone(TaskRow.objects.start(claimed.id, "died-while-running", claimed.token))
+        expire_and_recover()
+        crashed = default_task_backend.get_result(result.id)
+        self.assertEqual(crashed.status, TaskResultStatus.READY)  # to be run again
+        self.assertEqual((crashed.attempts, crashed.worker_ids), (1, ["died-while-running"]))
+        self.assertEqual([e.exception_class_path for e in crashed.errors], ["tasks.exceptions.TaskLeaseLost"])
+        self.assertIsNotNone(crashed.errors[0].exception_class)
 
 
 # -- a hand-back at shutdown ---------------------------------------------------------------------
