@@ -30,6 +30,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.test import override_settings
 from django.utils import timezone
 
+from tasks.backends import LeaseBackend
 from tasks.exceptions import NotATask, TaskTimeout, UnstorableResult, WorkerShutdown
 from tasks.models import Task as TaskRow
 from tasks.worker import Worker
@@ -505,6 +506,14 @@ class RunWorkerTargetTestCase(BackendTestCase):
         ]:
             with self.subTest(args=args), self.assertRaisesMessage(CommandError, message):
                 call_command("run_worker", *args)
+
+    def test_the_system_check_refuses_unknown_options_and_databases(self):
+        backend = LeaseBackend("misconfigured", {"OPTIONS": {"database": "nowhere", "retries": 3}})
+        errors = backend.check()
+        self.assertEqual([e.id for e in errors], ["tasks.E010", "tasks.E011"])
+        self.assertIn("retries", errors[0].msg)
+        self.assertIn("'nowhere'", errors[1].msg)
+        self.assertEqual(task_backends["default"].check(), [])
 
     def test_a_backend_with_its_own_database_is_served_by_backend_or_database_alias(self):
         name = f"{connection.settings_dict['NAME']}_other"
