@@ -18,3 +18,8 @@ def hang_first_attempt(**kwargs: Any) -> int:
     if run.attempt == 1:
         time.sleep(3600)
     return run.attempt
+
+
+def pause(seconds: float = 0.3, **kwargs: Any) -> None:
+    """Stand-in for a task that is still running when its worker is asked to stop."""
+    time.sleep(seconds)

@@ -13,6 +13,8 @@ Prints one figure per line:
 - claim cost (median of one-task claims, rolled back) on an empty table and beside 1,000,000 finished
   rows, 300,000 READY rows of another queue and 300,000 deferred higher-priority rows of the same
   queue, and the ratio (goal: at most 3); also a claim from an empty queue beside those backlogs.
+- stop-to-exit: SIGTERM arrives while a worker's one task runs; milliseconds from that task's end
+  to the process's exit (median of 5).
 """
 
 from __future__ import annotations
@@ -201,6 +203,30 @@ def bench_claim_cost() -> tuple[float, float, float]:
     return empty, _claim_ms("bench"), _claim_ms("nothing-here")
 
 
+def bench_stop_to_exit(samples: int, log_dir: Path) -> float:
+    """Milliseconds from the end of a worker's last task (SIGTERM arrived while it ran) to the
+    process's exit: the median of ``samples`` workers."""
+    from tasks.models import Task
+
+    delays = []
+    for _ in range(samples):
+        reset()
+        [proc] = start_workers(1, "--concurrency", "1", "--no-recovery", log_dir=log_dir)
+        try:
+            task_id = Task.objects.enqueue("bench.handlers.pause", kwargs={"seconds": 0.3}, queue="bench").id
+            while not Task.objects.filter(pk=task_id, attempt_started=True).exists():
+                time.sleep(0.001)
+            proc.send_signal(signal.SIGTERM)
+            while not Task.objects.filter(pk=task_id, status="SUCCESSFUL").exists():
+                time.sleep(0.001)
+            finished = time.perf_counter()
+            proc.wait(60)
+            delays.append((time.perf_counter() - finished) * 1000)
+        finally:
+            stop_processes([proc])
+    return statistics.median(delays)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=20_000)
@@ -229,6 +255,7 @@ def main() -> None:
         figure("tasks.claim.beside_backlogs", backlog, "ms")
         figure("tasks.claim.ratio", backlog / empty, "x (goal <= 3)")
         figure("tasks.claim.empty_queue_beside_backlogs", idle, "ms")
+        figure("tasks.stop_to_exit.p50", bench_stop_to_exit(5, log_dir), "ms (last task's end to process exit)")
     finally:
         reset()
         if server is not None:

@@ -2,7 +2,7 @@
 
     TASKS = {"default": {"BACKEND": "tasks.backends.LeaseBackend",
                          "QUEUES": ["default", "mail"],          # optional: allowed queue names
-                         "OPTIONS": {"max_attempts": 3, "timeout": None}}}
+                         "OPTIONS": {"max_attempts": 3, "timeout": None, "database": "default"}}}
 
     @task(priority=10)
     def send_invoice(invoice_id): ...
@@ -12,25 +12,35 @@
 
 Tasks that take a context get a :class:`LeaseTaskContext`: ``context.attempt``, and this queue's
 ``context.checkpoint(progress)`` / ``context.progress`` / ``context.token``.
+
+A row remembers the backend alias that enqueued it and the Task's own ``run_after``, so a result
+read back (``get_result``, ``refresh``, the signals a worker sends) carries the task as it was
+enqueued: ``.using()`` values included. The worker runs such a row only if its path names a
+django.tasks Task (:class:`~tasks.exceptions.NotATask` otherwise).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS
+from django.core import checks
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.tasks import Task as DjangoTask
-from django.tasks import TaskContext, TaskResult, TaskResultStatus
+from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
-from django.tasks.exceptions import TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.tasks.exceptions import InvalidTaskBackend, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued, task_started
 from django.utils.json import normalize_json
+from django.utils.module_loading import import_string
 
 from tasks.models import Task, TaskStatus
 
 if TYPE_CHECKING:
+    import datetime as dt
+
     from tasks.runtime import Execution
 
 _STATUS = {
@@ -38,8 +48,11 @@ _STATUS = {
     TaskStatus.RUNNING: TaskResultStatus.RUNNING,
     TaskStatus.SUCCESSFUL: TaskResultStatus.SUCCESSFUL,
     TaskStatus.FAILED: TaskResultStatus.FAILED,
+    # django.tasks has no cancelled state: a cancelled task will not run again, like a failed one.
     TaskStatus.CANCELLED: TaskResultStatus.FAILED,
 }
+
+OPTIONS = frozenset({"database", "max_attempts", "timeout"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,103 +94,265 @@ class LeaseBackend(BaseTaskBackend):
 
     def enqueue(self, task: DjangoTask, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
-        enqueued = Task.objects.db_manager(self.using).enqueue(
-            task.module_path,
-            args=list(args),
-            kwargs=dict(kwargs),
-            queue=task.queue_name,
-            priority=task.priority,
-            run_after=task.run_after,
-            max_attempts=self.max_attempts,
-            timeout=self.timeout,
-        )
-        result = self.get_result(str(enqueued.id))
-        if enqueued.created:
-            # The result describes the task as enqueued, even if a fast worker has already begun it.
-            for name, value in (
-                ("status", TaskResultStatus.READY),
-                ("started_at", None),
-                ("finished_at", None),
-                ("last_attempted_at", None),
-                ("errors", []),
-                ("worker_ids", []),
-            ):
-                object.__setattr__(result, name, value)
-        task_enqueued.send(type(self), task_result=result)
+        # Django's own normalisation (what every django.tasks backend accepts, with its errors:
+        # TypeError "Unsupported type" ...); the queue then refuses what jsonb cannot hold (NaN,
+        # infinity, NUL, lone surrogates) with a ValueError before anything is written.
+        args = normalize_json(args)
+        kwargs = normalize_json(kwargs)
+        # task_enqueued is sent before the row is committed, so before any worker can start the
+        # task: it always precedes task_started. (Inside the caller's transaction, the task and the
+        # signal stand or fall with it: a rolled-back enqueue runs nothing, though it was signalled.)
+        with transaction.atomic(using=self.using, savepoint=False):
+            enqueued = Task.objects.db_manager(self.using).enqueue(
+                task.module_path,
+                args=args,
+                kwargs=kwargs,
+                queue=task.queue_name,
+                priority=task.priority,
+                run_after=task.run_after,
+                max_attempts=self.max_attempts,
+                timeout=self.timeout,
+                backend_alias=self.alias,
+            )
+            # The result describes the task as enqueued (the insert returns what it needs).
+            result: TaskResult = TaskResult(
+                task=task,
+                id=str(enqueued.id),
+                status=TaskResultStatus.READY,
+                enqueued_at=enqueued.enqueued_at,
+                started_at=None,
+                finished_at=None,
+                last_attempted_at=None,
+                args=args,
+                kwargs=kwargs,
+                backend=self.alias,
+                errors=[],
+                worker_ids=[],
+            )
+            task_enqueued.send(type(self), task_result=result)
         return result
 
     def get_result(self, result_id: str) -> TaskResult:
         try:
             row = Task.objects.db_manager(self.using).get(pk=int(result_id))
-        except (ValueError, Task.DoesNotExist):
+        except (ValueError, TypeError, Task.DoesNotExist):
             raise TaskResultDoesNotExist(result_id) from None
         return self.result_from_row(row)
 
     def result_from_row(self, row: Task) -> TaskResult:
-        from django.utils.module_loading import import_string
+        return task_result(row, default_alias=self.alias)
 
-        task = import_string(row.task_path)
-        if not isinstance(task, DjangoTask):
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        errors: list[checks.CheckMessage] = []
+        unknown = set(self.options) - OPTIONS
+        if unknown:
+            errors.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS'] has unknown keys: {', '.join(sorted(unknown))}",
+                    hint=f"LeaseBackend takes {', '.join(sorted(OPTIONS))}.",
+                    id="tasks.E010",
+                )
+            )
+        if self.using not in connections:
+            errors.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS']['database'] names no database: {self.using!r}",
+                    id="tasks.E011",
+                )
+            )
+        return errors
+
+
+def enqueued_task(
+    task: DjangoTask, *, backend: str, queue_name: str, priority: int, run_after: dt.datetime | None
+) -> DjangoTask:
+    """``task`` as it was enqueued: what ``.using()`` changed, re-applied from its row.
+
+    Built without validating again: the row was validated when it was enqueued, and a result must
+    describe the stored task even if the backend's QUEUES changed since or its alias is not
+    configured in this process (validation would also inspect the function's signature each time).
+    """
+    if (task.backend, task.queue_name, task.priority, task.run_after) == (backend, queue_name, priority, run_after):
+        return task
+    clone = object.__new__(type(task))
+    for field in dataclasses.fields(task):
+        object.__setattr__(clone, field.name, getattr(task, field.name))
+    for name, value in (("backend", backend), ("queue_name", queue_name), ("priority", priority)):
+        object.__setattr__(clone, name, value)
+    object.__setattr__(clone, "run_after", run_after)
+    return clone
+
+
+def task_errors(entries: list[dict[str, Any]], *, up_to_token: int | None = None) -> list[TaskError]:
+    """The stored error entries as django.tasks sees them: one per attempt that began and failed
+    (a claim returned before its attempt was known to start is not an attempt). ``up_to_token``:
+    only the entries of that attempt and earlier ones (tokens only grow)."""
+    return [
+        TaskError(exception_class_path=e.get("exception_class_path", ""), traceback=e.get("traceback", ""))
+        for e in entries
+        if e.get("kind") != "returned"
+        and (up_to_token is None or not isinstance(e.get("token"), int) or e["token"] <= up_to_token)
+    ]
+
+
+def stand_in(path: str, *, backend: str, queue_name: str, priority: int, run_after: dt.datetime | None) -> DjangoTask:
+    """A Task named ``path`` for a task enqueued through a backend whose code no longer imports as
+    a Task (removed, renamed, replaced by something else): its result, and the ``task_finished``
+    of the attempt that could not run, still need a Task, and receivers read its ``module_path``.
+    Calling it raises ImportError."""
+    module, _, name = path.rpartition(".")
+
+    def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise ImportError(f"{path} does not name a django.tasks Task")
+
+    unavailable.__module__, unavailable.__name__, unavailable.__qualname__ = module, name, name
+    task = object.__new__(DjangoTask)
+    for field, value in (
+        ("func", unavailable),
+        ("priority", priority),
+        ("backend", backend),
+        ("queue_name", queue_name),
+        ("run_after", run_after),
+        ("takes_context", False),
+    ):
+        object.__setattr__(task, field, value)
+    return task
+
+
+def task_result(row: Task, *, default_alias: str, task: DjangoTask | None = None) -> TaskResult:
+    """A stored task as a django.tasks TaskResult (``task``: the Task object, when already known)."""
+    if task is None:
+        alias = row.backend_alias or default_alias
+        try:
+            imported = import_string(row.task_path)
+        except ImportError as exc:
+            if not row.backend_alias:
+                raise TaskResultDoesNotExist(f"task {row.pk}: {row.task_path} does not import ({exc})") from None
+            imported = None
+        if isinstance(imported, DjangoTask):
+            task = enqueued_task(
+                imported,
+                backend=alias,
+                queue_name=row.queue,
+                priority=row.priority,
+                run_after=row.task_run_after if row.backend_alias else imported.run_after,
+            )
+        elif row.backend_alias:  # it was a Task when it was enqueued
+            task = stand_in(
+                row.task_path, backend=alias, queue_name=row.queue, priority=row.priority, run_after=row.task_run_after
+            )
+        else:
             raise TaskResultDoesNotExist(f"task {row.pk} does not run a django.tasks Task")
-        result: TaskResult = TaskResult(
-            task=task,
-            id=str(row.pk),
-            status=_STATUS[TaskStatus(row.status)],
-            enqueued_at=row.enqueued_at,
-            started_at=row.started_at,
-            finished_at=row.finished_at,
-            last_attempted_at=row.last_attempted_at,
-            args=row.args,
-            kwargs=row.kwargs,
-            backend=self.alias,
-            errors=[
-                TaskError(exception_class_path=e.get("exception_class_path", ""), traceback=e.get("traceback", ""))
-                for e in row.errors
-                # A claim returned before its attempt was known to start is not an attempt.
-                if e.get("kind") != "returned"
-            ],
-            worker_ids=list(row.worker_ids),
-        )
-        if row.status == TaskStatus.SUCCESSFUL:
-            object.__setattr__(result, "_return_value", row.return_value)
-        return result
+    result: TaskResult = TaskResult(
+        task=task,
+        id=str(row.pk),
+        status=_STATUS[TaskStatus(row.status)],
+        enqueued_at=row.enqueued_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        last_attempted_at=row.last_attempted_at,
+        args=row.args,
+        kwargs=row.kwargs,
+        backend=row.backend_alias or default_alias,
+        errors=task_errors(row.errors),
+        worker_ids=list(row.worker_ids),
+    )
+    if row.status == TaskStatus.SUCCESSFUL:
+        object.__setattr__(result, "_return_value", row.return_value)
+    return result
 
 
-def _running_result(task: DjangoTask, execution: Execution, backend_alias: str) -> TaskResult:
+def sender_for(alias: str) -> type[BaseTaskBackend]:
+    """The signals' sender: the class of the backend that enqueued the task (LeaseBackend when
+    that alias is not configured in this process)."""
+    try:
+        return type(task_backends[alias])
+    except InvalidTaskBackend:
+        return LeaseBackend
+
+
+@dataclass(slots=True)
+class DjangoRun:
+    """An attempt of a django.tasks Task in a worker: the task as enqueued, and the result its
+    ``task_started`` signal (and context) carried. ``task_finished`` follows once the attempt's end
+    is stored (:mod:`tasks.task_signals`), exactly once."""
+
+    task: DjangoTask
+    sender: type[BaseTaskBackend]
+    result: TaskResult
+    finish_sent: bool = False
+
+
+def refused(execution: Execution) -> None:
+    """A task enqueued through a backend that cannot run here (its path does not import, or names
+    no Task): it was unable to start, and its ``task_finished`` will say so (FAILED)."""
     claimed = execution.task
-    return TaskResult(
+    if claimed.backend_alias is None or execution.django is not None:
+        return
+    task = stand_in(
+        claimed.task_path,
+        backend=claimed.backend_alias,
+        queue_name=claimed.queue,
+        priority=claimed.priority,
+        run_after=claimed.task_run_after,
+    )
+    result: TaskResult = TaskResult(
+        task=task,
+        id=str(claimed.id),
+        status=TaskResultStatus.FAILED,
+        enqueued_at=claimed.enqueued_at,
+        started_at=execution.started_at,
+        finished_at=None,
+        last_attempted_at=execution.last_attempted_at,
+        args=claimed.args,
+        kwargs=claimed.kwargs,
+        backend=claimed.backend_alias,
+        errors=[],
+        worker_ids=[*claimed.worker_ids, execution.worker_id],
+    )
+    execution.django = DjangoRun(task=task, sender=sender_for(claimed.backend_alias), result=result)
+
+
+def run_django_task(task: DjangoTask, execution: Execution) -> Any:
+    """Run a django.tasks Task for a worker; sends ``task_started`` (``task_finished`` is the
+    worker's, once the outcome is stored). Returns the raw return value."""
+    claimed = execution.task
+    alias = claimed.backend_alias or task.backend
+    task = enqueued_task(
+        task,
+        backend=alias,
+        queue_name=claimed.queue,
+        priority=claimed.priority,
+        run_after=claimed.task_run_after if claimed.backend_alias else task.run_after,
+    )
+    started_at = execution.started_at
+    errors: list[TaskError] = []
+    if claimed.attempts:
+        # An earlier attempt began: the first start and the earlier errors are on the row (the
+        # claim does not read them, to keep the hot path light; retries are rare).
+        stored = Task.objects.using(execution.using).filter(pk=claimed.id).values_list("started_at", "errors").first()
+        if stored is not None:
+            started_at = stored[0] or started_at
+            errors = task_errors(stored[1])
+    result: TaskResult = TaskResult(
         task=task,
         id=str(claimed.id),
         status=TaskResultStatus.RUNNING,
         enqueued_at=claimed.enqueued_at,
-        started_at=None,
+        started_at=started_at,
         finished_at=None,
-        last_attempted_at=None,
+        last_attempted_at=execution.last_attempted_at,
         args=claimed.args,
         kwargs=claimed.kwargs,
-        backend=backend_alias,
-        errors=[],
-        worker_ids=list(claimed.worker_ids),
+        backend=alias,
+        errors=errors,
+        # This attempt counts as soon as it runs (its start marker may follow a few ms later), so
+        # that ``context.attempt == task_result.attempts`` inside the task.
+        worker_ids=[*claimed.worker_ids, execution.worker_id],
     )
-
-
-def run_django_task(task: DjangoTask, execution: Execution) -> Any:
-    """Run a django.tasks Task for a worker, sending Django's task signals."""
-    sender = type(task.get_backend())
-    result = _running_result(task, execution, task.backend)
-    task_started.send(sender=sender, task_result=result)
-    try:
-        if task.takes_context:
-            context = LeaseTaskContext(task_result=result, execution=execution)
-            value = task.call(context, *execution.task.args, **execution.task.kwargs)
-        else:
-            value = task.call(*execution.task.args, **execution.task.kwargs)
-        value = normalize_json(value)
-    except BaseException:
-        object.__setattr__(result, "status", TaskResultStatus.FAILED)
-        task_finished.send(sender=sender, task_result=result)
-        raise
-    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-    object.__setattr__(result, "_return_value", value)
-    task_finished.send(sender=sender, task_result=result)
-    return value
+    run = DjangoRun(task=task, sender=sender_for(alias), result=result)
+    execution.django = run
+    task_started.send(sender=run.sender, task_result=result)
+    if task.takes_context:
+        return task.call(LeaseTaskContext(task_result=result, execution=execution), *result.args, **result.kwargs)
+    return task.call(*result.args, **result.kwargs)

@@ -4,6 +4,8 @@ error entries), so that ``TaskError.exception_class`` of a recorded attempt impo
 
 from __future__ import annotations
 
+from django.tasks.exceptions import InvalidTask
+
 from leasing.exceptions import LeasingError
 
 
@@ -17,6 +19,10 @@ class TaskLeaseLost(TaskError):
 
 class UnknownHandler(TaskError):
     """The task's handler path does not name an importable callable."""
+
+
+class NotATask(UnknownHandler, InvalidTask):
+    """The task came through a django.tasks backend, but its path names no django.tasks Task."""
 
 
 class UnstorableResult(TaskError, ValueError):

@@ -26,6 +26,8 @@ class Outcome:
     value_json: str | None = None
     failure: Failure | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The exception that failed the attempt (for django.tasks' ``task_finished`` receivers).
+    error: BaseException | None = None
 
     @property
     def key(self) -> tuple[int, int]:

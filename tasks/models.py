@@ -66,6 +66,10 @@ class ClaimedTask:
     suspect: bool = False
     #: Its workers vanished ISOLATE_AFTER times beside other attempts: run it alone in the process.
     isolate: bool = False
+    #: Enqueued through this django.tasks backend alias (None: ``Task.objects.enqueue``, any callable).
+    backend_alias: str | None = None
+    #: The django.tasks Task's own ``run_after`` as enqueued.
+    task_run_after: dt.datetime | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -114,6 +118,7 @@ class AttemptFate:
 class Enqueued:
     id: int
     created: bool  # False: an unfinished task with the same dedup key already existed
+    enqueued_at: dt.datetime | None = None  # of a task created now
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +191,8 @@ def _claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
         worker_ids=_json(row[13]),
         suspect=bool(row[14]),
         isolate=bool(row[15]),
+        backend_alias=row[16],
+        task_run_after=row[17],
     )
 
 
@@ -240,9 +247,11 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         max_attempts: int | None = None,
         timeout: float | None = None,
         dedup_key: str | None = None,
+        backend_alias: str | None = None,
     ) -> Enqueued:
         """Insert one task (one statement). With ``dedup_key``, an unfinished task with the same
-        key is returned instead of a new one (``created`` is False)."""
+        key is returned instead of a new one (``created`` is False). ``backend_alias``: the
+        django.tasks backend enqueuing it (its worker then runs only a django.tasks Task)."""
         attempts = get_settings().MAX_ATTEMPTS if max_attempts is None else max_attempts
         _validate(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
         params: dict[str, Any] = {
@@ -255,6 +264,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "max_attempts": attempts,
             "timeout": timeout,
             "dedup_key": dedup_key,
+            "backend_alias": backend_alias,
         }
         # The lookup of an existing task must not go through this queryset's filters (a filtered
         # queryset would never find it and the loop would spin): use the bare table.
@@ -262,7 +272,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         for _ in range(100):
             rows = self._rows(sql.ENQUEUE_SQL, params)
             if rows:
-                return Enqueued(rows[0][0], True)
+                return Enqueued(rows[0][0], True, rows[0][1])
             # Only on a duplicate: the unfinished task that holds the key (unless it just finished).
             existing = table.filter(status__in=UNFINISHED, dedup_key=dedup_key).values_list("id", flat=True).first()
             if existing is not None:
@@ -651,6 +661,17 @@ class Task(LeaseFields):
     worker_ids = models.JSONField(default=list, blank=True, help_text="The worker of each attempt.")
     progress = models.JSONField(null=True, blank=True, help_text="The last checkpoint.")
     progress_at = models.DateTimeField(null=True, blank=True)
+    backend_alias = models.CharField(
+        max_length=100,
+        null=True,
+        blank=True,
+        help_text="The django.tasks backend alias that enqueued it (empty: Task.objects.enqueue, any callable).",
+    )
+    task_run_after = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="The run_after the django.tasks Task was enqueued with (run_after itself moves with retries).",
+    )
 
     objects = TaskQuerySet.as_manager()
 

@@ -63,6 +63,8 @@ class Execution:
         self._attempted_epoch: float | None = None  # when this attempt began (epoch seconds)
         self._attempted_at: dt.datetime | None = None
         self._stalled_until = 0.0
+        #: A django.tasks Task's attempt: what its signals carry (:class:`tasks.backends.DjangoRun`).
+        self.django: Any = None
 
     @property
     def started_epoch(self) -> float | None:

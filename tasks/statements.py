@@ -40,7 +40,7 @@ CLAIM_RETURNING = (
     "t.id, t.token, t.task_path, t.args, t.kwargs, t.attempts, t.max_attempts, t.progress, t.expires_at,"
     " t.timeout, t.queue, t.priority, t.enqueued_at, t.worker_ids,"
     " (t.crashes > 0 OR t.shared_crashes > 0 OR t.unstarted_returns > 0),"
-    " t.shared_crashes >= %(isolate_after)s"
+    " t.shared_crashes >= %(isolate_after)s, t.backend_alias, t.task_run_after"
 )
 
 INSERT_COLUMNS = (
@@ -49,13 +49,16 @@ INSERT_COLUMNS = (
     " unstarted_returns, attempt_started, attempt_isolated"
 )
 
+# ``backend_alias`` and ``task_run_after`` are set for a django.tasks backend's rows only (the bulk
+# insert leaves them NULL): which backend enqueued it, and the Task's own run_after as enqueued.
 ENQUEUE_SQL = f"""
-INSERT INTO tasks_task ({INSERT_COLUMNS})
+INSERT INTO tasks_task ({INSERT_COLUMNS}, backend_alias, task_run_after)
 VALUES (%(queue)s, %(priority)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, 'READY',
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), statement_timestamp(), 0, %(max_attempts)s,
-        %(timeout)s, %(dedup_key)s, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false)
+        %(timeout)s, %(dedup_key)s, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false,
+        %(backend_alias)s, CASE WHEN %(backend_alias)s::text IS NULL THEN NULL ELSE %(run_after)s::timestamptz END)
 ON CONFLICT (dedup_key) WHERE status IN ('READY', 'RUNNING') AND dedup_key IS NOT NULL DO NOTHING
-RETURNING id
+RETURNING id, enqueued_at
 """
 
 BULK_ENQUEUE_SQL = f"""
@@ -270,7 +273,7 @@ def _claimed_cte(pick: str) -> str:
 _CLAIMED_AND_FINISHED = """SELECT 'c', claimed.* FROM claimed
 UNION ALL
 SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL
+       NULL, NULL, NULL, NULL
 FROM finished"""
 
 
@@ -293,7 +296,7 @@ WITH {_FINISHED_CTE}, started AS (
 {_CLAIMED_AND_FINISHED}
 UNION ALL
 SELECT 's', started.id, started.token, NULL, NULL, NULL, started.attempts, NULL, NULL,
-       started.started_at, NULL, NULL, NULL, started.last_attempted_at, NULL, NULL, NULL
+       started.started_at, NULL, NULL, NULL, started.last_attempted_at, NULL, NULL, NULL, NULL, NULL
 FROM started
 """
 

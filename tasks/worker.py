@@ -26,6 +26,7 @@ import os
 import queue
 import random
 import secrets
+import select
 import signal
 import socket
 import threading
@@ -39,17 +40,19 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
 from django.db.models.functions import Now
+from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from leasing import clock
 from tasks.conf import get_settings
-from tasks.exceptions import TaskTimeout, UnstorableResult
+from tasks.exceptions import NotATask, TaskTimeout, UnstorableResult
 from tasks.ledger import Census, IsolationGate, Ledger, Outcome
 from tasks.models import ClaimedTask, Failure, Task
 from tasks.models import Worker as WorkerRow
 from tasks.outcome_writer import CONNECTION_ERRORS, OutcomeWriter, is_lock_wait, minimal_failure, retrying
 from tasks.outcomes import storable_json, storable_text
 from tasks.runtime import Execution, _set_current
+from tasks.task_signals import FinishedSignals
 
 _bound: weakref.WeakSet[Any] = weakref.WeakSet()  # raw connections whose session is already bounded
 
@@ -177,6 +180,7 @@ class Worker:
         self.ledger = Ledger()
         self.isolation = IsolationGate()
         self.writer = OutcomeWriter(self)
+        self.signals = FinishedSignals(using)  # django.tasks' task_finished, once an outcome is stored
         self._work: queue.SimpleQueue[Execution | None] = queue.SimpleQueue()
         self._outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._starts: queue.SimpleQueue[tuple[Execution, float]] = queue.SimpleQueue()
@@ -184,6 +188,7 @@ class Worker:
         self._wake = threading.Event()
         self._notified = threading.Event()  # a NOTIFY for one of our queues arrived
         self._stop = threading.Event()  # background threads end
+        self._stop_pipe = (-1, -1)  # (read, write): a byte written ends the listener's wait at once
         self._stopped = threading.Event()  # run() has returned
         self._draining = threading.Event()  # first signal: stop claiming
         self.hurry = threading.Event()  # second signal: do not wait for running tasks or retries
@@ -479,6 +484,7 @@ class Worker:
     ) -> None:
         for outcome in successes:
             self._finish_log(outcome, "succeeded" if outcome.key in accepted else None)
+            self.signals.ended(outcome.execution, "SUCCESSFUL" if outcome.key in accepted else None, outcome)
         for outcome in failures:
             result = self.writer.fail_results.pop(outcome.key, None)
             if outcome.key not in failed:
@@ -486,6 +492,8 @@ class Worker:
             else:
                 state = "retried" if result is not None and result.status == "READY" else "failed"
             self._finish_log(outcome, state)
+            stored = None if state is None else ("READY" if state == "retried" else "FAILED")
+            self.signals.ended(outcome.execution, stored, outcome)
         self.ledger.remove(o.key for o in successes + failures)
 
     def _abandon(self, overdue: list[Execution]) -> None:
@@ -502,8 +510,8 @@ class Worker:
             execution.mark_lost(reason)
             self.stats["timed_out"] += 1
             logger.warning("task %d %s %s", execution.id, execution.task.task_path, reason)
-            failure = failure_from(execution, TaskTimeout(f"task {execution.id} {reason}"))
-            self._outcomes.put(Outcome(execution, failure=failure))
+            timed_out = TaskTimeout(f"task {execution.id} {reason}")
+            self._outcomes.put(Outcome(execution, failure=failure_from(execution, timed_out), error=timed_out))
             if not self._draining.is_set():
                 self._spawn_executor()  # the stuck thread retires when (if) its handler returns
             if self._zombies > 2 * self.concurrency and not self._draining.is_set():
@@ -670,7 +678,12 @@ class Worker:
             # Anything the handler raises ends the attempt as a recorded failure: SystemExit,
             # KeyboardInterrupt, GeneratorExit and CancelledError included (the worker's own
             # shutdown never raises inside a handler). An import error will not import next time.
-            return Outcome(execution, failure=failure_from(execution, exc, retry=not isinstance(exc, ImportError)))
+            retry = not isinstance(exc, (ImportError, NotATask))
+            if not retry:
+                from tasks.backends import refused
+
+                refused(execution)  # a backend's task that cannot run here: task_finished says so
+            return Outcome(execution, failure=failure_from(execution, exc, retry=retry), error=exc)
         finally:
             _set_current(None)
             try:
@@ -678,10 +691,14 @@ class Worker:
             except Exception:
                 logger.debug("closing the handler's connections failed", exc_info=True)
         try:
+            if execution.django is not None:
+                value = normalize_json(value)  # what django.tasks stores of a return value, with its errors
             return Outcome(execution, value_json=storable_json(value))
         except UnstorableResult as exc:
             exc.args = (f"the return value cannot be stored: {exc}",)
-            return Outcome(execution, failure=failure_from(execution, exc, retry=False))
+            return Outcome(execution, failure=failure_from(execution, exc, retry=False), error=exc)
+        except (TypeError, ValueError) as exc:  # normalize_json refused it: the same every time
+            return Outcome(execution, failure=failure_from(execution, exc, retry=False), error=exc)
 
     def _call(self, target: Any, execution: Execution) -> Any:
         from django.tasks import Task as DjangoTask
@@ -690,6 +707,10 @@ class Worker:
             from tasks.backends import run_django_task
 
             return run_django_task(target, execution)
+        if execution.task.backend_alias is not None:
+            # Enqueued through a django.tasks backend: only a Task runs (as in Django's other
+            # database backends), whatever else the path imports.
+            raise NotATask(f"{execution.task.task_path} is not a django.tasks Task")
         if not callable(target):
             raise TypeError(f"{execution.task.task_path} is not callable")
         if iscoroutinefunction(target):
@@ -752,8 +773,14 @@ class Worker:
                 conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                 self._notified.set()  # anything enqueued while we were not listening
                 self._wake.set()
+                # Wait on the connection and on the stop pipe at once: a stop ends the wait at once
+                # (no polling), a notification wakes the dispatcher at once.
+                poller = select.poll()
+                poller.register(conn.fileno(), select.POLLIN)
+                poller.register(self._stop_pipe[0], select.POLLIN)
                 while not self._stop.is_set():
-                    for notice in conn.notifies(timeout=0.2):
+                    poller.poll(self.poll_interval * 1000)
+                    for notice in conn.notifies(timeout=0):
                         if notice.payload in self.queues:
                             self._notified.set()
                             self._wake.set()
@@ -801,6 +828,7 @@ class Worker:
         for _ in range(self.concurrency):
             self._spawn_executor()
         self._spawn(self._heartbeat, "heartbeat")
+        self._stop_pipe = os.pipe()
         self._spawn(self._listen, "listener")
         if self.recovery:
             from tasks.recovery import RecoveryController
@@ -836,6 +864,9 @@ class Worker:
                 self,
                 lambda: Task.objects.db_manager(self.using).hand_back(self.id, [e.key for e in unfinished]),
             )
+            for execution in unfinished:
+                if execution.started is not None:
+                    self.signals.ended(execution)  # handed back (or lapsing): the row says where it stands
             if handed is None:
                 logger.warning("worker %s: hand-back failed (tasks return after their TTL)", self.id)
             else:
@@ -846,6 +877,8 @@ class Worker:
                     sorted(k[0] for k in handed),
                 )
         self._stop.set()
+        if self._stop_pipe[1] >= 0:
+            os.write(self._stop_pipe[1], b"x")  # ends the listener's wait now
         if self._recovery is not None:
             self._recovery.stop()
         for _ in range(self._executor_count):
@@ -853,6 +886,11 @@ class Worker:
         for thread in self._threads:
             if thread.name in ("heartbeat", "listener", "recovery"):
                 thread.join(timeout=5)
+        self.signals.close(timeout=5)
+        if self._stop_pipe[0] >= 0 and not any(t.name == "listener" and t.is_alive() for t in self._threads):
+            for fd in self._stop_pipe:
+                os.close(fd)
+            self._stop_pipe = (-1, -1)
         try:
             WorkerRow.objects.using(self.using).filter(id=self.id).update(
                 stopped_at=Now(), last_seen_at=Now(), running=0, stats=self.stats, stop_reason="stopped"

@@ -140,7 +140,9 @@ def test_django_tasks_round_trip(running_worker: Worker) -> None:
     try:
         result = handlers.add.enqueue(2, 3)
         assert result.status == TaskResultStatus.READY
-        wait_until(lambda: refreshed(result).is_finished, 20, what="add() to finish")
+        # task_finished comes once the outcome is stored: after the row says SUCCESSFUL.
+        wait_until(lambda: len(events) == 2, 20, what="add() to finish and be signalled")
+        result.refresh()
     finally:
         task_started.disconnect(on_started)
         task_finished.disconnect(on_finished)
@@ -228,3 +230,32 @@ def test_an_isolated_task_runs_alone_in_its_worker(running_worker: Worker) -> No
     Gate.objects.filter(key="b").update(open=True)
     assert finished(suspect).status == "SUCCESSFUL"
     assert finished(later).status == "SUCCESSFUL"
+
+
+def test_a_stop_ends_an_idle_worker_at_once_whatever_its_poll_interval() -> None:
+    """The listener waits on its connection and on a stop pipe together: a stop request does not
+    wait for that wait (here up to the 60 s poll interval) to time out."""
+    worker = Worker(poll_interval=60, ttl=2, recovery=False, install_signal_handlers=False, worker_id="stop-now")
+
+    def run() -> None:
+        try:
+            worker.run()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+
+        def listening() -> bool:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN leasing_tasks%%'")
+                return bool(cursor.fetchone()[0])
+
+        wait_until(listening, what="the listener to wait for notifications")
+        worker.request_stop()
+        thread.join(10)
+        assert not thread.is_alive(), "the stop waited for the listener's poll"
+    finally:
+        worker.request_stop()
+        thread.join(70)

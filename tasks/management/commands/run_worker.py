@@ -4,8 +4,8 @@ import logging
 import os
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
-from django.db import connections
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from tasks.management.commands._common import (
     configure_logging,
@@ -21,7 +21,10 @@ class Command(BaseCommand):
     help = "Run a task worker: claim tasks under a lease, run them, heartbeat, finish."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--queues", type=queue_names, default=["default"], help="comma-separated queue names")
+        parser.add_argument("--queues", type=queue_names, help="comma-separated queue names (default: default)")
+        target = parser.add_mutually_exclusive_group()
+        target.add_argument("--backend", help="serve this django.tasks LeaseBackend alias: its database and its QUEUES")
+        target.add_argument("--database", help=f"database alias to serve (default: {DEFAULT_DB_ALIAS})")
         parser.add_argument("--concurrency", type=positive_int, help="executor threads")
         parser.add_argument("--batch-size", type=positive_int, help="tasks claimed per statement at most")
         parser.add_argument("--ttl", type=positive_float, help="lease of a claimed task, seconds")
@@ -35,7 +38,9 @@ class Command(BaseCommand):
     def handle(
         self,
         *,
-        queues: list[str],
+        queues: list[str] | None,
+        backend: str | None,
+        database: str | None,
         concurrency: int | None,
         batch_size: int | None,
         ttl: float | None,
@@ -49,8 +54,21 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         configure_logging(verbosity)
+        using = database or DEFAULT_DB_ALIAS
+        if database is not None and database not in connections:
+            raise CommandError(f"--database: no database {database!r} in DATABASES")
+        if backend is not None:
+            using, allowed = backend_target(backend)
+            if queues is None:
+                if not allowed:
+                    raise CommandError(f"--backend {backend}: its QUEUES allows any name; say which with --queues")
+                queues = allowed
+            elif allowed and set(queues) - set(allowed):
+                outside = ", ".join(sorted(set(queues) - set(allowed)))
+                raise CommandError(f"--backend {backend}: not among its QUEUES: {outside} (use --database instead)")
         worker = Worker(
-            queues=queues,
+            queues=queues or ["default"],
+            using=using,
             concurrency=concurrency,
             batch_size=batch_size,
             ttl=ttl,
@@ -70,3 +88,21 @@ class Command(BaseCommand):
         connections.close_all()
         logging.shutdown()
         os._exit(0)
+
+
+def backend_target(alias: str) -> tuple[str, list[str]]:
+    """The database and the queues of a LeaseBackend alias."""
+    from django.tasks import task_backends
+    from django.tasks.exceptions import InvalidTaskBackend
+
+    from tasks.backends import LeaseBackend
+
+    try:
+        backend = task_backends[alias]
+    except InvalidTaskBackend as exc:
+        raise CommandError(f"--backend: {exc}") from None
+    if not isinstance(backend, LeaseBackend):
+        raise CommandError(f"--backend {alias}: {type(backend).__name__} is not a LeaseBackend; nothing to serve")
+    if backend.using not in connections:
+        raise CommandError(f"--backend {alias}: its database {backend.using!r} is not in DATABASES")
+    return backend.using, sorted(backend.queues)
