@@ -70,11 +70,13 @@ _LEASE_CTE = """lease AS (
 _ADVANCE_WHERE = """s.name = %(name)s AND s.fence_token <= %(token)s
       AND (s.last_slot IS NULL OR s.last_slot < %(slot)s)"""
 
-# One slot, one statement: allocate the task's id, advance the schedule row, record the run (unique
-# per schedule + slot: DO NOTHING on a duplicate, and then no task), insert the task. Each step
-# reads the one before it, so if any refuses, nothing after it happens and the statement changes
-# nothing that matters. The task columns are listed here (not shared with ENQUEUE_SQL): a column
-# added to tasks_task needs a database default, or an entry here.
+# One slot, one statement: allocate the task's id, advance the schedule row (fenced, forward
+# only), record the run (unique per schedule + slot: DO NOTHING on a duplicate, and then no task),
+# insert the task. Each step reads the one before it, so nothing is written unless the lease and
+# the fence allow it, and no task is inserted for a slot that already has a run. It answers no row
+# when refused, and a NULL task when the slot had a run already. The task columns are listed here
+# (not shared with ENQUEUE_SQL): a column added to tasks_task needs a database default, or an
+# entry here.
 SLOT_SQL = f"""
 WITH {_LEASE_CTE},
 allocated AS (
@@ -95,16 +97,19 @@ run AS (
     SELECT %(name)s, %(slot)s, task_id, %(token)s, clock_timestamp() FROM advanced
     ON CONFLICT (schedule, slot) DO NOTHING
     RETURNING task_id
+),
+task AS (
+    INSERT INTO tasks_task (
+        id, queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, attempts, max_attempts,
+        timeout, dedup_key, errors, worker_ids, renewals, transitions, failures, crashes, shared_crashes,
+        unstarted_returns, attempt_started, attempt_isolated, errors_dropped)
+    SELECT run.task_id, %(queue)s, %(priority)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, 'READY',
+           statement_timestamp(), statement_timestamp(), 0, %(max_attempts)s, %(timeout)s, NULL, '[]'::jsonb,
+           '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false, 0
+    FROM run
+    RETURNING id
 )
-INSERT INTO tasks_task (
-    id, queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, attempts, max_attempts,
-    timeout, dedup_key, errors, worker_ids, renewals, transitions, failures, crashes, shared_crashes,
-    unstarted_returns, attempt_started, attempt_isolated, errors_dropped)
-SELECT run.task_id, %(queue)s, %(priority)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, 'READY',
-       statement_timestamp(), statement_timestamp(), 0, %(max_attempts)s, %(timeout)s, NULL, '[]'::jsonb,
-       '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false, 0
-FROM run
-RETURNING id
+SELECT advanced.task_id, (SELECT id FROM task) FROM advanced
 """
 
 # Slots passed over without a task (catch-up "skip" / "last"): the same fenced, forward-only step.
@@ -200,7 +205,8 @@ class SlotWriter:
             raise self._refused(f"schedule {spec.name!r}: sync")
         return ScheduleState(baseline_at=rows[0][1], last_slot=rows[0][2])
 
-    def enqueue(self, spec: ScheduleSpec, slot: dt.datetime, *, skipped: int = 0) -> int:
+    def enqueue(self, spec: ScheduleSpec, slot: dt.datetime, *, skipped: int = 0) -> int | None:
+        """Enqueue ``slot``; its task id (None: it had been enqueued before). Raises Deposed."""
         params = self._params(
             name=spec.name,
             slot=slot,
@@ -217,7 +223,11 @@ class SlotWriter:
         rows = self._rows(SLOT_SQL, params)
         if not rows:
             raise self._refused(f"schedule {spec.name!r}: slot {slot.isoformat()}")
-        return int(rows[0][0])
+        if rows[0][1] is None:
+            # The schedule row had been set back (by hand) behind a slot that has its run already.
+            logger.warning("schedule %s: slot %s was enqueued before; not again", spec.name, slot.isoformat())
+            return None
+        return int(rows[0][1])
 
     def skip(self, spec: ScheduleSpec, slot: dt.datetime, *, skipped: int) -> None:
         params = self._params(name=spec.name, slot=slot, next_slot=spec.next_slot(slot), skipped=skipped)
