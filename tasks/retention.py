@@ -44,7 +44,7 @@ assert set(KINDS) == set(DEFAULT_RETENTION)
 
 _UNITS = {"w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
-_START = (dt.datetime(1, 1, 1, tzinfo=dt.UTC), 0)  # keyset cursor before every row
+_BEGINNING = dt.datetime(1, 1, 1, tzinfo=dt.UTC)
 
 
 def parse_duration(value: Any) -> dt.timedelta:
@@ -96,7 +96,9 @@ def retention_policy(setting: Any = ...) -> dict[str, dt.timedelta | None] | Non
 #
 # One shape for every kind: pick the oldest ``limit`` rows past the cutoff after the cursor (the
 # last (time, id) deleted), lock them skipping locked ones, delete them, return their keys. The
-# cutoff is computed from ``clock_timestamp()``: the database clock decides, as for leases.
+# database clock decides the cutoff, read once per statement: ``statement_timestamp()`` is stable,
+# so the cutoff bounds the index scan (``clock_timestamp()``, volatile, would be a filter, and the
+# last batch of a pass would walk every row still kept).
 
 
 def _prune_sql(table: str, at: str, condition: str) -> str:
@@ -105,7 +107,7 @@ DELETE FROM {table} AS doomed
 USING (
     SELECT id FROM {table} AS candidate
     WHERE {condition}
-      AND {at} < clock_timestamp() - make_interval(secs => %(age)s)
+      AND {at} < statement_timestamp() - make_interval(secs => %(age)s)
       AND ({at}, id) > (%(after_at)s, %(after_id)s)
     ORDER BY {at}, id
     LIMIT %(limit)s
@@ -151,15 +153,15 @@ _STATEMENTS = {
 # What a prune would delete (``--dry-run``), through the same indexes.
 _COUNT_SQL = {
     "TASKS": "SELECT count(*) FROM tasks_task WHERE status = %(status)s AND finished_at IS NOT NULL"
-    " AND finished_at < clock_timestamp() - make_interval(secs => %(age)s)"
+    " AND finished_at < statement_timestamp() - make_interval(secs => %(age)s)"
     " AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)",
     "LEASES": "SELECT count(*) FROM leasing_lease"
-    " WHERE expires_at < clock_timestamp() - make_interval(secs => %(age)s)",
+    " WHERE expires_at < statement_timestamp() - make_interval(secs => %(age)s)",
     "WORKERS": "SELECT count(*) FROM tasks_worker AS candidate WHERE stopped_at IS NOT NULL"
-    " AND stopped_at < clock_timestamp() - make_interval(secs => %(age)s) AND NOT EXISTS ("
+    " AND stopped_at < statement_timestamp() - make_interval(secs => %(age)s) AND NOT EXISTS ("
     "SELECT 1 FROM tasks_task AS t WHERE t.status = 'RUNNING' AND t.holder = candidate.id)",
     "SCHEDULE_RUNS": "SELECT count(*) FROM tasks_schedulerun"
-    " WHERE enqueued_at < clock_timestamp() - make_interval(secs => %(age)s)",
+    " WHERE enqueued_at < statement_timestamp() - make_interval(secs => %(age)s)",
 }
 
 
@@ -178,9 +180,14 @@ class PruneCursor:
 
     kind: str
     age: dt.timedelta
-    after: tuple[dt.datetime, int] = _START
+    #: Before every row at first (a worker's id is text: "" sorts first).
+    after: tuple[dt.datetime, Any] = (_BEGINNING, 0)
     deleted: int = 0
     done: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind == "WORKERS" and self.after == (_BEGINNING, 0):
+            self.after = (_BEGINNING, "")
 
 
 def prune_batch(cursor: PruneCursor, *, limit: int, queue: str | None = None, using: str = DEFAULT_DB_ALIAS) -> Batch:

@@ -4,6 +4,7 @@ catch-up follows the schedule's policy, and a deposed scheduler's writes are ref
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import threading
 from typing import Any
 
@@ -220,7 +221,7 @@ def test_the_scheduler_thread_enqueues_due_slots_and_stops() -> None:
     assert not thread.is_alive()
     runs = list(ScheduleRun.objects.order_by("slot").values_list("slot", flat=True))
     step = dt.timedelta(seconds=0.2)
-    assert all(b - a == step for a, b in zip(runs, runs[1:], strict=False)), "no slot missed or repeated"
+    assert all(b - a == step for a, b in itertools.pairwise(runs)), "no slot missed or repeated"
     assert Task.objects.count() == len(runs)
     assert not Lease.objects.active().filter(resource=SCHEDULER_LEASE).exists()  # released on stop
 
