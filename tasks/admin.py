@@ -138,3 +138,6 @@ class WorkerAdmin(admin.ModelAdmin):
 class GeneratorStateAdmin(admin.ModelAdmin):
     list_display = ("name", "running", "rate", "generated", "leader", "leader_seen_at")
     readonly_fields = ("generated", "leader", "leader_seen_at", "observed_running", "ticks", "fence_token")
+
+
+from tasks import schedule_admin  # noqa: E402, F401  (registers the periodic-task admin)

@@ -49,7 +49,7 @@ def state_of(name: str) -> ScheduleState:
 
 
 def slots_between(spec: ScheduleSpec, after: dt.datetime, until: dt.datetime) -> list[dt.datetime]:
-    slots = []
+    slots: list[dt.datetime] = []
     for slot in spec.slots_after(after):
         if slot > until:
             return slots

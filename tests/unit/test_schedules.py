@@ -21,8 +21,10 @@ def spec(**entry: Any) -> ScheduleSpec:
     return build_spec("s", {"task": "tests.testapp.handlers.noop", **entry})
 
 
-def at(*args: int, tz: Any = UTC) -> dt.datetime:
-    return dt.datetime(*args, tzinfo=tz)
+def at(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0, micro: int = 0, tz: Any = UTC
+) -> dt.datetime:
+    return dt.datetime(year, month, day, hour, minute, second, micro, tzinfo=tz)
 
 
 def local(slots: list[dt.datetime]) -> list[str]:
