@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from tasks.conf import get_settings
 from tasks.management.commands._common import configure_logging, positive_int
 from tasks.retention import (
     FINISHED_STATUSES,
@@ -38,6 +39,16 @@ def statuses(value: str) -> list[str]:
     return names
 
 
+def fraction(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not 0 < number <= 1:
+        raise argparse.ArgumentTypeError("give a fraction above 0 and at most 1")
+    return number
+
+
 def extras(value: str) -> list[str]:
     names = [name.strip().lower() for name in value.split(",") if name.strip()]
     wrong = [name for name in names if name not in EXTRAS]
@@ -63,6 +74,11 @@ class Command(BaseCommand):
         parser.add_argument("--queue", help="only tasks of this queue")
         parser.add_argument("--include", type=extras, default=[], help="also prune: leases, workers, schedule-runs")
         parser.add_argument("--batch-size", type=positive_int, help="rows per statement (default RETENTION_BATCH_SIZE)")
+        parser.add_argument(
+            "--busy-fraction",
+            type=fraction,
+            help="share of the time spent deleting, resting between batches (default RETENTION_BUSY_FRACTION; 1: flat out)",
+        )
         parser.add_argument("--dry-run", action="store_true", help="count what would be deleted; delete nothing")
 
     def handle(
@@ -73,6 +89,7 @@ class Command(BaseCommand):
         queue: str | None,
         include: list[str],
         batch_size: int | None,
+        busy_fraction: float | None,
         dry_run: bool,
         verbosity: int,
         **options: Any,
@@ -112,6 +129,13 @@ class Command(BaseCommand):
                     + (", done" if cursor.done else "")
                 )
 
-        totals = prune(ages, batch_size=batch_size, queue=queue, on_batch=progress)
+        busy = get_settings().RETENTION_BUSY_FRACTION if busy_fraction is None else busy_fraction
+
+        def rest(batch: Batch) -> None:
+            # Rest in proportion to the work: the workers sharing the database keep their pace.
+            if busy < 1:
+                time.sleep(batch.seconds * (1 / busy - 1))
+
+        totals = prune(ages, batch_size=batch_size, queue=queue, on_batch=progress, pause=rest)
         summary = ", ".join(f"{kind.lower()} {n:,}" for kind, n in totals.items())
         self.stdout.write(f"pruned in {time.monotonic() - started:.1f}s: {summary or 'nothing'}")
