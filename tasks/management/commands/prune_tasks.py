@@ -77,7 +77,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--busy-fraction",
             type=fraction,
-            help="share of the time spent deleting, resting between batches (default RETENTION_BUSY_FRACTION; 1: flat out)",
+            help="share of the time spent deleting (default RETENTION_BUSY_FRACTION; 1: flat out)",
         )
         parser.add_argument("--dry-run", action="store_true", help="count what would be deleted; delete nothing")
 
