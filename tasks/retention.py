@@ -296,6 +296,11 @@ class AutoPruner:
             if self.clock() >= deadline:
                 return deleted
 
+    @property
+    def idle(self) -> bool:
+        """No pass in progress (the last one completed, or none started)."""
+        return self._pass is None and self._current is None
+
     def reset(self) -> None:
         """Forget the pass in progress (after a database error: the next call starts a new one)."""
         self._pass = None

@@ -228,3 +228,20 @@ def test_prune_tasks_refuses_bad_arguments(args: list[str], message: str) -> Non
     with pytest.raises(CommandError, match=message):
         call_command("prune_tasks", *args)
     assert Task.objects.count() == 1
+
+
+def test_the_celery_beat_task_runs_one_paced_pass(settings: Any) -> None:
+    from tasks.celery import prune_retained
+
+    settings.LEASING_TASKS = {"RETENTION": {"SUCCESSFUL": "1d"}, "RETENTION_BATCH_SIZE": 10}
+    finished("SUCCESSFUL", 25, days_ago=2)
+    kept = finished("FAILED", 3, days_ago=2)
+    assert prune_retained() == {
+        "SUCCESSFUL": 25,
+        "FAILED": 0,
+        "CANCELLED": 0,
+        "LEASES": 0,
+        "WORKERS": 0,
+        "SCHEDULE_RUNS": 0,
+    }
+    assert set(Task.objects.values_list("pk", flat=True)) == set(kept)
