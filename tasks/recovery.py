@@ -2,7 +2,8 @@
 
 It runs as a loop (``manage.py recover_tasks``), inside every worker, or once from a Celery beat
 task. Wherever it runs, it works only while it holds the ``tasks:recovery`` lease, so exactly one
-instance recovers at a time and a standby takes over when that one dies.
+instance recovers at a time and a standby takes over when that one dies. Between rounds the leader
+also prunes what is past its retention (``tasks/retention.py``), a slice at a time.
 """
 
 from __future__ import annotations
