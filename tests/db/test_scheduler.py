@@ -239,3 +239,44 @@ def test_run_scheduler_once_and_list(settings: Any) -> None:
     out = StringIO()
     call_command("run_scheduler", "--list", stdout=out)
     assert out.getvalue().startswith("tick: tests.testapp.handlers.noop every 3600 s; next ")
+
+
+@pytest.mark.parametrize("with_scheduler", [True, False])
+def test_a_worker_runs_the_scheduler_in_a_thread_unless_told_not_to(settings: Any, with_scheduler: bool) -> None:
+    from django.db import connections
+
+    from tasks.worker import Worker
+
+    settings.LEASING_TASKS = {"SCHEDULES": {"tick": {"task": NOOP, "interval": 0.2, "catch_up": "all"}}}
+    worker = Worker(
+        concurrency=2,
+        ttl=2,
+        poll_interval=0.05,
+        recovery=False,
+        scheduler=with_scheduler,
+        install_signal_handlers=False,
+        worker_id="sched-worker",
+    )
+
+    def run() -> None:
+        try:
+            worker.run()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        if with_scheduler:
+            wait_until(lambda: Task.objects.filter(status="SUCCESSFUL").count() >= 3, 20, what="scheduled tasks to run")
+            assert Lease.objects.active().get(resource=SCHEDULER_LEASE).holder  # the worker's scheduler leads
+        else:
+            wait_until(lambda: "heartbeat" in {t.name for t in worker._threads}, 10, what="the worker to start")
+            assert "scheduler" not in {t.name for t in worker._threads}
+    finally:
+        worker.request_stop()
+        worker.request_stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert ScheduleRun.objects.exists() is with_scheduler
+    assert not Lease.objects.active().filter(resource=SCHEDULER_LEASE).exists()  # released at shutdown
