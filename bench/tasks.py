@@ -12,7 +12,11 @@ Prints one figure per line:
   beside the bound TTL + recovery interval + 1 s;
 - claim cost (median of one-task claims, rolled back) on an empty table and beside 1,000,000 finished
   rows, 300,000 READY rows of another queue and 300,000 deferred higher-priority rows of the same
-  queue, and the ratio (goal: at most 3); also a claim from an empty queue beside those backlogs.
+  queue, and the ratio (goal: at most 3); also a claim from an empty queue beside those backlogs;
+- drain of 60,000 tasks by 4 workers beside 1,000,000 finished rows a week old, then while they are
+  pruned: by the recovery leader's automatic pruning, by ``prune_tasks`` at its default pace
+  (``--busy-fraction 0.25``) and flat out (``1``); the ratio (goal: at least 80 %), the rows pruned
+  during the drain and the prune rate over the whole backlog;
 - stop-to-exit: SIGTERM arrives while a worker's one task runs; milliseconds from that task's end
   to the process's exit (median of 5).
 """
@@ -28,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 # Run as a script, this folder would come first on sys.path and this file would shadow the
 # ``tasks`` app: import from the repository root instead.
@@ -227,17 +232,131 @@ def bench_stop_to_exit(samples: int, log_dir: Path) -> float:
     return statistics.median(delays)
 
 
+_FINISHED_ROWS = """
+INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, finished_at,
+    attempts, max_attempts, errors, worker_ids, renewals, transitions, failures, crashes, shared_crashes,
+    unstarted_returns, attempt_started, attempt_isolated)
+SELECT 'bench', 0, 'bench.handlers.noop', '[]', '{}', 'SUCCESSFUL', now() - interval '8 days',
+       now() - interval '8 days', now() - interval '8 days' + make_interval(secs => i / 100.0), 1, 3, '[]', '[]',
+       0, 0, 0, 0, 0, 0, true, false
+FROM generate_series(1, %s) AS i
+"""
+
+
+def _old_rows() -> int:
+    from tasks.models import Task
+
+    return Task.objects.filter(status="SUCCESSFUL", finished_at__lt=time_ago(7 * 86400)).count()
+
+
+def time_ago(seconds: float) -> Any:
+    import datetime as dt
+
+    return dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+
+
+def bench_drain_while_pruning(
+    n: int, rows: int, log_dir: Path, worker_args: list[str], pruner: str, busy: str = "0.25"
+) -> tuple[float, float, int, float]:
+    """Drain ``n`` no-op tasks with 4 workers beside ``rows`` finished rows a week old, first
+    without pruning, then while they are pruned (``pruner``: "command" runs ``prune_tasks`` with
+    ``--busy-fraction busy``; "auto" is the recovery leader inside the workers). Returns (drain rate unpruned, drain
+    rate pruning, rows pruned during the drain, prune rate over the whole backlog in rows/s)."""
+    from django.db import connection
+
+    reset()
+    with connection.cursor() as cursor:
+        cursor.execute(_FINISHED_ROWS, [rows])
+        cursor.execute("VACUUM ANALYZE tasks_task")
+    quiet = [a for a in worker_args if a != "--no-recovery"]
+    unpruned = bench_drain_beside(n, 4, log_dir, [*quiet, "--no-recovery"])
+    assert _old_rows() == rows
+    pruning: list[subprocess.Popen[bytes]] = []
+    started = time.perf_counter()
+    if pruner == "command":
+        log = open(log_dir / f"prune-{time.monotonic_ns()}.log", "ab")  # noqa: SIM115
+        pruning.append(
+            subprocess.Popen(
+                [sys.executable, "manage.py", "prune_tasks", "--older-than", "7d", "--busy-fraction", busy],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=os.environ.copy(),
+            )
+        )
+        log.close()
+        pruned_rate = bench_drain_beside(n, 4, log_dir, [*quiet, "--no-recovery"])
+    else:
+        pruned_rate = bench_drain_beside(n, 4, log_dir, quiet, keep=True)
+    during = rows - _old_rows()
+    try:
+        if pruner == "command":
+            pruning[0].wait(1800)
+        else:
+            while _old_rows():
+                time.sleep(0.5)
+    finally:
+        stop_processes(pruning + KEPT)
+        KEPT.clear()
+    prune_rate = rows / (time.perf_counter() - started)
+    if _old_rows():
+        raise RuntimeError("the backlog was not pruned")
+    return unpruned, pruned_rate, during, prune_rate
+
+
+#: Workers left running by ``bench_drain_beside(keep=True)`` (their recovery leader still prunes).
+KEPT: list[subprocess.Popen[bytes]] = []
+
+
+def bench_drain_beside(n: int, processes: int, log_dir: Path, worker_args: list[str], keep: bool = False) -> float:
+    """Like ``bench_drain``, without emptying the table first (the finished backlog stays)."""
+    from tasks.models import Task
+
+    Task.objects.filter(queue="bench", status="SUCCESSFUL", finished_at__gt=time_ago(3600)).delete()
+    procs = start_workers(processes, *worker_args, log_dir=log_dir)
+    try:
+        started = time.perf_counter()
+        ids = Task.objects.bulk_enqueue(NOOP, ({"i": i} for i in range(n)), queue="bench")
+        while Task.objects.filter(queue="bench", status__in=["READY", "RUNNING"]).exists():
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - started
+    finally:
+        if keep:
+            KEPT.extend(procs)
+        else:
+            stop_processes(procs)
+    done = Task.objects.filter(pk__in=ids, status="SUCCESSFUL", attempts=1).count()
+    if done != n:
+        raise RuntimeError(f"only {done} of {n} tasks succeeded exactly once")
+    return n / elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--prune-rows", type=int, default=1_000_000, help="finished rows pruned beside a drain")
+    parser.add_argument("--prune-drain", type=int, default=60_000, help="tasks drained beside the pruning")
+    parser.add_argument("--only-prune", action="store_true", help="run only the pruning case")
     args = parser.parse_args()
     server = prepare_database()
     log_dir = Path(tempfile.mkdtemp(prefix="bench-tasks-"))
     worker_args = ["--concurrency", str(args.concurrency), "--batch-size", str(args.batch_size), "--no-recovery"]
     try:
+        for pruner, busy in (("auto", "0.25"), ("command", "0.25"), ("command", "1")):
+            case = pruner if pruner == "auto" else f"command.busy={busy}"
+            unpruned, pruning, during, prune_rate = bench_drain_while_pruning(
+                args.prune_drain, args.prune_rows, log_dir, worker_args, pruner, busy
+            )
+            figure(f"tasks.drain.procs=4.beside_{args.prune_rows}_finished", unpruned, "tasks/s")
+            figure(f"tasks.drain.procs=4.while_pruning.{case}", pruning, "tasks/s")
+            figure(f"tasks.drain.while_pruning.{case}.ratio", 100 * pruning / unpruned, "% (goal >= 80)")
+            figure(f"tasks.prune.{case}.rows_during_drain", during, "rows")
+            figure(f"tasks.prune.{case}.rate", prune_rate, "rows/s")
+        if args.only_prune:
+            return
         for round_no in range(1, args.rounds + 1):
             figure(f"tasks.enqueue.single.round={round_no}", bench_enqueue_single(args.tasks), "tasks/s")
             figure(f"tasks.enqueue.bulk.round={round_no}", bench_enqueue_bulk(args.tasks), "tasks/s")

@@ -175,3 +175,6 @@ class QueueControlAdmin(admin.ModelAdmin):
         for name in names:
             QueueControl.objects.resume(name, by=f"{request.user} (admin)")
         self.message_user(request, f"Resumed {len(names)} queue(s).", messages.SUCCESS)
+
+
+from tasks import schedule_admin  # noqa: E402, F401  (registers the periodic-task admin)

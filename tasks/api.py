@@ -13,7 +13,7 @@ from django.urls import path, re_path
 
 from leasing import metrics
 from leasing.http import ApiError, Body, api_view, iso, keyset_page
-from tasks import generator
+from tasks import generator, schedule_api
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError
 from tasks.models import FINISHED, Failure, Task, TaskStatus
@@ -300,6 +300,7 @@ urlpatterns = [
     path("tasks/<int:task_id>/cancel", cancel, name="api-task-cancel"),
     path("tasks/<int:task_id>/requeue", requeue, name="api-task-requeue"),
     path("generator", generator_state, name="api-generator"),
+    *schedule_api.urlpatterns,
     path("openapi.json", openapi, name="api-openapi"),
 ]
 

@@ -10,6 +10,7 @@ class TasksConfig(AppConfig):
 
     def ready(self) -> None:
         from leasing.metrics import DATABASE_COLLECTORS
+        from tasks import checks  # noqa: F401  (registers the system checks)
         from tasks.metrics import task_metrics
 
         if task_metrics not in DATABASE_COLLECTORS:

@@ -1,6 +1,7 @@
-"""Celery beat entry: run the task queue's recovery from a periodic Celery task.
+"""Celery beat entries: run the task queue's recovery (and retention) from periodic Celery tasks.
 
-    CELERY_BEAT_SCHEDULE = {"recover-expired-tasks": {"task": "tasks.recover_expired", "schedule": 5.0}}
+    CELERY_BEAT_SCHEDULE = {"recover-expired-tasks": {"task": "tasks.recover_expired", "schedule": 5.0},
+                            "prune-retained": {"task": "tasks.prune_retained", "schedule": 300.0}}
 
 An alternative to the recovery loop inside workers (``run_worker --no-recovery``) or
 ``manage.py recover_tasks``. Each round's statements are safe to run concurrently (SKIP LOCKED),
@@ -9,11 +10,14 @@ so an overlapping beat (two beat schedulers by mistake) does no harm.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from celery import shared_task
 
+from tasks.conf import get_settings
 from tasks.recovery import recover_once
+from tasks.retention import AutoPruner
 
 
 @shared_task(name="tasks.recover_expired", ignore_result=True)
@@ -25,3 +29,19 @@ def recover_expired() -> dict[str, Any]:
         "orphans_expired": len(report.orphans_expired),
         "stray_leases_released": len(report.stray_leases_released),
     }
+
+
+@shared_task(name="tasks.prune_retained", ignore_result=True)
+def prune_retained(max_seconds: float = 60.0) -> dict[str, int]:
+    """One retention pass (``LEASING_TASKS["RETENTION"]``), what the recovery leader does between
+    its rounds: paced at ``RETENTION_BUSY_FRACTION``, and ended after ``max_seconds`` (the next beat
+    goes on). Rows deleted per kind."""
+    pruner = AutoPruner(interval=0.0)
+    busy = get_settings().RETENTION_BUSY_FRACTION
+    deadline = time.monotonic() + max_seconds
+    while True:
+        started = time.monotonic()
+        pruner.run_for(0.5)
+        if pruner.idle or time.monotonic() >= deadline:
+            return pruner.deleted
+        time.sleep((time.monotonic() - started) * (1 / busy - 1))

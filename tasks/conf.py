@@ -3,10 +3,20 @@ setting configures ``django.tasks`` backends, so ours has its own name)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from django.conf import settings
+
+#: What is kept, and how long, unless ``LEASING_TASKS["RETENTION"]`` says otherwise.
+DEFAULT_RETENTION: dict[str, Any] = {
+    "SUCCESSFUL": "7d",
+    "CANCELLED": "7d",
+    "FAILED": "30d",
+    "LEASES": "1d",
+    "WORKERS": "7d",
+    "SCHEDULE_RUNS": "7d",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +53,25 @@ class TaskSettings:
     #: Failure injection of the demo handler (fractions of tasks). Off unless configured.
     DEMO_CRASH_RATE: float = 0.0
     DEMO_STALL_RATE: float = 0.0
+    #: Retention (tasks/retention.py): how long finished tasks (per final status), ended leases,
+    #: stopped or dead workers and schedule runs are kept. Durations as seconds, a timedelta or
+    #: "7d" / "12h" / "30m"; None keeps forever. Given keys override these defaults; RETENTION =
+    #: None turns the automatic pruning by the recovery leader off (``prune_tasks`` still works).
+    RETENTION: dict[str, Any] | None = field(default_factory=lambda: dict(DEFAULT_RETENTION))
+    #: Seconds between automatic pruning passes of the recovery leader.
+    RETENTION_INTERVAL: float = 60.0
+    #: Rows deleted per statement (each its own short transaction).
+    RETENTION_BATCH_SIZE: int = 1000
+    #: Share of the time the automatic pruner may spend deleting: it rests between batches so that
+    #: pruning a large backlog never takes more than this fraction of a database connection's time.
+    RETENTION_BUSY_FRACTION: float = 0.25
+    #: Periodic tasks (tasks/scheduler.py): name -> {"task", "cron" or "interval", "args", "kwargs",
+    #: "queue", "priority", "catch_up", "timezone", "grace", "max_attempts", "timeout", "enabled"}.
+    SCHEDULES: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Lease TTL of the (leader-elected) scheduler: a standby takes over within about this long.
+    SCHEDULER_TTL: float = 10.0
+    #: Slots one schedule may enqueue per scheduler round when catching up with "all".
+    SCHEDULER_MAX_CATCH_UP: int = 1000
 
 
 def get_settings() -> TaskSettings:
@@ -50,6 +79,8 @@ def get_settings() -> TaskSettings:
     unknown = set(overrides) - {f.name for f in fields(TaskSettings)}
     if unknown:
         raise ValueError(f"unknown LEASING_TASKS settings: {', '.join(sorted(unknown))}")
+    if isinstance(overrides.get("RETENTION"), dict):
+        overrides["RETENTION"] = {**DEFAULT_RETENTION, **overrides["RETENTION"]}
     if "API_TASK_PATTERNS" in overrides:
         overrides["API_TASK_PATTERNS"] = tuple(overrides["API_TASK_PATTERNS"])
     return TaskSettings(**overrides)

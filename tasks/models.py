@@ -692,6 +692,13 @@ class Task(LeaseFields):
             models.Index(
                 fields=["finished_at"], name="tasks_task_finished_idx", condition=Q(finished_at__isnull=False)
             ),
+            # Retention (tasks/retention.py) deletes finished rows of one status oldest first, in
+            # batches that resume from the last key: an exact range scan, whatever the other statuses keep.
+            models.Index(
+                fields=["status", "finished_at", "id"],
+                name="tasks_task_prune_idx",
+                condition=Q(finished_at__isnull=False),
+            ),
             # The repair sweep looks for leases left live on rows that are not running: normally none.
             models.Index(
                 fields=["id"],
@@ -742,7 +749,9 @@ class Worker(models.Model):
     class Meta:
         ordering = ["-started_at"]
         indexes = [
-            models.Index(fields=["last_seen_at"], name="tasks_worker_live_idx", condition=Q(stopped_at__isnull=True))
+            models.Index(fields=["last_seen_at"], name="tasks_worker_live_idx", condition=Q(stopped_at__isnull=True)),
+            # Retention: stopped and dead workers, oldest first.
+            models.Index(fields=["stopped_at"], name="tasks_worker_stopped_idx", condition=Q(stopped_at__isnull=False)),
         ]
 
     def __str__(self) -> str:
@@ -844,3 +853,7 @@ class QueueControl(models.Model):
 
     def __str__(self) -> str:
         return f"queue {self.name}: {'paused' if self.paused else 'running'}"
+
+
+# Periodic tasks keep their rows in a module of their own (imported here so Django registers them).
+from tasks.schedule_models import Schedule, ScheduleRun  # noqa: E402, F401

@@ -268,6 +268,27 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                 ),
             ),
         },
+        "/schedules": {
+            "get": _op(
+                "Periodic tasks: every schedule with its last and next run",
+                200,
+                {"type": "object", "properties": {"scheduler": {"type": "object"}, "schedules": {"type": "array"}}},
+            )
+        },
+        "/schedules/{name}": {
+            "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "get": _op(
+                "One schedule and its runs (each with its task), newest first",
+                200,
+                {"type": "object", "properties": {"schedule": {"type": "object"}, "runs": {"type": "array"}}},
+                400,
+                404,
+                parameters=[
+                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}},
+                    {"name": "before", "in": "query", "schema": {"type": "string", "format": "date-time"}},
+                ],
+            ),
+        },
     }
     stamp = {"type": ["string", "null"], "format": "date-time"}
     return {

@@ -2,7 +2,8 @@
 
 It runs as a loop (``manage.py recover_tasks``), inside every worker, or once from a Celery beat
 task. Wherever it runs, it works only while it holds the ``tasks:recovery`` lease, so exactly one
-instance recovers at a time and a standby takes over when that one dies.
+instance recovers at a time and a standby takes over when that one dies. Between rounds the leader
+also prunes what is past its retention (``tasks/retention.py``), a slice at a time.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from leasing.election import LeaderElection, Term
 from tasks.conf import get_settings
 from tasks.models import Recovered, Task
 from tasks.models import Worker as WorkerRow
+from tasks.retention import AutoPruner
 
 logger = logging.getLogger("tasks.recovery")
 
@@ -78,10 +80,17 @@ def recover_once(*, using: str = DEFAULT_DB_ALIAS, repair: bool = True, batch: i
 
 class RecoveryController:
     def __init__(
-        self, *, interval: float | None = None, using: str = DEFAULT_DB_ALIAS, ttl: float | None = None
+        self,
+        *,
+        interval: float | None = None,
+        using: str = DEFAULT_DB_ALIAS,
+        ttl: float | None = None,
+        prune: bool = True,
     ) -> None:
         self.interval = interval or get_settings().RECOVERY_INTERVAL
         self.using = using
+        # Retention runs on the recovery leader, a slice after each round (tasks/retention.py).
+        self.pruner = AutoPruner(using=using) if prune else None
         # The controller's own lease: long enough to ride out a slow round, short enough to hand over fast.
         self.election = LeaderElection(
             RECOVERY_LEASE, ttl=ttl or max(1.0, self.interval * 3), retry_interval=self.interval, using=using
@@ -96,8 +105,13 @@ class RecoveryController:
                 report = recover_once(using=self.using, repair=self.rounds % REPAIR_EVERY == 0)
                 if not report.empty:
                     self.reports = [*self.reports[-99:], report]
+                if self.pruner is not None and not term.should_stop:
+                    # Its share of the interval: recovery is held up by at most one slice.
+                    self.pruner.run_for(self.interval * get_settings().RETENTION_BUSY_FRACTION)
             except Error as exc:
                 logger.warning("recovery round failed: %s", exc)
+                if self.pruner is not None:
+                    self.pruner.reset()
                 connections[self.using].close()
             self.rounds += 1
             term.wait(self.interval)

@@ -10,7 +10,9 @@ attempts keyed by (task id, token):
   handler does (raise any ``BaseException``, return what jsonb cannot hold) ends as an outcome;
 - a heartbeat thread renews every held attempt in one statement about every ttl/3;
 - a listener thread waits on LISTEN/NOTIFY so an idle worker starts new work at once;
-- optionally a recovery thread, which only works while it holds the recovery lease.
+- optionally a recovery thread, which only works while it holds the recovery lease;
+- a scheduler thread when periodic tasks are declared (``tasks/scheduler.py``), which only enqueues
+  while it holds the scheduler lease.
 
 Shutdown: the first SIGTERM/SIGINT stops claiming, hands back claims that have not started, and lets
 running tasks finish within the grace period, then hands the rest back (not counted as failures);
@@ -130,6 +132,7 @@ class Worker:
         shutdown_grace: float | None = None,
         recovery: bool = True,
         recovery_interval: float | None = None,
+        scheduler: bool = True,
         worker_id: str | None = None,
         max_tasks: int | None = None,
         using: str = DEFAULT_DB_ALIAS,
@@ -146,6 +149,7 @@ class Worker:
         self.shutdown_grace = conf.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace
         self.recovery = recovery
         self.recovery_interval = recovery_interval or conf.RECOVERY_INTERVAL
+        self.scheduler = scheduler and bool(conf.SCHEDULES)  # the periodic-task scheduler thread
         self.prefetch_window = conf.PREFETCH_WINDOW if prefetch_window is None else prefetch_window
         self.isolate_after = conf.ISOLATE_AFTER
         self.id = worker_id or default_worker_id()
@@ -196,6 +200,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._executor_count = 0
         self._recovery: Any = None
+        self._scheduler: Any = None
         self._duration: float | None = None  # smoothed seconds per task, sizes the prefetch
         self._pending_starts: dict[tuple[int, int], tuple[Execution, float, float]] = {}
         self._last_beat: float | None = None  # local clock of the last heartbeat that got through
@@ -835,6 +840,11 @@ class Worker:
 
             self._recovery = RecoveryController(interval=self.recovery_interval, using=self.using)
             self._spawn(self._recovery.run, "recovery")
+        if self.scheduler:
+            from tasks.scheduler import Scheduler
+
+            self._scheduler = Scheduler(using=self.using)
+            self._spawn(self._scheduler.run, "scheduler")
 
     def _shutdown(self) -> None:
         self._abandon(self.ledger.census(clock.monotonic()).overdue)
@@ -881,10 +891,12 @@ class Worker:
             os.write(self._stop_pipe[1], b"x")  # ends the listener's wait now
         if self._recovery is not None:
             self._recovery.stop()
+        if self._scheduler is not None:
+            self._scheduler.stop()
         for _ in range(self._executor_count):
             self._work.put(None)
         for thread in self._threads:
-            if thread.name in ("heartbeat", "listener", "recovery"):
+            if thread.name in ("heartbeat", "listener", "recovery", "scheduler"):
                 thread.join(timeout=5)
         self.signals.close(timeout=5)
         if self._stop_pipe[0] >= 0 and not any(t.name == "listener" and t.is_alive() for t in self._threads):

@@ -29,3 +29,9 @@ DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]  # noqa: F405
+
+# Processes started by the scheduler tests get their schedules through the environment.
+if os.environ.get("LEASING_TEST_SCHEDULES"):
+    import json
+
+    LEASING_TASKS = {**LEASING_TASKS, "SCHEDULES": json.loads(os.environ["LEASING_TEST_SCHEDULES"])}  # noqa: F405

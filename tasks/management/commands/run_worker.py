@@ -32,6 +32,7 @@ class Command(BaseCommand):
         parser.add_argument("--shutdown-grace", type=non_negative_float, help="seconds to let tasks finish")
         parser.add_argument("--recovery-interval", type=positive_float, help="seconds between recovery rounds")
         parser.add_argument("--no-recovery", action="store_true", help="do not run the recovery controller here")
+        parser.add_argument("--no-scheduler", action="store_true", help="do not run the periodic-task scheduler here")
         parser.add_argument("--max-tasks", type=positive_int, help="exit after claiming this many tasks")
         parser.add_argument("--worker-id", help="default: host:pid:random")
 
@@ -48,6 +49,7 @@ class Command(BaseCommand):
         shutdown_grace: float | None,
         recovery_interval: float | None,
         no_recovery: bool,
+        no_scheduler: bool,
         max_tasks: int | None,
         worker_id: str | None,
         verbosity: int,
@@ -76,6 +78,7 @@ class Command(BaseCommand):
             shutdown_grace=shutdown_grace,
             recovery=not no_recovery,
             recovery_interval=recovery_interval,
+            scheduler=not no_scheduler,
             max_tasks=max_tasks,
             worker_id=worker_id,
             hard_exit_after=None,

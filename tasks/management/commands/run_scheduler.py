@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from tasks.management.commands._common import configure_logging, positive_float
+from tasks.scheduler import Scheduler, schedule_status
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the periodic-task scheduler (leader-elected: one instance enqueues, the others stand by). "
+        "Workers run one in a thread unless --no-scheduler; run this where no worker runs."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--ttl", type=positive_float, help="scheduler lease TTL, seconds (SCHEDULER_TTL)")
+        parser.add_argument("--instance-id", help="holder id of this instance (default host:pid:random)")
+        parser.add_argument("--once", action="store_true", help="one round if no other scheduler leads, then exit")
+        parser.add_argument("--list", dest="list_schedules", action="store_true", help="print the schedules, then exit")
+
+    def handle(
+        self,
+        *,
+        ttl: float | None,
+        instance_id: str | None,
+        once: bool,
+        list_schedules: bool,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
+        configure_logging(verbosity)
+        try:
+            scheduler = Scheduler(ttl=ttl, holder=instance_id)
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from None
+        if list_schedules:
+            for entry in schedule_status(scheduler.schedules):
+                next_run = entry["next_run"].isoformat(timespec="seconds") if entry["next_run"] else "-"
+                self.stdout.write(
+                    f"{entry['name']}: {entry['definition'].get('task')} {entry['every'] or '(not declared)'};"
+                    f" next {next_run}; enqueued {entry['enqueued']}, skipped {entry['skipped']}"
+                )
+            return
+        if not scheduler.schedules:
+            raise CommandError('no schedules: declare them in LEASING_TASKS["SCHEDULES"]')
+        if once:
+            led = scheduler.run_once()
+            self.stdout.write("ran one round" if led else "another scheduler leads: nothing done")
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: scheduler.stop())
+        scheduler.run()

@@ -1,0 +1,247 @@
+"""Retention on the real database: what is pruned, what never is, and fencing tokens afterwards."""
+
+from __future__ import annotations
+
+import datetime as dt
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection, connections, transaction
+
+from leasing.exceptions import StaleTokenError
+from leasing.fencing import fenced_update
+from leasing.models import Lease
+from tasks.models import Schedule, ScheduleRun, Task, Worker
+from tasks.retention import (
+    PRUNE_TASKS_SQL,
+    AutoPruner,
+    PruneCursor,
+    count_prunable,
+    prune,
+    prune_batch,
+)
+from tests.testapp.models import FencedRecord
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOOP = "tests.testapp.handlers.noop"
+DAY = dt.timedelta(days=1)
+
+
+def finished(status: str, count: int, *, days_ago: float, queue: str = "default") -> list[int]:
+    """``count`` tasks that ended with ``status`` ``days_ago`` days ago."""
+    ids = Task.objects.bulk_enqueue(NOOP, ({"i": i} for i in range(count)), queue=queue)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE tasks_task SET status = %s, finished_at = clock_timestamp() - make_interval(days => %s)"
+            " WHERE id = ANY(%s)",
+            [status, days_ago, ids],
+        )
+    return ids
+
+
+def test_finished_tasks_older_than_their_status_retention_are_pruned() -> None:
+    old_ok = finished("SUCCESSFUL", 30, days_ago=8)
+    new_ok = finished("SUCCESSFUL", 5, days_ago=6)
+    old_failed = finished("FAILED", 7, days_ago=8)
+    old_cancelled = finished("CANCELLED", 3, days_ago=8)
+    totals = prune({"SUCCESSFUL": 7 * DAY, "FAILED": 30 * DAY, "CANCELLED": 7 * DAY}, batch_size=7)
+    assert totals == {"SUCCESSFUL": 30, "FAILED": 0, "CANCELLED": 3}
+    left = set(Task.objects.values_list("pk", flat=True))
+    assert left == set(new_ok) | set(old_failed)
+    assert not left & set(old_ok + old_cancelled)
+
+
+def test_unfinished_tasks_are_never_pruned_whatever_their_age() -> None:
+    running = Task.objects.enqueue(NOOP).id
+    assert [c.id for c in Task.objects.claim("w-1", queues=["default"], limit=1)] == [running]
+    ready = Task.objects.enqueue(NOOP).id
+    deferred = Task.objects.enqueue(NOOP, run_after=dt.datetime(2100, 1, 1, tzinfo=dt.UTC)).id
+    # Even rows that carry an old finish time (set by hand) stay: only finished statuses are pruned.
+    Task.objects.all().update(
+        enqueued_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC), finished_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+    )
+    totals = prune({"SUCCESSFUL": dt.timedelta(0), "FAILED": dt.timedelta(0), "CANCELLED": dt.timedelta(0)})
+    assert totals == {"SUCCESSFUL": 0, "FAILED": 0, "CANCELLED": 0}
+    assert set(Task.objects.values_list("pk", flat=True)) == {ready, deferred, running}
+    assert Task.objects.get(pk=running).status == "RUNNING"
+
+
+def test_a_task_locked_by_another_session_is_passed_over_and_its_requeue_wins() -> None:
+    """The pruner never waits for a row lock and never deletes a row whose status changed
+    under it: the locking read re-checks the status on the row's newest version."""
+    [task_id] = finished("FAILED", 1, days_ago=40)
+    other = connections.create_connection("default")
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cursor:
+            # An operator's requeue, in flight: the row is locked and about to become READY.
+            cursor.execute("UPDATE tasks_task SET status = 'READY', finished_at = NULL WHERE id = %s", [task_id])
+            totals = prune({"FAILED": DAY}, batch_size=10)  # does not block on the lock
+            assert totals == {"FAILED": 0}
+        other.commit()
+    finally:
+        other.close()
+    assert Task.objects.get(pk=task_id).status == "READY"
+    assert prune({"FAILED": dt.timedelta(0)}) == {"FAILED": 0}
+    assert Task.objects.filter(pk=task_id).exists()
+
+
+def test_queue_filter_and_batches_resume_from_the_last_key() -> None:
+    finished("SUCCESSFUL", 25, days_ago=3, queue="mail")
+    kept = finished("SUCCESSFUL", 10, days_ago=3, queue="default")
+    cursor = PruneCursor("SUCCESSFUL", DAY)
+    sizes = []
+    while not cursor.done:
+        sizes.append(prune_batch(cursor, limit=10, queue="mail").deleted)
+    assert sizes == [10, 10, 5] and cursor.deleted == 25
+    assert set(Task.objects.values_list("pk", flat=True)) == set(kept)
+
+
+def test_the_prune_statement_is_an_index_range_scan() -> None:
+    finished("SUCCESSFUL", 50, days_ago=3)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("ANALYZE tasks_task")
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        params = {
+            "status": "SUCCESSFUL",
+            "queue": None,
+            "age": 86400,
+            "after_at": dt.datetime(2000, 1, 1, tzinfo=dt.UTC),
+            "after_id": 0,
+            "limit": 10,
+        }
+        cursor.execute("EXPLAIN " + PRUNE_TASKS_SQL, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)
+    scan = next(line for line in plan.splitlines() if "Index Scan using tasks_task_prune_idx" in line)
+    condition = plan.splitlines()[plan.splitlines().index(scan) + 1]
+    assert "Index Cond" in condition, plan
+    # Both ends of the range are index conditions: the cursor and the cutoff.
+    assert "ROW(finished_at, id) >" in condition and "finished_at <" in condition, plan
+
+
+def test_ended_leases_are_pruned_never_a_live_one_and_tokens_keep_growing() -> None:
+    live = Lease.objects.acquire("jobs:live", "h-1", ttl=60)
+    ended = Lease.objects.acquire("jobs:sync", "h-1", ttl=60)
+    expired = Lease.objects.acquire("jobs:expired", "h-2", ttl=0.001)
+    assert live and ended and expired
+    assert Lease.objects.release("jobs:sync", "h-1", ended.token)
+    # A downstream row fenced by the old grant.
+    thing = FencedRecord.objects.create(key="report", value="v1")
+    fenced_update(FencedRecord.objects.filter(pk=thing.pk), ended.token, value="by the first grant")
+
+    assert count_prunable("LEASES", dt.timedelta(0)) == 2
+    assert prune({"LEASES": dt.timedelta(0)}) == {"LEASES": 2}
+    assert set(Lease.objects.values_list("resource", flat=True)) == {"jobs:live"}
+
+    # The resource is recreated from nothing: its token is larger than any before it.
+    again = Lease.objects.acquire("jobs:sync", "h-3", ttl=60)
+    assert again is not None and again.token > max(live.token, ended.token, expired.token)
+    fenced_update(FencedRecord.objects.filter(pk=thing.pk), again.token, value="by the new grant")
+    with pytest.raises(StaleTokenError):  # the first grant's late write stays refused
+        fenced_update(FencedRecord.objects.filter(pk=thing.pk), ended.token, value="late")
+    assert FencedRecord.objects.get(pk=thing.pk).value == "by the new grant"
+
+
+def test_stopped_workers_are_pruned_unless_they_still_hold_a_running_task() -> None:
+    long_ago = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+    for worker_id, stopped in (("gone", long_ago), ("holding", long_ago), ("alive", None), ("recent", None)):
+        Worker.objects.create(id=worker_id, hostname="h", pid=1, concurrency=1, stopped_at=stopped)
+    Worker.objects.filter(id="recent").update(stopped_at=dt.datetime.now(dt.UTC))
+    Task.objects.enqueue(NOOP)
+    Task.objects.claim("holding", queues=["default"])
+    assert prune({"WORKERS": DAY}) == {"WORKERS": 1}
+    assert set(Worker.objects.values_list("id", flat=True)) == {"holding", "alive", "recent"}
+
+
+def test_schedule_runs_are_pruned_and_the_schedule_row_stays() -> None:
+    now = dt.datetime.now(dt.UTC)
+    Schedule.objects.create(name="tick", baseline_at=now, last_slot=now, last_task_id=3)
+    for days in (10, 9, 1):
+        at = now - dt.timedelta(days=days)
+        ScheduleRun.objects.create(schedule="tick", slot=at, task_id=days, token=1, enqueued_at=at)
+    assert prune({"SCHEDULE_RUNS": 7 * DAY}) == {"SCHEDULE_RUNS": 2}
+    assert list(ScheduleRun.objects.values_list("task_id", flat=True)) == [1]
+    assert Schedule.objects.filter(name="tick", last_task_id=3).exists()
+
+
+def test_auto_pruner_works_a_slice_at_a_time_and_passes_at_its_interval(settings: Any) -> None:
+    settings.LEASING_TASKS = {"RETENTION": {"SUCCESSFUL": "1d", "FAILED": None}, "RETENTION_BATCH_SIZE": 10}
+    finished("SUCCESSFUL", 45, days_ago=2)
+    failed = finished("FAILED", 5, days_ago=400)
+    now = [0.0]
+    pruner = AutoPruner(interval=60.0, clock=lambda: now[0])
+    assert pruner.batch_size == 10
+    assert pruner.run_for(0.0) == 10  # a zero budget still does one batch
+    assert pruner.run_for(0.0) == 10
+    assert pruner.run_for(1000.0) == 25  # the rest of the pass
+    assert pruner.run_for(1000.0) == 0  # the next pass is 60 s away
+    finished("SUCCESSFUL", 3, days_ago=2)
+    assert pruner.run_for(1000.0) == 0
+    now[0] = 61.0
+    assert pruner.run_for(1000.0) == 3
+    assert set(Task.objects.values_list("pk", flat=True)) == set(failed)  # FAILED: kept forever
+
+
+def test_auto_pruner_does_nothing_when_retention_is_off(settings: Any) -> None:
+    settings.LEASING_TASKS = {"RETENTION": None}
+    finished("SUCCESSFUL", 3, days_ago=400)
+    assert AutoPruner().run_for(10) == 0
+    assert Task.objects.count() == 3
+
+
+def test_prune_tasks_command(settings: Any) -> None:
+    finished("SUCCESSFUL", 12, days_ago=3)
+    finished("FAILED", 4, days_ago=3)
+    Task.objects.enqueue(NOOP)
+    out = StringIO()
+    call_command("prune_tasks", "--older-than", "2d", "--dry-run", stdout=out)
+    assert "successful: would delete 12" in out.getvalue() and "failed: would delete 4" in out.getvalue()
+    assert Task.objects.count() == 17
+
+    out = StringIO()
+    call_command("prune_tasks", "--older-than", "2d", "--status", "successful", "--batch-size", "5", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert any("successful: deleted 12" in line and "done" in line for line in lines), lines
+    assert lines[-1].startswith("pruned in") and "successful 12" in lines[-1]
+    assert Task.objects.count() == 5
+
+    settings.LEASING_TASKS = {"RETENTION": {"FAILED": "1d"}}
+    call_command("prune_tasks", stdout=StringIO())  # per status, from RETENTION
+    assert sorted(Task.objects.values_list("status", flat=True)) == ["READY"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--status", "READY"], "only finished tasks can be pruned"),
+        (["--status", "RUNNING,FAILED"], "only finished tasks can be pruned"),
+        (["--older-than", "soon"], "not a duration"),
+        (["--include", "everything"], "--include takes"),
+    ],
+)
+def test_prune_tasks_refuses_bad_arguments(args: list[str], message: str) -> None:
+    Task.objects.enqueue(NOOP)
+    with pytest.raises(CommandError, match=message):
+        call_command("prune_tasks", *args)
+    assert Task.objects.count() == 1
+
+
+def test_the_celery_beat_task_runs_one_paced_pass(settings: Any) -> None:
+    from tasks.celery import prune_retained
+
+    settings.LEASING_TASKS = {"RETENTION": {"SUCCESSFUL": "1d"}, "RETENTION_BATCH_SIZE": 10}
+    finished("SUCCESSFUL", 25, days_ago=2)
+    kept = finished("FAILED", 3, days_ago=2)
+    assert prune_retained() == {
+        "SUCCESSFUL": 25,
+        "FAILED": 0,
+        "CANCELLED": 0,
+        "LEASES": 0,
+        "WORKERS": 0,
+        "SCHEDULE_RUNS": 0,
+    }
+    assert set(Task.objects.values_list("pk", flat=True)) == set(kept)
