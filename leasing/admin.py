@@ -4,13 +4,43 @@ import datetime as dt
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
 from leasing.models import Lease
+from leasing.validation import MAX_PARAM_LENGTH, InvalidInput, bad_params, check_text
+
+
+class CheckedInputAdmin(admin.ModelAdmin):
+    """An admin whose list filters, search terms, action selections and object ids are checked
+    before any query uses them (:mod:`leasing.validation`): a value PostgreSQL cannot take (NUL) or
+    an absurdly long one is dropped with a message instead of failing the page with a 500."""
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        refused = bad_params(request.GET)
+        if request.method == "POST":
+            refused |= bad_params(request.POST)
+        if refused:
+            for name, reason in refused.items():
+                self.message_user(request, f"Ignored {name[:40]!r}: {reason}.", messages.ERROR)
+            kept = request.GET.copy()
+            for name in refused:
+                kept.pop(name, None)
+            query = kept.urlencode()
+            return HttpResponseRedirect(f"{request.path}?{query}" if query else request.path)
+        return super().changelist_view(request, extra_context)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Model | None:
+        try:
+            check_text(object_id, "id")
+        except InvalidInput:
+            return None  # the admin answers "does not exist", as for any unknown id
+        if len(object_id) > MAX_PARAM_LENGTH:
+            return None
+        return super().get_object(request, object_id, from_field)
 
 
 class LeaseStateFilter(admin.SimpleListFilter):
@@ -28,7 +58,7 @@ class LeaseStateFilter(admin.SimpleListFilter):
 
 
 @admin.register(Lease)
-class LeaseAdmin(admin.ModelAdmin):
+class LeaseAdmin(CheckedInputAdmin):
     list_display = (
         "resource",
         "holder_tasks",

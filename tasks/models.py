@@ -65,6 +65,8 @@ class ClaimedTask:
     suspect: bool = False
     #: Its workers vanished ISOLATE_AFTER times beside other attempts: run it alone in the process.
     isolate: bool = False
+    #: Enqueued through the JSON API: the worker checks the path against the allow-list before importing it.
+    api_origin: bool = False
 
     @property
     def key(self) -> tuple[int, int]:
@@ -185,6 +187,7 @@ def _claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
         worker_ids=_json(row[13]),
         suspect=bool(row[14]),
         isolate=bool(row[15]),
+        api_origin=bool(row[16]),
     )
 
 
@@ -640,6 +643,11 @@ class Task(LeaseFields):
     worker_ids = models.JSONField(default=list, blank=True, help_text="The worker of each attempt.")
     progress = models.JSONField(null=True, blank=True, help_text="The last checkpoint.")
     progress_at = models.DateTimeField(null=True, blank=True)
+    api_origin = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Enqueued through the JSON API: workers check its path against the API allow-list first.",
+    )
 
     objects = TaskQuerySet.as_manager()
 
