@@ -4,14 +4,15 @@ import datetime as dt
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import Model, QuerySet
+from django.contrib.admin import helpers
+from django.db.models import IntegerField, Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
 from leasing.models import Lease
-from leasing.validation import MAX_PARAM_LENGTH, InvalidInput, bad_params, check_text
+from leasing.validation import MAX_BIGINT, MAX_PARAM_LENGTH, InvalidInput, bad_params, check_text, parse_whole
 
 
 class CheckedInputAdmin(admin.ModelAdmin):
@@ -23,6 +24,13 @@ class CheckedInputAdmin(admin.ModelAdmin):
         refused = bad_params(request.GET)
         if request.method == "POST":
             refused |= bad_params(request.POST)
+            if isinstance(self.model._meta.pk, IntegerField):
+                # int() takes "²" and "٣": the selection of an action is ids in ASCII digits.
+                try:
+                    for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+                        parse_whole(value, "selected id", low=1, high=MAX_BIGINT)
+                except InvalidInput as exc:
+                    refused[helpers.ACTION_CHECKBOX_NAME] = exc.message
         if refused:
             for name, reason in refused.items():
                 self.message_user(request, f"Ignored {name[:40]!r}: {reason}.", messages.ERROR)
@@ -32,6 +40,18 @@ class CheckedInputAdmin(admin.ModelAdmin):
             query = kept.urlencode()
             return HttpResponseRedirect(f"{request.path}?{query}" if query else request.path)
         return super().changelist_view(request, extra_context)
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        """Only the lookups this admin's own filters make. Django admits any lookup on a local field
+        (``?run_after__year=99999`` then fails with a 500); refused ones get Django's 400."""
+        offered: set[str] = set()
+        for item in self.get_list_filter(request):
+            if isinstance(item, type) and issubclass(item, admin.SimpleListFilter):
+                offered.add(item.parameter_name or "")
+            else:
+                field = item if isinstance(item, str) else item[0]
+                offered |= {f"{field}__exact", f"{field}__isnull"}
+        return lookup in offered and super().lookup_allowed(lookup, value, request)
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Model | None:
         try:

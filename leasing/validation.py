@@ -54,9 +54,9 @@ class InvalidInput(ValueError):
         self.field = field
 
 
-def check_text(value: str, field: str | None = None) -> str:
+def check_text(value: str, field: str | None = None, *, label: str | None = None) -> str:
     """``value`` unchanged if it is storable text: no NUL, no lone surrogate."""
-    label = field or "text"
+    label = label or field or "text"
     if "\x00" in value:
         raise InvalidInput(f"{label} must not contain NUL characters", field)
     try:
@@ -107,69 +107,72 @@ def parse_when(
         raise InvalidInput(message, field)
     try:
         parsed = parse_datetime(value)
-        if parsed is None or parsed.tzinfo is None or parsed.utcoffset() is None:
-            raise InvalidInput(message, field)
+    except ValueError:  # well formed but impossible: month 13, an offset of a day or more
+        parsed = None
+    if parsed is None or parsed.tzinfo is None or parsed.utcoffset() is None:
+        raise InvalidInput(message, field)
+    out_of_range = InvalidInput(f"{field} must be from {earliest:%Y-%m-%d} to before {latest:%Y-%m-%d} (UTC)", field)
+    try:
         in_utc = parsed.astimezone(dt.UTC)
-    except (ValueError, OverflowError):  # month 13, offset of a day or more, a year past 9999 in UTC
-        raise InvalidInput(message, field) from None
+    except (ValueError, OverflowError):  # the offset pushes it before year 1 or past 9999
+        raise out_of_range from None
     if not earliest <= in_utc < latest:
-        raise InvalidInput(f"{field} must be from {earliest:%Y-%m-%d} to before {latest:%Y-%m-%d} (UTC)", field)
+        raise out_of_range
     return in_utc
 
 
 def check_json(value: Any, field: str | None = None, _depth: int = 0) -> Any:
-    """``value`` unchanged if jsonb can store it: finite numbers, storable strings and keys, bounded depth."""
+    """``value`` unchanged if jsonb can store it: finite numbers, storable strings and keys, bounded
+    depth. An error names where the value was (``kwargs.items[2]``)."""
+    label = field or "value"
     if _depth > MAX_DEPTH:
         raise InvalidInput("body is nested too deeply", field)
     if isinstance(value, str):
-        check_text(value, field)
+        check_text(value, label)
     elif isinstance(value, bool) or value is None:
         pass
     elif isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidInput(f"{field or 'numbers'} must be finite (no NaN or infinity)", field)
+            raise InvalidInput(f"{label} must be a finite number (not NaN, not infinite, no overflow)", field)
+    elif isinstance(value, _LongNumber):
+        raise InvalidInput(f"{label} must be a number of at most {MAX_NUMBER_LENGTH} characters", field)
     elif isinstance(value, int):
-        if len(str(abs(value))) > MAX_NUMBER_LENGTH:  # bounded by the parser already; Python callers
-            raise InvalidInput(f"{field or 'numbers'} must have at most {MAX_NUMBER_LENGTH} digits", field)
+        if len(str(abs(value))) > MAX_NUMBER_LENGTH:  # the parser bounds it already; this is for Python callers
+            raise InvalidInput(f"{label} must have at most {MAX_NUMBER_LENGTH} digits", field)
     elif isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise InvalidInput("object keys must be strings", field)
-            check_text(key, field)
-            check_json(item, field, _depth + 1)
+                raise InvalidInput(f"keys of {label} must be strings", field)
+            check_text(key, field, label=f"a key of {label}" if field else "a field name")
+            check_json(item, f"{field}.{key}" if field else key, _depth + 1)
     elif isinstance(value, list | tuple):
-        for item in value:
-            check_json(item, field, _depth + 1)
+        for index, item in enumerate(value):
+            check_json(item, f"{label}[{index}]", _depth + 1)
     else:
-        raise InvalidInput(f"{field or 'value'} is not JSON", field)
+        raise InvalidInput(f"{label} is not JSON", field)
     return value
 
 
-def _reject_constant(name: str) -> Any:
-    raise InvalidInput(f"{name} is not a JSON number; numbers must be finite")
+class _LongNumber:
+    """Stands in for a number literal longer than MAX_NUMBER_LENGTH until check_json names its field."""
 
 
-def _parse_int(text: str) -> int:
-    if len(text) > MAX_NUMBER_LENGTH:
-        raise InvalidInput(f"numbers must have at most {MAX_NUMBER_LENGTH} digits")
-    return int(text)
+def _constant(name: str) -> float:
+    return float(name)  # NaN, Infinity, -Infinity: refused by check_json, which knows the field
 
 
-def _parse_float(text: str) -> float:
-    if len(text) > MAX_NUMBER_LENGTH:
-        raise InvalidInput(f"numbers must have at most {MAX_NUMBER_LENGTH} characters")
-    number = float(text)
-    if not math.isfinite(number):
-        raise InvalidInput(f"{text[:20]} overflows a double; numbers must be finite")
-    return number
+def _parse_int(text: str) -> int | _LongNumber:
+    return _LongNumber() if len(text) > MAX_NUMBER_LENGTH else int(text)
+
+
+def _parse_float(text: str) -> float | _LongNumber:
+    return _LongNumber() if len(text) > MAX_NUMBER_LENGTH else float(text)  # 1e400 -> inf: refused later
 
 
 def loads(raw: bytes | str) -> Any:
     """Parse a JSON document that jsonb can store, or raise :class:`InvalidInput` saying why not."""
     try:
-        data = json.loads(raw, parse_constant=_reject_constant, parse_int=_parse_int, parse_float=_parse_float)
-    except InvalidInput:
-        raise
+        data = json.loads(raw, parse_constant=_constant, parse_int=_parse_int, parse_float=_parse_float)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise InvalidInput(f"body is not valid JSON: {str(exc)[:200]}") from None
     return check_json(data)
@@ -179,7 +182,7 @@ def check_params(params: Mapping[str, Any] | Any, *, max_length: int = MAX_PARAM
     """Every key and value of a query string or form (a QueryDict): storable and bounded."""
     items: Iterable[tuple[str, Any]] = params.lists() if hasattr(params, "lists") else params.items()
     for key, values in items:
-        check_text(key, "a parameter name")
+        check_text(key, label="a parameter name")
         for value in values if isinstance(values, list) else [values]:
             if not isinstance(value, str):
                 continue  # an uploaded file: not ours to read

@@ -121,18 +121,18 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
     payload = body.mapping("payload")
     if kwargs is not None and payload is not None:
         raise ApiError(400, "give kwargs or payload (the same thing), not both", "payload")
+    options: dict[str, Any] = {
+        "args": body.array("args") or [],
+        "kwargs": kwargs if kwargs is not None else payload,
+        "queue": body.text("queue", required=False, max_length=100, default="default"),
+        "priority": body.whole("priority", required=False, low=-100, high=100, default=0),
+        "run_after": body.when("run_after"),
+        "max_attempts": body.whole("max_attempts", required=False, low=1, high=1000),
+        "timeout": body.number("timeout", required=False, low=0, high=MAX_TTL),
+        "dedup_key": body.text("dedup_key", required=False),
+    }
     try:
-        enqueued = Task.objects.enqueue(
-            task_path,
-            args=body.array("args") or [],
-            kwargs=kwargs if kwargs is not None else payload,
-            queue=body.text("queue", required=False, max_length=100, default="default"),
-            priority=body.whole("priority", required=False, low=-100, high=100, default=0),
-            run_after=body.when("run_after"),
-            max_attempts=body.whole("max_attempts", required=False, low=1, high=1000),
-            timeout=body.number("timeout", required=False, low=0, high=MAX_TTL),
-            dedup_key=body.text("dedup_key", required=False),
-        )
+        enqueued = Task.objects.enqueue(task_path, **options)
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
     if enqueued.created:
