@@ -151,8 +151,10 @@ def bad_request_page(request: HttpRequest, reason: str) -> HttpResponse:
 
 
 def safe_next(request: HttpRequest, candidate: str | None, default: str) -> str:
-    """``candidate`` if it points at this site (a path on an allowed host, same scheme), else ``default``."""
-    if candidate and url_has_allowed_host_and_scheme(
+    """``candidate`` if it is a path on this site, else ``default``. Django's check refuses other
+    hosts and schemes (``//evil.example``, ``https://evil.example``, ``/\\evil.example``); the pages'
+    forms send absolute paths, so anything else (a relative ``x``) falls back too."""
+    if candidate and candidate.startswith("/") and url_has_allowed_host_and_scheme(
         candidate, allowed_hosts={request.get_host()}, require_https=request.is_secure()
     ):
         return candidate
