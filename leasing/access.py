@@ -61,19 +61,14 @@ def _scopes(token: str, scopes: Iterable[str] | None) -> frozenset[str] | None:
 
 def parse_tokens(entries: Any) -> dict[str, frozenset[str] | None]:
     """``LEASING_API_TOKENS`` as {token: scopes}; None means every scope."""
-    tokens: dict[str, frozenset[str] | None] = {}
+    pairs: list[tuple[str, list[str] | None]] = []
     if isinstance(entries, Mapping):
-        pairs = [(str(token), list(scopes) if scopes is not None else None) for token, scopes in entries.items()]
+        pairs = [(str(token), None if scopes is None else list(scopes)) for token, scopes in entries.items()]
     else:
-        pairs = []
         for entry in entries or []:
             token, _, scopes = str(entry).strip().partition(":")
             pairs.append((token, scopes.split("+") if scopes else None))
-    for token, scopes in pairs:
-        token = token.strip()
-        if token:
-            tokens[token] = _scopes(token, scopes)
-    return tokens
+    return {token.strip(): _scopes(token.strip(), scopes) for token, scopes in pairs if token.strip()}
 
 
 def api_tokens() -> dict[str, frozenset[str] | None]:
@@ -154,8 +149,12 @@ def safe_next(request: HttpRequest, candidate: str | None, default: str) -> str:
     """``candidate`` if it is a path on this site, else ``default``. Django's check refuses other
     hosts and schemes (``//evil.example``, ``https://evil.example``, ``/\\evil.example``); the pages'
     forms send absolute paths, so anything else (a relative ``x``) falls back too."""
-    if candidate and candidate.startswith("/") and url_has_allowed_host_and_scheme(
-        candidate, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    if (
+        candidate
+        and candidate.startswith("/")
+        and url_has_allowed_host_and_scheme(
+            candidate, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+        )
     ):
         return candidate
     return default

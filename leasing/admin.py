@@ -49,7 +49,7 @@ class CheckedInputAdmin(admin.ModelAdmin):
             if isinstance(item, type) and issubclass(item, admin.SimpleListFilter):
                 offered.add(item.parameter_name or "")
             else:
-                field = item if isinstance(item, str) else item[0]
+                field = item if isinstance(item, str) else item[0]  # type: ignore[index]  # (field, filter class)
                 offered |= {f"{field}__exact", f"{field}__isnull"}
         return lookup in offered and super().lookup_allowed(lookup, value, request)
 

@@ -182,8 +182,8 @@ def seeded() -> dict[str, int]:
 
 def valid_body(method: str, template: str, seeded: dict[str, int]) -> dict[str, Any]:
     """A body the route would accept, for the mutations to break one field at a time."""
-    mine = {"worker": "w1", "token": seeded["token"]}
-    return {
+    mine: dict[str, Any] = {"worker": "w1", "token": seeded["token"]}
+    bodies: dict[str, dict[str, Any]] = {
         "/api/leases": {"resource": "fuzz-2", "holder": "h", "ttl": 30, "metadata": {"a": 1}},
         "/api/leases/renew": {"resource": "fuzz", "holder": "h", "token": seeded["lease_token"], "ttl": 30},
         "/api/leases/{id}": {"holder": "h", "token": seeded["lease_token"]},
@@ -198,7 +198,8 @@ def valid_body(method: str, template: str, seeded: dict[str, int]) -> dict[str, 
         "/api/tasks/{id}/cancel": {},
         "/api/tasks/{id}/requeue": {},
         "/api/generator": {"running": False, "rate": 2, "max_sleep": 3},
-    }[template]  # fmt: skip
+    }  # fmt: skip
+    return bodies[template]
 
 
 #: What broke the edge before, as JSON values: each is refused wherever it appears in a body.
