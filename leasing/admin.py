@@ -50,7 +50,7 @@ class CheckedInputAdmin(admin.ModelAdmin):
                 offered.add(item.parameter_name or "")
             else:
                 field = item if isinstance(item, str) else item[0]  # type: ignore[index]  # (field, filter class)
-                offered |= {f"{field}__exact", f"{field}__isnull"}
+                offered |= {f"{field}", f"{field}__exact", f"{field}__isnull"}
         return lookup in offered and super().lookup_allowed(lookup, value, request)
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Model | None:
