@@ -120,7 +120,8 @@ def api_view(**permissions: Iterable[str]) -> Callable[[Callable[..., Any]], Cal
                 # The checks above should leave nothing for the database to refuse; if it still does,
                 # the value came from the request, the transaction is rolled back, and it is a 400.
                 logger.warning("database refused a value from %s %s: %s", request.method, request.path, exc)
-                if transaction.get_connection().in_atomic_block:  # an outer block (ATOMIC_REQUESTS) is broken
+                if request.method in SAFE_METHODS and transaction.get_connection().in_atomic_block:
+                    # A read has no block of its own: the caller's (ATOMIC_REQUESTS) is broken now.
                     transaction.set_rollback(True)
                 return ApiError(400, f"the database refused a value: {str(exc).splitlines()[0][:200]}").response()
             if isinstance(result, HttpResponse):
