@@ -4,13 +4,63 @@ import datetime as dt
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.contrib.admin import helpers
+from django.db.models import IntegerField, Model, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
 from leasing.models import Lease
+from leasing.validation import MAX_BIGINT, MAX_PARAM_LENGTH, InvalidInput, bad_params, check_text, parse_whole
+
+
+class CheckedInputAdmin(admin.ModelAdmin):
+    """An admin whose list filters, search terms, action selections and object ids are checked
+    before any query uses them (:mod:`leasing.validation`): a value PostgreSQL cannot take (NUL) or
+    an absurdly long one is dropped with a message instead of failing the page with a 500."""
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        refused = bad_params(request.GET)
+        if request.method == "POST":
+            refused |= bad_params(request.POST)
+            if isinstance(self.model._meta.pk, IntegerField):
+                # int() takes "²" and "٣": the selection of an action is ids in ASCII digits.
+                try:
+                    for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+                        parse_whole(value, "selected id", low=1, high=MAX_BIGINT)
+                except InvalidInput as exc:
+                    refused[helpers.ACTION_CHECKBOX_NAME] = exc.message
+        if refused:
+            for name, reason in refused.items():
+                self.message_user(request, f"Ignored {name[:40]!r}: {reason}.", messages.ERROR)
+            kept = request.GET.copy()
+            for name in refused:
+                kept.pop(name, None)
+            query = kept.urlencode()
+            return HttpResponseRedirect(f"{request.path}?{query}" if query else request.path)
+        return super().changelist_view(request, extra_context)
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        """Only the lookups this admin's own filters make. Django admits any lookup on a local field
+        (``?run_after__year=99999`` then fails with a 500); refused ones get Django's 400."""
+        offered: set[str] = set()
+        for item in self.get_list_filter(request):
+            if isinstance(item, type) and issubclass(item, admin.SimpleListFilter):
+                offered.add(item.parameter_name or "")
+            else:
+                field = item if isinstance(item, str) else item[0]  # type: ignore[index]  # (field, filter class)
+                offered |= {f"{field}", f"{field}__exact", f"{field}__isnull"}
+        return lookup in offered and super().lookup_allowed(lookup, value, request)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Model | None:
+        try:
+            check_text(object_id, "id")
+        except InvalidInput:
+            return None  # the admin answers "does not exist", as for any unknown id
+        if len(object_id) > MAX_PARAM_LENGTH:
+            return None
+        return super().get_object(request, object_id, from_field)
 
 
 class LeaseStateFilter(admin.SimpleListFilter):
@@ -28,7 +78,7 @@ class LeaseStateFilter(admin.SimpleListFilter):
 
 
 @admin.register(Lease)
-class LeaseAdmin(admin.ModelAdmin):
+class LeaseAdmin(CheckedInputAdmin):
     list_display = (
         "resource",
         "holder_tasks",

@@ -8,8 +8,9 @@ from django.http import HttpRequest
 from django.urls import path
 
 from leasing import metrics
+from leasing.access import CHANGE_LEASE, VIEW_LEASE
 from leasing.conf import get_settings
-from leasing.http import ApiError, Body, api_view, iso, keyset_page
+from leasing.http import ApiError, Body, api_view, iso, keyset_page, query_id, query_text
 from leasing.models import Grant, Lease
 
 STATES = ("active", "expired", "renewed", "released")
@@ -57,11 +58,11 @@ def _conflict(resource: str, message: str) -> ApiError:
     return ApiError(409, message, **extra)
 
 
-@api_view("GET", "POST")
+@api_view(GET=[VIEW_LEASE], POST=[CHANGE_LEASE])
 def leases(request: HttpRequest) -> tuple[int, Any]:
     if request.method == "GET":
-        state = request.GET.get("state")
-        if state is not None and state not in STATES:
+        state = request.GET.get("state") or None
+        if state and state not in STATES:
             raise ApiError(400, f"state must be one of {', '.join(STATES)}", "state")
         return _listing(request, state)
     body = Body(request)
@@ -78,7 +79,7 @@ def leases(request: HttpRequest) -> tuple[int, Any]:
 
 
 def _state_view(state: str) -> Any:
-    @api_view("GET")
+    @api_view(GET=[VIEW_LEASE])
     def view(request: HttpRequest) -> tuple[int, Any]:
         return _listing(request, state)
 
@@ -86,7 +87,7 @@ def _state_view(state: str) -> Any:
     return view
 
 
-@api_view("PUT")
+@api_view(PUT=[CHANGE_LEASE])
 def renew(request: HttpRequest) -> tuple[int, Any]:
     body = Body(request)
     body.only("resource", "holder", "token", "ttl")
@@ -110,21 +111,17 @@ def _lease_or_404(lease_id: int) -> Lease:
     return lease
 
 
-@api_view("GET", "DELETE")
+@api_view(GET=[VIEW_LEASE], DELETE=[CHANGE_LEASE])
 def lease_detail(request: HttpRequest, lease_id: int) -> tuple[int, Any]:
     lease = _lease_or_404(lease_id)
     if request.method == "GET":
         return 200, {"lease": lease_json(lease)}
     body = Body(request, required=False)
     body.only("holder", "token")
-    holder = body.text("holder", max_length=200, required=False) or request.GET.get("holder")
-    token_value = body.whole("token", required=False, low=1, high=2**63 - 1) or request.GET.get("token")
-    if not holder or token_value is None:
+    holder = body.text("holder", max_length=200, required=False) or query_text(request, "holder", max_length=200)
+    token = body.whole("token", required=False, low=1, high=2**63 - 1) or query_id(request, "token")
+    if not holder or token is None:
         raise ApiError(400, "holder and token are required (in the body or the query string)", "token")
-    try:
-        token = int(token_value)
-    except ValueError:
-        raise ApiError(400, "token must be a whole number", "token") from None
     if not Lease.objects.release(lease.resource, holder, token):
         raise _conflict(lease.resource, "not released: the lease is no longer yours (expired, released or taken)")
     return 200, {"released": True, "lease": lease_json(Lease.objects.get(pk=lease_id))}

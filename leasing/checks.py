@@ -26,3 +26,18 @@ def postgresql_errors(handler: ConnectionHandler) -> list[CheckMessage]:
                 )
             )
     return errors
+
+
+@register()
+def check_api_tokens(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Scopes of LEASING_API_TOKENS are permission names: a typo must not pass unnoticed."""
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    from leasing.access import parse_tokens
+
+    try:
+        parse_tokens(getattr(settings, "LEASING_API_TOKENS", None))
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), hint="See leasing/access.py for the scopes a token may carry.", id="leasing.E002")]
+    return []

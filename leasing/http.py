@@ -1,11 +1,16 @@
-"""Plumbing of the JSON API: authentication, body validation, errors as JSON.
+"""Plumbing of the JSON API: authentication, permissions, validation, one transaction, errors as JSON.
 
 Authentication: a staff session (unsafe methods also need the CSRF token, as in any Django form),
 or ``Authorization: Bearer <token>`` with a token from ``settings.LEASING_API_TOKENS`` (a list;
 the demo project reads the ``LEASING_API_TOKENS`` environment variable). Nothing is readable
-without one of them: 401 without credentials, 403 for a logged-in user who is not staff.
+without one of them: 401 without credentials, 403 for a logged-in user who is not staff, and 403
+for a staff user without the route's permission or a token without its scope (see
+:mod:`leasing.access`).
 
-Errors are JSON: ``{"error": "...", "field": "..."}`` with 400 (invalid body), 401/403, 404
+Every body, query string and id is checked at the edge (:mod:`leasing.validation`), and every
+request that may write runs in one transaction: a request answered with an error changes nothing.
+
+Errors are JSON: ``{"error": "...", "field": "..."}`` with 400 (invalid body or query), 401/403, 404
 (unknown id), 405, 409 (held by another, lease lost, already finished).
 """
 
@@ -13,19 +18,29 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import hmac
-import json
-import math
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from django.conf import settings
+from django.db import DataError, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
-from django.utils.dateparse import parse_datetime
 from django.views.decorators.csrf import csrf_exempt
 
+from leasing.access import SAFE_METHODS, Caller, api_tokens, declared, match_token
+from leasing.validation import (
+    MAX_BIGINT,
+    InvalidInput,
+    check_params,
+    clean_text,
+    loads,
+    parse_when,
+    parse_whole,
+)
+
 MAX_BODY = 1_000_000  # bytes
+
+logger = logging.getLogger("leasing.api")
 
 
 class ApiError(Exception):
@@ -44,83 +59,88 @@ class ApiError(Exception):
         return JsonResponse(body, status=self.status)
 
 
-def _bearer_tokens() -> list[str]:
-    tokens = getattr(settings, "LEASING_API_TOKENS", []) or []
-    return [token for token in tokens if token]
-
-
-def authenticate(request: HttpRequest) -> str:
-    """Who is calling ("token" or the staff username); raises ApiError 401/403."""
+def authenticate(request: HttpRequest) -> Caller:
+    """Who is calling: a token (with its scopes) or a staff user; raises ApiError 401/403."""
     header = request.headers.get("Authorization", "")
     if header:
         scheme, _, credential = header.partition(" ")
         if scheme.lower() != "bearer" or not credential.strip():
             raise ApiError(401, "use 'Authorization: Bearer <token>'")
-        if any(hmac.compare_digest(credential.strip().encode(), t.encode()) for t in _bearer_tokens()):
-            return "token"
+        tokens = api_tokens()
+        token = match_token(credential.strip(), tokens)
+        if token is not None:
+            return Caller("token", scopes=tokens[token])
         raise ApiError(401, "invalid bearer token")
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         raise ApiError(401, "authentication required: a staff session or a bearer token")
-    if not user.is_staff:
+    if not user.is_active or not user.is_staff:
         raise ApiError(403, "staff only")
-    if request.method not in ("GET", "HEAD", "OPTIONS"):
+    if request.method not in SAFE_METHODS:
         # Session auth is cookie auth: unsafe methods need the CSRF token like any form post.
         rejected = CsrfViewMiddleware(lambda r: HttpResponse()).process_view(request, lambda r: HttpResponse(), (), {})
         if rejected is not None:
             raise ApiError(403, "CSRF token missing or incorrect")
-    return user.get_username()
+    return Caller(user.get_username(), user=user)
 
 
-def api_view(*methods: str) -> Callable[[Callable[..., Any]], Callable[..., HttpResponse]]:
-    """JSON view: method check, authentication, ApiError -> JSON response."""
+def api_view(**permissions: Iterable[str]) -> Callable[[Callable[..., Any]], Callable[..., HttpResponse]]:
+    """JSON view: ``api_view(GET=(VIEW_TASK,), POST=(ADD_TASK,))`` names the methods it serves and
+    the permission (or token scope) each needs. It checks the method, the caller, the permission and
+    the query string, runs an unsafe method in one transaction (rolled back on any error, so a
+    rejected request changes nothing) and turns ApiError into a JSON response."""
 
     def decorator(view: Callable[..., Any]) -> Callable[..., HttpResponse]:
         @csrf_exempt  # checked in authenticate() for session requests; bearer requests carry no cookie
         @functools.wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             try:
-                if request.method not in methods:
+                needed = table.get(request.method or "")
+                if needed is None:
                     raise ApiError(405, f"method {request.method} not allowed; use {', '.join(methods)}")
-                request.api_caller = authenticate(request)  # type: ignore[attr-defined]
-                result = view(request, *args, **kwargs)
+                caller = authenticate(request)
+                if not caller.has_perms(needed):
+                    what = "the token lacks the scope(s)" if caller.user is None else "you lack the permission(s)"
+                    raise ApiError(403, f"{what} {', '.join(needed)}")
+                request.api_caller = caller  # type: ignore[attr-defined]
+                check_params(request.GET)
+                if request.method in SAFE_METHODS:
+                    result = view(request, *args, **kwargs)
+                else:
+                    with transaction.atomic():
+                        result = view(request, *args, **kwargs)
+            except InvalidInput as invalid:
+                return ApiError(400, invalid.message, invalid.field).response()
             except ApiError as error:
                 response = error.response()
                 if error.status == 405:
                     response["Allow"] = ", ".join(methods)
                 return response
+            except DataError as exc:
+                # The checks above should leave nothing for the database to refuse; if it still does,
+                # the value came from the request, the transaction is rolled back, and it is a 400.
+                logger.warning("database refused a value from %s %s: %s", request.method, request.path, exc)
+                if request.method in SAFE_METHODS and transaction.get_connection().in_atomic_block:
+                    # A read has no block of its own: the caller's (ATOMIC_REQUESTS) is broken now.
+                    transaction.set_rollback(True)
+                return ApiError(400, f"the database refused a value: {str(exc).splitlines()[0][:200]}").response()
             if isinstance(result, HttpResponse):
                 return result
             status, body = result
             return JsonResponse(body, status=status, safe=False)
 
+        table = declared(wrapper, permissions)
+        methods = list(table)
         return wrapper
 
     return decorator
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _check_storable(value: Any, depth: int = 0) -> None:
-    """PostgreSQL cannot store NUL characters in text or jsonb: refuse them here, as a 400."""
-    if depth > 64:
-        raise ApiError(400, "body is nested too deeply")
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ApiError(400, "strings must not contain NUL characters")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_storable(key, depth + 1)
-            _check_storable(item, depth + 1)
-    elif isinstance(value, list):
-        for item in value:
-            _check_storable(item, depth + 1)
-
-
 class Body:
-    """A validated JSON object body; every accessor raises ApiError(400) with the field name."""
+    """A validated JSON object body; every accessor raises ApiError(400) with the field name.
+
+    The whole document is checked as it is parsed (:func:`leasing.validation.loads`): finite numbers
+    of bounded length, no NUL and no lone surrogate in any string or key, bounded depth."""
 
     def __init__(self, request: HttpRequest, *, required: bool = True) -> None:
         raw = request.body
@@ -131,13 +151,9 @@ class Body:
                 raise ApiError(400, "a JSON object body is required")
             self.data: dict[str, Any] = {}
             return
-        try:
-            data = json.loads(raw, parse_constant=_reject_constant)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            raise ApiError(400, f"body is not valid JSON: {exc}") from None
+        data = loads(raw)
         if not isinstance(data, dict):
             raise ApiError(400, "body must be a JSON object")
-        _check_storable(data)
         self.data = data
 
     def _get(self, name: str, required: bool) -> Any:
@@ -151,11 +167,7 @@ class Body:
         value = self._get(name, required)
         if value is None:
             return default
-        if not isinstance(value, str) or not value.strip():
-            raise ApiError(400, f"{name} must be a non-empty string", name)
-        if len(value) > max_length or "\x00" in value:
-            raise ApiError(400, f"{name} must be at most {max_length} characters, without NUL", name)
-        return value
+        return clean_text(value, name, max_length=max_length)
 
     def whole(self, name: str, *, required: bool = True, low: int, high: int, default: int | None = None) -> Any:
         value = self._get(name, required)
@@ -169,9 +181,9 @@ class Body:
         value = self._get(name, required)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, int | float):
             raise ApiError(400, f"{name} must be a number", name)
-        if not low < value <= high:
+        if not low < value <= high:  # finite: the parser refuses NaN and infinities
             raise ApiError(400, f"{name} must be greater than {low:g} and at most {high:g}", name)
         return float(value)
 
@@ -207,10 +219,7 @@ class Body:
         value = self._get(name, False)
         if value is None:
             return None
-        parsed = parse_datetime(value) if isinstance(value, str) else None
-        if parsed is None or parsed.tzinfo is None:
-            raise ApiError(400, f"{name} must be an ISO 8601 date-time with a time zone", name)
-        return parsed
+        return parse_when(value, name)
 
     def only(self, *allowed: str) -> None:
         unknown = sorted(set(self.data) - set(allowed))
@@ -222,17 +231,27 @@ def iso(value: dt.datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+def query_text(request: HttpRequest, name: str, *, max_length: int = 255) -> str | None:
+    """A query-string filter (None when absent or empty); storable text of bounded length."""
+    value = request.GET.get(name)
+    if value in (None, ""):
+        return None
+    return clean_text(value, name, max_length=max_length)
+
+
+def query_id(request: HttpRequest, name: str) -> int | None:
+    """A query-string id or token: ASCII digits, 1 to 2**63 - 1 (None when absent or empty)."""
+    value = request.GET.get(name)
+    if value in (None, ""):
+        return None
+    return parse_whole(value, name, low=1, high=MAX_BIGINT)
+
+
 def page_args(request: HttpRequest, *, default_limit: int = 50, max_limit: int = 500) -> tuple[int, int | None]:
     """``?limit=&before=`` for keyset pagination by descending id."""
-    try:
-        limit = int(request.GET.get("limit", default_limit))
-        before = request.GET.get("before")
-        before_id = int(before) if before not in (None, "") else None
-    except ValueError:
-        raise ApiError(400, "limit and before must be whole numbers") from None
-    if not 1 <= limit <= max_limit:
-        raise ApiError(400, f"limit must be from 1 to {max_limit}", "limit")
-    return limit, before_id
+    limit_text = request.GET.get("limit")
+    limit = default_limit if limit_text in (None, "") else parse_whole(limit_text, "limit", low=1, high=max_limit)
+    return limit, query_id(request, "before")
 
 
 def keyset_page(

@@ -7,23 +7,25 @@ depth and age, stuck tasks, workers alive, the counters every worker reports wit
 recoveries and the time from a holder's last heartbeat to the requeue of its task). The latter
 are the same whichever replica is scraped.
 
-Access: a staff session, a bearer token from ``LEASING_API_TOKENS`` or ``LEASING_METRICS_TOKENS``,
-or nothing at all when ``LEASING_METRICS_PUBLIC = True`` (for a scraper on a private network).
+Access: a staff session with the view permissions of tasks and leases, a bearer token from
+``LEASING_API_TOKENS`` (with those scopes) or ``LEASING_METRICS_TOKENS``, or nothing at all when
+``LEASING_METRICS_PUBLIC = True`` (for a scraper on a private network).
 """
 
 from __future__ import annotations
 
-import hmac
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from leasing.access import VIEW_LEASE, VIEW_TASK, Caller, api_tokens, declared, match_token
 
 acquisition_seconds = Histogram(
     "leasing_acquisition_seconds",
@@ -70,20 +72,40 @@ class _DatabaseCollector(Collector):
             yield from collector()
 
 
-def _allowed(request: HttpRequest) -> bool:
+#: What a scrape reads: task and lease figures. A staff session needs both view permissions, an
+#: API token both scopes; a token from LEASING_METRICS_TOKENS reads metrics and nothing else.
+METRICS_PERMISSIONS = (VIEW_TASK, VIEW_LEASE)
+
+
+def _access(request: HttpRequest) -> int:
+    """200 (allowed), 401 (no or unknown credentials) or 403 (known, but without the permissions)."""
     if getattr(settings, "LEASING_METRICS_PUBLIC", False):
-        return True
+        return 200
     header = request.headers.get("Authorization", "")
     if header.lower().startswith("bearer "):
-        offered = header[7:].strip().encode()
-        tokens = [*getattr(settings, "LEASING_API_TOKENS", []), *getattr(settings, "LEASING_METRICS_TOKENS", [])]
-        return any(token and hmac.compare_digest(offered, token.encode()) for token in tokens)
+        offered = header[7:].strip()
+        if match_token(offered, [t for t in getattr(settings, "LEASING_METRICS_TOKENS", []) if t]) is not None:
+            return 200
+        tokens = api_tokens()
+        token = match_token(offered, tokens)
+        if token is None:
+            return 401
+        return 200 if Caller("token", scopes=tokens[token]).has_perms(METRICS_PERMISSIONS) else 403
     user = getattr(request, "user", None)
-    return bool(user is not None and user.is_authenticated and user.is_staff)
+    if user is None or not user.is_authenticated:
+        return 401
+    if not (user.is_active and user.is_staff and user.has_perms(METRICS_PERMISSIONS)):
+        return 403
+    return 200
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    if not _allowed(request):
+    status = _access(request) if request.method in ("GET", "HEAD") else 405
+    if status == 405:
+        return HttpResponseNotAllowed(["GET", "HEAD"])
+    if status == 403:
+        return HttpResponse(f"metrics: needs {' and '.join(METRICS_PERMISSIONS)}\n", status=403)
+    if status == 401:
         response = HttpResponse("metrics: staff session or bearer token required\n", status=401)
         response["WWW-Authenticate"] = "Bearer"
         return response
@@ -91,6 +113,9 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     registry.register(_DatabaseCollector())
     body = generate_latest(REGISTRY) + generate_latest(registry)
     return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
+
+
+declared(metrics_view, {"GET": METRICS_PERMISSIONS}, head=True)
 
 
 def scrape_values(text: str) -> dict[str, float]:

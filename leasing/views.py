@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from django.contrib.admin.views.decorators import staff_member_required
 from django.core.paginator import Paginator
 from django.db.models import Count, Q
 from django.db.models.functions import Now
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from leasing.access import VIEW_LEASE, staff_page
 from leasing.models import Lease
 
 STATES = ("active", "renewed", "expired", "released")
@@ -26,7 +26,7 @@ def state_counts() -> dict[str, int]:
     )
 
 
-@staff_member_required
+@staff_page(GET=[VIEW_LEASE])
 def lease_list(request: HttpRequest, state: str = "active") -> HttpResponse:
     if state not in STATES:
         raise Http404(f"unknown lease state {state!r}")

@@ -18,19 +18,52 @@ env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env") if (BASE_DIR / ".env").exists() else None
 
 DEBUG = env.bool("DEBUG", default=False)
-# A development secret is generated per checkout and kept out of the repository.
-_secret_file = BASE_DIR / ".secret_key"
-if "SECRET_KEY" in os.environ:
-    SECRET_KEY = env("SECRET_KEY")
-else:
-    if not _secret_file.exists():
+
+
+def secret_key_from_file(path: Path) -> str:
+    """The key stored at ``path``, created (readable by this user only) if there is none yet.
+
+    The file is born with mode 0600 (``os.open`` with the mode, never chmod afterwards, so no other
+    local user can read it in between) under a temporary name, then linked into place: a concurrent
+    process (the demo starts several) either creates it or reads the complete key, never half of it.
+    """
+    if not path.exists():
         import secrets
 
-        _secret_file.write_text(secrets.token_urlsafe(50))
-        _secret_file.chmod(0o600)
-    SECRET_KEY = _secret_file.read_text().strip()
+        temporary = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(descriptor, "w") as file:
+                file.write(secrets.token_urlsafe(50))
+            os.link(temporary, path)
+        except FileExistsError:
+            pass  # another process linked its key first: use that one
+        finally:
+            temporary.unlink(missing_ok=True)
+    return path.read_text().strip()
+
+
+# A development secret is generated per checkout and kept out of the repository.
+SECRET_KEY = env("SECRET_KEY") if "SECRET_KEY" in os.environ else secret_key_from_file(BASE_DIR / ".secret_key")
 
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+
+# Production behind HTTPS (README, "Production settings"): ``HTTPS=true`` turns on secure cookies,
+# the redirect to https and HSTS for a year; each can also be set on its own.
+HTTPS = env.bool("HTTPS", default=False)
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=HTTPS)
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=HTTPS)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=HTTPS)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31_536_000 if HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=HTTPS)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+# Behind a proxy that terminates TLS: the header it sets and its value, e.g. "HTTP_X_FORWARDED_PROTO,https".
+_proxy_header = env.list("SECURE_PROXY_SSL_HEADER", default=[])
+if _proxy_header:
+    if len(_proxy_header) != 2:
+        raise ValueError('SECURE_PROXY_SSL_HEADER must be "HEADER,value", e.g. "HTTP_X_FORWARDED_PROTO,https"')
+    SECURE_PROXY_SSL_HEADER = (_proxy_header[0], _proxy_header[1])
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -139,7 +172,8 @@ LEASING_TASKS = {
     "MAX_CRASHES": env.int("TASKS_MAX_CRASHES", default=5),
 }
 
-# Bearer tokens for machine clients of the JSON API (comma-separated); none by default.
+# Bearer tokens for machine clients of the JSON API (comma-separated); none by default. An entry
+# "token:tasks.view_task+tasks.change_task" limits the token to those scopes (leasing/access.py).
 LEASING_API_TOKENS = env.list("LEASING_API_TOKENS", default=[])
 LEASING_METRICS_TOKENS = env.list("LEASING_METRICS_TOKENS", default=[])
 LEASING_METRICS_PUBLIC = env.bool("LEASING_METRICS_PUBLIC", default=False)

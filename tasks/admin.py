@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from leasing.admin import CheckedInputAdmin
 from tasks.exceptions import TaskError
 from tasks.models import GeneratorState, QueueControl, Task, Worker
 
@@ -31,7 +32,7 @@ class StuckFilter(admin.SimpleListFilter):
 
 
 @admin.register(Task)
-class TaskAdmin(admin.ModelAdmin):
+class TaskAdmin(CheckedInputAdmin):
     list_display = (
         "id",
         "task_path",
@@ -120,7 +121,7 @@ class TaskAdmin(admin.ModelAdmin):
 
 
 @admin.register(Worker)
-class WorkerAdmin(admin.ModelAdmin):
+class WorkerAdmin(CheckedInputAdmin):
     list_display = ("id", "hostname", "pid", "concurrency", "running", "last_seen_at", "stopped_at", "tasks_link")
     search_fields = ("id", "hostname")
     readonly_fields = [field.name for field in Worker._meta.get_fields() if field.concrete]
@@ -135,13 +136,13 @@ class WorkerAdmin(admin.ModelAdmin):
 
 
 @admin.register(GeneratorState)
-class GeneratorStateAdmin(admin.ModelAdmin):
+class GeneratorStateAdmin(CheckedInputAdmin):
     list_display = ("name", "running", "rate", "generated", "leader", "leader_seen_at")
     readonly_fields = ("generated", "leader", "leader_seen_at", "observed_running", "ticks", "fence_token")
 
 
 @admin.register(QueueControl)
-class QueueControlAdmin(admin.ModelAdmin):
+class QueueControlAdmin(CheckedInputAdmin):
     """Pause and resume queues. Saving here goes through the same calls as the command and the API,
     so a resume wakes idle workers at once."""
 

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import fnmatch
-import re
 from typing import Any
 
 from django.db.models import QuerySet
@@ -12,10 +10,11 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path, re_path
 
 from leasing import metrics
-from leasing.http import ApiError, Body, api_view, iso, keyset_page
-from tasks import generator, schedule_api
+from leasing.access import ADD_TASK, CHANGE_GENERATOR, CHANGE_TASK, VIEW_GENERATOR, VIEW_TASK
+from leasing.http import ApiError, Body, api_view, iso, keyset_page, query_text
+from tasks import allowlist, generator, schedule_api
 from tasks.conf import get_settings
-from tasks.exceptions import TaskError
+from tasks.exceptions import TaskError, TaskPathRefused
 from tasks.models import FINISHED, Failure, Task, TaskStatus
 from tasks.outcomes import is_storable
 
@@ -25,7 +24,6 @@ LISTINGS = {
     "started": lambda: Task.objects.running(),
     "stuck": lambda: Task.objects.stuck(),
 }
-_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 _MAX_TOKEN = 2**63 - 1
 
 
@@ -73,7 +71,7 @@ def _listing(request: HttpRequest, queryset: QuerySet[Task]) -> tuple[int, Any]:
         if status not in TaskStatus.values:
             raise ApiError(400, f"status must be one of {', '.join(TaskStatus.values)}", "status")
         queryset = queryset.filter(status=status)
-    if queue := request.GET.get("queue"):
+    if queue := query_text(request, "queue", max_length=100):
         queryset = queryset.filter(queue=queue)
     return keyset_page(request, queryset, "tasks", task_json)
 
@@ -93,7 +91,7 @@ def _rejected(task: Task, action: str) -> ApiError:
     return ApiError(409, f"{action} rejected: {reason}", status=task.status)
 
 
-@api_view("GET", "POST")
+@api_view(GET=[VIEW_TASK], POST=[ADD_TASK])
 def tasks(request: HttpRequest) -> tuple[int, Any]:
     if request.method == "GET":
         return _listing(request, Task.objects.all())
@@ -111,33 +109,42 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
         "dedup_key",
     )
     task_path = body.text("task_path")
-    if not _PATH.match(task_path):
-        raise ApiError(400, "task_path must be a dotted import path", "task_path")
-    if not any(fnmatch.fnmatchcase(task_path, pattern) for pattern in get_settings().API_TASK_PATTERNS):
-        raise ApiError(400, "task_path is not allowed by LEASING_TASKS['API_TASK_PATTERNS']", "task_path")
+    reason = allowlist.refusal(task_path)
+    if reason is not None:
+        raise ApiError(400, reason, "task_path")
+    try:
+        allowlist.resolve(task_path)
+    except TaskPathRefused as exc:
+        raise ApiError(400, str(exc), "task_path") from None
+    except Exception as exc:  # the module does not import: it could not run either
+        raise ApiError(400, f"task_path cannot be imported: {type(exc).__name__}", "task_path") from None
     kwargs = body.mapping("kwargs")
     payload = body.mapping("payload")
     if kwargs is not None and payload is not None:
         raise ApiError(400, "give kwargs or payload (the same thing), not both", "payload")
+    options: dict[str, Any] = {
+        "args": body.array("args") or [],
+        "kwargs": kwargs if kwargs is not None else payload,
+        "queue": body.text("queue", required=False, max_length=100, default="default"),
+        "priority": body.whole("priority", required=False, low=-100, high=100, default=0),
+        "run_after": body.when("run_after"),
+        "max_attempts": body.whole("max_attempts", required=False, low=1, high=1000),
+        "timeout": body.number("timeout", required=False, low=0, high=MAX_TTL),
+        "dedup_key": body.text("dedup_key", required=False),
+    }
     try:
-        enqueued = Task.objects.enqueue(
-            task_path,
-            args=body.array("args") or [],
-            kwargs=kwargs if kwargs is not None else payload,
-            queue=body.text("queue", required=False, max_length=100, default="default"),
-            priority=body.whole("priority", required=False, low=-100, high=100, default=0),
-            run_after=body.when("run_after"),
-            max_attempts=body.whole("max_attempts", required=False, low=1, high=1000),
-            timeout=body.number("timeout", required=False, low=0, high=MAX_TTL),
-            dedup_key=body.text("dedup_key", required=False),
-        )
+        enqueued = Task.objects.enqueue(task_path, **options)
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
+    if enqueued.created:
+        # Same transaction as the insert (the request's): no worker can claim the row before it is
+        # marked, and a worker re-checks the path of every marked row before importing it.
+        Task.objects.filter(pk=enqueued.id).update(api_origin=True)
     task = Task.objects.get(pk=enqueued.id)
     return (201 if enqueued.created else 200), {"task": task_json(task), "created": enqueued.created}
 
 
-@api_view("POST")
+@api_view(POST=[CHANGE_TASK])
 def next_task(request: HttpRequest) -> tuple[int, Any]:
     body = Body(request)
     body.only("worker", "queues", "ttl", "limit")
@@ -154,7 +161,7 @@ def next_task(request: HttpRequest) -> tuple[int, Any]:
     return 200, {"task": found[0] if found else None, "tasks": found}
 
 
-@api_view("PUT")
+@api_view(PUT=[CHANGE_TASK])
 def heartbeat(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     task = _task_or_404(task_id)
     body = Body(request)
@@ -173,7 +180,7 @@ def heartbeat(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     return 200, {"task": task_json(task)}
 
 
-@api_view("PUT")
+@api_view(PUT=[CHANGE_TASK])
 def complete(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     task = _task_or_404(task_id)
     body = Body(request)
@@ -187,7 +194,7 @@ def complete(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     return 200, {"task": task_json(task)}
 
 
-@api_view("PUT")
+@api_view(PUT=[CHANGE_TASK])
 def fail(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     task = _task_or_404(task_id)
     body = Body(request)
@@ -215,12 +222,12 @@ def fail(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     return 200, {"task": task_json(task), "retrying": outcome.status == TaskStatus.READY}
 
 
-@api_view("GET")
+@api_view(GET=[VIEW_TASK])
 def task_detail(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     return 200, {"task": task_json(_task_or_404(task_id))}
 
 
-@api_view("POST")
+@api_view(POST=[CHANGE_TASK])
 def cancel(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     task = _task_or_404(task_id)
     if not Task.objects.filter(pk=task_id).cancel():
@@ -229,7 +236,7 @@ def cancel(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     return 200, {"task": task_json(task)}
 
 
-@api_view("POST")
+@api_view(POST=[CHANGE_TASK])
 def requeue(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     task = _task_or_404(task_id)
     try:
@@ -243,7 +250,7 @@ def requeue(request: HttpRequest, task_id: int) -> tuple[int, Any]:
 
 
 def _listing_view(name: str) -> Any:
-    @api_view("GET")
+    @api_view(GET=[VIEW_TASK])
     def view(request: HttpRequest) -> tuple[int, Any]:
         return _listing(request, LISTINGS[name]())
 
@@ -266,7 +273,7 @@ def generator_json(name: str = "default") -> dict[str, Any]:
     }
 
 
-@api_view("GET", "PUT")
+@api_view(GET=[VIEW_GENERATOR], PUT=[CHANGE_GENERATOR])
 def generator_state(request: HttpRequest) -> tuple[int, Any]:
     if request.method == "PUT":
         body = Body(request)
@@ -283,6 +290,7 @@ def generator_state(request: HttpRequest) -> tuple[int, Any]:
     return 200, {"generator": generator_json()}
 
 
+@api_view(GET=())  # any authenticated caller may read the description of the API
 def openapi(request: HttpRequest) -> JsonResponse:
     from tasks.openapi import document
 
@@ -305,7 +313,8 @@ urlpatterns = [
 ]
 
 
-@api_view("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
+#: Any authenticated caller may learn that a route does not exist.
+@api_view(**dict.fromkeys(("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"), ()))
 def not_found(request: HttpRequest, rest: str) -> tuple[int, Any]:
     raise ApiError(404, f"no such API route: /api/{rest}")
 

@@ -3,6 +3,7 @@ setting configures ``django.tasks`` backends, so ours has its own name)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -47,9 +48,13 @@ class TaskSettings:
     SHUTDOWN_GRACE: float = 10.0
     #: How often the (leader-elected) recovery controller runs, seconds.
     RECOVERY_INTERVAL: float = 2.0
-    #: Task paths the JSON API may enqueue (fnmatch patterns). Python workers import and run a
-    #: task's path, so an API client must not be able to name any callable it likes.
-    API_TASK_PATTERNS: tuple[str, ...] = ("tasks.demo.*",)
+    #: Task paths the JSON API may enqueue: exact names (API_TASKS) or regular expressions matched
+    #: against the whole path with ``re.fullmatch`` (API_TASK_PATTERNS). Python workers import and run
+    #: a task's path, so an API client must not be able to name any callable it likes: whatever the
+    #: lists say, only a public function (or django.tasks Task) defined at module level in the named
+    #: module is accepted, and a worker checks again before it runs a task that came through the API.
+    API_TASKS: tuple[str, ...] = ("tasks.demo.sleep",)
+    API_TASK_PATTERNS: tuple[str, ...] = ()
     #: Failure injection of the demo handler (fractions of tasks). Off unless configured.
     DEMO_CRASH_RATE: float = 0.0
     DEMO_STALL_RATE: float = 0.0
@@ -81,6 +86,14 @@ def get_settings() -> TaskSettings:
         raise ValueError(f"unknown LEASING_TASKS settings: {', '.join(sorted(unknown))}")
     if isinstance(overrides.get("RETENTION"), dict):
         overrides["RETENTION"] = {**DEFAULT_RETENTION, **overrides["RETENTION"]}
-    if "API_TASK_PATTERNS" in overrides:
-        overrides["API_TASK_PATTERNS"] = tuple(overrides["API_TASK_PATTERNS"])
+    for name in ("API_TASKS", "API_TASK_PATTERNS"):
+        if name in overrides:
+            if isinstance(overrides[name], str):
+                raise ValueError(f"LEASING_TASKS[{name!r}] must be a list of strings, not one string")
+            overrides[name] = tuple(overrides[name])
+    for pattern in overrides.get("API_TASK_PATTERNS", ()):
+        try:
+            re.compile(pattern)
+        except (re.error, TypeError) as exc:
+            raise ValueError(f"LEASING_TASKS['API_TASK_PATTERNS']: {pattern!r} is not a regex: {exc}") from None
     return TaskSettings(**overrides)

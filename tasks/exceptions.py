@@ -39,3 +39,7 @@ class WorkerShutdown(TaskError):
 
 class UnstorableOutcome(TaskError):
     """The database refused to store this attempt's outcome; the attempt is recorded as failed instead."""
+
+
+class TaskPathRefused(TaskError):
+    """The task's path is not one the JSON API may run (see LEASING_TASKS["API_TASKS"] and ["API_TASK_PATTERNS"])."""

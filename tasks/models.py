@@ -70,6 +70,8 @@ class ClaimedTask:
     backend_alias: str | None = None
     #: The django.tasks Task's own ``run_after`` as enqueued.
     task_run_after: dt.datetime | None = None
+    #: Enqueued through the JSON API: the worker checks the path against the allow-list before importing it.
+    api_origin: bool = False
 
     @property
     def key(self) -> tuple[int, int]:
@@ -193,6 +195,7 @@ def _claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
         isolate=bool(row[15]),
         backend_alias=row[16],
         task_run_after=row[17],
+        api_origin=bool(row[18]),
     )
 
 
@@ -671,6 +674,11 @@ class Task(LeaseFields):
         null=True,
         blank=True,
         help_text="The run_after the django.tasks Task was enqueued with (run_after itself moves with retries).",
+    )
+    api_origin = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Enqueued through the JSON API: workers check its path against the API allow-list first.",
     )
 
     objects = TaskQuerySet.as_manager()

@@ -40,7 +40,7 @@ def _responses(ok: int, schema: dict[str, Any], *errors: int) -> dict[str, Any]:
     described = {
         400: "invalid body or query",
         401: "no valid credentials",
-        403: "not staff, or CSRF token missing",
+        403: "not staff, CSRF token missing, or without the route's permission (a token: its scope)",
         404: "unknown id",
         409: "conflict: held by another holder, lease lost, or already finished",
     }
@@ -143,7 +143,11 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                 400,
                 requestBody=_body(
                     {
-                        "task_path": {**STRING, "pattern": r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"},
+                        "task_path": {
+                            **STRING,
+                            "pattern": r"^[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z][A-Za-z0-9_]*)+$",
+                            "description": "allowed by LEASING_TASKS['API_TASKS'] or ['API_TASK_PATTERNS']",
+                        },
                         "args": {"type": "array"},
                         "kwargs": {"type": "object"},
                         "payload": {"type": "object", "description": "the same as kwargs"},
@@ -296,7 +300,14 @@ def document(server_url: str = "/api") -> dict[str, Any]:
         "info": {
             "title": "django-leasing API",
             "version": "1",
-            "description": "Leases with fencing tokens and a lease-based task queue.",
+            "description": (
+                "Leases with fencing tokens and a lease-based task queue. Reads need the model's view"
+                " permission (token scope), actions its change permission: leasing.view_lease,"
+                " leasing.change_lease, tasks.view_task, tasks.add_task (enqueue), tasks.change_task,"
+                " tasks.view_generatorstate, tasks.change_generatorstate. Strings must not contain NUL or"
+                " lone surrogates, numbers must be finite, date-times need a time zone and lie from 1970"
+                " to before 3000 (UTC). A refused request changes nothing."
+            ),
         },
         "servers": [{"url": server_url}],
         "security": [{"bearer": []}, {"session": []}],

@@ -11,6 +11,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from leasing.admin import CheckedInputAdmin
 from tasks.models import Schedule, ScheduleRun
 from tasks.schedules import load_schedules
 
@@ -21,7 +22,7 @@ def _task_link(task_id: int | None) -> str:
     return format_html('<a href="{}">task {}</a>', reverse("admin:tasks_task_change", args=[task_id]), task_id)
 
 
-class ReadOnly(admin.ModelAdmin):
+class ReadOnly(CheckedInputAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 

@@ -11,6 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.urls import path
 
+from leasing.access import VIEW_SCHEDULE
 from leasing.http import ApiError, api_view, iso
 from tasks.models import ScheduleRun, Task
 from tasks.scheduler import schedule_status
@@ -47,7 +48,7 @@ def _statuses(ids: list[int]) -> dict[int, str]:
     return dict(Task.objects.filter(pk__in=ids).values_list("pk", "status"))
 
 
-@api_view("GET")
+@api_view(GET=[VIEW_SCHEDULE])
 def schedules(request: HttpRequest) -> tuple[int, Any]:
     entries, error = _entries()
     statuses = _statuses([e["last_task_id"] for e in entries if e["last_task_id"] is not None])
@@ -58,7 +59,7 @@ def schedules(request: HttpRequest) -> tuple[int, Any]:
     }
 
 
-@api_view("GET")
+@api_view(GET=[VIEW_SCHEDULE])
 def schedule_detail(request: HttpRequest, name: str) -> tuple[int, Any]:
     entry = next((e for e in _entries()[0] if e["name"] == name), None)
     if entry is None:

@@ -8,11 +8,11 @@ import datetime as dt
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import ImproperlyConfigured
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from leasing.access import VIEW_SCHEDULE, VIEW_TASK, staff_page
 from tasks.models import ScheduleRun, Task
 from tasks.scheduler import schedule_status
 from tasks.schedules import ScheduleSpec, load_schedules
@@ -38,7 +38,7 @@ def runs_with_tasks(runs: list[ScheduleRun]) -> list[dict[str, Any]]:
     return [{"run": run, "status": statuses.get(run.task_id)} for run in runs]
 
 
-@staff_member_required
+@staff_page(GET=[VIEW_SCHEDULE])
 def schedules(request: HttpRequest) -> HttpResponse:
     entries = schedule_status(_declared(request))
     statuses = task_statuses([e["last_task_id"] for e in entries if e["last_task_id"] is not None])
@@ -47,7 +47,7 @@ def schedules(request: HttpRequest) -> HttpResponse:
     return render(request, "leasing/dashboard/schedules.html", {"schedules": entries})
 
 
-@staff_member_required
+@staff_page(GET=[VIEW_SCHEDULE, VIEW_TASK])
 def schedule_detail(request: HttpRequest, name: str) -> HttpResponse:
     entry = next((e for e in schedule_status(_declared(request)) if e["name"] == name), None)
     if entry is None:

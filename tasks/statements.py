@@ -40,7 +40,7 @@ CLAIM_RETURNING = (
     "t.id, t.token, t.task_path, t.args, t.kwargs, t.attempts, t.max_attempts, t.progress, t.expires_at,"
     " t.timeout, t.queue, t.priority, t.enqueued_at, t.worker_ids,"
     " (t.crashes > 0 OR t.shared_crashes > 0 OR t.unstarted_returns > 0),"
-    " t.shared_crashes >= %(isolate_after)s, t.backend_alias, t.task_run_after"
+    " t.shared_crashes >= %(isolate_after)s, t.backend_alias, t.task_run_after, t.api_origin"
 )
 
 INSERT_COLUMNS = (
@@ -273,7 +273,7 @@ def _claimed_cte(pick: str) -> str:
 _CLAIMED_AND_FINISHED = """SELECT 'c', claimed.* FROM claimed
 UNION ALL
 SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL
 FROM finished"""
 
 
@@ -296,7 +296,7 @@ WITH {_FINISHED_CTE}, started AS (
 {_CLAIMED_AND_FINISHED}
 UNION ALL
 SELECT 's', started.id, started.token, NULL, NULL, NULL, started.attempts, NULL, NULL,
-       started.started_at, NULL, NULL, NULL, started.last_attempted_at, NULL, NULL, NULL, NULL, NULL
+       started.started_at, NULL, NULL, NULL, started.last_attempted_at, NULL, NULL, NULL, NULL, NULL, NULL
 FROM started
 """
 

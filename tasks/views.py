@@ -12,15 +12,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.admin.views.decorators import staff_member_required
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_POST
 
+from leasing.access import (
+    CHANGE_GENERATOR,
+    CHANGE_TASK,
+    VIEW_GENERATOR,
+    VIEW_LEASE,
+    VIEW_TASK,
+    VIEW_WORKER,
+    safe_next,
+    staff_page,
+)
+from leasing.validation import MAX_BIGINT, InvalidInput, clean_text, parse_number, parse_whole
 from leasing.views import state_counts as lease_counts
 from tasks import generator
 from tasks.conf import get_settings
@@ -142,7 +151,8 @@ def chart(series: dict[str, list[int]], *, width: int = 720, height: int = 140) 
     return {"bars": bars, "width": width, "height": height, "peak": peak, "totals": totals, "colours": colours}
 
 
-@staff_member_required
+# The overview shows tasks, leases, workers and the generator: it needs the view permission of each.
+@staff_page(GET=[VIEW_TASK, VIEW_LEASE, VIEW_WORKER, VIEW_GENERATOR])
 def overview(request: HttpRequest) -> HttpResponse:
     return render(
         request,
@@ -159,22 +169,41 @@ def overview(request: HttpRequest) -> HttpResponse:
     )
 
 
-@staff_member_required
+def _filter_value(request: HttpRequest, name: str, parse: Any) -> Any:
+    """A list filter's parsed value; an invalid one is ignored, with a message saying why."""
+    value = request.GET.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return parse(value)
+    except InvalidInput as exc:
+        messages.error(request, f"Filter ignored: {exc.message}.")
+        return None
+
+
+def _task_id(value: str) -> int | None:
+    """A search term that is an id: ASCII digits naming a bigint (``"²".isdigit()`` is true too)."""
+    try:
+        return parse_whole(value, "id", low=1, high=MAX_BIGINT)
+    except InvalidInput:
+        return None
+
+
+@staff_page(GET=[VIEW_TASK])
 def task_list(request: HttpRequest, state: str) -> HttpResponse:
     if state not in TASK_STATES:
         raise Http404(f"unknown task state {state!r}")
     description, factory = TASK_STATES[state]
     queryset = factory()
-    if queue := request.GET.get("queue"):
+    if queue := _filter_value(request, "queue", lambda v: clean_text(v, "queue", max_length=100)):
         queryset = queryset.filter(queue=queue)
-    if search := request.GET.get("q", "").strip():
+    if search := _filter_value(request, "q", lambda v: clean_text(v, "search", max_length=255)):
         condition = Q(dedup_key=search) | Q(holder=search) | Q(task_path=search)
-        if search.isdigit():
-            condition |= Q(pk=int(search))
+        if (task_id := _task_id(search)) is not None:
+            condition |= Q(pk=task_id)
         queryset = queryset.filter(condition)
-    before = request.GET.get("before")
-    if before and before.isdigit():
-        queryset = queryset.filter(pk__lt=int(before))
+    if before := _filter_value(request, "before", lambda v: parse_whole(v, "before", low=1, high=MAX_BIGINT)):
+        queryset = queryset.filter(pk__lt=before)
     rows = list(queryset.order_by("-pk")[: PAGE_SIZE + 1])
     return render(
         request,
@@ -186,7 +215,7 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
             "counts": task_counts(),
             "tasks": rows[:PAGE_SIZE],
             "next_before": rows[PAGE_SIZE - 1].pk if len(rows) > PAGE_SIZE else None,
-            "query": search,
+            "query": search or "",
             "now": timezone.now(),
         },
     )
@@ -208,7 +237,7 @@ def attempts_of(task: Task) -> list[dict[str, Any]]:
     return history
 
 
-@staff_member_required
+@staff_page(GET=[VIEW_TASK])
 def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
     task = get_object_or_404(Task, pk=task_id)
     return render(
@@ -218,15 +247,18 @@ def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
     )
 
 
-@staff_member_required
-@require_POST
+@staff_page(POST=[CHANGE_TASK])
 def task_action(request: HttpRequest) -> HttpResponse:
-    """Bulk (or single) retry / cancel; each a compare-and-set on status, so never racing a worker."""
+    """Bulk (or single) retry / cancel; each a compare-and-set on status, so never racing a worker.
+
+    Runs in one transaction (``staff_page``): a refused request changes nothing."""
     action = request.POST.get("action")
-    ids = [int(value) for value in request.POST.getlist("ids") if value.isdigit()]
-    back = request.POST.get("next") or reverse("tasks:overview")
-    if not back.startswith("/"):
-        back = reverse("tasks:overview")
+    back = safe_next(request, request.POST.get("next"), reverse("tasks:overview"))
+    try:
+        ids = [parse_whole(value, "ids", low=1, high=MAX_BIGINT) for value in request.POST.getlist("ids")]
+    except InvalidInput as exc:
+        messages.error(request, f"Nothing changed: {exc.message}.")
+        return HttpResponseRedirect(back)
     selected = Task.objects.filter(pk__in=ids)
     if action == "cancel":
         messages.success(request, f"Cancelled {selected.cancel()} task(s).")
@@ -234,7 +266,8 @@ def task_action(request: HttpRequest) -> HttpResponse:
         try:
             changed = selected.retry_now() + selected.requeue()  # waiting ones first: not counted twice
         except TaskError as exc:
-            messages.error(request, str(exc))
+            transaction.set_rollback(True)  # the retry_now() above is undone too
+            messages.error(request, f"Nothing changed: {exc}")
         else:
             messages.success(request, f"Queued {changed} task(s) to run now.")
     else:
@@ -242,7 +275,7 @@ def task_action(request: HttpRequest) -> HttpResponse:
     return HttpResponseRedirect(back)
 
 
-@staff_member_required
+@staff_page(GET=[VIEW_WORKER, VIEW_TASK])
 def workers(request: HttpRequest) -> HttpResponse:
     alive = list(live_workers())
     held: dict[str, list[Task]] = {}
@@ -261,15 +294,19 @@ def workers(request: HttpRequest) -> HttpResponse:
     )
 
 
-@staff_member_required
+@staff_page(GET=[VIEW_GENERATOR], POST=[CHANGE_GENERATOR])
 def generator_page(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
+        action = request.POST.get("action", "")
         try:
-            rate = float(request.POST["rate"]) if request.POST.get("rate") else None
-            running = {"start": True, "stop": False}.get(request.POST.get("action", ""))
-            generator.set_state(running=running, rate=rate)
+            if action not in ("start", "stop", "rate"):
+                raise InvalidInput("unknown action")
+            text = request.POST.get("rate", "").strip()
+            rate = parse_number(text, "rate", low=0, high=10_000) if text else None
+            generator.set_state(running={"start": True, "stop": False}.get(action), rate=rate)
             messages.success(request, "Generator state saved; the leader applies it at its next tick.")
         except ValueError as exc:
-            messages.error(request, str(exc))
+            transaction.set_rollback(True)
+            messages.error(request, exc.message if isinstance(exc, InvalidInput) else str(exc))
         return HttpResponseRedirect(reverse("tasks:generator"))
     return render(request, "leasing/dashboard/generator.html", {"generator": generator.status()})

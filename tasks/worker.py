@@ -46,8 +46,9 @@ from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from leasing import clock
+from tasks import allowlist
 from tasks.conf import get_settings
-from tasks.exceptions import NotATask, TaskTimeout, UnstorableResult
+from tasks.exceptions import NotATask, TaskPathRefused, TaskTimeout, UnstorableResult
 from tasks.ledger import Census, IsolationGate, Ledger, Outcome
 from tasks.models import ClaimedTask, Failure, Task
 from tasks.models import Worker as WorkerRow
@@ -90,12 +91,23 @@ def default_worker_id() -> str:
 
 
 class HandlerCache:
-    """Resolves a task's path to a callable once per process."""
+    """Resolves a task's path to a callable once per process. A path that came through the JSON API
+    is checked against the API allow-list first (:mod:`tasks.allowlist`), before anything is imported,
+    and again on every call: the lists are settings, and a refusal is not cached."""
 
     def __init__(self) -> None:
         self._cache: dict[str, Any] = {}
+        self._checked: dict[str, Any] = {}  # API paths whose target passed allowlist.resolve()
 
-    def __call__(self, path: str) -> Any:
+    def __call__(self, path: str, *, api_origin: bool = False) -> Any:
+        if api_origin:
+            reason = allowlist.refusal(path)
+            if reason is not None:
+                raise TaskPathRefused(f"{path!r}: {reason}")
+            target = self._checked.get(path)
+            if target is None:
+                target = self._checked[path] = allowlist.resolve(path)
+            return target
         target = self._cache.get(path)
         if target is None:
             target = import_string(path)
@@ -677,13 +689,14 @@ class Worker:
         task = execution.task
         _set_current(execution)
         try:
-            target = self._resolve(task.task_path)
+            target = self._resolve(task.task_path, api_origin=task.api_origin)
             value = self._call(target, execution)
         except BaseException as exc:
             # Anything the handler raises ends the attempt as a recorded failure: SystemExit,
             # KeyboardInterrupt, GeneratorExit and CancelledError included (the worker's own
-            # shutdown never raises inside a handler). An import error will not import next time.
-            retry = not isinstance(exc, (ImportError, NotATask))
+            # shutdown never raises inside a handler). An import error will not import next time,
+            # and a refused path will not be admitted next time: neither is retried.
+            retry = not isinstance(exc, ImportError | NotATask | TaskPathRefused)
             if not retry:
                 from tasks.backends import refused
 
