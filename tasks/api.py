@@ -12,7 +12,7 @@ from django.urls import path, re_path
 from leasing import metrics
 from leasing.access import ADD_TASK, CHANGE_GENERATOR, CHANGE_TASK, VIEW_GENERATOR, VIEW_TASK
 from leasing.http import ApiError, Body, api_view, iso, keyset_page, query_text
-from tasks import allowlist, generator, schedule_api
+from tasks import allowlist, generator, queue_views, schedule_api
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError, TaskPathRefused
 from tasks.models import FINISHED, Failure, Task, TaskStatus
@@ -309,6 +309,7 @@ urlpatterns = [
     path("tasks/<int:task_id>/requeue", requeue, name="api-task-requeue"),
     path("generator", generator_state, name="api-generator"),
     *schedule_api.urlpatterns,
+    *queue_views.api_urlpatterns,
     path("openapi.json", openapi, name="api-openapi"),
 ]
 

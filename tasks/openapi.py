@@ -293,6 +293,40 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                 ],
             ),
         },
+        "/queues": {
+            "get": _op(
+                "Every known queue: paused or not, waiting (capped at 10,000) and running tasks",
+                200,
+                {"type": "object", "properties": {"queues": {"type": "array"}}},
+            )
+        },
+        "/queues/{name}/pause": {
+            "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "post": _op(
+                "Pause a queue: no worker or client claims from it from its next claim; running tasks finish",
+                200,
+                {"type": "object", "properties": {"queue": {"type": "object"}}},
+                400,
+                409,
+                requestBody={
+                    "required": False,
+                    "content": {
+                        "application/json": {
+                            "schema": {"type": "object", "properties": {"reason": {"type": "string", "maxLength": 500}}}
+                        }
+                    },
+                },
+            ),
+        },
+        "/queues/{name}/resume": {
+            "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "post": _op(
+                "Resume a paused queue (idle workers are woken at once)",
+                200,
+                {"type": "object", "properties": {"queue": {"type": "object"}}},
+                400,
+            ),
+        },
     }
     stamp = {"type": ["string", "null"], "format": "date-time"}
     return {

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from tasks import schedule_views, views
+from tasks import queue_views, schedule_views, views
 
 app_name = "tasks"
 
@@ -11,6 +11,7 @@ urlpatterns = [
     path("tasks/<slug:state>/", views.task_list, name="task-state"),
     path("workers/", views.workers, name="workers"),
     path("generator/", views.generator_page, name="generator"),
+    path("queues/", queue_views.queues_page, name="queues"),
     path("schedules/", schedule_views.schedules, name="schedules"),
     path("schedules/<str:name>/", schedule_views.schedule_detail, name="schedule-detail"),
 ]

@@ -86,3 +86,74 @@ def test_a_pause_costs_the_claim_one_probe_not_a_scan(django_assert_num_queries:
     QueueControl.objects.pause("other")
     with django_assert_num_queries(1):
         assert len(ids(["mail"], limit=5)) == 5
+
+
+@pytest.fixture
+def api_token(settings: Any) -> None:
+    from tests.db.test_api import TOKEN
+
+    settings.LEASING_API_TOKENS = [TOKEN]
+
+
+@pytest.mark.usefixtures("api_token")
+def test_the_api_lists_pauses_and_resumes_queues(client: Any) -> None:
+    from tests.db.test_api import Api
+
+    api = Api(client)
+    Task.objects.bulk_enqueue(NOOP, [{}] * 3, queue="mail")
+    status, body = api.call("POST", "/api/queues/mail/pause", {"reason": "smtp down"})
+    assert status == 200, body
+    assert body["queue"]["paused"] is True and body["queue"]["waiting"] == 3
+    assert body["queue"]["reason"] == "smtp down"
+    assert ids(["mail"]) == []
+    status, body = api.call("GET", "/api/queues")
+    assert status == 200
+    assert [(q["name"], q["paused"], q["waiting"]) for q in body["queues"]] == [("mail", True, 3)]
+    status, body = api.call("POST", "/api/queues/mail/resume")
+    assert status == 200 and body["queue"]["paused"] is False
+    assert len(ids(["mail"])) == 3
+
+
+@pytest.mark.parametrize(
+    ("url", "body"),
+    [
+        ("/api/queues/" + "x" * 101 + "/pause", {}),
+        ("/api/queues/mail/pause", {"reason": 7}),
+        ("/api/queues/mail/pause", {"reason": "x" * 501}),
+    ],
+)
+@pytest.mark.usefixtures("api_token")
+def test_a_refused_pause_changes_nothing(client: Any, url: str, body: Any) -> None:
+    from tests.db.test_api import Api
+
+    status, answer = Api(client).call("POST", url, body)
+    assert status == 400, answer
+    assert "error" in answer
+    assert not QueueControl.objects.exists()
+
+
+def test_the_dashboard_page_lists_pauses_and_resumes(admin_client: Any) -> None:
+    Task.objects.enqueue(NOOP, queue="mail")
+    page = admin_client.get("/dashboard/queues/")
+    assert page.status_code == 200 and b"mail" in page.content
+    response = admin_client.post("/dashboard/queues/", {"name": "mail", "action": "pause", "reason": "smtp"})
+    assert response.status_code == 302
+    assert QueueControl.objects.get(name="mail").paused
+    assert b"paused" in admin_client.get("/dashboard/queues/").content
+    admin_client.post("/dashboard/queues/", {"name": "mail", "action": "resume"})
+    assert not QueueControl.objects.get(name="mail").paused
+    admin_client.post("/dashboard/queues/", {"name": "", "action": "pause"})
+    assert QueueControl.objects.count() == 1  # a refused name changes nothing
+
+
+def test_the_overview_costs_a_probe_per_queue_not_a_scan_of_the_backlog() -> None:
+    from tasks.queues import COUNT_CAP, queue_overview
+
+    Task.objects.bulk_enqueue(NOOP, [{}] * (COUNT_CAP + 5), queue="bulk")
+    Task.objects.bulk_enqueue(NOOP, [{}] * 2, queue="mail")
+    QueueControl.objects.pause("empty")
+    entries = {e["name"]: e for e in queue_overview()}
+    assert set(entries) == {"bulk", "mail", "empty"}
+    assert (entries["bulk"]["waiting"], entries["bulk"]["waiting_capped"]) == (COUNT_CAP, True)
+    assert (entries["mail"]["waiting"], entries["mail"]["waiting_capped"]) == (2, False)
+    assert entries["empty"]["paused"] and entries["empty"]["waiting"] == 0

@@ -1,0 +1,83 @@
+"""Queue controls on the dashboard and in the JSON API: list queues, pause, resume."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import path, reverse
+
+from leasing.access import CHANGE_QUEUE, VIEW_QUEUE, staff_page
+from leasing.http import ApiError, Body, api_view, iso
+from tasks.exceptions import TaskError
+from tasks.models import QueueControl, _validate
+from tasks.queues import queue_overview
+
+
+def _name(name: str) -> str:
+    try:
+        _validate(queue=name, priority=0, max_attempts=1, timeout=None)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), field="name") from None
+    return name
+
+
+def queue_json(entry: dict[str, Any]) -> dict[str, Any]:
+    return {**entry, "changed_at": iso(entry["changed_at"])}
+
+
+@api_view(GET=[VIEW_QUEUE])
+def queues_api(request: HttpRequest) -> tuple[int, Any]:
+    return 200, {"queues": [queue_json(entry) for entry in queue_overview()]}
+
+
+@api_view(POST=[CHANGE_QUEUE])
+def pause_api(request: HttpRequest, name: str) -> tuple[int, Any]:
+    body = Body(request, required=False)
+    reason = body.text("reason", required=False, max_length=500, default="")
+    by = f"{request.api_caller.name} (API)"  # type: ignore[attr-defined]
+    try:
+        QueueControl.objects.pause(_name(name), by=by, reason=reason or "")
+    except TaskError as exc:
+        raise ApiError(409, str(exc)) from None
+    return 200, {"queue": _entry(name)}
+
+
+@api_view(POST=[CHANGE_QUEUE])
+def resume_api(request: HttpRequest, name: str) -> tuple[int, Any]:
+    QueueControl.objects.resume(_name(name), by=f"{request.api_caller.name} (API)")  # type: ignore[attr-defined]
+    return 200, {"queue": _entry(name)}
+
+
+def _entry(name: str) -> dict[str, Any]:
+    return queue_json(next(e for e in queue_overview() if e["name"] == name))
+
+
+api_urlpatterns = [
+    path("queues", queues_api, name="api-queues"),
+    path("queues/<str:name>/pause", pause_api, name="api-queue-pause"),
+    path("queues/<str:name>/resume", resume_api, name="api-queue-resume"),
+]
+
+
+@staff_page(GET=[VIEW_QUEUE], POST=[CHANGE_QUEUE])
+def queues_page(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        name, action = request.POST.get("name", ""), request.POST.get("action", "")
+        by = f"{request.user} (dashboard)"
+        try:
+            _validate(queue=name, priority=0, max_attempts=1, timeout=None)
+            if action == "pause":
+                QueueControl.objects.pause(name, by=by, reason=request.POST.get("reason", "")[:500])
+                messages.success(request, f"Queue {name} paused: no worker claims from it from now on.")
+            elif action == "resume":
+                QueueControl.objects.resume(name, by=by)
+                messages.success(request, f"Queue {name} resumed.")
+            else:
+                messages.error(request, "Unknown action.")
+        except (ValueError, TaskError) as exc:
+            messages.error(request, str(exc))
+        return HttpResponseRedirect(reverse("tasks:queues"))
+    return render(request, "leasing/dashboard/queues.html", {"queues": queue_overview()})

@@ -1,0 +1,67 @@
+"""Queues as the operator sees them: which exist, how much waits and runs, which are paused.
+
+Every query here costs the same whatever the table holds: the queues with waiting tasks come from a
+loose index scan over the claim index (one probe per queue), running rows are few (bounded by the
+workers' capacity), and waiting counts stop at ``COUNT_CAP``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from tasks.models import QueueControl
+
+#: Waiting counts stop here (shown as "10,000+"): counting a backlog is a scan of it.
+COUNT_CAP = 10_000
+
+_WAITING_QUEUES_SQL = """
+WITH RECURSIVE q(name) AS (
+    (SELECT queue FROM tasks_task WHERE status = 'READY' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM tasks_task AS t WHERE t.status = 'READY' AND t.queue > q.name
+            ORDER BY t.queue LIMIT 1)
+    FROM q WHERE q.name IS NOT NULL
+)
+SELECT name FROM q WHERE name IS NOT NULL
+"""
+
+_COUNTS_SQL = """
+SELECT n.name,
+       (SELECT count(*) FROM (SELECT 1 FROM tasks_task AS t
+                              WHERE t.status = 'READY' AND t.queue = n.name LIMIT %(cap)s) AS w),
+       (SELECT count(*) FROM tasks_task AS t WHERE t.status = 'RUNNING' AND t.queue = n.name)
+FROM unnest(%(names)s::text[]) AS n(name)
+"""
+
+
+def queue_overview(using: str = DEFAULT_DB_ALIAS) -> list[dict[str, Any]]:
+    """One entry per known queue (waiting, running or with a control row), by name."""
+    controls = {c.name: c for c in QueueControl.objects.using(using).all()}
+    with connections[using].cursor() as cursor:
+        cursor.execute(_WAITING_QUEUES_SQL)
+        names = {row[0] for row in cursor.fetchall()}
+        cursor.execute("SELECT DISTINCT queue FROM tasks_task WHERE status = 'RUNNING'")
+        names |= {row[0] for row in cursor.fetchall()}
+        names |= set(controls)
+        ordered = sorted(names)
+        cursor.execute(_COUNTS_SQL, {"names": ordered, "cap": COUNT_CAP + 1})
+        counts = {name: (waiting, running) for name, waiting, running in cursor.fetchall()}
+    entries = []
+    for name in ordered:
+        control = controls.get(name)
+        waiting, running = counts.get(name, (0, 0))
+        entries.append(
+            {
+                "name": name,
+                "paused": bool(control and control.paused),
+                "waiting": min(waiting, COUNT_CAP),
+                "waiting_capped": waiting > COUNT_CAP,
+                "running": running,
+                "changed_at": control.changed_at if control else None,
+                "changed_by": control.changed_by if control else "",
+                "reason": control.reason if control else "",
+            }
+        )
+    return entries
