@@ -23,15 +23,17 @@ catch-up of the per-minute chart (minutes closed once, then read from the rollup
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])
+if __name__ == "__main__":  # run as a script: this folder would shadow the apps; import from the root
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.common import prepare_database  # noqa: E402
+from bench.common import prepare_database
 
 # 'rare' (a queue) and 'app.jobs.rare' (a task path) hold 60 tasks at every size: a page filtered on
 # them shows the same rows whatever the table holds, and the database must find them among the rest.
@@ -141,7 +143,7 @@ def build(n: int) -> dict[str, Any]:
             token=k + 1,
             created_at=now,
             acquired_at=now,
-            expires_at=now + (1 if k % 5 else -1) * timezone.timedelta(seconds=60),
+            expires_at=now + (1 if k % 5 else -1) * dt.timedelta(seconds=60),
             renewals=k % 3,
         )
         for k in range(100)

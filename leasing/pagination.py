@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from functools import cached_property
+from typing import Any, cast
 
 from django.core.paginator import Paginator
+from django.db.models import QuerySet
 
 #: Rows an admin list counts at most; more are shown as "10,000+" and paged up to this many.
 COUNT_CAP = 10_000
@@ -19,7 +21,8 @@ class CappedPaginator(Paginator):
 
     @cached_property
     def _counted(self) -> int:
-        return self.object_list[: self.cap + 1].count()
+        queryset = cast("QuerySet[Any]", self.object_list)
+        return queryset[: self.cap + 1].count()
 
     @cached_property
     def count(self) -> int:

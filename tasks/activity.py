@@ -2,7 +2,7 @@
 ``/metrics``, kept as a rollup so that no page scans the tasks finished in the last hour.
 
 - **Closed minutes are counted once.** A minute that ended more than ``LAG`` seconds ago is counted
-  from the finished-at index range (one minute of rows) and stored in ``ActivityMinute``; a page
+  from the finished-at index (one minute of rows, one statement) and stored in ``ActivityMinute``; a page
   load then counts only the open part of the hour: the current minute and the ``LAG`` seconds
   before it. ``roll_up()`` does the counting; the recovery controller calls it every round, and
   pages call it too, so a minute is counted by whichever comes first (idempotent: the same counts
@@ -74,22 +74,16 @@ WHERE a.minute IS NULL OR NOT a.closed
 ORDER BY m.minute
 """
 
-# Count a run of consecutive minutes from the finished-at index (one range) and store every minute
-# of it, zeros included (a stored row is what marks the minute closed). A final row is never
-# overwritten: a late provisional count racing with it must not undo it.
+# Count one minute from the finished-at index and store it, zeros included (a stored row is what
+# marks the minute closed). A final row is never overwritten: a late provisional count racing with
+# it must not undo it.
 _COUNT_SQL = """
 INSERT INTO tasks_activityminute AS a
     (minute, succeeded, failed, closed, final, recovered, silent_total, silent_max, delay_max)
-SELECT m.minute, COALESCE(c.succeeded, 0), COALESCE(c.failed, 0), true, %(final)s, 0, 0, 0, 0
-FROM generate_series(%(first)s::timestamptz, %(last)s::timestamptz, interval '1 minute') AS m(minute)
-LEFT JOIN (
-    SELECT date_trunc('minute', finished_at) AS minute,
-           count(*) FILTER (WHERE status = 'SUCCESSFUL') AS succeeded,
-           count(*) FILTER (WHERE status = 'FAILED') AS failed
-    FROM tasks_task
-    WHERE finished_at >= %(first)s::timestamptz AND finished_at < %(last)s::timestamptz + interval '1 minute'
-    GROUP BY 1
-) AS c ON c.minute = m.minute
+SELECT %(minute)s::timestamptz, count(*) FILTER (WHERE status = 'SUCCESSFUL'),
+       count(*) FILTER (WHERE status = 'FAILED'), true, %(final)s, 0, 0, 0, 0
+FROM tasks_task
+WHERE finished_at >= %(minute)s::timestamptz AND finished_at < %(minute)s::timestamptz + interval '1 minute'
 ON CONFLICT (minute) DO UPDATE SET
     succeeded = EXCLUDED.succeeded, failed = EXCLUDED.failed, closed = true, final = EXCLUDED.final
 WHERE NOT a.final
@@ -128,16 +122,10 @@ def roll_up(*, using: str = DEFAULT_DB_ALIAS) -> int:
         due: list[tuple[dt.datetime, bool]] = cursor.fetchall()
         if not due:
             return 0
-        # One range per run of consecutive minutes that are all final or all provisional.
-        runs: list[list[tuple[dt.datetime, bool]]] = []
-        for item in due:
-            last = runs[-1][-1] if runs else None
-            if last is not None and last[1] == item[1] and item[0] - last[0] == dt.timedelta(minutes=1):
-                runs[-1].append(item)
-            else:
-                runs.append([item])
-        for run in runs:
-            cursor.execute(_COUNT_SQL, {"first": run[0][0], "last": run[-1][0], "final": run[0][1]})
+        # One statement per minute: each an index range of one minute of finishes (a catch-up over
+        # the whole hour would otherwise be one range big enough for a sequential scan).
+        for minute, final in due:
+            cursor.execute(_COUNT_SQL, {"minute": minute, "final": final})
         cursor.execute(_PRUNE_SQL)
     return len(due)
 

@@ -654,8 +654,9 @@ class Task(LeaseFields):
     progress = models.JSONField(null=True, blank=True, help_text="The last checkpoint.")
     progress_at = models.DateTimeField(null=True, blank=True)
 
-    # The lease columns' plain index on holder is replaced by tasks_task_holder_newest_idx below
-    # (holder, status, id): it serves the same lookups and also pages of a holder's tasks, newest first.
+    # The lease columns' plain index on holder (and its LIKE twin) is replaced by
+    # tasks_task_holder_newest_idx below (holder, status, id), which serves the same lookups and also
+    # pages of a holder's tasks, newest first: one index write less per claim, heartbeat and finish.
     holder = models.CharField(max_length=200, null=True, blank=True)
 
     objects = TaskQuerySet.as_manager()
@@ -689,7 +690,13 @@ class Task(LeaseFields):
             models.Index(
                 "task_path", "status", models.F("id").desc(), name="tasks_task_path_newest_idx", condition=NOT_RUNNING
             ),
-            models.Index("holder", "status", models.F("id").desc(), name="tasks_task_holder_newest_idx"),
+            models.Index(
+                "holder",
+                "status",
+                models.F("id").desc(),
+                name="tasks_task_holder_newest_idx",
+                condition=Q(holder__isnull=False),  # not written when a task is enqueued
+            ),
             models.Index(
                 "dedup_key",
                 "status",
@@ -697,10 +704,9 @@ class Task(LeaseFields):
                 name="tasks_task_dedup_newest_idx",
                 condition=Q(dedup_key__isnull=False),
             ),
-            # Waiting tasks, newest first, split as the dashboard shows them (pending / retrying).
-            models.Index(
-                models.F("id").desc(), name="tasks_task_pending_idx", condition=Q(status="READY") & NEVER_FAILED
-            ),
+            # Waiting tasks that failed before ("retrying"), newest first: few, and written only when
+            # a task fails or is recovered. (The rest of the waiting tasks, "pending", are most of
+            # them: they are read from tasks_task_status_idx.)
             models.Index(
                 models.F("id").desc(), name="tasks_task_retrying_idx", condition=Q(status="READY") & FAILED_BEFORE
             ),

@@ -4,12 +4,13 @@ their cost depends on the page and not on the table (invariant 12).
 - **Listings** are newest first and built from ordered index scans that stop after one page: one
   branch per (status, lookup), each ``WHERE status = … AND <lookup> ORDER BY id DESC LIMIT n``
   on an index whose columns are exactly (lookup column, status, id), merged in Python. A condition
-  that the driving index does not cover (a search combined with a queue, or with the pending /
-  retrying split) is checked inside a bounded window of ``SCAN_WINDOW`` rows per branch: a page may
+  that the driving index does not cover (pending: never failed; a search combined with a queue or
+  with the retrying state) is checked inside a bounded window of ``SCAN_WINDOW`` rows per branch: a page may
   then come back short, with a link to continue below the window (``Page.scanned_to``).
 - **Search** is exact: the id, a dedup key, a holder (worker id) or a task path, each an indexed
   equality. No ``LIKE '%…%'``.
-- **Counts** stop at ``COUNT_CAP`` (shown as "10,000+"), each on the index of its state.
+- **Counts** stop at ``COUNT_CAP`` (shown as "10,000+"), each on the index of its state; pending is
+  waiting minus retrying, a lower bound once more than ``COUNT_CAP`` tasks wait.
 - **Queues** are found with a loose index scan (a recursive CTE that jumps from one queue to the next
   in an index), never ``SELECT DISTINCT queue``; depth per queue is capped like every count.
 
@@ -58,11 +59,13 @@ def bounded_count(queryset: QuerySet[Any], cap: int = COUNT_CAP) -> Count:
 
 @dataclass(frozen=True)
 class TaskState:
-    """A dashboard state: one status, and a condition (``where``) that its own index covers."""
+    """A dashboard state: one status, a condition its own index covers (``where``) and one that no
+    index covers (``unindexed``: checked within a bounded window, see Listing)."""
 
     description: str
     status: str
     where: Q = field(default_factory=Q)
+    unindexed: Q = field(default_factory=Q)
     base: Callable[[], QuerySet[Task]] = field(default=lambda: Task.objects.all())
 
     @property
@@ -71,12 +74,13 @@ class TaskState:
         return self.status == TaskStatus.RUNNING
 
     def queryset(self) -> QuerySet[Task]:
-        return self.base().filter(status=self.status).filter(self.where)
+        return self.base().filter(status=self.status).filter(self.where, self.unindexed)
 
 
 STATES: dict[str, TaskState] = {
-    # Each waiting state reads its own partial index (tasks_task_pending_idx / _retrying_idx).
-    "pending": TaskState("waiting to run; never failed", TaskStatus.READY, where=NEVER_FAILED),
+    # Retrying tasks have their own partial index (tasks_task_retrying_idx); pending ones are most
+    # of the waiting tasks, read newest first from the status index, the few retrying ones skipped.
+    "pending": TaskState("waiting to run; never failed", TaskStatus.READY, unindexed=NEVER_FAILED),
     "retrying": TaskState(
         "failed (or lost its worker) at least once, waiting to run again", TaskStatus.READY, where=FAILED_BEFORE
     ),
@@ -95,8 +99,16 @@ STATES: dict[str, TaskState] = {
 
 
 def state_counts(cap: int = COUNT_CAP) -> dict[str, Count]:
-    """Tasks per dashboard state, each counted up to ``cap`` on the state's index."""
-    return {name: bounded_count(state.queryset(), cap) for name, state in STATES.items()}
+    """Tasks per dashboard state, each counted up to ``cap`` on the state's index. Pending (no index
+    of its own) is waiting minus retrying: exact while fewer than ``cap`` tasks wait, else a lower
+    bound."""
+    counts = {name: bounded_count(state.queryset(), cap) for name, state in STATES.items() if not state.unindexed}
+    waiting, retrying = bounded_count(Task.objects.filter(status=TaskStatus.READY), cap), counts["retrying"]
+    if not waiting.capped:
+        counts["pending"] = Count(waiting.value - retrying.value, capped=False)
+    else:
+        counts["pending"] = Count(0 if retrying.capped else cap - retrying.value, capped=True)
+    return {name: counts[name] for name in STATES}
 
 
 # -- listings ---------------------------------------------------------------------------------------
@@ -108,7 +120,7 @@ class Page:
     #: Continue with ``before=next_before`` (ids below it); None: nothing older matches.
     next_before: int | None
     #: The page is short because a scan window ended, not because nothing older matches: the
-    #: listing has looked at every task down to this id. (None for a full or final page.)
+    #: listing has looked at every task from this id up. (None for a full or final page.)
     scanned_to: int | None = None
 
 
@@ -161,8 +173,11 @@ class Listing:
                 branches.append(branch.order_by("-pk"))
         return branches
 
-    def page(self, *, limit: int, before: int | None = None, window: int = SCAN_WINDOW) -> Page:
+    def page(self, *, limit: int, before: int | None = None, window: int | None = None) -> Page:
         """One page of ``limit`` tasks with ids below ``before``."""
+        window = max(1, SCAN_WINDOW if window is None else window)
+        if limit < 1:
+            raise ValueError("a page holds at least one task")
         branches = self._branches(before)
         if not branches:
             return Page([], None)
@@ -170,17 +185,19 @@ class Listing:
         if self.residual is None:
             hits = self._ids([branch.values_list("id")[: limit + 1] for branch in branches])
         else:
-            windows = [
-                branch.annotate(hit=_flag(self.residual)).values_list("id", "hit")[:window] for branch in branches
-            ]
-            hits = self._ids(windows, where='w."hit"', limit=limit + 1)
+            flagged = [branch.annotate(hit=_flag(self.residual)).values_list("id", "hit") for branch in branches]
+            hits = self._ids([rows[:window] for rows in flagged], where='w."hit"', limit=limit + 1)
+            # A branch that found less than a page within its window: did the window end before the
+            # branch did? One more row tells; the ids above that row have all been checked.
             sparse = [i for i, ids in enumerate(hits) if len(ids) <= limit]
-            for scanned, lowest in self._extent([windows[i] for i in sparse]):
-                if scanned >= window:
-                    floors.append(lowest)
+            for read, lowest in self._extent([flagged[i][: window + 1] for i in sparse]):
+                if read > window:
+                    floors.append(lowest + 1)
         floors += [min(ids) for ids in hits if len(ids) > limit]
         horizon = max(floors, default=None)
         ids = sorted({i for branch in hits for i in branch if horizon is None or i >= horizon}, reverse=True)
+        next_before: int | None
+        scanned_to: int | None
         if len(ids) > limit:
             ids, next_before, scanned_to = ids[:limit], ids[limit - 1], None
         else:
@@ -191,8 +208,10 @@ class Listing:
         found = {task.pk: task for task in self.base.filter(pk__in=ids)} if ids else {}
         return [found[i] for i in ids if i in found]
 
-    def count(self, cap: int = COUNT_CAP) -> Count:
-        """How many tasks the listing has, up to ``cap`` (no residual: admin listings)."""
+    def count(self, cap: int | None = None) -> Count:
+        """How many tasks the listing has, up to ``cap`` (COUNT_CAP; no residual: admin listings)."""
+        cap = COUNT_CAP if cap is None else cap
+        self._unwindowed()
         branches = [branch.values_list("id")[: cap + 1] for branch in self._branches(None)]
         if not branches:
             return Count(0, False)
@@ -204,8 +223,9 @@ class Listing:
 
     def ids(self, offset: int, limit: int) -> list[int]:
         """Ids of rows ``offset`` to ``offset + limit`` (admin pages: offsets stay below COUNT_CAP)."""
+        self._unwindowed()
         branches = [branch.values_list("id")[: offset + limit] for branch in self._branches(None)]
-        if not branches:
+        if not branches or limit <= 0:  # (a slice [:0] is an empty query, which does not compile)
             return []
         union, params = self._union(branches)
         with connections[self.base.db].cursor() as cursor:
@@ -214,8 +234,13 @@ class Listing:
             )
             return [row[0] for row in cursor.fetchall()]
 
+    def _unwindowed(self) -> None:
+        if self.residual is not None:
+            raise TypeError("count() and ids() read whole branches: a listing with a residual has only pages")
+
     def _union(self, parts: Sequence[QuerySet[Any]]) -> tuple[str, list[Any]]:
-        sqls, params = [], []
+        sqls: list[str] = []
+        params: list[Any] = []
         for part in parts:
             sql, part_params = _compiled(part)
             sqls.append(f"({sql})")
@@ -227,7 +252,8 @@ class Listing:
 
     def _ids(self, parts: Sequence[QuerySet[Any]], *, where: str = "true", limit: int | None = None) -> list[list[int]]:
         """The ids each part returns (that satisfy ``where``, up to ``limit``), in one statement."""
-        sqls, params = [], []
+        sqls: list[str] = []
+        params: list[Any] = []
         for index, part in enumerate(parts):
             sql, part_params = _compiled(part)
             tail = f" ORDER BY w.id DESC LIMIT {int(limit)}" if limit is not None else ""
@@ -244,7 +270,8 @@ class Listing:
         """(rows read, lowest id) of each window."""
         if not parts:
             return []
-        sqls, params = [], []
+        sqls: list[str] = []
+        params: list[Any] = []
         for index, part in enumerate(parts):
             sql, part_params = _compiled(part)
             sqls.append(f"(SELECT {index}, count(*), min(w.id) FROM ({sql}) AS w)")
@@ -271,6 +298,8 @@ def state_listing(state: str, *, queue: str | None = None, search: str = "") -> 
         unindexed.append(spec.where)
     else:
         base = base.filter(spec.where)
+    if spec.unindexed:
+        unindexed.append(spec.unindexed)
     if spec.bounded:
         return Listing(base.filter(*unindexed), (spec.status,), lookups=lookups)
     residual = reduce(operator.and_, unindexed) if unindexed else None
@@ -305,7 +334,7 @@ class ListingPaginator(Paginator):
         if top + self.orphans >= self.count:
             top = self.count
         rows = self.listing.rows(self.listing.ids(bottom, top - bottom)) if top > bottom else []
-        return self._get_page(rows, number, self)
+        return PaginatorPage(rows, number, self)
 
 
 # -- queues -----------------------------------------------------------------------------------------

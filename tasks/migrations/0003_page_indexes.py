@@ -72,7 +72,7 @@ class Migration(migrations.Migration):
         ),
         AddIndexConcurrently(
             model_name='task',
-            index=models.Index(models.F('holder'), models.F('status'), models.OrderBy(models.F('id'), descending=True), name='tasks_task_holder_newest_idx'),
+            index=models.Index(models.F('holder'), models.F('status'), models.OrderBy(models.F('id'), descending=True), condition=models.Q(('holder__isnull', False)), name='tasks_task_holder_newest_idx'),
         ),
         AddIndexConcurrently(
             model_name='task',
@@ -81,10 +81,6 @@ class Migration(migrations.Migration):
         AddIndexConcurrently(
             model_name='task',
             index=models.Index(condition=models.Q(('status', 'READY')), fields=['queue', 'run_after'], name='tasks_task_queue_ready_idx'),
-        ),
-        AddIndexConcurrently(
-            model_name='task',
-            index=models.Index(models.OrderBy(models.F('id'), descending=True), condition=models.Q(('status', 'READY'), ('crashes', 0), ('failures', 0), ('shared_crashes', 0)), name='tasks_task_pending_idx'),
         ),
         AddIndexConcurrently(
             model_name='task',

@@ -147,3 +147,23 @@ def test_counts_are_bounded() -> None:
     count = bounded_count(Task.objects.all(), cap=20)
     assert (count.value, count.capped, str(count)) == (20, True, "20+")
     assert str(bounded_count(Task.objects.all(), cap=100)) == "30"
+
+
+def test_a_page_cut_short_by_the_scan_window_says_so_and_goes_on(
+    staff: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks import queries
+
+    monkeypatch.setattr(queries, "SCAN_WINDOW", 4)
+    pending = Task.objects.bulk_enqueue("tests.testapp.handlers.noop", [{}] * 2, queue="mail")
+    retrying = Task.objects.bulk_enqueue("tests.testapp.handlers.noop", [{}] * 6, queue="mail")
+    Task.objects.filter(pk__in=retrying).update(failures=1)
+    first = staff.get("/dashboard/tasks/pending/", {"queue": "mail"})
+    assert first.context["tasks"] == []
+    assert first.context["scanned_to"] == retrying[1] + 1  # retrying[5..2] checked, more below
+    page = first.content.decode()
+    assert 'id="scan-note"' in page
+    assert f"?before={retrying[1] + 1}&queue=mail" in page
+    second = staff.get("/dashboard/tasks/pending/", {"queue": "mail", "before": retrying[1] + 1})
+    assert [t.pk for t in second.context["tasks"]] == list(reversed(pending))
+    assert second.context["next_before"] is None
