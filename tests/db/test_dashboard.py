@@ -164,6 +164,6 @@ def test_a_page_cut_short_by_the_scan_window_says_so_and_goes_on(
     page = first.content.decode()
     assert 'id="scan-note"' in page
     assert f"?before={retrying[1] + 1}&queue=mail" in page
-    second = staff.get("/dashboard/tasks/pending/", {"queue": "mail", "before": retrying[1] + 1})
+    second = staff.get("/dashboard/tasks/pending/", {"queue": "mail", "before": str(retrying[1] + 1)})
     assert [t.pk for t in second.context["tasks"]] == list(reversed(pending))
     assert second.context["next_before"] is None
