@@ -286,6 +286,8 @@ def state_listing(state: str, *, queue: str | None = None, search: str = "") -> 
     """A dashboard state's tasks, optionally in one queue and matching a search."""
     spec = STATES[state]
     base = spec.base()
+    if queue and "\x00" in queue:  # no queue has that name (PostgreSQL text cannot hold NUL)
+        return Listing(base, (spec.status,), lookups=[])
     lookups: list[Q] | None = None
     unindexed: list[Q] = []  # conditions left over once a lookup's index drives the scan
     if search:

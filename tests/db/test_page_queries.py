@@ -187,3 +187,8 @@ def test_queue_names_and_stats_come_from_index_jumps(tasks: list[Task]) -> None:
         assert stats[name]["depth"] == Count(runnable.filter(queue=name).count(), capped=False)
     capped = {row["queue"]: row["depth"] for row in queries.queue_stats(cap=2)}
     assert capped["default"] == Count(2, capped=True)
+
+
+def test_a_queue_name_with_nul_finds_nothing_instead_of_failing(tasks: list[Task]) -> None:
+    assert state_listing("succeeded", queue="mail\x00").page(limit=5).tasks == []
+    assert state_listing("succeeded", queue="mail\x00", search="app.a").page(limit=5).tasks == []
