@@ -682,8 +682,9 @@ class Task(LeaseFields):
             ),
             # Pages, newest first, by queue / task path / holder / dedup key within a status (see
             # tasks/queries.py): each is an ordered index scan that stops after one page, however
-            # many tasks match. Rows that are RUNNING (a set bounded by the workers) are left out
-            # where they can be, so that claims and heartbeats never write to these indexes.
+            # many tasks match. The queue and task-path indexes leave RUNNING rows out (a set
+            # bounded by the workers, listed from the running indexes), so that claims and
+            # heartbeats never write to them.
             models.Index(
                 "queue", "status", models.F("id").desc(), name="tasks_task_queue_newest_idx", condition=NOT_RUNNING
             ),
