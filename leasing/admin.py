@@ -5,13 +5,14 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.db.models import IntegerField, Model, QuerySet
+from django.db.models import IntegerField, Model, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
 from leasing.models import Lease
+from leasing.pagination import CappedPaginator
 from leasing.validation import MAX_BIGINT, MAX_PARAM_LENGTH, InvalidInput, bad_params, check_text, parse_whole
 
 
@@ -91,8 +92,13 @@ class LeaseAdmin(CheckedInputAdmin):
         "acquired_at",
     )
     list_filter = (LeaseStateFilter,)
-    search_fields = ("resource", "holder")
+    # Search uses the indexes (get_search_results): a resource prefix or an exact holder.
+    search_fields = ("^resource", "=holder")
+    search_help_text = "Resource prefix (case-sensitive) or exact holder."
     ordering = ("resource",)
+    paginator = CappedPaginator  # no COUNT over the whole table: "10000+"
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
     actions = ("revoke",)
     readonly_fields = (
         "resource",
@@ -111,6 +117,17 @@ class LeaseAdmin(CheckedInputAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         # Leases are granted by the acquire statement only; a hand-made row would bypass the sequence.
         return False
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Lease], search_term: str
+    ) -> tuple[QuerySet[Lease], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        if "\x00" in term:
+            return queryset.none(), False
+        # startswith is LIKE 'x%' on the resource's varchar_pattern_ops index; holder is indexed too.
+        return queryset.filter(Q(resource__startswith=term) | Q(holder=term)), False
 
     @admin.display(description="holder's tasks")
     def holder_tasks(self, obj: Lease) -> str:

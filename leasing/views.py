@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.core.paginator import Paginator
 from django.db.models import Count, Q
 from django.db.models.functions import Now
 from django.http import Http404, HttpRequest, HttpResponse
@@ -10,6 +9,7 @@ from django.shortcuts import render
 
 from leasing.access import VIEW_LEASE, staff_page
 from leasing.models import Lease
+from leasing.pagination import CappedPaginator
 
 STATES = ("active", "renewed", "expired", "released")
 PAGE_SIZE = 50
@@ -31,7 +31,7 @@ def lease_list(request: HttpRequest, state: str = "active") -> HttpResponse:
     if state not in STATES:
         raise Http404(f"unknown lease state {state!r}")
     queryset = getattr(Lease.objects, state)().order_by("resource")
-    page = Paginator(queryset, PAGE_SIZE).get_page(request.GET.get("page"))
+    page = CappedPaginator(queryset, PAGE_SIZE).get_page(request.GET.get("page"))
     return render(
         request,
         "leasing/lease_list.html",

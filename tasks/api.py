@@ -3,26 +3,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, JsonResponse
 from django.urls import path, re_path
 
 from leasing import metrics
 from leasing.access import ADD_TASK, CHANGE_GENERATOR, CHANGE_TASK, VIEW_GENERATOR, VIEW_TASK
-from leasing.http import ApiError, Body, api_view, iso, keyset_page, query_text
+from leasing.http import ApiError, Body, api_view, iso, page_args, query_text
 from tasks import allowlist, generator, queue_views, schedule_api
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError, TaskPathRefused
 from tasks.models import FINISHED, Failure, Task, TaskStatus
 from tasks.outcomes import is_storable
+from tasks.queries import ALL_STATUSES, Listing
 
 MAX_TTL = 86_400.0
+#: name -> (queryset, the statuses it can hold): a listing is read one status at a time (tasks/queries.py).
 LISTINGS = {
-    "processed": lambda: Task.objects.finished(),
-    "started": lambda: Task.objects.running(),
-    "stuck": lambda: Task.objects.stuck(),
+    "processed": (lambda: Task.objects.finished(), FINISHED),
+    "started": (lambda: Task.objects.running(), (TaskStatus.RUNNING,)),
+    "stuck": (lambda: Task.objects.stuck(), (TaskStatus.RUNNING,)),
 }
 _MAX_TOKEN = 2**63 - 1
 
@@ -65,15 +68,24 @@ def _task_or_404(task_id: int) -> Task:
     return task
 
 
-def _listing(request: HttpRequest, queryset: QuerySet[Task]) -> tuple[int, Any]:
+def _listing(request: HttpRequest, queryset: QuerySet[Task], statuses: Sequence[str] = ALL_STATUSES) -> tuple[int, Any]:
     status = request.GET.get("status")
     if status is not None:
         if status not in TaskStatus.values:
             raise ApiError(400, f"status must be one of {', '.join(TaskStatus.values)}", "status")
         queryset = queryset.filter(status=status)
+        statuses = [s for s in statuses if s == status]
+    lookups = None
     if queue := query_text(request, "queue", max_length=100):
-        queryset = queryset.filter(queue=queue)
-    return keyset_page(request, queryset, "tasks", task_json)
+        lookups = [Q(queue=queue)]
+    # One ordered index scan per status (and queue), each stopping after the page: no sort of
+    # every task of a queue.
+    limit, before = page_args(request)
+    page = Listing(queryset, statuses, lookups=lookups).page(limit=limit, before=before)
+    return 200, {
+        "tasks": [task_json(task) for task in page.tasks],
+        "next": f"?limit={limit}&before={page.next_before}" if page.next_before is not None else None,
+    }
 
 
 def _worker_and_token(body: Body) -> tuple[str, int]:
@@ -252,7 +264,8 @@ def requeue(request: HttpRequest, task_id: int) -> tuple[int, Any]:
 def _listing_view(name: str) -> Any:
     @api_view(GET=[VIEW_TASK])
     def view(request: HttpRequest) -> tuple[int, Any]:
-        return _listing(request, LISTINGS[name]())
+        queryset, statuses = LISTINGS[name]
+        return _listing(request, queryset(), statuses)
 
     view.__name__ = f"tasks_{name}"
     return view

@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from django.db import connection
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from tasks import activity
+
 WORKER_COUNTERS = ("claimed", "succeeded", "retried", "failed", "rejected", "lost", "heartbeats", "heartbeat_failures")
 
 
@@ -15,17 +17,21 @@ def task_metrics() -> Iterable[Metric]:
 
     counts = task_counts()
     tasks = GaugeMetricFamily(
-        "tasks_tasks", "Tasks by state (finished states are counted up to 10,000).", labels=["state"]
+        "tasks_tasks",
+        "Tasks by state, counted up to 10,000 (pending: waiting minus retrying, a lower bound beyond).",
+        labels=["state"],
     )
     for state, count in counts.items():
         tasks.add_metric([state], count.value)
     yield tasks
     yield GaugeMetricFamily("tasks_stuck", "Running tasks whose lease expired (orphaned).", value=counts["stuck"].value)
 
-    depth = GaugeMetricFamily("tasks_queue_depth", "Runnable tasks waiting, per queue.", labels=["queue"])
+    depth = GaugeMetricFamily(
+        "tasks_queue_depth", "Runnable tasks waiting, per queue (counted up to 10,000).", labels=["queue"]
+    )
     age = GaugeMetricFamily("tasks_queue_oldest_age_seconds", "Age of the oldest runnable task.", labels=["queue"])
     for queue in queue_stats():
-        depth.add_metric([queue["queue"]], queue["depth"])
+        depth.add_metric([queue["queue"]], queue["depth"].value)
         age.add_metric([queue["queue"]], queue["oldest_age"])
     yield depth
     yield age
@@ -37,15 +43,8 @@ def task_metrics() -> Iterable[Metric]:
             [list(WORKER_COUNTERS)],
         )
         totals = dict.fromkeys(WORKER_COUNTERS, 0) | {key: int(value) for key, value in cursor.fetchall()}
-        cursor.execute(
-            "SELECT count(*), max((e->>'silent_for')::float8), avg((e->>'silent_for')::float8),"
-            " max((e->>'recovery_delay')::float8)"
-            " FROM tasks_task t, jsonb_array_elements(t.errors) e"
-            " WHERE (t.status IN ('READY', 'RUNNING') OR t.finished_at >= statement_timestamp() - interval '1 hour')"
-            " AND e->>'exception_class_path' = 'tasks.exceptions.TaskLeaseLost'"
-            " AND (e->>'at')::timestamptz >= statement_timestamp() - interval '1 hour'"
-        )
-        recoveries, silent_max, silent_avg, delay_max = cursor.fetchone()
+    # From the per-minute rollup the recovery statement writes: at most 60 rows, whatever the table.
+    recovered = activity.recoveries_last_hour()
 
     events = CounterMetricFamily(
         "tasks_worker_events", "Events reported by workers with their heartbeats.", labels=["event"]
@@ -63,17 +62,19 @@ def task_metrics() -> Iterable[Metric]:
     sent = totals["heartbeats"] + totals["heartbeat_failures"]
     ratio = totals["heartbeats"] / sent if sent else 1.0
     yield GaugeMetricFamily("tasks_heartbeat_success_ratio", "Successful / all worker heartbeats.", value=ratio)
-    yield GaugeMetricFamily("tasks_recoveries_last_hour", "Tasks requeued after their lease expired.", value=recoveries)
+    yield GaugeMetricFamily(
+        "tasks_recoveries_last_hour", "Tasks requeued after their lease expired.", value=recovered.count
+    )
     death = GaugeMetricFamily(
         "tasks_death_to_requeue_seconds",
         "Time from a holder's last heartbeat to the requeue of its task, over the last hour's recoveries.",
         labels=["stat"],
     )
-    death.add_metric(["max"], float(silent_max or 0))
-    death.add_metric(["avg"], float(silent_avg or 0))
+    death.add_metric(["max"], recovered.silent_max)
+    death.add_metric(["avg"], recovered.silent_avg)
     yield death
     yield GaugeMetricFamily(
         "tasks_expiry_to_requeue_seconds_max",
         "Longest expiry-to-requeue delay in the last hour.",
-        value=float(delay_max or 0),
+        value=recovered.delay_max,
     )

@@ -21,6 +21,7 @@ from psycopg import errors as psycopg_errors
 
 from leasing.fencing import FencedModel
 from leasing.models import LeaseFields, LeaseStateQuerySet, seconds
+from tasks import activity
 from tasks import statements as sql
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError
@@ -42,6 +43,15 @@ class TaskStatus(models.TextChoices):
 
 UNFINISHED = (TaskStatus.READY, TaskStatus.RUNNING)
 FINISHED = (TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED)
+#: Every status but RUNNING, as a partial index condition: ``status = 'X'`` for any X in it implies it
+#: (PostgreSQL proves an equality against an IN list, not against ``<>``).
+NOT_RUNNING_STATUSES = (TaskStatus.READY, *FINISHED)
+NOT_RUNNING = Q(status__in=NOT_RUNNING_STATUSES)
+#: An attempt of the task failed or its worker died with it: a waiting task so marked is "retrying".
+#: These counters change only in statements that also change the status (fail, recover, requeue),
+#: never in a start marker, so an index on them costs the start marker nothing.
+FAILED_BEFORE = Q(failures__gt=0) | Q(crashes__gt=0) | Q(shared_crashes__gt=0)
+NEVER_FAILED = Q(failures=0, crashes=0, shared_crashes=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -562,7 +572,10 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "backoff_max": conf.BACKOFF_MAX,
             "max_crashes": conf.MAX_CRASHES,
         }
-        return [Recovered(row[0], row[1], row[2], row[3] or "") for row in self._rows(sql.RECOVER_SQL, params)]
+        # The statement also adds what it recovered to the per-minute activity rollup (same
+        # statement, so the chart and /metrics count every recovery once, without scanning errors).
+        rows = self._rows(activity.RECOVER_AND_RECORD_SQL, params)
+        return [Recovered(row[0], row[1], row[2], row[3] or "") for row in rows]
 
     def expire_orphans(self) -> list[int]:
         """Expire the leases of running tasks whose worker has recorded that it stopped."""
@@ -681,6 +694,11 @@ class Task(LeaseFields):
         help_text="Enqueued through the JSON API: workers check its path against the API allow-list first.",
     )
 
+    # The lease columns' plain index on holder (and its LIKE twin) is replaced by
+    # tasks_task_holder_newest_idx below (holder, status, id), which serves the same lookups and also
+    # pages of a holder's tasks, newest first: one index write less per claim, heartbeat and finish.
+    holder = models.CharField(max_length=200, null=True, blank=True)
+
     objects = TaskQuerySet.as_manager()
 
     class Meta:
@@ -707,6 +725,40 @@ class Task(LeaseFields):
                 name="tasks_task_prune_idx",
                 condition=Q(finished_at__isnull=False),
             ),
+            # Pages, newest first, by queue / task path / holder / dedup key within a status (see
+            # tasks/queries.py): each is an ordered index scan that stops after one page, however
+            # many tasks match. The queue and task-path indexes leave RUNNING rows out (a set
+            # bounded by the workers, listed from the running indexes), so that claims and
+            # heartbeats never write to them.
+            models.Index(
+                "queue", "status", models.F("id").desc(), name="tasks_task_queue_newest_idx", condition=NOT_RUNNING
+            ),
+            models.Index(
+                "task_path", "status", models.F("id").desc(), name="tasks_task_path_newest_idx", condition=NOT_RUNNING
+            ),
+            models.Index(
+                "holder",
+                "status",
+                models.F("id").desc(),
+                name="tasks_task_holder_newest_idx",
+                condition=Q(holder__isnull=False),  # not written when a task is enqueued
+            ),
+            models.Index(
+                "dedup_key",
+                "status",
+                models.F("id").desc(),
+                name="tasks_task_dedup_newest_idx",
+                condition=Q(dedup_key__isnull=False),
+            ),
+            # Waiting tasks that failed before ("retrying"), newest first: few, and written only when
+            # a task fails or is recovered. (The rest of the waiting tasks, "pending", are most of
+            # them: they are read from tasks_task_status_idx.)
+            models.Index(
+                models.F("id").desc(), name="tasks_task_retrying_idx", condition=Q(status="READY") & FAILED_BEFORE
+            ),
+            # Depth and age of the oldest runnable task per queue (dashboard, /metrics), and the
+            # queues that have waiting tasks (a loose index scan, no DISTINCT over the table).
+            models.Index(fields=["queue", "run_after"], name="tasks_task_queue_ready_idx", condition=Q(status="READY")),
             # The repair sweep looks for leases left live on rows that are not running: normally none.
             models.Index(
                 fields=["id"],
@@ -861,6 +913,33 @@ class QueueControl(models.Model):
 
     def __str__(self) -> str:
         return f"queue {self.name}: {'paused' if self.paused else 'running'}"
+
+
+class ActivityMinute(models.Model):
+    """One minute of queue activity: the rollup behind the dashboard chart and ``/metrics``.
+
+    ``succeeded`` and ``failed`` are counted once from the finished-at index when the minute has
+    closed (``closed``), and counted again a few minutes later (``final``) to take in finishes
+    whose transaction committed late; pages then read these rows instead of every task finished in
+    the last hour. ``recovered`` and the recovery timings are added by the recovery statement itself,
+    so they are exact at once. See tasks/activity.py.
+    """
+
+    minute = models.DateTimeField(primary_key=True)
+    succeeded = models.BigIntegerField(default=0)
+    failed = models.BigIntegerField(default=0, help_text="Tasks that failed for good (FAILED).")
+    closed = models.BooleanField(default=False, help_text="succeeded and failed are counted.")
+    final = models.BooleanField(default=False, help_text="Counted again after late commits could land.")
+    recovered = models.BigIntegerField(default=0, help_text="Tasks requeued (or failed) after their lease expired.")
+    silent_total = models.FloatField(default=0.0, help_text="Sum of seconds from last heartbeat to recovery.")
+    silent_max = models.FloatField(default=0.0)
+    delay_max = models.FloatField(default=0.0, help_text="Longest expiry-to-recovery delay, seconds.")
+
+    class Meta:
+        ordering = ["-minute"]
+
+    def __str__(self) -> str:
+        return f"{self.minute:%Y-%m-%d %H:%M}: {self.succeeded} succeeded, {self.failed} failed"
 
 
 # Periodic tasks keep their rows in a module of their own (imported here so Django registers them).

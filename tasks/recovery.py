@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from django.db import DEFAULT_DB_ALIAS, Error, connections
 
 from leasing.election import LeaderElection, Term
+from tasks import activity
 from tasks.conf import get_settings
 from tasks.models import Recovered, Task
 from tasks.models import Worker as WorkerRow
@@ -63,6 +64,9 @@ def recover_once(*, using: str = DEFAULT_DB_ALIAS, repair: bool = True, batch: i
             break
     if repair:
         report.stray_leases_released = manager.release_stray_leases()
+    # Close the minutes of the activity chart as they end (one minute of rows each, once), so that
+    # dashboards and scrapes only ever count the open minute.
+    activity.roll_up(using=using)
     if not report.empty:
         logger.warning(
             "recovery: requeued %d (%d never started: uncharged), failed for good %d, orphans expired %d,"

@@ -1,19 +1,19 @@
 """The dashboard: what is held, by whom, until when; what is stuck; is the system healthy.
 
 Every page is server-rendered (no front-end build); a few lines of JavaScript refresh the marked
-parts in place. Queries stay cheap with a million tasks: counts are bounded (``LIMIT``-capped,
-exact when small), lists use keyset pagination on the primary key, and each query matches an index.
+parts in place. No page reads more rows when the table grows (tasks/queries.py): counts are capped
+(exact when small), lists are ordered index scans with keyset pagination on the primary key, search
+is an exact lookup, and the last-hour chart reads a per-minute rollup (tasks/activity.py).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
-from django.db import connection, transaction
-from django.db.models import Q, QuerySet
+from django.db import transaction
+from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -31,57 +31,25 @@ from leasing.access import (
 )
 from leasing.validation import MAX_BIGINT, InvalidInput, clean_text, parse_number, parse_whole
 from leasing.views import state_counts as lease_counts
-from tasks import generator
+from tasks import activity, generator, queries
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError
-from tasks.models import Task, TaskStatus, Worker
+from tasks.models import Task, Worker
+from tasks.queries import STATES, Count, state_counts
 
-COUNT_CAP = 10_000
 PAGE_SIZE = 50
 
-#: Dashboard task states: (label, description, queryset factory).
-TASK_STATES: dict[str, tuple[str, Any]] = {
-    "pending": ("waiting for their first run", lambda: Task.objects.filter(status=TaskStatus.READY, attempts=0)),
-    "retrying": (
-        "failed at least once, waiting to run again",
-        lambda: Task.objects.filter(status="READY", attempts__gt=0),
-    ),
-    "running": ("held by a worker with a live lease", lambda: Task.objects.running().active()),
-    "stuck": ("running, but the lease expired: the worker died or stalled", lambda: Task.objects.stuck()),
-    "succeeded": ("finished successfully", lambda: Task.objects.filter(status=TaskStatus.SUCCESSFUL)),
-    "failed": ("out of attempts or not retryable (dead)", lambda: Task.objects.filter(status=TaskStatus.FAILED)),
-    "cancelled": ("cancelled by an operator", lambda: Task.objects.filter(status=TaskStatus.CANCELLED)),
-}
-
-
-@dataclass(frozen=True)
-class Count:
-    value: int
-    capped: bool
-
-    def __str__(self) -> str:
-        return f"{self.value:,}+" if self.capped else f"{self.value:,}"
-
-
-def bounded_count(queryset: QuerySet[Any], cap: int = COUNT_CAP) -> Count:
-    """COUNT over at most ``cap + 1`` rows: exact when small, "10,000+" when not."""
-    value = queryset[: cap + 1].count()
-    return Count(min(value, cap), value > cap)
+#: Dashboard task states: (label, description, queryset factory); the queries are in tasks/queries.py.
+TASK_STATES: dict[str, tuple[str, Any]] = {name: (state.description, state.queryset) for name, state in STATES.items()}
 
 
 def task_counts() -> dict[str, Count]:
-    return {name: bounded_count(factory()) for name, (_, factory) in TASK_STATES.items()}
+    return state_counts()
 
 
 def queue_stats() -> list[dict[str, Any]]:
-    """Runnable depth and age of the oldest runnable task per queue (walks the runnable index)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT queue, count(*), EXTRACT(EPOCH FROM statement_timestamp() - min(run_after))"
-            " FROM tasks_task WHERE status = 'READY' AND run_after <= statement_timestamp()"
-            " GROUP BY queue ORDER BY queue"
-        )
-        return [{"queue": q, "depth": n, "oldest_age": float(age or 0)} for q, n, age in cursor.fetchall()]
+    """Runnable depth (capped) and age of the oldest runnable task per queue (index lookups per queue)."""
+    return queries.queue_stats()
 
 
 def live_workers() -> QuerySet[Worker]:
@@ -95,31 +63,8 @@ def _minutes() -> list[dt.datetime]:
 
 
 def activity_last_hour() -> dict[str, list[int]]:
-    """Per minute over the last hour: tasks succeeded, failed for good, and recovered."""
-    minutes = _minutes()
-    index = {minute: i for i, minute in enumerate(minutes)}
-    series = {"succeeded": [0] * 60, "failed": [0] * 60, "recovered": [0] * 60}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT date_trunc('minute', finished_at), status, count(*) FROM tasks_task"
-            " WHERE finished_at >= statement_timestamp() - interval '1 hour' GROUP BY 1, 2"
-        )
-        for minute, status, count in cursor.fetchall():
-            key = {"SUCCESSFUL": "succeeded", "FAILED": "failed"}.get(status)
-            if key and minute in index:
-                series[key][index[minute]] += count
-        # A task recovered in the last hour is unfinished now, or finished within the hour.
-        cursor.execute(
-            "SELECT date_trunc('minute', (e->>'at')::timestamptz), count(*)"
-            " FROM tasks_task t, jsonb_array_elements(t.errors) e"
-            " WHERE (t.status IN ('READY', 'RUNNING') OR t.finished_at >= statement_timestamp() - interval '1 hour')"
-            " AND e->>'exception_class_path' = 'tasks.exceptions.TaskLeaseLost'"
-            " AND (e->>'at')::timestamptz >= statement_timestamp() - interval '1 hour' GROUP BY 1"
-        )
-        for minute, count in cursor.fetchall():
-            if minute in index:
-                series["recovered"][index[minute]] += count
-    return series
+    """Per minute over the last hour: tasks succeeded, failed for good, and recovered (the rollup)."""
+    return activity.last_hour()
 
 
 def chart(series: dict[str, list[int]], *, width: int = 720, height: int = 140) -> dict[str, Any]:
@@ -181,30 +126,16 @@ def _filter_value(request: HttpRequest, name: str, parse: Any) -> Any:
         return None
 
 
-def _task_id(value: str) -> int | None:
-    """A search term that is an id: ASCII digits naming a bigint (``"²".isdigit()`` is true too)."""
-    try:
-        return parse_whole(value, "id", low=1, high=MAX_BIGINT)
-    except InvalidInput:
-        return None
-
-
 @staff_page(GET=[VIEW_TASK])
 def task_list(request: HttpRequest, state: str) -> HttpResponse:
     if state not in TASK_STATES:
         raise Http404(f"unknown task state {state!r}")
-    description, factory = TASK_STATES[state]
-    queryset = factory()
-    if queue := _filter_value(request, "queue", lambda v: clean_text(v, "queue", max_length=100)):
-        queryset = queryset.filter(queue=queue)
-    if search := _filter_value(request, "q", lambda v: clean_text(v, "search", max_length=255)):
-        condition = Q(dedup_key=search) | Q(holder=search) | Q(task_path=search)
-        if (task_id := _task_id(search)) is not None:
-            condition |= Q(pk=task_id)
-        queryset = queryset.filter(condition)
-    if before := _filter_value(request, "before", lambda v: parse_whole(v, "before", low=1, high=MAX_BIGINT)):
-        queryset = queryset.filter(pk__lt=before)
-    rows = list(queryset.order_by("-pk")[: PAGE_SIZE + 1])
+    description, _ = TASK_STATES[state]
+    queue = _filter_value(request, "queue", lambda v: clean_text(v, "queue", max_length=100))
+    search = _filter_value(request, "q", lambda v: clean_text(v, "search", max_length=255))
+    before = _filter_value(request, "before", lambda v: parse_whole(v, "before", low=1, high=MAX_BIGINT))
+    listing = queries.state_listing(state, queue=queue, search=(search or "").strip())
+    page = listing.page(limit=PAGE_SIZE, before=before)
     return render(
         request,
         "leasing/dashboard/task_list.html",
@@ -213,8 +144,11 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
             "description": description,
             "states": TASK_STATES,
             "counts": task_counts(),
-            "tasks": rows[:PAGE_SIZE],
-            "next_before": rows[PAGE_SIZE - 1].pk if len(rows) > PAGE_SIZE else None,
+            "tasks": page.tasks,
+            "next_before": page.next_before,
+            "scanned_to": page.scanned_to,
+            "scan_window": queries.SCAN_WINDOW,
+            "queue": queue or "",
             "query": search or "",
             "now": timezone.now(),
         },

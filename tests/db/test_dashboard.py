@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from tasks import generator
 from tasks.models import Failure, Task, Worker
-from tasks.views import TASK_STATES, bounded_count
+from tasks.queries import Count, bounded_count
+from tasks.views import TASK_STATES
 from tests.factories import StaffFactory
 
 pytestmark = pytest.mark.django_db
@@ -70,7 +71,9 @@ def test_overview_counts_every_state_and_charts_the_last_hour(staff: Client) -> 
     page = response.content.decode()
     assert "<svg" in page
     assert "w1" in page
-    assert response.context["queues"] == [{"queue": "q", "depth": 1, "oldest_age": pytest.approx(0, abs=60)}]
+    assert response.context["queues"] == [
+        {"queue": "q", "depth": Count(1, capped=False), "oldest_age": pytest.approx(0, abs=60)}
+    ]
 
 
 @pytest.mark.parametrize("state", list(TASK_STATES))
@@ -144,3 +147,23 @@ def test_counts_are_bounded() -> None:
     count = bounded_count(Task.objects.all(), cap=20)
     assert (count.value, count.capped, str(count)) == (20, True, "20+")
     assert str(bounded_count(Task.objects.all(), cap=100)) == "30"
+
+
+def test_a_page_cut_short_by_the_scan_window_says_so_and_goes_on(
+    staff: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks import queries
+
+    monkeypatch.setattr(queries, "SCAN_WINDOW", 4)
+    pending = Task.objects.bulk_enqueue("tests.testapp.handlers.noop", [{}] * 2, queue="mail")
+    retrying = Task.objects.bulk_enqueue("tests.testapp.handlers.noop", [{}] * 6, queue="mail")
+    Task.objects.filter(pk__in=retrying).update(failures=1)
+    first = staff.get("/dashboard/tasks/pending/", {"queue": "mail"})
+    assert first.context["tasks"] == []
+    assert first.context["scanned_to"] == retrying[1] + 1  # retrying[5..2] checked, more below
+    page = first.content.decode()
+    assert 'id="scan-note"' in page
+    assert f"?before={retrying[1] + 1}&queue=mail" in page
+    second = staff.get("/dashboard/tasks/pending/", {"queue": "mail", "before": str(retrying[1] + 1)})
+    assert [t.pk for t in second.context["tasks"]] == list(reversed(pending))
+    assert second.context["next_before"] is None

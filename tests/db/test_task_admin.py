@@ -87,3 +87,36 @@ def test_queues_are_paused_and_resumed_from_the_admin(staff: Client) -> None:
     )
     assert not QueueControl.objects.get(name="mail").paused
     assert len(Task.objects.claim("w1", queues=["mail"])) == 1
+
+
+def test_search_is_exact_and_indexed(staff: Client) -> None:
+    ids = Task.objects.bulk_enqueue("tests.testapp.handlers.noop", [{}] * 3)
+    keyed = Task.objects.enqueue("tests.testapp.handlers.fail", dedup_key="invoice:7").id
+
+    def found(term: str) -> list[int]:
+        return [t.pk for t in staff.get(URL, {"q": term}).context["cl"].result_list]
+
+    assert found("tests.testapp.handlers.noop") == sorted(ids, reverse=True)
+    assert found("noop") == []  # no substring search: it would read every row
+    assert found("invoice:7") == [keyed]
+    assert found(str(ids[1])) == [ids[1]]
+    assert found("²") == []
+    assert staff.get(URL, {"q": "a\x00b"}).status_code == 200
+
+
+def test_queue_filter_offers_the_queues_and_counts_stop_at_the_cap(
+    staff: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks import queries
+
+    Task.objects.bulk_enqueue("tests.testapp.handlers.noop", [{}] * 5, queue="mail")
+    Task.objects.enqueue("tests.testapp.handlers.noop", queue="reports")
+    page = staff.get(URL)
+    queue_filter = next(spec for spec in page.context["cl"].filter_specs if spec.title == "queue")
+    assert [value for value, _ in queue_filter.lookup_choices] == ["mail", "reports"]
+    assert [t.queue for t in staff.get(URL, {"queue__exact": "reports"}).context["cl"].result_list] == ["reports"]
+    monkeypatch.setattr(queries, "COUNT_CAP", 3)
+    capped = staff.get(URL, {"queue__exact": "mail"})
+    assert capped.context["cl"].result_count == 3
+    assert capped.context["cl"].paginator.capped
+    assert "3+ tasks" in capped.content.decode()

@@ -1,0 +1,285 @@
+#!/usr/bin/env python
+"""Page cost against table size: every dashboard, lease, admin, API and metrics page, timed at
+10,000 and at 1,000,000 tasks.
+
+    python bench/pages.py [--sizes 10000,1000000] [--repeat 5]
+
+Each size is built in the same embedded PostgreSQL (or DATABASE_URL) with ``INSERT ... SELECT
+generate_series`` and a realistic mix: 85 % succeeded, 3 % failed, 2 % cancelled, 10 % waiting
+(of which some retrying and some deferred), four queues from 70 % to 2 % of the tasks and a rare
+one with 60 tasks at every size, ten task paths (and a rare one, 60 tasks), dedup keys on 10 %,
+twenty workers. Every finished task finished within the last hour (the
+worst case for the per-minute chart: a million finished tasks in its window at the large size),
+spread up to a few minutes past the build so that the current minute is busy while the chart pages
+are timed. The running set does not grow with the table (200 running, 5 stuck: it is bounded by the
+workers, not by the history). After the build: VACUUM ANALYZE, as autovacuum would.
+
+Every page is requested through Django's test client as a superuser (middleware, view, template):
+one warm-up request, then the median of ``--repeat``. The last column is the ratio of the medians
+(goal: at most 3x). The first request to the overview after the build also reports the one-time
+catch-up of the per-minute chart (minutes closed once, then read from the rollup).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__":  # run as a script: this folder would shadow the apps; import from the root
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.common import prepare_database
+
+# 'rare' (a queue) and 'app.jobs.rare' (a task path) hold 60 tasks at every size: a page filtered on
+# them shows the same rows whatever the table holds, and the database must find them among the rest.
+QUEUES_SQL = """CASE WHEN g %% %(stride)s = 0 THEN 'rare' WHEN r.q < 7000 THEN 'default' WHEN r.q < 9000 THEN 'mail'
+                     WHEN r.q < 9800 THEN 'reports' ELSE 'billing' END"""
+#: Minutes past the build over which finished_at is spread (the load goes on while pages are timed).
+AHEAD_MINUTES = 5
+
+FILL_SQL = f"""
+INSERT INTO tasks_task (
+    queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, started_at, last_attempted_at,
+    finished_at, attempts, max_attempts, timeout, dedup_key, return_value, errors, worker_ids, renewals,
+    transitions, failures, crashes, shared_crashes, unstarted_returns, attempt_started, attempt_isolated,
+    holder, token, acquired_at, renewed_at, released_at, expires_at)
+SELECT {QUEUES_SQL},
+       0,
+       CASE WHEN (g + 7) %% %(stride)s = 0 THEN 'app.jobs.rare' ELSE 'app.jobs.job_' || (r.p %% 10) END,
+       '[]'::jsonb,
+       jsonb_build_object('n', g),
+       s.status,
+       CASE WHEN s.status = 'READY' AND r.s %% 100 < 5 THEN t.at + interval '1 day' ELSE t.at END,
+       t.at,
+       CASE WHEN s.ran THEN t.at END,
+       CASE WHEN s.ran THEN t.at END,
+       CASE WHEN s.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED') THEN t.finish END,
+       CASE WHEN s.ran THEN 1 + (s.status = 'FAILED')::int ELSE 0 END,
+       3, NULL,
+       CASE WHEN r.d < 1000 THEN 'key-' || g END,
+       CASE WHEN s.status = 'SUCCESSFUL' THEN '{{"ok": true}}'::jsonb END,
+       CASE WHEN s.status = 'FAILED' OR (s.status = 'READY' AND s.ran) THEN jsonb_build_array(jsonb_build_object(
+                'attempt', 1, 'worker', 'worker-' || (g %% 20), 'kind', 'failure', 'at', t.finish,
+                'exception_class_path', 'builtins.ValueError', 'message', 'bad input ' || g,
+                'traceback', repeat('Traceback line\n', 30)))
+            WHEN r.e < 100 THEN jsonb_build_array(jsonb_build_object(
+                'attempt', 1, 'worker', 'worker-' || (g %% 20), 'kind', 'vanished', 'at', t.finish,
+                'exception_class_path', 'tasks.exceptions.TaskLeaseLost', 'message', 'lease expired',
+                'traceback', '', 'silent_for', 31.5, 'recovery_delay', 1.5))
+            ELSE '[]'::jsonb END,
+       CASE WHEN s.ran THEN jsonb_build_array('worker-' || (g %% 20)) ELSE '[]'::jsonb END,
+       0, CASE WHEN s.ran THEN 1 ELSE 0 END,
+       (s.status = 'FAILED' OR (s.status = 'READY' AND s.ran))::int, 0, 0, 0, false, false,
+       CASE WHEN s.ran THEN 'worker-' || (g %% 20) END,
+       CASE WHEN s.ran THEN g END,
+       CASE WHEN s.ran THEN t.at END, NULL,
+       CASE WHEN s.ran THEN t.finish END,
+       CASE WHEN s.ran THEN t.finish END
+FROM generate_series(1, %(n)s) AS g
+CROSS JOIN LATERAL (
+    SELECT abs(hashint4(g)) %% 10000 AS st, abs(hashint4(g + 7919)) %% 10000 AS q,
+           abs(hashint4(g + 104729)) %% 10000 AS p, abs(hashint4(g + 1299709)) %% 10000 AS d,
+           abs(hashint4(g + 15485863)) %% 10000 AS e, abs(hashint4(g + 32452843)) %% 10000 AS s
+) AS r
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN r.st < 8500 THEN 'SUCCESSFUL' WHEN r.st < 8800 THEN 'FAILED' WHEN r.st < 9000 THEN 'CANCELLED'
+                ELSE 'READY' END AS status,
+           -- a waiting task has run before (it is retrying) in 3 of 100 cases; cancelled ones mostly never ran
+           (r.st < 8800 OR (r.st >= 9000 AND r.s %% 100 >= 97)) AS ran
+) AS s
+CROSS JOIN LATERAL (
+    -- ids follow time: the newest task was enqueued last; each finished a few seconds after enqueue
+    SELECT %(now)s::timestamptz - make_interval(secs => (%(n)s - g) * 3600.0 / %(n)s) AS at,
+           %(now)s::timestamptz + make_interval(mins => {AHEAD_MINUTES})
+               - make_interval(secs => (%(n)s - g) * 3600.0 / %(n)s) AS finish
+) AS t
+"""
+
+RUNNING_SQL = """
+INSERT INTO tasks_task (
+    queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, started_at, last_attempted_at,
+    attempts, max_attempts, errors, worker_ids, renewals, transitions, failures, crashes, shared_crashes,
+    unstarted_returns, attempt_started, attempt_isolated, holder, token, acquired_at, renewed_at, expires_at)
+SELECT CASE WHEN g % 4 = 0 THEN 'mail' ELSE 'default' END, 0, 'app.jobs.job_' || (g % 10), '[]', '{}', 'RUNNING',
+       now() - interval '10 seconds', now() - interval '10 seconds', now() - interval '5 seconds',
+       now() - interval '5 seconds', 1, 3, '[]', jsonb_build_array('worker-' || (g % 20)), 1, 1, 0, 0, 0, 0, true,
+       false, 'worker-' || (g % 20), nextval('leasing_fence_token_seq'), now() - interval '5 seconds', now(),
+       CASE WHEN g <= 5 THEN now() - interval '3 seconds' ELSE now() + interval '30 seconds' END
+FROM generate_series(1, 205) AS g
+"""
+
+
+def build(n: int) -> dict[str, Any]:
+    """Empty the tables and fill them with ``n`` tasks; returns ids and keys the pages look up."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from leasing.models import Lease
+    from tasks.models import Worker
+
+    started = time.perf_counter()
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE tasks_task, tasks_worker, leasing_lease")
+        for table in ("tasks_activityminute",):  # the rollup, where it exists
+            cursor.execute("SELECT to_regclass(%s)", [table])
+            if cursor.fetchone()[0]:
+                cursor.execute(f"TRUNCATE {table}")
+        cursor.execute(FILL_SQL, {"n": n - 205, "stride": (n - 205) // 60, "now": timezone.now()})
+        cursor.execute(RUNNING_SQL)
+    Worker.objects.bulk_create(
+        Worker(id=f"worker-{k}", hostname="bench", pid=k, concurrency=10, running=10, stats={"succeeded": 1000})
+        for k in range(20)
+    )
+    now = timezone.now()
+    Lease.objects.bulk_create(
+        Lease(
+            resource=f"resource-{k}",
+            holder=f"holder-{k % 7}",
+            token=k + 1,
+            created_at=now,
+            acquired_at=now,
+            expires_at=now + (1 if k % 5 else -1) * dt.timedelta(seconds=60),
+            renewals=k % 3,
+        )
+        for k in range(100)
+    )
+    connection.close()  # VACUUM cannot run inside the transaction Django may hold
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE tasks_task")
+        cursor.execute("VACUUM ANALYZE tasks_worker")
+        cursor.execute("VACUUM ANALYZE leasing_lease")
+        cursor.execute("SELECT max(id), min(id) FROM tasks_task")
+        newest, oldest = cursor.fetchone()
+        cursor.execute("SELECT id FROM tasks_task WHERE status = 'FAILED' ORDER BY id LIMIT 1 OFFSET 3")
+        failed_id = cursor.fetchone()[0]
+        cursor.execute("SELECT dedup_key FROM tasks_task WHERE dedup_key IS NOT NULL ORDER BY id LIMIT 1 OFFSET 7")
+        dedup = cursor.fetchone()[0]
+    print(f"# built {n:,} tasks in {time.perf_counter() - started:.1f} s", flush=True)
+    return {"newest": newest, "middle": (newest + oldest) // 2, "failed": failed_id, "dedup": dedup}
+
+
+def pages(keys: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, url) of every page, in the order they are timed (the chart pages first)."""
+    admin = "/admin/tasks/task/"
+    return [
+        ("dashboard overview", "/dashboard/"),
+        ("metrics", "/metrics"),
+        *[(f"dashboard {state}", f"/dashboard/tasks/{state}/") for state in _states()],
+        ("dashboard succeeded ?queue=mail", "/dashboard/tasks/succeeded/?queue=mail"),
+        ("dashboard failed ?queue=rare", "/dashboard/tasks/failed/?queue=rare"),
+        ("dashboard pending ?queue=billing", "/dashboard/tasks/pending/?queue=billing"),
+        ("dashboard succeeded ?q=<task path>", "/dashboard/tasks/succeeded/?q=app.jobs.job_3"),
+        ("dashboard failed ?q=<rare task path>", "/dashboard/tasks/failed/?q=app.jobs.rare"),
+        ("dashboard failed ?q=<id>", f"/dashboard/tasks/failed/?q={keys['failed']}"),
+        ("dashboard succeeded ?q=<dedup key>", f"/dashboard/tasks/succeeded/?q={keys['dedup']}"),
+        ("dashboard succeeded ?q=<holder>", "/dashboard/tasks/succeeded/?q=worker-7"),
+        ("dashboard succeeded ?before=<middle id>", f"/dashboard/tasks/succeeded/?before={keys['middle']}"),
+        ("dashboard retrying ?q=<task path>", "/dashboard/tasks/retrying/?q=app.jobs.job_2"),
+        ("dashboard task detail", f"/dashboard/tasks/{keys['failed']}/"),
+        ("dashboard workers", "/dashboard/workers/"),
+        ("dashboard generator", "/dashboard/generator/"),
+        ("lease pages", "/leases/"),
+        ("lease pages expired", "/leases/expired/"),
+        ("api tasks", "/api/tasks"),
+        ("api tasks ?queue=mail", "/api/tasks?queue=mail"),
+        ("api tasks ?queue=rare", "/api/tasks?queue=rare"),
+        ("api tasks ?status=FAILED", "/api/tasks?status=FAILED"),
+        ("api tasks ?status=READY&queue=billing", "/api/tasks?status=READY&queue=billing"),
+        ("api tasks ?before=<middle id>", f"/api/tasks?before={keys['middle']}"),
+        ("api tasks/processed", "/api/tasks/processed"),
+        ("api tasks/started", "/api/tasks/started"),
+        ("api tasks/stuck", "/api/tasks/stuck"),
+        ("api leases", "/api/leases"),
+        ("task admin", admin),
+        ("task admin ?status=FAILED", f"{admin}?status__exact=FAILED"),
+        ("task admin ?queue=rare", f"{admin}?queue__exact=rare"),
+        ("task admin ?queue=billing", f"{admin}?queue__exact=billing"),
+        ("task admin ?queue=mail&status=READY", f"{admin}?queue__exact=mail&status__exact=READY"),
+        ("task admin ?lease=stuck", f"{admin}?lease=stuck"),
+        ("task admin page 50", f"{admin}?p=50"),
+        ("task admin search <task path>", f"{admin}?q=app.jobs.job_4"),
+        ("task admin search <id>", f"{admin}?q={keys['failed']}"),
+        ("task admin search <holder>", f"{admin}?q=worker-3"),
+        ("task admin search <dedup key>", f"{admin}?q={keys['dedup']}"),
+        ("task admin change page", f"{admin}{keys['failed']}/change/"),
+        ("lease admin", "/admin/leasing/lease/"),
+        ("lease admin search", "/admin/leasing/lease/?q=holder-3"),
+    ]
+
+
+def _states() -> list[str]:
+    from tasks.views import TASK_STATES
+
+    return list(TASK_STATES)
+
+
+def time_pages(client: Any, urls: list[tuple[str, str]], repeat: int) -> dict[str, float]:
+    medians: dict[str, float] = {}
+    for label, url in urls:
+        started = time.perf_counter()
+        response = client.get(url)
+        first = (time.perf_counter() - started) * 1000
+        if response.status_code != 200:
+            raise RuntimeError(f"{url}: HTTP {response.status_code}: {response.content[:300]!r}")
+        samples = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            client.get(url)
+            samples.append((time.perf_counter() - started) * 1000)
+        medians[label] = statistics.median(samples)
+        note = f" (first request {first:.0f} ms)" if label == "dashboard overview" else ""
+        print(f"  {label:<44} {medians[label]:>9.1f} ms{note}", flush=True)
+    return medians
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="10000,1000000", help="comma-separated task counts (first is the base)")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    sizes = [int(size) for size in args.sizes.split(",")]
+    server = prepare_database()
+    try:
+        from django.contrib.auth import get_user_model
+        from django.test import Client
+
+        user_model = get_user_model()
+        user = user_model.objects.filter(username="bench").first() or user_model.objects.create_superuser(
+            "bench", "bench@example.com", "bench-password"
+        )
+        results: dict[int, dict[str, float]] = {}
+        labels: list[str] = []
+        for size in sizes:
+            keys = build(size)
+            client = Client()
+            client.force_login(user)
+            urls = pages(keys)
+            labels = [label for label, _ in urls]
+            print(f"# {size:,} tasks: median of {args.repeat} (ms)", flush=True)
+            results[size] = time_pages(client, urls, args.repeat)
+        base, *others = sizes
+        print()
+        header = " | ".join(f"{size:,} tasks" for size in sizes)
+        print(f"| page | {header} | " + " | ".join(f"ratio {s:,} / {base:,}" for s in others) + " |")
+        print("| --- |" + " ---: |" * (len(sizes) + len(others)))
+        worst = 0.0
+        for label in labels:
+            cells = " | ".join(f"{results[size][label]:.1f}" for size in sizes)
+            ratios = [results[size][label] / results[base][label] for size in others]
+            worst = max([worst, *ratios])
+            print(f"| {label} | {cells} | " + " | ".join(f"{ratio:.2f}x" for ratio in ratios) + " |")
+        print(f"\nworst ratio: {worst:.2f}x (goal: at most 3x)")
+    finally:
+        if server is not None:
+            from project.embedded_db import discard
+
+            discard(server)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""Admin pagination that never counts a whole table."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any, cast
+
+from django.core.paginator import Paginator
+from django.db.models import QuerySet
+
+#: Rows an admin list counts at most; more are shown as "10,000+" and paged up to this many.
+COUNT_CAP = 10_000
+
+
+class CappedPaginator(Paginator):
+    """Counts at most ``COUNT_CAP + 1`` rows (``SELECT count(*) FROM (… LIMIT 10001)``): exact for
+    small results; beyond, ``count`` is the cap and ``capped`` is true (the templates show
+    "10,000+"), so pages stop after the cap and no page reads past it with OFFSET."""
+
+    cap = COUNT_CAP
+
+    @cached_property
+    def _counted(self) -> int:
+        queryset = cast("QuerySet[Any]", self.object_list)
+        return queryset[: self.cap + 1].count()
+
+    @cached_property
+    def count(self) -> int:
+        return min(self._counted, self.cap)
+
+    @property
+    def capped(self) -> bool:
+        return self._counted > self.cap

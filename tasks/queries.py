@@ -1,0 +1,426 @@
+"""The queries behind every task page (dashboard, admin, JSON API lists, ``/metrics``), shaped so that
+their cost depends on the page and not on the table (invariant 12).
+
+- **Listings** are newest first and built from ordered index scans that stop after one page: one
+  branch per (status, lookup), each ``WHERE status = … AND <lookup> ORDER BY id DESC LIMIT n``
+  on an index whose columns are exactly (lookup column, status, id), merged in Python. A condition
+  that the driving index does not cover (pending: never failed; a search combined with a queue or
+  with the retrying state) is checked inside a bounded window of ``SCAN_WINDOW`` rows per branch: a page may
+  then come back short, with a link to continue below the window (``Page.scanned_to``).
+- **Search** is exact: the id, a dedup key, a holder (worker id) or a task path, each an indexed
+  equality. No ``LIKE '%…%'``.
+- **Counts** stop at ``COUNT_CAP`` (shown as "10,000+"), each on the index of its state; pending is
+  waiting minus retrying, a lower bound once more than ``COUNT_CAP`` tasks wait.
+- **Queues** are found with a loose index scan (a recursive CTE that jumps from one queue to the next
+  in an index), never ``SELECT DISTINCT queue``; depth per queue is capped like every count.
+
+RUNNING rows are bounded by the workers (their concurrency plus claim batches), not by the history,
+so conditions on them (a live or expired lease) need no index of their own.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property, reduce
+from typing import Any
+
+from django.core.paginator import Page as PaginatorPage
+from django.core.paginator import Paginator
+from django.db import connections
+from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
+
+from tasks.models import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING_STATUSES, Task, TaskStatus
+
+COUNT_CAP = 10_000
+#: Rows a listing branch reads at most to check a filter no index covers.
+SCAN_WINDOW = 2_000
+#: Queues shown (dashboard, /metrics, admin filter): the first ones by name.
+QUEUE_LIMIT = 100
+ALL_STATUSES: tuple[str, ...] = tuple(TaskStatus.values)
+_MAX_ID = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Count:
+    value: int
+    capped: bool
+
+    def __str__(self) -> str:
+        return f"{self.value:,}+" if self.capped else f"{self.value:,}"
+
+
+def bounded_count(queryset: QuerySet[Any], cap: int = COUNT_CAP) -> Count:
+    """COUNT over at most ``cap + 1`` rows: exact when small, "10,000+" when not."""
+    value = queryset[: cap + 1].count()
+    return Count(min(value, cap), value > cap)
+
+
+@dataclass(frozen=True)
+class TaskState:
+    """A dashboard state: one status, a condition its own index covers (``where``) and one that no
+    index covers (``unindexed``: checked within a bounded window, see Listing)."""
+
+    description: str
+    status: str
+    where: Q = field(default_factory=Q)
+    unindexed: Q = field(default_factory=Q)
+    base: Callable[[], QuerySet[Task]] = field(default=lambda: Task.objects.all())
+
+    @property
+    def bounded(self) -> bool:
+        """RUNNING rows are few (bounded by the workers): any condition on them is cheap."""
+        return self.status == TaskStatus.RUNNING
+
+    def queryset(self) -> QuerySet[Task]:
+        return self.base().filter(status=self.status).filter(self.where, self.unindexed)
+
+
+STATES: dict[str, TaskState] = {
+    # Retrying tasks have their own partial index (tasks_task_retrying_idx); pending ones are most
+    # of the waiting tasks, read newest first from the status index, the few retrying ones skipped.
+    "pending": TaskState("waiting to run; never failed", TaskStatus.READY, unindexed=NEVER_FAILED),
+    "retrying": TaskState(
+        "failed (or lost its worker) at least once, waiting to run again", TaskStatus.READY, where=FAILED_BEFORE
+    ),
+    "running": TaskState(
+        "held by a worker with a live lease", TaskStatus.RUNNING, base=lambda: Task.objects.running().active()
+    ),
+    "stuck": TaskState(
+        "running, but the lease expired: the worker died or stalled",
+        TaskStatus.RUNNING,
+        base=lambda: Task.objects.stuck(),
+    ),
+    "succeeded": TaskState("finished successfully", TaskStatus.SUCCESSFUL),
+    "failed": TaskState("out of attempts or not retryable (dead)", TaskStatus.FAILED),
+    "cancelled": TaskState("cancelled by an operator", TaskStatus.CANCELLED),
+}
+
+
+def state_counts(cap: int = COUNT_CAP) -> dict[str, Count]:
+    """Tasks per dashboard state, each counted up to ``cap`` on the state's index. Pending (no index
+    of its own) is waiting minus retrying: exact while fewer than ``cap`` tasks wait, else a lower
+    bound."""
+    counts = {name: bounded_count(state.queryset(), cap) for name, state in STATES.items() if not state.unindexed}
+    waiting, retrying = bounded_count(Task.objects.filter(status=TaskStatus.READY), cap), counts["retrying"]
+    if not waiting.capped:
+        counts["pending"] = Count(waiting.value - retrying.value, capped=False)
+    else:
+        counts["pending"] = Count(0 if retrying.capped else cap - retrying.value, capped=True)
+    return {name: counts[name] for name in STATES}
+
+
+# -- listings ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Page:
+    tasks: list[Task]
+    #: Continue with ``before=next_before`` (ids below it); None: nothing older matches.
+    next_before: int | None
+    #: The page is short because a scan window ended, not because nothing older matches: the
+    #: listing has looked at every task from this id up. (None for a full or final page.)
+    scanned_to: int | None = None
+
+
+def search_lookups(term: str) -> list[Q]:
+    """Exact lookups for a search term: the id, a dedup key, a holder (worker id), a task path.
+    Each is an equality on an indexed column; a term that fits none finds nothing."""
+    term = term.strip()
+    if not term or "\x00" in term:
+        return []
+    lookups = []
+    if term.isascii() and term.isdigit() and len(term) <= 19 and 0 < int(term) <= _MAX_ID:
+        lookups.append(Q(pk=int(term)))
+    if len(term) <= 255:
+        lookups.append(Q(dedup_key=term))
+    if len(term) <= 200:
+        lookups.append(Q(holder=term))
+    if len(term) <= 255:
+        lookups.append(Q(task_path=term))
+    return lookups
+
+
+class Listing:
+    """Tasks of ``base`` newest first, read as one ordered index scan per (status, lookup).
+
+    ``lookups`` are alternatives (a search: id OR dedup key OR holder OR task path); a row that
+    several of them find is listed once (branches are merged with UNION, or in a set). ``residual``
+    is a condition no index covers: each branch reads at most ``SCAN_WINDOW`` rows to check it.
+    """
+
+    def __init__(
+        self,
+        base: QuerySet[Task],
+        statuses: Iterable[str] = ALL_STATUSES,
+        *,
+        lookups: Sequence[Q] | None = None,
+        residual: Q | None = None,
+    ) -> None:
+        self.base = base
+        self.statuses = tuple(dict.fromkeys(statuses))
+        self.lookups = [Q()] if lookups is None else list(lookups)
+        self.residual = residual
+
+    def _branches(self, before: int | None) -> list[QuerySet[Task]]:
+        branches = []
+        for status in self.statuses:
+            for lookup in self.lookups:
+                branch = self.base.filter(status=status).filter(lookup)
+                if before is not None:
+                    branch = branch.filter(pk__lt=before)
+                branches.append(branch.order_by("-pk"))
+        return branches
+
+    def page(self, *, limit: int, before: int | None = None, window: int | None = None) -> Page:
+        """One page of ``limit`` tasks with ids below ``before``."""
+        window = max(1, SCAN_WINDOW if window is None else window)
+        if limit < 1:
+            raise ValueError("a page holds at least one task")
+        branches = self._branches(before)
+        if not branches:
+            return Page([], None)
+        floors: list[int] = []  # per branch: the id down to which it has been read, when it was cut short
+        if self.residual is None:
+            hits = self._ids([branch.values_list("id")[: limit + 1] for branch in branches])
+        else:
+            flagged = [branch.annotate(hit=_flag(self.residual)).values_list("id", "hit") for branch in branches]
+            hits = self._ids([rows[:window] for rows in flagged], where='w."hit"', limit=limit + 1)
+            # A branch that found less than a page within its window: did the window end before the
+            # branch did? One more row tells; the ids above that row have all been checked.
+            sparse = [i for i, ids in enumerate(hits) if len(ids) <= limit]
+            for read, lowest in self._extent([flagged[i][: window + 1] for i in sparse]):
+                if read > window:
+                    floors.append(lowest + 1)
+        floors += [min(ids) for ids in hits if len(ids) > limit]
+        horizon = max(floors, default=None)
+        ids = sorted({i for branch in hits for i in branch if horizon is None or i >= horizon}, reverse=True)
+        next_before: int | None
+        scanned_to: int | None
+        if len(ids) > limit:
+            ids, next_before, scanned_to = ids[:limit], ids[limit - 1], None
+        else:
+            next_before = scanned_to = horizon
+        return Page(self.rows(ids), next_before, scanned_to)
+
+    def rows(self, ids: Sequence[int]) -> list[Task]:
+        found = {task.pk: task for task in self.base.filter(pk__in=ids)} if ids else {}
+        return [found[i] for i in ids if i in found]
+
+    def count(self, cap: int | None = None) -> Count:
+        """How many tasks the listing has, up to ``cap`` (COUNT_CAP; no residual: admin listings)."""
+        cap = COUNT_CAP if cap is None else cap
+        self._unwindowed()
+        branches = [branch.values_list("id")[: cap + 1] for branch in self._branches(None)]
+        if not branches:
+            return Count(0, False)
+        union, params = self._union(branches)
+        with connections[self.base.db].cursor() as cursor:
+            cursor.execute(f"SELECT count(*) FROM (SELECT 1 FROM ({union}) AS u LIMIT %s) AS c", [*params, cap + 1])
+            value = cursor.fetchone()[0]
+        return Count(min(value, cap), value > cap)
+
+    def ids(self, offset: int, limit: int) -> list[int]:
+        """Ids of rows ``offset`` to ``offset + limit`` (admin pages: offsets stay below COUNT_CAP)."""
+        self._unwindowed()
+        branches = [branch.values_list("id")[: offset + limit] for branch in self._branches(None)]
+        if not branches or limit <= 0:  # (a slice [:0] is an empty query, which does not compile)
+            return []
+        union, params = self._union(branches)
+        with connections[self.base.db].cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM ({union}) AS u ORDER BY id DESC LIMIT %s OFFSET %s", [*params, limit, offset]
+            )
+            return [row[0] for row in cursor.fetchall()]
+
+    def _unwindowed(self) -> None:
+        if self.residual is not None:
+            raise TypeError("count() and ids() read whole branches: a listing with a residual has only pages")
+
+    def _union(self, parts: Sequence[QuerySet[Any]]) -> tuple[str, list[Any]]:
+        sqls: list[str] = []
+        params: list[Any] = []
+        for part in parts:
+            sql, part_params = _compiled(part)
+            sqls.append(f"({sql})")
+            params.extend(part_params)
+        # Branches of different statuses are disjoint: UNION ALL, read lazily up to the LIMIT. With
+        # several lookups, UNION: a row found by two of them counts once (a hash of at most a few
+        # branches of ids; excluding the other lookups in each branch would spoil its index-only scan).
+        return (" UNION " if len(self.lookups) > 1 else " UNION ALL ").join(sqls), params
+
+    def _ids(self, parts: Sequence[QuerySet[Any]], *, where: str = "true", limit: int | None = None) -> list[list[int]]:
+        """The ids each part returns (that satisfy ``where``, up to ``limit``), in one statement."""
+        sqls: list[str] = []
+        params: list[Any] = []
+        for index, part in enumerate(parts):
+            sql, part_params = _compiled(part)
+            tail = f" ORDER BY w.id DESC LIMIT {int(limit)}" if limit is not None else ""
+            sqls.append(f"(SELECT {index}, w.id FROM ({sql}) AS w WHERE {where}{tail})")
+            params.extend(part_params)
+        result: list[list[int]] = [[] for _ in parts]
+        with connections[self.base.db].cursor() as cursor:
+            cursor.execute(" UNION ALL ".join(sqls), params)
+            for index, pk in cursor.fetchall():
+                result[index].append(pk)
+        return result
+
+    def _extent(self, parts: Sequence[QuerySet[Any]]) -> list[tuple[int, int]]:
+        """(rows read, lowest id) of each window."""
+        if not parts:
+            return []
+        sqls: list[str] = []
+        params: list[Any] = []
+        for index, part in enumerate(parts):
+            sql, part_params = _compiled(part)
+            sqls.append(f"(SELECT {index}, count(*), min(w.id) FROM ({sql}) AS w)")
+            params.extend(part_params)
+        with connections[self.base.db].cursor() as cursor:
+            cursor.execute(" UNION ALL ".join(sqls), params)
+            extents = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+        return [extents[index] for index in range(len(parts))]
+
+
+def state_listing(state: str, *, queue: str | None = None, search: str = "") -> Listing:
+    """A dashboard state's tasks, optionally in one queue and matching a search."""
+    spec = STATES[state]
+    base = spec.base()
+    if queue and "\x00" in queue:  # no queue has that name (PostgreSQL text cannot hold NUL)
+        return Listing(base, (spec.status,), lookups=[])
+    lookups: list[Q] | None = None
+    unindexed: list[Q] = []  # conditions left over once a lookup's index drives the scan
+    if search:
+        lookups = search_lookups(search)
+        if queue:
+            unindexed.append(Q(queue=queue))
+    elif queue:
+        lookups = [Q(queue=queue)]
+    if lookups is not None and spec.where:
+        unindexed.append(spec.where)
+    else:
+        base = base.filter(spec.where)
+    if spec.unindexed:
+        unindexed.append(spec.unindexed)
+    if spec.bounded:
+        return Listing(base.filter(*unindexed), (spec.status,), lookups=lookups)
+    residual = reduce(operator.and_, unindexed) if unindexed else None
+    return Listing(base, (spec.status,), lookups=lookups, residual=residual)
+
+
+class ListingPaginator(Paginator):
+    """An admin paginator over a :class:`Listing`: the count stops at COUNT_CAP (``capped`` tells),
+    so there are at most COUNT_CAP / per_page pages and no page reads more than COUNT_CAP rows."""
+
+    def __init__(self, listing: Listing, per_page: int, orphans: int = 0, allow_empty_first_page: bool = True) -> None:
+        super().__init__(listing.base, per_page, orphans, allow_empty_first_page)
+        self.listing = listing
+
+    @cached_property
+    def _bounded(self) -> Count:
+        return self.listing.count()
+
+    @cached_property
+    def count(self) -> int:
+        return self._bounded.value
+
+    @property
+    def capped(self) -> bool:
+        return self._bounded.capped
+
+    def page(self, number: Any) -> PaginatorPage:
+        # Paginator.page, with the slice read from the listing's ordered index scans.
+        number = self.validate_number(number)
+        bottom = (number - 1) * self.per_page
+        top = bottom + self.per_page
+        if top + self.orphans >= self.count:
+            top = self.count
+        rows = self.listing.rows(self.listing.ids(bottom, top - bottom)) if top > bottom else []
+        return PaginatorPage(rows, number, self)
+
+
+# -- queues -----------------------------------------------------------------------------------------
+
+# A loose index scan over tasks_task_queue_ready_idx: each step finds the next queue name after the
+# previous one (one index descent), so the cost is per queue, not per task. Per queue: the oldest
+# waiting run_after (the first index entry) and the runnable depth, counted up to the cap.
+QUEUE_STATS_SQL = """
+WITH RECURSIVE waiting(queue) AS (
+    (SELECT queue FROM tasks_task WHERE status = 'READY' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM tasks_task AS t WHERE t.status = 'READY' AND t.queue > waiting.queue
+            ORDER BY t.queue LIMIT 1)
+    FROM waiting WHERE waiting.queue IS NOT NULL
+)
+SELECT w.queue, depth.n, EXTRACT(EPOCH FROM statement_timestamp() - oldest.run_after)::float8
+FROM (SELECT queue FROM waiting WHERE queue IS NOT NULL LIMIT %(queues)s) AS w
+CROSS JOIN LATERAL (
+    SELECT t.run_after FROM tasks_task AS t WHERE t.status = 'READY' AND t.queue = w.queue
+    ORDER BY t.run_after LIMIT 1
+) AS oldest
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n FROM (
+        SELECT 1 FROM tasks_task AS t
+        WHERE t.status = 'READY' AND t.queue = w.queue AND t.run_after <= statement_timestamp()
+        LIMIT %(cap)s + 1
+    ) AS runnable
+) AS depth
+WHERE depth.n > 0
+ORDER BY w.queue
+"""
+
+
+def _queue_names_sql() -> str:
+    statuses = ", ".join(f"'{status}'" for status in NOT_RUNNING_STATUSES)
+    # The same loose index scan over tasks_task_queue_newest_idx (every status but RUNNING, which
+    # is the index's condition, repeated so that the planner can use it), plus the queues of the
+    # running tasks (a bounded set).
+    return f"""
+WITH RECURSIVE named(queue) AS (
+    (SELECT queue FROM tasks_task WHERE status IN ({statuses}) ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM tasks_task AS t WHERE t.status IN ({statuses}) AND t.queue > named.queue
+            ORDER BY t.queue LIMIT 1)
+    FROM named WHERE named.queue IS NOT NULL
+)
+SELECT queue FROM (
+    (SELECT queue FROM named WHERE queue IS NOT NULL LIMIT %(limit)s)
+    UNION
+    SELECT queue FROM tasks_task WHERE status = 'RUNNING'
+) AS q
+ORDER BY queue
+LIMIT %(limit)s
+"""
+
+
+def queue_stats(*, using: str = "default", cap: int = COUNT_CAP) -> list[dict[str, Any]]:
+    """Runnable depth (capped) and age of the oldest runnable task, per queue with runnable tasks."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(QUEUE_STATS_SQL, {"queues": QUEUE_LIMIT, "cap": cap})
+        return [
+            {"queue": queue, "depth": Count(min(n, cap), n > cap), "oldest_age": float(age or 0)}
+            for queue, n, age in cursor.fetchall()
+        ]
+
+
+def queue_names(*, using: str = "default", limit: int = QUEUE_LIMIT) -> list[str]:
+    """Names of the queues that have tasks (the first ``limit`` by name)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_queue_names_sql(), {"limit": limit})
+        return [row[0] for row in cursor.fetchall()]
+
+
+# -- plumbing ---------------------------------------------------------------------------------------
+
+
+def any_of(lookups: Sequence[Q]) -> Q:
+    return reduce(operator.or_, lookups)
+
+
+def _flag(condition: Q) -> ExpressionWrapper[Any]:
+    return ExpressionWrapper(condition, output_field=BooleanField())
+
+
+def _compiled(queryset: QuerySet[Any]) -> tuple[str, tuple[Any, ...]]:
+    sql, params = queryset.query.get_compiler(using=queryset.db).as_sql()
+    return sql, tuple(params)
