@@ -48,7 +48,8 @@ class CheckedInputAdmin(admin.ModelAdmin):
         offered: set[str] = set()
         for item in self.get_list_filter(request):
             if isinstance(item, type) and issubclass(item, admin.SimpleListFilter):
-                offered.add(item.parameter_name or "")
+                name = item.parameter_name or ""
+                offered |= {name, name.removesuffix("__exact")}  # ?queue= as well as ?queue__exact=
             else:
                 field = item if isinstance(item, str) else item[0]  # type: ignore[index]  # (field, filter class)
                 offered |= {f"{field}", f"{field}__exact", f"{field}__isnull"}

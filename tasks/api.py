@@ -334,4 +334,5 @@ def not_found(request: HttpRequest, rest: str) -> tuple[int, Any]:
 
 
 #: Mounted last under /api/: unknown routes answer in JSON too.
-fallback = [re_path(r"^(?P<rest>.*)$", not_found, name="api-not-found")]
+# Any path under the API, newlines included (``.`` would not match one, and Django's HTML 404 would answer).
+fallback = [re_path(r"^(?P<rest>[\s\S]*)\Z", not_found, name="api-not-found")]
