@@ -756,9 +756,6 @@ class Task(LeaseFields):
             models.Index(
                 models.F("id").desc(), name="tasks_task_retrying_idx", condition=Q(status="READY") & FAILED_BEFORE
             ),
-            # Depth and age of the oldest runnable task per queue (dashboard, /metrics), and the
-            # queues that have waiting tasks (a loose index scan, no DISTINCT over the table).
-            models.Index(fields=["queue", "run_after"], name="tasks_task_queue_ready_idx", condition=Q(status="READY")),
             # The repair sweep looks for leases left live on rows that are not running: normally none.
             models.Index(
                 fields=["id"],

@@ -341,9 +341,11 @@ class ListingPaginator(Paginator):
 
 # -- queues -----------------------------------------------------------------------------------------
 
-# A loose index scan over tasks_task_queue_ready_idx: each step finds the next queue name after the
-# previous one (one index descent), so the cost is per queue, not per task. Per queue: the oldest
-# waiting run_after (the first index entry) and the runnable depth, counted up to the cap.
+# Loose index scans over the claim index (tasks_task_claim_idx: queue, priority DESC, run_after, ...
+# WHERE READY): each step finds the next queue name after the previous one (one index descent), so
+# the cost is per queue, not per task. Per queue, the oldest waiting run_after is the smallest of the
+# first entries of each priority (the same kind of scan over the few priorities in use), and the
+# runnable depth is counted up to the cap. No index of its own: every index is written by every enqueue.
 QUEUE_STATS_SQL = """
 WITH RECURSIVE waiting(queue) AS (
     (SELECT queue FROM tasks_task WHERE status = 'READY' ORDER BY queue LIMIT 1)
@@ -351,22 +353,33 @@ WITH RECURSIVE waiting(queue) AS (
     SELECT (SELECT t.queue FROM tasks_task AS t WHERE t.status = 'READY' AND t.queue > waiting.queue
             ORDER BY t.queue LIMIT 1)
     FROM waiting WHERE waiting.queue IS NOT NULL
+), levels(queue, priority) AS (
+    SELECT w.queue, (SELECT t.priority FROM tasks_task AS t WHERE t.status = 'READY' AND t.queue = w.queue
+                     ORDER BY t.priority DESC LIMIT 1)
+    FROM (SELECT queue FROM waiting WHERE queue IS NOT NULL LIMIT %(queues)s) AS w
+    UNION ALL
+    SELECT levels.queue, (SELECT t.priority FROM tasks_task AS t
+                          WHERE t.status = 'READY' AND t.queue = levels.queue AND t.priority < levels.priority
+                          ORDER BY t.priority DESC LIMIT 1)
+    FROM levels WHERE levels.priority IS NOT NULL
+), oldest(queue, run_after) AS (
+    SELECT levels.queue, min((SELECT t.run_after FROM tasks_task AS t
+                              WHERE t.status = 'READY' AND t.queue = levels.queue AND t.priority = levels.priority
+                              ORDER BY t.run_after LIMIT 1))
+    FROM levels WHERE levels.priority IS NOT NULL
+    GROUP BY levels.queue
 )
-SELECT w.queue, depth.n, EXTRACT(EPOCH FROM statement_timestamp() - oldest.run_after)::float8
-FROM (SELECT queue FROM waiting WHERE queue IS NOT NULL LIMIT %(queues)s) AS w
-CROSS JOIN LATERAL (
-    SELECT t.run_after FROM tasks_task AS t WHERE t.status = 'READY' AND t.queue = w.queue
-    ORDER BY t.run_after LIMIT 1
-) AS oldest
+SELECT oldest.queue, depth.n, EXTRACT(EPOCH FROM statement_timestamp() - oldest.run_after)::float8
+FROM oldest
 CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM (
         SELECT 1 FROM tasks_task AS t
-        WHERE t.status = 'READY' AND t.queue = w.queue AND t.run_after <= statement_timestamp()
+        WHERE t.status = 'READY' AND t.queue = oldest.queue AND t.run_after <= statement_timestamp()
         LIMIT %(cap)s + 1
     ) AS runnable
 ) AS depth
 WHERE depth.n > 0
-ORDER BY w.queue
+ORDER BY oldest.queue
 """
 
 

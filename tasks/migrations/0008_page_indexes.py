@@ -80,10 +80,6 @@ class Migration(migrations.Migration):
         ),
         AddIndexConcurrently(
             model_name='task',
-            index=models.Index(condition=models.Q(('status', 'READY')), fields=['queue', 'run_after'], name='tasks_task_queue_ready_idx'),
-        ),
-        AddIndexConcurrently(
-            model_name='task',
             index=models.Index(models.OrderBy(models.F('id'), descending=True), condition=models.Q(('status', 'READY'), models.Q(('failures__gt', 0), ('crashes__gt', 0), ('shared_crashes__gt', 0), _connector='OR')), name='tasks_task_retrying_idx'),
         ),
         # tasks_task_holder_newest_idx (holder, status, id) now serves every lookup by holder: the

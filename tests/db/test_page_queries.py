@@ -192,3 +192,31 @@ def test_queue_names_and_stats_come_from_index_jumps(tasks: list[Task]) -> None:
 def test_a_queue_name_with_nul_finds_nothing_instead_of_failing(tasks: list[Task]) -> None:
     assert state_listing("succeeded", queue="mail\x00").page(limit=5).tasks == []
     assert state_listing("succeeded", queue="mail\x00", search="app.a").page(limit=5).tasks == []
+
+
+def test_queue_stats_find_the_oldest_waiting_task_across_priorities() -> None:
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from tasks.models import Task
+    from tasks.queries import queue_stats
+
+    now = timezone.now()
+    for priority, minutes in ((5, 3), (0, 50), (-3, 7), (9, 1)):
+        Task.objects.enqueue(
+            "tests.testapp.handlers.noop",
+            queue="mail",
+            priority=priority,
+            run_after=now - dt.timedelta(minutes=minutes),
+        )
+    Task.objects.enqueue("tests.testapp.handlers.noop", queue="mail", run_after=now + dt.timedelta(hours=1))
+    Task.objects.enqueue(
+        "tests.testapp.handlers.noop", queue="bulk", priority=2, run_after=now - dt.timedelta(minutes=2)
+    )
+    stats = {s["queue"]: s for s in queue_stats(cap=3)}
+    assert set(stats) == {"mail", "bulk"}
+    assert 50 * 60 - 5 <= stats["mail"]["oldest_age"] <= 50 * 60 + 60
+    assert (stats["mail"]["depth"].value, stats["mail"]["depth"].capped) == (3, True)  # 4 due, capped at 3
+    assert 2 * 60 - 5 <= stats["bulk"]["oldest_age"] <= 2 * 60 + 60
+    assert (stats["bulk"]["depth"].value, stats["bulk"]["depth"].capped) == (1, False)
