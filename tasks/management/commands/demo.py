@@ -28,6 +28,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
+from leasing import embedded
 from tasks import generator
 from tasks.management.commands._common import positive_float, positive_int
 
@@ -180,14 +181,13 @@ class Command(BaseCommand):
         self.stdout.write("demo stopped: all child processes ended")
 
     def _stop_embedded_database(self) -> None:
-        pgdata = getattr(settings, "EMBEDDED_PGDATA", None)
-        if not pgdata:
+        # Only a server this process's settings started or reused (leasing.embedded.database_url);
+        # with DATABASE_URL set there is none, and the database is not ours to stop.
+        server = embedded.server_in_use()
+        if server is None:
             return
         from django.db import connections
 
         connections.close_all()
-        from project.embedded_db import EmbeddedServer, _socket_dir_for
-
-        path = Path(pgdata)
-        EmbeddedServer(path, _socket_dir_for(path)).stop()
+        server.stop()
         self.stdout.write("embedded PostgreSQL stopped")
