@@ -27,6 +27,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
+from django.urls import reverse
 
 from leasing import embedded
 from tasks import generator
@@ -97,13 +98,13 @@ class Command(BaseCommand):
         try:
             for child in children:
                 self._start(child, env)
-            url = f"http://127.0.0.1:{port}/dashboard/"
+            # Wherever the project mounts the package (tasks.site_urls under a prefix of its own).
+            base = f"http://127.0.0.1:{port}"
+            url = base + reverse("tasks:overview")
             self._wait_for(url, children[0])
             self.stdout.write(self.style.SUCCESS(f"\nDashboard: {url}"))
             self.stdout.write(f"Login:     {USERNAME} / {password}")
-            self.stdout.write(
-                f"API:       http://127.0.0.1:{port}/api/openapi.json   Metrics: http://127.0.0.1:{port}/metrics"
-            )
+            self.stdout.write(f"API:       {base}{reverse('api-openapi')}   Metrics: {base}{reverse('metrics')}")
             self.stdout.write(
                 "Failure injection is "
                 + ("off." if no_failures else "on: ~5 % crashes, ~10 % stalls.")
