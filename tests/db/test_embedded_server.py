@@ -163,9 +163,11 @@ def test_socket_directory_is_private_to_the_servers_user(
         assert connects_as_root(chosen)  # the Django process (root in CI) still gets in
 
 
-def test_parent_directories_are_not_opened_to_everyone(tmp_path: Path) -> None:
-    base = tmp_path / "private"
-    base.mkdir(mode=0o700)
+def test_parent_directories_are_not_opened_to_everyone() -> None:
+    # A private directory (0700, as mkdtemp makes it) above the data directory. Not pytest's
+    # tmp_path: a pytest session starting meanwhile chmods its base directory, which would take
+    # the service user's ACL entry on it out of effect.
+    base = Path(tempfile.mkdtemp(prefix="leasing-pg-private-"))
     started = ensure_server(base / "pgdata", options=embedded.FAST_OPTIONS)
     try:
         assert stat.S_IMODE(base.stat().st_mode) & 0o007 == 0, "others gained access to a parent directory"

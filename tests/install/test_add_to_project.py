@@ -19,10 +19,12 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -161,19 +163,29 @@ def wait_for(predicate: Any, timeout: float, what: str) -> Any:
 
 
 @pytest.fixture
-def project(tmp_path: Path) -> Iterator[Project]:
-    made = Project(tmp_path)
+def project() -> Iterator[Project]:
+    # Not under pytest's tmp_path: as root the embedded server runs as its service user, which must
+    # traverse every parent of the binaries in the new virtual environment, and a pytest session
+    # starting meanwhile (another checkout's, say) chmods /tmp/pytest-of-root back to 0700, which
+    # takes the service user's ACL entry on it out of effect.
+    base = Path(tempfile.mkdtemp(prefix="leasing-install-"))
+    made = Project(base)
     try:
         yield made
     finally:
         for proc in made.processes:
             stop(proc)
+        # Shown by pytest when the test failed: what the processes and the database said.
+        for log in (*base.glob("*.log"), made.dir / ".pgdata" / "server.log"):
+            if log.exists():
+                print(f"==== {log}\n{log.read_text(errors='replace')[-4000:]}")
         if (made.dir / ".pgdata").exists():
             made.run(
                 made.python,
                 "-c",
                 "from leasing.embedded import EmbeddedServer; EmbeddedServer.at('.pgdata').stop('immediate')",
             )
+        shutil.rmtree(base, ignore_errors=True)
 
 
 class Http:
