@@ -18,7 +18,7 @@ def prepare_database() -> Any:
     """Point DATABASE_URL at a migrated database; returns the embedded server to stop, if any."""
     server = None
     if "DATABASE_URL" not in os.environ:
-        from project.embedded_db import ensure_server
+        from leasing.embedded import ensure_server
 
         # Default durability settings (fsync on): the figures are what a real deployment sees.
         server = ensure_server(Path(tempfile.mkdtemp(prefix="leasing-bench-")) / "pgdata")

@@ -199,7 +199,7 @@ def main() -> None:
                     print(f"compare.{case}.raw.round={round_no}  {rate:.1f} tasks/s", flush=True)
     finally:
         if server is not None:
-            from project.embedded_db import discard
+            from leasing.embedded import discard
 
             discard(server)
     table = render(results, cases, systems, args)

@@ -214,7 +214,7 @@ def main() -> None:
         figure("demo.worker_restarts", health.restarts, "worker processes killed by injected crashes")
     finally:
         if server is not None:
-            from project.embedded_db import discard
+            from leasing.embedded import discard
 
             discard(server)
 

@@ -101,7 +101,7 @@ def main() -> None:
             figure(f"leases.acquire_release.api_to_raw.procs={processes}", ratio * 100, "% (best rounds)")
     finally:
         if server is not None:
-            from project.embedded_db import discard
+            from leasing.embedded import discard
 
             discard(server)
 

@@ -276,7 +276,7 @@ def main() -> None:
         print(f"\nworst ratio: {worst:.2f}x (goal: at most 3x)")
     finally:
         if server is not None:
-            from project.embedded_db import discard
+            from leasing.embedded import discard
 
             discard(server)
 

@@ -159,7 +159,7 @@ def main() -> int:
     args = parser.parse_args()
     rng = random.Random(args.seed)
 
-    from project.embedded_db import discard, ensure_server
+    from leasing.embedded import discard, ensure_server
 
     base = Path(tempfile.mkdtemp(prefix="leasing-soak-"))
     server = ensure_server(base / "pgdata")

@@ -378,7 +378,7 @@ def main() -> None:
     finally:
         reset()
         if server is not None:
-            from project.embedded_db import discard
+            from leasing.embedded import discard
 
             discard(server)
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import environ
 
+from leasing.embedded import database_url
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -106,24 +108,9 @@ TEMPLATES = [
 WSGI_APPLICATION = "project.wsgi.application"
 
 
-#: The data directory of the embedded PostgreSQL this process started or reused (None: DATABASE_URL).
-EMBEDDED_PGDATA: str | None = None
-
-
-def _database_url() -> str:
-    global EMBEDDED_PGDATA
-    if "DATABASE_URL" in os.environ:
-        return env("DATABASE_URL")
-    from project.embedded_db import ensure_server
-
-    server = ensure_server(env.path("LEASING_PGDATA", default=str(BASE_DIR / ".pgdata")))
-    EMBEDDED_PGDATA = str(server.pgdata)
-    # Child processes (workers, the generator) reuse the same server through the environment.
-    os.environ["DATABASE_URL"] = server.url()
-    return server.url()
-
-
-DATABASES = {"default": env.db_url_config(_database_url())}
+# DATABASE_URL, or else the embedded PostgreSQL the package ships, started (or reused) on
+# LEASING_PGDATA; its URL is exported so that child processes (workers, the generator) reuse it.
+DATABASES = {"default": env.db_url_config(database_url(env.path("LEASING_PGDATA", default=str(BASE_DIR / ".pgdata"))))}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # Server-side binding (Django's "server_side_binding" option, which lets psycopg prepare repeated

@@ -307,7 +307,8 @@ def generator_state(request: HttpRequest) -> tuple[int, Any]:
 def openapi(request: HttpRequest) -> JsonResponse:
     from tasks.openapi import document
 
-    return JsonResponse(document(request.build_absolute_uri("/api")))
+    # The API is mounted wherever the project includes it: its base is where this document is.
+    return JsonResponse(document(request.build_absolute_uri(request.path.removesuffix("/openapi.json"))))
 
 
 urlpatterns = [
@@ -330,7 +331,7 @@ urlpatterns = [
 #: Any authenticated caller may learn that a route does not exist.
 @api_view(**dict.fromkeys(("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"), ()))
 def not_found(request: HttpRequest, rest: str) -> tuple[int, Any]:
-    raise ApiError(404, f"no such API route: /api/{rest}")
+    raise ApiError(404, f"no such API route: {request.path}")
 
 
 #: Mounted last under /api/: unknown routes answer in JSON too.

@@ -10,6 +10,8 @@ urlpatterns = [
     path("tasks/action/", views.task_action, name="task-action"),
     path("tasks/<slug:state>/", views.task_list, name="task-state"),
     path("workers/", views.workers, name="workers"),
+    # Worker ids are free text (host:pid:random by default): any character may appear.
+    path("workers/<path:worker_id>/", views.worker_detail, name="worker-detail"),
     path("generator/", views.generator_page, name="generator"),
     path("queues/", queue_views.queues_page, name="queues"),
     path("schedules/", schedule_views.schedules, name="schedules"),

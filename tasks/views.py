@@ -228,6 +228,33 @@ def workers(request: HttpRequest) -> HttpResponse:
     )
 
 
+#: The counters the workers list shows as columns; the rest are on each worker's own page.
+WORKER_COLUMNS = ("succeeded", "failed", "rejected", "lost")
+HELD_LIMIT = 200
+
+
+@staff_page(GET=[VIEW_WORKER, VIEW_TASK])
+def worker_detail(request: HttpRequest, worker_id: str) -> HttpResponse:
+    worker = get_object_or_404(Worker, pk=worker_id)
+    # Through the running-holder index: what this worker holds now, live or stuck.
+    held = list(Task.objects.running().filter(holder=worker.id).order_by("pk")[: HELD_LIMIT + 1])
+    stats = worker.stats or {}
+    counters = [(key, stats.get(key, 0)) for key in WORKER_COLUMNS]
+    counters += sorted((key, value) for key, value in stats.items() if key not in WORKER_COLUMNS)
+    return render(
+        request,
+        "leasing/dashboard/worker_detail.html",
+        {
+            "worker": worker,
+            "alive": live_workers().filter(pk=worker.pk).exists(),
+            "counters": counters,
+            "held": held[:HELD_LIMIT],
+            "held_more": len(held) > HELD_LIMIT,
+            "ttl": get_settings().TTL,
+        },
+    )
+
+
 @staff_page(GET=[VIEW_GENERATOR], POST=[CHANGE_GENERATOR])
 def generator_page(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":

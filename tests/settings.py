@@ -11,7 +11,7 @@ import atexit
 import os
 
 if "DATABASE_URL" not in os.environ:
-    from project.embedded_db import discard, temporary_server
+    from leasing.embedded import discard, temporary_server
 
     _server = temporary_server()
     _owner = os.getpid()

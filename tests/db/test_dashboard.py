@@ -167,3 +167,56 @@ def test_a_page_cut_short_by_the_scan_window_says_so_and_goes_on(
     second = staff.get("/dashboard/tasks/pending/", {"queue": "mail", "before": str(retrying[1] + 1)})
     assert [t.pk for t in second.context["tasks"]] == list(reversed(pending))
     assert second.context["next_before"] is None
+
+
+def test_workers_page_shows_four_counters_as_columns_and_links_each_worker(staff: Client) -> None:
+    stats = {"succeeded": 7, "failed": 2, "rejected": 1, "lost": 3, "claimed": 13, "heartbeats": 99}
+    Worker.objects.create(id="host:1:abc", hostname="box", pid=42, concurrency=2, stats=stats)
+    Worker.objects.create(
+        id="host:2:def", hostname="box", pid=43, concurrency=2, stats=stats, stopped_at=timezone.now()
+    )
+    page = staff.get("/dashboard/workers/").content.decode()
+    for table in ('id="workers"', 'id="recent-workers"'):
+        header = page.split(table, 1)[1].split("</thead>", 1)[0]
+        assert [h.split(">", 1)[1] for h in header.split("</th>")[-5:-1]] == ["Succeeded", "Failed", "Rejected", "Lost"]
+    assert '<td class="num">7</td><td class="num">2</td><td class="num">1</td><td class="num">3</td>' in page
+    assert "claimed=" not in page and ">99<" not in page  # the rest is on the worker's own page
+    assert 'href="/dashboard/workers/host:1:abc/"' in page and 'href="/dashboard/workers/host:2:def/"' in page
+
+
+def test_worker_page_shows_every_counter_and_what_it_holds(staff: Client, client: Client) -> None:
+    ids = make_tasks()
+    stats = {"heartbeats": 99, "claimed": 13, "lost": 3, "succeeded": 7}
+    Worker.objects.create(id="w1", hostname="box", pid=42, concurrency=2, stats=stats, running=2)
+    response = staff.get("/dashboard/workers/w1/")
+    assert response.status_code == 200
+    # The four columns of the list first (zero when never counted), then the rest by name.
+    assert response.context["counters"] == [
+        ("succeeded", 7),
+        ("failed", 0),
+        ("rejected", 0),
+        ("lost", 3),
+        ("claimed", 13),
+        ("heartbeats", 99),
+    ]
+    assert {task.pk for task in response.context["held"]} == {ids["running"], ids["stuck"]}
+    assert response.context["alive"] is True
+    page = response.content.decode()
+    assert "STUCK" in page and f'href="/dashboard/tasks/{ids["running"]}/"' in page
+
+    Worker.objects.filter(pk="w1").update(stopped_at=timezone.now(), stop_reason="presumed dead: silent for 61.0 s")
+    stopped = staff.get("/dashboard/workers/w1/")
+    assert stopped.context["alive"] is False
+    assert "presumed dead: silent for 61.0 s" in stopped.content.decode()
+
+    assert staff.get("/dashboard/workers/nobody/").status_code == 404
+    client.logout()
+    assert client.get("/dashboard/workers/w1/").status_code == 302
+
+
+def test_worker_ids_with_any_character_have_a_page(staff: Client) -> None:
+    odd = "pod/7 ü:#?%"
+    Worker.objects.create(id=odd, hostname="box", pid=1, concurrency=1)
+    page = staff.get("/dashboard/workers/").content.decode()
+    link = page.split('<td class="mono"><a href="', 1)[1].split('"', 1)[0]
+    assert staff.get(link).context["worker"].id == odd

@@ -27,7 +27,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
+from django.urls import reverse
 
+from leasing import embedded
 from tasks import generator
 from tasks.management.commands._common import positive_float, positive_int
 
@@ -96,13 +98,13 @@ class Command(BaseCommand):
         try:
             for child in children:
                 self._start(child, env)
-            url = f"http://127.0.0.1:{port}/dashboard/"
+            # Wherever the project mounts the package (tasks.site_urls under a prefix of its own).
+            base = f"http://127.0.0.1:{port}"
+            url = base + reverse("tasks:overview")
             self._wait_for(url, children[0])
             self.stdout.write(self.style.SUCCESS(f"\nDashboard: {url}"))
             self.stdout.write(f"Login:     {USERNAME} / {password}")
-            self.stdout.write(
-                f"API:       http://127.0.0.1:{port}/api/openapi.json   Metrics: http://127.0.0.1:{port}/metrics"
-            )
+            self.stdout.write(f"API:       {base}{reverse('api-openapi')}   Metrics: {base}{reverse('metrics')}")
             self.stdout.write(
                 "Failure injection is "
                 + ("off." if no_failures else "on: ~5 % crashes, ~10 % stalls.")
@@ -180,14 +182,13 @@ class Command(BaseCommand):
         self.stdout.write("demo stopped: all child processes ended")
 
     def _stop_embedded_database(self) -> None:
-        pgdata = getattr(settings, "EMBEDDED_PGDATA", None)
-        if not pgdata:
+        # Only a server this process's settings started or reused (leasing.embedded.database_url);
+        # with DATABASE_URL set there is none, and the database is not ours to stop.
+        server = embedded.server_in_use()
+        if server is None:
             return
         from django.db import connections
 
         connections.close_all()
-        from project.embedded_db import EmbeddedServer, _socket_dir_for
-
-        path = Path(pgdata)
-        EmbeddedServer(path, _socket_dir_for(path)).stop()
+        server.stop()
         self.stdout.write("embedded PostgreSQL stopped")
