@@ -30,6 +30,24 @@ LISTINGS = {
 _MAX_TOKEN = 2**63 - 1
 
 
+#: Characters of a traceback that a list shows (its end: where it failed); the task's own URL has it whole.
+LIST_TRACEBACK = 500
+
+
+def task_summary_json(task: Task) -> dict[str, Any]:
+    """A task as lists show it: each error's traceback cut to its last LIST_TRACEBACK characters
+    (a list of 500 tasks must not carry 500 error histories whole); ``GET /api/tasks/<id>`` has it all."""
+    data = task_json(task)
+    errors = []
+    for error in task.errors:
+        text = error.get("traceback") or ""
+        if len(text) > LIST_TRACEBACK:
+            error = {**error, "traceback": "…" + text[-LIST_TRACEBACK:], "traceback_truncated": True}
+        errors.append(error)
+    data["errors"] = errors
+    return data
+
+
 def task_json(task: Task) -> dict[str, Any]:
     return {
         "id": task.pk,
@@ -83,7 +101,7 @@ def _listing(request: HttpRequest, queryset: QuerySet[Task], statuses: Sequence[
     limit, before = page_args(request)
     page = Listing(queryset, statuses, lookups=lookups).page(limit=limit, before=before)
     return 200, {
-        "tasks": [task_json(task) for task in page.tasks],
+        "tasks": [task_summary_json(task) for task in page.tasks],
         "next": f"?limit={limit}&before={page.next_before}" if page.next_before is not None else None,
     }
 

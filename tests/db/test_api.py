@@ -348,3 +348,20 @@ def test_openapi_describes_every_route(api: Api) -> None:
         normalised = route.removeprefix("/api").replace("<int:lease_id>", "<int>").replace("<int:task_id>", "<int>")
         normalised = normalised.replace("<str:name>", "{name}")
         assert normalised in described, route
+
+
+def test_lists_cut_tracebacks_and_the_task_itself_has_them_whole(api: Api) -> None:
+    from tasks.models import Failure
+
+    task_id = Task.objects.enqueue("tests.testapp.handlers.noop", max_attempts=1).id
+    claimed = Task.objects.claim("w1", start=True)[0]
+    long_trace = "Traceback (most recent call last):\n" + "x" * 5000 + "\nValueError: the end"
+    Task.objects.fail(Failure(claimed.id, claimed.token, "builtins.ValueError", "bad", long_trace), "w1")
+    status, body = api.call("GET", "/api/tasks?status=FAILED")
+    assert status == 200
+    [listed] = [t for t in body["tasks"] if t["id"] == task_id]
+    [error] = listed["errors"]
+    assert error["traceback_truncated"] is True and len(error["traceback"]) <= 501
+    assert error["traceback"].endswith("ValueError: the end") and error["message"] == "bad"
+    status, body = api.call("GET", f"/api/tasks/{task_id}")
+    assert body["task"]["errors"][0]["traceback"] == long_trace
