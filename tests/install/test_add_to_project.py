@@ -400,7 +400,7 @@ def test_add_it_to_a_new_project_from_the_wheel(project: Project) -> None:
     assert plain.get("/ops/api/leases")[0] == 403
     assert anonymous.get("/ops/metrics")[0] == 401
     assert anonymous.get("/ops/metrics", headers=wrong)[0] == 401
-    assert plain.get("/ops/metrics")[0] == 401
+    assert plain.get("/ops/metrics")[0] == 403  # signed in, without the view permissions
 
     staff.log_in_through_the_admin(*STAFF)
     status, _, page = staff.get("/ops/dashboard/")
