@@ -24,11 +24,11 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections
 from django.tasks import TaskResult, TaskResultStatus, default_task_backend
-from django.tasks.signals import task_finished, task_started
+from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.test import override_settings
 from django.utils import timezone
 
@@ -190,6 +190,49 @@ class ThreadBreakerTestCase(ThreadWorkerTestCase):
             if result is not first and isinstance(result.return_value, int):
                 self.assertEqual((result.task.queue_name, result.task.priority), ("queue_1", 7))
 
+    def test_an_enqueued_receiver_that_raises_leaves_no_task(self):
+        def receiver(sender: Any, task_result: TaskResult, **kwargs: Any) -> None:
+            if task_result.args == ["refused"]:
+                raise ValueError("a task_enqueued receiver refuses it")
+
+        with Receiver(task_enqueued, receiver), self.assertRaisesMessage(ValueError, "refuses it"):
+            lease_tasks.echo.enqueue("refused")
+        self.assertFalse(TaskRow.objects.exists())
+        after = lease_tasks.echo.enqueue("after")
+        self.wait_finished(after)
+        self.assertEqual(TaskRow.objects.count(), 1)
+
+    # -- leases ---------------------------------------------------------------------------------
+
+    def test_an_attempt_whose_lease_was_taken_over_finishes_once_as_far_as_it_went(self):
+        gate = "taken-over"
+        Gate.objects.create(key=gate)
+        try:
+            result = lease_tasks.block_first_attempt.using(priority=5).enqueue(gate)
+            task_id = int(result.id)
+            wait_until(
+                lambda: TaskRow.objects.filter(pk=task_id, attempt_started=True).exists(), WAIT, what="attempt 1"
+            )
+            # Attempt 1's lease lapses (as if its heartbeats stopped getting through) and the task is
+            # recovered; the same worker takes it again while attempt 1 is still blocked.
+            TaskRow.objects.filter(pk=task_id).update(expires_at=timezone.now() - dt.timedelta(seconds=1))
+            self.assertEqual([r.id for r in TaskRow.objects.recover_expired()], [task_id])
+            done = wait_until(lambda: self._finished_event(result.id), WAIT, what="attempt 2")
+            self.assertEqual((done["status"], done["stored_status"], done["attempts"]), ("SUCCESSFUL", "SUCCESSFUL", 2))
+        finally:
+            Gate.objects.filter(key=gate).update(open=True)
+        wait_until(lambda: len(self.events(result.id, "finished")) == 2, WAIT, what="attempt 1's late end")
+        self.wait_finished(lease_tasks.echo.enqueue("a later task"))  # signals are sent in order
+        first_end, late = self.events(result.id, "finished")
+        self.assertEqual(first_end, done)
+        self.assertEqual((late["status"], late["attempts"]), ("READY", 1))
+        self.assertEqual([e[0] for e in late["errors"]], ["tasks.exceptions.TaskLeaseLost"])
+        self.assertEqual(late["task"]["priority"], 5)
+        result.refresh()
+        self.assertEqual((result.status, result.attempts, len(result.worker_ids)), (TaskResultStatus.SUCCESSFUL, 2, 2))
+        self.assertEqual(result.return_value["attempt"], 2)
+        self.assertEqual(len(self.events(result.id, "started")), 2)
+
     # -- retries, timeouts, async ---------------------------------------------------------------
 
     @override_settings(LEASING_TASKS=RETRYING)
@@ -221,11 +264,12 @@ class ThreadBreakerTestCase(ThreadWorkerTestCase):
         self.assertEqual(first["status"], "READY")
         self.assertIn("async attempt 1 fails on purpose", first["errors"][0][1])
         self.assertEqual((last["status"], last["attempts"]), ("SUCCESSFUL", 2))
-        inside = result.return_value
+        inside: dict[str, Any] = cast(Any, result.return_value)  # what the coroutine returned
         self.assertEqual((inside["attempt"], inside["attempts"], len(inside["worker_ids"])), (2, 2, 2))
         self.assertEqual(inside["errors"], ["builtins.ValueError"])
         self.assertEqual(
-            inside["task"], {"priority": -3, "queue_name": "queue_1", "run_after": run_after.isoformat(), "backend": "default"}
+            inside["task"],
+            {"priority": -3, "queue_name": "queue_1", "run_after": run_after.isoformat(), "backend": "default"},
         )
         started = self.events(result.id, "started")
         self.assertEqual([s["attempts"] for s in started], [1, 2])
@@ -236,7 +280,7 @@ class ThreadBreakerTestCase(ThreadWorkerTestCase):
 
     @override_settings(LEASING_TASKS=RETRYING)
     def test_return_values_that_can_never_be_stored_fail_once_and_store_nothing(self):
-        results = [breaker_tasks.return_unstorable.enqueue(kind) for kind in breaker_tasks.UNSTORABLE]
+        results: list[TaskResult] = [breaker_tasks.return_unstorable.enqueue(kind) for kind in breaker_tasks.UNSTORABLE]
         results.append(breaker_tasks.return_deep.enqueue(5000))
         for result in results:
             with self.subTest(result.args):
@@ -250,14 +294,16 @@ class ThreadBreakerTestCase(ThreadWorkerTestCase):
         deep: list[Any] = []
         for _ in range(5000):
             deep = [deep]
-        for n, value in enumerate([
-            {"key with \x00": 1},
-            {"\udfff": "lone surrogate as a key"},
-            b"bytes with \x00",
-            {float("nan"): "nan as a key"},
-            [[{"deep": float("-inf")}]],
-            deep,
-        ]):
+        for n, value in enumerate(
+            [
+                {"key with \x00": 1},
+                {"\udfff": "lone surrogate as a key"},
+                b"bytes with \x00",
+                {float("nan"): "nan as a key"},
+                [[{"deep": float("-inf")}]],
+                deep,
+            ]
+        ):
             with self.subTest(n), self.assertRaises((TypeError, ValueError, RecursionError)):
                 lease_tasks.echo.enqueue(value=value)
         self.assertEqual(TaskRow.objects.count(), 0)
@@ -341,8 +387,9 @@ class KilledWorkerTestCase(BackendTestCase):
         result = lease_tasks.block_first_attempt.using(priority=3).enqueue(gate)
         process = worker_process(self.workdir, self.events_path, worker_id, *args)
         wait_until(
-            lambda: process.poll() is not None
-            or TaskRow.objects.filter(pk=int(result.id), attempt_started=True).exists(),
+            lambda: (
+                process.poll() is not None or TaskRow.objects.filter(pk=int(result.id), attempt_started=True).exists()
+            ),
             WAIT,
             what="attempt 1 to start in the worker process",
         )
