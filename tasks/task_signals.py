@@ -101,7 +101,7 @@ class FinishedSignals:
             try:
                 result = finished_result(execution, rows.get(execution.id), status, outcome)
                 send_finished(run.sender, result, outcome.error if outcome is not None else None)
-            except Exception:
+            except BaseException:  # receivers are user code: SystemExit must not end every later signal
                 logger.exception("task %d: a task_finished receiver failed", execution.id)
 
 

@@ -710,7 +710,10 @@ class Worker:
                 logger.debug("closing the handler's connections failed", exc_info=True)
         try:
             if execution.django is not None:
-                value = normalize_json(value)  # what django.tasks stores of a return value, with its errors
+                try:
+                    value = normalize_json(value)  # what django.tasks stores of a return value, with its errors
+                except RecursionError:  # nested too deeply: the same every time, like storable_json's verdict
+                    raise UnstorableResult("not JSON-serialisable: nested too deeply") from None
             return Outcome(execution, value_json=storable_json(value))
         except UnstorableResult as exc:
             exc.args = (f"the return value cannot be stored: {exc}",)

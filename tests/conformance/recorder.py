@@ -122,6 +122,8 @@ def read_lines(path: str, offset: int = 0) -> list[dict[str, Any]]:
     with file.open("rb") as stream:
         stream.seek(offset)
         data = stream.read()
+    # A line being appended right now may be read in part: only whole lines (up to a newline) count.
+    data = data[: data.rfind(b"\n") + 1]
     return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
 
 
