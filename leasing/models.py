@@ -213,17 +213,9 @@ def acquire_slot_on(
     """Take one of ``limit`` slots of the semaphore ``resource``; the grant names its slot's row."""
     if limit < 1:
         raise ValueError(f"a semaphore needs at least one slot, got limit={limit!r}")
-    params = {
-        "resource": resource,
-        "holder": holder,
-        "ttl": ttl,
-        "limit": limit,
-        "metadata": None if metadata is None else json.dumps(metadata),
-    }
-    grant = _fetch_grant(connection, ACQUIRE_SLOT_SQL, params)
-    if grant is not None:
-        signals.lease_acquired.send(sender=Lease, grant=grant)
-    return grant
+    return _acquire(
+        connection, ACQUIRE_SLOT_SQL, {"resource": resource, "holder": holder, "ttl": ttl, "limit": limit}, metadata
+    )
 
 
 def acquire_on(
@@ -234,13 +226,14 @@ def acquire_on(
     metadata: dict[str, Any] | None = None,
 ) -> Grant | None:
     """The acquire statement on a given connection (the holder's heartbeat uses its own)."""
-    params = {
-        "resource": resource,
-        "holder": holder,
-        "ttl": ttl,
-        "metadata": None if metadata is None else json.dumps(metadata),
-    }
-    grant = _fetch_grant(connection, ACQUIRE_SQL, params)
+    return _acquire(connection, ACQUIRE_SQL, {"resource": resource, "holder": holder, "ttl": ttl}, metadata)
+
+
+def _acquire(
+    connection: BaseDatabaseWrapper, sql: str, params: dict[str, Any], metadata: dict[str, Any] | None
+) -> Grant | None:
+    params["metadata"] = None if metadata is None else json.dumps(metadata)
+    grant = _fetch_grant(connection, sql, params)
     if grant is not None:
         signals.lease_acquired.send(sender=Lease, grant=grant)
     return grant

@@ -11,17 +11,18 @@ from django.urls import path, reverse
 
 from leasing.access import CHANGE_QUEUE, VIEW_QUEUE, staff_page
 from leasing.http import ApiError, Body, api_view, iso
+from leasing.validation import InvalidInput, clean_text
 from tasks.exceptions import TaskError
 from tasks.models import QueueControl, _validate
 from tasks.queues import queue_overview
 
 
 def _name(name: str) -> str:
+    """A queue name from the path: refused at the edge (NUL, lone surrogates, over 100 characters)."""
     try:
-        _validate(queue=name, priority=0, max_attempts=1, timeout=None)
-    except ValueError as exc:
-        raise ApiError(400, str(exc), field="name") from None
-    return name
+        return clean_text(name, "name", max_length=100)
+    except InvalidInput as exc:
+        raise ApiError(400, exc.message, field="name") from None
 
 
 def queue_json(entry: dict[str, Any]) -> dict[str, Any]:

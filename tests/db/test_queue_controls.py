@@ -118,6 +118,8 @@ def test_the_api_lists_pauses_and_resumes_queues(client: Any) -> None:
     ("url", "body"),
     [
         ("/api/queues/" + "x" * 101 + "/pause", {}),
+        ("/api/queues/a%00b/pause", {}),
+        ("/api/queues/mail/pause", {"reason": "a\u0000b"}),
         ("/api/queues/mail/pause", {"reason": 7}),
         ("/api/queues/mail/pause", {"reason": "x" * 501}),
     ],

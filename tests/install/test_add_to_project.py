@@ -25,7 +25,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -35,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.install, pytest.mark.slow]
 
@@ -149,17 +150,6 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 30) -> int:
             proc.kill()
             proc.wait(timeout)
     return proc.returncode
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -385,7 +375,7 @@ def test_add_it_to_a_new_project_from_the_wheel(project: Project) -> None:
     web = project.start("web.log", "runserver", f"127.0.0.1:{port}", "--noreload")
     base = f"http://127.0.0.1:{port}"
     anonymous, plain, staff = Http(base), Http(base, plain_session), Http(base)
-    wait_for(lambda: web.poll() is None and anonymous_answers(anonymous), 60, "the web server")
+    wait_until(lambda: web.poll() is None and anonymous_answers(anonymous), 60, interval=0.2, what="the web server")
     bearer = {"Authorization": f"Bearer {TOKEN}"}
     wrong = {"Authorization": "Bearer not-the-token"}
 
