@@ -311,16 +311,15 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         chunk: list[str] = []
 
         def flush() -> None:
-            n = len(chunk)
             params = {
-                "queue": [queue] * n,
-                "priority": [priority] * n,
-                "task_path": [task_path] * n,
-                "args": ["[]"] * n,
+                "queue": queue,
+                "priority": priority,
+                "task_path": task_path,
+                "args": "[]",
                 "kwargs": chunk,
-                "run_after": [run_after] * n,
-                "max_attempts": [attempts] * n,
-                "timeout": [timeout] * n,
+                "run_after": run_after,
+                "max_attempts": attempts,
+                "timeout": timeout,
             }
             ids.extend(row[0] for row in self._rows(sql.BULK_ENQUEUE_SQL, params))
             chunk.clear()
