@@ -11,6 +11,7 @@ from django.urls import path, reverse
 
 from leasing.access import CHANGE_QUEUE, VIEW_QUEUE, staff_page
 from leasing.http import ApiError, Body, api_view, iso
+from leasing.routing import with_database
 from leasing.validation import InvalidInput, clean_text
 from tasks.exceptions import TaskError
 from tasks.models import QueueControl, _validate
@@ -80,5 +81,5 @@ def queues_page(request: HttpRequest) -> HttpResponse:
                 messages.error(request, "Unknown action.")
         except (ValueError, TaskError) as exc:
             messages.error(request, str(exc))
-        return HttpResponseRedirect(reverse("tasks:queues"))
+        return HttpResponseRedirect(with_database(reverse("tasks:queues")))
     return render(request, "leasing/dashboard/queues.html", {"queues": queue_overview()})
