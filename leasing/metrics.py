@@ -20,7 +20,6 @@ Access: a staff session with the view permissions of tasks and leases, a bearer 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -77,30 +76,25 @@ def lease_metrics() -> Iterable[Metric]:
 DATABASE_COLLECTORS.append(lease_metrics)
 
 
-#: Seconds a scrape waits for a database it has no open connection to before reporting it down.
-PROBE_TIMEOUT = 3.0
+#: Seconds a scrape waits for a database it has no open connection to before reporting it down
+#: (libpq's connect_timeout: whole seconds, at least 2).
+PROBE_TIMEOUT = 3
 
 
 def _reachable(alias: str) -> bool:
-    """Whether ``alias`` answers within PROBE_TIMEOUT. Probed from a thread of its own (a server
-    that drops packets would hold a connect for the OS's TCP timeout); an open connection of this
-    thread is taken as reachable, and the scrape itself tells otherwise."""
-    if connections[alias].connection is not None:
+    """Whether ``alias`` accepts a connection within PROBE_TIMEOUT (a server that drops packets
+    would otherwise hold the scrape for the OS's TCP timeout). An open connection of this thread
+    counts as reachable; the scrape itself tells otherwise."""
+    wrapper = connections[alias]
+    if wrapper.connection is not None:
         return True
-    answered = threading.Event()
-
-    def probe() -> None:
-        connection = connections.create_connection(alias)
-        try:
-            connection.ensure_connection()
-            answered.set()
-        except DatabaseError:
-            pass
-        finally:
-            connection.close()
-
-    threading.Thread(target=probe, name=f"metrics-probe-{alias}", daemon=True).start()
-    return answered.wait(PROBE_TIMEOUT)
+    params = {**wrapper.get_connection_params(), "connect_timeout": PROBE_TIMEOUT}
+    try:
+        wrapper.Database.connect(**params).close()
+    except wrapper.Database.Error as exc:
+        logger.warning("metrics: database %s is unreachable: %s", alias, str(exc).splitlines()[0] if str(exc) else exc)
+        return False
+    return True
 
 
 def database_metrics() -> Iterable[Metric]:

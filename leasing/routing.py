@@ -30,9 +30,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DEFAULT_DB_ALIAS, models
+from django.db import DEFAULT_DB_ALIAS, connections, models
 
 from leasing.validation import InvalidInput, check_text
 
@@ -52,8 +51,8 @@ def check_routes(routes: Any, setting: str) -> dict[str, str]:
     for name, alias in routes.items():
         if not isinstance(name, str) or not name:
             raise ImproperlyConfigured(f"{setting}: keys must be non-empty strings, not {name!r}")
-        if not isinstance(alias, str) or alias not in settings.DATABASES:
-            known = ", ".join(sorted(settings.DATABASES))
+        if not isinstance(alias, str) or alias not in connections.settings:
+            known = ", ".join(sorted(connections.settings))
             raise ImproperlyConfigured(f"{setting}[{name!r}]: no database {alias!r} in DATABASES (known: {known})")
     return dict(routes)
 
@@ -79,7 +78,7 @@ def known_databases() -> list[str]:
     aliases = [DEFAULT_DB_ALIAS, *lease_routes().values()]
     for source in DATABASE_SOURCES:
         aliases.extend(source())
-    return list(dict.fromkeys(alias for alias in aliases if alias in settings.DATABASES))
+    return list(dict.fromkeys(alias for alias in aliases if alias in connections.settings))
 
 
 def parse_database(value: str | None, name: str = "db") -> str:

@@ -48,4 +48,4 @@ if os.environ.get("LEASING_TEST_SCHEDULES"):
 if os.environ.get("LEASING_TEST_QUEUE_DATABASES"):
     import json
 
-    LEASING_TASKS = {**LEASING_TASKS, "QUEUE_DATABASES": json.loads(os.environ["LEASING_TEST_QUEUE_DATABASES"])}  # noqa: F405
+    LEASING_TASKS = {**LEASING_TASKS, "QUEUE_DATABASES": json.loads(os.environ["LEASING_TEST_QUEUE_DATABASES"])}
