@@ -85,7 +85,7 @@ def _reachable(alias: str) -> bool:
     """Whether ``alias`` accepts a connection within PROBE_TIMEOUT (a server that drops packets
     would otherwise hold the scrape for the OS's TCP timeout). An open connection of this thread
     counts as reachable; the scrape itself tells otherwise."""
-    wrapper = connections[alias]
+    wrapper: Any = connections[alias]  # PostgreSQL's wrapper: its Database is psycopg
     if wrapper.connection is not None:
         return True
     params = {**wrapper.get_connection_params(), "connect_timeout": PROBE_TIMEOUT}
