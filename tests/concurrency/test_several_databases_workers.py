@@ -41,15 +41,15 @@ def test_one_worker_per_database_drains_its_own_and_never_the_others(settings: A
             started.append(
                 start_manage(tmp_path / f"{name}.log", "run_worker", "--worker-id", name, *FAST, *args, **env)
             )
-        for alias, ids in (("default", on_default), ("second", on_second)):
-            wait_until(
-                lambda alias=alias, ids=ids: (
-                    Task.objects.using(alias).filter(pk__in=ids, status="SUCCESSFUL").count() == len(ids)
-                ),
-                timeout=60,
-                what=f"{alias} drained",
+
+        def drained() -> bool:
+            return all(
+                Task.objects.using(alias).filter(pk__in=ids, status="SUCCESSFUL").count() == len(ids)
+                for alias, ids in (("default", on_default), ("second", on_second))
             )
-        # Each worker registered itself, and recovered (led), in its own database only.
+
+        wait_until(drained, timeout=60, what="both databases drained")
+        # Each worker registered itself in its own database only.
         assert list(Worker.objects.using("default").values_list("id", flat=True)) == ["on-default"]
         assert list(Worker.objects.using("second").values_list("id", flat=True)) == ["on-second"]
     finally:
