@@ -377,9 +377,10 @@ def schedule_status(specs: dict[str, ScheduleSpec] | None = None, *, using: str 
     from tasks.schedule_models import Schedule
 
     using = using or selected_database()
-    if specs is None:  # the schedules that run in this database (tasks/routing.py)
-        specs = {n: s for n, s in load_schedules().items() if queue_database(s.queue) == using}
-    declared = specs
+    # The schedules that run in this database (their queue is routed here: tasks/routing.py).
+    declared = {
+        n: s for n, s in (load_schedules() if specs is None else specs).items() if queue_database(s.queue) == using
+    }
     rows = {row.name: row for row in Schedule.objects.using(using).all()}
     now = dt.datetime.now(dt.UTC)
     leader = Lease.objects.db_manager(using).active().filter(resource=SCHEDULER_LEASE).first()

@@ -25,7 +25,7 @@ from leasing.routing import known_databases, lease_database
 from tasks.models import Task
 from tasks.recovery import RECOVERY_LEASE, RecoveryController, recover_once
 from tasks.routing import queue_database
-from tasks.scheduler import Scheduler
+from tasks.scheduler import Scheduler, schedule_status
 from tasks.schedules import load_schedules
 from tests.factories import StaffFactory
 from tests.helpers import wait_until
@@ -132,6 +132,8 @@ def test_schedules_run_where_their_queue_lives(settings: Any) -> None:
     }
     assert set(Scheduler(using="second").schedules) == {"nightly"}
     assert set(Scheduler(using="default").schedules) == {"often"}
+    assert [e["name"] for e in schedule_status(using="second")] == ["nightly"]
+    assert [e["name"] for e in schedule_status(load_schedules(), using="default")] == ["often"]
     with pytest.raises(ImproperlyConfigured, match="nightly"):
         Scheduler(using="default", schedules=load_schedules())
 
