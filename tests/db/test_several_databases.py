@@ -147,6 +147,20 @@ def test_a_worker_refuses_queues_routed_elsewhere() -> None:
         call_command("run_worker", "--queues", "reports,default")
 
 
+def test_retention_prunes_the_database_it_is_given() -> None:
+    from io import StringIO
+
+    old = {alias: Task.objects.db_manager(alias).bulk_enqueue(NOOP, [{}] * 3) for alias in ("default", "second")}
+    for alias, ids in old.items():
+        Task.objects.using(alias).filter(pk__in=ids).update(status="SUCCESSFUL", finished_at="2000-01-01T00:00:00Z")
+    out = StringIO()
+    call_command("prune_tasks", "--database", "second", "--older-than", "1d", "--busy-fraction", "1", stdout=out)
+    assert "successful 3" in out.getvalue()
+    assert rows("second") == [] and rows("default") == old["default"]
+    with pytest.raises(CommandError, match="no database 'nowhere'"):
+        call_command("prune_tasks", "--database", "nowhere")
+
+
 # -- recovery ----------------------------------------------------------------------------------------
 
 
