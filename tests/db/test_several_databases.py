@@ -87,6 +87,8 @@ def test_an_unknown_alias_in_the_routes_is_a_clear_configuration_error(settings:
         lease_database("billing:1")
 
 
+# lease() commits its grants on a connection of its own: the test must clean up by flushing.
+@pytest.mark.django_db(databases=["default", "second"], transaction=True)
 def test_lease_namespaces_are_routed_and_their_tokens_grow_there() -> None:
     assert lease_database("billing:invoices") == "second"
     assert lease_database("billingx") == "default"
@@ -243,6 +245,12 @@ def test_the_api_enqueues_by_route_and_reads_and_acts_on_the_database_asked_for(
     status, body = api("POST", "/api/tasks?db=default", {"task_path": NOOP, "queue": "reports"})
     assert status == 400 and body["field"] == "db" and "routed to database 'second'" in body["error"]
     assert rows("default", queue="reports") == []
+    # A pause lives where the queue's claims read it.
+    assert api("POST", "/api/queues/reports/pause", {"reason": "r"})[0] == 200
+    from tasks.models import QueueControl
+
+    assert QueueControl.objects.using("second").get(name="reports").paused
+    assert not QueueControl.objects.using("default").filter(name="reports").exists()
     # Leases by namespace, likewise.
     status, body = api("POST", "/api/leases", {"resource": "billing:api", "holder": "h"})
     assert status == 201 and Lease.objects.using("second").filter(resource="billing:api").exists()
@@ -330,6 +338,8 @@ def unreachable(settings: Any) -> Iterator[None]:
         del connections.settings["down"]
 
 
+# lease() commits its grants on a connection of its own: the test must clean up by flushing.
+@pytest.mark.django_db(databases=["default", "second"], transaction=True)
 def test_metrics_are_labelled_by_database_and_a_down_one_is_a_gauge(
     client: Client, settings: Any, unreachable: None
 ) -> None:
