@@ -70,9 +70,13 @@ CANCEL_WAIT = 3.0
 class _Loop:
     """One event loop and the thread that runs it; retired when a coroutine blocks it."""
 
-    def __init__(self, number: int) -> None:
+    def __init__(self, number: int, db_threads: int) -> None:
         self.number = number
         self.loop = asyncio.new_event_loop()
+        self.db_threads = db_threads
+        # sync_to_async(thread_sensitive=False) runs on the loop's default executor: this bounded pool.
+        self.pool = ThreadPoolExecutor(max_workers=db_threads, thread_name_prefix=f"async-db-{number}")
+        self.loop.set_default_executor(self.pool)
         self.tick = clock.monotonic()
         self.retired = False
         # Attempts submitted to this loop and not ended, and their asyncio tasks (keyed by attempt).
@@ -90,7 +94,6 @@ class AsyncExecutor:
         self.block_limit = block_limit
         self.db_threads = db_threads
         self.zombies = 0  # abandoned coroutines (timeout, blocked loop) that have not ended yet
-        self._pool = ThreadPoolExecutor(max_workers=db_threads, thread_name_prefix="async-db")
         self._switch = threading.Lock()  # submit vs. replacing the loop
         self._current: _Loop | None = None
         self._retired: list[_Loop] = []
@@ -131,9 +134,7 @@ class AsyncExecutor:
                 state.loop.call_soon_threadsafe(self._cancel_all, state, "shutdown", "the worker is shutting down")
         current = self._current
         if current is not None and current.thread is not None:
-            current.thread.join(CANCEL_WAIT + 1.0)
-        self._close_pool_connections()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+            current.thread.join(CANCEL_WAIT + 2.0)
 
     @property
     def blocked_loops(self) -> int:
@@ -147,7 +148,7 @@ class AsyncExecutor:
 
     def _new_loop(self) -> _Loop:
         self._count += 1
-        state = _Loop(self._count)
+        state = _Loop(self._count, self.db_threads)
         state.thread = threading.Thread(
             target=self._serve, args=(state,), name=f"async-loop-{state.number}", daemon=True
         )
@@ -156,17 +157,17 @@ class AsyncExecutor:
 
     def _serve(self, state: _Loop) -> None:
         asyncio.set_event_loop(state.loop)
-        # sync_to_async(thread_sensitive=False) runs on the loop's default executor: our bounded pool.
-        state.loop.set_default_executor(self._pool)
         state.loop.create_task(self._ticker(state))
         while True:
             try:
                 state.loop.run_forever()
-                return
+                break
             except BaseException:
                 # A task a handler spawned itself raised SystemExit/KeyboardInterrupt out of the
                 # loop: ours are caught inside their coroutines. The loop carries on.
                 logger.exception("worker %s: the event loop stopped on an exception; resuming it", self.worker.id)
+        self._close_pool_connections(state)
+        state.loop.close()  # also shuts its pool down
 
     async def _ticker(self, state: _Loop) -> None:
         while not state.retired and not self._stopping.is_set():
@@ -364,9 +365,10 @@ class AsyncExecutor:
             )
             worker.request_stop()
 
-    def _close_pool_connections(self) -> None:
+    @staticmethod
+    def _close_pool_connections(state: _Loop) -> None:
         """Close the connections of the pool's threads: one close on each thread, met at a barrier."""
-        barrier = threading.Barrier(self.db_threads)
+        barrier = threading.Barrier(state.db_threads)
 
         def close() -> None:
             with suppress(threading.BrokenBarrierError):
@@ -374,7 +376,7 @@ class AsyncExecutor:
             connections.close_all()
 
         try:
-            futures = [self._pool.submit(close) for _ in range(self.db_threads)]
+            futures = [state.pool.submit(close) for _ in range(state.db_threads)]
         except RuntimeError:
             return  # already shut down
         for future in futures:
