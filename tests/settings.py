@@ -38,4 +38,4 @@ if os.environ.get("LEASING_TEST_SCHEDULES"):
 
 # Worker processes started by the async executor tests get a short event-loop block limit this way.
 if os.environ.get("TASKS_ASYNC_BLOCK_LIMIT"):
-    LEASING_TASKS = {**LEASING_TASKS, "ASYNC_BLOCK_LIMIT": float(os.environ["TASKS_ASYNC_BLOCK_LIMIT"])}  # noqa: F405
+    LEASING_TASKS = {**LEASING_TASKS, "ASYNC_BLOCK_LIMIT": float(os.environ["TASKS_ASYNC_BLOCK_LIMIT"])}
