@@ -120,13 +120,14 @@ IO_SYSTEMS = ["django-leasing", "django-leasing-threads", "PgQueuer", "procrasti
 
 def main_io(args: Any, log_dir: Path) -> str:
     results: dict[str, list[float]] = {}
+    systems = [name for name in IO_SYSTEMS if name in args.io_systems.split(",")]
     for round_no in range(1, args.rounds + 1):
-        for name in IO_SYSTEMS:
+        for name in systems:
             n = args.io_thread_tasks if name == "django-leasing-threads" else args.io_tasks
             rate = run_io_case(name, n, args.io_concurrency, log_dir)
             results.setdefault(name, []).append(rate)
             print(f"compare.io.sleep1.procs=1.{name}.round={round_no}  {rate:.1f} tasks/s", flush=True)
-    ours = max(results["django-leasing"])
+    ours = max(results.get("django-leasing") or [0.0])
     lines = [
         f"I/O-bound: tasks that each wait 1 s, drained by 1 worker process; {args.rounds} interleaved rounds; "
         "tasks/s (higher is better); ratio = django-leasing async's best round / the system's best round.",
@@ -142,7 +143,7 @@ def main_io(args: Any, log_dir: Path) -> str:
         "PgQueuer": f"`concurrency_limit={args.io_concurrency}`, batch 64, `asyncio.sleep(1)`",
         "procrastinate": f"`concurrency={args.io_concurrency}`, `asyncio.sleep(1)`",
     }
-    for name in IO_SYSTEMS:
+    for name in systems:
         values = results[name]
         n = args.io_thread_tasks if name == "django-leasing-threads" else args.io_tasks
         ratio = "" if name == "django-leasing" else f"{ours / max(values):.2f}x"
@@ -246,6 +247,7 @@ def main() -> None:
     parser.add_argument("--io", action="store_true", help="run the I/O-bound case instead of the no-op cases")
     parser.add_argument("--io-tasks", type=int, default=4000, help="one-second async tasks per I/O-bound run")
     parser.add_argument("--io-thread-tasks", type=int, default=200, help="the same, sync, for the thread executor")
+    parser.add_argument("--io-systems", default=",".join(IO_SYSTEMS), help="comma-separated, for --io")
     parser.add_argument("--io-concurrency", type=int, default=500, help="coroutines at once, for every system")
     args = parser.parse_args()
     from bench.common import prepare_database

@@ -174,7 +174,9 @@ def pgqueuer() -> System:
 
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, manager.shutdown.set)
         print("ready", flush=True)
-        await manager.run(batch_size=64, dequeue_timeout=timedelta(seconds=1), max_concurrent_tasks=cap)
+        # PgQueuer wants its cap at least twice its batch.
+        batch = 64 if cap is None else max(1, min(64, cap // 2))
+        await manager.run(batch_size=batch, dequeue_timeout=timedelta(seconds=1), max_concurrent_tasks=cap)
 
     async def _io_bulk(n: int) -> None:
         connection = await connect()
