@@ -217,11 +217,15 @@ class AsyncExecutor:
         worker = self.worker
         try:
             while not worker.isolation.try_enter_shared(execution):
+                if state.retired:
+                    return  # the watchdog returned it already
                 if worker._draining.is_set() or execution.lost:
                     worker._return(execution)
                     return
                 await asyncio.sleep(ADMIT_RETRY)
             try:
+                if state.retired:
+                    return
                 if execution.lost or worker._draining.is_set():
                     worker._return(execution)  # a lapsed or unwanted claim: not ours to run
                     return

@@ -529,17 +529,43 @@ class Worker:
             executions = [Execution(task, self.id, self.ttl, sent, self.using) for task in claimed]
             for execution in executions:
                 execution.is_async = self._is_async(execution)
+            excess: list[Execution] = []
             if self.aio is not None:
                 share = sum(e.is_async for e in executions) / len(executions)
                 self._async_share += ASYNC_SHARE_SMOOTHING * (share - self._async_share)
-            self.ledger.add(executions)  # before any executor can see them
-            self.stats["claimed"] += len(executions)
+                executions, excess = self._fit(executions)
+            self.ledger.add(executions + excess)  # before any executor can see them
+            self.stats["claimed"] += len(executions) + len(excess)
             for execution in executions:
                 if execution.is_async:
                     self.aio.submit(execution)
                 else:
                     self._work.put(execution)
+            for execution in excess:
+                execution.mark_lost("handed back: no free slot of its kind (the mix of sync and async tasks changed)")
+                self._returns.put(execution)
         return claimed
+
+    def _fit(self, executions: list[Execution]) -> tuple[list[Execution], list[Execution]]:
+        """Split a claim into what the executors of each kind will start within the prefetch window
+        and the excess, handed back at once (uncharged): a claim cannot choose by kind, and a worker
+        must not hold tasks it cannot start while another worker could. The claim was sized by the
+        observed mix, so there is excess only while that mix changes."""
+        census = self.ledger.census(clock.monotonic())
+        async_held = census.async_unstarted + census.async_running
+        free = {
+            False: self.concurrency + self.prefetch() - (census.in_hand - async_held),
+            True: self.async_concurrency + self.async_prefetch() - async_held,
+        }
+        kept: list[Execution] = []
+        excess: list[Execution] = []
+        for execution in executions:
+            if free[execution.is_async] > 0:
+                free[execution.is_async] -= 1
+                kept.append(execution)
+            else:
+                excess.append(execution)
+        return kept, excess
 
     def _is_async(self, execution: Execution) -> bool:
         """Whether the attempt runs on the event loop: its handler is a coroutine function (or a

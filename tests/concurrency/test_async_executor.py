@@ -126,6 +126,38 @@ def test_two_hundred_sleeping_coroutines_run_at_once_in_one_process(workers: Wor
     assert (stats["succeeded"], stats["failed"], stats["rejected"]) == (200, 0, 0)
 
 
+def test_claims_fill_each_kind_of_slot_and_hoard_nothing(workers: Workers) -> None:
+    """1 thread and 3 coroutine slots, a queue of both kinds interleaved: the worker runs 1 sync and
+    3 async tasks at once, and holds nothing it cannot start (a claim cannot choose by kind: what
+    does not fit goes back at once, uncharged)."""
+    Gate.objects.create(key="mix")
+    proc = workers.start("mix", "--concurrency", "1", "--async-concurrency", "3", "--batch-size", "16")
+    with transaction.atomic():
+        ids = []
+        for _ in range(6):
+            ids.append(Task.objects.enqueue(H + "block", kwargs={"gate": "mix"}).id)
+            ids.append(Task.objects.enqueue(H + "async_gate", kwargs={"gate": "mix"}).id)
+
+    def started(path: str) -> int:
+        return Effect.objects.filter(
+            task_id__in=Task.objects.filter(pk__in=ids, task_path=H + path).values("pk")
+        ).count()
+
+    wait_until(lambda: started("block") == 1 and started("async_gate") == 3, 30, what="1 sync + 3 async to run")
+    held = Task.objects.filter(pk__in=ids, holder="mix", status=TaskStatus.RUNNING)
+    assert held.count() == 4, list(held.values_list("task_path", "attempt_started"))
+    Gate.objects.filter(key="mix").update(open=True)
+    wait_until(lambda: all_ended(ids), 60, what="every task to finish")
+    for task in Task.objects.filter(pk__in=ids):
+        assert (task.status, task.attempts, charges(task), task.worker_ids) == (
+            TaskStatus.SUCCESSFUL,
+            1,
+            (0, 0, 0),
+            ["mix"],
+        ), task.errors
+    assert_stops(proc, "mix")
+
+
 def test_each_coroutine_sees_its_own_current_task(workers: Workers) -> None:
     proc = workers.start("ident", "--async-concurrency", "150", "--batch-size", "50")
     ids = Task.objects.bulk_enqueue(H + "async_identity", [{"pause": 0.1}] * 150)
