@@ -85,8 +85,11 @@ LOCKED: Any = object()
 DURATION_SMOOTHING = 0.2
 #: Smoothing of the share of async attempts among claims (sizes a claim by the mix of kinds).
 ASYNC_SHARE_SMOOTHING = 0.3
-#: Below this share (or above 1 minus it) a claim is sized for one kind alone.
-ASYNC_SHARE_EPSILON = 0.001
+#: Below this share (or above 1 minus it) a claim is sized for one kind alone (the other kind's free
+#: slots are then probed for once per poll interval).
+ASYNC_SHARE_EPSILON = 0.05
+#: Tasks such a probe claims at most (what is not of the kind with free slots goes back at once).
+PROBE_SIZE = 8
 #: A start marker waits this long for the attempt's own outcome, which then carries it (a short task
 #: costs one row update, not two); longer attempts are marked by the next round after that.
 MARKER_DELAY = 0.02
@@ -233,6 +236,8 @@ class Worker:
         self._async_share = 0.0
         self._kinds: dict[tuple[str, bool], bool] = {}  # (path, via a django.tasks backend) -> async
         self.aio: Any = None  # tasks.aio.AsyncExecutor when async_concurrency > 0
+        self._probing = False  # this round's claim looks for a kind recent claims did not bring
+        self._next_probe = 0.0
         self._pending_starts: dict[tuple[int, int], tuple[Execution, float, float]] = {}
         self._last_beat: float | None = None  # local clock of the last heartbeat that got through
         self._own_threads: set[int] = set()  # dispatcher and heartbeat: their statements are bounded
@@ -327,8 +332,10 @@ class Worker:
         self._async_duration = elapsed if previous is None else previous + DURATION_SMOOTHING * (elapsed - previous)
 
     def _room(self, census: Census) -> int:
-        """How many to claim: each kind's free slots plus its prefetch, at the observed mix of kinds.
-        With no async executor, or only sync tasks seen, this is the threads' room exactly."""
+        """How many to claim: enough to fill the free slots (plus prefetch) of either kind at the
+        observed mix of kinds; what does not fit is handed back at once (:meth:`_fit`). With no
+        async executor, or only sync tasks seen, this is exactly the threads' room."""
+        self._probing = False
         sync_in_hand = census.in_hand - census.async_unstarted - census.async_running
         sync_room = max(0, self.concurrency + self.prefetch() - sync_in_hand)
         if self.aio is None:
@@ -337,12 +344,20 @@ class Worker:
             0, self.async_concurrency + self.async_prefetch() - census.async_unstarted - census.async_running
         )
         share = self._async_share
-        limits = []
+        room = 0.0
         if share < 1.0 - ASYNC_SHARE_EPSILON:
-            limits.append(sync_room / (1.0 - share))
+            room = max(room, sync_room / (1.0 - share))
         if share > ASYNC_SHARE_EPSILON:
-            limits.append(async_room / share)
-        return math.floor(min(limits))
+            room = max(room, async_room / share)
+        if room < 1:
+            # One kind's slots are free but recent claims brought only the other kind: look again
+            # once in a while (the queue's mix may have changed), never every round.
+            unseen = async_room if share <= ASYNC_SHARE_EPSILON else sync_room
+            if unseen and clock.monotonic() >= self._next_probe:
+                self._next_probe = clock.monotonic() + self.poll_interval
+                self._probing = True
+                return min(unseen, PROBE_SIZE)
+        return math.floor(room)
 
     def _wanted(self, census: Census) -> int:
         if self._draining.is_set() or census.isolated:
@@ -373,6 +388,7 @@ class Worker:
             # executors, or (short tasks, prefetch allowed) as many as there are executors.
             idle = self.concurrency - (census.running - census.async_running)
             starving = census.unstarted - census.async_unstarted < max(idle, min(self.concurrency, self.prefetch()))
+            starving = starving or self._probing
             if self.aio is not None and self._async_share > ASYNC_SHARE_EPSILON:
                 idle_async = self.async_concurrency - census.async_running
                 starving = starving or census.async_unstarted < max(
