@@ -140,7 +140,9 @@ def main_io(args: Any, log_dir: Path) -> str:
     executors = {
         "django-leasing": f"async executor, `--async-concurrency {args.io_concurrency}`, `asyncio.sleep(1)`",
         "django-leasing-threads": "thread executor, default `--concurrency 4`, `time.sleep(1)`",
-        "PgQueuer": f"`concurrency_limit={args.io_concurrency}`, batch 64, `asyncio.sleep(1)`",
+        "PgQueuer": (
+            f"`concurrency_limit` and `max_concurrent_tasks` {args.io_concurrency}, batch 64, `asyncio.sleep(1)`"
+        ),
         "procrastinate": f"`concurrency={args.io_concurrency}`, `asyncio.sleep(1)`",
     }
     for name in systems:
