@@ -43,7 +43,7 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
-from django.db import connections
+from django.db import close_old_connections, connections
 
 from leasing import clock
 from tasks.exceptions import EventLoopBlocked
@@ -123,14 +123,15 @@ class AsyncExecutor:
             execution.cancelled_by_worker = why
         for state in self._loops():
             task = state.tasks.get(execution.key)
-            if task is not None and not state.loop.is_closed():
-                state.loop.call_soon_threadsafe(task.cancel, message)
+            if task is not None:
+                with suppress(RuntimeError):  # that loop has closed meanwhile: nothing left to cancel
+                    state.loop.call_soon_threadsafe(task.cancel, message)
 
     def stop(self) -> None:
         """Cancel every coroutine (what still runs was handed back by now) and stop the loops."""
         self._stopping.set()
         for state in self._loops():
-            if not state.loop.is_closed():
+            with suppress(RuntimeError):  # a loop that closed meanwhile
                 state.loop.call_soon_threadsafe(self._cancel_all, state, "shutdown", "the worker is shutting down")
         current = self._current
         if current is not None and current.thread is not None:
@@ -176,6 +177,8 @@ class AsyncExecutor:
             await asyncio.sleep(TICK)
         if state.retired:
             self._cancel_all(state, "blocked", "the event loop was replaced after being blocked")
+        else:
+            self._cancel_all(state, "shutdown", "the worker is shutting down")
         tasks = list(state.tasks.values())
         if tasks:
             await asyncio.wait(tasks, timeout=CANCEL_WAIT)
@@ -238,7 +241,16 @@ class AsyncExecutor:
                 state.tasks.pop(execution.key, None)
 
     async def _db(self, function: Any) -> Any:
-        return await sync_to_async(function, thread_sensitive=False)()
+        """Run ``function`` on the loop's database threads."""
+
+        def call() -> Any:
+            try:
+                return function()
+            except Exception:
+                close_old_connections()  # a broken connection is replaced on the next call
+                raise
+
+        return await sync_to_async(call, thread_sensitive=False)()
 
     async def _run_admitted(self, state: _Loop, execution: Execution) -> None:
         worker = self.worker

@@ -167,8 +167,16 @@ class Execution:
         pool of database threads (``sync_to_async(thread_sensitive=False)`` runs on the event loop's
         default executor, which the async executor bounds), never from a connection per coroutine."""
         from asgiref.sync import sync_to_async
+        from django.db import close_old_connections
 
-        return await sync_to_async(self.checkpoint, thread_sensitive=False)(progress)
+        def checkpoint() -> bool:
+            try:
+                return self.checkpoint(progress)
+            except Exception:
+                close_old_connections()  # a pool thread's broken connection is replaced next time
+                raise
+
+        return await sync_to_async(checkpoint, thread_sensitive=False)()
 
     # -- fault injection ------------------------------------------------------------------------
 
