@@ -240,6 +240,32 @@ def versions() -> dict[str, str]:
     return found
 
 
+def main_claim() -> str:
+    """Claim cost beside 1,000,000 finished rows, 300,000 READY rows of another queue and 300,000
+    deferred higher-priority rows of the same queue, against an empty table (bench/tasks.py's case).
+    The peers have no such case: PgQueuer and procrastinate claim from one table whatever the queue."""
+    from bench.common import prepare_database
+    from bench.tasks import bench_claim_cost
+
+    server = prepare_database()
+    try:
+        empty, backlog, idle = bench_claim_cost()
+    finally:
+        if server is not None:
+            from leasing.embedded import discard
+
+            discard(server)
+    return "\n".join(
+        [
+            "| claim (median of 300, rolled back) | ms | / empty table |",
+            "| --- | ---: | ---: |",
+            f"| empty table | {empty:.2f} | 1.00 |",
+            f"| beside the backlogs | {backlog:.2f} | {backlog / empty:.2f} (goal <= 3) |",
+            f"| from an empty queue beside them | {idle:.2f} | {idle / empty:.2f} |",
+        ]
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=20_000)
@@ -251,7 +277,13 @@ def main() -> None:
     parser.add_argument("--io-thread-tasks", type=int, default=200, help="the same, sync, for the thread executor")
     parser.add_argument("--io-systems", default=",".join(IO_SYSTEMS), help="comma-separated, for --io")
     parser.add_argument("--io-concurrency", type=int, default=500, help="coroutines at once, for every system")
+    parser.add_argument(
+        "--claim", action="store_true", help="run only the claim-cost case (ours: claims beside other queues' backlogs)"
+    )
     args = parser.parse_args()
+    if args.claim:
+        print(main_claim())
+        return
     from bench.common import prepare_database
 
     server = prepare_database()  # also sets Django up
