@@ -369,10 +369,10 @@ async def async_spawn_orphans(**kwargs: Any) -> str:
     async def late_checkpoint() -> None:
         await asyncio.sleep(0.5)
         try:
-            saved = await current_task().acheckpoint({"orphan": True})
+            outcome = str(await current_task().acheckpoint({"orphan": True}))
         except Exception as exc:
-            saved = f"raised {type(exc).__name__}"
-        await _aeffect_for(task_id, token, f"orphan:{saved}"[:20])
+            outcome = f"raised {type(exc).__name__}"
+        await _aeffect_for(task_id, token, f"orphan:{outcome}"[:20])
 
     async def exit_later(exc: BaseException) -> None:
         await asyncio.sleep(0.3)
@@ -416,7 +416,6 @@ async def async_identity_everywhere(pause: float = 0.05, **kwargs: Any) -> dict[
     await asyncio.sleep(random.uniform(0, pause))
     in_thread = await asyncio.to_thread(seen)
     await asyncio.sleep(random.uniform(0, pause))
-    child = await asyncio.ensure_future(asyncio.sleep(random.uniform(0, pause), result=None))
     in_child = await asyncio.create_task(_seen_after(random.uniform(0, pause)))
     sensitive = await sync_to_async(seen, thread_sensitive=True)()
     executor = await asyncio.get_running_loop().run_in_executor(None, seen)
@@ -428,7 +427,6 @@ async def async_identity_everywhere(pause: float = 0.05, **kwargs: Any) -> dict[
         "thread_sensitive": sensitive,
         "run_in_executor": executor,
         "after": after,
-        "child": child,
     }
 
 
