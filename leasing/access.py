@@ -27,7 +27,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import render
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from leasing.routing import parse_database, using_database
+from leasing.routing import database_param, parse_database, using_database
 from leasing.validation import InvalidInput, check_params
 
 VIEW_LEASE = "leasing.view_lease"
@@ -144,7 +144,7 @@ def staff_page(**permissions: Iterable[str]) -> Callable[[Callable[..., HttpResp
                 check_params(request.GET)
                 if request.method not in SAFE_METHODS:
                     check_params(request.POST)
-                alias = parse_database(request.GET.get("db"))
+                alias = parse_database(database_param(request.GET))
             except InvalidInput as exc:
                 return bad_request_page(request, exc.message)
             # The database this page shows (``?db=``): named on the page, kept in its links.

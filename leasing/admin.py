@@ -15,7 +15,7 @@ from django.utils.html import format_html
 
 from leasing.models import Lease
 from leasing.pagination import CappedPaginator
-from leasing.routing import known_databases, parse_database, using_database
+from leasing.routing import database_param, known_databases, parse_database, using_database
 from leasing.validation import MAX_BIGINT, MAX_PARAM_LENGTH, InvalidInput, bad_params, check_text, parse_whole
 
 
@@ -46,9 +46,9 @@ class DatabaseFilter(admin.SimpleListFilter):
 
 def admin_database(request: HttpRequest) -> str:
     """The ``?db=`` of an admin page, or of the list it was opened from; raises InvalidInput."""
-    value = request.GET.get("db")
+    value = database_param(request.GET)
     if value is None and "_changelist_filters" in request.GET:
-        value = QueryDict(request.GET["_changelist_filters"]).get("db")
+        value = database_param(QueryDict(request.GET["_changelist_filters"]))
     return parse_database(value)
 
 
@@ -89,7 +89,7 @@ class CheckedInputAdmin(admin.ModelAdmin):
         refused = bad_params(request.GET)
         if "db" not in refused:
             try:
-                parse_database(request.GET.get("db"))
+                parse_database(database_param(request.GET))
             except InvalidInput as exc:
                 refused["db"] = exc.message
         if request.method == "POST":

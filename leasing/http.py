@@ -34,7 +34,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from leasing.access import SAFE_METHODS, Caller, api_tokens, declared, match_token
-from leasing.routing import parse_database, using_database
+from leasing.routing import database_param, parse_database, using_database
 from leasing.validation import (
     MAX_BIGINT,
     InvalidInput,
@@ -112,7 +112,7 @@ def api_view(**permissions: Iterable[str]) -> Callable[[Callable[..., Any]], Cal
                     raise ApiError(403, f"{what} {', '.join(needed)}")
                 request.api_caller = caller  # type: ignore[attr-defined]
                 check_params(request.GET)
-                alias = parse_database(request.GET.get("db"))
+                alias = parse_database(database_param(request.GET))
                 with using_database(alias):
                     if request.method in SAFE_METHODS:
                         result = view(request, *args, **kwargs)
@@ -150,7 +150,7 @@ def api_view(**permissions: Iterable[str]) -> Callable[[Callable[..., Any]], Cal
 def routed(request: HttpRequest, alias: str, what: str) -> Iterator[str]:
     """Run a create in ``alias``, the database ``what`` is routed to: 400 when ``?db=`` names
     another (the request would otherwise write where it did not ask to), in one transaction there."""
-    asked = request.GET.get("db")
+    asked = database_param(request.GET)
     if asked not in (None, "") and asked != alias:
         raise ApiError(400, f"db: {what} is routed to database {alias!r}, not {asked!r}", "db")
     with using_database(alias), transaction.atomic(using=alias):

@@ -97,6 +97,18 @@ def parse_database(value: str | None, name: str = "db") -> str:
     return value
 
 
+def database_param(query: Any, name: str = "db") -> str | None:
+    """The one ``?db=`` value of a query string (a QueryDict), or None when absent.
+
+    Raises :class:`~leasing.validation.InvalidInput` when it is given more than once: which one a
+    request means is ambiguous (a link that appended ``db`` to a URL already carrying one), and
+    picking either could act on a database the caller did not mean."""
+    values = query.getlist(name) if hasattr(query, "getlist") else [query.get(name)]
+    if len(values) > 1:
+        raise InvalidInput(f"{name}: given {len(values)} times; name one database", name)
+    return values[0] if values else None
+
+
 def selected_database() -> str:
     """The alias this request reads (``?db=``), else ``default``."""
     return _selected.get() or DEFAULT_DB_ALIAS

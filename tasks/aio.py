@@ -199,6 +199,23 @@ class AsyncExecutor:
             ):
                 execution.cancelled_by_worker = "lost"
                 task.cancel(f"the lease was lost: {execution.lost_reason}")
+                # A coroutine that ignores the cancellation must not keep its slot (and the worker's
+                # capacity) for ever: it cannot finish, so after a while it is given up on.
+                state.loop.call_later(CANCEL_WAIT, self._give_up_lost, execution)
+
+    def _give_up_lost(self, execution: Execution) -> None:
+        """A coroutine cancelled for a lost lease that has not ended: abandon it like one past its
+        timeout (its late end is dropped), free its slot and hand the row back if it is still ours."""
+        worker = self.worker
+        if not worker.ledger.abandon(execution):
+            return  # it ended (and was handed back) meanwhile
+        self.zombies += 1
+        worker.isolation.release(execution)
+        logger.warning("task %d: ignored the cancellation after losing its lease; abandoned", execution.id)
+        worker.hand_back_later(
+            execution,
+            f"cancelled: the lease was lost ({execution.lost_reason}); the coroutine ignored the cancellation",
+        )
 
     def _cancel_all(self, state: _Loop, why: str, message: str) -> None:
         for key, task in list(state.tasks.items()):

@@ -23,6 +23,7 @@ a second signal skips the wait.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
@@ -139,6 +140,15 @@ def failure_from(execution: Execution, exc: BaseException, *, retry: bool = True
     except Exception:
         message = f"<str() of the exception failed: {exception_path(exc)}>"
     return Failure(execution.id, execution.token, exception_path(exc), message, text, retry=retry)
+
+
+def is_coroutine_callable(target: Any) -> bool:
+    """A coroutine function, or an object whose ``__call__`` is one (calling either returns a
+    coroutine, which must be awaited, not stored as the task's result)."""
+    if iscoroutinefunction(target):
+        return True
+    call = inspect.getattr_static(type(target), "__call__", None)
+    return not isinstance(target, type) and iscoroutinefunction(call)
 
 
 class Worker:
@@ -605,7 +615,7 @@ class Worker:
             kind = iscoroutinefunction(target.func)
         else:
             # A path enqueued through a django.tasks backend must be a Task: the thread refuses it.
-            kind = task.backend_alias is None and callable(target) and iscoroutinefunction(target)
+            kind = task.backend_alias is None and callable(target) and is_coroutine_callable(target)
         self._kinds[key] = kind
         return kind
 
@@ -916,7 +926,7 @@ class Worker:
             raise NotATask(f"{execution.task.task_path} is not a django.tasks Task")
         if not callable(target):
             raise TypeError(f"{execution.task.task_path} is not callable")
-        if iscoroutinefunction(target):
+        if is_coroutine_callable(target):
             return async_to_sync(target)(*execution.task.args, **execution.task.kwargs)
         return target(*execution.task.args, **execution.task.kwargs)
 

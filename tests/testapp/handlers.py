@@ -322,3 +322,144 @@ async def async_context_task(context: Any, label: str) -> dict[str, Any]:
         "gates": gates,
         "thread": threading.current_thread().name,
     }
+
+
+# -- breaker handlers (tests/concurrency/test_breaker_async.py) ---------------------------------------
+
+
+async def _aeffect_for(task_id: int, token: int, phase: str) -> None:
+    """An effect row for a given attempt (from code that may no longer see current_task())."""
+    from asgiref.sync import sync_to_async
+
+    from tests.testapp.models import Effect
+
+    def create() -> None:
+        Effect.objects.create(task_id=task_id, token=token, attempt=0, phase=phase, pid=os.getpid())
+
+    await sync_to_async(create, thread_sensitive=False)()
+
+
+async def async_swallow_cancel(only_first: bool = False, **kwargs: Any) -> str:
+    """Ignores every cancellation for ever (a handler that catches CancelledError and carries on).
+    With ``only_first``, later attempts return at once."""
+    import asyncio
+
+    run = current_task()
+    if only_first and run.attempt > 1:
+        return f"attempt {run.attempt}"
+    await _aeffect("started")
+    swallowed = 0
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            swallowed += 1
+            if swallowed == 1:
+                await _aeffect_for(run.id, run.token, "swallowed")
+
+
+async def async_spawn_orphans(**kwargs: Any) -> str:
+    """Spawns tasks that outlive the handler: one checkpoints after the attempt ended (must be
+    refused), one raises SystemExit on the loop, one raises KeyboardInterrupt."""
+    import asyncio
+
+    run = current_task()
+    task_id, token = run.id, run.token
+
+    async def late_checkpoint() -> None:
+        await asyncio.sleep(0.5)
+        try:
+            outcome = str(await current_task().acheckpoint({"orphan": True}))
+        except Exception as exc:
+            outcome = f"raised {type(exc).__name__}"
+        await _aeffect_for(task_id, token, f"orphan:{outcome}"[:20])
+
+    async def exit_later(exc: BaseException) -> None:
+        await asyncio.sleep(0.3)
+        raise exc
+
+    loop_tasks = [
+        asyncio.ensure_future(late_checkpoint()),
+        asyncio.ensure_future(exit_later(SystemExit(3))),
+        asyncio.ensure_future(exit_later(KeyboardInterrupt("orphan"))),
+    ]
+    # Keep references somewhere the handler does not await (the loop holds them weakly otherwise).
+    _ORPHANS.extend(loop_tasks)
+    return "spawned"
+
+
+_ORPHANS: list[Any] = []
+
+
+async def async_sync_orm(**kwargs: Any) -> int:
+    """Calls the sync ORM straight from the coroutine (Django refuses: SynchronousOnlyOperation)."""
+    from tests.testapp.models import Gate
+
+    return Gate.objects.count()
+
+
+async def async_identity_everywhere(pause: float = 0.05, **kwargs: Any) -> dict[str, Any]:
+    """What current_task() says in every place a coroutine can run code: asyncio.to_thread, a task
+    it creates, thread-sensitive sync_to_async, and loop.run_in_executor (which copies no context)."""
+    import asyncio
+    import random
+
+    from asgiref.sync import sync_to_async
+
+    def seen() -> int | None:
+        try:
+            return current_task().id
+        except RuntimeError:
+            return None
+
+    own = current_task().id
+    await asyncio.sleep(random.uniform(0, pause))
+    in_thread = await asyncio.to_thread(seen)
+    await asyncio.sleep(random.uniform(0, pause))
+    in_child = await asyncio.create_task(_seen_after(random.uniform(0, pause)))
+    sensitive = await sync_to_async(seen, thread_sensitive=True)()
+    executor = await asyncio.get_running_loop().run_in_executor(None, seen)
+    after = current_task().id
+    return {
+        "own": own,
+        "to_thread": in_thread,
+        "child_task": in_child,
+        "thread_sensitive": sensitive,
+        "run_in_executor": executor,
+        "after": after,
+    }
+
+
+async def _seen_after(pause: float) -> int | None:
+    import asyncio
+
+    await asyncio.sleep(pause)
+    try:
+        return current_task().id
+    except RuntimeError:
+        return None
+
+
+def sync_identity(**kwargs: Any) -> int | None:
+    """A sync handler on a thread: what current_task() says (run after coroutines on the same worker)."""
+    return current_task().id
+
+
+async def async_block_forever(**kwargs: Any) -> str:
+    """Blocks the event loop far longer than any test waits (a blocking call in async code)."""
+    await _aeffect("started")
+    time.sleep(600)
+    return "woke"
+
+
+class AsyncCallable:
+    """A handler object whose ``__call__`` is a coroutine function."""
+
+    async def __call__(self, value: Any = None, **kwargs: Any) -> Any:
+        import asyncio
+
+        await asyncio.sleep(0)
+        return {"value": value, "task": current_task().id}
+
+
+async_callable = AsyncCallable()
