@@ -6,7 +6,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import BadRequest
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import IntegerField, Model, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.urls import NoReverseMatch, reverse
@@ -70,7 +70,9 @@ class CheckedInputAdmin(admin.ModelAdmin):
             alias = admin_database(request)
         except InvalidInput as exc:
             raise BadRequest(exc.message) from None
-        with using_database(alias):
+        # Django's change and delete views open their transaction on the model's default database:
+        # one on the database shown as well, so that a save that fails halfway there is rolled back.
+        with using_database(alias), transaction.atomic(using=alias):
             response: HttpResponse = view(request, *args, **kwargs)
             if hasattr(response, "render") and not getattr(response, "is_rendered", True):
                 response.render()  # the template reads querysets: render while the database is selected
