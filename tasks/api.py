@@ -114,7 +114,7 @@ def _rejected(task: Task, action: str) -> ApiError:
     metrics.fencing_rejections.inc()
     if task.status in FINISHED:
         reason = f"task is already {task.status.lower()}"
-    elif task.status == TaskStatus.READY:
+    elif task.status in (TaskStatus.READY, TaskStatus.BLOCKED):
         reason = "task was requeued: your claim expired"
     else:
         reason = "your claim is gone: wrong worker or token, or the lease expired"
@@ -249,7 +249,7 @@ def fail(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     if outcome is None:
         raise _rejected(Task.objects.get(pk=task.pk), "failure report")
     task.refresh_from_db()
-    return 200, {"task": task_json(task), "retrying": outcome.status == TaskStatus.READY}
+    return 200, {"task": task_json(task), "retrying": outcome.retried}
 
 
 @api_view(GET=[VIEW_TASK])

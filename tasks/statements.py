@@ -51,21 +51,24 @@ INSERT_COLUMNS = (
 
 # ``backend_alias`` and ``task_run_after`` are set for a django.tasks backend's rows only (the bulk
 # insert leaves them NULL): which backend enqueued it, and the Task's own run_after as enqueued.
+# A task with a ``concurrency_key`` is inserted READY like any other; the database's trigger turns it
+# BLOCKED and admits it when its key has a free slot (tasks/concurrency.py).
 ENQUEUE_SQL = f"""
-INSERT INTO tasks_task ({INSERT_COLUMNS}, backend_alias, task_run_after)
+INSERT INTO tasks_task ({INSERT_COLUMNS}, backend_alias, task_run_after, concurrency_key, concurrency_limit)
 VALUES (%(queue)s, %(priority)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, 'READY',
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), statement_timestamp(), 0, %(max_attempts)s,
         %(timeout)s, %(dedup_key)s, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false,
-        %(backend_alias)s, CASE WHEN %(backend_alias)s::text IS NULL THEN NULL ELSE %(run_after)s::timestamptz END)
-ON CONFLICT (dedup_key) WHERE status IN ('READY', 'RUNNING') AND dedup_key IS NOT NULL DO NOTHING
+        %(backend_alias)s, CASE WHEN %(backend_alias)s::text IS NULL THEN NULL ELSE %(run_after)s::timestamptz END,
+        %(concurrency_key)s, %(concurrency_limit)s)
+ON CONFLICT (dedup_key) WHERE status IN ('BLOCKED', 'READY', 'RUNNING') AND dedup_key IS NOT NULL DO NOTHING
 RETURNING id, enqueued_at
 """
 
 BULK_ENQUEUE_SQL = f"""
-INSERT INTO tasks_task ({INSERT_COLUMNS})
+INSERT INTO tasks_task ({INSERT_COLUMNS}, concurrency_key, concurrency_limit)
 SELECT d.queue, d.priority, d.task_path, d.args, d.kwargs, 'READY', COALESCE(d.run_after, statement_timestamp()),
        statement_timestamp(), 0, d.max_attempts, d.timeout, NULL, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false,
-       false
+       false, %(concurrency_key)s::text, %(concurrency_limit)s::int
 FROM unnest(%(queue)s::text[], %(priority)s::smallint[], %(task_path)s::text[], %(args)s::jsonb[],
             %(kwargs)s::jsonb[], %(run_after)s::timestamptz[], %(max_attempts)s::int[], %(timeout)s::float8[])
      AS d(queue, priority, task_path, args, kwargs, run_after, max_attempts, timeout)
