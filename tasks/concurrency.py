@@ -81,7 +81,8 @@ WITH RECURSIVE waiting(key) AS (
      WHERE status IN ('READY', 'RUNNING') AND concurrency_key IS NOT NULL ORDER BY concurrency_key LIMIT 1)
     UNION ALL
     SELECT (SELECT t.concurrency_key FROM tasks_task AS t
-            WHERE t.status IN ('READY', 'RUNNING') AND t.concurrency_key IS NOT NULL AND t.concurrency_key > admitted.key
+            WHERE t.status IN ('READY', 'RUNNING') AND t.concurrency_key IS NOT NULL
+              AND t.concurrency_key > admitted.key
             ORDER BY t.concurrency_key LIMIT 1)
     FROM admitted WHERE admitted.key IS NOT NULL
 ), keys AS (
@@ -143,6 +144,8 @@ def key_states(*, using: str = DEFAULT_DB_ALIAS, limit: int = SHOWN_KEYS, cap: i
     with connections[using].cursor() as cursor:
         cursor.execute(KEY_STATS_SQL, {"limit": limit, "cap": cap})
         rows: list[Any] = cursor.fetchall()
-    states = [KeyState(key, lim, running, held, min(waiting, cap), waiting > cap) for key, lim, running, held, waiting in rows]
+    states = [
+        KeyState(key, lim, running, held, min(waiting, cap), waiting > cap) for key, lim, running, held, waiting in rows
+    ]
     states.sort(key=lambda s: (not s.full, -s.waiting, s.key))
     return states

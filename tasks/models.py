@@ -746,7 +746,9 @@ class Task(LeaseFields):
         help_text="Tasks sharing this key run at most concurrency_limit at once (see tasks/concurrency.py).",
     )
     concurrency_limit = models.PositiveIntegerField(
-        null=True, blank=True, help_text="The key's limit as this task was enqueued with it (the latest enqueue sets it)."
+        null=True,
+        blank=True,
+        help_text="The key's limit as this task was enqueued with it (the latest enqueue sets it).",
     )
 
     # The lease columns' plain index on holder (and its LIKE twin) is replaced by
@@ -829,7 +831,11 @@ class Task(LeaseFields):
             ),
             # Pages of blocked tasks by queue, newest first (the other page indexes leave BLOCKED out).
             models.Index(
-                "queue", "status", models.F("id").desc(), name="tasks_task_blocked_page_idx", condition=Q(status="BLOCKED")
+                "queue",
+                "status",
+                models.F("id").desc(),
+                name="tasks_task_blocked_page_idx",
+                condition=Q(status="BLOCKED"),
             ),
             # The repair sweep looks for leases left live on rows that are not running: normally none.
             models.Index(
