@@ -16,7 +16,7 @@ from leasing.http import ApiError, Body, api_view, iso, page_args, query_text
 from tasks import allowlist, generator, queue_views, schedule_api
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError, TaskPathRefused
-from tasks.models import FINISHED, Failure, Task, TaskStatus
+from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, Failure, Task, TaskStatus
 from tasks.outcomes import is_storable
 from tasks.queries import ALL_STATUSES, Listing
 
@@ -62,6 +62,8 @@ def task_json(task: Task) -> dict[str, Any]:
         "max_attempts": task.max_attempts,
         "timeout": task.timeout,
         "dedup_key": task.dedup_key,
+        "concurrency_key": task.concurrency_key,
+        "concurrency_limit": task.concurrency_limit,
         "run_after": iso(task.run_after),
         "enqueued_at": iso(task.enqueued_at),
         "started_at": iso(task.started_at),
@@ -137,6 +139,8 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
         "max_attempts",
         "timeout",
         "dedup_key",
+        "concurrency_key",
+        "concurrency_limit",
     )
     task_path = body.text("task_path")
     reason = allowlist.refusal(task_path)
@@ -161,7 +165,12 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
         "max_attempts": body.whole("max_attempts", required=False, low=1, high=1000),
         "timeout": body.number("timeout", required=False, low=0, high=MAX_TTL),
         "dedup_key": body.text("dedup_key", required=False),
+        "concurrency_key": body.text("concurrency_key", required=False),
+        "concurrency_limit": body.whole("concurrency_limit", required=False, low=1, high=MAX_CONCURRENCY_LIMIT),
     }
+    if (options["concurrency_key"] is None) != (options["concurrency_limit"] is None):
+        missing = "concurrency_limit" if options["concurrency_limit"] is None else "concurrency_key"
+        raise ApiError(400, "concurrency_key and concurrency_limit go together: give both or neither", missing)
     try:
         enqueued = Task.objects.enqueue(task_path, **options)
     except ValueError as exc:

@@ -223,3 +223,93 @@ def test_a_full_keys_backlog_costs_the_claim_nothing() -> None:
     assert Task.objects.complete(task.id, task.holder, task.token)
     assert admitted("full") == 2
     assert Task.objects.filter(status=TaskStatus.BLOCKED).count() == 100_000 - 3
+
+
+API_TOKEN = "concurrency-test-token"
+
+
+@pytest.fixture
+def api(client: Any, settings: Any) -> Any:
+    settings.LEASING_API_TOKENS = [API_TOKEN]
+    settings.LEASING_TASKS = {"API_TASK_PATTERNS": ["tests.testapp.handlers.*"]}
+
+    def call(body: Any = None, raw: str | None = None) -> tuple[int, Any]:
+        response = client.post(
+            "/api/tasks",
+            data=raw if raw is not None else json.dumps(body),
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {API_TOKEN}"},
+        )
+        return response.status_code, json.loads(response.content)
+
+    return call
+
+
+def test_the_api_enqueues_keyed_tasks(api: Any) -> None:
+    bodies = [{"task_path": NOOP, "concurrency_key": "api", "concurrency_limit": 1} for _ in range(2)]
+    (s1, first), (s2, second) = (api(b) for b in bodies)
+    assert (s1, s2) == (201, 201)
+    assert (first["task"]["status"], second["task"]["status"]) == ("READY", "BLOCKED")
+    assert (second["task"]["concurrency_key"], second["task"]["concurrency_limit"]) == ("api", 1)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"concurrency_key": "k"},
+        {"concurrency_limit": 2},
+        {"concurrency_key": "k", "concurrency_limit": 0},
+        {"concurrency_key": "k", "concurrency_limit": -1},
+        {"concurrency_key": "k", "concurrency_limit": 2**31},
+        {"concurrency_key": "k", "concurrency_limit": 1.5},
+        {"concurrency_key": "k", "concurrency_limit": "2"},
+        {"concurrency_key": "k", "concurrency_limit": True},
+        {"concurrency_key": "", "concurrency_limit": 2},
+        {"concurrency_key": "   ", "concurrency_limit": 2},
+        {"concurrency_key": "x" * 256, "concurrency_limit": 2},
+        {"concurrency_key": 5, "concurrency_limit": 2},
+        {"concurrency_key": ["k"], "concurrency_limit": 2},
+        {"concurrency_key": "a\u0000b", "concurrency_limit": 2},
+    ],
+)
+def test_the_api_refuses_bad_concurrency_fields_with_400_and_changes_nothing(api: Any, extra: dict[str, Any]) -> None:
+    status, body = api({"task_path": NOOP, **extra})
+    assert status == 400, body
+    assert body["error"] and body.get("field") in ("concurrency_key", "concurrency_limit"), body
+    assert not Task.objects.exists() and not ConcurrencyKey.objects.exists()
+
+
+def test_the_api_refuses_a_lone_surrogate_in_the_key(api: Any) -> None:
+    raw = '{"task_path": "%s", "concurrency_key": "\\ud800", "concurrency_limit": 2}' % NOOP
+    status, body = api(raw=raw)
+    assert status == 400, body
+    assert not Task.objects.exists()
+
+
+def test_the_django_tasks_backend_maps_task_paths_to_keys(settings: Any) -> None:
+    from tests.conformance.tasks import noop_task
+
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "tasks.backends.LeaseBackend",
+            "OPTIONS": {"concurrency": {noop_task.module_path: {"key": "noop:{0}", "limit": 1}}},
+        }
+    }
+    first, second, other = noop_task.enqueue(1), noop_task.enqueue(1, 2), noop_task.enqueue(2)
+    rows = dict(Task.objects.values_list("id", "status"))
+    assert [rows[int(r.id)] for r in (first, second, other)] == ["READY", "BLOCKED", "READY"]
+    assert Task.objects.get(pk=int(second.id)).concurrency_key == "noop:1"
+    second.refresh()
+    assert second.status == "READY"  # django.tasks has no BLOCKED: a waiting task is READY
+    with pytest.raises(ValueError, match="does not fit"):
+        noop_task.enqueue()  # the template needs a first argument
+    assert Task.objects.count() == 3
+
+
+def test_the_backend_check_reports_a_bad_concurrency_mapping(settings: Any) -> None:
+    from django.tasks import task_backends
+
+    settings.TASKS = {
+        "default": {"BACKEND": "tasks.backends.LeaseBackend", "OPTIONS": {"concurrency": {"a.b": {"key": "k"}}}}
+    }
+    assert [e.id for e in task_backends["default"].check()] == ["tasks.E012"]
