@@ -326,11 +326,15 @@ def _append_error(entry: str) -> str:
 
 _RETRYABLE = "(d.retry AND t.failures + 1 < t.max_attempts)"
 
+# A keyed task that backs off gives its concurrency slot up: it waits BLOCKED and is admitted again
+# once due (tasks/concurrency.py). Its slot goes to the next waiting task in the same statement.
+_WAITING_STATUS = "CASE WHEN t.concurrency_key IS NULL THEN 'READY' ELSE 'BLOCKED' END"
+
 # A failed attempt is the handler's own outcome: it costs one of ``max_attempts``. The error entry
 # carries the attempt's token so a worker whose reply was lost can tell that this write landed.
 FAIL_SQL = f"""
 UPDATE tasks_task AS t SET
-    status = CASE WHEN {_RETRYABLE} THEN 'READY' ELSE 'FAILED' END,
+    status = CASE WHEN {_RETRYABLE} THEN {_WAITING_STATUS} ELSE 'FAILED' END,
     run_after = CASE WHEN {_RETRYABLE} THEN clock_timestamp() + {_backoff_sql("t.failures")} ELSE t.run_after END,
     finished_at = CASE WHEN {_RETRYABLE} THEN NULL ELSE clock_timestamp() END,
     failures = t.failures + 1,
@@ -422,7 +426,9 @@ _RECOVERY_ENTRY = f"""jsonb_build_object(
 # One statement per batch; a row's classification is read under its row lock.
 RECOVER_SQL = f"""
 UPDATE tasks_task AS t SET
-    status = CASE WHEN {_STILL_ALLOWED} THEN 'READY' ELSE 'FAILED' END,
+    status = CASE WHEN NOT {_STILL_ALLOWED} THEN 'FAILED'
+                  WHEN {_CRASHED} AND t.crashes > 0 THEN {_WAITING_STATUS}  -- backs off
+                  ELSE 'READY' END,
     run_after = CASE WHEN NOT {_STILL_ALLOWED} OR NOT {_CRASHED} OR t.crashes = 0
                      THEN LEAST(t.run_after, clock_timestamp())
                      ELSE clock_timestamp() + {_backoff_sql("t.crashes - 1")} END,
