@@ -317,3 +317,23 @@ def test_the_backend_check_reports_a_bad_concurrency_mapping(settings: Any) -> N
         "default": {"BACKEND": "tasks.backends.LeaseBackend", "OPTIONS": {"concurrency": {"a.b": {"key": "k"}}}}
     }
     assert [e.id for e in task_backends["default"].check()] == ["tasks.E012"]
+
+
+def test_the_dashboard_and_metrics_show_keys_at_their_limit(client: Any, settings: Any) -> None:
+    from django.contrib.auth import get_user_model
+
+    for _ in range(3):
+        keyed("tenant-<7>", 1)
+    Task.objects.claim("w1")
+    client.force_login(get_user_model().objects.create_superuser("conc", "conc@example.com", "pw"))
+    page = client.get("/dashboard/").content.decode()
+    assert 'id="concurrency-keys"' in page
+    assert "tenant-&lt;7&gt;" in page and "1 / 1 (full)" in page  # escaped, and at its limit
+    blocked = client.get("/dashboard/tasks/blocked/")
+    assert blocked.status_code == 200 and blocked.content.decode().count("/dashboard/tasks/") >= 2
+    settings.LEASING_METRICS_PUBLIC = True
+    text = client.get("/metrics").content.decode()
+    assert 'tasks_concurrency_running{key="tenant-<7>"} 1.0' in text
+    assert 'tasks_concurrency_waiting{key="tenant-<7>"} 2.0' in text
+    assert "tasks_concurrency_keys_full 1.0" in text
+    assert 'tasks_tasks{state="blocked"} 2.0' in text
