@@ -635,8 +635,19 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             raise TaskError("an unfinished task with the same dedup key already exists") from exc
 
     def retry_now(self) -> int:
-        """Run waiting (READY, backed off or deferred) tasks now."""
-        return self.filter(status=TaskStatus.READY).update(run_after=Now())
+        """Run waiting (READY, backed off or deferred) tasks now. Waiting tasks of a concurrency key
+        (BLOCKED) become due and are admitted at once where their key has a free slot."""
+        from tasks import concurrency
+
+        keys = list(
+            self.filter(status=TaskStatus.BLOCKED)
+            .order_by("concurrency_key")
+            .values_list("concurrency_key", flat=True)
+            .distinct()[: concurrency.SWEEP_KEYS]
+        )
+        changed = self.filter(status__in=WAITING).update(run_after=Now())
+        concurrency.admit([key for key in keys if key is not None], using=self.db)
+        return changed
 
 
 class WorkerQuerySet(models.QuerySet["Worker"]):

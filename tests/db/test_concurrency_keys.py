@@ -337,3 +337,11 @@ def test_the_dashboard_and_metrics_show_keys_at_their_limit(client: Any, setting
     assert 'tasks_concurrency_waiting{key="tenant-<7>"} 2.0' in text
     assert "tasks_concurrency_keys_full 1.0" in text
     assert 'tasks_tasks{state="blocked"} 2.0' in text
+
+
+def test_retry_now_admits_deferred_keyed_tasks_at_once() -> None:
+    later = timezone.now() + dt.timedelta(hours=1)
+    ids = [keyed("deferred", 1, run_after=later) for _ in range(2)]
+    assert statuses(ids) == ["BLOCKED", "BLOCKED"]
+    assert Task.objects.filter(pk__in=ids).retry_now() == 2
+    assert statuses(ids) == ["READY", "BLOCKED"]
