@@ -50,7 +50,8 @@ WAITING_CAP = 10_000
 # locks keys in, so the sweep cannot deadlock with a worker's statement).
 ADMIT_WAITING_SQL = """
 WITH RECURSIVE waiting(key) AS (
-    (SELECT concurrency_key FROM tasks_task WHERE status = 'BLOCKED' ORDER BY concurrency_key LIMIT 1)
+    (SELECT concurrency_key FROM tasks_task WHERE status = 'BLOCKED' AND concurrency_key > %(after)s
+     ORDER BY concurrency_key LIMIT 1)
     UNION ALL
     SELECT (SELECT t.concurrency_key FROM tasks_task AS t
             WHERE t.status = 'BLOCKED' AND t.concurrency_key > waiting.key ORDER BY t.concurrency_key LIMIT 1)
@@ -60,6 +61,9 @@ SELECT w.key, tasks_concurrency_admit(w.key, NULL, false)
 FROM (SELECT key FROM waiting WHERE key IS NOT NULL ORDER BY key LIMIT %(limit)s) AS w
 ORDER BY w.key
 """
+#: Keys admitted per sweep statement: each admission is a subtransaction (its bounded lock wait), and
+#: a transaction with more than 64 of them makes every snapshot in the server slower while it runs.
+SWEEP_BATCH = 50
 
 ADMIT_SQL = """
 SELECT k, tasks_concurrency_admit(k, NULL, false) FROM unnest(%(keys)s::text[]) AS u(k) ORDER BY k
@@ -124,19 +128,30 @@ class KeyState:
 
 def admit(keys: list[str], *, using: str = DEFAULT_DB_ALIAS) -> dict[str, int]:
     """Fill the free slots of ``keys`` from their waiting tasks now; tasks admitted per key."""
-    if not keys:
-        return {}
+    ordered = sorted(set(keys))
+    admitted: dict[str, int] = {}
     with connections[using].cursor() as cursor:
-        cursor.execute(ADMIT_SQL, {"keys": sorted(set(keys))})
-        return {key: n for key, n in cursor.fetchall()}
+        for start in range(0, len(ordered), SWEEP_BATCH):
+            cursor.execute(ADMIT_SQL, {"keys": ordered[start : start + SWEEP_BATCH]})
+            admitted.update({key: n for key, n in cursor.fetchall()})
+    return admitted
 
 
 def admit_waiting(*, using: str = DEFAULT_DB_ALIAS, limit: int = SWEEP_KEYS) -> int:
     """The recovery round's sweep: admit for every key with waiting tasks (the first ``limit`` by
     name). Admits deferred tasks that came due, and any an admission skipped. Returns tasks admitted."""
+    admitted, after, seen = 0, "", 0
     with connections[using].cursor() as cursor:
-        cursor.execute(ADMIT_WAITING_SQL, {"limit": limit})
-        return sum(n for _, n in cursor.fetchall())
+        while seen < limit:
+            # One statement (one transaction) per batch of keys, resuming after the last key.
+            cursor.execute(ADMIT_WAITING_SQL, {"limit": min(SWEEP_BATCH, limit - seen), "after": after})
+            rows = cursor.fetchall()
+            admitted += sum(n for _, n in rows)
+            seen += len(rows)
+            if len(rows) < SWEEP_BATCH:
+                break
+            after = rows[-1][0]
+    return admitted
 
 
 def key_states(*, using: str = DEFAULT_DB_ALIAS, limit: int = SHOWN_KEYS, cap: int = WAITING_CAP) -> list[KeyState]:

@@ -51,16 +51,27 @@ DECLARE
     cap integer;
     held integer;
     admitted integer;
+    previous_timeout text := current_setting('lock_timeout');
 BEGIN
     -- The key's row lock serialises admissions (held until the transaction ends). ON CONFLICT DO
-    -- UPDATE locks and returns the row's latest version.
-    INSERT INTO tasks_concurrencykey AS c (key, max_running, updated_at)
-    VALUES (k, COALESCE(lim, (SELECT concurrency_limit FROM tasks_task
-                              WHERE status = 'BLOCKED' AND concurrency_key = k LIMIT 1), 1), clock_timestamp())
-    ON CONFLICT (key) DO UPDATE SET
-        max_running = CASE WHEN sets_limit THEN EXCLUDED.max_running ELSE c.max_running END,
-        updated_at = CASE WHEN sets_limit THEN EXCLUDED.updated_at ELSE c.updated_at END
-    RETURNING c.max_running INTO cap;
+    -- UPDATE locks and returns the row's latest version. The wait is bounded: a transaction that
+    -- enqueued a task of this key and has not committed yet (an application's long transaction)
+    -- holds the lock, and a worker's finishing statement must not wait for it. Giving up here admits
+    -- nothing now; the recovery round's sweep (tasks/concurrency.py) admits for the key later.
+    -- (The block is a subtransaction: a timeout rolls the setting back with it.)
+    BEGIN
+        PERFORM set_config('lock_timeout', '200ms', true);
+        INSERT INTO tasks_concurrencykey AS c (key, max_running, updated_at)
+        VALUES (k, COALESCE(lim, (SELECT concurrency_limit FROM tasks_task
+                                  WHERE status = 'BLOCKED' AND concurrency_key = k LIMIT 1), 1), clock_timestamp())
+        ON CONFLICT (key) DO UPDATE SET
+            max_running = CASE WHEN sets_limit THEN EXCLUDED.max_running ELSE c.max_running END,
+            updated_at = CASE WHEN sets_limit THEN EXCLUDED.updated_at ELSE c.updated_at END
+        RETURNING c.max_running INTO cap;
+        PERFORM set_config('lock_timeout', previous_timeout, true);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN 0;
+    END;
     -- A new snapshot (each query of a VOLATILE function takes one): what holds the key's slots now.
     SELECT count(*) INTO held FROM tasks_task WHERE concurrency_key = k AND status IN ('READY', 'RUNNING');
     IF held >= cap THEN

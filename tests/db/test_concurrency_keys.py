@@ -345,3 +345,41 @@ def test_retry_now_admits_deferred_keyed_tasks_at_once() -> None:
     assert statuses(ids) == ["BLOCKED", "BLOCKED"]
     assert Task.objects.filter(pk__in=ids).retry_now() == 2
     assert statuses(ids) == ["READY", "BLOCKED"]
+
+
+def test_a_long_transaction_that_enqueued_a_keyed_task_does_not_stall_a_finish_of_its_key() -> None:
+    """An application enqueues a keyed task inside its own transaction and keeps it open: the key's
+    row stays locked until it commits. A worker finishing a task of that key waits at most the
+    admission's bounded lock wait (200 ms), and the recovery sweep admits for the key afterwards."""
+    import threading
+    import time
+
+    from django.db import connections
+
+    ids = [keyed("busy", 1) for _ in range(2)]
+    (running,) = Task.objects.claim("w1")
+    holding, release = threading.Event(), threading.Event()
+    late: list[int] = []
+
+    def application() -> None:
+        try:
+            with transaction.atomic():
+                late.append(keyed("busy", 1))
+                holding.set()
+                release.wait(30)
+        finally:
+            connections["default"].close()
+
+    thread = threading.Thread(target=application)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        started = time.monotonic()
+        assert Task.objects.complete(running.id, "w1", running.token)
+        assert time.monotonic() - started < 2.0  # not blocked until the application commits
+        assert statuses(ids) == ["SUCCESSFUL", "BLOCKED"]  # nobody could admit for the key yet
+    finally:
+        release.set()
+        thread.join(30)
+    assert concurrency.admit_waiting() == 1  # the sweep, once the application committed
+    assert statuses([ids[1], late[0]]) == ["READY", "BLOCKED"]
