@@ -26,7 +26,9 @@ it admits at once.
 Crashes need nothing special: a dead worker's RUNNING tasks hold their slots until recovery requeues
 them (READY, slot kept) or fails them (slot freed, next task admitted), within TTL + recovery
 interval. A release that races an admission is counted as still holding its slot (never more than
-the limit) and the releasing statement admits for its key itself. The recovery round also calls
+the limit) and the releasing statement admits for its key itself. An admission waits at most 200 ms
+for its key's lock (an application's open transaction that enqueued a task of the key holds it until
+it commits): giving up admits nothing now, and the sweep below admits later. The recovery round also calls
 :func:`admit_waiting`, which admits deferred tasks that came due and any task an admission had to
 skip because its row was locked.
 """
