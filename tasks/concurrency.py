@@ -107,6 +107,36 @@ ORDER BY keys.key
 """
 
 
+# A key's row holds nothing but its limit (and the lock): once none of its tasks is unfinished and
+# no enqueue set its limit for IDLE_KEY_SECONDS, it is deleted, so per-customer keys do not pile up
+# for months. Safe against a racing enqueue: that enqueue's admission inserts the row again with its
+# own limit (the limit rule is "the latest enqueue's"), and a row is deleted only under its lock
+# (SKIP LOCKED: a key being admitted right now is left for the next round).
+PRUNE_IDLE_KEYS_SQL = """
+DELETE FROM tasks_concurrencykey AS c
+WHERE c.key IN (
+    SELECT i.key FROM tasks_concurrencykey AS i
+    WHERE i.updated_at < clock_timestamp() - make_interval(secs => %(idle)s)
+      AND NOT EXISTS (SELECT 1 FROM tasks_task AS t
+                      WHERE t.concurrency_key = i.key AND t.status IN ('READY', 'RUNNING'))
+      AND NOT EXISTS (SELECT 1 FROM tasks_task AS t WHERE t.concurrency_key = i.key AND t.status = 'BLOCKED')
+    ORDER BY i.updated_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING c.key
+"""
+#: A key's row is forgotten after this long without an enqueue and without unfinished tasks.
+IDLE_KEY_SECONDS = 3600.0
+
+
+def prune_idle_keys(*, using: str = DEFAULT_DB_ALIAS, idle: float = IDLE_KEY_SECONDS, limit: int = 1000) -> int:
+    """Delete the rows of keys idle for ``idle`` seconds (at most ``limit``, oldest first)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(PRUNE_IDLE_KEYS_SQL, {"idle": idle, "limit": limit})
+        return cursor.rowcount
+
+
 @dataclass(frozen=True, slots=True)
 class KeyState:
     """One concurrency key as the database has it now."""

@@ -1017,6 +1017,8 @@ class ConcurrencyKey(models.Model):
 
     class Meta:
         ordering = ["key"]
+        # The recovery round forgets keys idle for a while, oldest first (tasks/concurrency.py).
+        indexes = [models.Index(fields=["updated_at"], name="tasks_concurrencykey_idle_idx")]
 
     def __str__(self) -> str:
         return f"concurrency key {self.key}: at most {self.max_running}"

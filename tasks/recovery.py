@@ -68,6 +68,7 @@ def recover_once(*, using: str = DEFAULT_DB_ALIAS, repair: bool = True, batch: i
         report.stray_leases_released = manager.release_stray_leases()
     # Keyed tasks whose deferral ended, or that an admission skipped, get their slots now.
     report.admitted = concurrency.admit_waiting(using=using)
+    concurrency.prune_idle_keys(using=using)
     # Close the minutes of the activity chart as they end (one minute of rows each, once), so that
     # dashboards and scrapes only ever count the open minute.
     activity.roll_up(using=using)

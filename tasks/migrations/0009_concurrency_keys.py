@@ -208,6 +208,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'ordering': ['key'],
+                'indexes': [models.Index(fields=['updated_at'], name='tasks_concurrencykey_idle_idx')],
             },
         ),
         migrations.AddField(

@@ -383,3 +383,16 @@ def test_a_long_transaction_that_enqueued_a_keyed_task_does_not_stall_a_finish_o
         thread.join(30)
     assert concurrency.admit_waiting() == 1  # the sweep, once the application committed
     assert statuses([ids[1], late[0]]) == ["READY", "BLOCKED"]
+
+
+def test_idle_keys_are_forgotten_and_busy_ones_kept() -> None:
+    done = keyed("done", 1)
+    Task.objects.filter(pk=done).cancel()
+    keyed("busy", 1)
+    keyed("busy", 1)
+    ConcurrencyKey.objects.update(updated_at=timezone.now() - dt.timedelta(hours=2))
+    assert concurrency.prune_idle_keys() == 1
+    assert list(ConcurrencyKey.objects.values_list("key", flat=True)) == ["busy"]
+    # A key that comes back gets its row (and the new enqueue's limit) again.
+    assert statuses([keyed("done", 3)]) == ["READY"]
+    assert ConcurrencyKey.objects.get(key="done").max_running == 3
