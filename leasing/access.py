@@ -27,6 +27,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import render
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from leasing.routing import parse_database, using_database
 from leasing.validation import InvalidInput, check_params
 
 VIEW_LEASE = "leasing.view_lease"
@@ -127,8 +128,9 @@ def declared(view: Any, permissions: Mapping[str, Iterable[str]], *, head: bool 
 
 def staff_page(**permissions: Iterable[str]) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
     """A dashboard page: staff login (else the admin login), the permissions of each method (else
-    403), a sane query string and form (else a 400 page); an unsafe method runs in one transaction,
-    so a page that refuses an action after a partial write rolls it back."""
+    403), a sane query string and form (else a 400 page), the database of ``?db=`` (an unknown one
+    is a 400 page); an unsafe method runs in one transaction there, so a page that refuses an
+    action after a partial write rolls it back."""
 
     def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @functools.wraps(view)
@@ -142,12 +144,16 @@ def staff_page(**permissions: Iterable[str]) -> Callable[[Callable[..., HttpResp
                 check_params(request.GET)
                 if request.method not in SAFE_METHODS:
                     check_params(request.POST)
+                alias = parse_database(request.GET.get("db"))
             except InvalidInput as exc:
                 return bad_request_page(request, exc.message)
-            if request.method in SAFE_METHODS:
-                return view(request, *args, **kwargs)
-            with transaction.atomic():
-                return view(request, *args, **kwargs)
+            # The database this page shows (``?db=``): named on the page, kept in its links.
+            request.leasing_database = alias  # type: ignore[attr-defined]
+            with using_database(alias):
+                if request.method in SAFE_METHODS:
+                    return view(request, *args, **kwargs)
+                with transaction.atomic(using=alias):
+                    return view(request, *args, **kwargs)
 
         table = declared(wrapper, permissions, head=True)
         guarded = staff_member_required(wrapper)

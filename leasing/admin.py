@@ -5,24 +5,93 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.core.exceptions import BadRequest
+from django.db import DEFAULT_DB_ALIAS
 from django.db.models import IntegerField, Model, Q, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
 from leasing.models import Lease
 from leasing.pagination import CappedPaginator
+from leasing.routing import known_databases, parse_database, using_database
 from leasing.validation import MAX_BIGINT, MAX_PARAM_LENGTH, InvalidInput, bad_params, check_text, parse_whole
+
+
+class DatabaseFilter(admin.SimpleListFilter):
+    """Which database the list shows (``?db=``), offered when more than one holds our tables. The
+    selection itself is applied by :class:`CheckedInputAdmin` (every query of the view, actions
+    included, runs on it); the filter keeps ``db`` an accepted parameter that the admin carries into
+    the change pages it links (``_changelist_filters``)."""
+
+    title = "database"
+    parameter_name = "db"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(alias, alias) for alias in known_databases()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset
+
+    def choices(self, changelist: Any) -> Any:
+        current = self.value() or DEFAULT_DB_ALIAS
+        for alias, title in self.lookup_choices:
+            yield {
+                "selected": alias == current,
+                "query_string": changelist.get_query_string({self.parameter_name: alias}),
+                "display": title,
+            }
+
+
+def admin_database(request: HttpRequest) -> str:
+    """The ``?db=`` of an admin page, or of the list it was opened from; raises InvalidInput."""
+    value = request.GET.get("db")
+    if value is None and "_changelist_filters" in request.GET:
+        value = QueryDict(request.GET["_changelist_filters"]).get("db")
+    return parse_database(value)
 
 
 class CheckedInputAdmin(admin.ModelAdmin):
     """An admin whose list filters, search terms, action selections and object ids are checked
     before any query uses them (:mod:`leasing.validation`): a value PostgreSQL cannot take (NUL) or
-    an absurdly long one is dropped with a message instead of failing the page with a 500."""
+    an absurdly long one is dropped with a message instead of failing the page with a 500.
+
+    Several databases: ``?db=alias`` (a list filter when more than one database holds our tables)
+    selects the database every query of the page reads and every action writes
+    (leasing/routing.py); the change pages opened from the list keep it."""
+
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        filters = super().get_list_filter(request)
+        return (*filters, DatabaseFilter) if len(known_databases()) > 1 else filters
+
+    def _on_database(self, request: HttpRequest, view: Any, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            alias = admin_database(request)
+        except InvalidInput as exc:
+            raise BadRequest(exc.message) from None
+        with using_database(alias):
+            response: HttpResponse = view(request, *args, **kwargs)
+            if hasattr(response, "render") and not getattr(response, "is_rendered", True):
+                response.render()  # the template reads querysets: render while the database is selected
+            return response
+
+    def changeform_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        return self._on_database(request, super().changeform_view, *args, **kwargs)
+
+    def delete_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        return self._on_database(request, super().delete_view, *args, **kwargs)
+
+    def history_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        return self._on_database(request, super().history_view, *args, **kwargs)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         refused = bad_params(request.GET)
+        if "db" not in refused:
+            try:
+                parse_database(request.GET.get("db"))
+            except InvalidInput as exc:
+                refused["db"] = exc.message
         if request.method == "POST":
             refused |= bad_params(request.POST)
             if isinstance(self.model._meta.pk, IntegerField):
@@ -40,7 +109,7 @@ class CheckedInputAdmin(admin.ModelAdmin):
                 kept.pop(name, None)
             query = kept.urlencode()
             return HttpResponseRedirect(f"{request.path}?{query}" if query else request.path)
-        return super().changelist_view(request, extra_context)
+        return self._on_database(request, super().changelist_view, extra_context)
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
         """Only the lookups this admin's own filters make. Django admits any lookup on a local field
@@ -51,7 +120,7 @@ class CheckedInputAdmin(admin.ModelAdmin):
                 name = item.parameter_name or ""
                 offered |= {name, name.removesuffix("__exact")}  # ?queue= as well as ?queue__exact=
             else:
-                field = item if isinstance(item, str) else item[0]  # type: ignore[index]  # (field, filter class)
+                field = item if isinstance(item, str) else item[0]  # (field, filter class)
                 offered |= {f"{field}", f"{field}__exact", f"{field}__isnull"}
         return lookup in offered and super().lookup_allowed(lookup, value, request)
 

@@ -10,8 +10,9 @@ from django.urls import path
 from leasing import metrics
 from leasing.access import CHANGE_LEASE, VIEW_LEASE
 from leasing.conf import get_settings
-from leasing.http import ApiError, Body, api_view, iso, keyset_page, query_id, query_text
+from leasing.http import ApiError, Body, api_view, iso, keyset_page, query_id, query_text, routed
 from leasing.models import Grant, Lease
+from leasing.routing import lease_database
 
 STATES = ("active", "expired", "renewed", "released")
 MAX_TTL = 86_400.0
@@ -71,11 +72,12 @@ def leases(request: HttpRequest) -> tuple[int, Any]:
     holder = body.text("holder", max_length=200)
     ttl = body.number("ttl", required=False, low=0, high=MAX_TTL, default=get_settings().DEFAULT_TTL)
     metadata = body.mapping("metadata")
-    with metrics.acquisition_timer():
-        grant = Lease.objects.acquire(resource, holder, ttl, metadata=metadata)
-    if grant is None:
-        raise _conflict(resource, "the lease is held by another holder (or already by you: renew it)")
-    return 201, {"grant": grant_json(grant), "lease": lease_json(Lease.objects.get(resource=resource))}
+    with routed(request, lease_database(resource), f"lease {resource!r}"):
+        with metrics.acquisition_timer():
+            grant = Lease.objects.acquire(resource, holder, ttl, metadata=metadata)
+        if grant is None:
+            raise _conflict(resource, "the lease is held by another holder (or already by you: renew it)")
+        return 201, {"grant": grant_json(grant), "lease": lease_json(Lease.objects.get(resource=resource))}
 
 
 def _state_view(state: str) -> Any:
@@ -95,13 +97,14 @@ def renew(request: HttpRequest) -> tuple[int, Any]:
     holder = body.text("holder", max_length=200)
     token = body.whole("token", low=1, high=2**63 - 1)
     ttl = body.number("ttl", required=False, low=0, high=MAX_TTL, default=get_settings().DEFAULT_TTL)
-    grant = Lease.objects.renew(resource, holder, token, ttl)
-    if grant is None:
-        if not Lease.objects.filter(resource=resource).exists():
-            raise ApiError(404, f"no lease on {resource!r}")
-        metrics.renewal_rejections.inc()
-        raise _conflict(resource, "lease lost: expired, released, revoked or held by another holder")
-    return 200, {"grant": grant_json(grant)}
+    with routed(request, lease_database(resource), f"lease {resource!r}"):
+        grant = Lease.objects.renew(resource, holder, token, ttl)
+        if grant is None:
+            if not Lease.objects.filter(resource=resource).exists():
+                raise ApiError(404, f"no lease on {resource!r}")
+            metrics.renewal_rejections.inc()
+            raise _conflict(resource, "lease lost: expired, released, revoked or held by another holder")
+        return 200, {"grant": grant_json(grant)}
 
 
 def _lease_or_404(lease_id: int) -> Lease:

@@ -10,3 +10,6 @@ class LeasingConfig(AppConfig):
 
     def ready(self) -> None:
         from leasing import checks  # noqa: F401  (registers the system checks)
+        from leasing.routing import lease_routes
+
+        lease_routes()  # an unknown alias is an ImproperlyConfigured error at startup, not at the first lease

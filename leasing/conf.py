@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from django.conf import settings
@@ -23,6 +23,9 @@ class LeasingSettings:
     BACKOFF_MAX: float = 2.0
     #: Pause of a standby in leader election between attempts to take over.
     ELECTION_RETRY_INTERVAL: float = 1.0
+    #: Lease namespaces routed to database aliases: resource-name prefix -> alias (the longest
+    #: matching prefix wins; others live in ``default``). See leasing/routing.py.
+    DATABASES: dict[str, str] = field(default_factory=dict)
 
 
 def get_settings() -> LeasingSettings:

@@ -24,11 +24,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, Error, close_old_connections, connections
+from django.db import Error, close_old_connections, connections
 
 from leasing import clock
 from leasing.conf import get_settings
 from leasing.holder import LeaseHolder, default_holder_id
+from leasing.routing import lease_database
 
 logger = logging.getLogger("leasing.election")
 
@@ -70,14 +71,14 @@ class LeaderElection:
         ttl: float | dt.timedelta | None = None,
         holder: str | None = None,
         retry_interval: float | None = None,
-        using: str = DEFAULT_DB_ALIAS,
+        using: str | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> None:
         self.resource = resource
         self.ttl = ttl
         self.holder = holder or default_holder_id()
         self.retry_interval = get_settings().ELECTION_RETRY_INTERVAL if retry_interval is None else retry_interval
-        self.using = using
+        self.using = using or lease_database(resource)  # leasing/routing.py
         self.metadata = metadata
         self.terms = 0
         self._stopping = threading.Event()

@@ -40,12 +40,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from asgiref.sync import sync_to_async
-from django.db import DEFAULT_DB_ALIAS, Error, connections
+from django.db import Error, connections
 
 from leasing import clock, metrics, signals
 from leasing.conf import get_settings
 from leasing.exceptions import LeaseAcquisitionError, LeaseLost
 from leasing.models import Grant, Lease, acquire_on, acquire_slot_on, release_on, renew_on, seconds
+from leasing.routing import lease_database
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -180,7 +181,7 @@ class LeaseHolder:
         on_lost: Callable[[LeaseHolder], Any] | None = None,
         renew_interval: float | None = None,
         metadata: dict[str, Any] | None = None,
-        using: str = DEFAULT_DB_ALIAS,
+        using: str | None = None,
         limit: int | None = None,
     ) -> None:
         conf = get_settings()
@@ -198,7 +199,8 @@ class LeaseHolder:
             raise ValueError("renew_interval must be positive and shorter than the ttl")
         self.on_lost = on_lost
         self.metadata = metadata
-        self.using = using
+        # The lease's database: given, or the one its namespace is routed to (leasing/routing.py).
+        self.using = using or lease_database(resource)
         self._jitter = conf.RENEW_JITTER
         self._backoff = (conf.BACKOFF_INITIAL, conf.BACKOFF_MAX)
         self._grant: Grant | None = None
@@ -526,7 +528,7 @@ def lease(
     on_lost: Callable[[LeaseHolder], Any] | None = None,
     renew_interval: float | None = None,
     metadata: dict[str, Any] | None = None,
-    using: str = DEFAULT_DB_ALIAS,
+    using: str | None = None,
     limit: int | None = None,
 ) -> LeaseHolder:
     """A lease on ``resource`` for a ``with`` or ``async with`` block.
@@ -537,6 +539,9 @@ def lease(
     With ``limit=N`` the lease is one of N slots of a counting semaphore (at most N holders at once
     on the database clock); ``holder.grant.resource`` names the slot (``resource#k``), whose
     fencing token, renewal and loss detection are those of a plain lease.
+
+    ``using``: the database holding the lease; by default the one ``LEASING["DATABASES"]`` routes
+    the resource's namespace to (``default`` when none matches). Fencing tokens are per database.
     """
     return LeaseHolder(
         resource,

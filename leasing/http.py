@@ -10,6 +10,11 @@ for a staff user without the route's permission or a token without its scope (se
 Every body, query string and id is checked at the edge (:mod:`leasing.validation`), and every
 request that may write runs in one transaction: a request answered with an error changes nothing.
 
+A task or lease id is unique within its database only: ``?db=alias`` selects the database a
+request reads and acts on (default: ``default``; an alias that holds none of our tables is a 400);
+creating a task or a lease goes to the database its queue or namespace is routed to, and a ``?db=``
+naming another is a 400 (:func:`routed`). See leasing/routing.py.
+
 Errors are JSON: ``{"error": "...", "field": "..."}`` with 400 (invalid body or query), 401/403, 404
 (unknown id), 405, 409 (held by another, lease lost, already finished).
 """
@@ -19,15 +24,17 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from django.db import DataError, transaction
+from django.db import DEFAULT_DB_ALIAS, DataError, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from leasing.access import SAFE_METHODS, Caller, api_tokens, declared, match_token
+from leasing.routing import parse_database, using_database
 from leasing.validation import (
     MAX_BIGINT,
     InvalidInput,
@@ -94,6 +101,7 @@ def api_view(**permissions: Iterable[str]) -> Callable[[Callable[..., Any]], Cal
         @csrf_exempt  # checked in authenticate() for session requests; bearer requests carry no cookie
         @functools.wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            alias = DEFAULT_DB_ALIAS
             try:
                 needed = table.get(request.method or "")
                 if needed is None:
@@ -104,11 +112,13 @@ def api_view(**permissions: Iterable[str]) -> Callable[[Callable[..., Any]], Cal
                     raise ApiError(403, f"{what} {', '.join(needed)}")
                 request.api_caller = caller  # type: ignore[attr-defined]
                 check_params(request.GET)
-                if request.method in SAFE_METHODS:
-                    result = view(request, *args, **kwargs)
-                else:
-                    with transaction.atomic():
+                alias = parse_database(request.GET.get("db"))
+                with using_database(alias):
+                    if request.method in SAFE_METHODS:
                         result = view(request, *args, **kwargs)
+                    else:
+                        with transaction.atomic(using=alias):
+                            result = view(request, *args, **kwargs)
             except InvalidInput as invalid:
                 return ApiError(400, invalid.message, invalid.field).response()
             except ApiError as error:
@@ -120,9 +130,9 @@ def api_view(**permissions: Iterable[str]) -> Callable[[Callable[..., Any]], Cal
                 # The checks above should leave nothing for the database to refuse; if it still does,
                 # the value came from the request, the transaction is rolled back, and it is a 400.
                 logger.warning("database refused a value from %s %s: %s", request.method, request.path, exc)
-                if request.method in SAFE_METHODS and transaction.get_connection().in_atomic_block:
+                if request.method in SAFE_METHODS and transaction.get_connection(alias).in_atomic_block:
                     # A read has no block of its own: the caller's (ATOMIC_REQUESTS) is broken now.
-                    transaction.set_rollback(True)
+                    transaction.set_rollback(True, using=alias)
                 return ApiError(400, f"the database refused a value: {str(exc).splitlines()[0][:200]}").response()
             if isinstance(result, HttpResponse):
                 return result
@@ -134,6 +144,17 @@ def api_view(**permissions: Iterable[str]) -> Callable[[Callable[..., Any]], Cal
         return wrapper
 
     return decorator
+
+
+@contextmanager
+def routed(request: HttpRequest, alias: str, what: str) -> Iterator[str]:
+    """Run a create in ``alias``, the database ``what`` is routed to: 400 when ``?db=`` names
+    another (the request would otherwise write where it did not ask to), in one transaction there."""
+    asked = request.GET.get("db")
+    if asked not in (None, "") and asked != alias:
+        raise ApiError(400, f"db: {what} is routed to database {alias!r}, not {asked!r}", "db")
+    with using_database(alias), transaction.atomic(using=alias):
+        yield alias
 
 
 class Body:

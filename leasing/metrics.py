@@ -7,6 +7,11 @@ depth and age, stuck tasks, workers alive, the counters every worker reports wit
 recoveries and the time from a holder's last heartbeat to the requeue of its task). The latter
 are the same whichever replica is scraped.
 
+Several databases (leasing/routing.py): the database figures are read from every database that
+holds our tables, each series labelled ``database="alias"``, and ``leasing_database_up{database}``
+says which could be read (1) or not (0: unreachable, or refused the scrape); a database that is
+down costs the scrape at most ``PROBE_TIMEOUT`` seconds, never a 500.
+
 Access: a staff session with the view permissions of tasks and leases, a bearer token from
 ``LEASING_API_TOKENS`` (with those scopes) or ``LEASING_METRICS_TOKENS``, or nothing at all when
 ``LEASING_METRICS_PUBLIC = True`` (for a scraper on a private network).
@@ -14,18 +19,23 @@ Access: a staff session with the view permissions of tasks and leases, a bearer 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
+from django.db import DatabaseError, connections
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from leasing.access import VIEW_LEASE, VIEW_TASK, Caller, api_tokens, declared, match_token
+from leasing.routing import known_databases, using_database
+
+logger = logging.getLogger("leasing.metrics")
 
 acquisition_seconds = Histogram(
     "leasing_acquisition_seconds",
@@ -66,10 +76,52 @@ def lease_metrics() -> Iterable[Metric]:
 DATABASE_COLLECTORS.append(lease_metrics)
 
 
+#: Seconds a scrape waits for a database it has no open connection to before reporting it down
+#: (libpq's connect_timeout: whole seconds, at least 2).
+PROBE_TIMEOUT = 3
+
+
+def _reachable(alias: str) -> bool:
+    """Whether ``alias`` accepts a connection within PROBE_TIMEOUT (a server that drops packets
+    would otherwise hold the scrape for the OS's TCP timeout). An open connection of this thread
+    counts as reachable; the scrape itself tells otherwise."""
+    wrapper: Any = connections[alias]  # PostgreSQL's wrapper: its Database is psycopg
+    if wrapper.connection is not None:
+        return True
+    params = {**wrapper.get_connection_params(), "connect_timeout": PROBE_TIMEOUT}
+    try:
+        wrapper.Database.connect(**params).close()
+    except wrapper.Database.Error as exc:
+        logger.warning("metrics: database %s is unreachable: %s", alias, str(exc).splitlines()[0] if str(exc) else exc)
+        return False
+    return True
+
+
+def database_metrics() -> Iterable[Metric]:
+    """Every database collector's families, read from each database, merged and labelled."""
+    up = GaugeMetricFamily("leasing_database_up", "Whether the scrape could read this database.", labels=["database"])
+    merged: dict[str, Metric] = {}
+    for alias in known_databases():
+        families: list[Metric] = []
+        try:
+            if _reachable(alias):
+                with using_database(alias):
+                    families = [family for collector in DATABASE_COLLECTORS for family in collector()]
+            readable = bool(families)
+        except DatabaseError as exc:
+            logger.warning("metrics: database %s could not be read: %s", alias, exc)
+            readable = False
+        up.add_metric([alias], 1 if readable else 0)
+        for family in families:
+            target = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+            target.samples.extend(s._replace(labels={"database": alias, **s.labels}) for s in family.samples)
+    yield up
+    yield from merged.values()
+
+
 class _DatabaseCollector(Collector):
     def collect(self) -> Iterable[Metric]:
-        for collector in DATABASE_COLLECTORS:
-            yield from collector()
+        yield from database_metrics()
 
 
 #: What a scrape reads: task and lease figures. A staff session needs both view permissions, an

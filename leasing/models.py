@@ -19,6 +19,7 @@ from django.db import connections, models
 from django.db.models.functions import Least, Now
 
 from leasing import signals
+from leasing.routing import SelectedManager
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -328,7 +329,7 @@ class Lease(LeaseFields):
     created_at = models.DateTimeField()
     metadata = models.JSONField(null=True, blank=True)
 
-    objects = LeaseQuerySet.as_manager()
+    objects = SelectedManager.from_queryset(LeaseQuerySet)()
 
     class Meta:
         ordering = ["resource"]

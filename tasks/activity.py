@@ -23,8 +23,9 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 
+from leasing.routing import selected_database
 from tasks import statements as sql
 
 #: Seconds a minute stays open after it ends (finishes still committing land in its first count).
@@ -114,10 +115,10 @@ WHERE minute >= date_trunc('minute', statement_timestamp()) - make_interval(mins
 """
 
 
-def roll_up(*, using: str = DEFAULT_DB_ALIAS) -> int:
+def roll_up(*, using: str | None = None) -> int:
     """Count the closed minutes of the last hour that are due; returns how many minutes were stored."""
     params = {"minutes": MINUTES, "lag": LAG, "final_after": FINAL_AFTER}
-    with connections[using].cursor() as cursor:
+    with connections[using or selected_database()].cursor() as cursor:
         cursor.execute(_DUE_SQL, params)
         due: list[tuple[dt.datetime, bool]] = cursor.fetchall()
         if not due:
@@ -130,12 +131,12 @@ def roll_up(*, using: str = DEFAULT_DB_ALIAS) -> int:
     return len(due)
 
 
-def last_hour(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, list[int]]:
+def last_hour(*, using: str | None = None) -> dict[str, list[int]]:
     """Per minute over the last hour (oldest first, the current minute last): tasks succeeded, failed
     for good and recovered. Closed minutes come from the rollup; only the open ones are counted."""
     roll_up(using=using)
     series = {name: [0] * MINUTES for name in ("succeeded", "failed", "recovered")}
-    with connections[using].cursor() as cursor:
+    with connections[using or selected_database()].cursor() as cursor:
         cursor.execute(_HOUR_SQL, {"minutes": MINUTES})
         rows = cursor.fetchall()
         if not rows:
@@ -182,8 +183,8 @@ class Recoveries:
     delay_max: float
 
 
-def recoveries_last_hour(*, using: str = DEFAULT_DB_ALIAS) -> Recoveries:
-    with connections[using].cursor() as cursor:
+def recoveries_last_hour(*, using: str | None = None) -> Recoveries:
+    with connections[using or selected_database()].cursor() as cursor:
         cursor.execute(_RECOVERIES_SQL, {"minutes": MINUTES})
         row: Any = cursor.fetchone()
     count, silent_max, silent_avg, delay_max = row

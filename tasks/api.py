@@ -12,13 +12,14 @@ from django.urls import path, re_path
 
 from leasing import metrics
 from leasing.access import ADD_TASK, CHANGE_GENERATOR, CHANGE_TASK, VIEW_GENERATOR, VIEW_TASK
-from leasing.http import ApiError, Body, api_view, iso, page_args, query_text
+from leasing.http import ApiError, Body, api_view, iso, page_args, query_text, routed
 from tasks import allowlist, generator, queue_views, schedule_api
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError, TaskPathRefused
 from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, Failure, Task, TaskStatus
 from tasks.outcomes import is_storable
 from tasks.queries import ALL_STATUSES, Listing
+from tasks.routing import queue_database, queues_by_database
 
 MAX_TTL = 86_400.0
 #: name -> (queryset, the statuses it can hold): a listing is read one status at a time (tasks/queries.py).
@@ -171,16 +172,18 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
     if (options["concurrency_key"] is None) != (options["concurrency_limit"] is None):
         missing = "concurrency_limit" if options["concurrency_limit"] is None else "concurrency_key"
         raise ApiError(400, "concurrency_key and concurrency_limit go together: give both or neither", missing)
-    try:
-        enqueued = Task.objects.enqueue(task_path, **options)
-    except ValueError as exc:
-        raise ApiError(400, str(exc)) from None
-    if enqueued.created:
-        # Same transaction as the insert (the request's): no worker can claim the row before it is
-        # marked, and a worker re-checks the path of every marked row before importing it.
-        Task.objects.filter(pk=enqueued.id).update(api_origin=True)
-    task = Task.objects.get(pk=enqueued.id)
-    return (201 if enqueued.created else 200), {"task": task_json(task), "created": enqueued.created}
+    queue = options["queue"]
+    with routed(request, queue_database(queue), f"queue {queue!r}"):
+        try:
+            enqueued = Task.objects.enqueue(task_path, **options)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        if enqueued.created:
+            # Same transaction as the insert (the request's): no worker can claim the row before it is
+            # marked, and a worker re-checks the path of every marked row before importing it.
+            Task.objects.filter(pk=enqueued.id).update(api_origin=True)
+        task = Task.objects.get(pk=enqueued.id)
+        return (201 if enqueued.created else 200), {"task": task_json(task), "created": enqueued.created}
 
 
 @api_view(POST=[CHANGE_TASK])
@@ -188,16 +191,22 @@ def next_task(request: HttpRequest) -> tuple[int, Any]:
     body = Body(request)
     body.only("worker", "queues", "ttl", "limit")
     worker = body.text("worker", max_length=200)
-    claimed = Task.objects.claim(
-        worker,
-        limit=body.whole("limit", required=False, low=1, high=100, default=1),
-        queues=body.names("queues", default=["default"]),
-        ttl=body.number("ttl", required=False, low=0, high=MAX_TTL, default=get_settings().TTL),
-        start=True,  # an HTTP client runs what it claims: the attempt begins (and is charged) now
-    )
-    rows = {task.pk: task for task in Task.objects.filter(pk__in=[c.id for c in claimed])}
-    found = [task_json(rows[c.id]) for c in claimed if c.id in rows]
-    return 200, {"task": found[0] if found else None, "tasks": found}
+    queues = body.names("queues", default=["default"])
+    homes = queues_by_database(queues)
+    if len(homes) > 1:
+        spread = "; ".join(f"{alias}: {', '.join(names)}" for alias, names in homes.items())
+        raise ApiError(400, f"queues live in several databases ({spread}): claim from one at a time", "queues")
+    with routed(request, next(iter(homes)), f"queue {queues[0]!r}"):
+        claimed = Task.objects.claim(
+            worker,
+            limit=body.whole("limit", required=False, low=1, high=100, default=1),
+            queues=queues,
+            ttl=body.number("ttl", required=False, low=0, high=MAX_TTL, default=get_settings().TTL),
+            start=True,  # an HTTP client runs what it claims: the attempt begins (and is charged) now
+        )
+        rows = {task.pk: task for task in Task.objects.filter(pk__in=[c.id for c in claimed])}
+        found = [task_json(rows[c.id]) for c in claimed if c.id in rows]
+        return 200, {"task": found[0] if found else None, "tasks": found}
 
 
 @api_view(PUT=[CHANGE_TASK])

@@ -10,8 +10,13 @@ class TasksConfig(AppConfig):
 
     def ready(self) -> None:
         from leasing.metrics import DATABASE_COLLECTORS
+        from leasing.routing import DATABASE_SOURCES
         from tasks import checks  # noqa: F401  (registers the system checks)
         from tasks.metrics import task_metrics
+        from tasks.routing import queue_routes, routed_databases
 
         if task_metrics not in DATABASE_COLLECTORS:
             DATABASE_COLLECTORS.append(task_metrics)
+        if routed_databases not in DATABASE_SOURCES:
+            DATABASE_SOURCES.append(routed_databases)
+        queue_routes()  # an unknown alias is an ImproperlyConfigured error at startup, not at the first enqueue

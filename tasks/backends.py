@@ -25,6 +25,12 @@ A row remembers the backend alias that enqueued it and the Task's own ``run_afte
 read back (``get_result``, ``refresh``, the signals a worker sends) carries the task as it was
 enqueued: ``.using()`` values included. The worker runs such a row only if its path names a
 django.tasks Task (:class:`~tasks.exceptions.NotATask` otherwise).
+
+Several databases (tasks/routing.py): a backend with ``OPTIONS["database"]`` keeps every task in
+that database, whatever ``LEASING_TASKS["QUEUE_DATABASES"]`` says (an explicit choice wins, as
+``db_manager(alias)`` does); a backend without it puts each task in the database its queue is
+routed to. Result ids are the task's id, suffixed ``@alias`` when the task lives elsewhere than the
+backend's own database (ids are unique per database only), so ``get_result`` finds it again.
 """
 
 from __future__ import annotations
@@ -44,7 +50,9 @@ from django.tasks.signals import task_enqueued, task_started
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
+from leasing.routing import known_databases
 from tasks.models import Task, TaskStatus
+from tasks.routing import queue_database
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -115,6 +123,8 @@ class LeaseBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
+        #: Set by OPTIONS["database"]: then every task of this backend lives there, routed or not.
+        self.explicit_database = "database" in self.options
         self.using = self.options.get("database", DEFAULT_DB_ALIAS)
         self.max_attempts = self.options.get("max_attempts")
         self.timeout = self.options.get("timeout")
@@ -147,8 +157,9 @@ class LeaseBackend(BaseTaskBackend):
         # task_enqueued is sent before the row is committed, so before any worker can start the
         # task: it always precedes task_started. (Inside the caller's transaction, the task and the
         # signal stand or fall with it: a rolled-back enqueue runs nothing, though it was signalled.)
-        with transaction.atomic(using=self.using, savepoint=False):
-            enqueued = Task.objects.db_manager(self.using).enqueue(
+        using = self.using if self.explicit_database else queue_database(task.queue_name)
+        with transaction.atomic(using=using, savepoint=False):
+            enqueued = Task.objects.db_manager(using).enqueue(
                 task.module_path,
                 args=args,
                 kwargs=kwargs,
@@ -164,7 +175,7 @@ class LeaseBackend(BaseTaskBackend):
             # The result describes the task as enqueued (the insert returns what it needs).
             result: TaskResult = TaskResult(
                 task=task,
-                id=str(enqueued.id),
+                id=self.result_id(enqueued.id, using),
                 status=TaskResultStatus.READY,
                 enqueued_at=enqueued.enqueued_at,
                 started_at=None,
@@ -179,10 +190,18 @@ class LeaseBackend(BaseTaskBackend):
             task_enqueued.send(type(self), task_result=result)
         return result
 
+    def result_id(self, task_id: int, using: str) -> str:
+        """The id of the result of task ``task_id`` in database ``using`` (see the module doc)."""
+        return str(task_id) if using == self.using else f"{task_id}@{using}"
+
     def get_result(self, result_id: str) -> TaskResult:
         try:
-            row = Task.objects.db_manager(self.using).get(pk=int(result_id))
-        except (ValueError, TypeError, Task.DoesNotExist):
+            number, _, using = str(result_id).partition("@")
+            using = using or self.using
+            if using not in known_databases():
+                raise ValueError(using)
+            row = Task.objects.db_manager(using).get(pk=int(number))
+        except (ValueError, TypeError, OverflowError, Task.DoesNotExist):
             raise TaskResultDoesNotExist(result_id) from None
         return self.result_from_row(row)
 
@@ -268,6 +287,15 @@ def stand_in(path: str, *, backend: str, queue_name: str, priority: int, run_aft
     return task
 
 
+def _home_database(alias: str) -> str:
+    """The database of backend ``alias``: its result ids are bare there, ``id@alias`` elsewhere."""
+    try:
+        backend = task_backends[alias]
+    except InvalidTaskBackend:  # a backend since removed from TASKS
+        return DEFAULT_DB_ALIAS
+    return backend.using if isinstance(backend, LeaseBackend) else DEFAULT_DB_ALIAS
+
+
 def task_result(row: Task, *, default_alias: str, task: DjangoTask | None = None) -> TaskResult:
     """A stored task as a django.tasks TaskResult (``task``: the Task object, when already known)."""
     if task is None:
@@ -292,9 +320,10 @@ def task_result(row: Task, *, default_alias: str, task: DjangoTask | None = None
             )
         else:
             raise TaskResultDoesNotExist(f"task {row.pk} does not run a django.tasks Task")
+    home = _home_database(row.backend_alias or default_alias)
     result: TaskResult = TaskResult(
         task=task,
-        id=str(row.pk),
+        id=str(row.pk) if (row._state.db or DEFAULT_DB_ALIAS) == home else f"{row.pk}@{row._state.db}",
         status=_STATUS[TaskStatus(row.status)],
         enqueued_at=row.enqueued_at,
         started_at=row.started_at,

@@ -40,6 +40,8 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from leasing.routing import selected_database
+
 #: Keys the recovery round admits for, at most, per round (each a few index probes).
 SWEEP_KEYS = 1000
 #: Keys the dashboard and /metrics show at most.
@@ -186,9 +188,10 @@ def admit_waiting(*, using: str = DEFAULT_DB_ALIAS, limit: int = SWEEP_KEYS) -> 
     return admitted
 
 
-def key_states(*, using: str = DEFAULT_DB_ALIAS, limit: int = SHOWN_KEYS, cap: int = WAITING_CAP) -> list[KeyState]:
-    """Keys with admitted or waiting tasks (the first ``limit`` of each by name), fullest first."""
-    with connections[using].cursor() as cursor:
+def key_states(*, using: str | None = None, limit: int = SHOWN_KEYS, cap: int = WAITING_CAP) -> list[KeyState]:
+    """Keys with admitted or waiting tasks (the first ``limit`` of each by name), fullest first, in
+    ``using`` (default: the database the page or scrape selected)."""
+    with connections[using or selected_database()].cursor() as cursor:
         cursor.execute(KEY_STATS_SQL, {"limit": limit, "cap": cap})
         rows: list[Any] = cursor.fetchall()
     states = [

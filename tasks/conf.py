@@ -77,6 +77,9 @@ class TaskSettings:
     SCHEDULER_TTL: float = 10.0
     #: Slots one schedule may enqueue per scheduler round when catching up with "all".
     SCHEDULER_MAX_CATCH_UP: int = 1000
+    #: Queues routed to database aliases: queue name -> alias (others live in ``default``). See
+    #: tasks/routing.py: enqueue, the API, the django.tasks backend, workers and schedules follow it.
+    QUEUE_DATABASES: dict[str, str] = field(default_factory=dict)
 
 
 def get_settings() -> TaskSettings:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.db import connection
+from django.db import connections
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from leasing.routing import selected_database
 from tasks import activity, concurrency
 
 WORKER_COUNTERS = ("claimed", "succeeded", "retried", "failed", "rejected", "lost", "heartbeats", "heartbeat_failures")
@@ -62,7 +63,7 @@ def task_metrics() -> Iterable[Metric]:
     )
     yield GaugeMetricFamily("tasks_workers_alive", "Workers that heartbeated recently.", value=live_workers().count())
 
-    with connection.cursor() as cursor:
+    with connections[selected_database()].cursor() as cursor:
         cursor.execute(
             "SELECT key, sum(value::bigint) FROM tasks_worker, jsonb_each_text(stats) WHERE key = ANY(%s) GROUP BY key",
             [list(WORKER_COUNTERS)],

@@ -21,11 +21,13 @@ from psycopg import errors as psycopg_errors
 
 from leasing.fencing import FencedModel
 from leasing.models import LeaseFields, LeaseStateQuerySet, seconds
+from leasing.routing import SelectedManager
 from tasks import activity
 from tasks import statements as sql
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError
 from tasks.outcomes import MAX_MESSAGE, MAX_TRACEBACK, storable_json, storable_text
+from tasks.routing import queue_database
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -136,6 +138,7 @@ class Enqueued:
     id: int
     created: bool  # False: an unfinished task with the same dedup key already existed
     enqueued_at: dt.datetime | None = None  # of a task created now
+    database: str = "default"  # the alias holding it: ids are unique per database only
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +260,11 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             cursor.execute(sql, params)
             return cursor.fetchall() if cursor.description else []
 
+    def _routed(self, queue: str) -> Self:
+        """This queryset on the database holding ``queue``, unless one was chosen explicitly
+        (``Task.objects.db_manager(alias)`` / ``.using(alias)``): tasks/routing.py."""
+        return self if self._db is not None else self.using(queue_database(queue))  # type: ignore[attr-defined]
+
     # -- enqueue --------------------------------------------------------------------------
 
     def enqueue(
@@ -297,17 +305,18 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "concurrency_key": concurrency_key,
             "concurrency_limit": concurrency_limit,
         }
+        routed = self._routed(queue)
         # The lookup of an existing task must not go through this queryset's filters (a filtered
         # queryset would never find it and the loop would spin): use the bare table.
-        table = self.model._base_manager.db_manager(self.db)
+        table = self.model._base_manager.db_manager(routed.db)
         for _ in range(100):
-            rows = self._rows(sql.ENQUEUE_SQL, params)
+            rows = routed._rows(sql.ENQUEUE_SQL, params)
             if rows:
-                return Enqueued(rows[0][0], True, rows[0][1])
+                return Enqueued(rows[0][0], True, rows[0][1], routed.db)
             # Only on a duplicate: the unfinished task that holds the key (unless it just finished).
             existing = table.filter(status__in=UNFINISHED, dedup_key=dedup_key).values_list("id", flat=True).first()
             if existing is not None:
-                return Enqueued(existing, False)
+                return Enqueued(existing, False, database=routed.db)
         raise TaskError(f"could not enqueue: the task holding dedup key {dedup_key!r} kept changing")
 
     def bulk_enqueue(
@@ -325,7 +334,10 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         concurrency_limit: int | None = None,
     ) -> list[int]:
         """Insert many tasks of one kind: one multi-row statement per ``chunk_size`` tasks (all of
-        them under ``concurrency_key``, if given)."""
+        them under ``concurrency_key``, if given), in the database holding ``queue`` (one queue, so
+        one database; each chunk commits on its own unless the caller wraps the call in
+        ``transaction.atomic(using=...)``)."""
+        routed = self._routed(queue)
         attempts = get_settings().MAX_ATTEMPTS if max_attempts is None else max_attempts
         _validate(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
         validate_concurrency(concurrency_key, concurrency_limit)
@@ -333,20 +345,19 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         chunk: list[str] = []
 
         def flush() -> None:
-            n = len(chunk)
             params = {
-                "queue": [queue] * n,
-                "priority": [priority] * n,
-                "task_path": [task_path] * n,
-                "args": ["[]"] * n,
+                "queue": queue,
+                "priority": priority,
+                "task_path": task_path,
+                "args": "[]",
                 "kwargs": chunk,
-                "run_after": [run_after] * n,
-                "max_attempts": [attempts] * n,
-                "timeout": [timeout] * n,
+                "run_after": run_after,
+                "max_attempts": attempts,
+                "timeout": timeout,
                 "concurrency_key": concurrency_key,
                 "concurrency_limit": concurrency_limit,
             }
-            ids.extend(row[0] for row in self._rows(sql.BULK_ENQUEUE_SQL, params))
+            ids.extend(row[0] for row in routed._rows(sql.BULK_ENQUEUE_SQL, params))
             chunk.clear()
 
         for kwargs in kwargs_list:
@@ -767,7 +778,7 @@ class Task(LeaseFields):
     # pages of a holder's tasks, newest first: one index write less per claim, heartbeat and finish.
     holder = models.CharField(max_length=200, null=True, blank=True)
 
-    objects = TaskQuerySet.as_manager()
+    objects = SelectedManager.from_queryset(TaskQuerySet)()
 
     class Meta:
         ordering = ["-id"]
@@ -893,7 +904,7 @@ class Worker(models.Model):
     ttl = models.FloatField(default=30.0, help_text="Lease TTL of its tasks; silent for 2 x TTL means dead.")
     stop_reason = models.CharField(max_length=200, blank=True, default="")
 
-    objects = WorkerQuerySet.as_manager()
+    objects = SelectedManager.from_queryset(WorkerQuerySet)()
 
     class Meta:
         ordering = ["-started_at"]
@@ -995,7 +1006,7 @@ class QueueControl(models.Model):
     changed_by = models.CharField(max_length=200, blank=True, default="")
     reason = models.CharField(max_length=500, blank=True, default="")
 
-    objects = QueueControlQuerySet.as_manager()
+    objects = SelectedManager.from_queryset(QueueControlQuerySet)()
 
     class Meta:
         ordering = ["name"]
@@ -1043,6 +1054,8 @@ class ActivityMinute(models.Model):
     silent_total = models.FloatField(default=0.0, help_text="Sum of seconds from last heartbeat to recovery.")
     silent_max = models.FloatField(default=0.0)
     delay_max = models.FloatField(default=0.0, help_text="Longest expiry-to-recovery delay, seconds.")
+
+    objects = SelectedManager()
 
     class Meta:
         ordering = ["-minute"]

@@ -31,6 +31,7 @@ from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
 
+from leasing.routing import selected_database
 from tasks.models import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING_STATUSES, Task, TaskStatus
 
 COUNT_CAP = 10_000
@@ -407,9 +408,9 @@ LIMIT %(limit)s
 """
 
 
-def queue_stats(*, using: str = "default", cap: int = COUNT_CAP) -> list[dict[str, Any]]:
+def queue_stats(*, using: str | None = None, cap: int = COUNT_CAP) -> list[dict[str, Any]]:
     """Runnable depth (capped) and age of the oldest runnable task, per queue with runnable tasks."""
-    with connections[using].cursor() as cursor:
+    with connections[using or selected_database()].cursor() as cursor:
         cursor.execute(QUEUE_STATS_SQL, {"queues": QUEUE_LIMIT, "cap": cap})
         return [
             {"queue": queue, "depth": Count(min(n, cap), n > cap), "oldest_age": float(age or 0)}
@@ -417,9 +418,9 @@ def queue_stats(*, using: str = "default", cap: int = COUNT_CAP) -> list[dict[st
         ]
 
 
-def queue_names(*, using: str = "default", limit: int = QUEUE_LIMIT) -> list[str]:
+def queue_names(*, using: str | None = None, limit: int = QUEUE_LIMIT) -> list[str]:
     """Names of the queues that have tasks (the first ``limit`` by name)."""
-    with connections[using].cursor() as cursor:
+    with connections[using or selected_database()].cursor() as cursor:
         cursor.execute(_queue_names_sql(), {"limit": limit})
         return [row[0] for row in cursor.fetchall()]
 

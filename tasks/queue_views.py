@@ -10,11 +10,13 @@ from django.shortcuts import render
 from django.urls import path, reverse
 
 from leasing.access import CHANGE_QUEUE, VIEW_QUEUE, staff_page
-from leasing.http import ApiError, Body, api_view, iso
+from leasing.http import ApiError, Body, api_view, iso, routed
+from leasing.routing import with_database
 from leasing.validation import InvalidInput, clean_text
 from tasks.exceptions import TaskError
 from tasks.models import QueueControl, _validate
 from tasks.queues import queue_overview
+from tasks.routing import queue_database
 
 
 def _name(name: str) -> str:
@@ -39,17 +41,20 @@ def pause_api(request: HttpRequest, name: str) -> tuple[int, Any]:
     body = Body(request, required=False)
     reason = body.text("reason", required=False, max_length=500, default="")
     by = f"{request.api_caller.name} (API)"  # type: ignore[attr-defined]
-    try:
-        QueueControl.objects.pause(_name(name), by=by, reason=reason or "")
-    except TaskError as exc:
-        raise ApiError(409, str(exc)) from None
-    return 200, {"queue": _entry(name)}
+    # A pause is read by the claims of the queue's own database (tasks/routing.py).
+    with routed(request, queue_database(_name(name)), f"queue {name!r}"):
+        try:
+            QueueControl.objects.pause(name, by=by, reason=reason or "")
+        except TaskError as exc:
+            raise ApiError(409, str(exc)) from None
+        return 200, {"queue": _entry(name)}
 
 
 @api_view(POST=[CHANGE_QUEUE])
 def resume_api(request: HttpRequest, name: str) -> tuple[int, Any]:
-    QueueControl.objects.resume(_name(name), by=f"{request.api_caller.name} (API)")  # type: ignore[attr-defined]
-    return 200, {"queue": _entry(name)}
+    with routed(request, queue_database(_name(name)), f"queue {name!r}"):
+        QueueControl.objects.resume(name, by=f"{request.api_caller.name} (API)")  # type: ignore[attr-defined]
+        return 200, {"queue": _entry(name)}
 
 
 def _entry(name: str) -> dict[str, Any]:
@@ -70,15 +75,17 @@ def queues_page(request: HttpRequest) -> HttpResponse:
         by = f"{request.user} (dashboard)"
         try:
             _validate(queue=name, priority=0, max_attempts=1, timeout=None)
+            # In the queue's own database, whose claims read it (tasks/routing.py).
+            controls = QueueControl.objects.db_manager(queue_database(name))
             if action == "pause":
-                QueueControl.objects.pause(name, by=by, reason=request.POST.get("reason", "")[:500])
+                controls.pause(name, by=by, reason=request.POST.get("reason", "")[:500])
                 messages.success(request, f"Queue {name} paused: no worker claims from it from now on.")
             elif action == "resume":
-                QueueControl.objects.resume(name, by=by)
+                controls.resume(name, by=by)
                 messages.success(request, f"Queue {name} resumed.")
             else:
                 messages.error(request, "Unknown action.")
         except (ValueError, TaskError) as exc:
             messages.error(request, str(exc))
-        return HttpResponseRedirect(reverse("tasks:queues"))
+        return HttpResponseRedirect(with_database(reverse("tasks:queues")))
     return render(request, "leasing/dashboard/queues.html", {"queues": queue_overview()})

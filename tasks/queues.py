@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 
+from leasing.routing import selected_database
 from tasks.models import QueueControl
 
 #: Waiting counts stop here (shown as "10,000+"): counting a backlog is a scan of it.
@@ -36,7 +37,8 @@ FROM unnest(%(names)s::text[]) AS n(name)
 """
 
 
-def queue_overview(using: str = DEFAULT_DB_ALIAS) -> list[dict[str, Any]]:
+def queue_overview(using: str | None = None) -> list[dict[str, Any]]:
+    using = using or selected_database()
     """One entry per known queue (waiting, running or with a control row), by name."""
     controls = {c.name: c for c in QueueControl.objects.using(using).all()}
     with connections[using].cursor() as cursor:

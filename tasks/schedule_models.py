@@ -11,6 +11,7 @@ from __future__ import annotations
 from django.db import models
 
 from leasing.fencing import FencedModel
+from leasing.routing import SelectedManager
 
 
 class Schedule(FencedModel):
@@ -29,6 +30,8 @@ class Schedule(FencedModel):
     leader = models.CharField(max_length=200, blank=True, default="", help_text="Scheduler that last wrote.")
     updated_at = models.DateTimeField(null=True, blank=True)
 
+    objects = SelectedManager()
+
     class Meta:
         ordering = ["name"]
 
@@ -45,6 +48,8 @@ class ScheduleRun(models.Model):
     task_id = models.BigIntegerField(help_text="The task enqueued for it (it may have been pruned since).")
     token = models.BigIntegerField(help_text="Fencing token of the scheduler lease that enqueued it.")
     enqueued_at = models.DateTimeField()
+
+    objects = SelectedManager()
 
     class Meta:
         ordering = ["-slot"]

@@ -39,11 +39,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, Error, connections
 
 from leasing.election import LeaderElection, Term
 from leasing.models import Lease
+from leasing.routing import selected_database
 from tasks.conf import get_settings
+from tasks.routing import queue_database
 from tasks.schedules import ScheduleSpec, load_schedules
 
 logger = logging.getLogger("tasks.scheduler")
@@ -255,7 +258,16 @@ class Scheduler:
         lease: str = SCHEDULER_LEASE,
     ) -> None:
         conf = get_settings()
-        self.schedules = load_schedules() if schedules is None else schedules
+        # A schedule runs where its queue is routed (tasks/routing.py), with this scheduler's lease in
+        # that same database: the slot statement writes the lease check, the fenced schedule row, the
+        # run row and the task at once, which only one database can do. One scheduler per database.
+        if schedules is None:
+            schedules = {n: s for n, s in load_schedules().items() if queue_database(s.queue) == using}
+        elsewhere = {n: queue_database(s.queue) for n, s in schedules.items() if queue_database(s.queue) != using}
+        if elsewhere:
+            listed = ", ".join(f"{name} (queue routed to {alias})" for name, alias in elsewhere.items())
+            raise ImproperlyConfigured(f"scheduler on database {using!r} given schedules of another database: {listed}")
+        self.schedules = schedules
         self.using = using
         self.max_catch_up = conf.SCHEDULER_MAX_CATCH_UP
         lease_ttl = ttl or conf.SCHEDULER_TTL
@@ -359,14 +371,16 @@ class Scheduler:
         return report
 
 
-def schedule_status(
-    specs: dict[str, ScheduleSpec] | None = None, *, using: str = DEFAULT_DB_ALIAS
-) -> list[dict[str, Any]]:
+def schedule_status(specs: dict[str, ScheduleSpec] | None = None, *, using: str | None = None) -> list[dict[str, Any]]:
     """Every declared schedule with its stored progress and next run (dashboard, API, admin);
     schedules whose row remains after they left the settings are listed as ``declared: False``."""
     from tasks.schedule_models import Schedule
 
-    declared = load_schedules() if specs is None else specs
+    using = using or selected_database()
+    # The schedules that run in this database (their queue is routed here: tasks/routing.py).
+    declared = {
+        n: s for n, s in (load_schedules() if specs is None else specs).items() if queue_database(s.queue) == using
+    }
     rows = {row.name: row for row in Schedule.objects.using(using).all()}
     now = dt.datetime.now(dt.UTC)
     leader = Lease.objects.db_manager(using).active().filter(resource=SCHEDULER_LEASE).first()

@@ -64,14 +64,19 @@ ON CONFLICT (dedup_key) WHERE status IN ('BLOCKED', 'READY', 'RUNNING') AND dedu
 RETURNING id, enqueued_at
 """
 
+# One task kind per statement: everything but the kwargs is one scalar parameter, sent once (arrays
+# of a repeated value cost a quarter of the throughput to build, send and unpack).
 BULK_ENQUEUE_SQL = f"""
 INSERT INTO tasks_task ({INSERT_COLUMNS}, concurrency_key, concurrency_limit)
 SELECT d.queue, d.priority, d.task_path, d.args, d.kwargs, 'READY', COALESCE(d.run_after, statement_timestamp()),
        statement_timestamp(), 0, d.max_attempts, d.timeout, NULL, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false,
        false, %(concurrency_key)s::text, %(concurrency_limit)s::int
-FROM unnest(%(queue)s::text[], %(priority)s::smallint[], %(task_path)s::text[], %(args)s::jsonb[],
-            %(kwargs)s::jsonb[], %(run_after)s::timestamptz[], %(max_attempts)s::int[], %(timeout)s::float8[])
-     AS d(queue, priority, task_path, args, kwargs, run_after, max_attempts, timeout)
+FROM (
+    SELECT %(queue)s::text AS queue, %(priority)s::smallint AS priority, %(task_path)s::text AS task_path,
+           %(args)s::jsonb AS args, k AS kwargs, %(run_after)s::timestamptz AS run_after,
+           %(max_attempts)s::int AS max_attempts, %(timeout)s::float8 AS timeout
+    FROM unnest(%(kwargs)s::jsonb[]) AS k
+) AS d
 RETURNING id
 """
 

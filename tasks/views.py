@@ -29,6 +29,7 @@ from leasing.access import (
     safe_next,
     staff_page,
 )
+from leasing.routing import selected_database, with_database
 from leasing.validation import MAX_BIGINT, InvalidInput, clean_text, parse_number, parse_whole
 from leasing.views import state_counts as lease_counts
 from tasks import activity, concurrency, generator, queries
@@ -189,7 +190,7 @@ def task_action(request: HttpRequest) -> HttpResponse:
 
     Runs in one transaction (``staff_page``): a refused request changes nothing."""
     action = request.POST.get("action")
-    back = safe_next(request, request.POST.get("next"), reverse("tasks:overview"))
+    back = safe_next(request, request.POST.get("next"), with_database(reverse("tasks:overview")))
     try:
         ids = [parse_whole(value, "ids", low=1, high=MAX_BIGINT) for value in request.POST.getlist("ids")]
     except InvalidInput as exc:
@@ -202,7 +203,7 @@ def task_action(request: HttpRequest) -> HttpResponse:
         try:
             changed = selected.retry_now() + selected.requeue()  # waiting ones first: not counted twice
         except TaskError as exc:
-            transaction.set_rollback(True)  # the retry_now() above is undone too
+            transaction.set_rollback(True, using=selected_database())  # the retry_now() above is undone too
             messages.error(request, f"Nothing changed: {exc}")
         else:
             messages.success(request, f"Queued {changed} task(s) to run now.")

@@ -30,8 +30,22 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]  # noqa: F405
 
+# A second database on the same server, for the several-databases tests. pytest-django creates
+# (and migrates) its test database only when a collected test asks for it with
+# ``django_db(databases=[..., "second"])``; no other test touches it. Processes those tests start
+# get its test database's name through the environment (tests/helpers: child_env).
+DATABASES["second"] = {  # noqa: F405
+    **DATABASES["default"],  # noqa: F405
+    "NAME": os.environ.get("LEASING_TEST_SECOND_DATABASE", "leasing_second"),
+}
+
 # Processes started by the scheduler tests get their schedules through the environment.
 if os.environ.get("LEASING_TEST_SCHEDULES"):
     import json
 
     LEASING_TASKS = {**LEASING_TASKS, "SCHEDULES": json.loads(os.environ["LEASING_TEST_SCHEDULES"])}  # noqa: F405
+# ... and their queue routes (tests/db/test_several_databases.py).
+if os.environ.get("LEASING_TEST_QUEUE_DATABASES"):
+    import json
+
+    LEASING_TASKS = {**LEASING_TASKS, "QUEUE_DATABASES": json.loads(os.environ["LEASING_TEST_QUEUE_DATABASES"])}

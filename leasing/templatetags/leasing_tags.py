@@ -1,9 +1,14 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from django import template
+from django.db import DEFAULT_DB_ALIAS
 from django.utils import timezone
+from django.utils.html import format_html
+
+from leasing.routing import database_query, known_databases
 
 register = template.Library()
 
@@ -25,3 +30,48 @@ def ago(value: dt.datetime | None) -> str:
     else:
         text = f"{seconds / 86400:.0f} d"
     return f"in {text}" if future else f"{text} ago"
+
+
+# -- the database a page shows (``?db=``, leasing/routing.py) ----------------------------------
+
+
+def _page_database(context: template.Context) -> str:
+    request = context.get("request")
+    return getattr(request, "leasing_database", DEFAULT_DB_ALIAS)
+
+
+@register.simple_tag(takes_context=True)
+def db_q(context: template.Context) -> str:
+    """``?db=alias`` to start a link's query string with, or nothing on the default database."""
+    query = database_query(_page_database(context))
+    return f"?{query}" if query else ""
+
+
+@register.simple_tag(takes_context=True)
+def db_amp(context: template.Context) -> str:
+    """``&db=alias`` to add to a link that has a query string already, or nothing."""
+    query = database_query(_page_database(context))
+    return f"&{query}" if query else ""
+
+
+@register.simple_tag(takes_context=True)
+def db_hidden(context: template.Context) -> str:
+    """A hidden ``db`` field for GET forms, so a search stays on the database shown."""
+    alias = _page_database(context)
+    if alias == DEFAULT_DB_ALIAS:
+        return ""
+    return format_html('<input type="hidden" name="db" value="{}">', alias)
+
+
+@register.inclusion_tag("leasing/_database.html", takes_context=True)
+def database_switcher(context: template.Context) -> dict[str, Any]:
+    """Which database the page shows, and links to the same page on the others."""
+    request = context.get("request")
+    current = _page_database(context)
+    path = request.path if request is not None else ""
+    others = [
+        {"alias": alias, "url": f"{path}?{database_query(alias)}" if alias != DEFAULT_DB_ALIAS else path}
+        for alias in known_databases()
+        if alias != current
+    ]
+    return {"current": current, "others": others}

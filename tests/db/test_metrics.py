@@ -51,21 +51,21 @@ def test_metrics_report_the_cluster_from_the_database(client: Client, settings: 
     )
     status, values = scrape(client)
     assert status == 200
-    assert values['leasing_leases{state="active"}'] == 1
-    assert values['tasks_queue_depth{queue="mail"}'] == 3
-    assert values['tasks_queue_oldest_age_seconds{queue="mail"}'] >= 0
-    assert values["tasks_stuck"] == 1
-    assert values['tasks_tasks{state="stuck"}'] == 1
-    assert values["tasks_workers_alive"] == 1
-    assert values["tasks_fencing_rejections_total"] == 2
-    assert values['tasks_heartbeats_total{result="failed"}'] == 1
-    assert values["tasks_heartbeat_success_ratio"] == pytest.approx(0.9)
+    assert values['leasing_leases{database="default",state="active"}'] == 1
+    assert values['tasks_queue_depth{database="default",queue="mail"}'] == 3
+    assert values['tasks_queue_oldest_age_seconds{database="default",queue="mail"}'] >= 0
+    assert values['tasks_stuck{database="default"}'] == 1
+    assert values['tasks_tasks{database="default",state="stuck"}'] == 1
+    assert values['tasks_workers_alive{database="default"}'] == 1
+    assert values['tasks_fencing_rejections_total{database="default"}'] == 2
+    assert values['tasks_heartbeats_total{database="default",result="failed"}'] == 1
+    assert values['tasks_heartbeat_success_ratio{database="default"}'] == pytest.approx(0.9)
 
     Task.objects.recover_expired()
     _, values = scrape(client)
-    assert values["tasks_recoveries_last_hour"] == 1
-    assert values['tasks_death_to_requeue_seconds{stat="max"}'] >= 0
-    assert values["tasks_stuck"] == 0
+    assert values['tasks_recoveries_last_hour{database="default"}'] == 1
+    assert values['tasks_death_to_requeue_seconds{database="default",stat="max"}'] >= 0
+    assert values['tasks_stuck{database="default"}'] == 0
 
 
 def test_acquisition_latency_is_observed(client: Client, settings: Any) -> None:

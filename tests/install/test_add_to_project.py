@@ -401,7 +401,8 @@ def test_add_it_to_a_new_project_from_the_wheel(project: Project) -> None:
     assert status == 200 and b"Recently stopped" in page
     assert staff.get("/ops/leases/released/")[0] == 200
     status, _, body = staff.get("/ops/metrics")
-    assert status == 200 and b"leasing_leases{" in body and b'tasks_tasks{state="succeeded"} 1.0' in body
+    assert status == 200 and b"leasing_leases{" in body
+    assert b'tasks_tasks{database="default",state="succeeded"} 1.0' in body
     status, _, body = staff.get("/ops/api/tasks?status=SUCCESSFUL")
     assert status == 200 and json.loads(body)["tasks"][0]["task_path"] == "mysite.jobs.add"
     assert staff.request("POST", "/ops/api/leases", {"resource": "x", "holder": "h"})[0] == 403  # no CSRF token
@@ -426,7 +427,7 @@ def test_add_it_to_a_new_project_from_the_wheel(project: Project) -> None:
     status, _, body = anonymous.get("/ops/api/nothing-here", headers=bearer)
     assert status == 404 and json.loads(body)["error"] == "no such API route: /ops/api/nothing-here"
     status, _, body = anonymous.get("/ops/metrics", headers=bearer)
-    assert status == 200 and b'leasing_leases{state="released"}' in body
+    assert status == 200 and b'leasing_leases{database="default",state="released"}' in body
     assert stop(web) in (0, -signal.SIGTERM)
 
 

@@ -36,6 +36,15 @@ def non_negative_float(value: str) -> float:
     return number
 
 
+def database_alias(value: str) -> str:
+    """A database alias from DATABASES."""
+    from django.db import connections
+
+    if value not in connections:
+        raise argparse.ArgumentTypeError(f"no database {value!r} in DATABASES (known: {', '.join(connections)})")
+    return value
+
+
 def queue_names(value: str) -> list[str]:
     names = [name.strip() for name in value.split(",") if name.strip()]
     if not names:

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tasks.conf import get_settings
-from tasks.management.commands._common import configure_logging, positive_int
+from tasks.management.commands._common import configure_logging, database_alias, positive_int
 from tasks.retention import (
     FINISHED_STATUSES,
     Batch,
@@ -79,6 +79,7 @@ class Command(BaseCommand):
             type=fraction,
             help="share of the time spent deleting (default RETENTION_BUSY_FRACTION; 1: flat out)",
         )
+        parser.add_argument("--database", type=database_alias, default="default", help="the database to prune")
         parser.add_argument("--dry-run", action="store_true", help="count what would be deleted; delete nothing")
 
     def handle(
@@ -91,6 +92,7 @@ class Command(BaseCommand):
         batch_size: int | None,
         busy_fraction: float | None,
         dry_run: bool,
+        database: str,
         verbosity: int,
         **options: Any,
     ) -> None:
@@ -109,7 +111,7 @@ class Command(BaseCommand):
             ages[kind] = age
         if dry_run:
             for kind, age in ages.items():
-                n = count_prunable(kind, age, queue=queue if kind in FINISHED_STATUSES else None)
+                n = count_prunable(kind, age, queue=queue if kind in FINISHED_STATUSES else None, using=database)
                 self.stdout.write(f"{kind.lower()}: would delete {n:,} (older than {age})")
             return
         started = time.monotonic()
@@ -136,6 +138,6 @@ class Command(BaseCommand):
             if busy < 1:
                 time.sleep(batch.seconds * (1 / busy - 1))
 
-        totals = prune(ages, batch_size=batch_size, queue=queue, on_batch=progress, pause=rest)
+        totals = prune(ages, batch_size=batch_size, queue=queue, using=database, on_batch=progress, pause=rest)
         summary = ", ".join(f"{kind.lower()} {n:,}" for kind, n in totals.items())
         self.stdout.write(f"pruned in {time.monotonic() - started:.1f}s: {summary or 'nothing'}")

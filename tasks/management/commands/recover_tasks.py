@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from tasks.management.commands._common import configure_logging, positive_float
+from tasks.management.commands._common import configure_logging, database_alias, positive_float
 from tasks.recovery import RecoveryController, recover_once
 
 
@@ -15,18 +15,21 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--once", action="store_true", help="one round, without the recovery lease")
         parser.add_argument("--interval", type=positive_float, help="seconds between rounds")
+        parser.add_argument(
+            "--database", type=database_alias, default="default", help="the database to recover (its own lease)"
+        )
 
-    def handle(self, *, once: bool, interval: float | None, verbosity: int, **options: Any) -> None:
+    def handle(self, *, once: bool, interval: float | None, database: str, verbosity: int, **options: Any) -> None:
         configure_logging(verbosity)
         if once:
-            report = recover_once()
+            report = recover_once(using=database)
             self.stdout.write(
                 f"requeued {len(report.requeued)}, failed {len(report.failed)}, "
                 f"orphans expired {len(report.orphans_expired)}, "
                 f"stray leases released {len(report.stray_leases_released)}"
             )
             return
-        controller = RecoveryController(interval=interval)
+        controller = RecoveryController(interval=interval, using=database)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: controller.stop())
         controller.run()

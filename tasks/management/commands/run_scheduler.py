@@ -6,7 +6,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tasks.management.commands._common import configure_logging, positive_float
+from tasks.management.commands._common import configure_logging, database_alias, positive_float
 from tasks.scheduler import Scheduler, schedule_status
 
 
@@ -20,6 +20,12 @@ class Command(BaseCommand):
         parser.add_argument("--ttl", type=positive_float, help="scheduler lease TTL, seconds (SCHEDULER_TTL)")
         parser.add_argument("--instance-id", help="holder id of this instance (default host:pid:random)")
         parser.add_argument("--once", action="store_true", help="one round if no other scheduler leads, then exit")
+        parser.add_argument(
+            "--database",
+            type=database_alias,
+            default="default",
+            help="run the schedules whose queue is routed to this database (its lease lives there)",
+        )
         parser.add_argument("--list", dest="list_schedules", action="store_true", help="print the schedules, then exit")
 
     def handle(
@@ -29,16 +35,17 @@ class Command(BaseCommand):
         instance_id: str | None,
         once: bool,
         list_schedules: bool,
+        database: str,
         verbosity: int,
         **options: Any,
     ) -> None:
         configure_logging(verbosity)
         try:
-            scheduler = Scheduler(ttl=ttl, holder=instance_id)
+            scheduler = Scheduler(ttl=ttl, holder=instance_id, using=database)
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc)) from None
         if list_schedules:
-            for entry in schedule_status(scheduler.schedules):
+            for entry in schedule_status(scheduler.schedules, using=database):
                 next_run = entry["next_run"].isoformat(timespec="seconds") if entry["next_run"] else "-"
                 self.stdout.write(
                     f"{entry['name']}: {entry['definition'].get('task')} {entry['every'] or '(not declared)'};"

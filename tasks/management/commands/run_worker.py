@@ -5,7 +5,7 @@ import os
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 
 from tasks.management.commands._common import (
     configure_logging,
@@ -14,6 +14,7 @@ from tasks.management.commands._common import (
     positive_int,
     queue_names,
 )
+from tasks.routing import misrouted, queues_by_database
 from tasks.worker import Worker
 
 
@@ -24,7 +25,10 @@ class Command(BaseCommand):
         parser.add_argument("--queues", type=queue_names, help="comma-separated queue names (default: default)")
         target = parser.add_mutually_exclusive_group()
         target.add_argument("--backend", help="serve this django.tasks LeaseBackend alias: its database and its QUEUES")
-        target.add_argument("--database", help=f"database alias to serve (default: {DEFAULT_DB_ALIAS})")
+        target.add_argument(
+            "--database",
+            help="database alias to serve, only queues routed to it (default: the one the queues are routed to)",
+        )
         parser.add_argument("--concurrency", type=positive_int, help="executor threads")
         parser.add_argument("--batch-size", type=positive_int, help="tasks claimed per statement at most")
         parser.add_argument("--ttl", type=positive_float, help="lease of a claimed task, seconds")
@@ -56,11 +60,11 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         configure_logging(verbosity)
-        using = database or DEFAULT_DB_ALIAS
         if database is not None and database not in connections:
             raise CommandError(f"--database: no database {database!r} in DATABASES")
+        explicit = None
         if backend is not None:
-            using, allowed = backend_target(backend)
+            explicit, allowed = backend_target(backend)
             if queues is None:
                 if not allowed:
                     raise CommandError(f"--backend {backend}: its QUEUES allows any name; say which with --queues")
@@ -68,8 +72,10 @@ class Command(BaseCommand):
             elif allowed and set(queues) - set(allowed):
                 outside = ", ".join(sorted(set(queues) - set(allowed)))
                 raise CommandError(f"--backend {backend}: not among its QUEUES: {outside} (use --database instead)")
+        queues = queues or ["default"]
+        using = explicit or served_database(queues, database)
         worker = Worker(
-            queues=queues or ["default"],
+            queues=queues,
             using=using,
             concurrency=concurrency,
             batch_size=batch_size,
@@ -93,8 +99,24 @@ class Command(BaseCommand):
         os._exit(0)
 
 
-def backend_target(alias: str) -> tuple[str, list[str]]:
-    """The database and the queues of a LeaseBackend alias."""
+def served_database(queues: list[str], database: str | None) -> str:
+    """The database a worker for ``queues`` serves: ``--database``, or the one they are routed to.
+    A queue routed elsewhere is refused: its tasks are never in the database this worker reads."""
+    homes = queues_by_database(queues)
+    if database is None:
+        if len(homes) > 1:
+            spread = "; ".join(f"{alias}: {', '.join(names)}" for alias, names in homes.items())
+            raise CommandError(f"--queues live in several databases ({spread}): run one worker per --database")
+        return next(iter(homes))
+    elsewhere = misrouted(queues, database)
+    if elsewhere:
+        listed = ", ".join(f"{queue} (routed to {alias})" for queue, alias in elsewhere.items())
+        raise CommandError(f"--database {database}: these queues live in another database: {listed}")
+    return database
+
+
+def backend_target(alias: str) -> tuple[str | None, list[str]]:
+    """The database (None: routed by queue) and the queues of a LeaseBackend alias."""
     from django.tasks import task_backends
     from django.tasks.exceptions import InvalidTaskBackend
 
@@ -108,4 +130,4 @@ def backend_target(alias: str) -> tuple[str, list[str]]:
         raise CommandError(f"--backend {alias}: {type(backend).__name__} is not a LeaseBackend; nothing to serve")
     if backend.using not in connections:
         raise CommandError(f"--backend {alias}: its database {backend.using!r} is not in DATABASES")
-    return backend.using, sorted(backend.queues)
+    return (backend.using if backend.explicit_database else None), sorted(backend.queues)

@@ -1,0 +1,68 @@
+"""Which database holds a queue: ``LEASING_TASKS["QUEUE_DATABASES"]`` (see leasing/routing.py).
+
+:func:`queue_database` is the one lookup; enqueue, the API, the django.tasks backend, the worker
+and the scheduler all ask it. A task id is unique within its database only: pages and the API
+name the database with ``?db=`` (default: ``default``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS
+
+from leasing.routing import check_routes
+from tasks.conf import get_settings
+
+
+def queue_routes() -> dict[str, str]:
+    return check_routes(get_settings().QUEUE_DATABASES, 'LEASING_TASKS["QUEUE_DATABASES"]')
+
+
+def queue_database(queue: str) -> str:
+    """The alias holding ``queue`` (``default`` unless routed)."""
+    return queue_routes().get(queue, DEFAULT_DB_ALIAS)
+
+
+def queues_by_database(queues: Iterable[str]) -> dict[str, list[str]]:
+    """``queues`` grouped by the alias holding each, in the order first seen."""
+    grouped: dict[str, list[str]] = {}
+    routes = queue_routes()
+    for queue in queues:
+        grouped.setdefault(routes.get(queue, DEFAULT_DB_ALIAS), []).append(queue)
+    return grouped
+
+
+def misrouted(queues: Sequence[str], using: str) -> dict[str, str]:
+    """The queues among ``queues`` whose tasks never land in ``using``: queue -> its alias.
+
+    A queue lands in ``using`` when it is routed there, or when a LeaseBackend whose explicit
+    ``OPTIONS["database"]`` is ``using`` takes it (its QUEUES lists it, or allows any name)."""
+    routes = queue_routes()
+    taken = [b.queues for b in _lease_backends() if b.explicit_database and b.using == using]
+    return {
+        queue: routes.get(queue, DEFAULT_DB_ALIAS)
+        for queue in queues
+        if routes.get(queue, DEFAULT_DB_ALIAS) != using and not any(not q or queue in q for q in taken)
+    }
+
+
+def _lease_backends() -> list[Any]:
+    from django.tasks import task_backends
+    from django.tasks.exceptions import InvalidTaskBackend
+
+    from tasks.backends import LeaseBackend
+
+    try:
+        backends = task_backends.all()
+    except InvalidTaskBackend:  # reported by Django's own checks; the routes still stand
+        return []
+    return [b for b in backends if isinstance(b, LeaseBackend)]
+
+
+def routed_databases() -> list[str]:
+    """Aliases that queues are routed to, and the databases of LeaseBackends (for pages, metrics)."""
+    aliases = list(queue_routes().values())
+    aliases.extend(b.using for b in _lease_backends() if b.explicit_database)
+    return aliases
