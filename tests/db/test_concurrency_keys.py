@@ -321,6 +321,7 @@ def test_the_backend_check_reports_a_bad_concurrency_mapping(settings: Any) -> N
 
 def test_the_dashboard_and_metrics_show_keys_at_their_limit(client: Any, settings: Any) -> None:
     from django.contrib.auth import get_user_model
+    from prometheus_client.parser import text_string_to_metric_families
 
     for _ in range(3):
         keyed("tenant-<7>", 1)
@@ -332,11 +333,16 @@ def test_the_dashboard_and_metrics_show_keys_at_their_limit(client: Any, setting
     blocked = client.get("/dashboard/tasks/blocked/")
     assert blocked.status_code == 200 and blocked.content.decode().count("/dashboard/tasks/") >= 2
     settings.LEASING_METRICS_PUBLIC = True
-    text = client.get("/metrics").content.decode()
-    assert 'tasks_concurrency_running{key="tenant-<7>"} 1.0' in text
-    assert 'tasks_concurrency_waiting{key="tenant-<7>"} 2.0' in text
-    assert "tasks_concurrency_keys_full 1.0" in text
-    assert 'tasks_tasks{state="blocked"} 2.0' in text
+    samples = {
+        (family.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(client.get("/metrics").content.decode())
+        for sample in family.samples
+    }
+    at = (("database", "default"),)
+    assert samples[("tasks_concurrency_running", (*at, ("key", "tenant-<7>")))] == 1
+    assert samples[("tasks_concurrency_waiting", (*at, ("key", "tenant-<7>")))] == 2
+    assert samples[("tasks_concurrency_keys_full", at)] == 1
+    assert samples[("tasks_tasks", (*at, ("state", "blocked")))] == 2
 
 
 def test_retry_now_admits_deferred_keyed_tasks_at_once() -> None:
