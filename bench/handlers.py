@@ -23,3 +23,15 @@ def hang_first_attempt(**kwargs: Any) -> int:
 def pause(seconds: float = 0.3, **kwargs: Any) -> None:
     """Stand-in for a task that is still running when its worker is asked to stop."""
     time.sleep(seconds)
+
+
+async def sleep_async(seconds: float = 1.0, **kwargs: Any) -> None:
+    """The I/O-bound case: a task that waits (an HTTP call, a mail server) without a thread."""
+    import asyncio
+
+    await asyncio.sleep(seconds)
+
+
+def sleep_sync(seconds: float = 1.0, **kwargs: Any) -> None:
+    """The same wait, blocking its executor thread (the thread executor's variant)."""
+    time.sleep(seconds)

@@ -2,7 +2,9 @@
 
 Each system provides: enqueue one by one, enqueue in bulk (its own batch API, or None), count
 what is still pending, and run a worker until SIGTERM. Worker processes are started as
-``python bench/peers.py <system> <concurrency>`` and print "ready" once they are waiting.
+``python bench/peers.py <system> <concurrency> [noop|io]`` and print "ready" once they are waiting.
+The ``io`` workload is the I/O-bound case: tasks that each wait one second (``asyncio.sleep(1)``, or
+``time.sleep(1)`` for this project's thread executor), enqueued with ``io_enqueue``.
 Everything runs against the database in DATABASE_URL, with Django settings bench.peer_settings.
 """
 
@@ -54,6 +56,9 @@ class System:
     pending: Callable[[], int]
     reset: Callable[[], int]
     worker: Callable[[int], None]
+    #: The I/O-bound case: enqueue n one-second waits in bulk; run a worker that serves them.
+    io_enqueue: Callable[[int], None] | None = None
+    io_worker: Callable[[int], None] | None = None
 
 
 # -- this project ---------------------------------------------------------------------------------
@@ -76,6 +81,17 @@ def ours() -> System:
         print("ready", flush=True)
         worker.run()
 
+    def io_enqueue(n: int) -> None:
+        Task.objects.bulk_enqueue("bench.handlers.sleep_async", ({"seconds": 1.0} for _ in range(n)), queue=QUEUE)
+
+    def io_worker(concurrency: int) -> None:
+        from tasks.worker import Worker
+
+        # The default 4 executor threads for sync tasks; ``concurrency`` coroutines on the event loop.
+        worker = Worker(queues=[QUEUE], async_concurrency=concurrency, batch_size=64, recovery=False)
+        print("ready", flush=True)
+        worker.run()
+
     return System(
         "django-leasing",
         single,
@@ -83,6 +99,37 @@ def ours() -> System:
         lambda: count("SELECT count(*) FROM tasks_task WHERE status IN ('READY', 'RUNNING')"),
         lambda: truncate("tasks_task, tasks_worker"),
         worker,
+        io_enqueue,
+        io_worker,
+    )
+
+
+def ours_threads() -> System:
+    """The I/O-bound case on this project's thread executor: sync ``time.sleep(1)`` handlers, the
+    default concurrency (4 threads), the event loop off."""
+    from tasks.models import Task
+
+    base = ours()
+
+    def io_enqueue(n: int) -> None:
+        Task.objects.bulk_enqueue("bench.handlers.sleep_sync", ({"seconds": 1.0} for _ in range(n)), queue=QUEUE)
+
+    def io_worker(concurrency: int) -> None:
+        from tasks.worker import Worker
+
+        worker = Worker(queues=[QUEUE], async_concurrency=0, batch_size=64, recovery=False)
+        print("ready", flush=True)
+        worker.run()
+
+    return System(
+        "django-leasing (threads)",
+        base.enqueue_single,
+        base.enqueue_bulk,
+        base.pending,
+        base.reset,
+        base.worker,
+        io_enqueue,
+        io_worker,
     )
 
 
@@ -111,7 +158,7 @@ def pgqueuer() -> System:
             await queries.enqueue(["noop"] * size, [None] * size, [0] * size)
         await connection.close()
 
-    async def _worker(concurrency: int) -> None:
+    async def _worker(concurrency: int, cap: int | None = None) -> None:
         from datetime import timedelta
 
         connection = await connect()
@@ -121,9 +168,23 @@ def pgqueuer() -> System:
         async def noop(job: Any) -> None:
             return None
 
+        @manager.entrypoint("sleep", concurrency_limit=concurrency)
+        async def sleep(job: Any) -> None:
+            await asyncio.sleep(1.0)
+
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, manager.shutdown.set)
         print("ready", flush=True)
-        await manager.run(batch_size=64, dequeue_timeout=timedelta(seconds=1))
+        # PgQueuer wants its cap at least twice its batch.
+        batch = 64 if cap is None else max(1, min(64, cap // 2))
+        await manager.run(batch_size=batch, dequeue_timeout=timedelta(seconds=1), max_concurrent_tasks=cap)
+
+    async def _io_bulk(n: int) -> None:
+        connection = await connect()
+        queries = Queries(PsycopgDriver(connection))
+        for start in range(0, n, 5000):
+            size = min(5000, n - start)
+            await queries.enqueue(["sleep"] * size, [None] * size, [0] * size)
+        await connection.close()
 
     return System(
         "PgQueuer",
@@ -132,6 +193,8 @@ def pgqueuer() -> System:
         lambda: count("SELECT count(*) FROM pgqueuer"),
         lambda: truncate("pgqueuer, pgqueuer_log"),
         lambda concurrency: asyncio.run(_worker(concurrency)),
+        lambda n: asyncio.run(_io_bulk(n)),
+        lambda concurrency: asyncio.run(_worker(concurrency, cap=concurrency)),  # serves both entrypoints
     )
 
 
@@ -161,6 +224,10 @@ def _procrastinate_app() -> Any:
     async def noop(i: int = 0) -> None:
         return None
 
+    @app.task(name="sleep", queue=QUEUE)
+    async def sleep(i: int = 0) -> None:
+        await asyncio.sleep(1.0)
+
     return app
 
 
@@ -186,6 +253,12 @@ def procrastinate_system() -> System:
 
         asyncio.run(run())
 
+    def io_enqueue(n: int) -> None:
+        sleep = app.tasks["sleep"]
+        with app.open():
+            for start in range(0, n, 5000):
+                sleep.batch_defer(*({"i": i} for i in range(start, min(n, start + 5000))))
+
     return System(
         "procrastinate",
         single,
@@ -193,6 +266,8 @@ def procrastinate_system() -> System:
         lambda: count("SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"),
         lambda: truncate("procrastinate_jobs CASCADE"),
         worker,
+        io_enqueue,
+        worker,  # the same worker serves both tasks; ``concurrency`` coroutines at once
     )
 
 
@@ -232,6 +307,7 @@ def django_tasks_db() -> System:
 
 SYSTEMS: dict[str, Callable[[], System]] = {
     "django-leasing": ours,
+    "django-leasing-threads": ours_threads,
     "PgQueuer": pgqueuer,
     "procrastinate": procrastinate_system,
     "django-tasks-db": django_tasks_db,
@@ -248,4 +324,9 @@ def setup_django() -> None:
 if __name__ == "__main__":
     setup_django()
     name, concurrency = sys.argv[1], int(sys.argv[2])
-    SYSTEMS[name]().worker(concurrency)
+    workload = sys.argv[3] if len(sys.argv) > 3 else "noop"
+    system = SYSTEMS[name]()
+    serve = system.io_worker if workload == "io" else system.worker
+    if serve is None:
+        raise SystemExit(f"{name} has no {workload} worker")
+    serve(concurrency)

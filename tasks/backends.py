@@ -111,6 +111,9 @@ class LeaseTaskContext(TaskContext):  # type: ignore[misc]
     def checkpoint(self, progress: Any) -> bool:
         return self.execution.checkpoint(progress)
 
+    async def acheckpoint(self, progress: Any) -> bool:
+        return await self.execution.acheckpoint(progress)
+
     def check(self) -> None:
         self.execution.check()
 
@@ -394,6 +397,21 @@ def refused(execution: Execution) -> None:
 def run_django_task(task: DjangoTask, execution: Execution) -> Any:
     """Run a django.tasks Task for a worker; sends ``task_started`` (``task_finished`` is the
     worker's, once the outcome is stored). Returns the raw return value."""
+    task, args, kwargs = start_django_task(task, execution)
+    return task.call(*args, **kwargs)
+
+
+async def arun_django_task(task: DjangoTask, execution: Execution) -> Any:
+    """:func:`run_django_task` on the worker's event loop: the start (a read for a retry, the
+    ``task_started`` receivers) runs on the loop's database threads, the task's coroutine on the loop."""
+    from asgiref.sync import sync_to_async
+
+    task, args, kwargs = await sync_to_async(start_django_task, thread_sensitive=False)(task, execution)
+    return await task.acall(*args, **kwargs)
+
+
+def start_django_task(task: DjangoTask, execution: Execution) -> tuple[DjangoTask, list[Any], dict[str, Any]]:
+    """Build the TaskResult of this attempt and send ``task_started``; returns what to call."""
     claimed = execution.task
     alias = claimed.backend_alias or task.backend
     task = enqueued_task(
@@ -432,5 +450,5 @@ def run_django_task(task: DjangoTask, execution: Execution) -> Any:
     execution.django = run
     task_started.send(sender=run.sender, task_result=result)
     if task.takes_context:
-        return task.call(LeaseTaskContext(task_result=result, execution=execution), *result.args, **result.kwargs)
-    return task.call(*result.args, **result.kwargs)
+        return task, [LeaseTaskContext(task_result=result, execution=execution), *result.args], dict(result.kwargs)
+    return task, list(result.args), dict(result.kwargs)

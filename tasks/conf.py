@@ -42,6 +42,15 @@ class TaskSettings:
     CONCURRENCY: int = 4
     BATCH_SIZE: int = 16
     POLL_INTERVAL: float = 2.0
+    #: Coroutines (``async def`` handlers) one worker process runs at once on its event loop; 0 runs
+    #: them on the executor threads instead (one thread each, through async_to_sync).
+    ASYNC_CONCURRENCY: int = 100
+    #: Threads (each with its own database connection) that serve the event loop's database work:
+    #: checkpoints, start markers and ``sync_to_async(thread_sensitive=False)`` calls of handlers.
+    ASYNC_DB_THREADS: int = 4
+    #: Seconds the event loop may go without turning before the coroutine blocking it is abandoned
+    #: (recorded as EventLoopBlocked), its neighbours handed back and a fresh loop started.
+    ASYNC_BLOCK_LIMIT: float = 10.0
     #: A worker holds, beyond its running tasks, only as many claimed tasks as its executors will
     #: start within this many seconds (from the observed task durations), at most BATCH_SIZE.
     PREFETCH_WINDOW: float = 0.25

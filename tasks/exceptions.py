@@ -33,6 +33,11 @@ class TaskTimeout(TaskError, TimeoutError):
     """The attempt ran past its timeout and was abandoned; its late result is refused."""
 
 
+class EventLoopBlocked(TaskError):
+    """The attempt blocked the worker's event loop (a blocking call in async code) longer than
+    LEASING_TASKS["ASYNC_BLOCK_LIMIT"]; it was abandoned and the loop replaced."""
+
+
 class WorkerShutdown(TaskError):
     """The attempt was interrupted by its worker shutting down; it is not counted as a failure."""
 

@@ -46,6 +46,8 @@ class Census:
     isolated: int = 0  # attempts in hand that must run alone
     unstarted: int = 0
     running: int = 0
+    async_unstarted: int = 0  # of ``unstarted``: coroutines for the event loop
+    async_running: int = 0  # of ``running``: coroutines on the event loop
     overdue: list[Execution] = field(default_factory=list)
     next_deadline: float | None = None  # earliest timeout among running attempts (local clock)
 
@@ -59,6 +61,8 @@ class Ledger:
         self._entries: dict[tuple[int, int], Execution] = {}
         self._unstarted = 0
         self._running = 0
+        self._async_unstarted = 0
+        self._async_running = 0
         self._timed: dict[tuple[int, int], Execution] = {}  # running attempts that have a timeout
         self._isolated = 0
 
@@ -67,6 +71,7 @@ class Ledger:
             for execution in executions:
                 self._entries[execution.key] = execution
                 self._unstarted += 1
+                self._async_unstarted += execution.is_async
                 self._isolated += execution.task.isolate
 
     def begin(self, execution: Execution) -> None:
@@ -75,6 +80,8 @@ class Ledger:
             if execution.key in self._entries:
                 self._unstarted -= 1
                 self._running += 1
+                self._async_unstarted -= execution.is_async
+                self._async_running += execution.is_async
                 if execution.task.timeout is not None:
                     self._timed[execution.key] = execution
 
@@ -83,6 +90,7 @@ class Ledger:
             return False
         if execution.key in self._entries:
             self._running -= 1
+            self._async_running -= execution.is_async
             self._timed.pop(execution.key, None)
         return True
 
@@ -114,8 +122,10 @@ class Ledger:
                     continue
                 if execution.started is None:
                     self._unstarted -= 1
+                    self._async_unstarted -= execution.is_async
                 else:
                     self._running -= 1
+                    self._async_running -= execution.is_async
                     self._timed.pop(key, None)
 
     def __contains__(self, key: object) -> bool:
@@ -137,6 +147,8 @@ class Ledger:
                 unstarted=self._unstarted,
                 running=self._running,
                 isolated=self._isolated,
+                async_unstarted=self._async_unstarted,
+                async_running=self._async_running,
             )
             for execution in self._timed.values():
                 deadline = (execution.started or now) + (execution.task.timeout or 0.0)
@@ -188,6 +200,16 @@ class IsolationGate:
                         self._cond.wait(0.1)
                 finally:
                     self._blocked -= 1
+            self._shared += 1
+            execution.gate_slot = "shared"
+            return True
+
+    def try_enter_shared(self, execution: Execution) -> bool:
+        """:meth:`enter_shared` without waiting (the event loop must not block): False while an
+        isolated attempt runs or waits, and the coroutine then retries a little later."""
+        with self._cond:
+            if self._exclusive or self._waiting:
+                return False
             self._shared += 1
             execution.gate_slot = "shared"
             return True

@@ -10,12 +10,15 @@ def import_rows(path):
         save(row, fence=run.token)
         if n % 1000 == 0:
             run.checkpoint({"row": n})
+
+From an ``async def`` handler (run on the worker's event loop) the same object is there, one per
+coroutine (a context variable, not a thread-local), with ``await run.acheckpoint(...)``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import threading
+from contextvars import ContextVar
 from typing import Any
 
 from django.db import connections
@@ -24,7 +27,10 @@ from leasing import clock
 from tasks.exceptions import TaskLeaseLost
 from tasks.models import ClaimedTask, Started, Task
 
-_local = threading.local()
+# A context variable rather than a thread-local: each coroutine on the worker's event loop is its own
+# context and sees its own attempt, a thread sees the one its executor set, and code a handler runs
+# through sync_to_async / async_to_sync inherits it (asgiref copies the context across).
+_current: ContextVar[Execution | None] = ContextVar("tasks_current_execution", default=None)
 
 
 class Execution:
@@ -65,6 +71,10 @@ class Execution:
         self._stalled_until = 0.0
         #: A django.tasks Task's attempt: what its signals carry (:class:`tasks.backends.DjangoRun`).
         self.django: Any = None
+        #: Runs on the worker's event loop (an ``async def`` handler) rather than an executor thread.
+        self.is_async = False
+        #: Why the worker cancelled this attempt's coroutine ("timeout", "lost", "shutdown", "blocked").
+        self.cancelled_by_worker: str | None = None
 
     @property
     def started_epoch(self) -> float | None:
@@ -152,6 +162,22 @@ class Execution:
             self.mark_lost("checkpoint rejected: the task is no longer ours")
         return saved
 
+    async def acheckpoint(self, progress: Any) -> bool:
+        """:meth:`checkpoint` from async code: the same one statement, sent from the worker's small
+        pool of database threads (``sync_to_async(thread_sensitive=False)`` runs on the event loop's
+        default executor, which the async executor bounds), never from a connection per coroutine."""
+        from asgiref.sync import sync_to_async
+        from django.db import close_old_connections
+
+        def checkpoint() -> bool:
+            try:
+                return self.checkpoint(progress)
+            except Exception:
+                close_old_connections()  # a pool thread's broken connection is replaced next time
+                raise
+
+        return await sync_to_async(checkpoint, thread_sensitive=False)()
+
     # -- fault injection ------------------------------------------------------------------------
 
     def miss_heartbeats(self, seconds: float) -> None:
@@ -166,12 +192,12 @@ class Execution:
 
 
 def current_task() -> Execution:
-    """The execution running in this thread (inside a task handler)."""
-    execution: Execution | None = getattr(_local, "execution", None)
+    """The execution running in this thread or coroutine (inside a task handler)."""
+    execution = _current.get()
     if execution is None:
         raise RuntimeError("current_task() is only available inside a task run by a worker")
     return execution
 
 
 def _set_current(execution: Execution | None) -> None:
-    _local.execution = execution
+    _current.set(execution)

@@ -8,6 +8,8 @@ attempts keyed by (task id, token):
   attempts past their timeout and hands back claims it cannot run;
 - ``concurrency`` executor threads run task handlers, with no transaction or lock held. Whatever a
   handler does (raise any ``BaseException``, return what jsonb cannot hold) ends as an outcome;
+- an event loop in one more thread runs up to ``async_concurrency`` ``async def`` handlers at once
+  (:mod:`tasks.aio`), on the same ledger, heartbeat and outcome path;
 - a heartbeat thread renews every held attempt in one statement about every ttl/3;
 - a listener thread waits on LISTEN/NOTIFY so an idle worker starts new work at once;
 - optionally a recovery thread, which only works while it holds the recovery lease;
@@ -81,6 +83,13 @@ LOCKED: Any = object()
 
 #: Smoothing of the observed task duration that sizes the prefetch.
 DURATION_SMOOTHING = 0.2
+#: Smoothing of the share of async attempts among claims (sizes a claim by the mix of kinds).
+ASYNC_SHARE_SMOOTHING = 0.3
+#: Below this share (or above 1 minus it) a claim is sized for one kind alone (the other kind's free
+#: slots are then probed for once per poll interval).
+ASYNC_SHARE_EPSILON = 0.05
+#: Tasks such a probe claims at most (what is not of the kind with free slots goes back at once).
+PROBE_SIZE = 8
 #: A start marker waits this long for the attempt's own outcome, which then carries it (a short task
 #: costs one row update, not two); longer attempts are marked by the next round after that.
 MARKER_DELAY = 0.02
@@ -151,10 +160,12 @@ class Worker:
         install_signal_handlers: bool = True,
         prefetch_window: float | None = None,
         hard_exit_after: float | None = None,
+        async_concurrency: int | None = None,
     ) -> None:
         conf = get_settings()
         self.queues = list(queues)
         self.concurrency = concurrency or conf.CONCURRENCY
+        self.async_concurrency = conf.ASYNC_CONCURRENCY if async_concurrency is None else async_concurrency
         self.batch_size = batch_size or conf.BATCH_SIZE
         self.ttl = ttl or conf.TTL
         self.poll_interval = poll_interval or conf.POLL_INTERVAL
@@ -174,6 +185,8 @@ class Worker:
         self.hard_exit_after = hard_exit_after
         if self.concurrency < 1 or self.batch_size < 1:
             raise ValueError("concurrency and batch size must be at least 1")
+        if self.async_concurrency < 0:
+            raise ValueError("async concurrency must be 0 (off) or more")
 
         self.stats = {
             "claimed": 0,
@@ -201,6 +214,9 @@ class Worker:
         self._outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._starts: queue.SimpleQueue[tuple[Execution, float]] = queue.SimpleQueue()
         self._returns: queue.SimpleQueue[Execution] = queue.SimpleQueue()  # claims an executor could not begin
+        # Started attempts to hand back with a reason (coroutines cancelled on lease loss, neighbours
+        # of a coroutine that blocked the event loop): uncharged, the reason in their error entries.
+        self._handbacks: queue.SimpleQueue[tuple[Execution, str]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._notified = threading.Event()  # a NOTIFY for one of our queues arrived
         self._stop = threading.Event()  # background threads end
@@ -214,6 +230,14 @@ class Worker:
         self._recovery: Any = None
         self._scheduler: Any = None
         self._duration: float | None = None  # smoothed seconds per task, sizes the prefetch
+        self._async_duration: float | None = None  # the same for coroutines
+        # Share of async attempts among recent claims. A claim cannot choose by kind, so its size
+        # follows the mix: as many as both kinds' room allows at this mix, never more.
+        self._async_share = 0.0
+        self._kinds: dict[tuple[str, bool], bool] = {}  # (path, via a django.tasks backend) -> async
+        self.aio: Any = None  # tasks.aio.AsyncExecutor when async_concurrency > 0
+        self._probing = False  # this round's claim looks for a kind recent claims did not bring
+        self._next_probe = 0.0
         self._pending_starts: dict[tuple[int, int], tuple[Execution, float, float]] = {}
         self._last_beat: float | None = None  # local clock of the last heartbeat that got through
         self._own_threads: set[int] = set()  # dispatcher and heartbeat: their statements are bounded
@@ -295,12 +319,52 @@ class Worker:
             return 0
         return min(self.batch_size, math.floor(self.concurrency * self.prefetch_window / max(self._duration, 1e-4)))
 
+    def async_prefetch(self) -> int:
+        """The same for the event loop's slots."""
+        if self._async_duration is None or self.aio is None:
+            return 0
+        return min(
+            self.batch_size, math.floor(self.async_concurrency * self.prefetch_window / max(self._async_duration, 1e-4))
+        )
+
+    def observe_async_duration(self, elapsed: float) -> None:
+        previous = self._async_duration
+        self._async_duration = elapsed if previous is None else previous + DURATION_SMOOTHING * (elapsed - previous)
+
+    def _room(self, census: Census) -> int:
+        """How many to claim: enough to fill the free slots (plus prefetch) of either kind at the
+        observed mix of kinds; what does not fit is handed back at once (:meth:`_fit`). With no
+        async executor, or only sync tasks seen, this is exactly the threads' room."""
+        self._probing = False
+        sync_in_hand = census.in_hand - census.async_unstarted - census.async_running
+        sync_room = max(0, self.concurrency + self.prefetch() - sync_in_hand)
+        if self.aio is None:
+            return sync_room
+        async_room = max(
+            0, self.async_concurrency + self.async_prefetch() - census.async_unstarted - census.async_running
+        )
+        share = self._async_share
+        room = 0.0
+        if share < 1.0 - ASYNC_SHARE_EPSILON:
+            room = max(room, sync_room / (1.0 - share))
+        if share > ASYNC_SHARE_EPSILON:
+            room = max(room, async_room / share)
+        if room < 1:
+            # One kind's slots are free but recent claims brought only the other kind: look again
+            # once in a while (the queue's mix may have changed), never every round.
+            unseen = async_room if share <= ASYNC_SHARE_EPSILON else sync_room
+            if unseen and clock.monotonic() >= self._next_probe:
+                self._next_probe = clock.monotonic() + self.poll_interval
+                self._probing = True
+                return min(unseen, PROBE_SIZE)
+        return math.floor(room)
+
     def _wanted(self, census: Census) -> int:
         if self._draining.is_set() or census.isolated:
             return 0  # an isolated attempt runs alone: claim nothing beside it
         if self._last_beat is not None and clock.monotonic() - self._last_beat > self.ttl / 2:
             return 0  # heartbeats are not getting through: claims would only lapse (invariant 6)
-        wanted = min(self.batch_size, self.concurrency + self.prefetch() - census.in_hand)
+        wanted = min(self.batch_size, self._room(census))
         if self.max_tasks is not None:
             wanted = min(wanted, self.max_tasks - self.stats["claimed"])
         return max(0, wanted)
@@ -316,13 +380,20 @@ class Worker:
             census = self.ledger.census(clock.monotonic())
             self._abandon(census.overdue)
             self._take_returns()
+            self._take_handbacks()
             outcomes = self._take(self._outcomes) + self._due_deferred()
             starts = self._due_starts(outcomes)
             wanted = self._wanted(census)
             # Refill before the executors run dry: keep as many claims ready as there are idle
             # executors, or (short tasks, prefetch allowed) as many as there are executors.
-            idle = self.concurrency - census.running
-            starving = census.unstarted < max(idle, min(self.concurrency, self.prefetch()))
+            idle = self.concurrency - (census.running - census.async_running)
+            starving = census.unstarted - census.async_unstarted < max(idle, min(self.concurrency, self.prefetch()))
+            starving = starving or self._probing
+            if self.aio is not None and self._async_share > ASYNC_SHARE_EPSILON:
+                idle_async = self.async_concurrency - census.async_running
+                starving = starving or census.async_unstarted < max(
+                    idle_async, min(self.async_concurrency, self.async_prefetch())
+                )
             claim = wanted if may_have_work and wanted > 0 and (wanted >= self.batch_size or starving) else 0
             if outcomes or starts or claim:
                 claimed = self._round(outcomes, starts, claim, idle=census.in_hand == 0)
@@ -420,7 +491,7 @@ class Worker:
                     ttl=self.ttl,
                     isolate_after=self.isolate_after,
                     # a task to run isolated goes only to a worker holding nothing else
-                    take_isolated=idle and self._zombies == 0,
+                    take_isolated=idle and self._zombies == 0 and self._async_zombies() == 0,
                 )
             else:  # only results: the plain finish statement is lighter to send
                 accepted, marked = (manager.complete_many(self.id, results) if results else set()), {}
@@ -472,11 +543,71 @@ class Worker:
         self._settle(successes, accepted, failures, failed)
         if claimed:
             executions = [Execution(task, self.id, self.ttl, sent, self.using) for task in claimed]
-            self.ledger.add(executions)  # before any executor can see them
-            self.stats["claimed"] += len(executions)
             for execution in executions:
-                self._work.put(execution)
+                execution.is_async = self._is_async(execution)
+            excess: list[Execution] = []
+            if self.aio is not None:
+                share = sum(e.is_async for e in executions) / len(executions)
+                self._async_share += ASYNC_SHARE_SMOOTHING * (share - self._async_share)
+                executions, excess = self._fit(executions)
+            self.ledger.add(executions + excess)  # before any executor can see them
+            self.stats["claimed"] += len(executions) + len(excess)
+            for execution in executions:
+                if execution.is_async:
+                    self.aio.submit(execution)
+                else:
+                    self._work.put(execution)
+            for execution in excess:
+                execution.mark_lost("handed back: no free slot of its kind (the mix of sync and async tasks changed)")
+                self._returns.put(execution)
         return claimed
+
+    def _fit(self, executions: list[Execution]) -> tuple[list[Execution], list[Execution]]:
+        """Split a claim into what the executors of each kind will start within the prefetch window
+        and the excess, handed back at once (uncharged): a claim cannot choose by kind, and a worker
+        must not hold tasks it cannot start while another worker could. The claim was sized by the
+        observed mix, so there is excess only while that mix changes."""
+        census = self.ledger.census(clock.monotonic())
+        async_held = census.async_unstarted + census.async_running
+        free = {
+            False: self.concurrency + self.prefetch() - (census.in_hand - async_held),
+            True: self.async_concurrency + self.async_prefetch() - async_held,
+        }
+        kept: list[Execution] = []
+        excess: list[Execution] = []
+        for execution in executions:
+            if free[execution.is_async] > 0:
+                free[execution.is_async] -= 1
+                kept.append(execution)
+            else:
+                excess.append(execution)
+        return kept, excess
+
+    def _is_async(self, execution: Execution) -> bool:
+        """Whether the attempt runs on the event loop: its handler is a coroutine function (or a
+        django.tasks Task of one). Resolved once per path; a path that does not resolve goes to a
+        thread, which records why. Isolated attempts run on a thread, alone in the process."""
+        task = execution.task
+        if self.aio is None or task.isolate:
+            return False
+        key = (task.task_path, task.backend_alias is not None)
+        kind = self._kinds.get(key)
+        if kind is not None and not task.api_origin:
+            return kind
+        try:
+            # An API path is checked against the allow-list on every call (the lists are settings).
+            target = self._resolve(task.task_path, api_origin=task.api_origin)
+        except Exception:
+            return False
+        from django.tasks import Task as DjangoTask
+
+        if isinstance(target, DjangoTask):
+            kind = iscoroutinefunction(target.func)
+        else:
+            # A path enqueued through a django.tasks backend must be a Task: the thread refuses it.
+            kind = task.backend_alias is None and callable(target) and iscoroutinefunction(target)
+        self._kinds[key] = kind
+        return kind
 
     def _resend_markers(self, starts: list[tuple[Execution, float]]) -> dict[tuple[int, int], Any]:
         marked: dict[tuple[int, int], Any] = {}
@@ -520,8 +651,9 @@ class Worker:
             if not self.ledger.abandon(execution):
                 continue  # it finished in the meantime
             self.isolation.release(execution)  # a stuck handler must not keep anything else from running
-            self._zombies += 1
-            self.stats["zombies"] = self._zombies
+            if not execution.is_async:
+                self._zombies += 1
+                self.stats["zombies"] = self._zombies
             timeout = execution.task.timeout or 0.0
             reason = f"ran past its timeout of {timeout:g}s: abandoned, its late result will be refused"
             execution.mark_lost(reason)
@@ -529,6 +661,13 @@ class Worker:
             logger.warning("task %d %s %s", execution.id, execution.task.task_path, reason)
             timed_out = TaskTimeout(f"task {execution.id} {reason}")
             self._outcomes.put(Outcome(execution, failure=failure_from(execution, timed_out), error=timed_out))
+            if execution.is_async:
+                # A coroutine is cancelled, not replaced: the loop goes on running the others. One
+                # that ignores the cancellation is a zombie until it ends; one blocking the loop is
+                # the watchdog's (tasks/aio.py).
+                self.aio.zombies += 1
+                self.aio.cancel(execution, "timeout", f"cancelled: {reason}")
+                continue
             if not self._draining.is_set():
                 self._spawn_executor()  # the stuck thread retires when (if) its handler returns
             if self._zombies > 2 * self.concurrency and not self._draining.is_set():
@@ -539,6 +678,36 @@ class Worker:
                     self._zombies,
                 )
                 self.request_stop()
+
+    def hand_back_later(self, execution: Execution, reason: str) -> None:
+        """A started attempt the dispatcher hands back (uncharged) with ``reason`` recorded."""
+        self._handbacks.put((execution, reason))
+        self._wake.set()
+
+    def _take_handbacks(self) -> None:
+        handbacks = self._take(self._handbacks)
+        by_reason: dict[str, list[Execution]] = {}
+        for execution, reason in handbacks:
+            by_reason.setdefault(reason, []).append(execution)
+        for reason, executions in by_reason.items():
+            handed = retrying(
+                "handing back cancelled attempts",
+                self,
+                lambda e=executions, r=reason: Task.objects.db_manager(self.using).hand_back(  # type: ignore[misc]
+                    self.id, [x.key for x in e], reason=r
+                ),
+            )
+            for execution in executions:
+                logger.warning(
+                    "task %d %s: %s%s",
+                    execution.id,
+                    execution.task.task_path,
+                    reason,
+                    "" if handed and execution.key in handed else " (the row was no longer ours)",
+                )
+                if execution.started is not None:
+                    self.signals.ended(execution)
+            self.ledger.remove(e.key for e in executions)
 
     def _take_returns(self) -> None:
         returns = self._take(self._returns)
@@ -692,22 +861,35 @@ class Worker:
             target = self._resolve(task.task_path, api_origin=task.api_origin)
             value = self._call(target, execution)
         except BaseException as exc:
-            # Anything the handler raises ends the attempt as a recorded failure: SystemExit,
-            # KeyboardInterrupt, GeneratorExit and CancelledError included (the worker's own
-            # shutdown never raises inside a handler). An import error will not import next time,
-            # and a refused path will not be admitted next time: neither is retried.
-            retry = not isinstance(exc, ImportError | NotATask | TaskPathRefused)
-            if not retry:
-                from tasks.backends import refused
-
-                refused(execution)  # a backend's task that cannot run here: task_finished says so
-            return Outcome(execution, failure=failure_from(execution, exc, retry=retry), error=exc)
+            return self.failure_outcome(execution, exc)
         finally:
             _set_current(None)
             try:
                 close_old_connections()
             except Exception:
                 logger.debug("closing the handler's connections failed", exc_info=True)
+        return self.value_outcome(execution, value)
+
+    @staticmethod
+    def failure_of(execution: Execution, exc: BaseException) -> Failure:
+        return failure_from(execution, exc)
+
+    def failure_outcome(self, execution: Execution, exc: BaseException) -> Outcome:
+        """What a handler raised, as an outcome (threads and coroutines alike)."""
+        # Anything the handler raises ends the attempt as a recorded failure: SystemExit,
+        # KeyboardInterrupt, GeneratorExit and CancelledError included (the worker's own shutdown
+        # never raises inside a handler; its cancellations of coroutines are told apart by
+        # ``execution.cancelled_by_worker``). An import error will not import next time, and a
+        # refused path will not be admitted next time: neither is retried.
+        retry = not isinstance(exc, ImportError | NotATask | TaskPathRefused)
+        if not retry:
+            from tasks.backends import refused
+
+            refused(execution)  # a backend's task that cannot run here: task_finished says so
+        return Outcome(execution, failure=failure_from(execution, exc, retry=retry), error=exc)
+
+    def value_outcome(self, execution: Execution, value: Any) -> Outcome:
+        """What a handler returned, as an outcome: stored JSON, or a failure if it cannot be stored."""
         try:
             if execution.django is not None:
                 try:
@@ -756,7 +938,7 @@ class Worker:
                         [e.key for e in held],
                         ttl=self.ttl,
                         stats=self.stats,
-                        running=self.ledger.census(sent).running + self._zombies,
+                        running=self.ledger.census(sent).running + self._zombies + self._async_zombies(),
                     )
                 except DatabaseError as exc:
                     self.stats["heartbeat_failures"] += 1
@@ -779,6 +961,9 @@ class Worker:
                         logger.warning("task %d: lease lost; its result will be rejected", execution.id)
         finally:
             connections.close_all()
+
+    def _async_zombies(self) -> int:
+        return 0 if self.aio is None else int(self.aio.zombies)
 
     # -- LISTEN/NOTIFY ---------------------------------------------------------------------------
 
@@ -848,6 +1033,17 @@ class Worker:
     def _start_threads(self) -> None:
         for _ in range(self.concurrency):
             self._spawn_executor()
+        if self.async_concurrency > 0:
+            from tasks.aio import AsyncExecutor
+
+            conf = get_settings()
+            self.aio = AsyncExecutor(
+                self,
+                capacity=self.async_concurrency,
+                db_threads=conf.ASYNC_DB_THREADS,
+                block_limit=conf.ASYNC_BLOCK_LIMIT,
+            )
+            self.aio.start()
         self._spawn(self._heartbeat, "heartbeat")
         self._stop_pipe = os.pipe()
         self._spawn(self._listen, "listener")
@@ -865,6 +1061,7 @@ class Worker:
     def _shutdown(self) -> None:
         self._abandon(self.ledger.census(clock.monotonic()).overdue)
         self._take_returns()
+        self._take_handbacks()
         # Outcomes may still arrive while the last rounds are in flight: write until none is left.
         pending = [o for _at, o in self._deferred]  # rows that were locked get one more try
         self._deferred = []
@@ -902,6 +1099,8 @@ class Worker:
                     len(handed),
                     sorted(k[0] for k in handed),
                 )
+        if self.aio is not None:
+            self.aio.stop()  # handed back above: now cancel the coroutines (cooperatively)
         self._stop.set()
         if self._stop_pipe[1] >= 0:
             os.write(self._stop_pipe[1], b"x")  # ends the listener's wait now

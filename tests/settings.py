@@ -49,3 +49,7 @@ if os.environ.get("LEASING_TEST_QUEUE_DATABASES"):
     import json
 
     LEASING_TASKS = {**LEASING_TASKS, "QUEUE_DATABASES": json.loads(os.environ["LEASING_TEST_QUEUE_DATABASES"])}
+
+# Worker processes started by the async executor tests get a short event-loop block limit this way.
+if os.environ.get("TASKS_ASYNC_BLOCK_LIMIT"):
+    LEASING_TASKS = {**LEASING_TASKS, "ASYNC_BLOCK_LIMIT": float(os.environ["TASKS_ASYNC_BLOCK_LIMIT"])}

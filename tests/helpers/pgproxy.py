@@ -163,6 +163,7 @@ class PgProxy:
         self._links: set[_Link] = set()
         self._armed: list[Fault] = []
         self._armed_lock = threading.Lock()
+        self._counted: dict[bytes, int] = {}  # pattern -> Query/Parse messages seen containing it
         self._stopping = False
         self._crash: BaseException | None = None
 
@@ -255,6 +256,12 @@ class PgProxy:
         with self._armed_lock:
             self._armed = [fault for fault in self._armed if fault.kind != "freeze"]
         return self._call(self._thaw_all) if self._running() else 0
+
+    def count(self, pattern: bytes) -> int:
+        """How many Query/Parse messages clients sent containing ``pattern`` since it was first asked
+        about (the first call starts counting and returns 0)."""
+        with self._armed_lock:
+            return self._counted.setdefault(pattern, 0)
 
     def disarm(self) -> int:
         """Forget the faults that have not fired; returns how many."""
@@ -428,6 +435,10 @@ class PgProxy:
             elif tag != OPAQUE:
                 if tag in (b"Q", b"P"):
                     link.last_statement = raw
+                    if self._counted:
+                        with self._armed_lock:
+                            for pattern in self._counted:
+                                self._counted[pattern] += pattern in raw
                 fault = None if link.dropping or link.freezing else self._claim(raw)
                 if fault is not None and fault.kind == "drop_reply":
                     link.dropping, link.drop_at = fault, link.requests + 1

@@ -229,3 +229,126 @@ def span(seconds: float = 0.01, fail_first: bool = False, gate: str | None = Non
         time.sleep(seconds)
     _span_mark("ended")
     return os.getpid()
+
+
+# -- async executor handlers (tests/concurrency/test_async_executor.py) -------------------------------
+
+
+async def _aeffect(phase: str) -> None:
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(_effect, thread_sensitive=False)(phase)
+
+
+async def _await_gate(gate: str) -> None:
+    import asyncio
+
+    from tests.testapp.models import Gate
+
+    deadline = time.monotonic() + 120
+    while not await Gate.objects.filter(key=gate, open=True).aexists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate} never opened")
+        await asyncio.sleep(0.02)
+
+
+async def async_sleep(seconds: float = 0.5, **kwargs: Any) -> dict[str, Any]:
+    """Wait without a thread; report when it ran (epoch seconds), in which process and thread."""
+    import asyncio
+    import threading
+
+    start = time.time()
+    await asyncio.sleep(seconds)
+    return {"start": start, "end": time.time(), "pid": os.getpid(), "thread": threading.current_thread().name}
+
+
+async def async_identity(pause: float = 0.05, **kwargs: Any) -> dict[str, Any]:
+    """current_task() before and after awaits, and inside sync code run from the coroutine: each
+    coroutine must see its own attempt while hundreds of others interleave with it."""
+    import asyncio
+    import random
+
+    from asgiref.sync import sync_to_async
+
+    before = current_task()
+    await asyncio.sleep(random.uniform(0, pause))
+    inside = await sync_to_async(lambda: current_task().id, thread_sensitive=False)()
+    await asyncio.sleep(random.uniform(0, pause))
+    after = current_task()
+    return {"before": before.id, "after": after.id, "inside": inside, "token": after.token}
+
+
+async def async_raise(kind: str, **kwargs: Any) -> None:
+    """raise_base from a coroutine on the event loop."""
+    import asyncio
+
+    await asyncio.sleep(0)
+    raise_base(kind)
+
+
+async def async_unstorable(kind: str, **kwargs: Any) -> Any:
+    import asyncio
+
+    await asyncio.sleep(0)
+    return UNSTORABLE_RESULTS[kind]()
+
+
+async def async_wait_cancelled(only_first: bool = False, **kwargs: Any) -> str:
+    """Record the start, wait (for ever); record a cancellation, then let it end the coroutine.
+    With ``only_first``, later attempts return at once."""
+    import asyncio
+
+    if only_first and current_task().attempt > 1:
+        return f"attempt {current_task().attempt}"
+    await _aeffect("started")
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        await _aeffect("cancelled")
+        raise
+    return "woke up"
+
+
+async def async_block_loop(seconds: float, **kwargs: Any) -> str:
+    """Blocks the event loop (a blocking call in async code) on its first attempt."""
+    run = current_task()
+    await _aeffect("started")
+    if run.attempt == 1:
+        time.sleep(seconds)
+    return f"attempt {run.attempt}"
+
+
+async def async_gate(gate: str, **kwargs: Any) -> dict[str, Any]:
+    """Record the start, wait for ``gate`` without blocking the loop, record the end."""
+    await _aeffect("started")
+    await _await_gate(gate)
+    await _aeffect("finished")
+    return {"pid": os.getpid(), "token": current_task().token}
+
+
+async def async_resume(**kwargs: Any) -> dict[str, Any]:
+    """Checkpoints with acheckpoint, then fails on the first attempt; the retry resumes from it."""
+    run = current_task()
+    start = (run.progress or {}).get("step", 0)
+    if run.attempt == 1:
+        saved = await run.acheckpoint({"step": 3})
+        raise RuntimeError(f"crash after step 3 (checkpoint saved: {saved})")
+    return {"resumed_from": start, "attempt": run.attempt}
+
+
+@task(takes_context=True)
+async def async_context_task(context: Any, label: str) -> dict[str, Any]:
+    """A django.tasks async Task: context, acheckpoint, the async ORM; where it ran."""
+    import threading
+
+    from tests.testapp.models import Gate
+
+    await context.acheckpoint({"label": label})
+    gates = await Gate.objects.filter(key=label).acount()
+    return {
+        "attempt": context.attempt,
+        "token": context.token,
+        "label": label,
+        "gates": gates,
+        "thread": threading.current_thread().name,
+    }

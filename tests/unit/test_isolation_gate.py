@@ -69,3 +69,19 @@ def test_release_is_idempotent_so_an_abandoned_attempt_frees_its_slot_once() -> 
     gate.release(zombie)  # the stuck thread returns at last: must not free the other's slot
     assert other.gate_slot == "exclusive"
     assert not gate.enter_exclusive(attempt(), time.monotonic() + 0.1, time.monotonic)
+
+
+def test_a_coroutine_enters_without_waiting_or_not_at_all() -> None:
+    """The event loop must never block on the gate: try_enter_shared answers at once."""
+    gate = IsolationGate()
+    coroutine, isolated = attempt(), attempt()
+    assert gate.try_enter_shared(coroutine)
+    gate.release(coroutine)
+    assert gate.enter_exclusive(isolated, time.monotonic() + 1, time.monotonic)
+    assert not gate.try_enter_shared(coroutine)  # an isolated attempt runs: refused, not queued
+    assert coroutine.gate_slot is None
+    gate.release(isolated)
+    assert gate.try_enter_shared(coroutine)
+    assert coroutine.gate_slot == "shared"
+    gate.release(coroutine)
+    assert gate.enter_exclusive(isolated, time.monotonic() + 1, time.monotonic)  # nothing left inside

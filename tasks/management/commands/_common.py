@@ -16,6 +16,16 @@ def positive_int(value: str) -> int:
     return number
 
 
+def non_negative_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must not be negative")
+    return number
+
+
 def positive_float(value: str) -> float:
     try:
         number = float(value)

@@ -10,6 +10,7 @@ from django.db import connections
 from tasks.management.commands._common import (
     configure_logging,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
     queue_names,
@@ -30,6 +31,11 @@ class Command(BaseCommand):
             help="database alias to serve, only queues routed to it (default: the one the queues are routed to)",
         )
         parser.add_argument("--concurrency", type=positive_int, help="executor threads")
+        parser.add_argument(
+            "--async-concurrency",
+            type=non_negative_int,
+            help="async def handlers run at once on the event loop (0: on the threads instead)",
+        )
         parser.add_argument("--batch-size", type=positive_int, help="tasks claimed per statement at most")
         parser.add_argument("--ttl", type=positive_float, help="lease of a claimed task, seconds")
         parser.add_argument("--poll-interval", type=positive_float, help="fallback poll, seconds")
@@ -47,6 +53,7 @@ class Command(BaseCommand):
         backend: str | None,
         database: str | None,
         concurrency: int | None,
+        async_concurrency: int | None,
         batch_size: int | None,
         ttl: float | None,
         poll_interval: float | None,
@@ -78,6 +85,7 @@ class Command(BaseCommand):
             queues=queues,
             using=using,
             concurrency=concurrency,
+            async_concurrency=async_concurrency,
             batch_size=batch_size,
             ttl=ttl,
             poll_interval=poll_interval,
