@@ -18,7 +18,11 @@ Prints one figure per line:
   (``--busy-fraction 0.25``) and flat out (``1``); the ratio (goal: at least 80 %), the rows pruned
   during the drain and the prune rate over the whole backlog;
 - stop-to-exit: SIGTERM arrives while a worker's one task runs; milliseconds from that task's end
-  to the process's exit (median of 5).
+  to the process's exit (median of 5);
+- keyed drain: 2,000 no-op tasks over 20 concurrency keys of limit 2, by 4 worker processes, tasks/s
+  (every admission is a key-row lock and a count under it; see tasks/concurrency.py).
+
+``--only-drain`` runs the two drains alone (unkeyed by 4 processes, keyed), for A/B comparisons.
 """
 
 from __future__ import annotations
@@ -111,6 +115,34 @@ def bench_drain(n: int, processes: int, log_dir: Path, worker_args: list[str]) -
     if done != n:
         raise RuntimeError(f"only {done} of {n} tasks succeeded exactly once")
     return n / elapsed
+
+
+def bench_drain_keyed(n: int, keys: int, limit: int, processes: int, log_dir: Path, worker_args: list[str]) -> float:
+    """Drain of ``n`` no-op tasks spread over ``keys`` concurrency keys of ``limit`` each."""
+    from tasks.models import Task
+
+    reset()
+    procs = start_workers(processes, *worker_args, log_dir=log_dir)
+    try:
+        started = time.perf_counter()
+        per_key = n // keys
+        for key in range(keys):
+            Task.objects.bulk_enqueue(
+                NOOP,
+                ({"i": i} for i in range(per_key)),
+                queue="bench",
+                concurrency_key=f"k{key}",
+                concurrency_limit=limit,
+            )
+        while Task.objects.filter(queue="bench", status__in=["BLOCKED", "READY", "RUNNING"]).exists():
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - started
+    finally:
+        stop_processes(procs)
+    done = Task.objects.filter(queue="bench", status="SUCCESSFUL", attempts=1).count()
+    if done != per_key * keys:
+        raise RuntimeError(f"only {done} of {per_key * keys} tasks succeeded exactly once")
+    return done / elapsed
 
 
 def bench_latency(samples: int, log_dir: Path) -> tuple[float, float]:
@@ -340,11 +372,21 @@ def main() -> None:
     parser.add_argument("--prune-rows", type=int, default=1_000_000, help="finished rows pruned beside a drain")
     parser.add_argument("--prune-drain", type=int, default=60_000, help="tasks drained beside the pruning")
     parser.add_argument("--only-prune", action="store_true", help="run only the pruning case")
+    parser.add_argument(
+        "--only-drain", action="store_true", help="run only the drains by 4 processes, unkeyed and keyed"
+    )
     args = parser.parse_args()
     server = prepare_database()
     log_dir = Path(tempfile.mkdtemp(prefix="bench-tasks-"))
     worker_args = ["--concurrency", str(args.concurrency), "--batch-size", str(args.batch_size), "--no-recovery"]
     try:
+        if args.only_drain:
+            for round_no in range(1, args.rounds + 1):
+                rate = bench_drain(args.tasks, 4, log_dir, worker_args)
+                figure(f"tasks.drain.procs=4.round={round_no}", rate, "tasks/s")
+                rate = bench_drain_keyed(2000, 20, 2, 4, log_dir, worker_args)
+                figure(f"tasks.drain.keyed.2000_over_20_keys_limit_2.procs=4.round={round_no}", rate, "tasks/s")
+            return
         for pruner, busy in (("auto", "0.25"), ("command", "0.25"), ("command", "1")):
             case = pruner if pruner == "auto" else f"command.busy={busy}"
             unpruned, pruning, during, prune_rate = bench_drain_while_pruning(

@@ -16,7 +16,7 @@ from leasing.http import ApiError, Body, api_view, iso, page_args, query_text, r
 from tasks import allowlist, generator, queue_views, schedule_api
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError, TaskPathRefused
-from tasks.models import FINISHED, Failure, Task, TaskStatus
+from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, Failure, Task, TaskStatus
 from tasks.outcomes import is_storable
 from tasks.queries import ALL_STATUSES, Listing
 from tasks.routing import queue_database, queues_by_database
@@ -63,6 +63,8 @@ def task_json(task: Task) -> dict[str, Any]:
         "max_attempts": task.max_attempts,
         "timeout": task.timeout,
         "dedup_key": task.dedup_key,
+        "concurrency_key": task.concurrency_key,
+        "concurrency_limit": task.concurrency_limit,
         "run_after": iso(task.run_after),
         "enqueued_at": iso(task.enqueued_at),
         "started_at": iso(task.started_at),
@@ -115,7 +117,7 @@ def _rejected(task: Task, action: str) -> ApiError:
     metrics.fencing_rejections.inc()
     if task.status in FINISHED:
         reason = f"task is already {task.status.lower()}"
-    elif task.status == TaskStatus.READY:
+    elif task.status in (TaskStatus.READY, TaskStatus.BLOCKED):
         reason = "task was requeued: your claim expired"
     else:
         reason = "your claim is gone: wrong worker or token, or the lease expired"
@@ -138,6 +140,8 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
         "max_attempts",
         "timeout",
         "dedup_key",
+        "concurrency_key",
+        "concurrency_limit",
     )
     task_path = body.text("task_path")
     reason = allowlist.refusal(task_path)
@@ -162,7 +166,12 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
         "max_attempts": body.whole("max_attempts", required=False, low=1, high=1000),
         "timeout": body.number("timeout", required=False, low=0, high=MAX_TTL),
         "dedup_key": body.text("dedup_key", required=False),
+        "concurrency_key": body.text("concurrency_key", required=False),
+        "concurrency_limit": body.whole("concurrency_limit", required=False, low=1, high=MAX_CONCURRENCY_LIMIT),
     }
+    if (options["concurrency_key"] is None) != (options["concurrency_limit"] is None):
+        missing = "concurrency_limit" if options["concurrency_limit"] is None else "concurrency_key"
+        raise ApiError(400, "concurrency_key and concurrency_limit go together: give both or neither", missing)
     queue = options["queue"]
     with routed(request, queue_database(queue), f"queue {queue!r}"):
         try:
@@ -258,7 +267,7 @@ def fail(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     if outcome is None:
         raise _rejected(Task.objects.get(pk=task.pk), "failure report")
     task.refresh_from_db()
-    return 200, {"task": task_json(task), "retrying": outcome.status == TaskStatus.READY}
+    return 200, {"task": task_json(task), "retrying": outcome.retried}
 
 
 @api_view(GET=[VIEW_TASK])

@@ -10,6 +10,14 @@
     result = send_invoice.enqueue(7)             # a row in tasks_task, run by ``manage.py run_worker``
     result.refresh(); result.status, result.return_value, result.errors, result.attempts
 
+Concurrency keys (tasks/concurrency.py): django.tasks fixes a Task's options, so the backend maps
+task paths to a key and a limit in its OPTIONS. The key is a ``str.format`` template filled with
+the call's arguments, so one task can be limited per customer, per account, ...:
+
+    "OPTIONS": {"concurrency": {"billing.tasks.send_invoice": {"key": "invoice:{customer_id}", "limit": 2}}}
+
+A task waiting for a slot (BLOCKED in this queue) is READY to django.tasks.
+
 Tasks that take a context get a :class:`LeaseTaskContext`: ``context.attempt``, and this queue's
 ``context.checkpoint(progress)`` / ``context.progress`` / ``context.token``.
 
@@ -52,6 +60,8 @@ if TYPE_CHECKING:
     from tasks.runtime import Execution
 
 _STATUS = {
+    # Waiting for a concurrency slot: not yet runnable, but not started either.
+    TaskStatus.BLOCKED: TaskResultStatus.READY,
     TaskStatus.READY: TaskResultStatus.READY,
     TaskStatus.RUNNING: TaskResultStatus.RUNNING,
     TaskStatus.SUCCESSFUL: TaskResultStatus.SUCCESSFUL,
@@ -60,7 +70,24 @@ _STATUS = {
     TaskStatus.CANCELLED: TaskResultStatus.FAILED,
 }
 
-OPTIONS = frozenset({"database", "max_attempts", "timeout"})
+OPTIONS = frozenset({"database", "max_attempts", "timeout", "concurrency"})
+
+
+def concurrency_problems(spec: Any) -> list[str]:
+    """What is wrong with an OPTIONS["concurrency"] mapping (task path -> {"key": ..., "limit": ...})."""
+    if not isinstance(spec, dict):
+        return ["must be a mapping of task paths to {'key': ..., 'limit': ...}"]
+    problems = []
+    for path, entry in spec.items():
+        if not isinstance(entry, dict) or set(entry) != {"key", "limit"}:
+            problems.append(f"{path!r}: give exactly 'key' (a str.format template) and 'limit'")
+            continue
+        key, limit = entry["key"], entry["limit"]
+        if not isinstance(key, str) or not key:
+            problems.append(f"{path!r}: 'key' must be a non-empty string")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            problems.append(f"{path!r}: 'limit' must be a whole number of at least 1")
+    return problems
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,6 +131,23 @@ class LeaseBackend(BaseTaskBackend):
         self.using = self.options.get("database", DEFAULT_DB_ALIAS)
         self.max_attempts = self.options.get("max_attempts")
         self.timeout = self.options.get("timeout")
+        spec = self.options.get("concurrency") or {}
+        # A malformed mapping is reported by the system check (tasks.E012); it limits nothing.
+        self.concurrency: dict[str, dict[str, Any]] = spec if not concurrency_problems(spec) else {}
+
+    def concurrency_of(self, task: DjangoTask, args: Any, kwargs: Any) -> tuple[str | None, int | None]:
+        """The concurrency key (its template filled with the call's arguments) and limit of a call."""
+        entry = self.concurrency.get(task.module_path)
+        if entry is None:
+            return None, None
+        try:
+            key = str(entry["key"]).format(*args, **kwargs)
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            raise ValueError(
+                f"the concurrency key template {entry['key']!r} of {task.module_path} does not fit the call's "
+                f"arguments: {type(exc).__name__}: {exc}"
+            ) from None
+        return key, entry["limit"]
 
     def enqueue(self, task: DjangoTask, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
@@ -112,6 +156,7 @@ class LeaseBackend(BaseTaskBackend):
         # infinity, NUL, lone surrogates) with a ValueError before anything is written.
         args = normalize_json(args)
         kwargs = normalize_json(kwargs)
+        concurrency_key, concurrency_limit = self.concurrency_of(task, args, kwargs)
         # task_enqueued is sent before the row is committed, so before any worker can start the
         # task: it always precedes task_started. (Inside the caller's transaction, the task and the
         # signal stand or fall with it: a rolled-back enqueue runs nothing, though it was signalled.)
@@ -127,6 +172,8 @@ class LeaseBackend(BaseTaskBackend):
                 max_attempts=self.max_attempts,
                 timeout=self.timeout,
                 backend_alias=self.alias,
+                concurrency_key=concurrency_key,
+                concurrency_limit=concurrency_limit,
             )
             # The result describes the task as enqueued (the insert returns what it needs).
             result: TaskResult = TaskResult(
@@ -175,6 +222,8 @@ class LeaseBackend(BaseTaskBackend):
                     id="tasks.E010",
                 )
             )
+        for problem in concurrency_problems(self.options.get("concurrency", {})):
+            errors.append(checks.Error(f"TASKS[{self.alias!r}]['OPTIONS']['concurrency'] {problem}", id="tasks.E012"))
         if self.using not in connections:
             errors.append(
                 checks.Error(

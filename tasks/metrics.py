@@ -8,7 +8,7 @@ from django.db import connections
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from leasing.routing import selected_database
-from tasks import activity
+from tasks import activity, concurrency
 
 WORKER_COUNTERS = ("claimed", "succeeded", "retried", "failed", "rejected", "lost", "heartbeats", "heartbeat_failures")
 
@@ -36,6 +36,31 @@ def task_metrics() -> Iterable[Metric]:
         age.add_metric([queue["queue"]], queue["oldest_age"])
     yield depth
     yield age
+
+    # Bounded cardinality: at most concurrency.SHOWN_KEYS keys (those at their limit first), never one
+    # series per key ever used.
+    keys = concurrency.key_states()
+    running = GaugeMetricFamily(
+        "tasks_concurrency_running",
+        "Tasks of a concurrency key running now (keys at their limit first).",
+        labels=["key"],
+    )
+    limit = GaugeMetricFamily("tasks_concurrency_limit", "A concurrency key's limit.", labels=["key"])
+    waiting = GaugeMetricFamily(
+        "tasks_concurrency_waiting", "Tasks waiting for a slot of the key (BLOCKED), up to 10,000.", labels=["key"]
+    )
+    for key_state in keys:
+        running.add_metric([key_state.key], key_state.running)
+        limit.add_metric([key_state.key], key_state.limit or 0)
+        waiting.add_metric([key_state.key], key_state.waiting)
+    yield running
+    yield limit
+    yield waiting
+    yield GaugeMetricFamily(
+        "tasks_concurrency_keys_full",
+        "Concurrency keys at their limit (of those shown).",
+        value=sum(s.full for s in keys),
+    )
     yield GaugeMetricFamily("tasks_workers_alive", "Workers that heartbeated recently.", value=live_workers().count())
 
     with connections[selected_database()].cursor() as cursor:

@@ -36,6 +36,9 @@ NOTIFY_CHANNEL = "leasing_tasks"
 
 
 class TaskStatus(models.TextChoices):
+    #: A task with a ``concurrency_key`` whose key has no free slot: waiting to be admitted to READY
+    #: (see tasks/concurrency.py). django.tasks sees it as READY.
+    BLOCKED = "BLOCKED", "Blocked"
     READY = "READY", "Ready"
     RUNNING = "RUNNING", "Running"
     SUCCESSFUL = "SUCCESSFUL", "Successful"
@@ -43,7 +46,9 @@ class TaskStatus(models.TextChoices):
     CANCELLED = "CANCELLED", "Cancelled"
 
 
-UNFINISHED = (TaskStatus.READY, TaskStatus.RUNNING)
+UNFINISHED = (TaskStatus.BLOCKED, TaskStatus.READY, TaskStatus.RUNNING)
+#: Waiting to run: admitted (READY) or waiting for a concurrency slot (BLOCKED).
+WAITING = (TaskStatus.BLOCKED, TaskStatus.READY)
 FINISHED = (TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED)
 #: Every status but RUNNING, as a partial index condition: ``status = 'X'`` for any X in it implies it
 #: (PostgreSQL proves an equality against an IN list, not against ``<>``).
@@ -118,7 +123,7 @@ class AttemptFate:
 
     def failed_by(self, worker: str, token: int) -> bool:
         return (
-            self.status in (TaskStatus.READY, TaskStatus.FAILED)
+            self.status in (TaskStatus.BLOCKED, TaskStatus.READY, TaskStatus.FAILED)
             and self.holder == worker
             and self.last_error_kind == "failure"
             and self.last_error_token == str(token)
@@ -139,8 +144,14 @@ class Enqueued:
 @dataclass(frozen=True, slots=True)
 class FailOutcome:
     id: int
-    status: str  # READY (will be retried at run_after) or FAILED (terminal)
+    #: READY or BLOCKED (will be retried at run_after; BLOCKED: a keyed task that gave its
+    #: concurrency slot up while it backs off) or FAILED (terminal)
+    status: str
     run_after: dt.datetime
+
+    @property
+    def retried(self) -> bool:
+        return self.status != TaskStatus.FAILED
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,12 +280,17 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         timeout: float | None = None,
         dedup_key: str | None = None,
         backend_alias: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> Enqueued:
         """Insert one task (one statement). With ``dedup_key``, an unfinished task with the same
         key is returned instead of a new one (``created`` is False). ``backend_alias``: the
-        django.tasks backend enqueuing it (its worker then runs only a django.tasks Task)."""
+        django.tasks backend enqueuing it (its worker then runs only a django.tasks Task).
+        With ``concurrency_key`` and ``concurrency_limit``, at most that many tasks of the key are
+        admitted (READY or RUNNING) at once; the rest wait BLOCKED (see tasks/concurrency.py)."""
         attempts = get_settings().MAX_ATTEMPTS if max_attempts is None else max_attempts
         _validate(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
+        validate_concurrency(concurrency_key, concurrency_limit)
         params: dict[str, Any] = {
             "queue": queue,
             "priority": priority,
@@ -286,6 +302,8 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "timeout": timeout,
             "dedup_key": dedup_key,
             "backend_alias": backend_alias,
+            "concurrency_key": concurrency_key,
+            "concurrency_limit": concurrency_limit,
         }
         routed = self._routed(queue)
         # The lookup of an existing task must not go through this queryset's filters (a filtered
@@ -312,13 +330,17 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         max_attempts: int | None = None,
         timeout: float | None = None,
         chunk_size: int = 5000,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> list[int]:
-        """Insert many tasks of one kind: one multi-row statement per ``chunk_size`` tasks, in the
-        database holding ``queue`` (one queue, so one database; each chunk commits on its own unless
-        the caller wraps the call in ``transaction.atomic(using=...)``)."""
+        """Insert many tasks of one kind: one multi-row statement per ``chunk_size`` tasks (all of
+        them under ``concurrency_key``, if given), in the database holding ``queue`` (one queue, so
+        one database; each chunk commits on its own unless the caller wraps the call in
+        ``transaction.atomic(using=...)``)."""
         routed = self._routed(queue)
         attempts = get_settings().MAX_ATTEMPTS if max_attempts is None else max_attempts
         _validate(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
+        validate_concurrency(concurrency_key, concurrency_limit)
         ids: list[int] = []
         chunk: list[str] = []
 
@@ -332,6 +354,8 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
                 "run_after": run_after,
                 "max_attempts": attempts,
                 "timeout": timeout,
+                "concurrency_key": concurrency_key,
+                "concurrency_limit": concurrency_limit,
             }
             ids.extend(row[0] for row in routed._rows(sql.BULK_ENQUEUE_SQL, params))
             chunk.clear()
@@ -622,8 +646,19 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             raise TaskError("an unfinished task with the same dedup key already exists") from exc
 
     def retry_now(self) -> int:
-        """Run waiting (READY, backed off or deferred) tasks now."""
-        return self.filter(status=TaskStatus.READY).update(run_after=Now())
+        """Run waiting (READY, backed off or deferred) tasks now. Waiting tasks of a concurrency key
+        (BLOCKED) become due and are admitted at once where their key has a free slot."""
+        from tasks import concurrency
+
+        keys = list(
+            self.filter(status=TaskStatus.BLOCKED)
+            .order_by("concurrency_key")
+            .values_list("concurrency_key", flat=True)
+            .distinct()[: concurrency.SWEEP_KEYS]
+        )
+        changed = self.filter(status__in=WAITING).update(run_after=Now())
+        concurrency.admit([key for key in keys if key is not None], using=self.db)
+        return changed
 
 
 class WorkerQuerySet(models.QuerySet["Worker"]):
@@ -643,6 +678,28 @@ def _validate(*, queue: str, priority: int, max_attempts: int, timeout: float | 
         raise ValueError("max_attempts must be at least 1")
     if timeout is not None and not timeout > 0:
         raise ValueError("timeout must be positive")
+
+
+#: The largest concurrency limit (the column is a PostgreSQL integer).
+MAX_CONCURRENCY_LIMIT = 2**31 - 1
+
+
+def validate_concurrency(key: str | None, limit: int | None) -> None:
+    """A concurrency key comes with a limit of at least 1, and a limit with a key."""
+    if key is None and limit is None:
+        return
+    if key is None or limit is None:
+        raise ValueError("concurrency_key and concurrency_limit go together: give both or neither")
+    if not isinstance(key, str) or not key or len(key) > 255:
+        raise ValueError("concurrency_key must be a non-empty string of at most 255 characters")
+    if "\x00" in key:
+        raise ValueError("concurrency_key must not contain NUL characters")
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        raise ValueError("concurrency_key must be valid Unicode (no lone surrogates)") from None
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CONCURRENCY_LIMIT:
+        raise ValueError(f"concurrency_limit must be a whole number from 1 to {MAX_CONCURRENCY_LIMIT}")
 
 
 class Task(LeaseFields):
@@ -703,6 +760,17 @@ class Task(LeaseFields):
         default=False,
         db_default=False,
         help_text="Enqueued through the JSON API: workers check its path against the API allow-list first.",
+    )
+    concurrency_key = models.CharField(
+        max_length=255,
+        null=True,
+        blank=True,
+        help_text="Tasks sharing this key run at most concurrency_limit at once (see tasks/concurrency.py).",
+    )
+    concurrency_limit = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The key's limit as this task was enqueued with it (the latest enqueue sets it).",
     )
 
     # The lease columns' plain index on holder (and its LIKE twin) is replaced by
@@ -767,6 +835,30 @@ class Task(LeaseFields):
             models.Index(
                 models.F("id").desc(), name="tasks_task_retrying_idx", condition=Q(status="READY") & FAILED_BEFORE
             ),
+            # Concurrency keys (tasks/concurrency.py): a key's waiting tasks in admission order, and
+            # its admitted ones (READY or RUNNING: at most its limit, counted under the key's row
+            # lock). Unkeyed rows are in neither, so they cost the claim and the finish nothing.
+            models.Index(
+                "concurrency_key",
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="tasks_task_blocked_idx",
+                condition=Q(status="BLOCKED"),
+            ),
+            models.Index(
+                fields=["concurrency_key"],
+                name="tasks_task_slot_idx",
+                condition=Q(status__in=["READY", "RUNNING"], concurrency_key__isnull=False),
+            ),
+            # Pages of blocked tasks by queue, newest first (the other page indexes leave BLOCKED out).
+            models.Index(
+                "queue",
+                "status",
+                models.F("id").desc(),
+                name="tasks_task_blocked_page_idx",
+                condition=Q(status="BLOCKED"),
+            ),
             # The repair sweep looks for leases left live on rows that are not running: normally none.
             models.Index(
                 fields=["id"],
@@ -777,7 +869,7 @@ class Task(LeaseFields):
         constraints = [
             models.UniqueConstraint(
                 fields=["dedup_key"],
-                condition=Q(status__in=["READY", "RUNNING"], dedup_key__isnull=False),
+                condition=Q(status__in=["BLOCKED", "READY", "RUNNING"], dedup_key__isnull=False),
                 name="tasks_task_dedup_unfinished",
             ),
             models.CheckConstraint(
@@ -921,6 +1013,26 @@ class QueueControl(models.Model):
 
     def __str__(self) -> str:
         return f"queue {self.name}: {'paused' if self.paused else 'running'}"
+
+
+class ConcurrencyKey(models.Model):
+    """A concurrency key's limit, and the row whose lock serialises admissions to the key.
+
+    Rows are created by the first enqueue of a key; the counts are never stored here: a key's
+    admitted tasks are counted from tasks_task under this row's lock (see tasks/concurrency.py).
+    """
+
+    key = models.CharField(max_length=255, primary_key=True)
+    max_running = models.PositiveIntegerField(help_text="Tasks of the key admitted (READY or RUNNING) at most.")
+    updated_at = models.DateTimeField(help_text="When an enqueue last set the limit.")
+
+    class Meta:
+        ordering = ["key"]
+        # The recovery round forgets keys idle for a while, oldest first (tasks/concurrency.py).
+        indexes = [models.Index(fields=["updated_at"], name="tasks_concurrencykey_idle_idx")]
+
+    def __str__(self) -> str:
+        return f"concurrency key {self.key}: at most {self.max_running}"
 
 
 class ActivityMinute(models.Model):

@@ -13,7 +13,7 @@ PAGE = [
     {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}},
     {"name": "before", "in": "query", "schema": {"type": "integer"}, "description": "keyset: ids below this"},
 ]
-STATUSES = ["READY", "RUNNING", "SUCCESSFUL", "FAILED", "CANCELLED"]
+STATUSES = ["BLOCKED", "READY", "RUNNING", "SUCCESSFUL", "FAILED", "CANCELLED"]
 ERROR = {
     "type": "object",
     "required": ["error"],
@@ -157,6 +157,11 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                         "max_attempts": {"type": "integer", "minimum": 1, "maximum": 1000},
                         "timeout": TTL,
                         "dedup_key": STRING,
+                        "concurrency_key": {
+                            **STRING,
+                            "description": "at most concurrency_limit tasks of this key run at once (give both)",
+                        },
+                        "concurrency_limit": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
                     },
                     ["task_path"],
                 ),
@@ -389,6 +394,8 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                         "priority": {"type": "integer"},
                         "status": {"enum": STATUSES},
                         "stuck": {"type": "boolean"},
+                        "concurrency_key": {"type": ["string", "null"]},
+                        "concurrency_limit": {"type": ["integer", "null"]},
                         "args": {"type": "array"},
                         "kwargs": {"type": "object"},
                         "attempts": {"type": "integer"},

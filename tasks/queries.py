@@ -85,6 +85,7 @@ STATES: dict[str, TaskState] = {
     "retrying": TaskState(
         "failed (or lost its worker) at least once, waiting to run again", TaskStatus.READY, where=FAILED_BEFORE
     ),
+    "blocked": TaskState("waiting for a free slot of its concurrency key", TaskStatus.BLOCKED),
     "running": TaskState(
         "held by a worker with a live lease", TaskStatus.RUNNING, base=lambda: Task.objects.running().active()
     ),

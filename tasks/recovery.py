@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from django.db import DEFAULT_DB_ALIAS, Error, connections
 
 from leasing.election import LeaderElection, Term
-from tasks import activity
+from tasks import activity, concurrency
 from tasks.conf import get_settings
 from tasks.models import Recovered, Task
 from tasks.models import Worker as WorkerRow
@@ -37,6 +37,8 @@ class RecoveryReport:
     returned_unstarted: list[int] = field(default_factory=list)
     #: Workers silent for more than twice their TTL, now recorded as dead.
     workers_dead: list[str] = field(default_factory=list)
+    #: Keyed tasks admitted by the sweep (deferred ones come due, ones an admission skipped).
+    admitted: int = 0
     #: Seconds from lease expiry to requeue, per recovered task that had a lease.
     delays: list[float] = field(default_factory=list)
 
@@ -55,7 +57,7 @@ def recover_once(*, using: str = DEFAULT_DB_ALIAS, repair: bool = True, batch: i
     while True:
         recovered: list[Recovered] = manager.recover_expired(limit=batch)
         for item in recovered:
-            (report.requeued if item.status == "READY" else report.failed).append(item.id)
+            (report.failed if item.status == "FAILED" else report.requeued).append(item.id)
             if item.kind == "returned":
                 report.returned_unstarted.append(item.id)
             if item.expired_for is not None:
@@ -64,6 +66,9 @@ def recover_once(*, using: str = DEFAULT_DB_ALIAS, repair: bool = True, batch: i
             break
     if repair:
         report.stray_leases_released = manager.release_stray_leases()
+    # Keyed tasks whose deferral ended, or that an admission skipped, get their slots now.
+    report.admitted = concurrency.admit_waiting(using=using)
+    concurrency.prune_idle_keys(using=using)
     # Close the minutes of the activity chart as they end (one minute of rows each, once), so that
     # dashboards and scrapes only ever count the open minute.
     activity.roll_up(using=using)

@@ -51,23 +51,26 @@ INSERT_COLUMNS = (
 
 # ``backend_alias`` and ``task_run_after`` are set for a django.tasks backend's rows only (the bulk
 # insert leaves them NULL): which backend enqueued it, and the Task's own run_after as enqueued.
+# A task with a ``concurrency_key`` is inserted READY like any other; the database's trigger turns it
+# BLOCKED and admits it when its key has a free slot (tasks/concurrency.py).
 ENQUEUE_SQL = f"""
-INSERT INTO tasks_task ({INSERT_COLUMNS}, backend_alias, task_run_after)
+INSERT INTO tasks_task ({INSERT_COLUMNS}, backend_alias, task_run_after, concurrency_key, concurrency_limit)
 VALUES (%(queue)s, %(priority)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, 'READY',
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), statement_timestamp(), 0, %(max_attempts)s,
         %(timeout)s, %(dedup_key)s, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false,
-        %(backend_alias)s, CASE WHEN %(backend_alias)s::text IS NULL THEN NULL ELSE %(run_after)s::timestamptz END)
-ON CONFLICT (dedup_key) WHERE status IN ('READY', 'RUNNING') AND dedup_key IS NOT NULL DO NOTHING
+        %(backend_alias)s, CASE WHEN %(backend_alias)s::text IS NULL THEN NULL ELSE %(run_after)s::timestamptz END,
+        %(concurrency_key)s, %(concurrency_limit)s)
+ON CONFLICT (dedup_key) WHERE status IN ('BLOCKED', 'READY', 'RUNNING') AND dedup_key IS NOT NULL DO NOTHING
 RETURNING id, enqueued_at
 """
 
 # One task kind per statement: everything but the kwargs is one scalar parameter, sent once (arrays
 # of a repeated value cost a quarter of the throughput to build, send and unpack).
 BULK_ENQUEUE_SQL = f"""
-INSERT INTO tasks_task ({INSERT_COLUMNS})
+INSERT INTO tasks_task ({INSERT_COLUMNS}, concurrency_key, concurrency_limit)
 SELECT d.queue, d.priority, d.task_path, d.args, d.kwargs, 'READY', COALESCE(d.run_after, statement_timestamp()),
        statement_timestamp(), 0, d.max_attempts, d.timeout, NULL, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false,
-       false
+       false, %(concurrency_key)s::text, %(concurrency_limit)s::int
 FROM (
     SELECT %(queue)s::text AS queue, %(priority)s::smallint AS priority, %(task_path)s::text AS task_path,
            %(args)s::jsonb AS args, k AS kwargs, %(run_after)s::timestamptz AS run_after,
@@ -328,11 +331,15 @@ def _append_error(entry: str) -> str:
 
 _RETRYABLE = "(d.retry AND t.failures + 1 < t.max_attempts)"
 
+# A keyed task that backs off gives its concurrency slot up: it waits BLOCKED and is admitted again
+# once due (tasks/concurrency.py). Its slot goes to the next waiting task in the same statement.
+_WAITING_STATUS = "CASE WHEN t.concurrency_key IS NULL THEN 'READY' ELSE 'BLOCKED' END"
+
 # A failed attempt is the handler's own outcome: it costs one of ``max_attempts``. The error entry
 # carries the attempt's token so a worker whose reply was lost can tell that this write landed.
 FAIL_SQL = f"""
 UPDATE tasks_task AS t SET
-    status = CASE WHEN {_RETRYABLE} THEN 'READY' ELSE 'FAILED' END,
+    status = CASE WHEN {_RETRYABLE} THEN {_WAITING_STATUS} ELSE 'FAILED' END,
     run_after = CASE WHEN {_RETRYABLE} THEN clock_timestamp() + {_backoff_sql("t.failures")} ELSE t.run_after END,
     finished_at = CASE WHEN {_RETRYABLE} THEN NULL ELSE clock_timestamp() END,
     failures = t.failures + 1,
@@ -424,7 +431,9 @@ _RECOVERY_ENTRY = f"""jsonb_build_object(
 # One statement per batch; a row's classification is read under its row lock.
 RECOVER_SQL = f"""
 UPDATE tasks_task AS t SET
-    status = CASE WHEN {_STILL_ALLOWED} THEN 'READY' ELSE 'FAILED' END,
+    status = CASE WHEN NOT {_STILL_ALLOWED} THEN 'FAILED'
+                  WHEN {_CRASHED} AND t.crashes > 0 THEN {_WAITING_STATUS}  -- backs off
+                  ELSE 'READY' END,
     run_after = CASE WHEN NOT {_STILL_ALLOWED} OR NOT {_CRASHED} OR t.crashes = 0
                      THEN LEAST(t.run_after, clock_timestamp())
                      ELSE clock_timestamp() + {_backoff_sql("t.crashes - 1")} END,

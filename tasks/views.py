@@ -32,7 +32,7 @@ from leasing.access import (
 from leasing.routing import selected_database, with_database
 from leasing.validation import MAX_BIGINT, InvalidInput, clean_text, parse_number, parse_whole
 from leasing.views import state_counts as lease_counts
-from tasks import activity, generator, queries
+from tasks import activity, concurrency, generator, queries
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError
 from tasks.models import Task, Worker
@@ -108,6 +108,8 @@ def overview(request: HttpRequest) -> HttpResponse:
             "task_counts": task_counts(),
             "states": TASK_STATES,
             "queues": queue_stats(),
+            # Keys at their limit first; at most concurrency.SHOWN_KEYS, each read from its indexes.
+            "concurrency_keys": concurrency.key_states(),
             "workers": list(live_workers()),
             "chart": chart(activity_last_hour()),
             "generator": generator.status(),

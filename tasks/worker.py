@@ -648,7 +648,7 @@ class Worker:
             if outcome.key not in failed:
                 state = None
             else:
-                state = "retried" if result is not None and result.status == "READY" else "failed"
+                state = "retried" if result is not None and result.retried else "failed"
             self._finish_log(outcome, state)
             stored = None if state is None else ("READY" if state == "retried" else "FAILED")
             self.signals.ended(outcome.execution, stored, outcome)

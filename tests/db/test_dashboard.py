@@ -55,6 +55,11 @@ def make_tasks() -> dict[str, int]:
             Task.objects.fail(Failure(claimed.id, claimed.token, "builtins.KeyError", "dead", "", retry=False), "w1")
         Task.objects.filter(pk=claimed.id).update(priority=0)
     Task.objects.filter(pk=ids["cancelled"]).cancel()
+    # Deferred under a concurrency key: it waits BLOCKED without taking its key's slot.
+    later = timezone.now() + dt.timedelta(hours=1)
+    ids["blocked"] = Task.objects.enqueue(
+        "tests.testapp.handlers.noop", queue="q", concurrency_key="dash", concurrency_limit=1, run_after=later
+    ).id
     return ids
 
 

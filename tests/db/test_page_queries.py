@@ -45,7 +45,7 @@ def tasks() -> list[Task]:
     # Unique among unfinished tasks: keep one unfinished row per dedup key.
     seen: set[str] = set()
     for row in rows:
-        if row.dedup_key and row.status in ("READY", "RUNNING"):
+        if row.dedup_key and row.status in ("BLOCKED", "READY", "RUNNING"):
             if row.dedup_key in seen:
                 row.dedup_key = None
             seen.add(row.dedup_key or "")

@@ -201,6 +201,36 @@ def checkpoint_in_atomic(gate: str, **kwargs: Any) -> str:
     return "done"
 
 
+# -- concurrency keys (tests/concurrency/test_concurrency_keys.py) ----------------------------------
+
+
+def _span_mark(phase: str) -> None:
+    """An effect row stamped with the database's clock (spans are compared on one clock)."""
+    from django.db import connection
+
+    run = current_task()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO testapp_effect (task_id, token, attempt, phase, pid, created_at)"
+            " VALUES (%s, %s, %s, %s, %s, clock_timestamp())",
+            [run.id, run.token, run.attempt, phase, os.getpid()],
+        )
+
+
+def span(seconds: float = 0.01, fail_first: bool = False, gate: str | None = None, **kwargs: Any) -> int:
+    """Record the start and the end of the attempt on the database clock; between them, work for
+    ``seconds``, or wait for ``gate``. With ``fail_first`` the first attempt raises after its start."""
+    _span_mark("started")
+    if fail_first and current_task().attempt == 1:
+        raise RuntimeError("first attempt fails")
+    if gate is not None:
+        _wait_for_gate(gate)
+    else:
+        time.sleep(seconds)
+    _span_mark("ended")
+    return os.getpid()
+
+
 # -- async executor handlers (tests/concurrency/test_async_executor.py) -------------------------------
 
 

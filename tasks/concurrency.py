@@ -1,0 +1,201 @@
+"""Concurrency keys: at most ``concurrency_limit`` tasks with the same ``concurrency_key`` at once.
+
+Design (gate at admission, not at claim). A keyed task enters READY only when its key has a free
+slot; otherwise it waits BLOCKED. The database enforces it with triggers (migration
+0009_concurrency_keys), so every path obeys, the worker's statements and an operator's UPDATE alike:
+
+- a keyed task that would become READY from outside its key (enqueue, requeue of a finished task,
+  a retry or a crash backing off) becomes BLOCKED instead, and its key is noted;
+- a keyed task that leaves READY/RUNNING (success, final failure, cancel, delete, recovery giving
+  up) notes its key;
+- once per statement, for each noted key in key order, the key's row in tasks_concurrencykey is
+  locked, the key's READY + RUNNING tasks are counted from tasks_task (a snapshot taken after the
+  lock, so every earlier admission is visible and none can race it) and the best BLOCKED tasks that
+  are due fill the free slots (priority, then run_after, then id).
+
+So the claim does not change at all: BLOCKED tasks are not in the claim index, and a key with
+100,000 waiting tasks costs the claim nothing. A slot is held from admission (READY) to the end of
+the attempt, which is stricter than "RUNNING": at most ``limit`` tasks of a key are READY or RUNNING
+at any instant on the database's clock. A hand-back and an uncharged recovery keep the slot (the task
+is runnable at once); a retry or a crash that backs off gives it up and waits its turn again.
+
+Conflicting limits: the key's limit is the one given by its most recent enqueue (it lives in
+tasks_concurrencykey.max_running). Lowering it admits nothing new until the key is below it; raising
+it admits at once.
+
+Crashes need nothing special: a dead worker's RUNNING tasks hold their slots until recovery requeues
+them (READY, slot kept) or fails them (slot freed, next task admitted), within TTL + recovery
+interval. A release that races an admission is counted as still holding its slot (never more than
+the limit) and the releasing statement admits for its key itself. An admission waits at most 200 ms
+for its key's lock (an application's open transaction that enqueued a task of the key holds it until
+it commits): giving up admits nothing now, and the sweep below admits later. The recovery round also calls
+:func:`admit_waiting`, which admits deferred tasks that came due and any task an admission had to
+skip because its row was locked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from leasing.routing import selected_database
+
+#: Keys the recovery round admits for, at most, per round (each a few index probes).
+SWEEP_KEYS = 1000
+#: Keys the dashboard and /metrics show at most.
+SHOWN_KEYS = 50
+#: Waiting tasks counted per key at most (shown as "10,000+").
+WAITING_CAP = 10_000
+
+# A loose index scan over tasks_task_blocked_idx: one index descent per key with waiting tasks,
+# however many tasks wait behind each. Each key is admitted in key order (the order every statement
+# locks keys in, so the sweep cannot deadlock with a worker's statement).
+ADMIT_WAITING_SQL = """
+WITH RECURSIVE waiting(key) AS (
+    (SELECT concurrency_key FROM tasks_task WHERE status = 'BLOCKED' AND concurrency_key > %(after)s
+     ORDER BY concurrency_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.concurrency_key FROM tasks_task AS t
+            WHERE t.status = 'BLOCKED' AND t.concurrency_key > waiting.key ORDER BY t.concurrency_key LIMIT 1)
+    FROM waiting WHERE waiting.key IS NOT NULL
+)
+SELECT w.key, tasks_concurrency_admit(w.key, NULL, false)
+FROM (SELECT key FROM waiting WHERE key IS NOT NULL ORDER BY key LIMIT %(limit)s) AS w
+ORDER BY w.key
+"""
+#: Keys admitted per sweep statement: each admission is a subtransaction (its bounded lock wait), and
+#: a transaction with more than 64 of them makes every snapshot in the server slower while it runs.
+SWEEP_BATCH = 50
+
+ADMIT_SQL = """
+SELECT k, tasks_concurrency_admit(k, NULL, false) FROM unnest(%(keys)s::text[]) AS u(k) ORDER BY k
+"""
+
+# The keys worth showing: those with admitted tasks (a set bounded by the sum of the limits, read
+# from tasks_task_slot_idx) and those with waiting tasks (a loose index scan, as above), the first
+# ``limit`` of each by name. Per key: RUNNING and admitted counts (bounded by the limit) and the
+# waiting count, capped.
+KEY_STATS_SQL = """
+WITH RECURSIVE waiting(key) AS (
+    (SELECT concurrency_key FROM tasks_task WHERE status = 'BLOCKED' ORDER BY concurrency_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.concurrency_key FROM tasks_task AS t
+            WHERE t.status = 'BLOCKED' AND t.concurrency_key > waiting.key ORDER BY t.concurrency_key LIMIT 1)
+    FROM waiting WHERE waiting.key IS NOT NULL
+), admitted(key) AS (
+    (SELECT concurrency_key FROM tasks_task
+     WHERE status IN ('READY', 'RUNNING') AND concurrency_key IS NOT NULL ORDER BY concurrency_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.concurrency_key FROM tasks_task AS t
+            WHERE t.status IN ('READY', 'RUNNING') AND t.concurrency_key IS NOT NULL
+              AND t.concurrency_key > admitted.key
+            ORDER BY t.concurrency_key LIMIT 1)
+    FROM admitted WHERE admitted.key IS NOT NULL
+), keys AS (
+    (SELECT key FROM waiting WHERE key IS NOT NULL LIMIT %(limit)s)
+    UNION
+    (SELECT key FROM admitted WHERE key IS NOT NULL LIMIT %(limit)s)
+)
+SELECT keys.key, c.max_running,
+       (SELECT count(*) FROM tasks_task AS t
+        WHERE t.concurrency_key = keys.key AND t.status IN ('READY', 'RUNNING') AND t.status = 'RUNNING'),
+       (SELECT count(*) FROM tasks_task AS t WHERE t.concurrency_key = keys.key AND t.status IN ('READY', 'RUNNING')),
+       (SELECT count(*) FROM (SELECT 1 FROM tasks_task AS t WHERE t.status = 'BLOCKED' AND t.concurrency_key = keys.key
+                              LIMIT %(cap)s + 1) AS w)
+FROM keys LEFT JOIN tasks_concurrencykey AS c ON c.key = keys.key
+ORDER BY keys.key
+"""
+
+
+# A key's row holds nothing but its limit (and the lock): once none of its tasks is unfinished and
+# no enqueue set its limit for IDLE_KEY_SECONDS, it is deleted, so per-customer keys do not pile up
+# for months. Safe against a racing enqueue: that enqueue's admission inserts the row again with its
+# own limit (the limit rule is "the latest enqueue's"), and a row is deleted only under its lock
+# (SKIP LOCKED: a key being admitted right now is left for the next round).
+PRUNE_IDLE_KEYS_SQL = """
+DELETE FROM tasks_concurrencykey AS c
+WHERE c.key IN (
+    SELECT i.key FROM tasks_concurrencykey AS i
+    WHERE i.updated_at < clock_timestamp() - make_interval(secs => %(idle)s)
+      AND NOT EXISTS (SELECT 1 FROM tasks_task AS t
+                      WHERE t.concurrency_key = i.key AND t.status IN ('READY', 'RUNNING'))
+      AND NOT EXISTS (SELECT 1 FROM tasks_task AS t WHERE t.concurrency_key = i.key AND t.status = 'BLOCKED')
+    ORDER BY i.updated_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING c.key
+"""
+#: A key's row is forgotten after this long without an enqueue and without unfinished tasks.
+IDLE_KEY_SECONDS = 3600.0
+
+
+def prune_idle_keys(*, using: str = DEFAULT_DB_ALIAS, idle: float = IDLE_KEY_SECONDS, limit: int = 1000) -> int:
+    """Delete the rows of keys idle for ``idle`` seconds (at most ``limit``, oldest first)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(PRUNE_IDLE_KEYS_SQL, {"idle": idle, "limit": limit})
+        return cursor.rowcount
+
+
+@dataclass(frozen=True, slots=True)
+class KeyState:
+    """One concurrency key as the database has it now."""
+
+    key: str
+    limit: int | None
+    running: int
+    #: READY + RUNNING: the slots taken.
+    admitted: int
+    waiting: int
+    waiting_capped: bool
+
+    @property
+    def full(self) -> bool:
+        return self.limit is not None and self.admitted >= self.limit
+
+    @property
+    def waiting_label(self) -> str:
+        return f"{self.waiting:,}+" if self.waiting_capped else f"{self.waiting:,}"
+
+
+def admit(keys: list[str], *, using: str = DEFAULT_DB_ALIAS) -> dict[str, int]:
+    """Fill the free slots of ``keys`` from their waiting tasks now; tasks admitted per key."""
+    ordered = sorted(set(keys))
+    admitted: dict[str, int] = {}
+    with connections[using].cursor() as cursor:
+        for start in range(0, len(ordered), SWEEP_BATCH):
+            cursor.execute(ADMIT_SQL, {"keys": ordered[start : start + SWEEP_BATCH]})
+            admitted.update({key: n for key, n in cursor.fetchall()})
+    return admitted
+
+
+def admit_waiting(*, using: str = DEFAULT_DB_ALIAS, limit: int = SWEEP_KEYS) -> int:
+    """The recovery round's sweep: admit for every key with waiting tasks (the first ``limit`` by
+    name). Admits deferred tasks that came due, and any an admission skipped. Returns tasks admitted."""
+    admitted, after, seen = 0, "", 0
+    with connections[using].cursor() as cursor:
+        while seen < limit:
+            # One statement (one transaction) per batch of keys, resuming after the last key.
+            cursor.execute(ADMIT_WAITING_SQL, {"limit": min(SWEEP_BATCH, limit - seen), "after": after})
+            rows = cursor.fetchall()
+            admitted += sum(n for _, n in rows)
+            seen += len(rows)
+            if len(rows) < SWEEP_BATCH:
+                break
+            after = rows[-1][0]
+    return admitted
+
+
+def key_states(*, using: str | None = None, limit: int = SHOWN_KEYS, cap: int = WAITING_CAP) -> list[KeyState]:
+    """Keys with admitted or waiting tasks (the first ``limit`` of each by name), fullest first, in
+    ``using`` (default: the database the page or scrape selected)."""
+    with connections[using or selected_database()].cursor() as cursor:
+        cursor.execute(KEY_STATS_SQL, {"limit": limit, "cap": cap})
+        rows: list[Any] = cursor.fetchall()
+    states = [
+        KeyState(key, lim, running, held, min(waiting, cap), waiting > cap) for key, lim, running, held, waiting in rows
+    ]
+    states.sort(key=lambda s: (not s.full, -s.waiting, s.key))
+    return states
