@@ -356,31 +356,46 @@ def test_poison_pill_that_kills_every_worker_ends_failed_after_max_crashes(worke
 MARKER = "reply-lost-marker"
 
 
+@pytest.mark.parametrize("executor", ["threads", "async"])
 @pytest.mark.parametrize(
     ("pattern", "finishes"),
     [(MARKER.encode(), True), (b"WITH finished AS", False)],
     ids=["finish-and-claim", "first-claim"],
 )
 def test_lost_reply_to_a_committed_round_loses_nothing_and_charges_nothing(
-    proxy: PgProxy, workers: Workers, pattern: bytes, finishes: bool
+    proxy: PgProxy, workers: Workers, pattern: bytes, finishes: bool, executor: str
 ) -> None:
     """finish-and-claim: the round that finishes the marker task (and claims the next batch) commits
-    but its reply never arrives. first-claim: the worker's very first claim does the same."""
+    but its reply never arrives. first-claim: the worker's very first claim does the same.
+
+    "threads": the thread executor alone, whose claims are sized by free threads only, so the lost
+    round always claims something the worker never hears of. "async": the default worker, beside an
+    event loop whose claims follow the observed mix (and may probe): whether the lost round claimed
+    anything depends on timing, but nothing is lost or charged either way."""
     Gate.objects.create(key="after")
     with transaction.atomic():
         marker = Task.objects.enqueue(H + "echo", kwargs={"value": MARKER}, priority=10).id
         blocked = [Task.objects.enqueue(H + "block", kwargs={"gate": "after"}).id for _ in range(6)]
     everything = [marker, *blocked]
     fault = proxy.drop_reply_after(pattern)
-    proc = workers.start("lossy", "--concurrency", "2", "--batch-size", "4", DATABASE_URL=proxy.url_for(database_url()))
+    options = ["--async-concurrency", "0"] if executor == "threads" else []
+    proc = workers.start(
+        "lossy", "--concurrency", "2", "--batch-size", "4", *options, DATABASE_URL=proxy.url_for(database_url())
+    )
     assert fault.fired.wait(30)
     assert fault.status == b"I"  # no transaction open: the round committed
 
-    # Claims the worker never heard of go back at once (not after the TTL), uncharged.
-    wait_until(
-        lambda: (Worker.objects.get(pk="lossy").stats or {}).get("claims_returned", 0) >= 1,
-        what="the unknown claims to be handed back (worker stats)",
-    )
+    if executor == "threads":
+        # Claims the worker never heard of go back at once (not after the TTL), uncharged.
+        wait_until(
+            lambda: (Worker.objects.get(pk="lossy").stats or {}).get("claims_returned", 0) >= 1,
+            what="the unknown claims to be handed back (worker stats)",
+        )
+    else:
+        wait_until(
+            lambda: (Worker.objects.get(pk="lossy").stats or {}).get("connection_errors", 0) >= 1,
+            what="the worker to notice the lost reply (worker stats)",
+        )
     assert not Task.objects.filter(pk__in=blocked, attempt_started=False).exclude(attempts=0).exists()
     Gate.objects.filter(key="after").update(open=True)
     wait_until(lambda: all_ended(everything), 30, what="every task to end")
@@ -397,7 +412,8 @@ def test_lost_reply_to_a_committed_round_loses_nothing_and_charges_nothing(
     assert_serves("lossy")
     stats = assert_stops(proc, "lossy")
     assert stats["connection_errors"] >= 1
-    assert stats["claims_returned"] >= 1
+    if executor == "threads":
+        assert stats["claims_returned"] >= 1
     assert stats["rejected"] == 0
     if finishes:
         assert stats["reconciled"] >= 1  # the marker's completion had landed: found, not re-sent
