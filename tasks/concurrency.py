@@ -171,20 +171,37 @@ def admit(keys: list[str], *, using: str = DEFAULT_DB_ALIAS) -> dict[str, int]:
     return admitted
 
 
+#: Per database: the last key the previous sweep reached. Each sweep resumes after it and wraps round
+#: to the first key, so that with more than ``limit`` keys waiting every key is still reached within a
+#: few rounds (a sweep that always started from the first key never reached the keys after the first
+#: ``limit``: their deferred tasks never ran).
+_sweep_resume: dict[str, str] = {}
+
+
 def admit_waiting(*, using: str = DEFAULT_DB_ALIAS, limit: int = SWEEP_KEYS) -> int:
-    """The recovery round's sweep: admit for every key with waiting tasks (the first ``limit`` by
-    name). Admits deferred tasks that came due, and any an admission skipped. Returns tasks admitted."""
-    admitted, after, seen = 0, "", 0
+    """The recovery round's sweep: admit for up to ``limit`` keys with waiting tasks, resuming after
+    the key the previous sweep of ``using`` stopped at and wrapping round to the first. Admits deferred
+    tasks that came due, and any an admission skipped. Returns tasks admitted."""
+    after = _sweep_resume.get(using, "")
+    wrapped = after == ""
+    admitted, seen = 0, 0
     with connections[using].cursor() as cursor:
         while seen < limit:
+            batch = min(SWEEP_BATCH, limit - seen)
             # One statement (one transaction) per batch of keys, resuming after the last key.
-            cursor.execute(ADMIT_WAITING_SQL, {"limit": min(SWEEP_BATCH, limit - seen), "after": after})
+            cursor.execute(ADMIT_WAITING_SQL, {"limit": batch, "after": after})
             rows = cursor.fetchall()
             admitted += sum(n for _, n in rows)
             seen += len(rows)
-            if len(rows) < SWEEP_BATCH:
-                break
-            after = rows[-1][0]
+            if rows:
+                after = rows[-1][0]
+            if len(rows) < batch:
+                # The last key: start from the first one again (in this sweep, if it has not yet).
+                after = ""
+                if wrapped:
+                    break
+                wrapped = True
+    _sweep_resume[using] = after
     return admitted
 
 
