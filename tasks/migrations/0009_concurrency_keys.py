@@ -104,6 +104,10 @@ BEGIN
     END IF;
     IF NEW.status = 'READY' THEN
         NEW.status := 'BLOCKED';
+    ELSIF NEW.status = 'RUNNING' THEN
+        -- As for an update: a keyed task runs only once admitted (a restore of RUNNING rows
+        -- loads them with triggers disabled, as pg_restore --disable-triggers does).
+        RAISE EXCEPTION 'a task with a concurrency key runs only once admitted' USING ERRCODE = 'check_violation';
     END IF;
     PERFORM tasks_concurrency_note(NEW.concurrency_key, NEW.concurrency_limit, true);
     RETURN NEW;

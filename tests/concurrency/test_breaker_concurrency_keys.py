@@ -65,13 +65,6 @@ def test_a_deferred_task_of_a_key_sorting_after_a_thousand_busy_keys_still_runs(
         assert cursor.fetchone()[0] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: tasks_concurrency_inserted() (migration 0009) turns only READY into BLOCKED; an INSERT of a keyed"
-    " task with status RUNNING passes the gate, so the key holds limit + 1 (the UPDATE trigger refuses RUNNING)."
-    " The fix is a new migration replacing the function (refuse, or block, a RUNNING insert): a policy choice"
-    " for the lead, since a data restore with triggers enabled inserts RUNNING rows.",
-)
 def test_inserting_a_keyed_task_straight_into_running_is_refused() -> None:
     """Every path obeys the gate: an UPDATE of a keyed task to RUNNING is refused, and so must an
     INSERT of one (a fixture load, a restore, an operator's INSERT), or the key goes over its limit."""
