@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -23,21 +21,12 @@ from tests.concurrency.test_async_executor import (
     effects,
     wait_for_end,
 )
-from tests.helpers import stop_process, wait_until
+from tests.helpers import wait_until
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 H = "tests.testapp.handlers."
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Workers]:
-    started = Workers(tmp_path)
-    yield started
-    for name, proc in started.procs.items():
-        stop_process(proc)
-        print(f"----- {name} (exit {proc.returncode}) -----\n{started.log(name)[-20_000:]}")
 
 
 def test_coroutine_swallowing_cancellation_past_its_timeout_does_not_wedge_or_hang_shutdown(workers: Workers) -> None:

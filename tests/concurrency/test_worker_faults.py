@@ -20,9 +20,8 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -31,52 +30,19 @@ from django.db import connection, transaction
 from django.test import Client
 
 from tasks.models import FINISHED, Task, TaskStatus, Worker
-from tests.helpers import start_manage, stop_process, wait_until
 from tests.helpers import test_database_url as database_url  # not collected as a test
+from tests.helpers import wait_until
 from tests.helpers.pgproxy import PgProxy
+from tests.helpers.workers import STOP_WITHIN, Workers
 from tests.testapp.models import Effect, Gate
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 H = "tests.testapp.handlers."
-FAST = ("--ttl", "2", "--recovery-interval", "0.2", "--poll-interval", "0.2", "-v", "2")
-#: A SIGTERMed worker must have exited (code 0) within this many seconds.
-STOP_WITHIN = 15.0
 API_TOKEN = "fault-matrix-token"
 
 
 # -- workers ----------------------------------------------------------------------------------
-
-
-@dataclass
-class Workers:
-    """Starts named worker processes, each logging to ``<tmp_path>/<name>.log``."""
-
-    logs: Path
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    def start(self, name: str, *args: str, may_die: bool = False, **env: str) -> subprocess.Popen[bytes]:
-        proc = start_manage(self.logs / f"{name}.log", "run_worker", "--worker-id", name, *FAST, *args, **env)
-        self.procs[name] = proc
-        wait_until(
-            lambda: Worker.objects.filter(id=name).exists() or proc.poll() is not None, 30, what=f"{name} to register"
-        )
-        assert may_die or proc.poll() is None, f"{name} exited ({proc.returncode}) at start:\n{self.log(name)}"
-        return proc
-
-    def log(self, name: str) -> str:
-        path = self.logs / f"{name}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Workers]:
-    started = Workers(tmp_path)
-    yield started
-    for name, proc in started.procs.items():
-        stop_process(proc)
-        # Shown by pytest for a failing test only: what each worker said.
-        print(f"----- {name} (exit {proc.returncode}) -----\n{started.log(name)[-20_000:]}")
 
 
 @pytest.fixture

@@ -1,0 +1,36 @@
+"""Named ``manage.py run_worker`` processes for the worker-process tests, each logging to a file."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasks.models import Worker
+from tests.helpers import start_manage, wait_until
+
+#: Short lease, recovery and poll intervals: faults show within seconds.
+FAST = ("--ttl", "2", "--recovery-interval", "0.2", "--poll-interval", "0.2", "-v", "2")
+#: A SIGTERMed worker must have exited (code 0) within this many seconds.
+STOP_WITHIN = 15.0
+
+
+@dataclass
+class Workers:
+    """Starts named worker processes, each logging to ``<logs>/<name>.log``."""
+
+    logs: Path
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str, *args: str, may_die: bool = False, **env: str) -> subprocess.Popen[bytes]:
+        proc = start_manage(self.logs / f"{name}.log", "run_worker", "--worker-id", name, *FAST, *args, **env)
+        self.procs[name] = proc
+        wait_until(
+            lambda: Worker.objects.filter(id=name).exists() or proc.poll() is not None, 30, what=f"{name} to register"
+        )
+        assert may_die or proc.poll() is None, f"{name} exited ({proc.returncode}) at start:\n{self.log(name)}"
+        return proc
+
+    def log(self, name: str) -> str:
+        path = self.logs / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
