@@ -258,6 +258,8 @@ def retrying[T](what: str, worker: Worker, statement: Callable[[], T]) -> T | No
             return statement()
         except DatabaseError as exc:
             logger.warning("worker %s: %s failed: %s", worker.id, what, exc)
+            if isinstance(exc, CONNECTION_ERRORS) and not is_lock_wait(exc):
+                worker.stats["connection_errors"] += 1  # every path that meets a cut counts it
             try:
                 connections[worker.using].close()
             except Exception:

@@ -259,3 +259,39 @@ def test_a_stop_ends_an_idle_worker_at_once_whatever_its_poll_interval() -> None
     finally:
         worker.request_stop()
         thread.join(70)
+
+
+def test_a_cut_met_by_a_retried_statement_is_counted() -> None:
+    """Every path of the worker's own statements that meets a cut connection counts it, not only the
+    dispatcher's round: a hand-back that found its connection killed once left the count unchanged,
+    and a test waiting for the cut to be noticed timed out."""
+    from django.db import connection
+
+    from tasks.outcome_writer import retrying
+
+    worker = Worker(concurrency=1, ttl=5, install_signal_handlers=False, worker_id="counted")
+    connection.ensure_connection()
+    pid = connection.connection.info.backend_pid
+    killed: list[bool] = []
+
+    def kill() -> None:  # from a second connection (Django gives each thread its own)
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+                killed.append(cursor.fetchone()[0])
+        finally:
+            connection.close()
+
+    killer = threading.Thread(target=kill)
+    killer.start()
+    killer.join(10)
+    assert killed == [True]
+    calls: list[int] = []
+
+    def statement() -> int:
+        calls.append(1)
+        return Task.objects.count()
+
+    assert retrying("counting tasks", worker, statement) == 0
+    assert len(calls) == 2  # the first met the cut, the second ran on a fresh connection
+    assert worker.stats["connection_errors"] == 1
