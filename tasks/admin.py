@@ -6,6 +6,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import SEARCH_VAR, ChangeList
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -13,9 +14,11 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from leasing.admin import CheckedInputAdmin
+from leasing.routing import selected_database
 from tasks import queries
 from tasks.exceptions import TaskError
 from tasks.models import GeneratorState, QueueControl, Task, Worker
+from tasks.routing import queue_database
 
 
 class StuckFilter(admin.SimpleListFilter):
@@ -220,25 +223,48 @@ class QueueControlAdmin(CheckedInputAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: QueueControl | None = None) -> tuple[str, ...]:
         return (*self.readonly_fields, "name") if obj is not None else self.readonly_fields
 
+    def get_form(
+        self, request: HttpRequest, obj: QueueControl | None = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        """A queue's switch lives in the database its workers claim from (tasks/routing.py): the
+        form refuses a queue routed elsewhere than the database the page shows, rather than saving
+        a switch there that no worker of that queue reads."""
+        base = super().get_form(request, obj, change, **kwargs)
+        shown = selected_database()
+
+        class RoutedForm(base):  # type: ignore[misc, valid-type]
+            def clean(self) -> dict[str, Any]:
+                data: dict[str, Any] = super().clean()
+                name = data.get("name") or (obj.name if obj is not None else None)
+                if name and queue_database(name) != shown:
+                    raise ValidationError(
+                        f"Queue {name!r} lives in database {queue_database(name)!r}, not {shown!r}: "
+                        "switch the list to that database (?db=) to pause or resume it."
+                    )
+                return data
+
+        return RoutedForm
+
     def save_model(self, request: HttpRequest, obj: QueueControl, form: Any, change: bool) -> None:
         by = f"{request.user} (admin)"
+        controls = QueueControl.objects.db_manager(queue_database(obj.name))
         if obj.paused:
-            QueueControl.objects.pause(obj.name, by=by, reason=obj.reason)
+            controls.pause(obj.name, by=by, reason=obj.reason)
         else:
-            QueueControl.objects.resume(obj.name, by=by)
+            controls.resume(obj.name, by=by)
 
     @admin.action(permissions=["change"], description="Pause the selected queues")
     def pause(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> None:
         names = list(queryset.values_list("name", flat=True))
-        for name in names:
-            QueueControl.objects.pause(name, by=f"{request.user} (admin)")
+        for name in names:  # in the queue's own database, whose claims read it
+            QueueControl.objects.db_manager(queue_database(name)).pause(name, by=f"{request.user} (admin)")
         self.message_user(request, f"Paused {len(names)} queue(s).", messages.SUCCESS)
 
     @admin.action(permissions=["change"], description="Resume the selected queues")
     def resume(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> None:
         names = list(queryset.values_list("name", flat=True))
         for name in names:
-            QueueControl.objects.resume(name, by=f"{request.user} (admin)")
+            QueueControl.objects.db_manager(queue_database(name)).resume(name, by=f"{request.user} (admin)")
         self.message_user(request, f"Resumed {len(names)} queue(s).", messages.SUCCESS)
 
 

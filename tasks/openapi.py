@@ -300,7 +300,8 @@ def document(server_url: str = "/api") -> dict[str, Any]:
         },
         "/queues": {
             "get": _op(
-                "Every known queue: paused or not, waiting (capped at 10,000) and running tasks",
+                "Every known queue: paused or not, waiting, waiting for a concurrency slot (blocked; both capped"
+                " at 10,000) and running tasks",
                 200,
                 {"type": "object", "properties": {"queues": {"type": "array"}}},
             )

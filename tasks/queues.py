@@ -1,8 +1,8 @@
 """Queues as the operator sees them: which exist, how much waits and runs, which are paused.
 
 Every query here costs the same whatever the table holds: the queues with waiting tasks come from a
-loose index scan over the claim index (one probe per queue), running rows are few (bounded by the
-workers' capacity), and waiting counts stop at ``COUNT_CAP``.
+loose index scan over the claim index and the blocked-page index (one probe per queue), running rows
+are few (bounded by the workers' capacity), and waiting counts stop at ``COUNT_CAP``.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from tasks.models import QueueControl
 #: Waiting counts stop here (shown as "10,000+"): counting a backlog is a scan of it.
 COUNT_CAP = 10_000
 
-_WAITING_QUEUES_SQL = """
+#: The distinct queues of the rows in one status: a loose index scan, one probe per queue (the claim
+#: index for READY, the blocked-page index for BLOCKED).
+_QUEUES_IN_STATUS_SQL = """
 WITH RECURSIVE q(name) AS (
-    (SELECT queue FROM tasks_task WHERE status = 'READY' ORDER BY queue LIMIT 1)
+    (SELECT queue FROM tasks_task WHERE status = %(status)s ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT t.queue FROM tasks_task AS t WHERE t.status = 'READY' AND t.queue > q.name
+    SELECT (SELECT t.queue FROM tasks_task AS t WHERE t.status = %(status)s AND t.queue > q.name
             ORDER BY t.queue LIMIT 1)
     FROM q WHERE q.name IS NOT NULL
 )
@@ -32,34 +34,42 @@ _COUNTS_SQL = """
 SELECT n.name,
        (SELECT count(*) FROM (SELECT 1 FROM tasks_task AS t
                               WHERE t.status = 'READY' AND t.queue = n.name LIMIT %(cap)s) AS w),
+       (SELECT count(*) FROM (SELECT 1 FROM tasks_task AS t
+                              WHERE t.status = 'BLOCKED' AND t.queue = n.name LIMIT %(cap)s) AS b),
        (SELECT count(*) FROM tasks_task AS t WHERE t.status = 'RUNNING' AND t.queue = n.name)
 FROM unnest(%(names)s::text[]) AS n(name)
 """
 
 
 def queue_overview(using: str | None = None) -> list[dict[str, Any]]:
+    """One entry per known queue (waiting, waiting for a concurrency slot, running or with a
+    control row), by name."""
     using = using or selected_database()
-    """One entry per known queue (waiting, running or with a control row), by name."""
     controls = {c.name: c for c in QueueControl.objects.using(using).all()}
     with connections[using].cursor() as cursor:
-        cursor.execute(_WAITING_QUEUES_SQL)
-        names = {row[0] for row in cursor.fetchall()}
+        names: set[str] = set()
+        for status in ("READY", "BLOCKED"):
+            cursor.execute(_QUEUES_IN_STATUS_SQL, {"status": status})
+            names |= {row[0] for row in cursor.fetchall()}
         cursor.execute("SELECT DISTINCT queue FROM tasks_task WHERE status = 'RUNNING'")
         names |= {row[0] for row in cursor.fetchall()}
         names |= set(controls)
         ordered = sorted(names)
         cursor.execute(_COUNTS_SQL, {"names": ordered, "cap": COUNT_CAP + 1})
-        counts = {name: (waiting, running) for name, waiting, running in cursor.fetchall()}
+        counts = {name: (waiting, blocked, running) for name, waiting, blocked, running in cursor.fetchall()}
     entries = []
     for name in ordered:
         control = controls.get(name)
-        waiting, running = counts.get(name, (0, 0))
+        waiting, blocked, running = counts.get(name, (0, 0, 0))
         entries.append(
             {
                 "name": name,
                 "paused": bool(control and control.paused),
                 "waiting": min(waiting, COUNT_CAP),
                 "waiting_capped": waiting > COUNT_CAP,
+                # Waiting for a slot of their concurrency key (BLOCKED): not claimable until admitted.
+                "blocked": min(blocked, COUNT_CAP),
+                "blocked_capped": blocked > COUNT_CAP,
                 "running": running,
                 "changed_at": control.changed_at if control else None,
                 "changed_by": control.changed_by if control else "",

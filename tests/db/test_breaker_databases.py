@@ -168,3 +168,26 @@ def test_claims_from_a_routed_queue_never_take_its_stray_rows_in_another_databas
     assert status == 400 and body["field"] == "db"
     assert not Lease.objects.using("default").filter(resource="billing:y").exists()
     assert not Lease.objects.using("second").filter(resource="billing:y").exists()
+
+
+def test_the_admin_switches_a_queue_only_in_the_database_its_workers_read(admin_client: Client) -> None:
+    """Adding a queue's switch from the admin while another database is shown is refused with a
+    form error (it would be a switch no worker of the queue reads); added on its own database, it
+    pauses claims there, and the list's actions write there too."""
+    from tasks.models import QueueControl
+
+    Task.objects.db_manager("second").enqueue(NOOP, queue="reports")
+    refused = admin_client.post("/admin/tasks/queuecontrol/add/", {"name": "reports", "paused": "on"})
+    assert refused.status_code == 200 and b"lives in database" in refused.content
+    assert not QueueControl.objects.using("default").exists() and not QueueControl.objects.using("second").exists()
+
+    added = admin_client.post("/admin/tasks/queuecontrol/add/?db=second", {"name": "reports", "paused": "on"})
+    assert added.status_code == 302, added.content[:500]
+    assert QueueControl.objects.using("second").get(name="reports").paused
+    assert not QueueControl.objects.using("default").exists()
+    assert Task.objects.db_manager("second").claim("w1", queues=["reports"]) == []
+
+    admin_client.post("/admin/tasks/queuecontrol/?db=second", {"action": "resume", "_selected_action": ["reports"]})
+    assert not QueueControl.objects.using("second").get(name="reports").paused
+    assert len(Task.objects.db_manager("second").claim("w1", queues=["reports"])) == 1
+    assert not QueueControl.objects.using("default").exists()

@@ -26,6 +26,9 @@ ROWS = 200_000
 
 
 def fill() -> dict[str, Any]:
+    from tasks.models import Worker
+
+    Worker.objects.create(id="worker-7", hostname="plans", pid=7, concurrency=10, running=10)
     with connection.cursor() as cursor:
         cursor.execute(FILL_SQL, {"n": ROWS, "stride": ROWS // 60, "now": timezone.now()})
         cursor.execute(RUNNING_SQL)

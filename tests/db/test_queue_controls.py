@@ -159,3 +159,25 @@ def test_the_overview_costs_a_probe_per_queue_not_a_scan_of_the_backlog() -> Non
     assert (entries["bulk"]["waiting"], entries["bulk"]["waiting_capped"]) == (COUNT_CAP, True)
     assert (entries["mail"]["waiting"], entries["mail"]["waiting_capped"]) == (2, False)
     assert entries["empty"]["paused"] and entries["empty"]["waiting"] == 0
+
+
+def test_the_overview_counts_tasks_waiting_for_a_concurrency_slot(admin_client: Any) -> None:
+    """A queue whose only waiting tasks wait for a slot of their key (BLOCKED) is listed, and they are
+    counted apart from the claimable ones."""
+    from tasks.queues import queue_overview
+
+    for _ in range(4):
+        Task.objects.enqueue(NOOP, queue="keyed", concurrency_key="smtp", concurrency_limit=1)
+    Task.objects.enqueue(NOOP, queue="mail")
+    Task.objects.filter(queue="keyed", status="READY").update(queue="other")  # "keyed" keeps only BLOCKED rows
+    entries = {e["name"]: e for e in queue_overview()}
+    assert set(entries) == {"keyed", "other", "mail"}
+    assert (entries["keyed"]["waiting"], entries["keyed"]["blocked"], entries["keyed"]["blocked_capped"]) == (
+        0,
+        3,
+        False,
+    )
+    assert (entries["other"]["waiting"], entries["other"]["blocked"]) == (1, 0)
+    assert (entries["mail"]["waiting"], entries["mail"]["blocked"]) == (1, 0)
+    page = admin_client.get("/dashboard/queues/")
+    assert b"/dashboard/tasks/blocked/?queue=keyed" in page.content
