@@ -36,6 +36,8 @@ backend's own database (ids are unique per database only), so ``get_result`` fin
 from __future__ import annotations
 
 import dataclasses
+import re
+import string
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -85,8 +87,31 @@ def concurrency_problems(spec: Any) -> list[str]:
         key, limit = entry["key"], entry["limit"]
         if not isinstance(key, str) or not key:
             problems.append(f"{path!r}: 'key' must be a non-empty string")
+        else:
+            problems += [f"{path!r}: 'key' {problem}" for problem in _template_problems(key)]
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             problems.append(f"{path!r}: 'limit' must be a whole number of at least 1")
+    return problems
+
+
+def _template_problems(template: str) -> list[str]:
+    """A key template fills in the call's arguments (JSON values) by position, name or item
+    (``{0}``, ``{customer_id}``, ``{0[id]}``): a malformed template, or one that reads attributes
+    (``{0.__class__}``: JSON values have none worth a key), is refused at startup."""
+    try:
+        parts = [(field, spec, conv) for _text, field, spec, conv in string.Formatter().parse(template)]
+    except ValueError as exc:
+        return [f"is not a valid str.format template: {exc}"]
+    problems = []
+    for field, spec, conversion in parts:
+        if field is None:
+            continue
+        if conversion not in (None, "r", "s", "a"):
+            problems.append(f"has an unknown conversion !{conversion} (only !r, !s and !a exist)")
+        if "." in re.sub(r"\[[^\]]*\]", "", field):
+            problems.append(f"reads an attribute ({{{field}}}): use an argument or an item ({{0[key]}})")
+        if spec and "{" in spec:  # a nested field in the format spec: {0:{width}}
+            problems += _template_problems(spec)
     return problems
 
 
@@ -142,7 +167,7 @@ class LeaseBackend(BaseTaskBackend):
             return None, None
         try:
             key = str(entry["key"]).format(*args, **kwargs)
-        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
             raise ValueError(
                 f"the concurrency key template {entry['key']!r} of {task.module_path} does not fit the call's "
                 f"arguments: {type(exc).__name__}: {exc}"

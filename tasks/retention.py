@@ -8,7 +8,7 @@ million rows does not step again over the index entries of the rows it has just 
 
 What can never be deleted, whatever the settings or the command line say:
 
-- an unfinished task (READY or RUNNING): the statement picks rows of one *finished* status, and the
+- an unfinished task (BLOCKED, READY or RUNNING): the statement picks rows of one *finished* status, and the
   row lock re-checks that status on the row's newest version (PostgreSQL re-evaluates a locking
   query's WHERE on a row changed concurrently), so a task requeued while the pruner looked at it is
   left alone;

@@ -402,3 +402,50 @@ def test_idle_keys_are_forgotten_and_busy_ones_kept() -> None:
     # A key that comes back gets its row (and the new enqueue's limit) again.
     assert statuses([keyed("done", 3)]) == ["READY"]
     assert ConcurrencyKey.objects.get(key="done").max_running == 3
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["noop:{", "noop:}", "noop:{0!z}", "{0.__class__}", "{0[id].__class__.__mro__}", "{0:{1.real}}", "{0.real}"],
+)
+def test_the_backend_check_refuses_a_malformed_or_attribute_reading_key_template(settings: Any, template: str) -> None:
+    from django.tasks import task_backends
+
+    from tests.conformance.tasks import noop_task
+
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "tasks.backends.LeaseBackend",
+            "OPTIONS": {"concurrency": {noop_task.module_path: {"key": template, "limit": 1}}},
+        }
+    }
+    assert [e.id for e in task_backends["default"].check()] == ["tasks.E012"]
+
+
+@pytest.mark.parametrize(
+    ("template", "args", "kwargs", "why"),
+    [
+        ("noop:{0[0]}", [7], {}, "does not fit"),  # an int has no items: TypeError
+        ("noop:{0[id]}", [[1, 2]], {}, "does not fit"),  # a list indexed by a name
+        ("noop:{0:d}", ["x"], {}, "does not fit"),  # a format spec the value cannot take
+        ("noop:{who}", [], {"other": 1}, "does not fit"),
+        ("noop:{0}", [], {}, "does not fit"),
+        ("noop:{0}", ["x" * 300], {}, "at most 255"),
+        ("noop:{0:>100000}", [1], {}, "at most 255"),
+        ("{0}", [""], {}, "non-empty"),
+    ],
+)
+def test_a_call_that_does_not_fit_the_key_template_is_refused_and_writes_nothing(
+    settings: Any, template: str, args: list[Any], kwargs: dict[str, Any], why: str
+) -> None:
+    from tests.conformance.tasks import noop_task
+
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "tasks.backends.LeaseBackend",
+            "OPTIONS": {"concurrency": {noop_task.module_path: {"key": template, "limit": 1}}},
+        }
+    }
+    with pytest.raises(ValueError, match=why):
+        noop_task.enqueue(*args, **kwargs)
+    assert not Task.objects.exists() and not ConcurrencyKey.objects.exists()

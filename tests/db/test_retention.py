@@ -59,14 +59,17 @@ def test_unfinished_tasks_are_never_pruned_whatever_their_age() -> None:
     assert [c.id for c in Task.objects.claim("w-1", queues=["default"], limit=1)] == [running]
     ready = Task.objects.enqueue(NOOP).id
     deferred = Task.objects.enqueue(NOOP, run_after=dt.datetime(2100, 1, 1, tzinfo=dt.UTC)).id
+    admitted, blocked = (Task.objects.enqueue(NOOP, concurrency_key="k", concurrency_limit=1).id for _ in range(2))
+    assert Task.objects.get(pk=blocked).status == "BLOCKED"  # waiting for the key's one slot
     # Even rows that carry an old finish time (set by hand) stay: only finished statuses are pruned.
     Task.objects.all().update(
         enqueued_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC), finished_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
     )
     totals = prune({"SUCCESSFUL": dt.timedelta(0), "FAILED": dt.timedelta(0), "CANCELLED": dt.timedelta(0)})
     assert totals == {"SUCCESSFUL": 0, "FAILED": 0, "CANCELLED": 0}
-    assert set(Task.objects.values_list("pk", flat=True)) == {ready, deferred, running}
+    assert set(Task.objects.values_list("pk", flat=True)) == {ready, deferred, running, admitted, blocked}
     assert Task.objects.get(pk=running).status == "RUNNING"
+    assert Task.objects.get(pk=blocked).status == "BLOCKED"
 
 
 def test_a_task_locked_by_another_session_is_passed_over_and_its_requeue_wins() -> None:
