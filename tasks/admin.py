@@ -8,7 +8,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.views.main import SEARCH_VAR, ChangeList
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -245,6 +245,21 @@ class QueueControlAdmin(CheckedInputAdmin):
 
         return RoutedForm
 
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except TaskError as exc:
+            # A pause that could not get its lock in time (a long transaction read the switches): the
+            # request's transactions are rolled back (no switch, no "added" log entry); say why.
+            self.message_user(request, str(exc), messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+
     def save_model(self, request: HttpRequest, obj: QueueControl, form: Any, change: bool) -> None:
         by = f"{request.user} (admin)"
         controls = QueueControl.objects.db_manager(queue_database(obj.name))
@@ -256,9 +271,16 @@ class QueueControlAdmin(CheckedInputAdmin):
     @admin.action(permissions=["change"], description="Pause the selected queues")
     def pause(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> None:
         names = list(queryset.values_list("name", flat=True))
+        paused = 0
         for name in names:  # in the queue's own database, whose claims read it
-            QueueControl.objects.db_manager(queue_database(name)).pause(name, by=f"{request.user} (admin)")
-        self.message_user(request, f"Paused {len(names)} queue(s).", messages.SUCCESS)
+            try:
+                QueueControl.objects.db_manager(queue_database(name)).pause(name, by=f"{request.user} (admin)")
+            except TaskError as exc:  # its lock did not come in time: this one is left as it was
+                self.message_user(request, str(exc), messages.ERROR)
+                continue
+            paused += 1
+        if paused:
+            self.message_user(request, f"Paused {paused} queue(s).", messages.SUCCESS)
 
     @admin.action(permissions=["change"], description="Resume the selected queues")
     def resume(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> None:
