@@ -18,7 +18,7 @@ from leasing.routing import selected_database
 from tasks import queries
 from tasks.exceptions import TaskError
 from tasks.models import GeneratorState, QueueControl, Task, Worker
-from tasks.routing import queue_database
+from tasks.routing import misrouted, queue_database, switch_database
 
 
 class StuckFilter(admin.SimpleListFilter):
@@ -227,8 +227,9 @@ class QueueControlAdmin(CheckedInputAdmin):
         self, request: HttpRequest, obj: QueueControl | None = None, change: bool = False, **kwargs: Any
     ) -> Any:
         """A queue's switch lives in the database its workers claim from (tasks/routing.py): the
-        form refuses a queue routed elsewhere than the database the page shows, rather than saving
-        a switch there that no worker of that queue reads."""
+        form refuses a queue whose tasks never land in the database the page shows (neither routed
+        there nor taken by a LeaseBackend pinned there), rather than saving a switch there that no
+        worker of that queue reads."""
         base = super().get_form(request, obj, change, **kwargs)
         shown = selected_database()
 
@@ -236,7 +237,7 @@ class QueueControlAdmin(CheckedInputAdmin):
             def clean(self) -> dict[str, Any]:
                 data: dict[str, Any] = super().clean()
                 name = data.get("name") or (obj.name if obj is not None else None)
-                if name and queue_database(name) != shown:
+                if name and misrouted([name], shown):
                     raise ValidationError(
                         f"Queue {name!r} lives in database {queue_database(name)!r}, not {shown!r}: "
                         "switch the list to that database (?db=) to pause or resume it."
@@ -262,7 +263,7 @@ class QueueControlAdmin(CheckedInputAdmin):
 
     def save_model(self, request: HttpRequest, obj: QueueControl, form: Any, change: bool) -> None:
         by = f"{request.user} (admin)"
-        controls = QueueControl.objects.db_manager(queue_database(obj.name))
+        controls = QueueControl.objects.db_manager(switch_database(obj.name, selected_database()))
         if obj.paused:
             controls.pause(obj.name, by=by, reason=obj.reason)
         else:
@@ -274,7 +275,8 @@ class QueueControlAdmin(CheckedInputAdmin):
         paused = 0
         for name in names:  # in the queue's own database, whose claims read it
             try:
-                QueueControl.objects.db_manager(queue_database(name)).pause(name, by=f"{request.user} (admin)")
+                controls = QueueControl.objects.db_manager(switch_database(name, selected_database()))
+                controls.pause(name, by=f"{request.user} (admin)")
             except TaskError as exc:  # its lock did not come in time: this one is left as it was
                 self.message_user(request, str(exc), messages.ERROR)
                 continue
@@ -286,7 +288,9 @@ class QueueControlAdmin(CheckedInputAdmin):
     def resume(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> None:
         names = list(queryset.values_list("name", flat=True))
         for name in names:
-            QueueControl.objects.db_manager(queue_database(name)).resume(name, by=f"{request.user} (admin)")
+            QueueControl.objects.db_manager(switch_database(name, selected_database())).resume(
+                name, by=f"{request.user} (admin)"
+            )
         self.message_user(request, f"Resumed {len(names)} queue(s).", messages.SUCCESS)
 
 

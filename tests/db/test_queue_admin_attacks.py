@@ -13,6 +13,7 @@ import pytest
 from django.test import Client
 
 from tasks.models import QueueControl, Task
+from tasks.routing import misrouted
 from tests.helpers import test_database_url as database_url
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "second"])
@@ -110,3 +111,69 @@ def test_a_pause_action_that_cannot_get_its_lock_is_a_message(
     assert not any("Paused 1" in m for m in shown), shown
     reader.rollback()
     assert not QueueControl.objects.get(name="mail").paused
+
+
+@pytest.fixture
+def pinned(settings: Any) -> None:
+    """A django.tasks backend pinned to the second database takes the queue ``mail``: its tasks live
+    there, and its workers (``run_worker --backend pinned``, or ``--database second --queues mail``)
+    claim there, although ``mail`` is not routed (QUEUE_DATABASES sends it to default)."""
+    settings.TASKS = {
+        "default": {"BACKEND": "tasks.backends.LeaseBackend", "QUEUES": []},
+        "pinned": {"BACKEND": "tasks.backends.LeaseBackend", "QUEUES": ["mail"], "OPTIONS": {"database": "second"}},
+    }
+
+
+def test_a_queue_a_pinned_backend_takes_is_paused_where_its_workers_claim(admin_client: Client, pinned: None) -> None:
+    from tests.conformance.lease_tasks import echo
+
+    result = echo.using(backend="pinned", queue_name="mail").enqueue("hi")
+    assert Task.objects.using("second").filter(pk=int(result.id), queue="mail").exists()
+    assert misrouted(["mail"], "second") == {}  # so a worker may serve it there: run_worker --database second
+
+    added = admin_client.post(ADD + "?db=second", {"name": "mail", "paused": "on"})
+    assert added.status_code == 302, added.content[:1000]
+    assert QueueControl.objects.using("second").get(name="mail").paused
+    assert Task.objects.db_manager("second").claim("w1", queues=["mail"]) == []
+
+    admin_client.post(LIST + "?db=second", {"action": "resume", "_selected_action": ["mail"]})
+    assert not QueueControl.objects.using("second").get(name="mail").paused
+    admin_client.post(LIST + "?db=second", {"action": "pause", "_selected_action": ["mail"]})
+    assert QueueControl.objects.using("second").get(name="mail").paused
+    assert Task.objects.db_manager("second").claim("w1", queues=["mail"]) == []
+    assert not QueueControl.objects.using("default").exists()  # nothing written where it would pause nobody
+
+    # A queue whose tasks never land in the database shown is still refused there.
+    refused = admin_client.post(ADD + "?db=second", {"name": "default", "paused": "on"})
+    assert refused.status_code == 200 and b"lives in database" in refused.content
+    assert not QueueControl.objects.using("second").filter(name="default").exists()
+
+
+def test_the_dashboard_pauses_a_pinned_queue_where_its_workers_claim(admin_client: Client, pinned: None) -> None:
+    Task.objects.db_manager("second").enqueue(NOOP, queue="mail")
+    response = admin_client.post("/dashboard/queues/?db=second", {"name": "mail", "action": "pause"})
+    assert response.status_code == 302
+    assert QueueControl.objects.using("second").get(name="mail").paused
+    assert not QueueControl.objects.using("default").exists()
+    assert Task.objects.db_manager("second").claim("w1", queues=["mail"]) == []
+    page = admin_client.get("/dashboard/queues/?db=second")
+    assert [q["paused"] for q in page.context["queues"] if q["name"] == "mail"] == [True]
+
+
+def test_the_api_pauses_a_pinned_queue_where_its_workers_claim(admin_client: Client, pinned: None) -> None:
+    """``?db=second`` names a database the queue's tasks land in: the pause goes there. Without it,
+    the queue's route (default); a database the queue's tasks never land in is a 400 that writes
+    nothing."""
+    Task.objects.db_manager("second").enqueue(NOOP, queue="mail")
+    paused = admin_client.post("/api/queues/mail/pause?db=second", "{}", content_type="application/json")
+    assert paused.status_code == 200, paused.content
+    assert paused.json()["queue"]["paused"]
+    assert QueueControl.objects.using("second").get(name="mail").paused
+    assert Task.objects.db_manager("second").claim("w1", queues=["mail"]) == []
+    refused = admin_client.post("/api/queues/reports/pause?db=default", "{}", content_type="application/json")
+    assert refused.status_code == 400 and refused.json()["field"] == "db"
+    assert not QueueControl.objects.filter(name="reports").exists()
+    assert not QueueControl.objects.using("second").filter(name="reports").exists()
+    resumed = admin_client.post("/api/queues/mail/resume?db=second", "{}", content_type="application/json")
+    assert resumed.status_code == 200 and not QueueControl.objects.using("second").get(name="mail").paused
+    assert not QueueControl.objects.using("default").exists()
