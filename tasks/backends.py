@@ -54,7 +54,7 @@ from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from leasing.routing import known_databases
-from tasks.models import Task, TaskStatus
+from tasks.models import MAX_CONCURRENCY_LIMIT, Task, TaskStatus
 from tasks.routing import queue_database
 
 if TYPE_CHECKING:
@@ -90,8 +90,8 @@ def concurrency_problems(spec: Any) -> list[str]:
             problems.append(f"{path!r}: 'key' must be a non-empty string")
         else:
             problems += [f"{path!r}: 'key' {problem}" for problem in _template_problems(key)]
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            problems.append(f"{path!r}: 'limit' must be a whole number of at least 1")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CONCURRENCY_LIMIT:
+            problems.append(f"{path!r}: 'limit' must be a whole number from 1 to {MAX_CONCURRENCY_LIMIT}")
     return problems
 
 

@@ -105,3 +105,17 @@ def test_an_argument_cannot_make_the_key_allocate_more_than_it_holds(settings: A
     assert grown_kib < 200_000, grown_kib
     task = Task.objects.get(pk=int(result.id))
     assert task.concurrency_key is None
+
+
+@pytest.mark.parametrize("limit", [2**31, 10**30, 0, -1, True, 1.5, "2"])
+def test_a_limit_no_enqueue_accepts_is_refused_at_startup(settings: Any, limit: Any) -> None:
+    """The column is a PostgreSQL integer: a limit past 2**31 - 1 made every call fail."""
+    assert [e.id for e in backend_with(settings, "k:{0}", limit).check()] == ["tasks.E012"]
+
+
+def test_the_largest_limit_passes_the_check_and_enqueues(settings: Any) -> None:
+    from tests.conformance.tasks import noop_task
+
+    assert backend_with(settings, "k:{0}", 2**31 - 1).check() == []
+    noop_task.enqueue(7)
+    assert Task.objects.get().concurrency_key == "k:7"
