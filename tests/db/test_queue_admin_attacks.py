@@ -177,3 +177,12 @@ def test_the_api_pauses_a_pinned_queue_where_its_workers_claim(admin_client: Cli
     resumed = admin_client.post("/api/queues/mail/resume?db=second", "{}", content_type="application/json")
     assert resumed.status_code == 200 and not QueueControl.objects.using("second").get(name="mail").paused
     assert not QueueControl.objects.using("default").exists()
+
+
+@pytest.mark.parametrize("query", ["db=nowhere", "db=second&db=default", "db=%00", "db=" + "x" * 5000])
+def test_a_pause_action_on_a_hostile_db_changes_nothing(admin_client: Client, query: str) -> None:
+    QueueControl.objects.db_manager("second").resume("reports")
+    response = admin_client.post(f"{LIST}?{query}", {"action": "pause", "_selected_action": ["reports"]})
+    assert response.status_code in (302, 400), response.status_code
+    assert not QueueControl.objects.using("second").get(name="reports").paused
+    assert not QueueControl.objects.using("default").exists()
