@@ -8,7 +8,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.views.main import SEARCH_VAR, ChangeList
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -18,7 +18,7 @@ from leasing.routing import selected_database
 from tasks import queries
 from tasks.exceptions import TaskError
 from tasks.models import GeneratorState, QueueControl, Task, Worker
-from tasks.routing import queue_database
+from tasks.routing import misrouted, queue_database, switch_database
 
 
 class StuckFilter(admin.SimpleListFilter):
@@ -227,8 +227,9 @@ class QueueControlAdmin(CheckedInputAdmin):
         self, request: HttpRequest, obj: QueueControl | None = None, change: bool = False, **kwargs: Any
     ) -> Any:
         """A queue's switch lives in the database its workers claim from (tasks/routing.py): the
-        form refuses a queue routed elsewhere than the database the page shows, rather than saving
-        a switch there that no worker of that queue reads."""
+        form refuses a queue whose tasks never land in the database the page shows (neither routed
+        there nor taken by a LeaseBackend pinned there), rather than saving a switch there that no
+        worker of that queue reads."""
         base = super().get_form(request, obj, change, **kwargs)
         shown = selected_database()
 
@@ -236,7 +237,7 @@ class QueueControlAdmin(CheckedInputAdmin):
             def clean(self) -> dict[str, Any]:
                 data: dict[str, Any] = super().clean()
                 name = data.get("name") or (obj.name if obj is not None else None)
-                if name and queue_database(name) != shown:
+                if name and misrouted([name], shown):
                     raise ValidationError(
                         f"Queue {name!r} lives in database {queue_database(name)!r}, not {shown!r}: "
                         "switch the list to that database (?db=) to pause or resume it."
@@ -245,9 +246,24 @@ class QueueControlAdmin(CheckedInputAdmin):
 
         return RoutedForm
 
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except TaskError as exc:
+            # A pause that could not get its lock in time (a long transaction read the switches): the
+            # request's transactions are rolled back (no switch, no "added" log entry); say why.
+            self.message_user(request, str(exc), messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+
     def save_model(self, request: HttpRequest, obj: QueueControl, form: Any, change: bool) -> None:
         by = f"{request.user} (admin)"
-        controls = QueueControl.objects.db_manager(queue_database(obj.name))
+        controls = QueueControl.objects.db_manager(switch_database(obj.name, selected_database()))
         if obj.paused:
             controls.pause(obj.name, by=by, reason=obj.reason)
         else:
@@ -256,15 +272,25 @@ class QueueControlAdmin(CheckedInputAdmin):
     @admin.action(permissions=["change"], description="Pause the selected queues")
     def pause(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> None:
         names = list(queryset.values_list("name", flat=True))
+        paused = 0
         for name in names:  # in the queue's own database, whose claims read it
-            QueueControl.objects.db_manager(queue_database(name)).pause(name, by=f"{request.user} (admin)")
-        self.message_user(request, f"Paused {len(names)} queue(s).", messages.SUCCESS)
+            try:
+                controls = QueueControl.objects.db_manager(switch_database(name, selected_database()))
+                controls.pause(name, by=f"{request.user} (admin)")
+            except TaskError as exc:  # its lock did not come in time: this one is left as it was
+                self.message_user(request, str(exc), messages.ERROR)
+                continue
+            paused += 1
+        if paused:
+            self.message_user(request, f"Paused {paused} queue(s).", messages.SUCCESS)
 
     @admin.action(permissions=["change"], description="Resume the selected queues")
     def resume(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> None:
         names = list(queryset.values_list("name", flat=True))
         for name in names:
-            QueueControl.objects.db_manager(queue_database(name)).resume(name, by=f"{request.user} (admin)")
+            QueueControl.objects.db_manager(switch_database(name, selected_database())).resume(
+                name, by=f"{request.user} (admin)"
+            )
         self.message_user(request, f"Resumed {len(names)} queue(s).", messages.SUCCESS)
 
 

@@ -35,6 +35,7 @@ backend's own database (ids are unique per database only), so ``get_result`` fin
 
 from __future__ import annotations
 
+import _string
 import dataclasses
 import re
 import string
@@ -53,7 +54,7 @@ from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from leasing.routing import known_databases
-from tasks.models import Task, TaskStatus
+from tasks.models import MAX_CONCURRENCY_LIMIT, Task, TaskStatus
 from tasks.routing import queue_database
 
 if TYPE_CHECKING:
@@ -89,29 +90,61 @@ def concurrency_problems(spec: Any) -> list[str]:
             problems.append(f"{path!r}: 'key' must be a non-empty string")
         else:
             problems += [f"{path!r}: 'key' {problem}" for problem in _template_problems(key)]
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            problems.append(f"{path!r}: 'limit' must be a whole number of at least 1")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CONCURRENCY_LIMIT:
+            problems.append(f"{path!r}: 'limit' must be a whole number from 1 to {MAX_CONCURRENCY_LIMIT}")
     return problems
+
+
+#: The longest concurrency key (the column): a field wider than this, or a longer precision, never fits.
+MAX_KEY_LENGTH = 255
 
 
 def _template_problems(template: str) -> list[str]:
     """A key template fills in the call's arguments (JSON values) by position, name or item
-    (``{0}``, ``{customer_id}``, ``{0[id]}``): a malformed template, or one that reads attributes
-    (``{0.__class__}``: JSON values have none worth a key), is refused at startup."""
+    (``{0}``, ``{customer_id}``, ``{0[id]}``): a template that fails every call (malformed, mixing
+    ``{}`` with ``{0}``, text the database cannot store), one that reads attributes (``{0.__class__}``:
+    JSON values have none worth a key), and one that lets the call choose the key's size is refused at
+    startup. A format spec is fixed text with widths and precisions of at most ``MAX_KEY_LENGTH``: a
+    nested field (``{0:>{1}}``) would take the width from the call, and one integer argument would
+    make the key a gigabyte string (or a MemoryError) before its length is checked."""
+    if "\x00" in template:
+        return ["contains a NUL character (no key can hold one)"]
+    try:
+        template.encode()
+    except UnicodeEncodeError:
+        return ["contains a lone surrogate (no key can hold one)"]
     try:
         parts = [(field, spec, conv) for _text, field, spec, conv in string.Formatter().parse(template)]
     except ValueError as exc:
         return [f"is not a valid str.format template: {exc}"]
     problems = []
+    numbering = set()
     for field, spec, conversion in parts:
         if field is None:
             continue
+        try:
+            first, rest = _string.formatter_field_name_split(field)
+            lookups = list(rest)
+        except ValueError as exc:
+            problems.append(f"has a malformed field {{{field}}}: {exc}")
+            continue
+        numbering.add("automatic ({})" if first == "" else "manual ({0})" if isinstance(first, int) else "by name")
         if conversion not in (None, "r", "s", "a"):
             problems.append(f"has an unknown conversion !{conversion} (only !r, !s and !a exist)")
-        if "." in re.sub(r"\[[^\]]*\]", "", field):
+        if any(is_attribute for is_attribute, _name in lookups):
             problems.append(f"reads an attribute ({{{field}}}): use an argument or an item ({{0[key]}})")
-        if spec and "{" in spec:  # a nested field in the format spec: {0:{width}}
-            problems += _template_problems(spec)
+        if spec and "{" in spec:
+            problems.append(
+                f"takes a format spec from the call ({{{field}:{spec}}}): the arguments would choose the key's "
+                "size; write the spec out"
+            )
+        elif spec and any(int(digits) > MAX_KEY_LENGTH for digits in re.findall(r"\d+", spec)):
+            problems.append(
+                f"asks for a width or precision over {MAX_KEY_LENGTH} ({{{field}:{spec}}}): a key is at most "
+                f"{MAX_KEY_LENGTH} characters"
+            )
+    if "automatic ({})" in numbering and "manual ({0})" in numbering:
+        problems.append("mixes automatic ({}) and manual ({0}) field numbering: str.format refuses every call")
     return problems
 
 
@@ -166,8 +199,9 @@ class LeaseBackend(BaseTaskBackend):
         if entry is None:
             return None, None
         try:
+            # OverflowError: a character past U+10FFFF ({0:c}), an integer no float holds ({0:e}).
             key = str(entry["key"]).format(*args, **kwargs)
-        except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError, OverflowError) as exc:
             raise ValueError(
                 f"the concurrency key template {entry['key']!r} of {task.module_path} does not fit the call's "
                 f"arguments: {type(exc).__name__}: {exc}"

@@ -65,7 +65,8 @@ class OutcomeWriter:
 
     def connection_lost(self, what: str, exc: BaseException) -> None:
         logger.warning("worker %s: %s failed (connection): %s", self.worker.id, what, exc)
-        self.worker.stats["connection_errors"] += 1
+        if is_connection_failure(exc):
+            self.worker.stats["connection_errors"] += 1
         try:
             connections[self.worker.using].close()
         except Exception:
@@ -235,6 +236,14 @@ def is_lock_wait(exc: BaseException) -> bool:
     return isinstance(cause, (psycopg_errors.LockNotAvailable, psycopg_errors.QueryCanceled))
 
 
+def is_connection_failure(exc: BaseException) -> bool:
+    """The connection failed (reset, terminated, timed out): what ``connection_errors`` counts. A
+    deadlock's victim or a serialization failure is an OperationalError too, but its transaction was
+    rolled back on a working connection (worth retrying, not a connection error); so is a lock wait."""
+    rolled_back = (getattr(exc.__cause__, "sqlstate", None) or "").startswith("40")  # class 40: transaction rollback
+    return isinstance(exc, CONNECTION_ERRORS) and not is_lock_wait(exc) and not rolled_back
+
+
 def minimal_failure(outcome: Outcome, why: str) -> Failure:
     execution = outcome.execution
     refused = outcome.extra.get("refused", "")
@@ -258,7 +267,7 @@ def retrying[T](what: str, worker: Worker, statement: Callable[[], T]) -> T | No
             return statement()
         except DatabaseError as exc:
             logger.warning("worker %s: %s failed: %s", worker.id, what, exc)
-            if isinstance(exc, CONNECTION_ERRORS) and not is_lock_wait(exc):
+            if is_connection_failure(exc):
                 worker.stats["connection_errors"] += 1  # every path that meets a cut counts it
             try:
                 connections[worker.using].close()

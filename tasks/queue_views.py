@@ -11,12 +11,12 @@ from django.urls import path, reverse
 
 from leasing.access import CHANGE_QUEUE, VIEW_QUEUE, staff_page
 from leasing.http import ApiError, Body, api_view, iso, routed
-from leasing.routing import with_database
+from leasing.routing import database_param, selected_database, with_database
 from leasing.validation import InvalidInput, clean_text
 from tasks.exceptions import TaskError
 from tasks.models import QueueControl, _validate
 from tasks.queues import queue_overview
-from tasks.routing import queue_database
+from tasks.routing import queue_database, switch_database
 
 
 def _name(name: str) -> str:
@@ -42,7 +42,7 @@ def pause_api(request: HttpRequest, name: str) -> tuple[int, Any]:
     reason = body.text("reason", required=False, max_length=500, default="")
     by = f"{request.api_caller.name} (API)"  # type: ignore[attr-defined]
     # A pause is read by the claims of the queue's own database (tasks/routing.py).
-    with routed(request, queue_database(_name(name)), f"queue {name!r}"):
+    with routed(request, _switch_database(request, _name(name)), f"queue {name!r}"):
         try:
             QueueControl.objects.pause(name, by=by, reason=reason or "")
         except TaskError as exc:
@@ -52,9 +52,17 @@ def pause_api(request: HttpRequest, name: str) -> tuple[int, Any]:
 
 @api_view(POST=[CHANGE_QUEUE])
 def resume_api(request: HttpRequest, name: str) -> tuple[int, Any]:
-    with routed(request, queue_database(_name(name)), f"queue {name!r}"):
+    with routed(request, _switch_database(request, _name(name)), f"queue {name!r}"):
         QueueControl.objects.resume(name, by=f"{request.api_caller.name} (API)")  # type: ignore[attr-defined]
         return 200, {"queue": _entry(name)}
+
+
+def _switch_database(request: HttpRequest, name: str) -> str:
+    """The database ``?db=`` names when the queue's tasks land there (a LeaseBackend pinned there
+    takes it), else the queue's route (a ``?db=`` naming another is then a 400). ``api_view`` has
+    checked the ``?db=`` already (one known database)."""
+    asked = database_param(request.GET)
+    return switch_database(name, asked) if asked else queue_database(name)
 
 
 def _entry(name: str) -> dict[str, Any]:
@@ -75,8 +83,9 @@ def queues_page(request: HttpRequest) -> HttpResponse:
         by = f"{request.user} (dashboard)"
         try:
             _validate(queue=name, priority=0, max_attempts=1, timeout=None)
-            # In the queue's own database, whose claims read it (tasks/routing.py).
-            controls = QueueControl.objects.db_manager(queue_database(name))
+            # In the queue's own database, whose claims read it (tasks/routing.py): the one shown when
+            # the queue's tasks land there (a LeaseBackend pinned there takes it), else its route.
+            controls = QueueControl.objects.db_manager(switch_database(name, selected_database()))
             if action == "pause":
                 controls.pause(name, by=by, reason=request.POST.get("reason", "")[:500])
                 messages.success(request, f"Queue {name} paused: no worker claims from it from now on.")

@@ -30,12 +30,25 @@ WITH RECURSIVE q(name) AS (
 SELECT name FROM q WHERE name IS NOT NULL
 """
 
+#: Per queue: waiting and blocked counts, capped, and running ones (few). Each capped count reads one
+#: index in its order, so the LIMIT stops the scan after ``cap`` entries whatever the plan's estimates:
+#: without an order, a backlog the planner expects to be large next to the cap got a sequential scan
+#: with a LIMIT, and ordered by id alone, a backward scan of the primary key: either steps over every
+#: finished row (and other queues' backlogs) before the first row it counts, because a burst enqueued
+#: after the history lies at the table's end. The READY count reads the claim index in claim order
+#: (which no other index gives). The BLOCKED count reads the blocked-page index (queue, status, id DESC)
+#: from its queue on in (queue, id DESC) order, which nothing else gives either (an equality on the
+#: queue would let the primary key give "id DESC"), and counts the rows of its own queue: they come
+#: first, and at most ``cap`` entries are read in all.
 _COUNTS_SQL = """
 SELECT n.name,
        (SELECT count(*) FROM (SELECT 1 FROM tasks_task AS t
-                              WHERE t.status = 'READY' AND t.queue = n.name LIMIT %(cap)s) AS w),
-       (SELECT count(*) FROM (SELECT 1 FROM tasks_task AS t
-                              WHERE t.status = 'BLOCKED' AND t.queue = n.name LIMIT %(cap)s) AS b),
+                              WHERE t.status = 'READY' AND t.queue = n.name
+                              ORDER BY t.priority DESC, t.run_after, t.id LIMIT %(cap)s) AS w),
+       (SELECT count(*) FILTER (WHERE b.queue = n.name)
+        FROM (SELECT t.queue FROM tasks_task AS t
+              WHERE t.status = 'BLOCKED' AND t.queue >= n.name
+              ORDER BY t.queue, t.id DESC LIMIT %(cap)s) AS b),
        (SELECT count(*) FROM tasks_task AS t WHERE t.status = 'RUNNING' AND t.queue = n.name)
 FROM unnest(%(names)s::text[]) AS n(name)
 """

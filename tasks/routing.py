@@ -48,6 +48,14 @@ def misrouted(queues: Sequence[str], using: str) -> dict[str, str]:
     }
 
 
+def switch_database(queue: str, shown: str) -> str:
+    """Where a page showing database ``shown`` pauses or resumes ``queue``: ``shown`` when the queue's
+    tasks land there (routed there, or taken by a LeaseBackend pinned there, whose workers claim
+    there), else the database the queue is routed to. A switch is read only by the claims of its own
+    database, so one written anywhere else pauses nobody."""
+    return shown if not misrouted([queue], shown) else queue_database(queue)
+
+
 def _lease_backends() -> list[Any]:
     from django.tasks import task_backends
     from django.tasks.exceptions import InvalidTaskBackend

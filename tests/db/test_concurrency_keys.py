@@ -431,7 +431,7 @@ def test_the_backend_check_refuses_a_malformed_or_attribute_reading_key_template
         ("noop:{who}", [], {"other": 1}, "does not fit"),
         ("noop:{0}", [], {}, "does not fit"),
         ("noop:{0}", ["x" * 300], {}, "at most 255"),
-        ("noop:{0:>100000}", [1], {}, "at most 255"),
+        ("noop:{0:>255}", [1], {}, "at most 255"),  # wider fields are refused by the check
         ("{0}", [""], {}, "non-empty"),
     ],
 )
