@@ -968,6 +968,13 @@ class QueueControlQuerySet(models.QuerySet["QueueControl"]):
                     cursor.execute(f"LOCK TABLE {self.model._meta.db_table} IN ACCESS EXCLUSIVE MODE")
                     cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
                 except OperationalError as exc:
+                    if isinstance(exc.__cause__, psycopg_errors.DeadlockDetected):
+                        # The caller's transaction read the controls before (an admin form, an
+                        # action's selection) and so did another pause's: each waits for the other's
+                        # ACCESS SHARE. PostgreSQL aborted this one; the other pause goes through.
+                        raise TaskError(
+                            f"could not pause {name!r}: another pause of a queue ran at the same moment; try again"
+                        ) from exc
                     if not isinstance(exc.__cause__, psycopg_errors.LockNotAvailable):
                         raise
                     raise TaskError(

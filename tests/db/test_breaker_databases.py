@@ -191,3 +191,28 @@ def test_the_admin_switches_a_queue_only_in_the_database_its_workers_read(admin_
     assert not QueueControl.objects.using("second").get(name="reports").paused
     assert len(Task.objects.db_manager("second").claim("w1", queues=["reports"])) == 1
     assert not QueueControl.objects.using("default").exists()
+
+
+def test_the_queue_command_pauses_a_routed_queue_in_its_own_database() -> None:
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    from tasks.models import QueueControl
+
+    Task.objects.db_manager("second").enqueue(NOOP, queue="reports")
+    out = StringIO()
+    call_command("tasks_queue", "pause", "reports", stdout=out)
+    assert out.getvalue().startswith("reports: paused, 1 waiting, 0 running (since ")
+    assert out.getvalue().rstrip().endswith("[database second]")
+    assert QueueControl.objects.using("second").get(name="reports").paused
+    assert not QueueControl.objects.using("default").exists()
+    assert Task.objects.db_manager("second").claim("w1", queues=["reports"]) == []
+    with pytest.raises(CommandError, match="would pause nobody"):
+        call_command("tasks_queue", "resume", "reports", database="default")
+    assert QueueControl.objects.using("second").get(name="reports").paused
+    out = StringIO()
+    call_command("tasks_queue", "status", stdout=out)
+    assert "reports: paused" in out.getvalue() and "[database second]" in out.getvalue()
+    call_command("tasks_queue", "resume", "reports", stdout=StringIO())
+    assert len(Task.objects.db_manager("second").claim("w1", queues=["reports"])) == 1

@@ -186,3 +186,41 @@ def test_a_pause_action_on_a_hostile_db_changes_nothing(admin_client: Client, qu
     assert response.status_code in (302, 400), response.status_code
     assert not QueueControl.objects.using("second").get(name="reports").paused
     assert not QueueControl.objects.using("default").exists()
+
+
+def test_two_pauses_that_read_the_switches_first_end_with_one_pause_and_one_message() -> None:
+    """Two admin requests (each a transaction that has read the switches, as the form's validation
+    and the action's selection do) pause at the same moment: each holds the table's ACCESS SHARE and
+    wants ACCESS EXCLUSIVE, a deadlock. PostgreSQL aborts one of them; that one must be the "try
+    again" error (a message in the admin), not an OperationalError (a 500), and the other pause lands."""
+    import threading
+
+    from django.db import connection, transaction
+
+    from tasks.exceptions import TaskError
+
+    both_read = threading.Barrier(2, timeout=10)
+    outcomes: dict[str, str] = {}
+
+    def request(name: str) -> None:
+        try:
+            with transaction.atomic():
+                list(QueueControl.objects.all())  # the request's read of the switches
+                both_read.wait()
+                QueueControl.objects.pause(name, by="admin")
+            outcomes[name] = "paused"
+        except TaskError as exc:
+            outcomes[name] = f"message: {exc}"
+        except Exception as exc:  # what would be a 500
+            outcomes[name] = f"500: {type(exc).__name__}: {exc}"
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=request, args=(name,)) for name in ("mail", "sms")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(v.split(":")[0] for v in outcomes.values()) == ["message", "paused"], outcomes
+    paused = [name for name, v in outcomes.items() if v == "paused"]
+    assert list(QueueControl.objects.filter(paused=True).values_list("name", flat=True)) == paused

@@ -181,3 +181,17 @@ def test_the_overview_counts_tasks_waiting_for_a_concurrency_slot(admin_client: 
     assert (entries["mail"]["waiting"], entries["mail"]["blocked"]) == (1, 0)
     page = admin_client.get("/dashboard/queues/")
     assert b"/dashboard/tasks/blocked/?queue=keyed" in page.content
+
+
+def test_the_command_reports_an_idle_queue_and_tasks_waiting_for_a_slot() -> None:
+    out = StringIO()
+    call_command("tasks_queue", "status", "idle", stdout=out)
+    assert out.getvalue() == "idle: running, 0 waiting, 0 running\n"
+    for _ in range(3):
+        Task.objects.enqueue(NOOP, queue="keyed", concurrency_key="smtp", concurrency_limit=1)
+    out = StringIO()
+    call_command("tasks_queue", "status", "keyed", stdout=out)
+    assert out.getvalue() == "keyed: running, 1 waiting (2 more waiting for a concurrency slot), 0 running\n"
+    with pytest.raises(CommandError, match="unknown database"):
+        call_command("tasks_queue", "pause", "keyed", database="nowhere")
+    assert not QueueControl.objects.exists()
