@@ -2,15 +2,17 @@
 their cost depends on the page and not on the table (invariant 12).
 
 - **Listings** are newest first and built from ordered index scans that stop after one page: one
-  branch per (status, lookup), each ``WHERE status = … AND <lookup> ORDER BY id DESC LIMIT n``
-  on an index whose columns are exactly (lookup column, status, id), merged in Python. A condition
+  branch per (status, lookup), each ``WHERE status = ANY(ARRAY[…]) AND <lookup> ORDER BY status,
+  id DESC LIMIT n`` on an index whose columns are exactly (lookup column, status, id), merged in
+  Python (an order the primary key cannot give: see :meth:`Listing._branches`). A condition
   that the driving index does not cover (pending: never failed; a search combined with a queue or
   with the retrying state) is checked inside a bounded window of ``SCAN_WINDOW`` rows per branch: a page may
   then come back short, with a link to continue below the window (``Page.scanned_to``).
 - **Search** is exact: the id, a dedup key, a holder (worker id) or a task path, each an indexed
   equality. No ``LIKE '%…%'``.
-- **Counts** stop at ``COUNT_CAP`` (shown as "10,000+"), each on the index of its state; pending is
-  waiting minus retrying, a lower bound once more than ``COUNT_CAP`` tasks wait.
+- **Counts** stop at ``COUNT_CAP`` (shown as "10,000+"), each on the index of its state read in its
+  own order (:func:`status_count`); pending is waiting minus retrying, a lower bound once more than
+  ``COUNT_CAP`` tasks wait.
 - **Queues** are found with a loose index scan (a recursive CTE that jumps from one queue to the next
   in an index), never ``SELECT DISTINCT queue``; depth per queue is capped like every count.
 
