@@ -177,8 +177,6 @@ class StatusAmong(Lookup):
     proves their predicate from a constant array), but not an equality the planner can use to drop
     ``status`` from an ``ORDER BY status, id DESC``. See :meth:`Listing._branches`."""
 
-    lookup_name = "among"
-
     def get_prep_lookup(self) -> Any:
         return [str(value) for value in self.rhs]
 

@@ -5,14 +5,11 @@ its own rows."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
 from django.db import connection
 
 from tasks.queries import SCAN_WINDOW, state_listing
-from tests.db.test_queue_overview_attacks import add_rows, rows_read
+from tests.helpers.plans import add_rows, overreads, recorded
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,12 +30,6 @@ def test_a_state_page_reads_its_own_index_entries_not_a_newer_burst_of_others() 
     add_rows("keyed", "READY", BURST, keyed=True)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE tasks_task")  # no VACUUM: a fresh burst has no visibility map yet
-    statements: list[tuple[str, Any]] = []
-
-    def record(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
-        statements.append((sql, params))
-        return execute(sql, params, many, context)
-
     pages = {
         ("succeeded", None, ""): LIMIT,
         ("failed", None, ""): LIMIT,
@@ -47,22 +38,10 @@ def test_a_state_page_reads_its_own_index_entries_not_a_newer_burst_of_others() 
         ("succeeded", None, "app.jobs.x"): LIMIT,
         ("failed", "bulk", "app.jobs.x"): LIMIT,
     }
-    with connection.execute_wrapper(record):
+    with recorded() as statements:
         for (state, queue, search), expected in pages.items():
             page = state_listing(state, queue=queue, search=search).page(limit=LIMIT)
             assert len(page.tasks) == expected, (state, queue, search)
             assert [t.pk for t in page.tasks] == sorted((t.pk for t in page.tasks), reverse=True)
-    problems = []
-    with connection.cursor() as cursor:
-        for sql, params in statements:
-            if "tasks_task" not in sql:
-                continue
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
-            explained = cursor.fetchone()[0]
-            plan = (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
-            problems += [
-                f"{node} read {read:.0f} rows\n  {sql[:300]} {params}"
-                for node, read in rows_read(plan)
-                if read > SCAN_WINDOW + 1
-            ]
+    problems = overreads(statements, SCAN_WINDOW + 1)
     assert not problems, "\n".join(problems)

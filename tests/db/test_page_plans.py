@@ -9,7 +9,6 @@ plan may have a sequential scan of it. Timing is bench/pages.py's job; this test
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from django.test import Client
 from django.utils import timezone
 
 from bench.pages import FILL_SQL, RUNNING_SQL, pages
+from tests.helpers.plans import explained, seq_scans_of_tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -42,15 +42,6 @@ def fill() -> dict[str, Any]:
     return {"newest": newest, "middle": (newest + oldest) // 2, "failed": failed, "dedup": dedup}
 
 
-def seq_scans_of_tasks(plan: dict[str, Any]) -> list[str]:
-    found = []
-    if plan.get("Node Type") == "Seq Scan" and plan.get("Relation Name") == "tasks_task":
-        found.append(plan.get("Filter", "(no filter)"))
-    for child in plan.get("Plans", []):
-        found += seq_scans_of_tasks(child)
-    return found
-
-
 def test_every_page_query_reads_an_index(client: Client) -> None:
     keys = fill()
     client.force_login(get_user_model().objects.create_superuser("plans", "plans@example.com", "pw"))
@@ -70,12 +61,9 @@ def test_every_page_query_reads_an_index(client: Client) -> None:
             assert client.get(url).status_code == 200, url
     assert len(statements) > 50
 
-    problems = []
-    with connection.cursor() as cursor:
-        for sql, params, url in statements.values():
-            cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
-            explained = cursor.fetchone()[0]
-            plan = (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
-            for condition in seq_scans_of_tasks(plan):
-                problems.append(f"{url}\n  Seq Scan on tasks_task, filter {condition}\n  {sql[:400]}")
+    problems = [
+        f"{url}\n  Seq Scan on tasks_task, filter {condition}\n  {sql[:400]}"
+        for sql, params, url in statements.values()
+        for condition in seq_scans_of_tasks(explained(sql, params, analyze=False))
+    ]
     assert not problems, "\n".join(problems)

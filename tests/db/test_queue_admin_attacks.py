@@ -224,3 +224,20 @@ def test_two_pauses_that_read_the_switches_first_end_with_one_pause_and_one_mess
     assert sorted(v.split(":")[0] for v in outcomes.values()) == ["message", "paused"], outcomes
     paused = [name for name, v in outcomes.items() if v == "paused"]
     assert list(QueueControl.objects.filter(paused=True).values_list("name", flat=True)) == paused
+
+
+def test_the_command_pauses_a_pinned_queue_where_its_workers_claim(pinned: None) -> None:
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    Task.objects.db_manager("second").enqueue(NOOP, queue="mail")
+    out = StringIO()
+    call_command("tasks_queue", "pause", "mail", database="second", stdout=out)
+    assert out.getvalue().startswith("mail: paused, 1 waiting, 0 running") and "[database second]" in out.getvalue()
+    assert QueueControl.objects.using("second").get(name="mail").paused
+    assert not QueueControl.objects.using("default").exists()
+    assert Task.objects.db_manager("second").claim("w1", queues=["mail"]) == []
+    with pytest.raises(CommandError, match="would pause nobody"):
+        call_command("tasks_queue", "pause", "reports", database="default")  # routed to second only
+    assert QueueControl.objects.using("second").filter(name="reports").count() == 0

@@ -4,14 +4,11 @@ whatever lies before or after its own rows."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
 from django.db import connection
 
 from tasks.queries import state_counts
-from tests.db.test_queue_overview_attacks import add_rows, rows_read
+from tests.helpers.plans import add_rows, overreads, recorded
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,13 +26,7 @@ def test_each_state_count_reads_at_most_its_cap_after_a_burst() -> None:
     add_rows("keyed", "READY", 6_000, keyed=True)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE tasks_task")  # no VACUUM: a fresh burst has no visibility map yet
-    statements: list[tuple[str, Any]] = []
-
-    def record(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
-        statements.append((sql, params))
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(record):
+    with recorded() as statements:
         counts = state_counts(cap)
     assert {name: (c.value, c.capped) for name, c in counts.items()} == {
         "pending": (cap, True),
@@ -47,15 +38,5 @@ def test_each_state_count_reads_at_most_its_cap_after_a_burst() -> None:
         "failed": (cap, True),
         "cancelled": (cap, True),
     }
-    problems = []
-    with connection.cursor() as cursor:
-        for sql, params in statements:
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
-            explained = cursor.fetchone()[0]
-            plan = (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
-            problems += [
-                f"{node} read {read:.0f} rows\n  {sql[:300]} {params}"
-                for node, read in rows_read(plan)
-                if read > 2 * cap
-            ]
+    problems = overreads(statements, 2 * cap)
     assert not problems, "\n".join(problems)

@@ -11,7 +11,7 @@ from leasing.routing import known_databases
 from tasks.exceptions import TaskError
 from tasks.models import QueueControl, _validate
 from tasks.queues import queue_overview
-from tasks.routing import misrouted, queue_database, switch_database
+from tasks.routing import misrouted, queue_database
 
 IDLE = {"paused": False, "waiting": 0, "waiting_capped": False, "blocked": 0, "blocked_capped": False, "running": 0}
 
@@ -53,9 +53,8 @@ class Command(BaseCommand):
         try:
             if action in ("pause", "resume"):
                 assert name is not None
-                controls = QueueControl.objects.db_manager(
-                    switch_database(name, database) if database else queue_database(name)
-                )
+                # --database was checked above to be one where the queue's tasks land.
+                controls = QueueControl.objects.db_manager(database or queue_database(name))
                 if action == "pause":
                     controls.pause(name, by=by, reason=reason)
                 else:
