@@ -116,7 +116,7 @@ ORDER BY keys.key
 # (SKIP LOCKED: a key being admitted right now is left for the next round).
 PRUNE_IDLE_KEYS_SQL = """
 DELETE FROM tasks_concurrencykey AS c
-WHERE c.key IN (
+WHERE c.key = ANY(ARRAY(  -- run once (tasks/statements.py, _PICK_ONE, says why)
     SELECT i.key FROM tasks_concurrencykey AS i
     WHERE i.updated_at < clock_timestamp() - make_interval(secs => %(idle)s)
       AND NOT EXISTS (SELECT 1 FROM tasks_task AS t
@@ -125,7 +125,7 @@ WHERE c.key IN (
     ORDER BY i.updated_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-)
+))
 RETURNING c.key
 """
 #: A key's row is forgotten after this long without an enqueue and without unfinished tasks.

@@ -102,9 +102,9 @@ def retention_policy(setting: Any = ...) -> dict[str, dt.timedelta | None] | Non
 
 
 def _prune_sql(table: str, at: str, condition: str) -> str:
+    # MATERIALIZED: the pick runs once (tasks/statements.py, _PICK_ONE, says why).
     return f"""
-DELETE FROM {table} AS doomed
-USING (
+WITH picked AS MATERIALIZED (
     SELECT id FROM {table} AS candidate
     WHERE {condition}
       AND {at} < statement_timestamp() - make_interval(secs => %(age)s)
@@ -112,7 +112,9 @@ USING (
     ORDER BY {at}, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-) AS picked
+)
+DELETE FROM {table} AS doomed
+USING picked
 WHERE doomed.id = picked.id
 RETURNING doomed.{at}, doomed.id
 """

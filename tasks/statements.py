@@ -104,10 +104,17 @@ _CLAIM_SET = f"""
 # taken only by a worker that holds nothing else: ``isolation_bar`` is ISOLATE_AFTER for a busy
 # worker and no bar at all for an idle one (one statement text either way).
 # One queue: an ordered index scan, locking as it goes, up to ``limit`` rows.
+#
+# A pick that locks with LIMIT … FOR UPDATE SKIP LOCKED must run exactly once per statement: as an
+# uncorrelated ARRAY(…) (an InitPlan) here, as a MATERIALIZED CTE where its columns are needed. Joined
+# as a subquery (FROM (…) AS picked WHERE t.id = picked.id), it may be planned as the inner side of
+# a nested loop and run again for every row of the outer table (statistics that say the table is
+# empty lead there); each run skips the rows the statement already changed and locks the next ones,
+# so a claim of 5 took a queue's every task (tests/db/test_pick_once.py).
 # A paused queue (a row of tasks_queuecontrol) gives nothing: checked once per queue per statement
 # (a primary-key probe), so a pause holds from the next claim of every worker and HTTP client.
 _PICK_ONE = """
-FROM (
+WHERE t.id = ANY(ARRAY(
     SELECT id FROM tasks_task
     WHERE status = 'READY' AND queue = %(queue)s AND run_after <= statement_timestamp()
       AND shared_crashes < %(isolation_bar)s
@@ -115,8 +122,7 @@ FROM (
     ORDER BY priority DESC, run_after, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-) AS picked
-WHERE t.id = picked.id"""
+))"""
 
 # Several queues, in two steps, so that only the rows claimed are locked. A row locked and not
 # claimed is skipped by every other claimer until the statement commits: locking each queue's best
@@ -125,7 +131,7 @@ WHERE t.id = picked.id"""
 # queue decide how many of the best ``limit`` overall each queue gives (``share``); then each queue
 # locks that many, skipping rows other claimers hold, exactly as a one-queue claim does.
 _PICK_MANY = """
-FROM (
+WHERE t.id = ANY(ARRAY(
     SELECT p.id FROM (
         SELECT best.name, count(*) AS share FROM (
             SELECT q.name, r.priority, r.run_after, r.id FROM (
@@ -151,8 +157,7 @@ FROM (
         FOR UPDATE SKIP LOCKED
     ) AS p
     LIMIT %(limit)s -- cuts nothing (the shares add up to at most this); tells the planner how few rows come
-) AS picked
-WHERE t.id = picked.id"""
+))"""
 
 NO_ISOLATION_BAR = 2**31 - 1  # ``isolation_bar`` of an idle worker: it may take any task
 
@@ -430,6 +435,14 @@ _RECOVERY_ENTRY = f"""jsonb_build_object(
 # off after the first and after MAX_CRASHES the task is FAILED: a poison pill stops killing workers.
 # One statement per batch; a row's classification is read under its row lock.
 RECOVER_SQL = f"""
+WITH picked AS MATERIALIZED (
+    SELECT id, expires_at FROM tasks_task
+    WHERE status = 'RUNNING'
+      AND (expires_at <= clock_timestamp() OR expires_at IS NULL OR holder IS NULL OR token IS NULL)
+    ORDER BY expires_at NULLS FIRST
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
 UPDATE tasks_task AS t SET
     status = CASE WHEN NOT {_STILL_ALLOWED} THEN 'FAILED'
                   WHEN {_CRASHED} AND t.crashes > 0 THEN {_WAITING_STATUS}  -- backs off
@@ -446,14 +459,7 @@ UPDATE tasks_task AS t SET
     {_append_error(_RECOVERY_ENTRY)},
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())
-FROM (
-    SELECT id, expires_at FROM tasks_task
-    WHERE status = 'RUNNING'
-      AND (expires_at <= clock_timestamp() OR expires_at IS NULL OR holder IS NULL OR token IS NULL)
-    ORDER BY expires_at NULLS FIRST
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-) AS picked
+FROM picked
 WHERE t.id = picked.id
 RETURNING t.id, t.status, EXTRACT(EPOCH FROM clock_timestamp() - picked.expires_at)::float8,
           -- a grant is recovered at most once: a last error entry with this token was just added
