@@ -70,3 +70,17 @@ def test_a_prune_batch_deletes_at_most_its_limit(empty_looking_table: None) -> N
     Task.objects.filter(pk__in=ids).update(status="SUCCESSFUL", finished_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
     prune_batch(PruneCursor("SUCCESSFUL", dt.timedelta(days=1)), limit=5)
     assert Task.objects.filter(pk__in=ids).count() == 45
+
+
+def test_a_semaphore_acquire_takes_one_slot(empty_looking_table: None) -> None:
+    """A guard: the slot pick is a CTE, which PostgreSQL already ran once (its clock_timestamp() kept
+    it from being folded into the UPDATE); it is MATERIALIZED now, so that stays so on purpose."""
+    from leasing.models import Lease
+
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pg_class SET reltuples = 0, relpages = 1000 WHERE relname = 'leasing_lease'")
+    for holder in ("a", "b", "c"):  # three slots, then all expired
+        assert Lease.objects.acquire_slot("pool", holder, ttl=60, limit=3) is not None
+    Lease.objects.filter(resource__startswith="pool#").update(expires_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+    assert Lease.objects.acquire_slot("pool", "d", ttl=60, limit=3) is not None
+    assert Lease.objects.filter(resource__startswith="pool#", holder="d").count() == 1
