@@ -1,9 +1,16 @@
-"""argparse ``type=`` validators and logging set-up shared by the commands."""
+"""argparse ``type=`` validators, logging set-up and the long-running command base shared by the commands."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.core.management.base import BaseCommand
 
 
 def positive_int(value: str) -> int:
@@ -68,3 +75,35 @@ def configure_logging(verbosity: int) -> None:
         logging.getLogger(name).setLevel(level)
     if not logging.getLogger().handlers:
         logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+
+class LongRunningCommand(BaseCommand):
+    """A command that runs until it is stopped (a worker, the scheduler, recovery, the generator).
+
+    ``main_program`` is true only when the command is the process's own program (``manage.py …``,
+    which goes through :meth:`run_from_argv`); ``call_command()`` from a test or a user's code leaves
+    it false. What may end the whole process (a hard exit past the drain) is allowed only then:
+    ``call_command("run_worker", "--max-tasks", "5")`` returns to its caller like any function.
+    """
+
+    main_program = False
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        self.main_program = True
+        super().run_from_argv(argv)
+
+
+@contextmanager
+def stop_on_signals(stop: Callable[[], Any]) -> Iterator[None]:
+    """SIGTERM and SIGINT call ``stop`` while the block runs; the handlers the process had before
+    are put back afterwards, so a command called in-process leaves its caller's signals as it found
+    them. Off the main thread (where Python allows no handler) the block runs without them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, lambda *_: stop()) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -1,15 +1,20 @@
 from __future__ import annotations
 
-import signal
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
-from tasks.management.commands._common import configure_logging, database_alias, positive_float
+from tasks.management.commands._common import (
+    LongRunningCommand,
+    configure_logging,
+    database_alias,
+    positive_float,
+    stop_on_signals,
+)
 from tasks.recovery import RecoveryController, recover_once
 
 
-class Command(BaseCommand):
+class Command(LongRunningCommand):
     help = "Requeue tasks whose lease expired and repair impossible states (leader-elected loop, or --once)."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -30,6 +35,5 @@ class Command(BaseCommand):
             )
             return
         controller = RecoveryController(interval=interval, using=database)
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: controller.stop())
-        controller.run()
+        with stop_on_signals(controller.stop):
+            controller.run()

@@ -1,15 +1,14 @@
 from __future__ import annotations
 
-import signal
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from tasks import generator
-from tasks.management.commands._common import configure_logging, positive_float
+from tasks.management.commands._common import LongRunningCommand, configure_logging, positive_float, stop_on_signals
 
 
-class Command(BaseCommand):
+class Command(LongRunningCommand):
     help = (
         "Run the demo generator (leader-elected: one instance generates, the others stand by), "
         "or change its shared desired state with --start/--stop/--rate, or print --status."
@@ -55,10 +54,9 @@ class Command(BaseCommand):
             self._print_status(name)
             return
         instance = generator.Generator(name, ttl=ttl, tick=tick, instance_id=instance_id)
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: instance.stop())
         self.stdout.write(f"generator instance {instance.instance_id} standing by for {generator.lease_name(name)}")
-        instance.run()
+        with stop_on_signals(instance.stop):
+            instance.run()
 
     def _print_status(self, name: str) -> None:
         state = generator.status(name)

@@ -1,16 +1,21 @@
 from __future__ import annotations
 
-import signal
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
-from tasks.management.commands._common import configure_logging, database_alias, positive_float
+from tasks.management.commands._common import (
+    LongRunningCommand,
+    configure_logging,
+    database_alias,
+    positive_float,
+    stop_on_signals,
+)
 from tasks.scheduler import Scheduler, schedule_status
 
 
-class Command(BaseCommand):
+class Command(LongRunningCommand):
     help = (
         "Run the periodic-task scheduler (leader-elected: one instance enqueues, the others stand by). "
         "Workers run one in a thread unless --no-scheduler; run this where no worker runs."
@@ -58,6 +63,5 @@ class Command(BaseCommand):
             led = scheduler.run_once()
             self.stdout.write("ran one round" if led else "another scheduler leads: nothing done")
             return
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: scheduler.stop())
-        scheduler.run()
+        with stop_on_signals(scheduler.stop):
+            scheduler.run()

@@ -4,10 +4,11 @@ import logging
 import os
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
 from tasks.management.commands._common import (
+    LongRunningCommand,
     configure_logging,
     non_negative_float,
     non_negative_int,
@@ -19,7 +20,7 @@ from tasks.routing import misrouted, queues_by_database
 from tasks.worker import Worker
 
 
-class Command(BaseCommand):
+class Command(LongRunningCommand):
     help = "Run a task worker: claim tasks under a lease, run them, heartbeat, finish."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -97,14 +98,17 @@ class Command(BaseCommand):
             worker_id=worker_id,
             hard_exit_after=None,
         )
-        # Past the grace period, the hand-back and a TTL's worth of retries, the process ends anyway.
-        worker.hard_exit_after = worker.shutdown_grace + 2 * worker.ttl + 5
+        if self.main_program:
+            # Past the grace period, the hand-back and a TTL's worth of retries, the process ends anyway.
+            worker.hard_exit_after = worker.shutdown_grace + 2 * worker.ttl + 5
         worker.run()
-        # Task code may have left non-daemon threads behind; they must not keep a stopped worker
-        # alive. Everything of the worker's own is written and closed by now.
         connections.close_all()
-        logging.shutdown()
-        os._exit(0)
+        if self.main_program:
+            # Task code may have left non-daemon threads behind; they must not keep a stopped worker
+            # alive. Everything of the worker's own is written and closed by now. Called in-process
+            # (call_command), the command returns instead: the caller's process is not ours to end.
+            logging.shutdown()
+            os._exit(0)
 
 
 def served_database(queues: list[str], database: str | None) -> str:

@@ -1,0 +1,79 @@
+"""Long-running commands called in-process (``call_command``) return to their caller.
+
+A worker started by ``manage.py run_worker`` may end its process hard once it has stopped (task code
+can leave non-daemon threads behind); the same command called from a test or from a user's code must
+not: ``os._exit`` there ended a whole pytest run at that test with status 0, the remaining tests never
+run. Every command also puts the caller's signal handlers back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from leasing.models import Lease
+from tasks.models import Task, TaskStatus
+from tasks.recovery import RECOVERY_LEASE
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WORKER_ARGS = ("--no-recovery", "--no-scheduler", "--poll-interval", "0.05", "--concurrency", "2", "-v", "0")
+
+
+def test_run_worker_returns_to_its_caller_twice_in_one_process() -> None:
+    handlers_before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    for round_number in (1, 2):
+        ids = [
+            Task.objects.enqueue("tests.testapp.handlers.add", kwargs={"a": round_number, "b": i}).id for i in range(3)
+        ]
+
+        call_command("run_worker", "--max-tasks", "3", *WORKER_ARGS)
+
+        # Reached only because the command returned; every task it claimed is finished and stored.
+        done = dict(Task.objects.filter(pk__in=ids).values_list("pk", "status"))
+        assert done == dict.fromkeys(ids, TaskStatus.SUCCESSFUL)
+        results = sorted(Task.objects.filter(pk__in=ids).values_list("return_value", flat=True))
+        assert results == [round_number + i for i in range(3)]
+        assert {signum: signal.getsignal(signum) for signum in handlers_before} == handlers_before
+    # The hard-exit timer of a main program was never armed: no thread is left waiting to end us.
+    assert not [thread for thread in threading.enumerate() if thread.name == "hard-exit"]
+
+
+def test_recover_tasks_stops_on_sigterm_and_gives_the_signal_back() -> None:
+    """The loop commands stop on SIGTERM while they run, then leave the caller's handler in place."""
+    calls: list[int] = []
+
+    def callers_handler(signum: int, frame: Any) -> None:
+        calls.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, callers_handler)
+    try:
+
+        def stop_when_leading() -> None:
+            # The command's own handler replaces the caller's while it runs; SIGTERM goes only then.
+            try:
+                wait_until(lambda: signal.getsignal(signal.SIGTERM) is not callers_handler, 20, what="the handler")
+                wait_until(lambda: Lease.objects.active().filter(resource=RECOVERY_LEASE).exists(), 20, what="leading")
+                os.kill(os.getpid(), signal.SIGTERM)
+            finally:
+                connection.close()  # this thread's own
+
+        sender = threading.Thread(target=stop_when_leading)
+        sender.start()
+        call_command("recover_tasks", "--interval", "0.05", "-v", "0")
+        sender.join(20)
+        assert not sender.is_alive()
+
+        assert signal.getsignal(signal.SIGTERM) is callers_handler
+        assert calls == []  # the command's handler took that SIGTERM, not the caller's
+        os.kill(os.getpid(), signal.SIGTERM)
+        wait_until(lambda: calls == [signal.SIGTERM], 5, what="the caller's handler")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
