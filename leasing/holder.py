@@ -43,6 +43,7 @@ from asgiref.sync import sync_to_async
 from django.db import Error, connections
 
 from leasing import clock, metrics, signals
+from leasing.bounds import bound
 from leasing.conf import get_settings
 from leasing.exceptions import LeaseAcquisitionError, LeaseLost
 from leasing.models import Grant, Lease, acquire_on, acquire_slot_on, release_on, renew_on, seconds
@@ -157,14 +158,11 @@ def bound_statements(connection: BaseDatabaseWrapper, timeout: float) -> float:
     """Make every later statement on ``connection`` fail after ``timeout`` seconds, or after
     waiting that long for a lock, instead of hanging; returns ``timeout``.
 
-    Session-level, so a heartbeat connection pays one round trip for it, not one per renewal.
+    Set per transaction, in the statement's own round trip (leasing/bounds.py): a pooled server
+    connection keeps nothing of it.
     """
-    value = f"{max(1, round(timeout * 1000))}ms"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false)",
-            [value, value],
-        )
+    milliseconds = max(1, round(timeout * 1000))
+    bound(connection, statement_ms=milliseconds, lock_ms=milliseconds)
     return timeout
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.checks import CheckMessage, Error, register
+from django.core.checks import CheckMessage, Error, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 
 
@@ -24,3 +24,55 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     except ValueError as exc:
         errors.append(Error(str(exc), hint="See README, 'Retention'.", id="tasks.E102"))
     return errors
+
+
+@register()
+def check_pooled_databases(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """What a transaction pooler needs of a pooled alias (README, 'Behind PgBouncer')."""
+    from django.conf import settings
+
+    from tasks.conf import get_settings
+
+    hint = "See README, 'Behind PgBouncer'."
+    try:
+        conf = get_settings()
+    except ValueError:
+        return []  # reported where the settings are read
+    messages: list[CheckMessage] = []
+    for name, aliases in (("POOLED_DATABASES", conf.POOLED_DATABASES), ("LISTEN_URLS", tuple(conf.LISTEN_URLS))):
+        for alias in aliases:
+            if alias not in settings.DATABASES:
+                messages.append(
+                    Error(
+                        f"LEASING_TASKS[{name!r}] names {alias!r}, which is not in DATABASES",
+                        hint=hint,
+                        id="tasks.E103",
+                    )
+                )
+    for alias in conf.POOLED_DATABASES:
+        if alias not in settings.DATABASES:
+            continue  # tasks.E103 above
+        database = settings.DATABASES[alias]
+        options = database.get("OPTIONS") or {}
+        if options.get("server_side_binding") and options.get("prepare_threshold", 5) is not None:
+            # psycopg prepares a statement on the server after a few runs; through transaction
+            # pooling the next run may land on a server connection that never saw it.
+            messages.append(
+                Error(
+                    f"DATABASES[{alias!r}] is pooled (LEASING_TASKS['POOLED_DATABASES']) but uses server-side "
+                    "binding with psycopg's prepared statements",
+                    hint="Leave OPTIONS['server_side_binding'] off (Django's default), or set "
+                    "OPTIONS['prepare_threshold'] = None. " + hint,
+                    id="tasks.E104",
+                )
+            )
+        if not database.get("DISABLE_SERVER_SIDE_CURSORS"):
+            messages.append(
+                Warning(
+                    f"DATABASES[{alias!r}] is pooled (LEASING_TASKS['POOLED_DATABASES']) but server-side cursors "
+                    "are enabled: a QuerySet.iterator() outside a transaction breaks through transaction pooling",
+                    hint="Set DATABASES[alias]['DISABLE_SERVER_SIDE_CURSORS'] = True (Django's own advice). " + hint,
+                    id="tasks.W105",
+                )
+            )
+    return messages

@@ -89,6 +89,13 @@ class TaskSettings:
     #: Queues routed to database aliases: queue name -> alias (others live in ``default``). See
     #: tasks/routing.py: enqueue, the API, the django.tasks backend, workers and schedules follow it.
     QUEUE_DATABASES: dict[str, str] = field(default_factory=dict)
+    #: Database aliases reached through a transaction pooler (PgBouncer ``pool_mode = transaction``).
+    #: A session there is not the worker's: a LISTEN would hold on whichever server connection ran it,
+    #: and notifications would be lost with it, so workers of such an alias do not LISTEN through it.
+    POOLED_DATABASES: tuple[str, ...] = ()
+    #: A direct (unpooled) database URL per alias, for LISTEN only: workers of a pooled alias then
+    #: still wake at once on an enqueue; without one they poll every POLL_INTERVAL.
+    LISTEN_URLS: dict[str, str] = field(default_factory=dict)
 
 
 def get_settings() -> TaskSettings:
@@ -98,7 +105,7 @@ def get_settings() -> TaskSettings:
         raise ValueError(f"unknown LEASING_TASKS settings: {', '.join(sorted(unknown))}")
     if isinstance(overrides.get("RETENTION"), dict):
         overrides["RETENTION"] = {**DEFAULT_RETENTION, **overrides["RETENTION"]}
-    for name in ("API_TASKS", "API_TASK_PATTERNS"):
+    for name in ("API_TASKS", "API_TASK_PATTERNS", "POOLED_DATABASES"):
         if name in overrides:
             if isinstance(overrides[name], str):
                 raise ValueError(f"LEASING_TASKS[{name!r}] must be a list of strings, not one string")

@@ -37,7 +37,6 @@ import socket
 import threading
 import time
 import traceback
-import weakref
 from collections.abc import Callable, Sequence
 from inspect import iscoroutinefunction
 from typing import Any
@@ -49,6 +48,7 @@ from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from leasing import clock
+from leasing.bounds import bound, unbound
 from tasks import allowlist
 from tasks.conf import get_settings
 from tasks.exceptions import NotATask, TaskPathRefused, TaskTimeout, UnstorableResult
@@ -59,22 +59,13 @@ from tasks.outcome_writer import CONNECTION_ERRORS, OutcomeWriter, is_lock_wait,
 from tasks.outcomes import storable_json, storable_text
 from tasks.runtime import Execution, _set_current
 from tasks.task_signals import FinishedSignals
-
-_bound: weakref.WeakSet[Any] = weakref.WeakSet()  # raw connections whose session is already bounded
+from tasks.wakeup import wakeup_for
 
 
 def bound_connection(using: str, *, lock_ms: int, statement_ms: int) -> None:
-    """Bound this thread's connection for the worker's own statements (once per new connection)."""
-    wrapper = connections[using]
-    wrapper.ensure_connection()
-    if wrapper.connection in _bound:
-        return
-    with wrapper.cursor() as cursor:
-        cursor.execute(
-            "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
-            [f"{lock_ms}ms", f"{statement_ms}ms"],
-        )
-    _bound.add(wrapper.connection)
+    """Bound the statements of this thread's connection for the worker's own work: per transaction,
+    never as session state a connection pooler would hand to someone else (leasing/bounds.py)."""
+    bound(connections[using], statement_ms=statement_ms, lock_ms=lock_ms)
 
 
 logger = logging.getLogger("tasks.worker")
@@ -259,6 +250,7 @@ class Worker:
         # heartbeat. Handler code runs on other connections and is not bounded.
         self.lock_timeout_ms = int(max(100, min(2000, self.ttl * 1000 / 6)))
         self.statement_timeout_ms = int(max(1000, self.ttl * 1000 / 3))
+        self.wakeup = wakeup_for(self.using, self.poll_interval)
 
     # -- public --------------------------------------------------------------------------------
 
@@ -305,18 +297,22 @@ class Worker:
         try:
             self._start_threads()
             logger.info(
-                "worker %s started: queues=%s concurrency=%d batch=%d ttl=%gs",
+                "worker %s started: queues=%s concurrency=%d batch=%d ttl=%gs wake-up=%s",
                 self.id,
                 ",".join(self.queues),
                 self.concurrency,
                 self.batch_size,
                 self.ttl,
+                self.wakeup.description,
             )
             self._dispatch()
         finally:
             try:
                 self._shutdown()
             finally:
+                # The thread that called run() may be the caller's own (a test, call_command): its
+                # connection serves the caller again, unbounded.
+                unbound(connections[self.using])
                 self._stopped.set()
                 for signum, handler in previous_handlers.items():
                     signal.signal(signum, handler)
@@ -980,12 +976,12 @@ class Worker:
     def _listen(self) -> None:
         from tasks.models import NOTIFY_CHANNEL
 
-        wrapper = connections[self.using]
+        connect = self.wakeup.connect
+        assert connect is not None
         while not self._stop.is_set():
             conn = None
             try:
-                conn = wrapper.get_new_connection(wrapper.get_connection_params())
-                conn.autocommit = True
+                conn = connect()
                 conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                 self._notified.set()  # anything enqueued while we were not listening
                 self._wake.set()
@@ -1055,8 +1051,9 @@ class Worker:
             )
             self.aio.start()
         self._spawn(self._heartbeat, "heartbeat")
-        self._stop_pipe = os.pipe()
-        self._spawn(self._listen, "listener")
+        if self.wakeup.connect is not None:
+            self._stop_pipe = os.pipe()
+            self._spawn(self._listen, "listener")
         if self.recovery:
             from tasks.recovery import RecoveryController
 

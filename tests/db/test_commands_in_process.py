@@ -17,6 +17,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
+from leasing.bounds import StatementBounds
 from leasing.models import Lease
 from tasks.models import Task, TaskStatus
 from tasks.recovery import RECOVERY_LEASE
@@ -43,6 +44,8 @@ def test_run_worker_returns_to_its_caller_twice_in_one_process() -> None:
         assert results == [round_number + i for i in range(3)]
         assert {signum: signal.getsignal(signum) for signum in handlers_before} == handlers_before
     # The hard-exit timer of a main program was never armed: no thread is left waiting to end us.
+    # And the caller's connection is its own again: no worker bounds left on it.
+    assert not [w for w in connection.execute_wrappers if isinstance(w, StatementBounds)]
     assert not [thread for thread in threading.enumerate() if thread.name == "hard-exit"]
 
 

@@ -1,0 +1,78 @@
+"""Statement and lock timeouts for the project's own connections, set per transaction.
+
+A worker's dispatcher, a lease heartbeat or a release after a loss must never hang on a row lock or
+a stalled server, so their statements carry a ``statement_timeout`` and a ``lock_timeout``. Those used
+to be set once per connection with ``set_config(…, false)``: session state. Behind a transaction
+pooler (PgBouncer, ``pool_mode = transaction``) a session is not ours: the setting landed on whichever
+server connection served that statement and stayed there for the web requests served next (they
+read back ``statement_timeout = 1s``).
+
+So the bounds go with each statement instead: :class:`StatementBounds` is an execute wrapper that
+sends ``SELECT set_config(…, true), set_config(…, true); <statement>`` as one query message. One round
+trip, as before; PostgreSQL runs the messages's statements as one implicit transaction, ``true`` makes
+both settings local to it, and since PostgreSQL 13 the statement timeout is armed per statement of a
+message, with the value in force when that statement starts. Inside an explicit transaction the same
+prefix sets them for the rest of that transaction. Nothing outlives the transaction, whatever the
+pooler does with the server connection next.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+_PREFIX = "SELECT set_config('statement_timeout', '{statement}ms', true), set_config('lock_timeout', '{lock}ms', true)"
+
+
+class StatementBounds:
+    """An execute wrapper (``connection.execute_wrappers``) bounding every statement it sees."""
+
+    def __init__(self, *, statement_ms: int, lock_ms: int) -> None:
+        self.set(statement_ms=statement_ms, lock_ms=lock_ms)
+
+    def set(self, *, statement_ms: int, lock_ms: int) -> None:
+        # Whole numbers written into the text: no parameter, so the prefix never shifts the caller's.
+        self.statement_ms, self.lock_ms = int(statement_ms), int(lock_ms)
+        if self.statement_ms < 1 or self.lock_ms < 1:
+            raise ValueError("statement and lock timeouts must be at least 1 ms (0 would mean none)")
+        self.prefix = _PREFIX.format(statement=self.statement_ms, lock=self.lock_ms)
+
+    def __call__(self, execute: Any, sql: Any, params: Any, many: bool, context: dict[str, Any]) -> Any:
+        cursor = context["cursor"].cursor  # psycopg's own cursor under Django's wrapper
+        if many or not isinstance(cursor, psycopg.ClientCursor):
+            # One statement per message here (executemany, or server-side binding: the extended
+            # protocol takes no second statement): the bounds go first, in the caller's transaction,
+            # or in one of their own opened for this statement.
+            wrapper: BaseDatabaseWrapper = context["connection"]
+            if wrapper.get_autocommit():
+                with wrapper.connection.transaction():
+                    cursor.execute(self.prefix)
+                    return execute(sql, params, many, context)
+            cursor.execute(self.prefix)
+            return execute(sql, params, many, context)
+        # Client-side binding (Django's default): one message, one round trip.
+        result = execute(f"{self.prefix}; {sql}", params, many, context)
+        # The cursor stands on the first result (the prefix's row): step to the caller's statement,
+        # whose rows, description and rowcount Django reads next.
+        cursor.nextset()
+        return result
+
+
+def bound(connection: BaseDatabaseWrapper, *, statement_ms: int, lock_ms: int) -> StatementBounds:
+    """Bound every later statement ``connection`` (one thread's wrapper) sends; calling it again
+    changes the bounds in place. The wrapper outlives reconnects, so a new server connection is
+    bounded from its first statement."""
+    for wrapper in connection.execute_wrappers:
+        if isinstance(wrapper, StatementBounds):
+            wrapper.set(statement_ms=statement_ms, lock_ms=lock_ms)
+            return wrapper
+    bounds = StatementBounds(statement_ms=statement_ms, lock_ms=lock_ms)
+    connection.execute_wrappers.append(bounds)
+    return bounds
+
+
+def unbound(connection: BaseDatabaseWrapper) -> None:
+    """Take the bounds off ``connection`` again (a worker run in a caller's thread, when it stops)."""
+    connection.execute_wrappers[:] = [w for w in connection.execute_wrappers if not isinstance(w, StatementBounds)]

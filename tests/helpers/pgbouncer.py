@@ -1,0 +1,138 @@
+"""A real PgBouncer (Debian's ``pgbouncer`` package) in transaction pooling, in front of the test
+database, for the tests that run the project through a pooler (tests/concurrency/test_pgbouncer.py).
+
+It listens on a free loopback port, forwards every database name to the test server (its unix
+socket, or its host and port), and pools in transaction mode with a small pool, as teams with many
+replicas run it. PgBouncer refuses to run as root: under root it runs as the embedded server's user
+(which may reach that server's private socket) or, for a server reached over TCP, as ``nobody``.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from tests.helpers import wait_until
+
+INSTALL_HINT = "PgBouncer is not installed: apt-get install pgbouncer (.ci/run installs it)"
+
+
+@dataclass(frozen=True)
+class Bouncer:
+    port: int
+    pool_size: int
+    user: str
+    log: Path
+
+    def url(self, dbname: str) -> str:
+        """A DATABASE_URL through the pooler."""
+        return f"postgres://{quote(self.user)}@127.0.0.1:{self.port}/{quote(dbname)}"
+
+    def conninfo(self, dbname: str) -> str:
+        return f"host=127.0.0.1 port={self.port} dbname={dbname} user={self.user}"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _run_as(server_host: str) -> pwd.struct_passwd | None:
+    if os.geteuid() != 0:
+        return None
+    if server_host.startswith("/"):
+        from leasing.embedded import server_user
+
+        user = server_user()
+        if user is not None and user.pw_uid != 0:
+            return user
+    return pwd.getpwnam("nobody")
+
+
+@contextmanager
+def pgbouncer(settings_dict: dict[str, Any], *, pool_size: int = 4) -> Iterator[Bouncer]:
+    """PgBouncer in front of the server of ``settings_dict`` (a Django DATABASES entry). Its files
+    live in a directory of their own under /tmp, which the user it runs as can reach (a pytest
+    ``tmp_path`` under root's private directory is not)."""
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not Path(binary).exists():
+        raise RuntimeError(INSTALL_HINT)
+    options = settings_dict.get("OPTIONS") or {}
+    host = options.get("host") or settings_dict.get("HOST") or "127.0.0.1"
+    server = f"host={host}" + (f" port={settings_dict['PORT']}" if settings_dict.get("PORT") else "")
+    if settings_dict.get("PASSWORD"):
+        server += f" password={settings_dict['PASSWORD']}"
+    user = settings_dict.get("USER") or "postgres"
+    port = _free_port()
+    workdir = Path(tempfile.mkdtemp(prefix="leasing-pgbouncer-"))
+    config = workdir / "pgbouncer.ini"
+    users = workdir / "users.txt"
+    log = workdir / "pgbouncer.log"
+    users.write_text(f'"{user}" ""\n')
+    config.write_text(
+        "\n".join(
+            [
+                "[databases]",
+                f"* = {server}",
+                "[pgbouncer]",
+                "listen_addr = 127.0.0.1",
+                f"listen_port = {port}",
+                "unix_socket_dir =",
+                "auth_type = trust",
+                f"auth_file = {users}",
+                f"admin_users = {user}",
+                "pool_mode = transaction",
+                f"default_pool_size = {pool_size}",
+                "max_client_conn = 500",
+                # Django's psycopg connections send no startup options; keep the server's defaults.
+                "ignore_startup_parameters = extra_float_digits,options",
+                f"logfile = {log}",
+                "",
+            ]
+        )
+    )
+    run_as = _run_as(host)
+    command = [binary, str(config)]
+    if run_as is not None:
+        os.chmod(workdir, 0o755)
+        for path in (config, users):
+            os.chmod(path, 0o644)
+        log.touch()
+        os.chown(log, run_as.pw_uid, run_as.pw_gid)
+        os.chown(workdir, run_as.pw_uid, run_as.pw_gid)
+        command = [binary, "-u", run_as.pw_name, str(config)]
+    with open(workdir / "stderr.log", "wb") as stderr:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+
+        def accepting() -> bool:
+            assert proc.poll() is None, f"pgbouncer exited ({proc.returncode}):\n{_tail(log)}{_tail(stderr.name)}"
+            with socket.socket() as probe:
+                return probe.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_until(accepting, 20, what="pgbouncer to listen")
+        yield Bouncer(port=port, pool_size=pool_size, user=user, log=log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _tail(path: Path | str) -> str:
+    path = Path(path)
+    return path.read_text(errors="replace")[-4000:] if path.exists() else "(no log)"
