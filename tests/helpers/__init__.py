@@ -29,9 +29,12 @@ def test_database_url() -> str:
     host = s["HOST"] or ""
     port = f":{s['PORT']}" if s["PORT"] else ""
     query = ""
-    socket_host = (s.get("OPTIONS") or {}).get("host")
+    options = s.get("OPTIONS") or {}
+    socket_host = options.get("host")
     if socket_host:
         query = f"?host={quote(socket_host)}"
+        if options.get("port"):  # a server on another port than 5432 (Debian's PostgreSQL 15 in CI)
+            query += f"&port={options['port']}"
     return f"postgres://{auth}@{host}{port}/{s['NAME']}{query}"
 
 

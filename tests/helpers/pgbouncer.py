@@ -3,8 +3,8 @@ database, for the tests that run the project through a pooler (tests/concurrency
 
 It listens on a free loopback port, forwards every database name to the test server (its unix
 socket, or its host and port), and pools in transaction mode with a small pool, as teams with many
-replicas run it. PgBouncer refuses to run as root: under root it runs as the embedded server's user
-(which may reach that server's private socket) or, for a server reached over TCP, as ``nobody``.
+replicas run it. PgBouncer refuses to run as root: under root it runs as the owner of the server's socket directory
+(the embedded server's user, or Debian's postgres) or, for a server reached over TCP, as ``nobody``.
 """
 
 from __future__ import annotations
@@ -49,14 +49,14 @@ def _free_port() -> int:
 
 
 def _run_as(server_host: str) -> pwd.struct_passwd | None:
+    """Under root, the user PgBouncer runs as: the owner of the server's socket directory (which
+    only its owner may reach: the embedded server's user, or Debian's postgres), else nobody."""
     if os.geteuid() != 0:
         return None
     if server_host.startswith("/"):
-        from leasing.embedded import server_user
-
-        user = server_user()
-        if user is not None and user.pw_uid != 0:
-            return user
+        owner = pwd.getpwuid(os.stat(server_host).st_uid)
+        if owner.pw_uid != 0:
+            return owner
     return pwd.getpwnam("nobody")
 
 
@@ -70,7 +70,8 @@ def pgbouncer(settings_dict: dict[str, Any], *, pool_size: int = 4) -> Iterator[
         raise RuntimeError(INSTALL_HINT)
     options = settings_dict.get("OPTIONS") or {}
     host = options.get("host") or settings_dict.get("HOST") or "127.0.0.1"
-    server = f"host={host}" + (f" port={settings_dict['PORT']}" if settings_dict.get("PORT") else "")
+    server_port = options.get("port") or settings_dict.get("PORT")
+    server = f"host={host}" + (f" port={server_port}" if server_port else "")
     if settings_dict.get("PASSWORD"):
         server += f" password={settings_dict['PASSWORD']}"
     user = settings_dict.get("USER") or "postgres"
