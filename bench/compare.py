@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Side-by-side benchmark: this project, PgQueuer, procrastinate and django-tasks-db on one
+"""Side-by-side benchmark: this project, PgQueuer, procrastinate, django-tasks-db and oban on one
 PostgreSQL in one run, plus a raw-SQL ceiling of our claim and finish statements.
 
     python3 -m venv .venv-bench && .venv-bench/bin/pip install -e . -r bench/requirements.txt
@@ -12,7 +12,7 @@ from the enqueue of the batch to the moment nothing is pending. The queue is emp
 
 ``--io`` runs the I/O-bound case instead: ``--io-tasks`` tasks that each ``await asyncio.sleep(1)``
 drained by one worker process with ``--io-concurrency`` coroutines at once (this project's async
-executor, PgQueuer, procrastinate), and ``--io-thread-tasks`` ``time.sleep(1)`` tasks drained by this
+executor, PgQueuer, procrastinate, oban), and ``--io-thread-tasks`` ``time.sleep(1)`` tasks drained by this
 project's thread executor at its default concurrency (4 threads: 4 tasks/s, so fewer tasks).
 """
 
@@ -25,6 +25,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.peer_settings"
 
 from bench.common import stop_processes  # noqa: E402
-from bench.peers import SYSTEMS, install_pgqueuer, install_procrastinate, setup_django  # noqa: E402
+from bench.peers import SYSTEMS, install_oban, install_pgqueuer, install_procrastinate, setup_django  # noqa: E402
 
 WORKER_CONCURRENCY = 8
 
@@ -115,7 +116,7 @@ def run_io_case(name: str, n: int, concurrency: int, log_dir: Path) -> float:
         system.reset()
 
 
-IO_SYSTEMS = ["django-leasing", "django-leasing-threads", "PgQueuer", "procrastinate"]
+IO_SYSTEMS = ["django-leasing", "django-leasing-threads", "PgQueuer", "procrastinate", "oban"]
 
 
 def main_io(args: Any, log_dir: Path) -> str:
@@ -126,16 +127,21 @@ def main_io(args: Any, log_dir: Path) -> str:
             n = args.io_thread_tasks if name == "django-leasing-threads" else args.io_tasks
             rate = run_io_case(name, n, args.io_concurrency, log_dir)
             results.setdefault(name, []).append(rate)
-            print(f"compare.io.sleep1.procs=1.{name}.round={round_no}  {rate:.1f} tasks/s", flush=True)
+            ours_io = results.get("django-leasing", [])
+            shown = f"{rate:.1f} tasks/s"
+            if name != "django-leasing" and len(ours_io) == round_no:
+                shown += f"  (ours / theirs this round {ours_io[-1] / rate:.2f}x)"
+            print(f"compare.io.sleep1.procs=1.{name}.round={round_no}  {shown}", flush=True)
     ours = max(results.get("django-leasing") or [0.0])
     lines = [
         f"I/O-bound: tasks that each wait 1 s, drained by 1 worker process; {args.rounds} interleaved rounds; "
-        "tasks/s (higher is better); ratio = django-leasing async's best round / the system's best round.",
+        "tasks/s (higher is better); ratio = django-leasing async's best round / the system's best round; "
+        "per round = django-leasing async's round / the system's same round.",
         "",
         "| system | executor | tasks | "
         + " | ".join(f"round {i}" for i in range(1, args.rounds + 1))
-        + " | ours / theirs |",
-        "| --- | --- | ---: | " + " | ".join("---:" for _ in range(args.rounds)) + " | ---: |",
+        + " | ours / theirs | per round |",
+        "| --- | --- | ---: | " + " | ".join("---:" for _ in range(args.rounds)) + " | ---: | ---: |",
     ]
     executors = {
         "django-leasing": f"async executor, `--async-concurrency {args.io_concurrency}`, `asyncio.sleep(1)`",
@@ -144,13 +150,15 @@ def main_io(args: Any, log_dir: Path) -> str:
             f"`concurrency_limit` and `max_concurrent_tasks` {args.io_concurrency}, batch 64, `asyncio.sleep(1)`"
         ),
         "procrastinate": f"`concurrency={args.io_concurrency}`, `asyncio.sleep(1)`",
+        "oban": f"queue limit {args.io_concurrency}, `asyncio.sleep(1)`",
     }
     for name in systems:
         values = results[name]
         n = args.io_thread_tasks if name == "django-leasing-threads" else args.io_tasks
         ratio = "" if name == "django-leasing" else f"{ours / max(values):.2f}x"
+        per_round = "" if name == "django-leasing" else round_ratios(results.get("django-leasing", []), values)
         cells = " | ".join(f"{v:,.1f}" for v in values)
-        lines.append(f"| {name} | {executors[name]} | {n:,} | {cells} | {ratio} |")
+        lines.append(f"| {name} | {executors[name]} | {n:,} | {cells} | {ratio} | {per_round} |")
     info = versions()
     lines += [
         "",
@@ -232,7 +240,7 @@ def run_raw(n: int, processes: int) -> float:
 
 def versions() -> dict[str, str]:
     found = {}
-    for package in ("django-leasing", "pgqueuer", "procrastinate", "django-tasks-db", "django", "psycopg"):
+    for package in ("django-leasing", "pgqueuer", "procrastinate", "django-tasks-db", "oban", "django", "psycopg"):
         try:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
@@ -290,6 +298,7 @@ def main() -> None:
     setup_django()
     install_pgqueuer()
     install_procrastinate()
+    install_oban()
     log_dir = Path(os.environ.get("BENCH_LOGS", "/tmp")) / f"bench-compare-{os.getpid()}"
     log_dir.mkdir(parents=True, exist_ok=True)
     if args.io:
@@ -314,6 +323,9 @@ def main() -> None:
                     rate = run_case(name, case, args.tasks, log_dir)
                     results.setdefault((case, name), []).append(rate)
                     shown = "n/a" if rate is None else f"{rate:.1f}"
+                    ours = results.get((case, "django-leasing"), [])
+                    if name != "django-leasing" and rate and len(ours) == round_no and ours[-1]:
+                        shown += f"  (ours / theirs this round {ours[-1] / rate:.2f}x)"
                     print(f"compare.{case}.{name}.round={round_no}  {shown} tasks/s", flush=True)
                 if case.startswith("drain"):
                     processes = int(case.rsplit("=", 1)[1])
@@ -336,13 +348,21 @@ def _best(values: list[float | None]) -> float | None:
     return max(numbers) if numbers else None
 
 
+def round_ratios(ours: Sequence[float | None], theirs: Sequence[float | None]) -> str:
+    """django-leasing's rate / the system's, round by round ("1.10x, 0.98x"); "n/a" where either is missing."""
+    return ", ".join(f"{a / b:.2f}x" if a and b else "n/a" for a, b in zip(ours, theirs, strict=False))
+
+
 def render(results: dict[tuple[str, str], list[float | None]], cases: list[str], systems: list[str], args: Any) -> str:
     lines = [
         f"{args.tasks:,} no-op tasks; {args.rounds} interleaved rounds; tasks/s (higher is better); "
-        f"ratio = django-leasing's best round / the system's best round.",
+        f"ratio = django-leasing's best round / the system's best round; per round = django-leasing's round / "
+        "the system's same round.",
         "",
-        "| case | system | " + " | ".join(f"round {i}" for i in range(1, args.rounds + 1)) + " | ours / theirs |",
-        "| --- | --- | " + " | ".join("---:" for _ in range(args.rounds)) + " | ---: |",
+        "| case | system | "
+        + " | ".join(f"round {i}" for i in range(1, args.rounds + 1))
+        + " | ours / theirs | per round |",
+        "| --- | --- | " + " | ".join("---:" for _ in range(args.rounds)) + " | ---: | ---: |",
     ]
     for case in cases:
         ours = _best(results.get((case, "django-leasing"), []))
@@ -354,7 +374,10 @@ def render(results: dict[tuple[str, str], list[float | None]], cases: list[str],
             cells = ["n/a" if v is None else f"{v:,.0f}" for v in values]
             theirs = _best(values)
             ratio = "" if name == "django-leasing" or not ours or not theirs else f"{ours / theirs:.2f}x"
-            lines.append(f"| {case} | {name} | " + " | ".join(cells) + f" | {ratio} |")
+            per_round = (
+                "" if name == "django-leasing" else round_ratios(results.get((case, "django-leasing"), []), values)
+            )
+            lines.append(f"| {case} | {name} | " + " | ".join(cells) + f" | {ratio} | {per_round} |")
     info = versions()
     lines += [
         "",
@@ -364,7 +387,9 @@ def render(results: dict[tuple[str, str], list[float | None]], cases: list[str],
         + ".",
         f"Workers: {WORKER_CONCURRENCY}-way concurrency per process for every system (django-leasing: "
         "threads, claim batch 64; PgQueuer: batch 64; procrastinate: async concurrency; django-tasks-db: "
-        "its db_worker, one task at a time). django-tasks-db has no batch enqueue; its drains are filled "
+        "its db_worker, one task at a time; oban: queue limit 8, `enqueue_many` in calls of 5,000, which the "
+        "open-source edition runs as one INSERT per job in one transaction). django-tasks-db has no batch enqueue; "
+        "its drains are filled "
         "one by one (not timed differently: the clock starts at the first enqueue for every system).",
     ]
     return "\n".join(lines)

@@ -305,12 +305,78 @@ def django_tasks_db() -> System:
     )
 
 
+# -- oban (the Python port of Oban) --------------------------------------------------------------
+
+
+async def _oban_pool() -> Any:
+    from psycopg_pool import AsyncConnectionPool
+
+    # Oban.create_pool's defaults (1 to 10 connections), on this run's database.
+    pool = AsyncConnectionPool(conninfo(), min_size=1, max_size=10, open=False)
+    await pool.open()
+    return pool
+
+
+def oban_system() -> System:
+    from oban import Oban
+
+    from bench.peer_tasks import ObanNoop, ObanSleep
+
+    async def _enqueue(worker: Any, n: int, bulk: bool) -> None:
+        pool = await _oban_pool()
+        client = Oban(pool=pool, name="bench-client")  # no queues: enqueue only
+        if bulk:
+            # enqueue_many: one transaction per call (the open-source edition inserts row by row in it).
+            for start in range(0, n, 5000):
+                await client.enqueue_many([worker.new({"i": i}) for i in range(start, min(n, start + 5000))])
+        else:
+            for i in range(n):
+                await client.enqueue(worker.new({"i": i}))
+        await pool.close()
+
+    async def _worker(concurrency: int) -> None:
+        pool = await _oban_pool()
+        oban = Oban(pool=pool, queues={QUEUE: concurrency})
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await oban.start()
+        print("ready", flush=True)
+        await stop.wait()
+        await oban.stop()
+        await pool.close()
+
+    def worker(concurrency: int) -> None:
+        asyncio.run(_worker(concurrency))
+
+    return System(
+        "oban",
+        lambda n: asyncio.run(_enqueue(ObanNoop, n, bulk=False)),
+        lambda n: asyncio.run(_enqueue(ObanNoop, n, bulk=True)),
+        lambda: count("SELECT count(*) FROM oban_jobs WHERE state IN ('available', 'scheduled', 'executing')"),
+        lambda: truncate("oban_jobs, oban_producers, oban_leaders"),
+        worker,
+        lambda n: asyncio.run(_enqueue(ObanSleep, n, bulk=True)),
+        worker,  # one queue serves both workers; its limit is ``concurrency`` jobs at once
+    )
+
+
+def install_oban() -> None:
+    from oban.schema import install_sql
+
+    if not count("SELECT count(*) FROM pg_tables WHERE tablename = 'oban_jobs'"):
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute(install_sql())
+
+
 SYSTEMS: dict[str, Callable[[], System]] = {
     "django-leasing": ours,
     "django-leasing-threads": ours_threads,
     "PgQueuer": pgqueuer,
     "procrastinate": procrastinate_system,
     "django-tasks-db": django_tasks_db,
+    "oban": oban_system,
 }
 
 
