@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 from django.db.backends.base.base import BaseDatabaseWrapper
+from psycopg.pq import TransactionStatus
 
 _PREFIX = "SELECT set_config('statement_timeout', '{statement}ms', true), set_config('lock_timeout', '{lock}ms', true)"
 
@@ -41,6 +42,11 @@ class StatementBounds:
 
     def __call__(self, execute: Any, sql: Any, params: Any, many: bool, context: dict[str, Any]) -> Any:
         cursor = context["cursor"].cursor  # psycopg's own cursor under Django's wrapper
+        if cursor.connection.info.transaction_status == TransactionStatus.INERROR:
+            # An aborted transaction takes nothing but ROLLBACK (TO SAVEPOINT): a prefix there would
+            # fail and take the rollback down with it (a failed inner atomic block, get_or_create's
+            # race), leaving the whole transaction to roll back. Nothing is bounded there anyway.
+            return execute(sql, params, many, context)
         if many or not isinstance(cursor, psycopg.ClientCursor):
             # One statement per message here (executemany, or server-side binding: the extended
             # protocol takes no second statement): the bounds go first, in the caller's transaction,

@@ -1,0 +1,52 @@
+"""Breaker tests of leasing/bounds.py: a bounded connection inside transactions, savepoints and
+multi-result messages, on a real server."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+
+import pytest
+from django.db import IntegrityError, connection, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from leasing.bounds import bound
+from tests.testapp.models import Gate
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(params=["client-side binding", "server-side binding"])
+def bounded(request: pytest.FixtureRequest) -> Iterator[BaseDatabaseWrapper]:
+    settings_dict = copy.deepcopy(connection.settings_dict)
+    if request.param == "server-side binding":
+        settings_dict["OPTIONS"] = {**settings_dict.get("OPTIONS", {}), "server_side_binding": True}
+    wrapper = connections["default"].__class__(settings_dict, alias="default")
+    bound(wrapper, statement_ms=2000, lock_ms=2000)
+    wrapper.ensure_connection()
+    yield wrapper
+    wrapper.close()
+
+
+def test_breaker_a_failed_savepoint_rolls_back_and_the_transaction_goes_on(bounded: BaseDatabaseWrapper) -> None:
+    """An inner atomic block that fails (get_or_create's race, an IntegrityError caught) rolls back to
+    its savepoint; the outer transaction goes on and commits. The savepoint rollback is sent in an
+    aborted transaction, where PostgreSQL takes nothing but ROLLBACK (TO SAVEPOINT): no prefix there."""
+    Gate.objects.create(key="taken")
+    original = connections["default"]
+    connections["default"] = bounded
+    try:  # this thread's "default" is the bounded connection for the block
+        with transaction.atomic():
+            Gate.objects.create(key="before")
+            try:
+                with transaction.atomic():
+                    Gate.objects.create(key="taken")  # unique: IntegrityError, savepoint rolled back
+            except IntegrityError:
+                pass
+            Gate.objects.create(key="after")
+            with bounded.cursor() as cursor:
+                cursor.execute("SELECT current_setting('statement_timeout')")
+                assert cursor.fetchone() == ("2s",)
+    finally:
+        connections["default"] = original
+    assert set(Gate.objects.values_list("key", flat=True)) == {"taken", "before", "after"}
