@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.core.management import call_command
@@ -40,7 +40,9 @@ def test_run_worker_returns_to_its_caller_twice_in_one_process() -> None:
         # Reached only because the command returned; every task it claimed is finished and stored.
         done = dict(Task.objects.filter(pk__in=ids).values_list("pk", "status"))
         assert done == dict.fromkeys(ids, TaskStatus.SUCCESSFUL)
-        results = sorted(Task.objects.filter(pk__in=ids).values_list("return_value", flat=True))
+        results = sorted(
+            cast(int, value) for value in Task.objects.filter(pk__in=ids).values_list("return_value", flat=True)
+        )
         assert results == [round_number + i for i in range(3)]
         assert {signum: signal.getsignal(signum) for signum in handlers_before} == handlers_before
     # The hard-exit timer of a main program was never armed: no thread is left waiting to end us.

@@ -14,7 +14,7 @@ from tasks.wakeup import wakeup_for, where
 
 
 def ids(settings: Any) -> list[str]:
-    return sorted(message.id for message in check_pooled_databases())
+    return sorted(str(message.id) for message in check_pooled_databases())
 
 
 @pytest.fixture
