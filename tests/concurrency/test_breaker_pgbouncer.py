@@ -4,6 +4,8 @@ transactions take turns on the same server session."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +14,7 @@ import pytest
 from django.db import connection
 
 from tasks.models import Task, TaskStatus
-from tests.helpers import wait_until
+from tests.helpers import ROOT, child_env, wait_until
 from tests.helpers.pgbouncer import Bouncer, pgbouncer
 from tests.helpers.workers import Workers
 
@@ -90,3 +92,45 @@ def test_breaker_a_handler_leaking_session_timeouts_does_not_break_the_worker(
     # Not held, and not asserted: the recovery controller's rounds (and retention) run unbounded, so
     # they run under the leaked 1 ms ("recovery round failed: canceling statement due to statement
     # timeout") for as long as the poisoned server session lives.
+
+
+LEASE_SCRIPT = """
+import django
+django.setup()
+from leasing.holder import lease
+from leasing.models import Lease
+from tests.helpers import ROOT, child_env, wait_until
+
+# A plain lease and two semaphore slots, each renewed several times by its heartbeat, through a
+# pool of one; then each released.
+with lease("breaker:plain", ttl=0.6) as plain, lease("breaker:sem", ttl=0.6, limit=2) as one, lease(
+    "breaker:sem", ttl=0.6, limit=2
+) as two:
+    resources = [plain.grant.resource, one.grant.resource, two.grant.resource]
+    wait_until(
+        lambda: all(
+            Lease.objects.get(resource=resource).renewals >= 5 for resource in resources
+        ),
+        30,
+        what="five renewals of every lease",
+    )
+    assert not (plain.lost or one.lost or two.lost)
+print("held", sorted(resources))
+"""
+
+
+def test_breaker_lease_heartbeats_through_a_pool_of_one_leave_no_session_state(bouncer: Bouncer) -> None:
+    """Lease heartbeats (a plain lease and two slots of a semaphore) renew through a pool of one
+    server connection, which the test's own reads share; the session keeps the server's defaults."""
+    done = subprocess.run(
+        [sys.executable, "-c", LEASE_SCRIPT],
+        cwd=ROOT,
+        env=child_env(DATABASE_URL=pooled_url(bouncer), DATABASE_POOLED="true"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "held" in done.stdout
+    assert server_timeouts(bouncer) == ("0", "0")

@@ -50,3 +50,27 @@ def test_breaker_a_failed_savepoint_rolls_back_and_the_transaction_goes_on(bound
     finally:
         connections["default"] = original
     assert set(Gate.objects.values_list("key", flat=True)) == {"taken", "before", "after"}
+
+
+def test_breaker_row_counts_descriptions_and_errors_are_the_callers_statements(
+    bounded: BaseDatabaseWrapper,
+) -> None:
+    """What Django reads after a statement (rowcount for update()/delete(), description, the error)
+    belongs to the caller's statement, never to the prefix's one-row SELECT."""
+    Gate.objects.bulk_create([Gate(key=f"r{n}") for n in range(5)])
+    with bounded.cursor() as cursor:
+        cursor.execute("UPDATE testapp_gate SET open = true WHERE key LIKE %s", ["r%"])
+        assert cursor.rowcount == 5
+        assert cursor.description is None
+        cursor.execute("DELETE FROM testapp_gate WHERE key IN (%s, %s)", ["r0", "r1"])
+        assert cursor.rowcount == 2
+        cursor.execute("SELECT key FROM testapp_gate WHERE false")
+        assert cursor.rowcount == 0
+        assert cursor.fetchall() == []
+        assert [column.name for column in cursor.description] == ["key"]
+        cursor.execute("SELECT 1 -- a trailing comment")
+        assert cursor.fetchone() == (1,)
+        with pytest.raises(IntegrityError):
+            cursor.execute("INSERT INTO testapp_gate (key, open) VALUES (%s, false)", ["r2"])
+        cursor.execute("SELECT count(*) FROM testapp_gate")  # the autocommit connection goes on
+        assert cursor.fetchone() == (3,)
