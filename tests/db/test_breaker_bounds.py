@@ -74,3 +74,18 @@ def test_breaker_row_counts_descriptions_and_errors_are_the_callers_statements(
             cursor.execute("INSERT INTO testapp_gate (key, open) VALUES (%s, false)", ["r2"])
         cursor.execute("SELECT count(*) FROM testapp_gate")  # the autocommit connection goes on
         assert cursor.fetchone() == (3,)
+
+
+def test_breaker_a_queryset_iterator_on_a_bounded_connection(bounded: BaseDatabaseWrapper) -> None:
+    """QuerySet.iterator() uses a named server-side cursor (DECLARE ... WITH HOLD in autocommit): the
+    bounds must not take its place or close it before its rows are read."""
+    Gate.objects.bulk_create([Gate(key=f"i{n}") for n in range(5)])
+    original = connections["default"]
+    connections["default"] = bounded
+    try:
+        keys = [gate.key for gate in Gate.objects.order_by("key").iterator(chunk_size=2)]
+        with transaction.atomic():
+            in_atomic = [gate.key for gate in Gate.objects.order_by("key").iterator(chunk_size=2)]
+    finally:
+        connections["default"] = original
+    assert keys == in_atomic == [f"i{n}" for n in range(5)]
