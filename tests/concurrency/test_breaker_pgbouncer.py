@@ -3,10 +3,13 @@ transactions take turns on the same server session."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -134,3 +137,38 @@ def test_breaker_lease_heartbeats_through_a_pool_of_one_leave_no_session_state(b
     assert done.returncode == 0, done.stdout + done.stderr
     assert "held" in done.stdout
     assert server_timeouts(bouncer) == ("0", "0")
+
+
+def pgbouncer_pid(bouncer: Bouncer) -> int:
+    """The pid of the fixture's own PgBouncer: the process whose command line names its config file."""
+    config = str(bouncer.log.parent / "pgbouncer.ini")
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if config.encode() in argv:
+                return int(entry.name)
+    raise AssertionError(f"no process runs {config}")
+
+
+def test_breaker_a_drain_wedged_on_a_frozen_pooler_ends_in_the_hard_exit(bouncer: Bouncer, workers: Workers) -> None:
+    """The pooler freezes (SIGSTOP): every statement waits on a socket that never answers, where no
+    statement timeout reaches (the server never got the statement). A SIGTERMed ``manage.py
+    run_worker`` cannot finish its drain; as the process's main program it exits anyway (code 70)
+    after its grace, two TTLs and 5 s, and says why."""
+    proc = workers.start("frozen", "--shutdown-grace", "1", DATABASE_URL=pooled_url(bouncer), DATABASE_POOLED="true")
+    wait_until(lambda: " started: " in workers.log("frozen"), 30, what="the worker's start line")
+    pid = pgbouncer_pid(bouncer)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: proc.poll() is not None, 60, what="the hard exit")  # grace 1 + 2 * ttl 2 + 5 = 10 s
+        took = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert proc.returncode == 70, workers.log("frozen")[-5000:]
+    assert "still running" in workers.log("frozen") and "exiting now" in workers.log("frozen")
+    assert 9 <= took <= 40, took
