@@ -14,6 +14,12 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     from tasks.retention import retention_policy
     from tasks.schedules import load_schedules
 
+    from tasks.conf import get_settings
+
+    try:
+        get_settings()
+    except ValueError as exc:  # every other check reads the settings too: this one says what is wrong
+        return [Error(str(exc), id="tasks.E100")]
     errors: list[CheckMessage] = []
     try:
         load_schedules()

@@ -81,3 +81,23 @@ def test_breaker_an_unparsable_listen_url_is_refused_without_quoting_it(settings
     assert wakeup.connect is None  # with the checks skipped: polling
     assert "ZZcret" not in wakeup.description
     assert wakeup.description == "polling every 0.5s (the LISTEN_URLS entry of default cannot be parsed)"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"LISTEN_URLS": "postgres://u@db/x"},
+        {"LISTEN_URLS": {"default": 5432}},
+        {"LISTEN_URLS": ["default"]},
+        {"POOLED_DATABASES": "default"},
+    ],
+)
+def test_breaker_malformed_pooler_settings_are_refused_by_a_check(settings: Any, bad: dict[str, Any]) -> None:
+    """Not a crash of ``manage.py check`` (nor an error per character of a string)."""
+    from tasks.checks import check_task_settings
+
+    settings.LEASING_TASKS = bad
+    assert check_pooled_databases() == []  # reported once, by the settings check below
+    messages = check_task_settings()
+    assert [message.id for message in messages] == ["tasks.E100"]
+    assert next(iter(bad)) in messages[0].msg
