@@ -11,10 +11,9 @@ from django.core.exceptions import ImproperlyConfigured
 
 @register()
 def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from tasks.conf import get_settings
     from tasks.retention import retention_policy
     from tasks.schedules import load_schedules
-
-    from tasks.conf import get_settings
 
     try:
         get_settings()

@@ -67,6 +67,7 @@ def test_breaker_row_counts_descriptions_and_errors_are_the_callers_statements(
         cursor.execute("SELECT key FROM testapp_gate WHERE false")
         assert cursor.rowcount == 0
         assert cursor.fetchall() == []
+        assert cursor.description is not None
         assert [column.name for column in cursor.description] == ["key"]
         cursor.execute("SELECT 1 -- a trailing comment")
         assert cursor.fetchone() == (1,)
