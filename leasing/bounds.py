@@ -14,6 +14,12 @@ both settings local to it, and since PostgreSQL 13 the statement timeout is arme
 message, with the value in force when that statement starts. Inside an explicit transaction the same
 prefix sets them for the rest of that transaction. Nothing outlives the transaction, whatever the
 pooler does with the server connection next.
+
+Two consequences of the prefix. A statement PostgreSQL refuses inside a transaction block (VACUUM,
+CREATE/DROP INDEX CONCURRENTLY, CREATE DATABASE) fails on a bounded connection, since the prefix makes
+its message a multi-statement one; none of the project's bounded connections (a worker's dispatcher
+and heartbeat, lease heartbeats and releases) sends one, and retention and migrations run unbounded.
+And in an aborted transaction, which takes nothing but ROLLBACK (TO SAVEPOINT), no prefix is sent.
 """
 
 from __future__ import annotations

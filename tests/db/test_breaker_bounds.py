@@ -7,7 +7,7 @@ import copy
 from collections.abc import Iterator
 
 import pytest
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import IntegrityError, InternalError, connection, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from leasing.bounds import bound
@@ -90,3 +90,15 @@ def test_breaker_a_queryset_iterator_on_a_bounded_connection(bounded: BaseDataba
     finally:
         connections["default"] = original
     assert keys == in_atomic == [f"i{n}" for n in range(5)]
+
+
+def test_breaker_a_statement_refused_in_a_transaction_block_fails_on_a_bounded_connection(
+    bounded: BaseDatabaseWrapper,
+) -> None:
+    """The documented limit of the prefix (leasing/bounds.py): VACUUM and the CONCURRENTLY forms fail
+    there, so none of the project's bounded connections may send one."""
+    with pytest.raises(InternalError, match="cannot run inside a transaction block"), bounded.cursor() as cursor:
+        cursor.execute("VACUUM testapp_gate")
+    with bounded.cursor() as cursor:  # the connection goes on
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)
