@@ -14,6 +14,12 @@ both settings local to it, and since PostgreSQL 13 the statement timeout is arme
 message, with the value in force when that statement starts. Inside an explicit transaction the same
 prefix sets them for the rest of that transaction. Nothing outlives the transaction, whatever the
 pooler does with the server connection next.
+
+Two consequences of the prefix. A statement PostgreSQL refuses inside a transaction block (VACUUM,
+CREATE/DROP INDEX CONCURRENTLY, CREATE DATABASE) fails on a bounded connection, since the prefix makes
+its message a multi-statement one; none of the project's bounded connections (a worker's dispatcher
+and heartbeat, lease heartbeats and releases) sends one, and retention and migrations run unbounded.
+And in an aborted transaction, which takes nothing but ROLLBACK (TO SAVEPOINT), no prefix is sent.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 
 import psycopg
 from django.db.backends.base.base import BaseDatabaseWrapper
+from psycopg.pq import TransactionStatus
 
 _PREFIX = "SELECT set_config('statement_timeout', '{statement}ms', true), set_config('lock_timeout', '{lock}ms', true)"
 
@@ -41,6 +48,11 @@ class StatementBounds:
 
     def __call__(self, execute: Any, sql: Any, params: Any, many: bool, context: dict[str, Any]) -> Any:
         cursor = context["cursor"].cursor  # psycopg's own cursor under Django's wrapper
+        if cursor.connection.info.transaction_status == TransactionStatus.INERROR:
+            # An aborted transaction takes nothing but ROLLBACK (TO SAVEPOINT): a prefix there would
+            # fail and take the rollback down with it (a failed inner atomic block, get_or_create's
+            # race), leaving the whole transaction to roll back. Nothing is bounded there anyway.
+            return execute(sql, params, many, context)
         if many or not isinstance(cursor, psycopg.ClientCursor):
             # One statement per message here (executemany, or server-side binding: the extended
             # protocol takes no second statement): the bounds go first, in the caller's transaction,

@@ -11,9 +11,14 @@ from django.core.exceptions import ImproperlyConfigured
 
 @register()
 def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from tasks.conf import get_settings
     from tasks.retention import retention_policy
     from tasks.schedules import load_schedules
 
+    try:
+        get_settings()
+    except ValueError as exc:  # every other check reads the settings too: this one says what is wrong
+        return [Error(str(exc), id="tasks.E100")]
     errors: list[CheckMessage] = []
     try:
         load_schedules()
@@ -32,6 +37,7 @@ def check_pooled_databases(app_configs: Any = None, **kwargs: Any) -> list[Check
     from django.conf import settings
 
     from tasks.conf import get_settings
+    from tasks.wakeup import parsable
 
     hint = "See README, 'Behind PgBouncer'."
     try:
@@ -49,6 +55,17 @@ def check_pooled_databases(app_configs: Any = None, **kwargs: Any) -> list[Check
                         id="tasks.E103",
                     )
                 )
+    for alias, url in conf.LISTEN_URLS.items():
+        if url and not parsable(url):
+            messages.append(
+                Error(
+                    # Not libpq's message: it quotes the token it could not read, a password maybe.
+                    f"LEASING_TASKS['LISTEN_URLS'][{alias!r}] is not a connection URL or conninfo string libpq "
+                    "can parse",
+                    hint="Percent-encode reserved characters (%, @, :, /) in the user name and password. " + hint,
+                    id="tasks.E106",
+                )
+            )
     for alias in conf.POOLED_DATABASES:
         if alias not in settings.DATABASES:
             continue  # tasks.E103 above

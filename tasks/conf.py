@@ -110,6 +110,10 @@ def get_settings() -> TaskSettings:
             if isinstance(overrides[name], str):
                 raise ValueError(f"LEASING_TASKS[{name!r}] must be a list of strings, not one string")
             overrides[name] = tuple(overrides[name])
+    if "LISTEN_URLS" in overrides:
+        urls = overrides["LISTEN_URLS"]
+        if not isinstance(urls, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in urls.items()):
+            raise ValueError("LEASING_TASKS['LISTEN_URLS'] must map database aliases to URLs (strings)")
     for pattern in overrides.get("API_TASK_PATTERNS", ()):
         try:
             re.compile(pattern)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -109,7 +110,7 @@ def test_drain_with_kills_through_pgbouncer_leaves_no_session_settings(bouncer: 
     dbname = connection.settings_dict["NAME"]
     ours = server_pids()  # connections that are not the pooler's (none, normally)
     ids = Task.objects.bulk_enqueue("tests.testapp.handlers.record", [{"n": n} for n in range(TASKS)])
-    pooled = {
+    pooled: dict[str, Any] = {
         "DATABASE_URL": bouncer.url(dbname),
         "DATABASE_POOLED": "true",
         "LEASING_TEST_SCHEDULES": json.dumps(SCHEDULES),
@@ -134,7 +135,8 @@ def test_drain_with_kills_through_pgbouncer_leaves_no_session_settings(bouncer: 
 
     generation = 3
     for kill in range(KILLS):
-        wait_until(lambda k=kill: succeeded() >= (k + 1) * TASKS // (KILLS + 2), 120, what="progress before a kill")
+        target = (kill + 1) * TASKS // (KILLS + 2)
+        wait_until(lambda: succeeded() >= target, 120, what="progress before a kill")  # noqa: B023
         victim = sorted(name for name, proc in workers.procs.items() if proc.poll() is None)[kill % 3]
         os.kill(workers.procs[victim].pid, signal.SIGKILL)
         workers.procs[victim].wait(30)

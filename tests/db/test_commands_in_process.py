@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.core.management import call_command
@@ -40,7 +40,9 @@ def test_run_worker_returns_to_its_caller_twice_in_one_process() -> None:
         # Reached only because the command returned; every task it claimed is finished and stored.
         done = dict(Task.objects.filter(pk__in=ids).values_list("pk", "status"))
         assert done == dict.fromkeys(ids, TaskStatus.SUCCESSFUL)
-        results = sorted(Task.objects.filter(pk__in=ids).values_list("return_value", flat=True))
+        results = sorted(
+            cast(int, value) for value in Task.objects.filter(pk__in=ids).values_list("return_value", flat=True)
+        )
         assert results == [round_number + i for i in range(3)]
         assert {signum: signal.getsignal(signum) for signum in handlers_before} == handlers_before
     # The hard-exit timer of a main program was never armed: no thread is left waiting to end us.
@@ -80,3 +82,38 @@ def test_recover_tasks_stops_on_sigterm_and_gives_the_signal_back() -> None:
         wait_until(lambda: calls == [signal.SIGTERM], 5, what="the caller's handler")
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_breaker_run_worker_from_a_non_main_thread_returns_and_leaves_that_threads_connection_unbounded() -> None:
+    """Off the main thread no signal handler can be set: the command runs without them, returns after
+    --max-tasks, and the calling thread's connection is neither bounded nor left with session state."""
+    handlers_before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    ids = [Task.objects.enqueue("tests.testapp.handlers.add", kwargs={"a": 7, "b": i}).id for i in range(3)]
+    seen: dict[str, Any] = {}
+
+    def caller() -> None:
+        try:
+            for _ in range(2):  # twice in the same thread
+                call_command("run_worker", "--max-tasks", "3" if not seen else "1", *WORKER_ARGS)
+                seen.setdefault("returned", 0)
+                seen["returned"] += 1
+                if seen["returned"] == 1:
+                    Task.objects.enqueue("tests.testapp.handlers.add", kwargs={"a": 8, "b": 0})
+            seen["wrappers"] = [w for w in connection.execute_wrappers if isinstance(w, StatementBounds)]
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT current_setting('statement_timeout'), current_setting('lock_timeout')")
+                seen["settings"] = cursor.fetchone()
+        except BaseException as exc:  # reported below
+            seen["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=caller, name="breaker-caller")
+    thread.start()
+    wait_until(lambda: not thread.is_alive(), 60, what="the command to return in its thread")
+    assert "error" not in seen, seen.get("error")
+    assert seen["returned"] == 2
+    assert seen["wrappers"] == []
+    assert seen["settings"] == ("0", "0")
+    assert Task.objects.filter(pk__in=ids, status=TaskStatus.SUCCESSFUL).count() == 3
+    assert {signum: signal.getsignal(signum) for signum in handlers_before} == handlers_before

@@ -493,3 +493,36 @@ class AsyncCallable:
 
 
 async_callable = AsyncCallable()
+
+
+def _timeouts_seen() -> list[str]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('statement_timeout'), current_setting('lock_timeout')")
+        row = cursor.fetchone()
+    return [row[0], row[1]]
+
+
+def breaker_timeouts_seen(**kwargs: Any) -> list[str]:
+    """The statement and lock timeouts a sync handler's own statements run under."""
+    return _timeouts_seen()
+
+
+async def breaker_async_timeouts_seen(**kwargs: Any) -> list[list[str]]:
+    """The same from a coroutine: through thread-sensitive and thread-insensitive sync_to_async."""
+    from asgiref.sync import sync_to_async
+
+    sensitive = await sync_to_async(_timeouts_seen, thread_sensitive=True)()
+    insensitive = await sync_to_async(_timeouts_seen, thread_sensitive=False)()
+    return [sensitive, insensitive]
+
+
+def breaker_poison_session(**kwargs: Any) -> None:
+    """Task code that sets session-level timeouts (its own business; behind a pooler they land on a
+    shared server connection and stay there for whoever is served next)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET statement_timeout = '1ms'")
+        cursor.execute("SET lock_timeout = '1ms'")

@@ -14,7 +14,7 @@ from tasks.wakeup import wakeup_for, where
 
 
 def ids(settings: Any) -> list[str]:
-    return sorted(message.id for message in check_pooled_databases())
+    return sorted(str(message.id) for message in check_pooled_databases())
 
 
 @pytest.fixture
@@ -70,3 +70,34 @@ def test_the_wake_up_source_follows_the_settings(settings: Any) -> None:
     assert direct.connect is not None
     assert direct.description == "LISTEN on the direct URL of default (db:5432/app)"
     assert "secret" not in where("postgres://u:secret@db:5432/app")
+
+
+def test_breaker_an_unparsable_listen_url_is_refused_without_quoting_it(settings: Any) -> None:
+    settings.LEASING_TASKS = {"LISTEN_URLS": {"default": "postgres://u:s3%ZZcret@db/x"}}
+    messages = check_pooled_databases()
+    assert [message.id for message in messages] == ["tasks.E106"]
+    assert "ZZcret" not in f"{messages[0].msg} {messages[0].hint}"
+    wakeup = wakeup_for("default", 0.5)
+    assert wakeup.connect is None  # with the checks skipped: polling
+    assert "ZZcret" not in wakeup.description
+    assert wakeup.description == "polling every 0.5s (the LISTEN_URLS entry of default cannot be parsed)"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"LISTEN_URLS": "postgres://u@db/x"},
+        {"LISTEN_URLS": {"default": 5432}},
+        {"LISTEN_URLS": ["default"]},
+        {"POOLED_DATABASES": "default"},
+    ],
+)
+def test_breaker_malformed_pooler_settings_are_refused_by_a_check(settings: Any, bad: dict[str, Any]) -> None:
+    """Not a crash of ``manage.py check`` (nor an error per character of a string)."""
+    from tasks.checks import check_task_settings
+
+    settings.LEASING_TASKS = bad
+    assert check_pooled_databases() == []  # reported once, by the settings check below
+    messages = check_task_settings()
+    assert [message.id for message in messages] == ["tasks.E100"]
+    assert next(iter(bad)) in messages[0].msg
