@@ -115,13 +115,27 @@ _CLAIM_SET = f"""
 # (a primary-key probe), so a pause holds from the next claim of every worker and HTTP client.
 _PICK_ONE = """
 WHERE t.id = ANY(ARRAY(
-    SELECT id FROM tasks_task
-    WHERE status = 'READY' AND queue = %(queue)s AND run_after <= statement_timestamp()
-      AND shared_crashes < %(isolation_bar)s
-      AND NOT EXISTS (SELECT 1 FROM tasks_queuecontrol WHERE name = %(queue)s AND paused)
-    ORDER BY priority DESC, run_after, id
+    WITH RECURSIVE levels(priority) AS (
+        (SELECT priority FROM tasks_task
+         WHERE status = 'READY' AND queue = %(queue)s
+           AND NOT EXISTS (SELECT 1 FROM tasks_queuecontrol WHERE name = %(queue)s AND paused)
+         ORDER BY priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT t.priority FROM tasks_task AS t
+                WHERE t.status = 'READY' AND t.queue = %(queue)s AND t.priority < levels.priority
+                ORDER BY t.priority DESC LIMIT 1)
+        FROM levels WHERE levels.priority IS NOT NULL
+    )
+    SELECT due.id FROM levels AS l
+    CROSS JOIN LATERAL (
+        SELECT id FROM tasks_task
+        WHERE status = 'READY' AND queue = %(queue)s AND priority = l.priority AND run_after <= statement_timestamp()
+          AND shared_crashes < %(isolation_bar)s
+        ORDER BY run_after, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS due
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
 ))"""
 
 # Several queues, in two steps, so that only the rows claimed are locked. A row locked and not
@@ -132,29 +146,41 @@ WHERE t.id = ANY(ARRAY(
 # locks that many, skipping rows other claimers hold, exactly as a one-queue claim does.
 _PICK_MANY = """
 WHERE t.id = ANY(ARRAY(
+    WITH RECURSIVE levels(queue, priority) AS (
+        SELECT u.name, (SELECT t.priority FROM tasks_task AS t WHERE t.status = 'READY' AND t.queue = u.name
+                        ORDER BY t.priority DESC LIMIT 1)
+        FROM unnest(%(queues)s::text[]) AS u(name)
+        WHERE NOT EXISTS (SELECT 1 FROM tasks_queuecontrol AS c WHERE c.name = u.name AND c.paused)
+        UNION ALL
+        SELECT levels.queue, (SELECT t.priority FROM tasks_task AS t
+                              WHERE t.status = 'READY' AND t.queue = levels.queue AND t.priority < levels.priority
+                              ORDER BY t.priority DESC LIMIT 1)
+        FROM levels WHERE levels.priority IS NOT NULL
+    )
     SELECT p.id FROM (
-        SELECT best.name, count(*) AS share FROM (
-            SELECT q.name, r.priority, r.run_after, r.id FROM (
-                SELECT name FROM unnest(%(queues)s::text[]) AS u(name)
-                WHERE NOT EXISTS (SELECT 1 FROM tasks_queuecontrol AS c WHERE c.name = u.name AND c.paused)
-            ) AS q CROSS JOIN LATERAL (
+        SELECT best.queue, count(*) AS share FROM (
+            SELECT l.queue, r.priority, r.run_after, r.id FROM levels AS l CROSS JOIN LATERAL (
                 SELECT id, priority, run_after FROM tasks_task
-                WHERE status = 'READY' AND queue = q.name AND run_after <= statement_timestamp()
-                  AND shared_crashes < %(isolation_bar)s
-                ORDER BY priority DESC, run_after, id
+                WHERE status = 'READY' AND queue = l.queue AND priority = l.priority
+                  AND run_after <= statement_timestamp() AND shared_crashes < %(isolation_bar)s
+                ORDER BY run_after, id
                 LIMIT %(limit)s
             ) AS r
             ORDER BY r.priority DESC, r.run_after, r.id
             LIMIT %(limit)s
         ) AS best
-        GROUP BY best.name
+        GROUP BY best.queue
     ) AS s CROSS JOIN LATERAL (
-        SELECT id FROM tasks_task
-        WHERE status = 'READY' AND queue = s.name AND run_after <= statement_timestamp()
-          AND shared_crashes < %(isolation_bar)s
-        ORDER BY priority DESC, run_after, id
+        SELECT due.id FROM levels AS l CROSS JOIN LATERAL (
+            SELECT id FROM tasks_task
+            WHERE status = 'READY' AND queue = s.queue AND priority = l.priority
+              AND run_after <= statement_timestamp() AND shared_crashes < %(isolation_bar)s
+            ORDER BY run_after, id
+            LIMIT s.share
+            FOR UPDATE SKIP LOCKED
+        ) AS due
+        WHERE l.queue = s.queue
         LIMIT s.share
-        FOR UPDATE SKIP LOCKED
     ) AS p
     LIMIT %(limit)s -- cuts nothing (the shares add up to at most this); tells the planner how few rows come
 ))"""
