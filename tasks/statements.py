@@ -96,14 +96,29 @@ _CLAIM_SET = f"""
                       ELSE t.worker_ids END"""
 
 # The subquery picks and locks; SKIP LOCKED lets concurrent workers pick different rows without
-# waiting. Its WHERE/ORDER BY match the partial index tasks_task_claim_idx (queue, priority DESC,
-# run_after, id, shared_crashes) WHERE status = 'READY', so a claim reads only runnable rows of its
-# own queue: finished rows, other queues' backlogs and (PostgreSQL 18's skip scan over priority)
-# deferred rows cost it nothing. Every condition is an index condition, checked on the index entry
-# before the row is fetched. A task that must run isolated (``shared_crashes`` at ISOLATE_AFTER) is
-# taken only by a worker that holds nothing else: ``isolation_bar`` is ISOLATE_AFTER for a busy
-# worker and no bar at all for an idle one (one statement text either way).
-# One queue: an ordered index scan, locking as it goes, up to ``limit`` rows.
+# waiting. It reads the partial index tasks_task_claim_idx (queue, priority DESC, run_after, id,
+# shared_crashes) WHERE status = 'READY', so a claim reads only runnable rows of its own queue:
+# finished rows and other queues' backlogs cost it nothing. A task that must run isolated
+# (``shared_crashes`` at ISOLATE_AFTER) is taken only by a worker that holds nothing else:
+# ``isolation_bar`` is ISOLATE_AFTER for a busy worker and no bar at all for an idle one (one
+# statement text either way).
+#
+# Deferred rows: one ordered scan ``queue = q AND run_after <= now ORDER BY priority DESC, run_after,
+# id`` meets a higher priority's deferred rows before a lower priority's due ones, and (run_after being
+# behind priority in the index) steps over every one of them. PostgreSQL 18's skip scan jumps over
+# them; 13-17 have none, and 300,000 deferred rows made a claim cost x32 on PostgreSQL 15. So the
+# claim walks the priorities itself (a manual skip scan, on every major): ``levels`` is the queue's
+# distinct priorities among READY rows, highest first, each found by one index probe (the next
+# priority below the last: ``ORDER BY priority DESC LIMIT 1``, an index-only scan that stops at the
+# first live entry); for each, in that order, a LATERAL range scan ``priority = p AND run_after <=
+# now ORDER BY run_after, id`` takes the due rows, locking as it goes. A nested loop pulls rows one by
+# one through the outer LIMIT, so no row is locked that is not claimed (tests/db/test_claim_plans.py
+# counts the LockRows output), and a level is probed only once the levels above it gave too little.
+# The recursion emits one row per step, so the CTE scan yields the levels in priority order with no
+# Sort. Its cost: one probe per distinct priority holding READY rows above the first one with due
+# rows (a handful), not one per deferred row. A step to the next priority must find a *live* entry:
+# index entries of rows that left READY and are not yet vacuumed are stepped over (as the old scan
+# stepped over those at the front of its range; each is marked dead in the index on first visit).
 #
 # A pick that locks with LIMIT … FOR UPDATE SKIP LOCKED must run exactly once per statement: as an
 # uncorrelated ARRAY(…) (an InitPlan) here, as a MATERIALIZED CTE where its columns are needed. Joined
@@ -143,7 +158,9 @@ WHERE t.id = ANY(ARRAY(
 # ``limit`` and keeping the best ``limit`` of those made a one-queue worker pass over its queue's best
 # task while nobody claimed it (a priority inversion). First, without locks, the best ``limit`` of each
 # queue decide how many of the best ``limit`` overall each queue gives (``share``); then each queue
-# locks that many, skipping rows other claimers hold, exactly as a one-queue claim does.
+# locks that many, skipping rows other claimers hold, exactly as a one-queue claim does. Both steps
+# walk each queue's priorities as the one-queue pick does (one ``levels`` recursion carrying the
+# queue, read by both); within a queue the CTE scan yields its levels highest first.
 _PICK_MANY = """
 WHERE t.id = ANY(ARRAY(
     WITH RECURSIVE levels(queue, priority) AS (
