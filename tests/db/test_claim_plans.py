@@ -77,3 +77,38 @@ def test_claims_beside_deferred_higher_priority_rows_read_no_more_than_on_an_emp
         if touched > 150 or locked > params["limit"]:
             problems.append(f"{touched} blocks, {locked} rows locked for {params['limit']}\n  {sql[:400]}")
     assert not problems, "\n".join(problems)
+
+
+KEYED_SQL = """
+INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, attempts,
+    max_attempts, errors, worker_ids, renewals, transitions, failures, crashes, shared_crashes, unstarted_returns,
+    attempt_started, attempt_isolated, concurrency_key, concurrency_limit)
+SELECT 'default', %(priority)s, %(path)s, '[]', '{}', 'BLOCKED', now() + make_interval(secs => %(delay)s), now(),
+       0, 3, '[]', '[]', 0, 0, 0, 0, 0, 0, false, false, 'smtp', 1
+FROM generate_series(1, %(n)s) AS g
+"""
+
+
+def test_an_admission_beside_deferred_higher_priority_waiting_tasks_reads_no_more_than_without_them() -> None:
+    """The admission of a concurrency key (migration 0011) picks in the claim's order among the key's
+    due BLOCKED tasks; a retry backing off waits BLOCKED, so a key's deferred rows can be many. It read
+    every one of them (1,571 blocks beside 50,000 on PostgreSQL 15, 198 beside one)."""
+    with connection.cursor() as cursor:
+        cursor.execute(KEYED_SQL, {"priority": 10, "path": NOOP, "delay": 86_400, "n": 50_000})
+        cursor.execute(KEYED_SQL, {"priority": 0, "path": NOOP, "delay": 0, "n": 3})  # its statement admits 1
+        cursor.execute("UPDATE tasks_concurrencykey SET max_running = 10 WHERE key = 'smtp'")
+        cursor.execute("ANALYZE tasks_task")
+        # A limit given, so the function does not look one up (a LIMIT 1 scan that the aborted rows of
+        # the other cases would slow). Twice: the second time, the function's statements are planned
+        # warm, as in a running system.
+        for _ in range(2):
+            with transaction.atomic():
+                cursor.execute(
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT tasks_concurrency_admit('smtp', 10, false)"
+                )
+                plan = cursor.fetchone()[0][0]["Plan"]  # the function's reads are counted in its node
+                cursor.execute("SELECT count(*) FROM tasks_task WHERE concurrency_key = 'smtp' AND status = 'READY'")
+                assert cursor.fetchone()[0] == 3
+                transaction.set_rollback(True)
+    touched = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+    assert touched < 300, touched
