@@ -246,7 +246,9 @@ def bench_claim_figures() -> None:
     from django.db import connection
 
     empty, backlog, idle = bench_claim_cost()
-    figure("tasks.claim.server_version", connection.pg_version / 10000, "(PostgreSQL major.minor)")
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version_num")
+        figure("tasks.claim.server_major", int(cursor.fetchone()[0]) // 10000, "(PostgreSQL)")
     figure("tasks.claim.empty_table", empty, "ms")
     figure("tasks.claim.beside_backlogs", backlog, "ms")
     figure("tasks.claim.ratio", backlog / empty, "x (goal <= 3)")
