@@ -22,7 +22,8 @@ Prints one figure per line:
 - keyed drain: 2,000 no-op tasks over 20 concurrency keys of limit 2, by 4 worker processes, tasks/s
   (every admission is a key-row lock and a count under it; see tasks/concurrency.py).
 
-``--only-drain`` runs the two drains alone (unkeyed by 4 processes, keyed), for A/B comparisons.
+``--only-claim`` runs the claim cost alone (on DATABASE_URL's server when set: each PostgreSQL major
+has its own figure). ``--only-drain`` runs the two drains alone (unkeyed by 4 processes, keyed), for A/B comparisons.
 """
 
 from __future__ import annotations
@@ -240,6 +241,20 @@ def bench_claim_cost() -> tuple[float, float, float]:
     return empty, _claim_ms("bench"), _claim_ms("nothing-here")
 
 
+def bench_claim_figures() -> None:
+    """The claim cost's figures, with the server's major (the cost differs with skip scan or none)."""
+    from django.db import connection
+
+    empty, backlog, idle = bench_claim_cost()
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version_num")
+        figure("tasks.claim.server_major", int(cursor.fetchone()[0]) // 10000, "(PostgreSQL)")
+    figure("tasks.claim.empty_table", empty, "ms")
+    figure("tasks.claim.beside_backlogs", backlog, "ms")
+    figure("tasks.claim.ratio", backlog / empty, "x (goal <= 3)")
+    figure("tasks.claim.empty_queue_beside_backlogs", idle, "ms")
+
+
 def bench_stop_to_exit(samples: int, log_dir: Path) -> float:
     """Milliseconds from the end of a worker's last task (SIGTERM arrived while it ran) to the
     process's exit: the median of ``samples`` workers."""
@@ -373,6 +388,9 @@ def main() -> None:
     parser.add_argument("--prune-drain", type=int, default=60_000, help="tasks drained beside the pruning")
     parser.add_argument("--only-prune", action="store_true", help="run only the pruning case")
     parser.add_argument(
+        "--only-claim", action="store_true", help="run only the claim cost (any server: DATABASE_URL or embedded)"
+    )
+    parser.add_argument(
         "--only-drain", action="store_true", help="run only the drains by 4 processes, unkeyed and keyed"
     )
     args = parser.parse_args()
@@ -380,6 +398,9 @@ def main() -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="bench-tasks-"))
     worker_args = ["--concurrency", str(args.concurrency), "--batch-size", str(args.batch_size), "--no-recovery"]
     try:
+        if args.only_claim:
+            bench_claim_figures()
+            return
         if args.only_drain:
             for round_no in range(1, args.rounds + 1):
                 rate = bench_drain(args.tasks, 4, log_dir, worker_args)
@@ -411,11 +432,7 @@ def main() -> None:
         ttl, interval = 5.0, 1.0
         figure("tasks.sigkill_to_rerun", bench_kill_to_rerun(ttl, interval, log_dir), "s")
         figure("tasks.sigkill_to_rerun.bound", ttl + interval + 1, "s (TTL + recovery interval + 1)")
-        empty, backlog, idle = bench_claim_cost()
-        figure("tasks.claim.empty_table", empty, "ms")
-        figure("tasks.claim.beside_backlogs", backlog, "ms")
-        figure("tasks.claim.ratio", backlog / empty, "x (goal <= 3)")
-        figure("tasks.claim.empty_queue_beside_backlogs", idle, "ms")
+        bench_claim_figures()
         figure("tasks.stop_to_exit.p50", bench_stop_to_exit(5, log_dir), "ms (last task's end to process exit)")
     finally:
         reset()

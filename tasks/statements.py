@@ -96,14 +96,29 @@ _CLAIM_SET = f"""
                       ELSE t.worker_ids END"""
 
 # The subquery picks and locks; SKIP LOCKED lets concurrent workers pick different rows without
-# waiting. Its WHERE/ORDER BY match the partial index tasks_task_claim_idx (queue, priority DESC,
-# run_after, id, shared_crashes) WHERE status = 'READY', so a claim reads only runnable rows of its
-# own queue: finished rows, other queues' backlogs and (PostgreSQL 18's skip scan over priority)
-# deferred rows cost it nothing. Every condition is an index condition, checked on the index entry
-# before the row is fetched. A task that must run isolated (``shared_crashes`` at ISOLATE_AFTER) is
-# taken only by a worker that holds nothing else: ``isolation_bar`` is ISOLATE_AFTER for a busy
-# worker and no bar at all for an idle one (one statement text either way).
-# One queue: an ordered index scan, locking as it goes, up to ``limit`` rows.
+# waiting. It reads the partial index tasks_task_claim_idx (queue, priority DESC, run_after, id,
+# shared_crashes) WHERE status = 'READY', so a claim reads only runnable rows of its own queue:
+# finished rows and other queues' backlogs cost it nothing. A task that must run isolated
+# (``shared_crashes`` at ISOLATE_AFTER) is taken only by a worker that holds nothing else:
+# ``isolation_bar`` is ISOLATE_AFTER for a busy worker and no bar at all for an idle one (one
+# statement text either way).
+#
+# Deferred rows: one ordered scan ``queue = q AND run_after <= now ORDER BY priority DESC, run_after,
+# id`` meets a higher priority's deferred rows before a lower priority's due ones, and (run_after being
+# behind priority in the index) steps over every one of them. PostgreSQL 18's skip scan jumps over
+# them; 13-17 have none, and 300,000 deferred rows made a claim cost x32 on PostgreSQL 15. So the
+# claim walks the priorities itself (a manual skip scan, on every major): ``levels`` is the queue's
+# distinct priorities among READY rows, highest first, each found by one index probe (the next
+# priority below the last: ``ORDER BY priority DESC LIMIT 1``, an index-only scan that stops at the
+# first live entry); for each, in that order, a LATERAL range scan ``priority = p AND run_after <=
+# now ORDER BY run_after, id`` takes the due rows, locking as it goes. A nested loop pulls rows one by
+# one through the outer LIMIT, so no row is locked that is not claimed (tests/db/test_claim_plans.py
+# counts the LockRows output), and a level is probed only once the levels above it gave too little.
+# The recursion emits one row per step, so the CTE scan yields the levels in priority order with no
+# Sort. Its cost: one probe per distinct priority holding READY rows above the first one with due
+# rows (a handful), not one per deferred row. A step to the next priority must find a *live* entry:
+# index entries of rows that left READY and are not yet vacuumed are stepped over (as the old scan
+# stepped over those at the front of its range; each is marked dead in the index on first visit).
 #
 # A pick that locks with LIMIT … FOR UPDATE SKIP LOCKED must run exactly once per statement: as an
 # uncorrelated ARRAY(…) (an InitPlan) here, as a MATERIALIZED CTE where its columns are needed. Joined
@@ -115,13 +130,27 @@ _CLAIM_SET = f"""
 # (a primary-key probe), so a pause holds from the next claim of every worker and HTTP client.
 _PICK_ONE = """
 WHERE t.id = ANY(ARRAY(
-    SELECT id FROM tasks_task
-    WHERE status = 'READY' AND queue = %(queue)s AND run_after <= statement_timestamp()
-      AND shared_crashes < %(isolation_bar)s
-      AND NOT EXISTS (SELECT 1 FROM tasks_queuecontrol WHERE name = %(queue)s AND paused)
-    ORDER BY priority DESC, run_after, id
+    WITH RECURSIVE levels(priority) AS (
+        (SELECT priority FROM tasks_task
+         WHERE status = 'READY' AND queue = %(queue)s
+           AND NOT EXISTS (SELECT 1 FROM tasks_queuecontrol WHERE name = %(queue)s AND paused)
+         ORDER BY priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT t.priority FROM tasks_task AS t
+                WHERE t.status = 'READY' AND t.queue = %(queue)s AND t.priority < levels.priority
+                ORDER BY t.priority DESC LIMIT 1)
+        FROM levels WHERE levels.priority IS NOT NULL
+    )
+    SELECT due.id FROM levels AS l
+    CROSS JOIN LATERAL (
+        SELECT id FROM tasks_task
+        WHERE status = 'READY' AND queue = %(queue)s AND priority = l.priority AND run_after <= statement_timestamp()
+          AND shared_crashes < %(isolation_bar)s
+        ORDER BY run_after, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS due
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
 ))"""
 
 # Several queues, in two steps, so that only the rows claimed are locked. A row locked and not
@@ -129,32 +158,46 @@ WHERE t.id = ANY(ARRAY(
 # ``limit`` and keeping the best ``limit`` of those made a one-queue worker pass over its queue's best
 # task while nobody claimed it (a priority inversion). First, without locks, the best ``limit`` of each
 # queue decide how many of the best ``limit`` overall each queue gives (``share``); then each queue
-# locks that many, skipping rows other claimers hold, exactly as a one-queue claim does.
+# locks that many, skipping rows other claimers hold, exactly as a one-queue claim does. Both steps
+# walk each queue's priorities as the one-queue pick does (one ``levels`` recursion carrying the
+# queue, read by both); within a queue the CTE scan yields its levels highest first.
 _PICK_MANY = """
 WHERE t.id = ANY(ARRAY(
+    WITH RECURSIVE levels(queue, priority) AS (
+        SELECT u.name, (SELECT t.priority FROM tasks_task AS t WHERE t.status = 'READY' AND t.queue = u.name
+                        ORDER BY t.priority DESC LIMIT 1)
+        FROM unnest(%(queues)s::text[]) AS u(name)
+        WHERE NOT EXISTS (SELECT 1 FROM tasks_queuecontrol AS c WHERE c.name = u.name AND c.paused)
+        UNION ALL
+        SELECT levels.queue, (SELECT t.priority FROM tasks_task AS t
+                              WHERE t.status = 'READY' AND t.queue = levels.queue AND t.priority < levels.priority
+                              ORDER BY t.priority DESC LIMIT 1)
+        FROM levels WHERE levels.priority IS NOT NULL
+    )
     SELECT p.id FROM (
-        SELECT best.name, count(*) AS share FROM (
-            SELECT q.name, r.priority, r.run_after, r.id FROM (
-                SELECT name FROM unnest(%(queues)s::text[]) AS u(name)
-                WHERE NOT EXISTS (SELECT 1 FROM tasks_queuecontrol AS c WHERE c.name = u.name AND c.paused)
-            ) AS q CROSS JOIN LATERAL (
+        SELECT best.queue, count(*) AS share FROM (
+            SELECT l.queue, r.priority, r.run_after, r.id FROM levels AS l CROSS JOIN LATERAL (
                 SELECT id, priority, run_after FROM tasks_task
-                WHERE status = 'READY' AND queue = q.name AND run_after <= statement_timestamp()
-                  AND shared_crashes < %(isolation_bar)s
-                ORDER BY priority DESC, run_after, id
+                WHERE status = 'READY' AND queue = l.queue AND priority = l.priority
+                  AND run_after <= statement_timestamp() AND shared_crashes < %(isolation_bar)s
+                ORDER BY run_after, id
                 LIMIT %(limit)s
             ) AS r
             ORDER BY r.priority DESC, r.run_after, r.id
             LIMIT %(limit)s
         ) AS best
-        GROUP BY best.name
+        GROUP BY best.queue
     ) AS s CROSS JOIN LATERAL (
-        SELECT id FROM tasks_task
-        WHERE status = 'READY' AND queue = s.name AND run_after <= statement_timestamp()
-          AND shared_crashes < %(isolation_bar)s
-        ORDER BY priority DESC, run_after, id
+        SELECT due.id FROM levels AS l CROSS JOIN LATERAL (
+            SELECT id FROM tasks_task
+            WHERE status = 'READY' AND queue = s.queue AND priority = l.priority
+              AND run_after <= statement_timestamp() AND shared_crashes < %(isolation_bar)s
+            ORDER BY run_after, id
+            LIMIT s.share
+            FOR UPDATE SKIP LOCKED
+        ) AS due
+        WHERE l.queue = s.queue
         LIMIT s.share
-        FOR UPDATE SKIP LOCKED
     ) AS p
     LIMIT %(limit)s -- cuts nothing (the shares add up to at most this); tells the planner how few rows come
 ))"""

@@ -485,26 +485,31 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return [plan, *(node for child in plan.get("Plans", []) for node in _nodes(child))]
 
 
-@pytest.mark.parametrize("queues", [["default"], ["default", "empty"]], ids=["one-queue", "two-queues"])
+# Each case claims from a queue of its own: a case's 600,000 rows are rolled back, not vacuumed, and
+# their index entries stay. The manual skip scan's step to the next priority must find a live row, so
+# a queue's aborted entries would be walked by the next case (until vacuum; PostgreSQL 18's native skip
+# scan jumps over them by key alone): the claim's cost beside *dead* rows is vacuum's to keep, not this test's.
+@pytest.mark.parametrize("queues", [["default"], ["second", "empty"]], ids=["one-queue", "two-queues"])
 def test_a_claim_reads_only_its_own_runnable_rows_whatever_other_queues_and_deferred_rows_hold(
     queues: list[str],
 ) -> None:
     """Issue 13: 300,000 READY rows in another queue and 300,000 deferred higher-priority rows in
-    this one must not cost a claim anything (each used to add a scan of all of them)."""
+    this one must not cost a claim anything (each used to add a scan of all of them; on PostgreSQL
+    15, without skip scan, the deferred rows still did until the claim walked priorities itself)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at,"
             " attempts, max_attempts, errors, worker_ids, renewals, transitions, failures, crashes,"
             " shared_crashes, unstarted_returns, attempt_started, attempt_isolated)"
-            " SELECT CASE WHEN g %% 2 = 0 THEN 'bulk' ELSE 'default' END, CASE WHEN g %% 2 = 0 THEN 5 ELSE 10 END,"
+            " SELECT CASE WHEN g %% 2 = 0 THEN 'bulk' ELSE %s END, CASE WHEN g %% 2 = 0 THEN 5 ELSE 10 END,"
             " %s, '[]', '{}', 'READY',"
             " CASE WHEN g %% 2 = 0 THEN now() ELSE now() + interval '1 day' END, now(),"
             " 0, 3, '[]', '[]', 0, 0, 0, 0, 0, 0, false, false"
             " FROM generate_series(1, 600000) AS g",
-            [NOOP],
+            [queues[0], NOOP],
         )
         cursor.execute("ANALYZE tasks_task")
-    due = [enqueue(priority=p) for p in (0, 1)]
+    due = [enqueue(priority=p, queue=queues[0]) for p in (0, 1)]
     for busy in (True, False):
         plan = _claim_plan(queues, busy=busy)
         nodes = _nodes(plan)
