@@ -5,8 +5,9 @@ dotted path, ``bench.peer_tasks.ObanNoop``, in the worker process)."""
 import asyncio
 from typing import Any
 
-from django.tasks import task
 from oban import worker
+
+from tasks.compat import task
 
 
 @task(queue_name="bench")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import django
 from django.db import models
 from django.db.models.functions import Greatest
 
@@ -53,11 +54,28 @@ class FenceTokenField(models.BigIntegerField):
         return Greatest(models.F(self.attname), value)
 
 
+#: Django 6.0 reads a field saved as an expression back with RETURNING; 5.2 leaves the instance's value.
+SAVE_RETURNS_EXPRESSIONS = django.VERSION >= (6, 0)
+
+
 class FencedModel(models.Model):
     fence_token = FenceTokenField()
 
     class Meta:
         abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        updating = not self._state.adding and not kwargs.get("force_insert")
+        super().save(*args, **kwargs)
+        if updating and not SAVE_RETURNS_EXPRESSIONS:
+            # Django 5.2: read the kept token back (one more statement), so the instance never
+            # carries a lower token than its row. The row itself was never lowered either way.
+            names = [f.attname for f in self._meta.concrete_fields if isinstance(f, FenceTokenField)]
+            update_fields = kwargs.get("update_fields")
+            if update_fields is not None:
+                names = [name for name in names if name in set(update_fields)]
+            if names:
+                self.refresh_from_db(using=kwargs.get("using") or self._state.db, fields=names)
 
 
 def fenced_update(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import django
 import environ
 
 from leasing.embedded import database_url
@@ -77,6 +78,10 @@ INSTALLED_APPS = [
     "leasing",
     "tasks",
 ]
+if django.VERSION < (6, 0):
+    # Django 5.2 LTS: Django's task framework comes from the django-tasks backport (the django52
+    # extra); its app connects the framework's logging and checks, as django.tasks does on 6.x.
+    INSTALLED_APPS.append("django_tasks")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

@@ -330,7 +330,7 @@ class AsyncExecutor:
         return worker.value_outcome(execution, value)
 
     async def _call(self, target: Any, execution: Execution) -> Any:
-        from django.tasks import Task as DjangoTask
+        from tasks.compat import Task as DjangoTask
 
         if isinstance(target, DjangoTask):
             from tasks.backends import arun_django_task

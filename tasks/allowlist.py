@@ -46,7 +46,7 @@ def resolve(path: str) -> Any:
     Raises :class:`TaskPathRefused` when the lists do not admit the path or the object is not a
     public module-level function defined in its module; ``ImportError`` when the module does not import.
     """
-    from django.tasks import Task as DjangoTask
+    from tasks.compat import Task as DjangoTask
 
     reason = refusal(path)
     if reason is not None:

@@ -44,16 +44,23 @@ from typing import TYPE_CHECKING, Any
 
 from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from django.tasks import Task as DjangoTask
-from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
-from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import TaskError
-from django.tasks.exceptions import InvalidTaskBackend, TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued, task_started
-from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from leasing.routing import known_databases
+from tasks.compat import (
+    BaseTaskBackend,
+    InvalidTaskBackend,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_backends,
+    task_enqueued,
+    task_started,
+)
+from tasks.compat import Task as DjangoTask
 from tasks.models import MAX_CONCURRENCY_LIMIT, Task, TaskStatus
 from tasks.routing import queue_database
 

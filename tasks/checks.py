@@ -93,3 +93,37 @@ def check_pooled_databases(app_configs: Any = None, **kwargs: Any) -> list[Check
                 )
             )
     return messages
+
+
+@register()
+def check_task_framework(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Django's task framework as this package needs it: Django 6's own, or on Django 5.2 the
+    django-tasks backport, recent enough and installed as an app (its logging and checks)."""
+    from django.apps import apps
+
+    from tasks import compat
+
+    hint = "See README, 'Add it to your project'."
+    if compat.FRAMEWORK != "django_tasks":
+        return []
+    messages: list[CheckMessage] = []
+    version = compat.backport_version()
+    if version is not None and version < compat.BACKPORT_MINIMUM:
+        shown = ".".join(map(str, version))
+        messages.append(
+            Error(
+                f"django-tasks {shown} is installed; django-leasing needs {compat.BACKPORT_REQUIREMENT} on Django 5.2",
+                hint=f'pip install "{compat.BACKPORT_REQUIREMENT}". ' + hint,
+                id="tasks.E107",
+            )
+        )
+    if not apps.is_installed("django_tasks"):
+        messages.append(
+            Error(
+                '"django_tasks" is not in INSTALLED_APPS: on Django 5.2 the backport provides the task framework '
+                "(its signal logging and checks run only as an installed app)",
+                hint='Add "django_tasks" to INSTALLED_APPS. ' + hint,
+                id="tasks.E108",
+            )
+        )
+    return messages

@@ -4,9 +4,8 @@ error entries), so that ``TaskError.exception_class`` of a recorded attempt impo
 
 from __future__ import annotations
 
-from django.tasks.exceptions import InvalidTask
-
 from leasing.exceptions import LeasingError
+from tasks.compat import InvalidTask
 
 
 class TaskError(LeasingError):

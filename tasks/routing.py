@@ -57,10 +57,8 @@ def switch_database(queue: str, shown: str) -> str:
 
 
 def _lease_backends() -> list[Any]:
-    from django.tasks import task_backends
-    from django.tasks.exceptions import InvalidTaskBackend
-
     from tasks.backends import LeaseBackend
+    from tasks.compat import InvalidTaskBackend, task_backends
 
     try:
         backends = task_backends.all()

@@ -186,9 +186,8 @@ def _number(name: str, key: str, value: Any, *, low: float, allow_equal: bool) -
 
 def build_spec(name: str, entry: Any) -> ScheduleSpec:
     """Validate one settings entry. Raises ImproperlyConfigured saying what is wrong with it."""
-    from django.tasks import Task as DjangoTask
-
     from tasks.backends import LeaseBackend
+    from tasks.compat import Task as DjangoTask
 
     if not isinstance(name, str) or not _NAME.match(name):
         raise ImproperlyConfigured(

@@ -22,12 +22,10 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections
-from django.tasks import TaskResult, TaskResultStatus
-from django.tasks.base import TaskError
-from django.tasks.signals import task_finished
 from django.utils import timezone
 
 from tasks.backends import _STATUS, DjangoRun, task_errors, task_result
+from tasks.compat import TaskError, TaskResult, TaskResultStatus, task_finished
 from tasks.models import Task, TaskStatus
 
 if TYPE_CHECKING:

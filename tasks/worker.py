@@ -44,12 +44,12 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
 from django.db.models.functions import Now
-from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from leasing import clock
 from leasing.bounds import bound, unbound
 from tasks import allowlist
+from tasks.compat import normalize_json
 from tasks.conf import get_settings
 from tasks.exceptions import NotATask, TaskPathRefused, TaskTimeout, UnstorableResult
 from tasks.ledger import Census, IsolationGate, Ledger, Outcome
@@ -605,7 +605,7 @@ class Worker:
             target = self._resolve(task.task_path, api_origin=task.api_origin)
         except Exception:
             return False
-        from django.tasks import Task as DjangoTask
+        from tasks.compat import Task as DjangoTask
 
         if isinstance(target, DjangoTask):
             kind = iscoroutinefunction(target.func)
@@ -910,7 +910,7 @@ class Worker:
             return Outcome(execution, failure=failure_from(execution, exc, retry=False), error=exc)
 
     def _call(self, target: Any, execution: Execution) -> Any:
-        from django.tasks import Task as DjangoTask
+        from tasks.compat import Task as DjangoTask
 
         if isinstance(target, DjangoTask):
             from tasks.backends import run_django_task

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 from django.db.models import Min
-from django.tasks import default_task_backend
 
+from tasks.compat import default_task_backend
 from tasks.models import FINISHED, Task, TaskStatus, Worker
 from tests.helpers import test_database_url as database_url  # not collected as a test
 from tests.helpers import wait_until

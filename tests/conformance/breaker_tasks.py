@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.tasks import TaskContext, task
-
+from tasks.compat import TaskContext, task
 from tests.conformance.lease_tasks import context_report
 
 

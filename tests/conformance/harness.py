@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from django.db import connections
-from django.tasks import TaskResult
 from django.test import TransactionTestCase
 
+from tasks.compat import LOGGER_NAME, TaskResult
 from tasks.worker import Worker
 from tests.conformance.recorder import (
     EVENTS_ENV,
@@ -136,7 +136,7 @@ class BackendTestCase(TransactionTestCase):
         """``assertLogs("django.tasks", level)``, wherever the records are written: this process,
         and the worker process in the process mode (read from its log file)."""
         capture = LogCapture(logging.getLevelName(level), self.worker_logs_path)
-        logger = logging.getLogger("django.tasks")
+        logger = logging.getLogger(LOGGER_NAME)
         saved = (logger.level, logger.propagate)
         logger.addHandler(capture.handler)
         logger.setLevel(capture.level)
@@ -148,7 +148,7 @@ class BackendTestCase(TransactionTestCase):
             logger.setLevel(saved[0])
             logger.propagate = saved[1]
         if not capture.output:
-            raise AssertionError(f"no logs of level {level} or higher triggered on django.tasks")
+            raise AssertionError(f"no logs of level {level} or higher triggered on {LOGGER_NAME}")
 
 
 class LogCapture:

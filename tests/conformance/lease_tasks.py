@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.tasks import TaskContext, task
+from tasks.compat import TaskContext, task
 
 
 def _when(value: Any) -> str | None:

@@ -15,8 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from django.tasks import TaskResult
-from django.tasks.signals import task_enqueued, task_finished, task_started
+from tasks.compat import LOGGER_NAME, TaskResult, task_enqueued, task_finished, task_started
 
 EVENTS_ENV = "CONFORMANCE_EVENTS"
 LOGS_ENV = "CONFORMANCE_LOGS"
@@ -141,6 +140,6 @@ def attach_from_environment() -> None:
         EventRecorder(events).attach()
     logs = os.environ.get(LOGS_ENV)
     if logs:
-        logger = logging.getLogger("django.tasks")
+        logger = logging.getLogger(LOGGER_NAME)
         logger.addHandler(JsonLinesHandler(logs))
         logger.setLevel(logging.DEBUG)

@@ -1,7 +1,7 @@
 # Ported verbatim from Django 6.1.3, tests/tasks/tasks.py (see README.md).
 import time
 
-from django.tasks import TaskContext, task
+from tasks.compat import TaskContext, task
 
 
 @task()

@@ -27,11 +27,10 @@ from collections import Counter
 from typing import Any, cast
 
 from django.db import connections
-from django.tasks import TaskResult, TaskResultStatus, default_task_backend
-from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.test import override_settings
 from django.utils import timezone
 
+from tasks.compat import TaskResult, TaskResultStatus, default_task_backend, task_enqueued, task_finished, task_started
 from tasks.exceptions import TaskLeaseLost, TaskTimeout, WorkerShutdown
 from tasks.models import Task as TaskRow
 from tasks.worker import Worker

@@ -13,12 +13,18 @@ from typing import cast
 from unittest import skip
 
 from django.db import transaction
-from django.tasks import TaskResultStatus, default_task_backend, task_backends
-from django.tasks.base import Task
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.test import override_settings
 
 from tasks.backends import LeaseBackend
+from tasks.compat import (
+    LOGGER_NAME,
+    InvalidTask,
+    Task,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    default_task_backend,
+    task_backends,
+)
 from tasks.models import Task as TaskRow
 from tests.conformance import tasks as test_tasks
 from tests.conformance.harness import CONFORMANCE_LEASING_TASKS, BackendTestCase
@@ -112,7 +118,7 @@ class DummyBackendTestCase(BackendTestCase):
             await default_task_backend.aget_result("123")
 
     def test_enqueue_logs(self):
-        with self.assertLogs("django.tasks", level="DEBUG") as captured_logs:
+        with self.assertLogs(LOGGER_NAME, level="DEBUG") as captured_logs:
             result = test_tasks.noop_task.enqueue()
 
         self.assertEqual(len(captured_logs.output), 1)

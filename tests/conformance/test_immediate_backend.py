@@ -18,11 +18,10 @@ The dummy backend's test_refresh_result(_async) run here too: they need the stor
 
 from unittest import skip
 
-from django.tasks import TaskResultStatus, default_task_backend, task_backends
-from django.tasks.exceptions import InvalidTask
 from django.test import override_settings
 
 from tasks.backends import LeaseBackend
+from tasks.compat import InvalidTask, TaskResultStatus, default_task_backend, task_backends
 from tests.conformance import tasks as test_tasks
 from tests.conformance.harness import CONFORMANCE_LEASING_TASKS, ProcessWorkerTestCase, ThreadWorkerTestCase
 

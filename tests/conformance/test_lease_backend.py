@@ -25,12 +25,19 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.core.management import CommandError, call_command
 from django.db import connection, connections, transaction
-from django.tasks import TaskResult, TaskResultStatus, default_task_backend, task_backends
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.test import override_settings
 from django.utils import timezone
 
 from tasks.backends import LeaseBackend
+from tasks.compat import (
+    IMMEDIATE_BACKEND,
+    InvalidTask,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    default_task_backend,
+    task_backends,
+)
 from tasks.exceptions import NotATask, TaskTimeout, UnstorableResult, WorkerShutdown
 from tasks.models import Task as TaskRow
 from tasks.worker import Worker
@@ -51,7 +58,7 @@ LEASE_BACKENDS = {
     "default": {"BACKEND": "tasks.backends.LeaseBackend", "QUEUES": []},
     # Another alias on the same database: results must say which one enqueued them.
     "other": {"BACKEND": "tasks.backends.LeaseBackend", "QUEUES": ["default", "queue_1"]},
-    "immediate": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend", "QUEUES": []},
+    "immediate": {"BACKEND": IMMEDIATE_BACKEND, "QUEUES": []},
     "timed": {"BACKEND": "tasks.backends.LeaseBackend", "QUEUES": [], "OPTIONS": {"timeout": 0.3}},
 }
 SETTINGS = override_settings(TASKS=LEASE_BACKENDS, LEASING_TASKS=CONFORMANCE_LEASING_TASKS)

@@ -16,26 +16,28 @@ import dataclasses
 import pickle
 from datetime import datetime
 
-from django.tasks import (
-    DEFAULT_TASK_QUEUE_NAME,
-    TaskResultStatus,
-    default_task_backend,
-    task,
-    task_backends,
-)
-from django.tasks.backends.immediate import ImmediateBackend
-from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task
-from django.tasks.exceptions import (
-    InvalidTask,
-    InvalidTaskBackend,
-    TaskResultDoesNotExist,
-    TaskResultMismatch,
-)
 from django.test import override_settings
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from tasks.backends import LeaseBackend
+from tasks.compat import (
+    DEFAULT_TASK_QUEUE_NAME,
+    IMMEDIATE_BACKEND,
+    LOGGER_NAME,
+    TASK_MAX_PRIORITY,
+    TASK_MIN_PRIORITY,
+    ImmediateBackend,
+    InvalidTask,
+    InvalidTaskBackend,
+    Task,
+    TaskResultDoesNotExist,
+    TaskResultMismatch,
+    TaskResultStatus,
+    default_task_backend,
+    task,
+    task_backends,
+)
 from tasks.models import Task as TaskRow
 from tests.conformance import tasks as test_tasks
 from tests.conformance.harness import CONFORMANCE_LEASING_TASKS, BackendTestCase
@@ -55,7 +57,7 @@ def stored_results():
             "QUEUES": ["default", "queue_1"],
         },
         "immediate": {
-            "BACKEND": "django.tasks.backends.immediate.ImmediateBackend",
+            "BACKEND": IMMEDIATE_BACKEND,
             "QUEUES": [],
         },
         "missing": {"BACKEND": "does.not.exist"},
@@ -315,7 +317,7 @@ class TaskTestCase(BackendTestCase):
             test_tasks.noop_task.enqueue()
 
     def test_task_error_invalid_exception(self):
-        with self.assertLogs("django.tasks"):
+        with self.assertLogs(LOGGER_NAME):
             immediate_task = test_tasks.failing_task_value_error.using(backend="immediate").enqueue()
 
         self.assertEqual(len(immediate_task.errors), 1)
@@ -326,7 +328,7 @@ class TaskTestCase(BackendTestCase):
             immediate_task.errors[0].exception_class
 
     def test_task_error_unknown_module(self):
-        with self.assertLogs("django.tasks"):
+        with self.assertLogs(LOGGER_NAME):
             immediate_task = test_tasks.failing_task_value_error.using(backend="immediate").enqueue()
 
         self.assertEqual(len(immediate_task.errors), 1)

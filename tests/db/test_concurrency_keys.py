@@ -311,7 +311,7 @@ def test_the_django_tasks_backend_maps_task_paths_to_keys(settings: Any) -> None
 
 
 def test_the_backend_check_reports_a_bad_concurrency_mapping(settings: Any) -> None:
-    from django.tasks import task_backends
+    from tasks.compat import task_backends
 
     settings.TASKS = {
         "default": {"BACKEND": "tasks.backends.LeaseBackend", "OPTIONS": {"concurrency": {"a.b": {"key": "k"}}}}
@@ -409,8 +409,7 @@ def test_idle_keys_are_forgotten_and_busy_ones_kept() -> None:
     ["noop:{", "noop:}", "noop:{0!z}", "{0.__class__}", "{0[id].__class__.__mro__}", "{0:{1.real}}", "{0.real}"],
 )
 def test_the_backend_check_refuses_a_malformed_or_attribute_reading_key_template(settings: Any, template: str) -> None:
-    from django.tasks import task_backends
-
+    from tasks.compat import task_backends
     from tests.conformance.tasks import noop_task
 
     settings.TASKS = {

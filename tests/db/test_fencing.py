@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from leasing import StaleTokenError
-from leasing.fencing import fenced_update
+from leasing.fencing import SAVE_RETURNS_EXPRESSIONS, fenced_update
 from tests.testapp.models import FencedRecord
 
 pytestmark = pytest.mark.django_db
@@ -43,8 +43,10 @@ def test_saving_a_stale_instance_keeps_the_newer_token(django_assert_num_queries
     fenced_update(FencedRecord.objects.filter(key="k"), 9, value="nine")
 
     stale.writes = 1
-    with django_assert_num_queries(1):  # type: ignore[operator]
-        stale.save()  # one UPDATE … SET fence_token = GREATEST(fence_token, 5) … RETURNING fence_token
+    # One UPDATE … SET fence_token = GREATEST(fence_token, 5) … RETURNING fence_token; Django 5.2
+    # cannot return it, so the token is read back with a second statement there.
+    with django_assert_num_queries(1 if SAVE_RETURNS_EXPRESSIONS else 2):  # type: ignore[operator]
+        stale.save()
 
     assert stale.fence_token == 9  # refreshed from the row, not left at the stale 5
     row = FencedRecord.objects.get(key="k")

@@ -16,8 +16,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def backend_with(settings: Any, template: str, limit: int = 1) -> Any:
-    from django.tasks import task_backends
-
+    from tasks.compat import task_backends
     from tests.conformance.tasks import noop_task
 
     settings.TASKS = {

@@ -14,7 +14,6 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.db import connections
-from django.tasks import task_backends
 from django.test import Client
 
 from leasing.election import LeaderElection
@@ -22,6 +21,7 @@ from leasing.holder import lease
 from leasing.metrics import scrape_values
 from leasing.models import Lease
 from leasing.routing import known_databases, lease_database
+from tasks.compat import task_backends
 from tasks.models import Task
 from tasks.recovery import RECOVERY_LEASE, RecoveryController, recover_once
 from tasks.routing import queue_database

@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 from django.db import connections
-from django.tasks import TaskResult, TaskResultStatus
-from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 
+from tasks.compat import TaskResult, TaskResultStatus, task_finished, task_started
 from tasks.models import Task, TaskStatus
 from tasks.worker import Worker
 from tests.helpers import wait_until
@@ -185,7 +184,7 @@ def test_django_tasks_priority_and_run_after_are_honoured(running_worker: Worker
 
 
 def test_get_result_of_an_unknown_id_raises() -> None:
-    from django.tasks.exceptions import TaskResultDoesNotExist
+    from tasks.compat import TaskResultDoesNotExist
 
     with pytest.raises(TaskResultDoesNotExist):
         handlers.add.get_result("999999")

@@ -7,7 +7,7 @@ import json  # noqa: F401  (a module attribute a pattern could name)
 from os import getcwd  # noqa: F401  (a function defined elsewhere)
 from typing import Any
 
-from django.tasks import task
+from tasks.compat import task
 
 
 def public(**kwargs: Any) -> str:

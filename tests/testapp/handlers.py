@@ -6,8 +6,7 @@ import os
 import time
 from typing import Any
 
-from django.tasks import task
-
+from tasks.compat import task
 from tasks.runtime import current_task
 
 

@@ -129,10 +129,8 @@ def served_database(queues: list[str], database: str | None) -> str:
 
 def backend_target(alias: str) -> tuple[str | None, list[str]]:
     """The database (None: routed by queue) and the queues of a LeaseBackend alias."""
-    from django.tasks import task_backends
-    from django.tasks.exceptions import InvalidTaskBackend
-
     from tasks.backends import LeaseBackend
+    from tasks.compat import InvalidTaskBackend, task_backends
 
     try:
         backend = task_backends[alias]
