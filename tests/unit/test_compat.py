@@ -51,7 +51,7 @@ def test_django_5_2_without_the_backport_says_what_to_install(monkeypatch: pytes
 def test_an_old_backport_or_one_not_installed_as_an_app_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(compat, "FRAMEWORK", "django_tasks")
     monkeypatch.setattr(compat, "backport_version", lambda: (0, 11, 0))
-    found: dict[str, Any] = {message.id: message.msg for message in check_task_framework()}
+    found: dict[str | None, Any] = {message.id: message.msg for message in check_task_framework()}
     assert "django-tasks 0.11.0 is installed" in found.pop("tasks.E107")
     if not apps.is_installed("django_tasks"):  # Django 6 settings: the backport's app is not there
         assert "INSTALLED_APPS" in found.pop("tasks.E108")
