@@ -27,6 +27,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import render
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from leasing.bounds import without_jit
 from leasing.routing import database_param, parse_database, using_database
 from leasing.validation import InvalidInput, check_params
 
@@ -149,7 +150,7 @@ def staff_page(**permissions: Iterable[str]) -> Callable[[Callable[..., HttpResp
                 return bad_request_page(request, exc.message)
             # The database this page shows (``?db=``): named on the page, kept in its links.
             request.leasing_database = alias  # type: ignore[attr-defined]
-            with using_database(alias):
+            with using_database(alias), without_jit():
                 if request.method in SAFE_METHODS:
                     return view(request, *args, **kwargs)
                 with transaction.atomic(using=alias):

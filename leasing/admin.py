@@ -13,6 +13,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from leasing.bounds import without_jit
 from leasing.models import Lease
 from leasing.pagination import CappedPaginator
 from leasing.routing import database_param, known_databases, parse_database, using_database
@@ -72,7 +73,7 @@ class CheckedInputAdmin(admin.ModelAdmin):
             raise BadRequest(exc.message) from None
         # Django's change and delete views open their transaction on the model's default database:
         # one on the database shown as well, so that a save that fails halfway there is rolled back.
-        with using_database(alias), transaction.atomic(using=alias):
+        with using_database(alias), without_jit(), transaction.atomic(using=alias):
             response: HttpResponse = view(request, *args, **kwargs)
             if hasattr(response, "render") and not getattr(response, "is_rendered", True):
                 response.render()  # the template reads querysets: render while the database is selected

@@ -34,6 +34,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from leasing.access import SAFE_METHODS, Caller, api_tokens, declared, match_token
+from leasing.bounds import without_jit
 from leasing.routing import database_param, parse_database, using_database
 from leasing.validation import (
     MAX_BIGINT,
@@ -113,7 +114,7 @@ def api_view(**permissions: Iterable[str]) -> Callable[[Callable[..., Any]], Cal
                 request.api_caller = caller  # type: ignore[attr-defined]
                 check_params(request.GET)
                 alias = parse_database(database_param(request.GET))
-                with using_database(alias):
+                with using_database(alias), without_jit():
                     if request.method in SAFE_METHODS:
                         result = view(request, *args, **kwargs)
                     else:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from django.db import DEFAULT_DB_ALIAS, Error, connections
 
+from leasing.bounds import without_jit
 from leasing.election import LeaderElection, Term
 from tasks import activity, concurrency
 from tasks.conf import get_settings
@@ -50,7 +51,13 @@ class RecoveryReport:
 
 
 def recover_once(*, using: str = DEFAULT_DB_ALIAS, repair: bool = True, batch: int = 1000) -> RecoveryReport:
-    """One round of recovery (statements, no lease): what the controller does each interval."""
+    """One round of recovery (statements, no lease): what the controller does each interval.
+    Its statements go without JIT compilation (leasing/bounds.py says why)."""
+    with without_jit():
+        return _recover_once(using=using, repair=repair, batch=batch)
+
+
+def _recover_once(*, using: str, repair: bool, batch: int) -> RecoveryReport:
     manager = Task.objects.db_manager(using)
     dead = list(WorkerRow.objects.db_manager(using).mark_dead())
     report = RecoveryReport(workers_dead=dead, orphans_expired=manager.expire_orphans())

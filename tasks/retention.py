@@ -33,6 +33,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from leasing.bounds import without_jit
 from tasks.conf import DEFAULT_RETENTION, get_settings
 
 logger = logging.getLogger("tasks.retention")
@@ -203,7 +204,7 @@ def prune_batch(cursor: PruneCursor, *, limit: int, queue: str | None = None, us
         "limit": limit,
     }
     started = time.perf_counter()
-    with connections[using].cursor() as db:
+    with without_jit(), connections[using].cursor() as db:
         db.execute(_STATEMENTS[cursor.kind], params)
         rows = db.fetchall()
     if rows:
@@ -217,7 +218,7 @@ def prune_batch(cursor: PruneCursor, *, limit: int, queue: str | None = None, us
 
 def count_prunable(kind: str, age: dt.timedelta, *, queue: str | None = None, using: str = DEFAULT_DB_ALIAS) -> int:
     statement = _COUNT_SQL["TASKS" if kind in FINISHED_STATUSES else kind]
-    with connections[using].cursor() as db:
+    with without_jit(), connections[using].cursor() as db:
         db.execute(statement, {"status": kind, "queue": queue, "age": age.total_seconds()})
         return int(db.fetchone()[0])
 
