@@ -1,17 +1,18 @@
 """Concurrency keys: at most ``concurrency_limit`` tasks with the same ``concurrency_key`` at once.
 
 Design (gate at admission, not at claim). A keyed task enters READY only when its key has a free
-slot; otherwise it waits BLOCKED. The database enforces it with triggers (migration
-0009_concurrency_keys), so every path obeys, the worker's statements and an operator's UPDATE alike:
+slot; otherwise it waits BLOCKED. The database enforces it with triggers (migrations 0009 to 0012),
+so every path obeys, the worker's statements and an operator's UPDATE alike:
 
 - a keyed task that would become READY from outside its key (enqueue, requeue of a finished task,
-  a retry or a crash backing off) becomes BLOCKED instead, and its key is noted;
-- a keyed task that leaves READY/RUNNING (success, final failure, cancel, delete, recovery giving
-  up) notes its key;
-- once per statement, for each noted key in key order, the key's row in tasks_concurrencykey is
-  locked, the key's READY + RUNNING tasks are counted from tasks_task (a snapshot taken after the
-  lock, so every earlier admission is visible and none can race it) and the best BLOCKED tasks that
-  are due fill the free slots (priority, then run_after, then id).
+  a retry or a crash backing off) becomes BLOCKED instead;
+- once per statement, a statement trigger reads the rows the statement inserted, updated or deleted
+  (its transition tables, set-based: linear in rows) and admits for each key in key order whose
+  tasks were enqueued, freed a slot, started waiting or came due earlier (``retry_now``);
+- admitting for a key takes the key's row in tasks_concurrencykey with SKIP LOCKED, counts the key's
+  READY + RUNNING tasks from tasks_task (a snapshot taken after the lock, so every earlier admission
+  is visible and none can race it) and moves the best due BLOCKED tasks into the free slots
+  (priority, then run_after, then id).
 
 So the claim does not change at all: BLOCKED tasks are not in the claim index, and a key with
 100,000 waiting tasks costs the claim nothing. A slot is held from admission (READY) to the end of
@@ -19,18 +20,29 @@ the attempt, which is stricter than "RUNNING": at most ``limit`` tasks of a key 
 at any instant on the database's clock. A hand-back and an uncharged recovery keep the slot (the task
 is runnable at once); a retry or a crash that backs off gives it up and waits its turn again.
 
-Conflicting limits: the key's limit is the one given by its most recent enqueue (it lives in
-tasks_concurrencykey.max_running). Lowering it admits nothing new until the key is below it; raising
-it admits at once.
+Conflicting limits: the key's limit is the one given by its most recent enqueue, the one with the
+largest task id (it lives in tasks_concurrencykey.max_running, with that task's id). Lowering it
+admits nothing new until the key is below it; raising it admits at once. A deduplicated enqueue,
+which inserts nothing, changes nothing.
+
+Nothing waits for a key. An application's open transaction that enqueued a task of the key holds
+the key's row until it commits; an admission that finds the row held (a worker's finishing statement,
+another enqueue) writes a note in tasks_concurrencywake (a plain insert) and goes on at once: a
+locked key defers its own admission, never a statement's work for other keys. The next admission of
+the key takes over the notes (and the latest limit they carry), and so does the recovery round's
+sweep (:func:`admit_waiting`).
+
+Deferred waiting tasks: each key keeps ``wake_at``, when its first waiting task that is not due yet
+comes due, set by every admission while the key has a free slot (a full key needs none: the
+statement that frees a slot admits). The sweep reads the keys due now through an index (and the
+notes), so a due key is admitted within one recovery interval whatever the number of keys, and
+however recovery runs (the worker's leader or ``recover_tasks --once`` from cron: no position kept
+in memory).
 
 Crashes need nothing special: a dead worker's RUNNING tasks hold their slots until recovery requeues
 them (READY, slot kept) or fails them (slot freed, next task admitted), within TTL + recovery
 interval. A release that races an admission is counted as still holding its slot (never more than
-the limit) and the releasing statement admits for its key itself. An admission waits at most 200 ms
-for its key's lock (an application's open transaction that enqueued a task of the key holds it until
-it commits): giving up admits nothing now, and the sweep below admits later. The recovery round also calls
-:func:`admit_waiting`, which admits deferred tasks that came due and any task an admission had to
-skip because its row was locked.
+the limit) and the releasing statement admits for its key itself (or notes it).
 """
 
 from __future__ import annotations
@@ -42,35 +54,19 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from leasing.routing import selected_database
 
-#: Keys the recovery round admits for, at most, per round (each a few index probes).
-SWEEP_KEYS = 1000
+#: Keys the recovery round's sweep admits for at most, per kind (skipped admissions, keys come due), per
+#: statement; it repeats the statement until a batch comes back short or SWEEP_KEYS are done.
+SWEEP_BATCH = 500
+SWEEP_KEYS = 5000
 #: Keys the dashboard and /metrics show at most.
 SHOWN_KEYS = 50
 #: Waiting tasks counted per key at most (shown as "10,000+").
 WAITING_CAP = 10_000
 
-# A loose index scan over tasks_task_blocked_idx: one index descent per key with waiting tasks,
-# however many tasks wait behind each. Each key is admitted in key order (the order every statement
-# locks keys in, so the sweep cannot deadlock with a worker's statement).
-ADMIT_WAITING_SQL = """
-WITH RECURSIVE waiting(key) AS (
-    (SELECT concurrency_key FROM tasks_task WHERE status = 'BLOCKED' AND concurrency_key > %(after)s
-     ORDER BY concurrency_key LIMIT 1)
-    UNION ALL
-    SELECT (SELECT t.concurrency_key FROM tasks_task AS t
-            WHERE t.status = 'BLOCKED' AND t.concurrency_key > waiting.key ORDER BY t.concurrency_key LIMIT 1)
-    FROM waiting WHERE waiting.key IS NOT NULL
-)
-SELECT w.key, tasks_concurrency_admit(w.key, NULL, false)
-FROM (SELECT key FROM waiting WHERE key IS NOT NULL ORDER BY key LIMIT %(limit)s) AS w
-ORDER BY w.key
-"""
-#: Keys admitted per sweep statement: each admission is a subtransaction (its bounded lock wait), and
-#: a transaction with more than 64 of them makes every snapshot in the server slower while it runs.
-SWEEP_BATCH = 50
+SWEEP_SQL = "SELECT keys, admitted FROM tasks_concurrency_sweep(%(batch)s)"
 
 ADMIT_SQL = """
-SELECT k, tasks_concurrency_admit(k, NULL, false) FROM unnest(%(keys)s::text[]) AS u(k) ORDER BY k
+SELECT k, greatest(tasks_concurrency_admit(k, NULL, NULL), 0) FROM unnest(%(keys)s::text[]) AS u(k) ORDER BY k
 """
 
 # The keys worth showing: those with admitted tasks (a set bounded by the sum of the limits, read
@@ -161,47 +157,27 @@ class KeyState:
 
 
 def admit(keys: list[str], *, using: str = DEFAULT_DB_ALIAS) -> dict[str, int]:
-    """Fill the free slots of ``keys`` from their waiting tasks now; tasks admitted per key."""
-    ordered = sorted(set(keys))
-    admitted: dict[str, int] = {}
+    """Fill the free slots of ``keys`` from their due waiting tasks now; tasks admitted per key (a key
+    another transaction holds right now admits 0 and is noted for the next admission or the sweep)."""
     with connections[using].cursor() as cursor:
-        for start in range(0, len(ordered), SWEEP_BATCH):
-            cursor.execute(ADMIT_SQL, {"keys": ordered[start : start + SWEEP_BATCH]})
-            admitted.update({key: n for key, n in cursor.fetchall()})
-    return admitted
+        cursor.execute(ADMIT_SQL, {"keys": sorted(set(keys))})
+        return {key: n for key, n in cursor.fetchall()}
 
 
-#: Per database: the last key the previous sweep reached. Each sweep resumes after it and wraps round
-#: to the first key, so that with more than ``limit`` keys waiting every key is still reached within a
-#: few rounds (a sweep that always started from the first key never reached the keys after the first
-#: ``limit``: their deferred tasks never ran).
-_sweep_resume: dict[str, str] = {}
-
-
-def admit_waiting(*, using: str = DEFAULT_DB_ALIAS, limit: int = SWEEP_KEYS) -> int:
-    """The recovery round's sweep: admit for up to ``limit`` keys with waiting tasks, resuming after
-    the key the previous sweep of ``using`` stopped at and wrapping round to the first. Admits deferred
-    tasks that came due, and any an admission skipped. Returns tasks admitted."""
-    after = _sweep_resume.get(using, "")
-    wrapped = after == ""
-    admitted, seen = 0, 0
+def admit_waiting(*, using: str = DEFAULT_DB_ALIAS, batch: int = SWEEP_BATCH, limit: int = SWEEP_KEYS) -> int:
+    """The recovery round's sweep: admit for the keys whose admission was skipped (their row was held)
+    and the keys whose first deferred task came due while a slot is free, read from an index: the
+    cost is the keys there are to admit for, not the keys there are. One statement (one transaction)
+    per ``batch`` of each kind, at most ``limit`` keys a round. Returns tasks admitted."""
+    admitted = seen = 0
     with connections[using].cursor() as cursor:
         while seen < limit:
-            batch = min(SWEEP_BATCH, limit - seen)
-            # One statement (one transaction) per batch of keys, resuming after the last key.
-            cursor.execute(ADMIT_WAITING_SQL, {"limit": batch, "after": after})
-            rows = cursor.fetchall()
-            admitted += sum(n for _, n in rows)
-            seen += len(rows)
-            if rows:
-                after = rows[-1][0]
-            if len(rows) < batch:
-                # The last key: start from the first one again (in this sweep, if it has not yet).
-                after = ""
-                if wrapped:
-                    break
-                wrapped = True
-    _sweep_resume[using] = after
+            cursor.execute(SWEEP_SQL, {"batch": batch})
+            keys, n = cursor.fetchone()
+            admitted += n
+            seen += keys
+            if keys < batch:
+                break
     return admitted
 
 

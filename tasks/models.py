@@ -647,18 +647,9 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
 
     def retry_now(self) -> int:
         """Run waiting (READY, backed off or deferred) tasks now. Waiting tasks of a concurrency key
-        (BLOCKED) become due and are admitted at once where their key has a free slot."""
-        from tasks import concurrency
-
-        keys = list(
-            self.filter(status=TaskStatus.BLOCKED)
-            .order_by("concurrency_key")
-            .values_list("concurrency_key", flat=True)
-            .distinct()[: concurrency.SWEEP_KEYS]
-        )
-        changed = self.filter(status__in=WAITING).update(run_after=Now())
-        concurrency.admit([key for key in keys if key is not None], using=self.db)
-        return changed
+        (BLOCKED) become due and are admitted at once where their key has a free slot (the update's
+        own statement trigger admits for every key whose waiting task came due earlier)."""
+        return self.filter(status__in=WAITING).update(run_after=Now())
 
 
 class WorkerQuerySet(models.QuerySet["Worker"]):
@@ -1032,14 +1023,45 @@ class ConcurrencyKey(models.Model):
     key = models.CharField(max_length=255, primary_key=True)
     max_running = models.PositiveIntegerField(help_text="Tasks of the key admitted (READY or RUNNING) at most.")
     updated_at = models.DateTimeField(help_text="When an enqueue last set the limit.")
+    limit_task_id = models.BigIntegerField(
+        null=True, blank=True, help_text="The task whose enqueue set the limit (a later enqueue has a larger id)."
+    )
+    wake_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the sweep must admit for the key: its first deferred task comes due and a slot is free.",
+    )
 
     class Meta:
         ordering = ["key"]
-        # The recovery round forgets keys idle for a while, oldest first (tasks/concurrency.py).
-        indexes = [models.Index(fields=["updated_at"], name="tasks_concurrencykey_idle_idx")]
+        indexes = [
+            # The recovery round forgets keys idle for a while, oldest first (tasks/concurrency.py).
+            models.Index(fields=["updated_at"], name="tasks_concurrencykey_idle_idx"),
+            # The sweep reads the keys due now, and only those, whatever the number of keys.
+            models.Index(fields=["wake_at"], name="tasks_concurrencykey_wake_idx", condition=Q(wake_at__isnull=False)),
+        ]
 
     def __str__(self) -> str:
         return f"concurrency key {self.key}: at most {self.max_running}"
+
+
+class ConcurrencyWake(models.Model):
+    """An admission that found its key's row locked by another transaction (an application's open
+    transaction that enqueued a task of the key) and did not wait for it: the next admission of the
+    key, or the recovery round's sweep, admits for it and deletes the row. Carries the limit of a
+    skipped enqueue, applied then if no later enqueue set another (tasks/concurrency.py)."""
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(max_length=255)
+    max_running = models.PositiveIntegerField(null=True, blank=True)
+    limit_task_id = models.BigIntegerField(null=True, blank=True)
+    noted_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        indexes = [models.Index(fields=["key"], name="tasks_concurrencywake_key_idx")]
+
+    def __str__(self) -> str:
+        return f"admission of {self.key} skipped at {self.noted_at}"
 
 
 class ActivityMinute(models.Model):

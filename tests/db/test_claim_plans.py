@@ -98,13 +98,12 @@ def test_an_admission_beside_deferred_higher_priority_waiting_tasks_reads_no_mor
         cursor.execute(KEYED_SQL, {"priority": 0, "path": NOOP, "delay": 0, "n": 3})  # its statement admits 1
         cursor.execute("UPDATE tasks_concurrencykey SET max_running = 10 WHERE key = 'smtp'")
         cursor.execute("ANALYZE tasks_task")
-        # A limit given, so the function does not look one up (a LIMIT 1 scan that the aborted rows of
-        # the other cases would slow). Twice: the second time, the function's statements are planned
-        # warm, as in a running system.
+        # The key's row exists, so the function does not look its limit up. Twice: the second time, the
+        # function's statements are planned warm, as in a running system.
         for _ in range(2):
             with transaction.atomic():
                 cursor.execute(
-                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT tasks_concurrency_admit('smtp', 10, false)"
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT tasks_concurrency_admit('smtp', NULL, NULL)"
                 )
                 plan = cursor.fetchone()[0][0]["Plan"]  # the function's reads are counted in its node
                 cursor.execute("SELECT count(*) FROM tasks_task WHERE concurrency_key = 'smtp' AND status = 'READY'")
