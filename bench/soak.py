@@ -69,7 +69,7 @@ SUCCEEDED = re.compile(r"task (\d+) \S+ succeeded")
 
 @dataclass
 class Chaos:
-    kills: list[tuple[str, float]] = field(default_factory=list)  # (worker id, database time as epoch)
+    kills: list[tuple[str, float]] = field(default_factory=list)  # (worker name, database time as epoch)
     pauses: int = 0
     restarts: int = 0
 
@@ -309,9 +309,13 @@ def _soak(args: argparse.Namespace, rng: random.Random, server: Any) -> int:
     # that was itself killed or frozen before starting is a new chaos event, not this one's delay).
     from django.db import connection
 
+    from tasks.models import Worker
+
     worst_requeue = worst_rerun = 0.0
+    incarnations = dict(Worker.objects.values_list("name", "id"))  # each soak worker name starts once
     with connection.cursor() as cursor:
-        for worker, killed_at in chaos.kills:
+        for name, killed_at in chaos.kills:
+            worker = incarnations.get(name, name)
             cursor.execute(
                 "SELECT max(EXTRACT(EPOCH FROM (e->>'at')::timestamptz) - %s) FROM tasks_task t,"
                 " jsonb_array_elements(t.errors) e WHERE e->>'worker' = %s"

@@ -40,8 +40,7 @@ KEEP = "1 day"
 # other CTE reads tasks_task as it was before the statement (one snapshot for the whole statement),
 # which is where the lease times of each recovered attempt still are.
 RECOVER_AND_RECORD_SQL = f"""
-WITH recovered(id, status, expired_for, kind) AS ({sql.RECOVER_SQL}
-), timed AS (
+WITH {sql.RECOVER_CTES}, timed AS (
     SELECT EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(held.renewed_at, held.acquired_at))::float8 AS silent,
            recovered.expired_for
     FROM recovered JOIN tasks_task AS held ON held.id = recovered.id

@@ -301,6 +301,7 @@ class AsyncExecutor:
         worker.stats["started"] += 1
         outcome = await self._execute(execution)
         worker.observe_async_duration(clock.monotonic() - (execution.started or clock.monotonic()))
+        worker.handler_returned(execution)
         if not worker.ledger.finish(execution):
             self.zombies -= 1
             worker.stats["late_results_dropped"] += 1

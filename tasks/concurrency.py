@@ -43,6 +43,26 @@ Crashes need nothing special: a dead worker's RUNNING tasks hold their slots unt
 them (READY, slot kept) or fails them (slot freed, next task admitted), within TTL + recovery
 interval. A release that races an admission is counted as still holding its slot (never more than
 the limit) and the releasing statement admits for its key itself (or notes it).
+
+Handlers that outlive their row. A limit means "at most N of the key's handlers running", and a row
+can stop counting while its handler still runs: a timed-out attempt is recorded as failed at its
+deadline but its thread cannot be stopped (a cancelled coroutine runs until its next await), and an
+attempt whose lease lapsed while its worker lived on (it stalled) is requeued by recovery. Such an
+attempt keeps its slot as a row of tasks_concurrencyhold, which the admission counts with the key's
+READY and RUNNING tasks:
+
+- the worker writes it (KEEP_SLOTS_SQL) when it abandons an attempt at its timeout, before the
+  timeout is recorded; recovery writes it in the statement that requeues a lapsed attempt whose
+  worker stamped its row after the attempt's last renewal (RECOVER_SQL);
+- the worker deletes it (RELEASE_KEPT_SQL) once the handler has returned; recovery deletes those of
+  workers that stopped or were presumed dead (RELEASE_DEAD_SQL): a process known dead runs nothing.
+  Deleting one admits for its key (a statement trigger, migration 0015).
+
+An attempt whose worker vanished (no stamp since its last renewal) keeps nothing: it is requeued
+within TTL + recovery interval as before (invariant 7); a frozen process that thaws later is fenced
+out by its token. A handler that never returns keeps its slot until its process ends; the worker
+stops itself once more than twice its concurrency of handlers are stuck, so that a supervisor
+restarts it.
 """
 
 from __future__ import annotations
@@ -154,6 +174,66 @@ class KeyState:
     @property
     def waiting_label(self) -> str:
         return f"{self.waiting:,}+" if self.waiting_capped else f"{self.waiting:,}"
+
+
+# Keep the slots of attempts the worker abandons at their timeout: only keyed rows it still holds
+# (before the timeout is recorded, so the slot never counts as free in between).
+KEEP_SLOTS_SQL = """
+INSERT INTO tasks_concurrencyhold (key, task_id, token, worker, reason)
+SELECT t.concurrency_key, t.id, t.token, t.holder, %(reason)s
+FROM tasks_task AS t
+JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token) ON t.id = d.id AND t.token = d.token
+WHERE t.holder = %(worker)s AND t.status = 'RUNNING' AND t.concurrency_key IS NOT NULL
+ON CONFLICT DO NOTHING
+RETURNING task_id, token
+"""
+
+# The handlers of these attempts have returned: their slots are free (the delete's trigger admits).
+RELEASE_KEPT_SQL = """
+DELETE FROM tasks_concurrencyhold AS h
+USING unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token)
+WHERE h.task_id = d.id AND h.token = d.token AND h.worker = %(worker)s
+"""
+
+# Slots kept for handlers in processes known dead (stopped, or presumed dead by recovery) or never
+# registered in this database. The table holds a handful of rows: stuck handlers only.
+RELEASE_DEAD_SQL = """
+DELETE FROM tasks_concurrencyhold AS h
+WHERE NOT EXISTS (SELECT 1 FROM tasks_worker AS w WHERE w.id = h.worker AND w.stopped_at IS NULL)
+RETURNING h.task_id
+"""
+
+
+def keep_slots(worker: str, attempts: list[tuple[int, int]], *, reason: str, using: str) -> set[tuple[int, int]]:
+    """Keep the key slots of ``attempts`` (task id, token) that ``worker`` holds; returns those kept."""
+    if not attempts:
+        return set()
+    params: dict[str, Any] = {
+        "worker": worker,
+        "reason": reason,
+        "ids": [a[0] for a in attempts],
+        "tokens": [a[1] for a in attempts],
+    }
+    with connections[using].cursor() as cursor:
+        cursor.execute(KEEP_SLOTS_SQL, params)
+        return {(task_id, token) for task_id, token in cursor.fetchall()}
+
+
+def release_kept(worker: str, attempts: list[tuple[int, int]], *, using: str) -> int:
+    """The handlers of ``attempts`` have returned: give back the slots kept for them (if any)."""
+    if not attempts:
+        return 0
+    params: dict[str, Any] = {"worker": worker, "ids": [a[0] for a in attempts], "tokens": [a[1] for a in attempts]}
+    with connections[using].cursor() as cursor:
+        cursor.execute(RELEASE_KEPT_SQL, params)
+        return cursor.rowcount
+
+
+def release_dead(*, using: str = DEFAULT_DB_ALIAS) -> list[int]:
+    """Give back the slots kept for handlers of workers known dead; returns their task ids."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(RELEASE_DEAD_SQL)
+        return [row[0] for row in cursor.fetchall()]
 
 
 def admit(keys: list[str], *, using: str = DEFAULT_DB_ALIAS) -> dict[str, int]:

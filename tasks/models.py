@@ -780,6 +780,13 @@ class Task(LeaseFields):
                 name="tasks_task_claim_idx",
                 condition=Q(status="READY"),
             ),
+            # The few READY tasks that crashed beside others: a busy worker's look for one that must run
+            # isolated (ISOLATED_WAITING_SQL in statements.py); tiny whatever the backlog.
+            models.Index(
+                fields=["queue", "run_after"],
+                name="tasks_task_isolation_idx",
+                condition=Q(status="READY", shared_crashes__gt=0),
+            ),
             # Recovery and the stuck list: running rows by lease expiry.
             models.Index(fields=["expires_at"], name="tasks_task_running_exp_idx", condition=Q(status="RUNNING")),
             models.Index(fields=["holder"], name="tasks_task_running_holder_idx", condition=Q(status="RUNNING")),
@@ -881,7 +888,12 @@ class Task(LeaseFields):
 class Worker(models.Model):
     """A worker process, as it last reported itself (registered at start, seen at each heartbeat)."""
 
-    id = models.CharField(max_length=200, primary_key=True)
+    id = models.CharField(
+        max_length=200, primary_key=True, help_text="This process's lifetime: its name and a suffix new at each start."
+    )
+    name = models.CharField(
+        max_length=200, blank=True, default="", help_text="What it was started as (--worker-id); restarts reuse it."
+    )
     hostname = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
     queues = models.JSONField(default=list)
@@ -1062,6 +1074,33 @@ class ConcurrencyWake(models.Model):
 
     def __str__(self) -> str:
         return f"admission of {self.key} skipped at {self.noted_at}"
+
+
+class ConcurrencyHold(models.Model):
+    """A concurrency slot kept for a handler that may still be running after its task's row stopped
+    counting: a timed-out attempt whose thread cannot be stopped (or a cancelled coroutine that has not
+    ended yet), or an attempt whose lease lapsed while its worker lived on. The admission counts these
+    with the key's READY and RUNNING tasks, so a key's limit bounds its handlers running, not only its
+    rows. Deleted when the handler returns, or by recovery once the worker is stopped or presumed dead
+    (tasks/concurrency.py, "Handlers that outlive their row")."""
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(max_length=255)
+    task_id = models.BigIntegerField()
+    token = models.BigIntegerField(help_text="The attempt's fencing token.")
+    worker = models.CharField(max_length=200, help_text="The worker (incarnation) whose handler is running.")
+    reason = models.CharField(max_length=20, help_text="timeout or lapsed")
+    since = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task_id", "token"], name="tasks_concurrencyhold_attempt")]
+        indexes = [
+            models.Index(fields=["key"], name="tasks_conchold_key_idx"),
+            models.Index(fields=["worker"], name="tasks_conchold_worker_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}: slot kept for task {self.task_id} (token {self.token}) on {self.worker}"
 
 
 class ActivityMinute(models.Model):

@@ -40,13 +40,20 @@ class RecoveryReport:
     workers_dead: list[str] = field(default_factory=list)
     #: Keyed tasks admitted by the sweep (deferred ones come due, ones an admission skipped).
     admitted: int = 0
+    #: Tasks whose key slot was kept for a handler in a worker now known dead, given back.
+    slots_released: list[int] = field(default_factory=list)
     #: Seconds from lease expiry to requeue, per recovered task that had a lease.
     delays: list[float] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
         return not (
-            self.requeued or self.failed or self.orphans_expired or self.stray_leases_released or self.workers_dead
+            self.requeued
+            or self.failed
+            or self.orphans_expired
+            or self.stray_leases_released
+            or self.workers_dead
+            or self.slots_released
         )
 
 
@@ -73,6 +80,8 @@ def _recover_once(*, using: str, repair: bool, batch: int) -> RecoveryReport:
             break
     if repair:
         report.stray_leases_released = manager.release_stray_leases()
+    # Slots kept for handlers that outlived their rows, in processes known dead now (admits for their keys).
+    report.slots_released = concurrency.release_dead(using=using)
     # Keyed tasks whose deferral ended, or that an admission skipped, get their slots now.
     report.admitted = concurrency.admit_waiting(using=using)
     concurrency.prune_idle_keys(using=using)
@@ -82,13 +91,15 @@ def _recover_once(*, using: str, repair: bool, batch: int) -> RecoveryReport:
     if not report.empty:
         logger.warning(
             "recovery: requeued %d (%d never started: uncharged), failed for good %d, orphans expired %d,"
-            " stray leases released %d, workers found dead %d; longest expiry-to-requeue %.2fs",
+            " stray leases released %d, workers found dead %d, key slots of dead handlers released %d;"
+            " longest expiry-to-requeue %.2fs",
             len(report.requeued),
             len(report.returned_unstarted),
             len(report.failed),
             len(report.orphans_expired),
             len(report.stray_leases_released),
             len(report.workers_dead),
+            len(report.slots_released),
             max(report.delays, default=0.0),
         )
     return report

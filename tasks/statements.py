@@ -204,6 +204,20 @@ WHERE t.id = ANY(ARRAY(
 
 NO_ISOLATION_BAR = 2**31 - 1  # ``isolation_bar`` of an idle worker: it may take any task
 
+# Busy workers' claims pass over a task that must run isolated, so under a steady stream no worker is
+# ever idle for it. A busy worker looks for one in its queues at most once per poll interval (the
+# worker then reserves itself for it: tasks/worker.py, IsolationReservation). Reads
+# tasks_task_isolation_idx, whose entries are the READY tasks that crashed beside others: a handful,
+# whatever the backlog. ``shared_crashes > 0`` is spelled out so that the partial index's predicate is
+# proven whatever ISOLATE_AFTER is.
+ISOLATED_WAITING_SQL = """
+SELECT t.queue FROM tasks_task AS t
+WHERE t.status = 'READY' AND t.shared_crashes > 0 AND t.shared_crashes >= %(isolate_after)s
+  AND t.queue = ANY(%(queues)s::text[]) AND t.run_after <= statement_timestamp()
+  AND NOT EXISTS (SELECT 1 FROM tasks_queuecontrol AS c WHERE c.name = t.queue AND c.paused)
+LIMIT 1
+"""
+
 
 def claim_params(queues: list[str], *, busy: bool, isolate_after: int) -> dict[str, Any]:
     """The queue and isolation parameters of every claim statement."""
@@ -476,16 +490,22 @@ _RECOVERY_ENTRY = f"""jsonb_build_object(
 # long backlog "runnable again" would otherwise mean "runs minutes later"). From ISOLATE_AFTER shared
 # crashes on, the task runs isolated, so its next crash is attributable. Attributable crashes back
 # off after the first and after MAX_CRASHES the task is FAILED: a poison pill stops killing workers.
-# One statement per batch; a row's classification is read under its row lock.
-RECOVER_SQL = f"""
-WITH picked AS MATERIALIZED (
+# One statement per batch; a row's classification is read under its row lock. A keyed attempt that
+# stalled in a worker that lived on (charged as a crash, its worker stamped its row after the attempt's
+# last renewal and has not stopped) may still be running its handler: its key slot is kept in
+# tasks_concurrencyhold by the same statement, so the admission this requeue triggers (at the end of
+# the statement, seeing the insert) does not hand the slot on (tasks/concurrency.py).
+# The statement's CTEs apart, so that activity.py's recording statement can add its own beside them
+# (a data-modifying CTE must be at the top level of a statement).
+RECOVER_CTES = f"""
+picked AS MATERIALIZED (
     SELECT id, expires_at FROM tasks_task
     WHERE status = 'RUNNING'
       AND (expires_at <= clock_timestamp() OR expires_at IS NULL OR holder IS NULL OR token IS NULL)
     ORDER BY expires_at NULLS FIRST
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-)
+), recovered AS (
 UPDATE tasks_task AS t SET
     status = CASE WHEN NOT {_STILL_ALLOWED} THEN 'FAILED'
                   WHEN {_CRASHED} AND t.crashes > 0 THEN {_WAITING_STATUS}  -- backs off
@@ -504,9 +524,23 @@ UPDATE tasks_task AS t SET
     expires_at = LEAST(t.expires_at, clock_timestamp())
 FROM picked
 WHERE t.id = picked.id
-RETURNING t.id, t.status, EXTRACT(EPOCH FROM clock_timestamp() - picked.expires_at)::float8,
+RETURNING t.id, t.status, EXTRACT(EPOCH FROM clock_timestamp() - picked.expires_at)::float8 AS expired_for,
           -- a grant is recovered at most once: a last error entry with this token was just added
-          t.errors -> -1 ->> 'kind'
+          t.errors -> -1 ->> 'kind' AS kind,
+          t.concurrency_key, t.token, t.holder, COALESCE(t.renewed_at, t.acquired_at) AS last_renewed
+), kept AS (
+    INSERT INTO tasks_concurrencyhold (key, task_id, token, worker, reason)
+    SELECT r.concurrency_key, r.id, r.token, r.holder, 'lapsed' FROM recovered AS r
+    WHERE r.concurrency_key IS NOT NULL AND r.kind = 'crash' AND EXISTS (
+        SELECT 1 FROM tasks_worker AS w
+        WHERE w.id = r.holder AND w.stopped_at IS NULL
+          AND w.last_seen_at > r.last_renewed + make_interval(secs => w.ttl / 6))
+    ON CONFLICT DO NOTHING
+)"""
+
+RECOVER_SQL = f"""
+WITH {RECOVER_CTES}
+SELECT id, status, expired_for, kind FROM recovered
 """
 
 # A lease left live on a row that is not running (it can only come from hand edits or a bug):

@@ -23,6 +23,7 @@ a second signal skips the wait.
 
 from __future__ import annotations
 
+import datetime as dt
 import inspect
 import json
 import logging
@@ -48,7 +49,7 @@ from django.utils.module_loading import import_string
 
 from leasing import clock
 from leasing.bounds import bound, unbound
-from tasks import allowlist
+from tasks import allowlist, concurrency
 from tasks.compat import normalize_json
 from tasks.conf import get_settings
 from tasks.exceptions import NotATask, TaskPathRefused, TaskTimeout, UnstorableResult
@@ -57,6 +58,7 @@ from tasks.models import ClaimedTask, Failure, Task
 from tasks.models import Worker as WorkerRow
 from tasks.outcome_writer import CONNECTION_ERRORS, OutcomeWriter, is_lock_wait, minimal_failure, retrying
 from tasks.outcomes import storable_json, storable_text
+from tasks.reservation import IsolationReservation
 from tasks.runtime import Execution, _set_current
 from tasks.task_signals import FinishedSignals
 from tasks.wakeup import wakeup_for
@@ -87,8 +89,38 @@ PROBE_SIZE = 8
 MARKER_DELAY = 0.02
 
 
+#: Characters of a worker's name (``--worker-id``); its id adds ``:`` and 8 hex digits (column: 200).
+NAME_MAX = 190
+
+
+def default_worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def check_worker_name(name: str) -> str:
+    """A name a worker can register under: printable text (PostgreSQL text refuses NUL), 1 to
+    :data:`NAME_MAX` characters. Raises ValueError saying which rule it breaks."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("a worker name must be a non-empty string")
+    if len(name) > NAME_MAX:
+        raise ValueError(f"a worker name has at most {NAME_MAX} characters (got {len(name)})")
+    if not name.isprintable():
+        raise ValueError("a worker name must be printable text (no control characters)")
+    return name
+
+
+def incarnation_id(name: str) -> str:
+    """The id a worker process holds leases under: its name and a suffix drawn anew at each start.
+
+    A name is what an operator gives (``--worker-id``) and reuses: a StatefulSet pod, a systemd
+    template instance, a restart while the previous process still drains. An id is one process's
+    lifetime. Every lease, heartbeat, reconcile and stop record is keyed by the id, so one process's
+    stop, death or recovery never touches the leases of another that has the same name."""
+    return f"{check_worker_name(name)}:{secrets.token_hex(4)}"
+
+
 def default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    return incarnation_id(default_worker_name())
 
 
 class HandlerCache:
@@ -176,7 +208,8 @@ class Worker:
         self.scheduler = scheduler and bool(conf.SCHEDULES)  # the periodic-task scheduler thread
         self.prefetch_window = conf.PREFETCH_WINDOW if prefetch_window is None else prefetch_window
         self.isolate_after = conf.ISOLATE_AFTER
-        self.id = worker_id or default_worker_id()
+        self.name = worker_id or default_worker_name()
+        self.id = incarnation_id(self.name)
         self.max_tasks = max_tasks
         self.using = using
         self.install_signal_handlers = install_signal_handlers
@@ -209,6 +242,14 @@ class Worker:
         }
         self.ledger = Ledger()
         self.isolation = IsolationGate()
+        self.reservation = IsolationReservation(
+            using=self.using,
+            worker_id=self.id,
+            queues=self.queues,
+            isolate_after=self.isolate_after,
+            ttl=self.ttl,
+            interval=self.poll_interval,
+        )
         self.writer = OutcomeWriter(self)
         self.signals = FinishedSignals(using)  # django.tasks' task_finished, once an outcome is stored
         self._work: queue.SimpleQueue[Execution | None] = queue.SimpleQueue()
@@ -244,6 +285,9 @@ class Worker:
         self._own_threads: set[int] = set()  # dispatcher and heartbeat: their statements are bounded
         self._deferred: list[tuple[float, Outcome]] = []  # outcomes whose row was locked: (retry at, outcome)
         self._zombies = 0  # abandoned attempts whose thread has not returned yet
+        # Lost or abandoned attempts whose handler returned: their kept key slots to give back.
+        self._slots_to_release: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+        self._unreleased: list[tuple[int, int]] = []
         self.drain_deadline: float | None = None
         # The worker's own statements never wait long on a row lock or a slow server: another
         # session locking a task row (or a hung statement) must not wedge the dispatcher or the
@@ -368,6 +412,8 @@ class Worker:
     def _wanted(self, census: Census) -> int:
         if self._draining.is_set() or census.isolated:
             return 0  # an isolated attempt runs alone: claim nothing beside it
+        if self.reservation.active and census.in_hand:
+            return 0  # becoming idle for a task that must run isolated (tasks/reservation.py)
         if self._last_beat is not None and clock.monotonic() - self._last_beat > self.ttl / 2:
             return 0  # heartbeats are not getting through: claims would only lapse (invariant 6)
         wanted = min(self.batch_size, self._room(census))
@@ -384,7 +430,15 @@ class Worker:
                 self._notified.clear()
                 may_have_work = True
             census = self.ledger.census(clock.monotonic())
+            self.bind()
+            self.reservation.tick(
+                busy=census.in_hand > 0,
+                holds_isolated=census.isolated > 0,
+                can_serve=self._zombies == 0 and self._async_zombies() == 0,
+                stopping=self._draining.is_set(),
+            )
             self._abandon(census.overdue)
+            self._release_kept_slots()
             self._take_returns()
             self._take_handbacks()
             outcomes = self._take(self._outcomes) + self._due_deferred()
@@ -652,10 +706,17 @@ class Worker:
 
     def _abandon(self, overdue: list[Execution]) -> None:
         """Attempts past their timeout: stop heartbeating them, record the timeout now (so the late
-        result is refused by the database), and give the executor slot to a new thread."""
-        for execution in overdue:
-            if not self.ledger.abandon(execution):
-                continue  # it finished in the meantime
+        result is refused by the database), and give the executor slot to a new thread. A keyed
+        attempt keeps its key's slot until its handler has returned (tasks/concurrency.py)."""
+        abandoned = [execution for execution in overdue if self.ledger.abandon(execution)]  # not finished
+        if abandoned:
+            try:
+                concurrency.keep_slots(self.id, [e.key for e in abandoned], reason="timeout", using=self.using)
+            except DatabaseError as exc:
+                # Recorded all the same: a timeout must not wait on the database. The slot is then free
+                # from the timeout on, as before this rule existed; said in the log.
+                logger.warning("worker %s: could not keep the key slots of timed-out attempts: %s", self.id, exc)
+        for execution in abandoned:
             self.isolation.release(execution)  # a stuck handler must not keep anything else from running
             if not execution.is_async:
                 self._zombies += 1
@@ -684,6 +745,24 @@ class Worker:
                     self._zombies,
                 )
                 self.request_stop()
+
+    def handler_returned(self, execution: Execution) -> None:
+        """An attempt's handler has returned (any thread). One that was abandoned or lost may have had
+        its key slot kept, by this worker or by recovery: the dispatcher gives it back."""
+        if execution.lost:
+            self._slots_to_release.put(execution.key)
+            self._wake.set()
+
+    def _release_kept_slots(self) -> None:
+        self._unreleased += self._take(self._slots_to_release)
+        if not self._unreleased:
+            return
+        try:
+            concurrency.release_kept(self.id, self._unreleased, using=self.using)
+        except DatabaseError as exc:
+            logger.warning("worker %s: giving back kept key slots failed (again next round): %s", self.id, exc)
+            return
+        self._unreleased = []
 
     def hand_back_later(self, execution: Execution, reason: str) -> None:
         """A started attempt the dispatcher hands back (uncharged) with ``reason`` recorded."""
@@ -850,6 +929,7 @@ class Worker:
         self._duration = (
             elapsed if self._duration is None else self._duration + DURATION_SMOOTHING * (elapsed - self._duration)
         )
+        self.handler_returned(execution)
         if not self.ledger.finish(execution):
             self._zombies -= 1
             self.stats["zombies"] = self._zombies
@@ -1009,15 +1089,33 @@ class Worker:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def _register(self) -> None:
-        WorkerRow.objects.using(self.using).update_or_create(
+        rows = WorkerRow.objects.using(self.using)
+        horizon = Now() - dt.timedelta(seconds=2 * self.ttl)
+        namesakes = list(
+            rows.filter(name=self.name, stopped_at__isnull=True, last_seen_at__gte=horizon)
+            .exclude(pk=self.id)
+            .values_list("id", "hostname", "pid")
+        )
+        if namesakes:
+            # Safe (each holds its own leases), and expected while a predecessor drains; two replicas
+            # configured with one name for good is usually a mistake worth a line in the log.
+            logger.warning(
+                "worker %s: %d other live worker(s) named %r: %s; each keeps its own leases",
+                self.id,
+                len(namesakes),
+                self.name,
+                ", ".join(f"{i} (pid {p} on {h})" for i, h, p in namesakes),
+            )
+        rows.update_or_create(
             id=self.id,
             defaults={
+                "name": self.name,
                 "hostname": socket.gethostname(),
                 "pid": os.getpid(),
                 "queues": self.queues,
                 "concurrency": self.concurrency,
                 "ttl": self.ttl,
-                "started_at": Now(),  # a new incarnation, even under a reused id (crash attribution)
+                "started_at": Now(),  # run() again on this object: a new start (crash attribution)
                 "stopped_at": None,
                 "stop_reason": "",
             },
@@ -1066,7 +1164,9 @@ class Worker:
             self._spawn(self._scheduler.run, "scheduler")
 
     def _shutdown(self) -> None:
+        self.reservation.release()
         self._abandon(self.ledger.census(clock.monotonic()).overdue)
+        self._release_kept_slots()  # handlers still running keep theirs: recovery frees them once we stop
         self._take_returns()
         self._take_handbacks()
         # Outcomes may still arrive while the last rounds are in flight: write until none is left.

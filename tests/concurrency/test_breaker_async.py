@@ -10,7 +10,7 @@ import time
 import pytest
 from django.db import connection
 
-from tasks.models import Task, TaskStatus, Worker
+from tasks.models import Task, TaskStatus
 from tests.concurrency.test_async_executor import (
     STOP_WITHIN,
     Workers,
@@ -21,7 +21,7 @@ from tests.concurrency.test_async_executor import (
     effects,
     wait_for_end,
 )
-from tests.helpers import wait_until
+from tests.helpers import wait_until, worker_row
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -122,7 +122,7 @@ def test_shutdown_completes_while_a_coroutine_blocks_the_loop(workers: Workers) 
     proc.send_signal(signal.SIGTERM)
     proc.wait(STOP_WITHIN)
     assert time.monotonic() - began < STOP_WITHIN
-    assert Worker.objects.get(pk="frozen").stop_reason == "stopped"
+    assert worker_row("frozen").stop_reason == "stopped"
     row = Task.objects.get(pk=task_id)
     # Handed back (uncharged) at shutdown, or at worst left to expire for recovery: never lost.
     assert row.status in (TaskStatus.READY, TaskStatus.RUNNING), row.status

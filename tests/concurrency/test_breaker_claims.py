@@ -20,7 +20,7 @@ from django.db.models.functions import Now
 
 from tasks.exceptions import TaskError
 from tasks.models import QueueControl, Task, Worker
-from tests.helpers import start_manage, stop_process, wait_until
+from tests.helpers import start_manage, stop_process, wait_until, worker_row
 from tests.helpers import test_database_url as database_url
 from tests.helpers.pgproxy import PgProxy
 
@@ -149,7 +149,7 @@ def test_a_several_queue_claimer_does_not_make_another_worker_skip_the_best_task
     order = one.join()
     claimed_by_both = both.join()
     assert claimed_by_both > 0
-    assert Task.objects.filter(queue="slow", holder="both").count() == 0
+    assert Task.objects.filter(queue="slow", holder__startswith="both:").count() == 0
     inversions = [(a, b) for a, b in itertools.pairwise(order) if b < a]
     assert order == slow, f"{len(inversions)} inversion(s), e.g. {inversions[:5]}"
 
@@ -213,7 +213,7 @@ def worker_procs(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[byte
     def start(name: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
         proc = start_manage(tmp_path / f"{name}.log", "run_worker", "--worker-id", name, *args, **env)
         started.append(proc)
-        wait_until(lambda: Worker.objects.filter(id=name).exists(), 30, what=f"{name} to register")
+        wait_until(lambda: Worker.objects.filter(name=name).exists(), 30, what=f"{name} to register")
         return proc
 
     yield start
@@ -248,7 +248,7 @@ def test_pause_and_resume_under_several_queue_workers_never_lets_a_claim_through
         taken = mail.exclude(status="READY").count()
         # Every worker has claimed from bulk after the pause: each went through at least one round.
         for name in names:
-            claimed_since = Task.objects.filter(queue="bulk", holder=name, acquired_at__gt=paused_at)
+            claimed_since = Task.objects.filter(queue="bulk", holder__startswith=f"{name}:", acquired_at__gt=paused_at)
             wait_until(claimed_since.exists, what=f"{name} to claim from bulk after the pause (cycle {cycle})")
         late = list(mail.filter(acquired_at__gt=paused_at).values_list("id", "holder", "acquired_at"))
         assert late == [], f"cycle {cycle}: mail tasks claimed after the pause: {late[:5]}"
@@ -294,10 +294,7 @@ def test_a_lost_reply_to_the_twelfth_failure_is_reconciled_through_the_capped_hi
         assert fault.fired.is_set() and fault.status == b"I"  # the 12th failure committed, its reply was lost
         wait_until(lambda: task.get().status == "SUCCESSFUL", 30, what="the 14th attempt to succeed")
         stats = wait_until(
-            lambda: (
-                (Worker.objects.get(pk="flaky-1").stats or {}).get("reconciled")
-                and Worker.objects.get(pk="flaky-1").stats
-            ),
+            lambda: (worker_row("flaky-1").stats or {}).get("reconciled") and worker_row("flaky-1").stats,
             30,
             what="the worker to report reconciliation",
         )

@@ -32,7 +32,7 @@ def workers(tmp_path: Path) -> Iterator[Any]:
     def start(*args: str, worker_id: str) -> subprocess.Popen[bytes]:
         proc = start_manage(tmp_path / f"{worker_id}.log", "run_worker", "--worker-id", worker_id, *FAST, *args)
         started.append(proc)
-        wait_until(lambda: Worker.objects.filter(id=worker_id).exists(), 30, what=f"{worker_id} up")
+        wait_until(lambda: Worker.objects.filter(name=worker_id).exists(), 30, what=f"{worker_id} up")
         return proc
 
     yield start

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tasks.models import Task, Worker
-from tests.helpers import start_manage, stop_process, wait_until
+from tasks.models import Task
+from tests.helpers import start_manage, stop_process, wait_until, worker_names, worker_row
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -41,8 +41,8 @@ def test_injected_crash_kills_the_worker_and_the_task_is_recovered(spawn: Any) -
     # (kind "returned", the crashed worker named) but not charged; the task became a suspect, so the
     # healthy worker marked its attempt before running it.
     assert (done.attempts, done.unstarted_returns, done.crashes, done.failures) == (1, 1, 0, 0)
-    assert done.worker_ids == ["healthy"]
-    assert [(e["kind"], e["worker"]) for e in done.errors] == [("returned", "crasher")]
+    assert worker_names(done.worker_ids) == ["healthy"]
+    assert [(e["kind"], *worker_names([e["worker"]])) for e in done.errors] == [("returned", "crasher")]
 
 
 def test_injected_stall_makes_only_that_task_miss_its_heartbeats(spawn: Any) -> None:
@@ -51,22 +51,22 @@ def test_injected_stall_makes_only_that_task_miss_its_heartbeats(spawn: Any) -> 
     # the healthy worker takes it over (a staller that won it back would stall it again: each of
     # those stalls is charged to the task, and five in a row would end it FAILED, rightly).
     staller = spawn("staller", "--concurrency", "1", TASKS_DEMO_STALL_RATE="1.0", TASKS_TTL="1")
-    wait_until(lambda: Task.objects.filter(pk=task_id, holder="staller").exists(), 30, what="the claim")
-    seen = Worker.objects.get(pk="staller").last_seen_at
+    wait_until(lambda: Task.objects.filter(pk=task_id, holder__startswith="staller:").exists(), 30, what="the claim")
+    seen = worker_row("staller").last_seen_at
     spawn("healthy")
     done = wait_until(lambda: Task.objects.filter(pk=task_id, status="SUCCESSFUL").first(), 30, what="takeover")
-    assert done.worker_ids[0] == "staller"
-    assert done.worker_ids[-1] == "healthy"
+    assert worker_names(done.worker_ids)[0] == "staller"
+    assert worker_names(done.worker_ids)[-1] == "healthy"
     # The stalled attempt's worker lived on: the crash is the attempt's own, charged; not a failure.
     assert (done.crashes, done.failures) == (1, 0)
-    assert [(e["kind"], e["worker"]) for e in done.errors] == [("crash", "staller")]
+    assert [(e["kind"], *worker_names([e["worker"]])) for e in done.errors] == [("crash", "staller")]
     # The process itself never froze: it went on heartbeating while the stalled attempt's lease lapsed.
-    assert Worker.objects.get(pk="staller").last_seen_at > seen
+    assert worker_row("staller").last_seen_at > seen
 
     # The stalled attempt wakes after 1.5 x TTL and finds its claim gone: its own check raises and
     # its report is rejected. The worker carries on.
     def noticed() -> bool:
-        stats = Worker.objects.get(pk="staller").stats or {}
+        stats = worker_row("staller").stats or {}
         return stats.get("rejected", 0) + stats.get("lost", 0) >= 1
 
     wait_until(noticed, 30, what="the stale attempt to be refused")

@@ -82,4 +82,4 @@ def test_pruning_while_workers_drain_loses_nothing_unfinished(processes: Any) ->
     assert per_task.count() == 3000 and {row["n"] for row in per_task} == {1}
     assert Task.objects.filter(pk__in=deferred, status=TaskStatus.READY).count() == 50
     assert Task.objects.get(pk=held).status == TaskStatus.RUNNING
-    assert Worker.objects.filter(id__in=["w0", "w1"]).count() == 2  # just stopped: kept for a week
+    assert Worker.objects.filter(name__in=["w0", "w1"]).count() == 2  # just stopped: kept for a week

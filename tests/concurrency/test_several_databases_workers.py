@@ -11,7 +11,7 @@ import pytest
 from django.db import connections
 
 from tasks.models import Task, Worker
-from tests.helpers import start_manage, stop_process, wait_until
+from tests.helpers import start_manage, stop_process, wait_until, worker_names
 
 pytestmark = [pytest.mark.django_db(databases=["default", "second"], transaction=True), pytest.mark.slow]
 
@@ -50,14 +50,14 @@ def test_one_worker_per_database_drains_its_own_and_never_the_others(settings: A
 
         wait_until(drained, timeout=60, what="both databases drained")
         # Each worker registered itself in its own database only.
-        assert list(Worker.objects.using("default").values_list("id", flat=True)) == ["on-default"]
-        assert list(Worker.objects.using("second").values_list("id", flat=True)) == ["on-second"]
+        assert list(Worker.objects.using("default").values_list("name", flat=True)) == ["on-default"]
+        assert list(Worker.objects.using("second").values_list("name", flat=True)) == ["on-second"]
     finally:
         codes = [stop_process(proc) for proc in started]
     assert codes == [0, 0], [(tmp_path / f"{n}.log").read_text()[-3000:] for n in ("on-default", "on-second")]
     for alias, ids, worker in (("default", on_default, "on-default"), ("second", on_second, "on-second")):
         done = Task.objects.using(alias).filter(pk__in=ids)
-        assert {tuple(t.worker_ids) for t in done} == {(worker,)}  # each exactly once, by its own worker
+        assert {tuple(worker_names(t.worker_ids)) for t in done} == {(worker,)}  # each exactly once, by its own worker
         assert set(done.values_list("attempts", flat=True)) == {1}
     assert Task.objects.using("default").get(pk=stray).status == "READY"
     assert Task.objects.using("second").exclude(queue="reports").count() == 0

@@ -33,7 +33,7 @@ def worker(tmp_path: Path) -> Iterator[Any]:
             "--poll-interval", "0.2", "-v", "2", *args,
         )  # fmt: skip
         started.append(proc)
-        wait_until(lambda: Worker.objects.filter(id=name).exists(), 30, what=f"{name} to register")
+        wait_until(lambda: Worker.objects.filter(name=name).exists(), 30, what=f"{name} to register")
         return proc
 
     yield start

@@ -44,7 +44,7 @@ from tests.conformance.harness import (
 )
 from tests.conformance.recorder import EVENTS_ENV
 from tests.conformance.test_lease_backend import RETRYING, SETTINGS, start_worker
-from tests.helpers import start_manage, stop_process, wait_until
+from tests.helpers import start_manage, stop_process, wait_until, worker_names
 from tests.testapp.models import Gate
 
 
@@ -416,7 +416,7 @@ class KilledWorkerTestCase(BackendTestCase):
             self.assertEqual([r.id for r in TaskRow.objects.recover_expired()], [task_id])
             recovered = default_task_backend.get_result(result.id)
             self.assertEqual((recovered.status, recovered.attempts), (TaskResultStatus.READY, 1))
-            self.assertEqual(recovered.worker_ids, ["killed-1"])
+            self.assertEqual(worker_names(recovered.worker_ids), ["killed-1"])
             self.assertIs(recovered.errors[0].exception_class, TaskLeaseLost)
             self.assertEqual(recovered.task, result.task)
 
@@ -425,7 +425,7 @@ class KilledWorkerTestCase(BackendTestCase):
             Gate.objects.filter(key="killed").update(open=True)
             stop_process(process)
         self.assertEqual((inside["attempt"], inside["attempts"], result.attempts), (2, 2, 2))
-        self.assertEqual(result.worker_ids, ["killed-1", "killed-2"])
+        self.assertEqual(worker_names(result.worker_ids), ["killed-1", "killed-2"])
         self.assertEqual(inside["worker_ids"], result.worker_ids)
         self.assertEqual(inside["errors"], ["tasks.exceptions.TaskLeaseLost"])
         self.assertEqual(inside["task"]["priority"], 3)
@@ -461,7 +461,7 @@ class KilledWorkerTestCase(BackendTestCase):
             Gate.objects.filter(key="terminated").update(open=True)
             stop_process(process)
         self.assertEqual((inside["attempt"], inside["attempts"], result.attempts), (2, 2, 2))
-        self.assertEqual(result.worker_ids, ["terminated-1", "terminated-2"])
+        self.assertEqual(worker_names(result.worker_ids), ["terminated-1", "terminated-2"])
         self.assertEqual(inside["errors"], ["tasks.exceptions.WorkerShutdown"])
         self.assertIs(result.errors[0].exception_class, WorkerShutdown)
         self.assertEqual([e["status"] for e in self.events(result.id, "finished")], ["READY", "SUCCESSFUL"])

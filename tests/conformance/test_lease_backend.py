@@ -51,7 +51,7 @@ from tests.conformance.harness import (
     ThreadWorkerTestCase,
 )
 from tests.conformance.recorder import EVENTS_ENV
-from tests.helpers import start_manage, stop_process, wait_until
+from tests.helpers import start_manage, stop_process, wait_until, worker_names
 from tests.testapp.models import Gate
 
 LEASE_BACKENDS = {
@@ -455,7 +455,7 @@ class HandBackTestCase(BackendTestCase):
 
             handed = default_task_backend.get_result(result.id)
             self.assertEqual(handed.status, TaskResultStatus.READY)
-            self.assertEqual((handed.attempts, handed.worker_ids), (1, ["hand-back-1"]))
+            self.assertEqual((handed.attempts, worker_names(handed.worker_ids)), (1, ["hand-back-1"]))
             self.assertIs(handed.errors[0].exception_class, WorkerShutdown)
             [ended] = self.events(result.id, "finished")
             self.assertEqual((ended["status"], ended["stored_status"]), ("READY", "READY"))
@@ -469,9 +469,9 @@ class HandBackTestCase(BackendTestCase):
                 second_thread.join(WAIT)
             inside = result.return_value
             self.assertEqual((inside["attempt"], inside["attempts"]), (2, 2))
-            self.assertEqual(inside["worker_ids"], ["hand-back-1", "hand-back-2"])
+            self.assertEqual(worker_names(inside["worker_ids"]), ["hand-back-1", "hand-back-2"])
             self.assertEqual(inside["errors"], ["tasks.exceptions.WorkerShutdown"])
-            self.assertEqual((result.attempts, result.worker_ids), (2, ["hand-back-1", "hand-back-2"]))
+            self.assertEqual((result.attempts, worker_names(result.worker_ids)), (2, ["hand-back-1", "hand-back-2"]))
         finally:
             Gate.objects.filter(key="hand-back").update(open=True)  # attempt 1's thread returns, too late
             wait_until(
@@ -570,7 +570,7 @@ class RunWorkerTargetTestCase(BackendTestCase):
                             self.assertEqual(stop_process(process), 0, (self.workdir / "other-worker.log").read_text())
                         served.refresh()
                         self.assertEqual((served.status, served.return_value), ("SUCCESSFUL", target[1]))
-                        self.assertEqual((served.backend, served.worker_ids), ("elsewhere", [worker_id]))
+                        self.assertEqual((served.backend, worker_names(served.worker_ids)), ("elsewhere", [worker_id]))
                         self.assertEqual(default_task_backend.get_result(kept.id).status, TaskResultStatus.READY)
         finally:
             with connection.cursor() as cursor:

@@ -14,7 +14,7 @@ from django.utils import timezone
 from tasks.compat import TaskResult, TaskResultStatus, task_finished, task_started
 from tasks.models import Task, TaskStatus
 from tasks.worker import Worker
-from tests.helpers import wait_until
+from tests.helpers import wait_until, worker_names
 from tests.testapp import handlers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -148,7 +148,7 @@ def test_django_tasks_round_trip(running_worker: Worker) -> None:
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.return_value == 5
     assert result.attempts == 1
-    assert result.worker_ids == ["t1"]
+    assert worker_names(result.worker_ids) == ["t1"]
     assert handlers.add.get_result(result.id).return_value == 5
     assert events == [("started", result.id), ("finished", TaskResultStatus.SUCCESSFUL)]
 

@@ -135,3 +135,16 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 30.0) -> int:
             proc.kill()
             proc.wait(timeout)
     return proc.returncode
+
+
+def worker_names(ids: list[str]) -> list[str]:
+    """The names behind worker ids (``name:suffix``, a suffix new at each start): what a test that
+    started workers with ``--worker-id name`` compares ``worker_ids`` and holders with."""
+    return [worker_id.rsplit(":", 1)[0] for worker_id in ids]
+
+
+def worker_row(name: str, using: str = "default") -> Any:
+    """The latest start of the worker named ``name``."""
+    from tasks.models import Worker
+
+    return Worker.objects.using(using).filter(name=name).order_by("-started_at").first()

@@ -21,13 +21,15 @@ class Workers:
 
     logs: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    ids: dict[str, str] = field(default_factory=dict)  # name -> the id its process holds leases under
 
     def start(self, name: str, *args: str, may_die: bool = False, **env: str) -> subprocess.Popen[bytes]:
+        earlier = list(Worker.objects.filter(name=name).values_list("id", flat=True))
         proc = start_manage(self.logs / f"{name}.log", "run_worker", "--worker-id", name, *FAST, *args, **env)
         self.procs[name] = proc
-        wait_until(
-            lambda: Worker.objects.filter(id=name).exists() or proc.poll() is not None, 30, what=f"{name} to register"
-        )
+        mine = Worker.objects.filter(name=name).exclude(id__in=earlier)
+        wait_until(lambda: mine.exists() or proc.poll() is not None, 30, what=f"{name} to register")
+        self.ids[name] = mine.values_list("id", flat=True).first() or ""
         assert may_die or proc.poll() is None, f"{name} exited ({proc.returncode}) at start:\n{self.log(name)}"
         return proc
 

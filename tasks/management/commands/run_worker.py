@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 from typing import Any
@@ -17,7 +18,14 @@ from tasks.management.commands._common import (
     queue_names,
 )
 from tasks.routing import misrouted, queues_by_database
-from tasks.worker import Worker
+from tasks.worker import Worker, check_worker_name
+
+
+def worker_name(value: str) -> str:
+    try:
+        return check_worker_name(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 class Command(LongRunningCommand):
@@ -45,7 +53,11 @@ class Command(LongRunningCommand):
         parser.add_argument("--no-recovery", action="store_true", help="do not run the recovery controller here")
         parser.add_argument("--no-scheduler", action="store_true", help="do not run the periodic-task scheduler here")
         parser.add_argument("--max-tasks", type=positive_int, help="exit after claiming this many tasks")
-        parser.add_argument("--worker-id", help="default: host:pid:random")
+        parser.add_argument(
+            "--worker-id",
+            type=worker_name,
+            help="the worker's name (default host:pid); each start holds its leases under name:random",
+        )
 
     def handle(
         self,

@@ -1,0 +1,105 @@
+"""A busy worker that makes itself idle for a task that must run isolated.
+
+A task whose workers vanished beside other attempts ISOLATE_AFTER times runs alone in its process, so
+that a next crash is attributable (tasks/statements.py, RECOVER_SQL). Only a worker holding nothing
+takes it; a busy worker's claims pass over it. Under a steady stream no worker is ever idle, so the
+task (and, behind it, its concurrency key) would wait until the whole backlog drained.
+
+So a busy worker looks for such a task in its queues, at most once per poll interval (one index probe
+of a tiny partial index: ISOLATED_WAITING_SQL). If it finds one, it takes the queue's isolation lease
+(``tasks:isolation:<queue>``, a lease of the leasing app, so one worker per queue reserves, not all of
+them) and stops claiming until it holds nothing; its next claim, an idle one, may take the task. It
+renews the lease at each look while the task waits and releases it once the task is in hand, taken by
+another worker, or gone. Bound: the task waits for the reserving worker's running attempts (each
+bounded by its timeout and the drain of its process); a reserving worker that dies frees the lease
+within its TTL, and the next busy worker that looks reserves instead.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import DatabaseError, connections
+
+from leasing import clock
+from leasing.models import Lease
+from tasks.statements import ISOLATED_WAITING_SQL
+
+logger = logging.getLogger("tasks.worker")
+
+RESOURCE = "tasks:isolation:{queue}"
+
+
+class IsolationReservation:
+    def __init__(
+        self, *, using: str, worker_id: str, queues: list[str], isolate_after: int, ttl: float, interval: float
+    ) -> None:
+        self.using = using
+        self.worker_id = worker_id
+        self.queues = queues
+        self.isolate_after = isolate_after
+        self.ttl = ttl
+        self.interval = interval
+        self._next_look = 0.0
+        self._held: tuple[str, int] | None = None  # (resource, token) of the lease while reserving
+
+    @property
+    def active(self) -> bool:
+        """Reserving: claim nothing until the worker holds nothing."""
+        return self._held is not None
+
+    def tick(self, *, busy: bool, holds_isolated: bool, can_serve: bool, stopping: bool) -> None:
+        """Called by the dispatcher each round; looks at most once per interval.
+
+        ``busy``: attempts in hand (an idle worker's claim takes any task: nothing to do).
+        ``holds_isolated``: an isolated attempt is in hand (the reservation has served).
+        ``can_serve``: no abandoned handler is still running in the process (an isolated attempt needs
+        the process to itself: a worker with one cannot take it and must not reserve).
+        """
+        if stopping or not can_serve:
+            self.release()
+            return
+        if self.isolate_after < 1 or (not busy and self._held is None):
+            return
+        now = clock.monotonic()
+        if now < self._next_look:
+            return
+        self._next_look = now + self.interval
+        try:
+            waiting = self._waiting_queue()
+            if self._held is not None:
+                if waiting is None or holds_isolated:
+                    self.release()
+                else:
+                    resource, token = self._held
+                    if Lease.objects.db_manager(self.using).renew(resource, self.worker_id, token, self.ttl) is None:
+                        self._held = None  # lapsed: another busy worker may reserve now
+            elif waiting is not None and not holds_isolated:
+                resource = RESOURCE.format(queue=waiting)
+                grant = Lease.objects.db_manager(self.using).acquire(resource, self.worker_id, self.ttl)
+                if grant is not None:
+                    self._held = (resource, grant.token)
+                    logger.info(
+                        "worker %s: a task in queue %s must run isolated; claiming nothing until idle",
+                        self.worker_id,
+                        waiting,
+                    )
+        except DatabaseError as exc:
+            # The next look tries again; a lease we could not renew lapses by itself.
+            logger.warning("worker %s: the look for isolated tasks failed: %s", self.worker_id, exc)
+
+    def release(self) -> None:
+        if self._held is None:
+            return
+        resource, token = self._held
+        self._held = None
+        try:
+            Lease.objects.db_manager(self.using).release(resource, self.worker_id, token)
+        except DatabaseError as exc:
+            logger.warning("worker %s: releasing %s failed (it lapses by itself): %s", self.worker_id, resource, exc)
+
+    def _waiting_queue(self) -> str | None:
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(ISOLATED_WAITING_SQL, {"isolate_after": self.isolate_after, "queues": self.queues})
+            row = cursor.fetchone()
+        return None if row is None else str(row[0])
