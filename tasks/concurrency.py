@@ -91,8 +91,8 @@ SELECT k, greatest(tasks_concurrency_admit(k, NULL, NULL), 0) FROM unnest(%(keys
 
 # The keys worth showing: those with admitted tasks (a set bounded by the sum of the limits, read
 # from tasks_task_slot_idx) and those with waiting tasks (a loose index scan, as above), the first
-# ``limit`` of each by name. Per key: RUNNING and admitted counts (bounded by the limit) and the
-# waiting count, capped.
+# ``limit`` of each by name. Per key: RUNNING and admitted counts (bounded by the limit), the
+# waiting count, capped, and the slots kept for handlers that outlived their rows (a handful).
 KEY_STATS_SQL = """
 WITH RECURSIVE waiting(key) AS (
     (SELECT concurrency_key FROM tasks_task WHERE status = 'BLOCKED' ORDER BY concurrency_key LIMIT 1)
@@ -119,7 +119,8 @@ SELECT keys.key, c.max_running,
         WHERE t.concurrency_key = keys.key AND t.status IN ('READY', 'RUNNING') AND t.status = 'RUNNING'),
        (SELECT count(*) FROM tasks_task AS t WHERE t.concurrency_key = keys.key AND t.status IN ('READY', 'RUNNING')),
        (SELECT count(*) FROM (SELECT 1 FROM tasks_task AS t WHERE t.status = 'BLOCKED' AND t.concurrency_key = keys.key
-                              LIMIT %(cap)s + 1) AS w)
+                              LIMIT %(cap)s + 1) AS w),
+       (SELECT count(*) FROM tasks_concurrencyhold AS h WHERE h.key = keys.key)
 FROM keys LEFT JOIN tasks_concurrencykey AS c ON c.key = keys.key
 ORDER BY keys.key
 """
@@ -166,10 +167,12 @@ class KeyState:
     admitted: int
     waiting: int
     waiting_capped: bool
+    #: Slots kept for handlers still running after their rows stopped counting (timeouts, lapses).
+    kept: int = 0
 
     @property
     def full(self) -> bool:
-        return self.limit is not None and self.admitted >= self.limit
+        return self.limit is not None and self.admitted + self.kept >= self.limit
 
     @property
     def waiting_label(self) -> str:
@@ -268,7 +271,8 @@ def key_states(*, using: str | None = None, limit: int = SHOWN_KEYS, cap: int = 
         cursor.execute(KEY_STATS_SQL, {"limit": limit, "cap": cap})
         rows: list[Any] = cursor.fetchall()
     states = [
-        KeyState(key, lim, running, held, min(waiting, cap), waiting > cap) for key, lim, running, held, waiting in rows
+        KeyState(key, lim, running, held, min(waiting, cap), waiting > cap, kept)
+        for key, lim, running, held, waiting, kept in rows
     ]
     states.sort(key=lambda s: (not s.full, -s.waiting, s.key))
     return states

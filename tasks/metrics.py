@@ -49,13 +49,20 @@ def task_metrics() -> Iterable[Metric]:
     waiting = GaugeMetricFamily(
         "tasks_concurrency_waiting", "Tasks waiting for a slot of the key (BLOCKED), up to 10,000.", labels=["key"]
     )
+    kept = GaugeMetricFamily(
+        "tasks_concurrency_kept",
+        "Slots of the key kept for handlers still running after a timeout or a lapsed lease.",
+        labels=["key"],
+    )
     for key_state in keys:
         running.add_metric([key_state.key], key_state.running)
         limit.add_metric([key_state.key], key_state.limit or 0)
         waiting.add_metric([key_state.key], key_state.waiting)
+        kept.add_metric([key_state.key], key_state.kept)
     yield running
     yield limit
     yield waiting
+    yield kept
     yield GaugeMetricFamily(
         "tasks_concurrency_keys_full",
         "Concurrency keys at their limit (of those shown).",

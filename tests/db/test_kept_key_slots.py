@@ -11,11 +11,14 @@ import datetime as dt
 
 import pytest
 from django.db import connection
+from django.test import Client
 from django.utils import timezone
 
+from leasing.metrics import scrape_values
 from tasks import concurrency
 from tasks.models import ConcurrencyHold, Failure, Task, TaskStatus, Worker
 from tasks.recovery import recover_once
+from tests.factories import StaffFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -139,3 +142,15 @@ def test_the_admission_counts_kept_slots_beside_ready_and_running_rows() -> None
     with connection.cursor() as cursor:  # an operator's delete admits too (the trigger)
         cursor.execute("DELETE FROM tasks_concurrencyhold WHERE key = 'k'")
     assert status(second) == TaskStatus.READY
+
+
+def test_kept_slots_show_on_the_dashboard_and_in_metrics(client: Client) -> None:
+    first, second = serial(2, key="shown")
+    ConcurrencyHold.objects.create(key="shown", task_id=first, token=1, worker="w:1", reason="timeout")
+    client.force_login(StaffFactory.create())
+    page = client.get("/dashboard/").content.decode()
+    assert "+1 kept" in page
+    scraped = scrape_values(client.get("/metrics").content.decode())
+    assert scraped['tasks_concurrency_kept{database="default",key="shown"}'] == 1
+    assert scraped['tasks_concurrency_keys_full{database="default"}'] == 1  # one READY + one kept: full
+    assert status(second) == TaskStatus.BLOCKED
