@@ -485,11 +485,13 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return [plan, *(node for child in plan.get("Plans", []) for node in _nodes(child))]
 
 
-# Each case claims from a queue of its own: a case's 600,000 rows are rolled back, not vacuumed, and
-# their index entries stay. The manual skip scan's step to the next priority must find a live row, so
-# a queue's aborted entries would be walked by the next case (until vacuum; PostgreSQL 18's native skip
-# scan jumps over them by key alone): the claim's cost beside *dead* rows is vacuum's to keep, not this test's.
-@pytest.mark.parametrize("queues", [["default"], ["second", "empty"]], ids=["one-queue", "two-queues"])
+# Each case claims from queues of its own, used by no other test: a case's 600,000 rows are rolled back,
+# not vacuumed, and their index entries stay, and so do those of every other test that inserted rows
+# into a queue and rolled them back. The manual skip scan's step to the next priority must find a live
+# row, so a queue's aborted entries would be walked by a later claim (until vacuum; PostgreSQL 18's
+# native skip scan jumps over them by key alone): the claim's cost beside *dead* rows is vacuum's to
+# keep, not this test's. (With "default", the full suite's order once left 840 blocks to walk here.)
+@pytest.mark.parametrize("queues", [["plans-one"], ["plans-second", "plans-empty"]], ids=["one-queue", "two-queues"])
 def test_a_claim_reads_only_its_own_runnable_rows_whatever_other_queues_and_deferred_rows_hold(
     queues: list[str],
 ) -> None:
@@ -520,8 +522,17 @@ def test_a_claim_reads_only_its_own_runnable_rows_whatever_other_queues_and_defe
         assert scans, kinds
         # Only the two due rows of 'default' come out; the backlogs were never read row by row.
         assert plan["Actual Rows"] == len(due), plan["Actual Rows"]
-        touched = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]  # the whole statement's
-        assert touched < 150, (touched, kinds)
+        # What the pick reads (the ARRAY InitPlan: the priorities walked and the due rows locked) stays
+        # small. The statement as a whole also maintains the indexes for the two rows it updates, and
+        # that depends on the garbage earlier tests left in the indexes (a btree insertion may first
+        # visit heap pages to delete dead entries): 840 blocks once in the full suite. A read of the
+        # backlogs themselves would be thousands (600,000 rows).
+        picks = [node for node in nodes if node.get("Parent Relationship") == "InitPlan"]
+        assert picks, kinds
+        read = sum(node["Shared Hit Blocks"] + node["Shared Read Blocks"] for node in picks)
+        assert read < 150, (read, kinds)
+        touched = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+        assert touched < 2500, (touched, kinds)
     if len(queues) == 1:
         assert "Sort" not in kinds, kinds
 
