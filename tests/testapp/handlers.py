@@ -230,6 +230,40 @@ def span(seconds: float = 0.01, fail_first: bool = False, gate: str | None = Non
     return os.getpid()
 
 
+def stalled_span(stall: float, seconds: float = 0.01, **kwargs: Any) -> int:
+    """:func:`span` whose first attempt misses its heartbeats for ``stall`` seconds (the demo's latency
+    spike: this attempt alone stalls while its worker lives on), so its lease lapses mid-handler."""
+    _span_mark("started")
+    run = current_task()
+    if run.attempt == 1:
+        run.miss_heartbeats(stall)
+        time.sleep(stall)
+    else:
+        time.sleep(seconds)
+    _span_mark("ended")
+    return os.getpid()
+
+
+def stall_past_expiry(**kwargs: Any) -> int:
+    """:func:`span` whose first attempt misses its heartbeats until its lease has expired on the
+    database clock, then returns at once (a latency spike that ends just after the lease ran out)."""
+    from django.db import connection
+
+    _span_mark("started")
+    run = current_task()
+    if run.attempt == 1:
+        run.miss_heartbeats(600)
+        deadline = time.monotonic() + 120
+        with connection.cursor() as cursor:
+            while time.monotonic() < deadline:
+                cursor.execute("SELECT expires_at <= clock_timestamp() FROM tasks_task WHERE id = %s", [run.id])
+                if cursor.fetchone()[0]:
+                    break
+                time.sleep(0.02)
+    _span_mark("ended")
+    return os.getpid()
+
+
 # -- async executor handlers (tests/concurrency/test_async_executor.py) -------------------------------
 
 
