@@ -78,3 +78,38 @@ def test_a_slot_kept_by_recovery_after_the_stalled_handler_returned_is_given_bac
     held = list(ConcurrencyHold.objects.values_list("task_id", "reason", "worker"))
     wait_until(next_ran, 15, 0.5, what=f"the key's next task to run (slots kept: {held})")
     assert not ConcurrencyHold.objects.exists()
+
+
+def test_a_handler_that_returns_while_its_slot_is_being_kept_gives_it_back(workers: Workers) -> None:
+    """The worker abandons a keyed attempt at its timeout: ``ledger.abandon``, then KEEP_SLOTS_SQL (a
+    round trip), then ``mark_lost``. A handler that returns during that round trip is neither lost
+    (``handler_returned`` gives nothing back) nor finished (its result is dropped as abandoned), and the
+    insert then keeps a slot for a handler that has returned: kept while the worker lives. A slow round
+    trip is stood in for by another session holding a lock on tasks_concurrencyhold for a moment
+    (less than the worker's lock timeout: the keep succeeds)."""
+    from django.db import connections
+
+    timed_out = Task.objects.enqueue(
+        SPAN, kwargs={"seconds": 0.8}, concurrency_key="k", concurrency_limit=1, timeout=0.5, max_attempts=1
+    ).id
+    following = serial(SPAN, "k")
+    blocker = connections.create_connection("default")
+    try:
+        blocker.set_autocommit(False)
+        with blocker.cursor() as cursor:
+            cursor.execute("LOCK TABLE tasks_concurrencyhold IN SHARE ROW EXCLUSIVE MODE")
+        workers.start("w", "--concurrency", "2", "--no-recovery", "--ttl", "9")  # lock timeout 1.5 s
+        wait_until(lambda: ended(timed_out, 1), 30, 0.02, what="the handler to return past its timeout")
+    finally:
+        blocker.rollback()
+        blocker.close()
+    wait_until(lambda: Task.objects.get(pk=timed_out).status == TaskStatus.FAILED, 30, 0.05, what="the timeout")
+    assert "could not keep" not in workers.log("w")  # the keep went through, after the handler returned
+
+    def next_ran() -> bool:
+        recover_once()
+        return Task.objects.get(pk=following).status == TaskStatus.SUCCESSFUL
+
+    held = list(ConcurrencyHold.objects.values_list("task_id", "reason", "worker"))
+    wait_until(next_ran, 15, 0.5, what=f"the key's next task to run (slots kept: {held})")
+    assert not ConcurrencyHold.objects.exists()
