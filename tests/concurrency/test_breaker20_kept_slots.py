@@ -113,3 +113,29 @@ def test_a_handler_that_returns_while_its_slot_is_being_kept_gives_it_back(worke
     held = list(ConcurrencyHold.objects.values_list("task_id", "reason", "worker"))
     wait_until(next_ran, 15, 0.5, what=f"the key's next task to run (slots kept: {held})")
     assert not ConcurrencyHold.objects.exists()
+
+
+def test_timed_out_async_handlers_whose_work_runs_in_a_thread_never_overlap(workers: Workers) -> None:
+    """Limit 1, ``timeout=0.5``, async handlers whose 1.5 s of work is blocking code in a thread
+    (``sync_to_async``). The cancelled coroutine returns at once, but its thread goes on: the slot is
+    given back while the handler's work still runs, and the key's next handler starts beside it."""
+    ids = [
+        Task.objects.enqueue(
+            "tests.testapp.handlers.async_span_in_thread",
+            kwargs={"seconds": 1.5},
+            concurrency_key="athread",
+            concurrency_limit=1,
+            timeout=0.5,
+            max_attempts=1,
+        ).id
+        for _ in range(3)
+    ]
+    workers.start("w", "--concurrency", "1", "--async-concurrency", "4")
+    wait_until(
+        lambda: Effect.objects.filter(task_id__in=ids, phase="ended").count() == 3,
+        60,
+        0.1,
+        what="every handler's work to end",
+    )
+    assert set(Task.objects.filter(pk__in=ids).values_list("status", flat=True)) == {TaskStatus.FAILED}
+    assert max_overlap("athread") == 1

@@ -559,3 +559,40 @@ def breaker_poison_session(**kwargs: Any) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SET statement_timeout = '1ms'")
         cursor.execute("SET lock_timeout = '1ms'")
+
+
+def _sleep_then_mark_end(seconds: float, task_id: int, token: int, attempt: int) -> None:
+    from django.db import connection
+
+    time.sleep(seconds)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO testapp_effect (task_id, token, attempt, phase, pid, created_at)"
+            " VALUES (%s, %s, %s, 'ended', %s, clock_timestamp())",
+            [task_id, token, attempt, os.getpid()],
+        )
+    connection.close()
+
+
+async def async_span_in_thread(seconds: float = 0.01, **kwargs: Any) -> int:
+    """:func:`span` as a coroutine whose work is blocking code handed to a thread
+    (``sync_to_async(thread_sensitive=False)``, as async handlers call sync libraries): the start mark,
+    then ``seconds`` of work and the end mark in the thread."""
+    from asgiref.sync import sync_to_async
+
+    run = current_task()
+    await sync_to_async(_span_mark_for, thread_sensitive=False)(run.id, run.token, run.attempt, "started")
+    await sync_to_async(_sleep_then_mark_end, thread_sensitive=False)(seconds, run.id, run.token, run.attempt)
+    return os.getpid()
+
+
+def _span_mark_for(task_id: int, token: int, attempt: int, phase: str) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO testapp_effect (task_id, token, attempt, phase, pid, created_at)"
+            " VALUES (%s, %s, %s, %s, %s, clock_timestamp())",
+            [task_id, token, attempt, phase, os.getpid()],
+        )
+    connection.close()
