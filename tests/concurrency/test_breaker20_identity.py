@@ -64,8 +64,6 @@ def test_two_live_namesakes_and_one_sigkilled_never_run_a_task_twice(workers: Wo
     assert (row.status, row.holder, row.token) == (TaskStatus.RUNNING, survivor_id, survivor_task.token)
     assert Worker.objects.get(pk=survivor_id).stopped_at is None
     Gate.objects.filter(key="g").update(open=True)
-    wait_until(
-        lambda: Task.objects.filter(pk__in=ids, status=TaskStatus.SUCCESSFUL).count() == 2, 60, 0.1, what="both"
-    )
+    wait_until(lambda: Task.objects.filter(pk__in=ids, status=TaskStatus.SUCCESSFUL).count() == 2, 60, 0.1, what="both")
     assert Effect.objects.filter(task_id=survivor_task.id, phase="started").count() == 1
     assert Task.objects.get(pk=survivor_task.id).worker_ids == [survivor_id]
