@@ -230,6 +230,40 @@ def span(seconds: float = 0.01, fail_first: bool = False, gate: str | None = Non
     return os.getpid()
 
 
+def stalled_span(stall: float, seconds: float = 0.01, **kwargs: Any) -> int:
+    """:func:`span` whose first attempt misses its heartbeats for ``stall`` seconds (the demo's latency
+    spike: this attempt alone stalls while its worker lives on), so its lease lapses mid-handler."""
+    _span_mark("started")
+    run = current_task()
+    if run.attempt == 1:
+        run.miss_heartbeats(stall)
+        time.sleep(stall)
+    else:
+        time.sleep(seconds)
+    _span_mark("ended")
+    return os.getpid()
+
+
+def stall_past_expiry(**kwargs: Any) -> int:
+    """:func:`span` whose first attempt misses its heartbeats until its lease has expired on the
+    database clock, then returns at once (a latency spike that ends just after the lease ran out)."""
+    from django.db import connection
+
+    _span_mark("started")
+    run = current_task()
+    if run.attempt == 1:
+        run.miss_heartbeats(600)
+        deadline = time.monotonic() + 120
+        with connection.cursor() as cursor:
+            while time.monotonic() < deadline:
+                cursor.execute("SELECT expires_at <= clock_timestamp() FROM tasks_task WHERE id = %s", [run.id])
+                if cursor.fetchone()[0]:
+                    break
+                time.sleep(0.02)
+    _span_mark("ended")
+    return os.getpid()
+
+
 # -- async executor handlers (tests/concurrency/test_async_executor.py) -------------------------------
 
 
@@ -525,3 +559,40 @@ def breaker_poison_session(**kwargs: Any) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SET statement_timeout = '1ms'")
         cursor.execute("SET lock_timeout = '1ms'")
+
+
+def _sleep_then_mark_end(seconds: float, task_id: int, token: int, attempt: int) -> None:
+    from django.db import connection
+
+    time.sleep(seconds)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO testapp_effect (task_id, token, attempt, phase, pid, created_at)"
+            " VALUES (%s, %s, %s, 'ended', %s, clock_timestamp())",
+            [task_id, token, attempt, os.getpid()],
+        )
+    connection.close()
+
+
+async def async_span_in_thread(seconds: float = 0.01, **kwargs: Any) -> int:
+    """:func:`span` as a coroutine whose work is blocking code handed to a thread
+    (``sync_to_async(thread_sensitive=False)``, as async handlers call sync libraries): the start mark,
+    then ``seconds`` of work and the end mark in the thread."""
+    from asgiref.sync import sync_to_async
+
+    run = current_task()
+    await sync_to_async(_span_mark_for, thread_sensitive=False)(run.id, run.token, run.attempt, "started")
+    await sync_to_async(_sleep_then_mark_end, thread_sensitive=False)(seconds, run.id, run.token, run.attempt)
+    return os.getpid()
+
+
+def _span_mark_for(task_id: int, token: int, attempt: int, phase: str) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO testapp_effect (task_id, token, attempt, phase, pid, created_at)"
+            " VALUES (%s, %s, %s, %s, %s, clock_timestamp())",
+            [task_id, token, attempt, phase, os.getpid()],
+        )
+    connection.close()
