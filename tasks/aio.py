@@ -38,7 +38,8 @@ import asyncio
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +51,7 @@ from tasks.exceptions import EventLoopBlocked
 from tasks.ledger import Outcome
 from tasks.models import Task
 from tasks.outcome_writer import retrying
-from tasks.runtime import Execution, _set_current
+from tasks.runtime import Execution, _current, _set_current
 
 if TYPE_CHECKING:
     from tasks.worker import Worker
@@ -67,15 +68,41 @@ MAX_BLOCKED_LOOPS = 3
 CANCEL_WAIT = 3.0
 
 
+class AttemptThreads(ThreadPoolExecutor):
+    """The event loop's default executor: ``sync_to_async(thread_sensitive=False)``,
+    ``asyncio.to_thread`` and ``loop.run_in_executor(None, …)`` run here. A coroutine cancelled at
+    its timeout ends at once while a thread it handed work to runs on, so each job submitted from
+    an attempt's context counts as a running handler of that attempt until it returns: a key slot
+    kept for the attempt is given back only when its coroutine and its threads have all returned
+    (tasks/concurrency.py)."""
+
+    def __init__(self, worker: Worker, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._worker = worker
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        execution = _current.get()
+        if execution is None:
+            return super().submit(fn, *args, **kwargs)
+        self._worker.handler_started(execution)
+        try:
+            future = super().submit(fn, *args, **kwargs)
+        except BaseException:
+            self._worker.handler_returned(execution)
+            raise
+        future.add_done_callback(lambda _done: self._worker.handler_returned(execution))
+        return future
+
+
 class _Loop:
     """One event loop and the thread that runs it; retired when a coroutine blocks it."""
 
-    def __init__(self, number: int, db_threads: int) -> None:
+    def __init__(self, number: int, db_threads: int, worker: Worker) -> None:
         self.number = number
         self.loop = asyncio.new_event_loop()
         self.db_threads = db_threads
         # sync_to_async(thread_sensitive=False) runs on the loop's default executor: this bounded pool.
-        self.pool = ThreadPoolExecutor(max_workers=db_threads, thread_name_prefix=f"async-db-{number}")
+        self.pool = AttemptThreads(worker, max_workers=db_threads, thread_name_prefix=f"async-db-{number}")
         self.loop.set_default_executor(self.pool)
         self.tick = clock.monotonic()
         self.retired = False
@@ -149,7 +176,7 @@ class AsyncExecutor:
 
     def _new_loop(self) -> _Loop:
         self._count += 1
-        state = _Loop(self._count, self.db_threads)
+        state = _Loop(self._count, self.db_threads, self.worker)
         state.thread = threading.Thread(
             target=self._serve, args=(state,), name=f"async-loop-{state.number}", daemon=True
         )
@@ -299,9 +326,12 @@ class AsyncExecutor:
                 worker.ledger.begin(execution)
             worker._starts.put((execution, now))
         worker.stats["started"] += 1
-        outcome = await self._execute(execution)
+        worker.handler_started(execution)
+        try:
+            outcome = await self._execute(execution)
+        finally:
+            worker.handler_returned(execution)
         worker.observe_async_duration(clock.monotonic() - (execution.started or clock.monotonic()))
-        worker.handler_returned(execution)
         if not worker.ledger.finish(execution):
             self.zombies -= 1
             worker.stats["late_results_dropped"] += 1

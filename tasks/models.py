@@ -438,12 +438,16 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         ttl: float | None = None,
         stats: dict[str, Any] | None = None,
         running: int = 0,
+        live: Iterable[tuple[int, int]] | None = None,
     ) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:
         """The heartbeat statement: (renewed, busy). Busy attempts are still ours but their rows are
         locked by another session right now: not renewed this beat, not lost either; the rest of
         ``held`` is lost. Only a beat with ``stats`` (the worker process's own) stamps the worker
-        row, with ``running`` (attempts running, stuck threads included) for the workers page."""
+        row, with ``running`` (attempts running, stuck threads included) for the workers page. With
+        ``live`` (the attempts whose handler still runs in the process), the key slots kept for the
+        worker's other attempts are given back (tasks/concurrency.py)."""
         attempts = list(held)
+        alive = [] if live is None else list(live)
         params = {
             "worker": worker,
             "ids": [a[0] for a in attempts],
@@ -452,6 +456,9 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "running": running,
             "stats": json.dumps(stats or {}),
             "record_worker": stats is not None,  # a client reusing the worker's name must not touch its row
+            "reconcile": live is not None,
+            "live_ids": [a[0] for a in alive],
+            "live_tokens": [a[1] for a in alive],
         }
         renewed: set[tuple[int, int]] = set()
         busy: set[tuple[int, int]] = set()

@@ -10,9 +10,15 @@ of a tiny partial index: ISOLATED_WAITING_SQL). If it finds one, it takes the qu
 (``tasks:isolation:<queue>``, a lease of the leasing app, so one worker per queue reserves, not all of
 them) and stops claiming until it holds nothing; its next claim, an idle one, may take the task. It
 renews the lease at each look while the task waits and releases it once the task is in hand, taken by
-another worker, or gone. Bound: the task waits for the reserving worker's running attempts (each
-bounded by its timeout and the drain of its process); a reserving worker that dies frees the lease
-within its TTL, and the next busy worker that looks reserves instead.
+another worker, or gone.
+
+A reservation has a term (the worker's TTL, at least two looks): a worker whose attempts outlast it
+(a long report without a timeout) hands the turn over and does not reserve again for a while (the
+term, doubling with each turn it could not serve, up to 8 terms), so the next busy worker tries, and
+no worker idles for long behind an attempt that will not end. A reserving worker that dies frees the
+lease within its TTL. So the task waits for the first busy worker whose attempts end within a term;
+if every worker runs an attempt that never ends, nothing can run it alone until one does (an attempt
+is never preempted).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from tasks.statements import ISOLATED_WAITING_SQL
 logger = logging.getLogger("tasks.worker")
 
 RESOURCE = "tasks:isolation:{queue}"
+#: Cool-down after turns a worker could not serve: the term times 2**(misses - 1), at most this many terms.
+MAX_COOLDOWN_TERMS = 8
 
 
 class IsolationReservation:
@@ -42,6 +50,10 @@ class IsolationReservation:
         self.interval = interval
         self._next_look = 0.0
         self._held: tuple[str, int] | None = None  # (resource, token) of the lease while reserving
+        self.term = max(ttl, 2 * interval)
+        self._reserved_at = 0.0
+        self._misses = 0  # turns in a row this worker could not serve
+        self._not_before = 0.0  # no new reservation before this (after a turn it could not serve)
 
     @property
     def active(self) -> bool:
@@ -69,16 +81,28 @@ class IsolationReservation:
             waiting = self._waiting_queue()
             if self._held is not None:
                 if waiting is None or holds_isolated:
+                    self._misses = 0
+                    self.release()
+                elif now - self._reserved_at > self.term:
+                    # Its attempts outlast the term: the turn goes to another busy worker.
+                    self._misses += 1
+                    self._not_before = now + self.term * min(2 ** (self._misses - 1), MAX_COOLDOWN_TERMS)
+                    logger.info(
+                        "worker %s: not idle within %gs for the isolated task; handing the turn over",
+                        self.worker_id,
+                        self.term,
+                    )
                     self.release()
                 else:
                     resource, token = self._held
                     if Lease.objects.db_manager(self.using).renew(resource, self.worker_id, token, self.ttl) is None:
                         self._held = None  # lapsed: another busy worker may reserve now
-            elif waiting is not None and not holds_isolated:
+            elif waiting is not None and not holds_isolated and now >= self._not_before:
                 resource = RESOURCE.format(queue=waiting)
                 grant = Lease.objects.db_manager(self.using).acquire(resource, self.worker_id, self.ttl)
                 if grant is not None:
                     self._held = (resource, grant.token)
+                    self._reserved_at = now
                     logger.info(
                         "worker %s: a task in queue %s must run isolated; claiming nothing until idle",
                         self.worker_id,

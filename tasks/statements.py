@@ -283,6 +283,14 @@ WITH mine AS (
     JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token) ON t.id = d.id AND t.token = d.token
     WHERE t.holder = %(worker)s AND t.status = 'RUNNING' AND t.expires_at > clock_timestamp()
       AND t.id NOT IN (SELECT id FROM mine)
+), unkept AS (
+    -- Slots kept for this worker's handlers (tasks/concurrency.py) whose handler is no longer running
+    -- (``live``: the attempts with a handler or a thread of theirs running in the process now): one
+    -- that recovery kept after the handler had returned, or one whose release was lost. A tiny table.
+    DELETE FROM tasks_concurrencyhold AS h
+    WHERE h.worker = %(worker)s AND %(record_worker)s::boolean AND %(reconcile)s::boolean
+      AND NOT EXISTS (SELECT 1 FROM unnest(%(live_ids)s::bigint[], %(live_tokens)s::bigint[]) AS l(id, token)
+                      WHERE l.id = h.task_id AND l.token = h.token)
 ), seen AS (
     UPDATE tasks_worker SET previous_seen_at = last_seen_at, last_seen_at = clock_timestamp(),
                             running = %(running)s, stats = %(stats)s::jsonb, stopped_at = NULL, stop_reason = ''
@@ -466,9 +474,27 @@ _WORKER_OUTLIVED = """EXISTS (
         OR w.previous_seen_at > COALESCE(t.renewed_at, t.acquired_at) + make_interval(secs => w.ttl / 6)
            AND w.previous_seen_at < t.expires_at))"""
 _ATTRIBUTABLE = f"(t.attempt_isolated OR {_WORKER_OUTLIVED})"
+
+
+def _stalled_in_live_worker(alias: str, last_renewed: str) -> str:
+    """The attempt's worker has not stopped and stamped its row after the attempt's last renewal (plus
+    the beats' margin): it lived on, so the attempt's handler may still be running there."""
+    return f"""EXISTS (
+        SELECT 1 FROM tasks_worker AS w
+        WHERE w.id = {alias}.holder AND w.stopped_at IS NULL
+          AND w.last_seen_at > {last_renewed} + make_interval(secs => w.ttl / 6))"""
+
+
 _CRASHED = f"({_STARTED} AND {_ATTRIBUTABLE})"
 _SHARED = f"({_STARTED} AND NOT {_ATTRIBUTABLE})"
 _STILL_ALLOWED = f"(NOT {_CRASHED} OR t.crashes + 1 < %(max_crashes)s)"
+# A keyed attempt that stalled while its worker lived on keeps its key slot for its handler (the kept
+# CTE of RECOVER_CTES), so the task gives up the slot of its row and waits BLOCKED: it runs again
+# when the key has room, never beside its own stalled handler.
+_KEEPS_SLOT = (
+    f"(t.concurrency_key IS NOT NULL AND {_CRASHED}"
+    f" AND {_stalled_in_live_worker('t', 'COALESCE(t.renewed_at, t.acquired_at)')})"
+)
 
 _RECOVERY_ENTRY = f"""jsonb_build_object(
         'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'at', clock_timestamp(),
@@ -509,6 +535,7 @@ picked AS MATERIALIZED (
 UPDATE tasks_task AS t SET
     status = CASE WHEN NOT {_STILL_ALLOWED} THEN 'FAILED'
                   WHEN {_CRASHED} AND t.crashes > 0 THEN {_WAITING_STATUS}  -- backs off
+                  WHEN {_KEEPS_SLOT} THEN 'BLOCKED'  -- its stalled handler keeps the slot
                   ELSE 'READY' END,
     run_after = CASE WHEN NOT {_STILL_ALLOWED} OR NOT {_CRASHED} OR t.crashes = 0
                      THEN LEAST(t.run_after, clock_timestamp())
@@ -531,10 +558,7 @@ RETURNING t.id, t.status, EXTRACT(EPOCH FROM clock_timestamp() - picked.expires_
 ), kept AS (
     INSERT INTO tasks_concurrencyhold (key, task_id, token, worker, reason)
     SELECT r.concurrency_key, r.id, r.token, r.holder, 'lapsed' FROM recovered AS r
-    WHERE r.concurrency_key IS NOT NULL AND r.kind = 'crash' AND EXISTS (
-        SELECT 1 FROM tasks_worker AS w
-        WHERE w.id = r.holder AND w.stopped_at IS NULL
-          AND w.last_seen_at > r.last_renewed + make_interval(secs => w.ttl / 6))
+    WHERE r.concurrency_key IS NOT NULL AND r.kind = 'crash' AND {_stalled_in_live_worker("r", "r.last_renewed")}
     ON CONFLICT DO NOTHING
 )"""
 

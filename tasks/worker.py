@@ -285,6 +285,9 @@ class Worker:
         self._own_threads: set[int] = set()  # dispatcher and heartbeat: their statements are bounded
         self._deferred: list[tuple[float, Outcome]] = []  # outcomes whose row was locked: (retry at, outcome)
         self._zombies = 0  # abandoned attempts whose thread has not returned yet
+        # Attempts with a handler (or a thread of one) running now, and how many: tasks/concurrency.py.
+        self._live_handlers: dict[tuple[int, int], int] = {}
+        self._live_lock = threading.Lock()
         # Lost or abandoned attempts whose handler returned: their kept key slots to give back.
         self._slots_to_release: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
         self._unreleased: list[tuple[int, int]] = []
@@ -709,6 +712,13 @@ class Worker:
         result is refused by the database), and give the executor slot to a new thread. A keyed
         attempt keeps its key's slot until its handler has returned (tasks/concurrency.py)."""
         abandoned = [execution for execution in overdue if self.ledger.abandon(execution)]  # not finished
+        reasons = {}
+        for execution in abandoned:
+            timeout = execution.task.timeout or 0.0
+            reasons[execution.key] = f"ran past its timeout of {timeout:g}s: abandoned, its late result will be refused"
+            # Lost before its slot is kept: a handler that returns meanwhile asks for the slot back,
+            # and this thread sends that after the keep.
+            execution.mark_lost(reasons[execution.key])
         if abandoned:
             try:
                 concurrency.keep_slots(self.id, [e.key for e in abandoned], reason="timeout", using=self.using)
@@ -721,9 +731,7 @@ class Worker:
             if not execution.is_async:
                 self._zombies += 1
                 self.stats["zombies"] = self._zombies
-            timeout = execution.task.timeout or 0.0
-            reason = f"ran past its timeout of {timeout:g}s: abandoned, its late result will be refused"
-            execution.mark_lost(reason)
+            reason = reasons[execution.key]
             self.stats["timed_out"] += 1
             logger.warning("task %d %s %s", execution.id, execution.task.task_path, reason)
             timed_out = TaskTimeout(f"task {execution.id} {reason}")
@@ -746,12 +754,30 @@ class Worker:
                 )
                 self.request_stop()
 
+    def handler_started(self, execution: Execution) -> None:
+        """A handler of the attempt runs now (any thread): its function, or a thread its coroutine
+        handed work to (tasks/aio.py, AttemptThreads)."""
+        with self._live_lock:
+            self._live_handlers[execution.key] = self._live_handlers.get(execution.key, 0) + 1
+
     def handler_returned(self, execution: Execution) -> None:
-        """An attempt's handler has returned (any thread). One that was abandoned or lost may have had
-        its key slot kept, by this worker or by recovery: the dispatcher gives it back."""
+        """A handler of the attempt has returned (any thread). Once the last has, an attempt that was
+        abandoned or lost may have had its key slot kept, by this worker or by recovery: the
+        dispatcher gives it back (and the heartbeat gives back any kept for an attempt not live)."""
+        with self._live_lock:
+            left = self._live_handlers.get(execution.key, 1) - 1
+            if left > 0:
+                self._live_handlers[execution.key] = left
+                return
+            self._live_handlers.pop(execution.key, None)
         if execution.lost:
             self._slots_to_release.put(execution.key)
             self._wake.set()
+
+    def live_attempts(self) -> list[tuple[int, int]]:
+        """The attempts with a handler running in the process now, stuck or abandoned ones included."""
+        with self._live_lock:
+            return list(self._live_handlers)
 
     def _release_kept_slots(self) -> None:
         self._unreleased += self._take(self._slots_to_release)
@@ -920,16 +946,18 @@ class Worker:
             # claims that may start, and an outcome wakes it anyway.
             self._starts.put((execution, now))
         self.stats["started"] += 1
+        self.handler_started(execution)
         try:
             outcome = self._execute(execution)
         except BaseException as exc:  # the worker's own code around the handler; never lose the attempt
             logger.exception("task %d: executor error", execution.id)
             outcome = Outcome(execution, failure=failure_from(execution, exc))
+        finally:
+            self.handler_returned(execution)
         elapsed = clock.monotonic() - (execution.started or clock.monotonic())
         self._duration = (
             elapsed if self._duration is None else self._duration + DURATION_SMOOTHING * (elapsed - self._duration)
         )
-        self.handler_returned(execution)
         if not self.ledger.finish(execution):
             self._zombies -= 1
             self.stats["zombies"] = self._zombies
@@ -1025,6 +1053,7 @@ class Worker:
                         ttl=self.ttl,
                         stats=self.stats,
                         running=self.ledger.census(sent).running + self._zombies + self._async_zombies(),
+                        live=self.live_attempts(),
                     )
                 except DatabaseError as exc:
                     self.stats["heartbeat_failures"] += 1

@@ -89,18 +89,34 @@ def test_recovery_keeps_the_slot_of_an_attempt_that_stalled_in_a_live_worker() -
     _lapse(first, "w:1", worker_seen_after_renewal=True)
 
     report = recover_once()
-    assert first in report.requeued and status(first) == TaskStatus.READY  # a first crash: at once
+    # Requeued (a first crash: due at once), but waiting for a slot: its stalled handler keeps one.
+    assert first in report.requeued and status(first) == TaskStatus.BLOCKED
     [kept] = ConcurrencyHold.objects.all()
     assert (kept.task_id, kept.token, kept.worker) == (first, claimed.token, "w:1")
     assert (kept.reason, kept.key) == ("lapsed", "k")
     assert status(second) == TaskStatus.BLOCKED
-    # The requeued task keeps its own slot (runnable at once), and when it ends, the kept slot still
-    # counts: nothing more of the key is admitted until the stalled handler has returned.
-    Task.objects.filter(pk=first).update(status=TaskStatus.SUCCESSFUL, finished_at=timezone.now())
-    assert status(second) == TaskStatus.BLOCKED
+    # Nothing of the key runs beside the stalled handler, its own task's next attempt included; once
+    # the handler has returned, the task (first by id at equal priority) gets the slot again.
     assert concurrency.release_kept("w:1", [claimed.key], using="default") == 1
-    assert status(second) == TaskStatus.READY
+    assert (status(first), status(second)) == (TaskStatus.READY, TaskStatus.BLOCKED)
     assert not ConcurrencyHold.objects.exists()
+
+
+def test_the_heartbeat_gives_back_slots_kept_for_attempts_whose_handler_is_not_running() -> None:
+    first, second = serial(2)
+    register("w:1")
+    [claimed] = Task.objects.claim("w:1", ttl=30)
+    concurrency.keep_slots("w:1", [claimed.key], reason="timeout", using="default")
+    Task.objects.fail(Failure(first, claimed.token, "tasks.exceptions.TaskTimeout", "t", ""), "w:1")
+    ConcurrencyHold.objects.create(key="other", task_id=10**9, token=5, worker="w:2", reason="lapsed")
+    beat = {"ttl": 30, "stats": {}, "running": 0}
+    Task.objects.heartbeat_detail("w:1", [], live=[claimed.key], **beat)  # still running: kept
+    assert status(second) == TaskStatus.BLOCKED
+    Task.objects.heartbeat_detail("w:1", [], **beat)  # a beat that says nothing of live handlers: kept
+    assert status(second) == TaskStatus.BLOCKED
+    Task.objects.heartbeat_detail("w:1", [], live=[], **beat)  # returned, its release lost: given back
+    assert status(second) == TaskStatus.READY
+    assert list(ConcurrencyHold.objects.values_list("worker", flat=True)) == ["w:2"]  # not another's
 
 
 def test_recovery_keeps_nothing_for_a_worker_that_vanished() -> None:
