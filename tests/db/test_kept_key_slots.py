@@ -109,12 +109,12 @@ def test_the_heartbeat_gives_back_slots_kept_for_attempts_whose_handler_is_not_r
     concurrency.keep_slots("w:1", [claimed.key], reason="timeout", using="default")
     Task.objects.fail(Failure(first, claimed.token, "tasks.exceptions.TaskTimeout", "t", ""), "w:1")
     ConcurrencyHold.objects.create(key="other", task_id=10**9, token=5, worker="w:2", reason="lapsed")
-    beat = {"ttl": 30, "stats": {}, "running": 0}
-    Task.objects.heartbeat_detail("w:1", [], live=[claimed.key], **beat)  # still running: kept
+    beats = Task.objects
+    beats.heartbeat_detail("w:1", [], ttl=30, stats={}, live=[claimed.key])  # still running: kept
     assert status(second) == TaskStatus.BLOCKED
-    Task.objects.heartbeat_detail("w:1", [], **beat)  # a beat that says nothing of live handlers: kept
+    beats.heartbeat_detail("w:1", [], ttl=30, stats={})  # a beat that says nothing of live handlers: kept
     assert status(second) == TaskStatus.BLOCKED
-    Task.objects.heartbeat_detail("w:1", [], live=[], **beat)  # returned, its release lost: given back
+    beats.heartbeat_detail("w:1", [], ttl=30, stats={}, live=[])  # returned, its release lost: given back
     assert status(second) == TaskStatus.READY
     assert list(ConcurrencyHold.objects.values_list("worker", flat=True)) == ["w:2"]  # not another's
 
