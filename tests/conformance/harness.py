@@ -248,11 +248,16 @@ class ProcessWorkerTestCase(BackendTestCase):
         )
         from tasks.models import Worker as WorkerRow
 
-        wait_until(
-            lambda: cls._process.poll() is not None or WorkerRow.objects.filter(id=cls.worker_id).exists(),
-            WAIT,
-            what="the worker process to start",
-        )
+        try:
+            wait_until(
+                lambda: cls._process.poll() is not None or WorkerRow.objects.filter(name=cls.worker_id).exists(),
+                WAIT,
+                what="the worker process to start",
+            )
+        except BaseException:
+            stop_process(cls._process)  # never left running to claim the next classes' tasks
+            super().tearDownClass()
+            raise
         if cls._process.poll() is not None:
             log = (cls.workdir / "worker.log").read_text()
             super().tearDownClass()
