@@ -18,7 +18,9 @@ from leasing.metrics import scrape_values
 from tasks import concurrency
 from tasks.models import ConcurrencyHold, Failure, Task, TaskStatus, Worker
 from tasks.recovery import recover_once
+from tasks.statements import ISOLATED_WAITING_SQL
 from tests.factories import StaffFactory
+from tests.helpers.plans import add_rows, explained, rows_read, seq_scans_of_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -170,3 +172,24 @@ def test_kept_slots_show_on_the_dashboard_and_in_metrics(client: Client) -> None
     assert scraped['tasks_concurrency_kept{database="default",key="shown"}'] == 1
     assert scraped['tasks_concurrency_keys_full{database="default"}'] == 1  # one READY + one kept: full
     assert status(second) == TaskStatus.BLOCKED
+
+
+def test_the_look_for_isolated_tasks_reads_only_the_few_that_crashed() -> None:
+    """A busy worker's probe (tasks/reservation.py) beside 200,000 READY tasks of its queue and 1,000
+    crashed ones elsewhere reads the partial index of crashed READY rows, never the backlog."""
+    add_rows("default", "READY", 200_000)
+    add_rows("other", "READY", 1_000)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE tasks_task SET shared_crashes = 1 WHERE queue = 'other'")
+        cursor.execute("ANALYZE tasks_task")
+    suspect = Task.objects.enqueue(NOOP, queue="default").id
+    Task.objects.filter(pk=suspect).update(shared_crashes=2)
+    params = {"isolate_after": 2, "queues": ["default", "mail"]}
+    plan = explained(ISOLATED_WAITING_SQL, params)
+    assert seq_scans_of_tasks(plan) == []
+    assert max(read for _node, read in rows_read(plan)) <= 2, rows_read(plan)
+    with connection.cursor() as cursor:
+        cursor.execute(ISOLATED_WAITING_SQL, params)
+        assert cursor.fetchone() == ("default",)
+        cursor.execute(ISOLATED_WAITING_SQL, {"isolate_after": 3, "queues": ["default"]})
+        assert cursor.fetchone() is None  # not yet to be isolated
