@@ -37,8 +37,8 @@ def test_an_isolated_task_runs_long_before_a_busy_queue_drains(workers: Workers)
     assert done.attempts == 1 and worker_names(done.worker_ids)[0] in ("busy-1", "busy-2")
     left = Task.objects.filter(status=TaskStatus.READY).count()
     assert left > BACKLOG // 4, f"only {left} of {BACKLOG} still waiting: it ran near the end, not in turn"
-    # One worker reserved (the queue's isolation lease), and gave the lease back once served.
+    # Whoever reserved (the queue's isolation lease; or nobody, if a worker happened to be idle for an
+    # instant and its claim took the task) holds nothing once the task ran.
     wait_until(
         lambda: not Lease.objects.active().filter(resource="tasks:isolation:default").exists(), 10, what="the release"
     )
-    assert Lease.objects.filter(resource="tasks:isolation:default").count() == 1
