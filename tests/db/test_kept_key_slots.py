@@ -8,6 +8,7 @@ back when the handler returns or its worker is known dead, each admitting the ke
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -184,7 +185,7 @@ def test_the_look_for_isolated_tasks_reads_only_the_few_that_crashed() -> None:
         cursor.execute("ANALYZE tasks_task")
     suspect = Task.objects.enqueue(NOOP, queue="default").id
     Task.objects.filter(pk=suspect).update(shared_crashes=2)
-    params = {"isolate_after": 2, "queues": ["default", "mail"]}
+    params: dict[str, Any] = {"isolate_after": 2, "queues": ["default", "mail"]}
     plan = explained(ISOLATED_WAITING_SQL, params)
     assert seq_scans_of_tasks(plan) == []
     assert max(read for _node, read in rows_read(plan)) <= 2, rows_read(plan)
