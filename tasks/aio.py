@@ -84,13 +84,13 @@ class AttemptThreads(ThreadPoolExecutor):
         execution = _current.get()
         if execution is None:
             return super().submit(fn, *args, **kwargs)
-        self._worker.handler_started(execution)
+        self._worker.thread_started(execution)
         try:
             future = super().submit(fn, *args, **kwargs)
         except BaseException:
-            self._worker.handler_returned(execution)
+            self._worker.thread_returned(execution)
             raise
-        future.add_done_callback(lambda _done: self._worker.handler_returned(execution))
+        future.add_done_callback(lambda _done: self._worker.thread_returned(execution))
         return future
 
 
@@ -326,7 +326,6 @@ class AsyncExecutor:
                 worker.ledger.begin(execution)
             worker._starts.put((execution, now))
         worker.stats["started"] += 1
-        worker.handler_started(execution)
         try:
             outcome = await self._execute(execution)
         finally:

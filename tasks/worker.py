@@ -285,9 +285,9 @@ class Worker:
         self._own_threads: set[int] = set()  # dispatcher and heartbeat: their statements are bounded
         self._deferred: list[tuple[float, Outcome]] = []  # outcomes whose row was locked: (retry at, outcome)
         self._zombies = 0  # abandoned attempts whose thread has not returned yet
-        # Attempts with a handler (or a thread of one) running now, and how many: tasks/concurrency.py.
-        self._live_handlers: dict[tuple[int, int], int] = {}
-        self._live_lock = threading.Lock()
+        # Abandoned attempts whose handler (or a thread of it) still runs: tasks/concurrency.py.
+        self._outliving: set[tuple[int, int]] = set()
+        self._outliving_lock = threading.Lock()
         # Lost or abandoned attempts whose handler returned: their kept key slots to give back.
         self._slots_to_release: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
         self._unreleased: list[tuple[int, int]] = []
@@ -714,6 +714,9 @@ class Worker:
         abandoned = [execution for execution in overdue if self.ledger.abandon(execution)]  # not finished
         reasons = {}
         for execution in abandoned:
+            with self._outliving_lock:
+                if not execution.handler_done or execution.threads:
+                    self._outliving.add(execution.key)  # live for the heartbeat until it returns
             timeout = execution.task.timeout or 0.0
             reasons[execution.key] = f"ran past its timeout of {timeout:g}s: abandoned, its late result will be refused"
             # Lost before its slot is kept: a handler that returns meanwhile asks for the slot back,
@@ -754,30 +757,40 @@ class Worker:
                 )
                 self.request_stop()
 
-    def handler_started(self, execution: Execution) -> None:
-        """A handler of the attempt runs now (any thread): its function, or a thread its coroutine
-        handed work to (tasks/aio.py, AttemptThreads)."""
-        with self._live_lock:
-            self._live_handlers[execution.key] = self._live_handlers.get(execution.key, 0) + 1
-
     def handler_returned(self, execution: Execution) -> None:
-        """A handler of the attempt has returned (any thread). Once the last has, an attempt that was
-        abandoned or lost may have had its key slot kept, by this worker or by recovery: the
-        dispatcher gives it back (and the heartbeat gives back any kept for an attempt not live)."""
-        with self._live_lock:
-            left = self._live_handlers.get(execution.key, 1) - 1
-            if left > 0:
-                self._live_handlers[execution.key] = left
+        """The attempt's handler function or coroutine has returned (its thread or the loop's)."""
+        execution.handler_done = True
+        self._release_if_ended(execution)
+
+    def thread_started(self, execution: Execution) -> None:
+        """A coroutine of the attempt handed work to a thread (tasks/aio.py, AttemptThreads)."""
+        with self._outliving_lock:
+            execution.threads += 1
+
+    def thread_returned(self, execution: Execution) -> None:
+        with self._outliving_lock:
+            execution.threads -= 1
+        self._release_if_ended(execution)
+
+    def _release_if_ended(self, execution: Execution) -> None:
+        """An attempt that was abandoned or lost may have had its key slot kept, by this worker or by
+        recovery: once its handler and its threads have all returned, the dispatcher gives it back
+        (and the heartbeat gives back any kept for an attempt whose handler is not running)."""
+        if not execution.lost:
+            return  # the common path: nothing can be kept for an attempt still ours
+        with self._outliving_lock:
+            if not execution.handler_done or execution.threads:
                 return
-            self._live_handlers.pop(execution.key, None)
-        if execution.lost:
-            self._slots_to_release.put(execution.key)
-            self._wake.set()
+            self._outliving.discard(execution.key)
+        self._slots_to_release.put(execution.key)
+        self._wake.set()
 
     def live_attempts(self) -> list[tuple[int, int]]:
-        """The attempts with a handler running in the process now, stuck or abandoned ones included."""
-        with self._live_lock:
-            return list(self._live_handlers)
+        """The attempts with a handler (or a thread of one) running in the process now: those in hand
+        that began and have not returned, and abandoned ones still running."""
+        running = [e.key for e in self.ledger.snapshot() if e.started is not None and not e.handler_done]
+        with self._outliving_lock:
+            return running + list(self._outliving)
 
     def _release_kept_slots(self) -> None:
         self._unreleased += self._take(self._slots_to_release)
@@ -946,7 +959,6 @@ class Worker:
             # claims that may start, and an outcome wakes it anyway.
             self._starts.put((execution, now))
         self.stats["started"] += 1
-        self.handler_started(execution)
         try:
             outcome = self._execute(execution)
         except BaseException as exc:  # the worker's own code around the handler; never lose the attempt
