@@ -119,7 +119,10 @@ class Execution:
         next round. The claim holds the row for us, so the attempt number it will charge is known."""
         self.started = clock.monotonic()
         self.attempt = self.task.attempts + 1
-        self._attempted_epoch = now
+        # Whole microseconds: the start marker stores it with PostgreSQL's to_timestamp() while the
+        # attempt's TaskResult converts it with datetime.fromtimestamp(); for a float with more digits
+        # the two rounded a half microsecond differently (1 µs apart, once in a few hundred starts).
+        self._attempted_epoch = round(now, 6)
 
     @property
     def lost(self) -> bool:
