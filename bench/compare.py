@@ -2,8 +2,8 @@
 """Side-by-side benchmark: this project, PgQueuer, procrastinate, django-tasks-db and oban on one
 PostgreSQL in one run, plus a raw-SQL ceiling of our claim and finish statements.
 
-    python3 -m venv .venv-bench && .venv-bench/bin/pip install -e . -r bench/requirements.txt
-    .venv-bench/bin/python bench/compare.py [--tasks 20000] [--rounds 2] [--write docs/benchmarks.md]
+    python3 -m venv .venv-bench && .venv-bench/bin/pip install -e '.[embedded]' -r bench/requirements.txt
+    .venv-bench/bin/python bench/compare.py [--tasks 20000] [--rounds 2] [--write docs/explanation/benchmarks.md]
 
 Cases, each run ``--rounds`` times, interleaved (round 1 of every case and system, then round 2):
 single enqueue, bulk enqueue (each system's own batch API), and drain of N no-op tasks by 1 and by
@@ -178,7 +178,7 @@ def _raw_worker(params: dict[str, Any], index: int, start: Any, done: Any) -> No
 
     import psycopg
 
-    from tasks.statements import CLAIM_SQL, COMPLETE_SQL, claim_params
+    from tasks.lifecycle.statements import CLAIM_SQL, COMPLETE_SQL, claim_params
 
     worker = f"raw-{index}"
     with psycopg.connect(**params, autocommit=True) as conn:
@@ -403,8 +403,9 @@ IO_MARKS = ("<!-- compare-io:start -->", "<!-- compare-io:end -->")
 def write_section(path: Path, table: str, marks: tuple[str, str]) -> None:
     text = path.read_text() if path.exists() else ""
     io = marks == IO_MARKS
-    command = "python3 -m venv .venv-bench && .venv-bench/bin/pip install -e . -r bench/requirements.txt\n"
-    command += ".venv-bench/bin/python bench/compare.py " + ("--io " if io else "") + "--write docs/benchmarks.md"
+    command = "python3 -m venv .venv-bench && .venv-bench/bin/pip install -e '.[embedded]' -r bench/requirements.txt\n"
+    command += ".venv-bench/bin/python bench/compare.py " + ("--io " if io else "")
+    command += "--write docs/explanation/benchmarks.md"
     title = "I/O-bound tasks against the peers" if io else "Against the peers"
     start_mark, end_mark = marks
     section = f"{start_mark}\n## {title}\n\n```sh\n{command}\n```\n\n{table}\n{end_mark}"

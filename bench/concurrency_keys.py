@@ -87,7 +87,7 @@ def reset_keys() -> None:
 def admission_delay(size: int, samples: int, log_dir: Path) -> None:
     from django.db import connection
 
-    from tasks import concurrency
+    from tasks.lifecycle import concurrency
     from tasks.models import Task
 
     reset_keys()

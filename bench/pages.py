@@ -222,7 +222,7 @@ def pages(keys: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _states() -> list[str]:
-    from tasks.views import TASK_STATES
+    from tasks.web.dashboard import TASK_STATES
 
     return list(TASK_STATES)
 

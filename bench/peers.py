@@ -75,7 +75,7 @@ def ours() -> System:
         Task.objects.bulk_enqueue("bench.handlers.noop", ({"i": i} for i in range(n)), queue=QUEUE)
 
     def worker(concurrency: int) -> None:
-        from tasks.worker import Worker
+        from tasks.worker.process import Worker
 
         worker = Worker(queues=[QUEUE], concurrency=concurrency, batch_size=64, recovery=False)
         print("ready", flush=True)
@@ -85,7 +85,7 @@ def ours() -> System:
         Task.objects.bulk_enqueue("bench.handlers.sleep_async", ({"seconds": 1.0} for _ in range(n)), queue=QUEUE)
 
     def io_worker(concurrency: int) -> None:
-        from tasks.worker import Worker
+        from tasks.worker.process import Worker
 
         # The default 4 executor threads for sync tasks; ``concurrency`` coroutines on the event loop.
         worker = Worker(queues=[QUEUE], async_concurrency=concurrency, batch_size=64, recovery=False)
@@ -115,7 +115,7 @@ def ours_threads() -> System:
         Task.objects.bulk_enqueue("bench.handlers.sleep_sync", ({"seconds": 1.0} for _ in range(n)), queue=QUEUE)
 
     def io_worker(concurrency: int) -> None:
-        from tasks.worker import Worker
+        from tasks.worker.process import Worker
 
         worker = Worker(queues=[QUEUE], async_concurrency=0, batch_size=64, recovery=False)
         print("ready", flush=True)

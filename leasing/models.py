@@ -171,7 +171,7 @@ def slot_name(resource: str, slot: int) -> str:
 ACQUIRE_SLOT_SQL = f"""
 WITH slots AS (
     SELECT %(resource)s || '#' || k AS name, k FROM generate_series(0, %(limit)s - 1) AS k
-), free AS MATERIALIZED (  -- run once (tasks/statements.py, _PICK_ONE, says why)
+), free AS MATERIALIZED (  -- run once (tasks/lifecycle/statements.py, _PICK_ONE, says why)
     SELECT lease.id FROM leasing_lease AS lease JOIN slots ON lease.resource = slots.name
     WHERE lease.expires_at <= clock_timestamp() OR lease.released_at IS NOT NULL
     ORDER BY slots.k

@@ -8,7 +8,7 @@ Two settings, one rule each, read on every call (``override_settings`` works in 
 - ``LEASING_TASKS["QUEUE_DATABASES"] = {"reports": "analytics"}``: a task queue lives in that alias
   (exact queue names; others: ``default``). Used by ``Task.objects.enqueue`` / ``bulk_enqueue``
   without an explicit database, the JSON API, the django.tasks backend (without an explicit
-  ``OPTIONS["database"]``), the worker and the scheduler (:func:`tasks.routing.queue_database`).
+  ``OPTIONS["database"]``), the worker and the scheduler (:func:`tasks.lifecycle.routing.queue_database`).
 
 Settings rather than a Django database router: the decision depends on a name the caller passes
 (a queue, a resource), not on the model, and every consumer here needs the same answer before any
@@ -20,7 +20,7 @@ Pages and the API read one database per request: ``?db=alias`` selects it
 (:func:`parse_database`), and :func:`using_database` makes it the one the models' default managers
 query for the duration of the request (a context variable: no other thread or request sees it).
 
-Fencing tokens come from one sequence *per database*: see docs/fault-model.md, "Several databases".
+Fencing tokens come from one sequence *per database*: see docs/explanation/fault-model.md, "Several databases".
 """
 
 from __future__ import annotations

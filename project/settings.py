@@ -51,7 +51,7 @@ SECRET_KEY = env("SECRET_KEY") if "SECRET_KEY" in os.environ else secret_key_fro
 
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 
-# Production behind HTTPS (README, "Production settings"): ``HTTPS=true`` turns on secure cookies,
+# Production behind HTTPS (docs/howto/production.md): ``HTTPS=true`` turns on secure cookies,
 # the redirect to https and HSTS for a year; each can also be set on its own.
 HTTPS = env.bool("HTTPS", default=False)
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=HTTPS)
@@ -166,7 +166,7 @@ LEASING_TASKS = {
     "MAX_CRASHES": env.int("TASKS_MAX_CRASHES", default=5),
     # Behind PgBouncer in transaction pooling: DATABASE_URL names the pooler, DATABASE_POOLED=true
     # says so (no LISTEN through it), DIRECT_DATABASE_URL (optional) reaches PostgreSQL itself, for
-    # LISTEN only. README, "Behind PgBouncer".
+    # LISTEN only. docs/howto/pgbouncer.md.
     "POOLED_DATABASES": ["default"] if env.bool("DATABASE_POOLED", default=False) else [],
     "LISTEN_URLS": {"default": env("DIRECT_DATABASE_URL")} if env("DIRECT_DATABASE_URL", default="") else {},
 }

@@ -9,6 +9,6 @@ mounts this under ``api/`` together with the dashboard, the lease pages and the 
 from __future__ import annotations
 
 from leasing import api as lease_api
-from tasks import api as task_api
+from tasks.web.api import tasks as task_api
 
 urlpatterns = [*lease_api.urlpatterns, *task_api.urlpatterns, *task_api.fallback]

@@ -12,8 +12,9 @@ class TasksConfig(AppConfig):
         from leasing.metrics import DATABASE_COLLECTORS
         from leasing.routing import DATABASE_SOURCES
         from tasks import checks  # noqa: F401  (registers the system checks)
-        from tasks.metrics import task_metrics
-        from tasks.routing import queue_routes, routed_databases
+        from tasks.backends.placement import routed_databases
+        from tasks.lifecycle.routing import queue_routes
+        from tasks.web.metrics import task_metrics
 
         if task_metrics not in DATABASE_COLLECTORS:
             DATABASE_COLLECTORS.append(task_metrics)

@@ -16,8 +16,8 @@ from typing import Any
 from celery import shared_task
 
 from tasks.conf import get_settings
-from tasks.recovery import recover_once
-from tasks.retention import AutoPruner
+from tasks.maintenance.recovery import recover_once
+from tasks.maintenance.retention import AutoPruner
 
 
 @shared_task(name="tasks.recover_expired", ignore_result=True)

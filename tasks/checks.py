@@ -12,8 +12,8 @@ from django.core.exceptions import ImproperlyConfigured
 @register()
 def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     from tasks.conf import get_settings
-    from tasks.retention import retention_policy
-    from tasks.schedules import load_schedules
+    from tasks.maintenance.retention import retention_policy
+    from tasks.maintenance.schedules import load_schedules
 
     try:
         get_settings()
@@ -23,23 +23,23 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     try:
         load_schedules()
     except ImproperlyConfigured as exc:
-        errors.append(Error(str(exc), hint="See README, 'Periodic tasks'.", id="tasks.E101"))
+        errors.append(Error(str(exc), hint="See docs/howto/periodic-tasks.md.", id="tasks.E101"))
     try:
         retention_policy()
     except ValueError as exc:
-        errors.append(Error(str(exc), hint="See README, 'Retention'.", id="tasks.E102"))
+        errors.append(Error(str(exc), hint="See docs/howto/recovery-and-retention.md, 'Retention'.", id="tasks.E102"))
     return errors
 
 
 @register()
 def check_pooled_databases(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """What a transaction pooler needs of a pooled alias (README, 'Behind PgBouncer')."""
+    """What a transaction pooler needs of a pooled alias (docs/howto/pgbouncer.md)."""
     from django.conf import settings
 
     from tasks.conf import get_settings
-    from tasks.wakeup import parsable
+    from tasks.worker.listener import parsable
 
-    hint = "See README, 'Behind PgBouncer'."
+    hint = "See docs/howto/pgbouncer.md."
     try:
         conf = get_settings()
     except ValueError:
@@ -103,7 +103,7 @@ def check_task_framework(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
 
     from tasks import compat
 
-    hint = "See README, 'Add it to your project'."
+    hint = "See the README, 'Add it to your project'."
     if compat.FRAMEWORK != "django_tasks":
         return []
     messages: list[CheckMessage] = []

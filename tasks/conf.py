@@ -67,7 +67,7 @@ class TaskSettings:
     #: Failure injection of the demo handler (fractions of tasks). Off unless configured.
     DEMO_CRASH_RATE: float = 0.0
     DEMO_STALL_RATE: float = 0.0
-    #: Retention (tasks/retention.py): how long finished tasks (per final status), ended leases,
+    #: Retention (tasks/maintenance/retention.py): how long finished tasks (per final status), ended leases,
     #: stopped or dead workers and schedule runs are kept. Durations as seconds, a timedelta or
     #: "7d" / "12h" / "30m"; None keeps forever. Given keys override these defaults; RETENTION =
     #: None turns the automatic pruning by the recovery leader off (``prune_tasks`` still works).
@@ -79,7 +79,7 @@ class TaskSettings:
     #: Share of the time the automatic pruner may spend deleting: it rests between batches so that
     #: pruning a large backlog never takes more than this fraction of a database connection's time.
     RETENTION_BUSY_FRACTION: float = 0.25
-    #: Periodic tasks (tasks/scheduler.py): name -> {"task", "cron" or "interval", "args", "kwargs",
+    #: Periodic tasks (tasks/maintenance/scheduler.py): name -> {"task", "cron" or "interval", "args", "kwargs",
     #: "queue", "priority", "catch_up", "timezone", "grace", "max_attempts", "timeout", "enabled"}.
     SCHEDULES: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Lease TTL of the (leader-elected) scheduler: a standby takes over within about this long.
@@ -87,7 +87,7 @@ class TaskSettings:
     #: Slots one schedule may enqueue per scheduler round when catching up with "all".
     SCHEDULER_MAX_CATCH_UP: int = 1000
     #: Queues routed to database aliases: queue name -> alias (others live in ``default``). See
-    #: tasks/routing.py: enqueue, the API, the django.tasks backend, workers and schedules follow it.
+    #: tasks/lifecycle/routing.py: enqueue, the API, the django.tasks backend, workers and schedules follow it.
     QUEUE_DATABASES: dict[str, str] = field(default_factory=dict)
     #: Database aliases reached through a transaction pooler (PgBouncer ``pool_mode = transaction``).
     #: A session there is not the worker's: a LISTEN would hold on whichever server connection ran it,

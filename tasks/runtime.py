@@ -59,8 +59,8 @@ class Execution:
         self.lost_reason: str | None = None
         self.abandoned = False
         self.finished = False  # the handler returned; its outcome waits for the writer
-        # For a key slot kept past the row (tasks/concurrency.py): the handler function or coroutine
-        # has returned, and the threads a coroutine handed work to that still run (tasks/aio.py).
+        # For a key slot kept past the row (tasks/lifecycle/concurrency.py): the handler function or coroutine
+        # has returned, and the threads a coroutine handed work to that still run (tasks/worker/aio.py).
         self.handler_done = False
         self.threads = 0
         self.finished_at = 0.0  # local clock when it finished

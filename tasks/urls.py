@@ -1,6 +1,8 @@
 from django.urls import path
 
-from tasks import queue_views, schedule_views, views
+from tasks.web import dashboard as views
+from tasks.web import queue_pages as queue_views
+from tasks.web import schedule_pages as schedule_views
 
 app_name = "tasks"
 

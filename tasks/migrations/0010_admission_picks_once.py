@@ -2,7 +2,7 @@
 # LIMIT free-slots FOR UPDATE SKIP LOCKED, joined as a subquery. Planned as the inner side of a nested
 # loop (statistics that say tasks_task is empty lead there), the pick ran again for every row and
 # admitted every waiting task of the key past its limit. The pick is now an ARRAY(...) InitPlan, run
-# once (tasks/statements.py, _PICK_ONE, says why; tests/db/test_pick_once.py). Only that statement of
+# once (tasks/lifecycle/statements.py, _PICK_ONE, says why; tests/db/test_pick_once.py). Only that statement of
 # the function changes; the rest is 0009's text.
 
 import importlib

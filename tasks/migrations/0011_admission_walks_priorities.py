@@ -5,7 +5,7 @@
 # each heap row instead of bounding the index scan; and one ordered scan meets a higher priority's
 # deferred rows before a lower priority's due ones (PostgreSQL 18's skip scan jumps over them, 13-17
 # have none). The clock is now read once, just before the pick, into ``due_by`` (a value the index
-# can use), and the pick walks the key's priorities itself, as the claim does (tasks/statements.py,
+# can use), and the pick walks the key's priorities itself, as the claim does (tasks/lifecycle/statements.py,
 # _PICK_ONE, says why and what it costs); still one ARRAY(...) InitPlan, run once (0010). Only that
 # statement of the function and its new variable change; the rest is 0009's text.
 

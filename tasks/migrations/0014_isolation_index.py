@@ -3,7 +3,7 @@
 # PostgreSQL leaves an INVALID index: DROP INDEX CONCURRENTLY tasks_task_isolation_idx, migrate again.
 #
 # The READY tasks that crashed beside others, by queue: a busy worker looks there for a task that
-# must run isolated, and reserves itself for it (tasks/worker.py, IsolationReservation).
+# must run isolated, and reserves itself for it (tasks/worker/process.py, IsolationReservation).
 
 from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models

@@ -6,7 +6,7 @@
 # the next task of the key at once, and with limit 1 and timeout=1 five 5-second handlers of a serial
 # key ran side by side. Now the worker keeps the slot in tasks_concurrencyhold until the handler
 # returns; recovery keeps one for an attempt whose lease lapsed while its worker lived on, and frees
-# the slots of workers that stopped or were presumed dead (tasks/concurrency.py).
+# the slots of workers that stopped or were presumed dead (tasks/lifecycle/concurrency.py).
 
 import importlib
 

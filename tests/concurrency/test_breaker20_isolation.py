@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.db import transaction
 
 from leasing.models import Lease
 from tasks.models import Task, TaskStatus
@@ -31,8 +32,9 @@ def test_a_reservation_behind_a_long_attempt_hands_the_turn_over(workers: Worker
     for worker_id in workers.ids.values():  # both busy with short tasks
         held = Task.objects.filter(holder=worker_id, status=TaskStatus.RUNNING)
         wait_until(lambda: held.count() >= 2, 30, what=f"{worker_id} busy")  # noqa: B023 (called at once)
-    suspect = Task.objects.enqueue(H + "record", priority=10)
-    Task.objects.filter(pk=suspect.id).update(shared_crashes=2)  # ISOLATE_AFTER: it must run alone
+    with transaction.atomic():  # isolated from its first sight: no worker may claim it as a normal task
+        suspect = Task.objects.enqueue(H + "record", priority=10)
+        Task.objects.filter(pk=suspect.id).update(shared_crashes=2)  # ISOLATE_AFTER: it must run alone
     try:
         done = wait_until(
             lambda: Task.objects.filter(pk=suspect.id, status=TaskStatus.SUCCESSFUL).first(),

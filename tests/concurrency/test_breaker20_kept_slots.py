@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from tasks.maintenance.recovery import recover_once
 from tasks.models import ConcurrencyHold, Task, TaskStatus
-from tasks.recovery import recover_once
 from tests.concurrency.test_concurrency_keys import SPAN, max_overlap
 from tests.helpers import wait_until
 from tests.helpers.workers import Workers

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from leasing.models import Lease
 from tasks.models import ConcurrencyHold, Task, TaskStatus
@@ -52,8 +52,9 @@ def test_an_isolated_task_gets_its_turn_through_pgbouncer(bouncer: Bouncer, work
     for worker_id in workers.ids.values():
         held = Task.objects.filter(holder=worker_id, status=TaskStatus.RUNNING)
         wait_until(lambda: held.count() >= 2, 30, what=f"{worker_id} busy")  # noqa: B023
-    suspect = Task.objects.enqueue("tests.testapp.handlers.record", priority=10)
-    Task.objects.filter(pk=suspect.id).update(shared_crashes=2)
+    with transaction.atomic():  # isolated from its first sight: no worker may claim it as a normal task
+        suspect = Task.objects.enqueue("tests.testapp.handlers.record", priority=10)
+        Task.objects.filter(pk=suspect.id).update(shared_crashes=2)
     wait_until(lambda: Task.objects.filter(pk=suspect.id, status=TaskStatus.SUCCESSFUL).exists(), 30, what="its turn")
     assert Task.objects.filter(status=TaskStatus.READY).count() > 100
     wait_until(

@@ -2,7 +2,7 @@
 their worker, 10 % stall past the TTL) keeps up with its generator and fails no healthy task.
 
 The short form runs about three minutes (``DEMO_HEALTH_SECONDS`` overrides it); bench/demo_health.py
-runs the same observation for ten minutes and docs/benchmarks.md has its figures.
+runs the same observation for ten minutes and docs/explanation/benchmarks.md has its figures.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from django.test import Client
 
 from bench.demo_health import observe
-from tasks.views import activity_last_hour
+from tasks.web.dashboard import activity_last_hour
 from tests.factories import StaffFactory
 from tests.helpers import child_env
 

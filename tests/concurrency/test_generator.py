@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.generator import DEMO_TASK, lease_name, set_state, status
+from tasks.demo.generator import DEMO_TASK, lease_name, set_state, status
 from tasks.models import GeneratorState, Task
 from tests.helpers import start_manage, stop_process, wait_until
 

@@ -8,6 +8,7 @@ worker reserves itself for it (the queue's isolation lease), stops claiming, and
 from __future__ import annotations
 
 import pytest
+from django.db import transaction
 
 from leasing.models import Lease
 from tasks.models import Task, TaskStatus
@@ -28,8 +29,9 @@ def test_an_isolated_task_runs_long_before_a_busy_queue_drains(workers: Workers)
         held = Task.objects.filter(holder=worker_id, status=TaskStatus.RUNNING)
         wait_until(lambda: held.count() >= 2, 30, what=f"{worker_id} busy")  # noqa: B023 (called at once)
 
-    suspect = Task.objects.enqueue(H + "record", priority=10)
-    Task.objects.filter(pk=suspect.id).update(shared_crashes=2)  # ISOLATE_AFTER: it must run alone
+    with transaction.atomic():  # isolated from its first sight: no worker may claim it as a normal task
+        suspect = Task.objects.enqueue(H + "record", priority=10)
+        Task.objects.filter(pk=suspect.id).update(shared_crashes=2)  # ISOLATE_AFTER: it must run alone
 
     done = wait_until(
         lambda: Task.objects.filter(pk=suspect.id, status=TaskStatus.SUCCESSFUL).first(), 30, what="its turn"

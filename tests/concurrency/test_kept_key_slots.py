@@ -3,7 +3,7 @@
 Reported: limit 1, handlers of 5 s, ``timeout=1``: the database never counted more than one, yet five
 handlers of the key ran at once, because a timed-out thread cannot be stopped and its slot went to
 the next task. Now a timed-out attempt keeps its slot until its handler returns, or until its worker
-is known dead (tasks/concurrency.py). Spans are read on the database clock from the handlers' own
+is known dead (tasks/lifecycle/concurrency.py). Spans are read on the database clock from the handlers' own
 start and end marks.
 """
 

@@ -23,9 +23,9 @@ import pytest
 from django.db import connection
 
 from leasing.models import Lease
+from tasks.maintenance.recovery import RECOVERY_LEASE
 from tasks.models import Task, TaskStatus
-from tasks.recovery import RECOVERY_LEASE
-from tasks.schedule_models import ScheduleRun
+from tasks.models.schedule import ScheduleRun
 from tests.helpers import ROOT, child_env, wait_until
 from tests.helpers import test_database_url as direct_url
 from tests.helpers.pgbouncer import Bouncer, pgbouncer

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from leasing.models import Lease
+from tasks.maintenance.scheduler import SCHEDULER_LEASE
 from tasks.models import ScheduleRun, Task
-from tasks.scheduler import SCHEDULER_LEASE
 from tests.helpers import start_manage, stop_process, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -30,7 +30,7 @@ from django.db import connections
 from django.test import TransactionTestCase
 
 from tasks.compat import LOGGER_NAME, TaskResult
-from tasks.worker import Worker
+from tasks.worker.process import Worker
 from tests.conformance.recorder import (
     EVENTS_ENV,
     LOGS_ENV,

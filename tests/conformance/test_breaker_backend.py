@@ -33,7 +33,7 @@ from django.utils import timezone
 from tasks.compat import TaskResult, TaskResultStatus, default_task_backend, task_enqueued, task_finished, task_started
 from tasks.exceptions import TaskLeaseLost, TaskTimeout, WorkerShutdown
 from tasks.models import Task as TaskRow
-from tasks.worker import Worker
+from tasks.worker.process import Worker
 from tests.conformance import breaker_tasks, lease_tasks
 from tests.conformance import tasks as test_tasks
 from tests.conformance.harness import (

@@ -15,7 +15,7 @@ from unittest import skip
 from django.db import transaction
 from django.test import override_settings
 
-from tasks.backends import LeaseBackend
+from tasks.backends.backend import LeaseBackend
 from tasks.compat import (
     LOGGER_NAME,
     InvalidTask,

@@ -20,7 +20,7 @@ from unittest import skip
 
 from django.test import override_settings
 
-from tasks.backends import LeaseBackend
+from tasks.backends.backend import LeaseBackend
 from tasks.compat import InvalidTask, TaskResultStatus, default_task_backend, task_backends
 from tests.conformance import tasks as test_tasks
 from tests.conformance.harness import CONFORMANCE_LEASING_TASKS, ProcessWorkerTestCase, ThreadWorkerTestCase

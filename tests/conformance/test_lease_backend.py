@@ -28,7 +28,7 @@ from django.db import connection, connections, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from tasks.backends import LeaseBackend
+from tasks.backends.backend import LeaseBackend
 from tasks.compat import (
     IMMEDIATE_BACKEND,
     InvalidTask,
@@ -40,7 +40,7 @@ from tasks.compat import (
 )
 from tasks.exceptions import NotATask, TaskTimeout, UnstorableResult, WorkerShutdown
 from tasks.models import Task as TaskRow
-from tasks.worker import Worker
+from tasks.worker.process import Worker
 from tests.conformance import lease_tasks
 from tests.conformance import tasks as test_tasks
 from tests.conformance.harness import (
@@ -475,7 +475,7 @@ class HandBackTestCase(BackendTestCase):
         finally:
             Gate.objects.filter(key="hand-back").update(open=True)  # attempt 1's thread returns, too late
             wait_until(
-                lambda: not any(t.is_alive() for t in first._threads if t.name.startswith("executor")),
+                lambda: not any(t.is_alive() for t in first.threads.threads),
                 WAIT,
                 what="attempt 1's thread to end",
             )

@@ -20,7 +20,7 @@ from django.test import override_settings
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from tasks.backends import LeaseBackend
+from tasks.backends.backend import LeaseBackend
 from tasks.compat import (
     DEFAULT_TASK_QUEUE_NAME,
     IMMEDIATE_BACKEND,

@@ -1,4 +1,4 @@
-"""The per-minute activity rollup (tasks/activity.py): closed minutes are counted once and then read,
+"""The per-minute activity rollup (tasks/lifecycle/activity.py): closed minutes are counted once and then read,
 late commits are taken in by the final count, the open minutes are counted live, and recoveries are
 recorded by the recovery statement itself."""
 
@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from tasks import activity
+from tasks.lifecycle import activity
 from tasks.models import ActivityMinute, Task
 
 pytestmark = pytest.mark.django_db

@@ -12,10 +12,10 @@ import pytest
 from django.db import connections
 from django.test import Client
 
-from tasks import allowlist
+from tasks.backends import allowlist
 from tasks.exceptions import TaskPathRefused
 from tasks.models import Task
-from tasks.worker import Worker
+from tasks.worker.process import Worker
 from tests.helpers import wait_until
 from tests.testapp.models import Effect
 

@@ -6,7 +6,7 @@ The claim orders by ``priority DESC, run_after, id`` among due rows, through tas
 (queue, priority DESC, run_after, id, shared_crashes). A plain ordered scan of it meets a higher
 priority's deferred rows before a lower priority's due ones and steps over every one of them:
 PostgreSQL 18's skip scan jumps over them, 13-17 have none (a claim beside 300,000 deferred rows cost
-x32 on PostgreSQL 15). The claim walks the priorities itself (tasks/statements.py, ``_PICK_ONE``)."""
+x32 on PostgreSQL 15). The claim walks the priorities itself (tasks/lifecycle/statements.py, ``_PICK_ONE``)."""
 
 from __future__ import annotations
 

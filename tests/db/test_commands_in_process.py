@@ -19,8 +19,8 @@ from django.db import connection
 
 from leasing.bounds import StatementBounds
 from leasing.models import Lease
+from tasks.maintenance.recovery import RECOVERY_LEASE
 from tasks.models import Task, TaskStatus
-from tasks.recovery import RECOVERY_LEASE
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)

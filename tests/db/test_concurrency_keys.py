@@ -1,5 +1,5 @@
 """Concurrency keys on one connection and a few more: admission, release on every exit, the limit
-rule, validation, and the claim's plan with a full key's large backlog (tasks/concurrency.py)."""
+rule, validation, and the claim's plan with a full key's large backlog (tasks/lifecycle/concurrency.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from tasks import concurrency
+from tasks.lifecycle import concurrency
 from tasks.models import ConcurrencyKey, Failure, Task, TaskStatus
 from tests.helpers import wait_until
 
@@ -197,7 +197,7 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
 def test_a_full_keys_backlog_costs_the_claim_nothing() -> None:
     """100,000 waiting tasks of one full key, ahead of everything else in priority: the claim reads
     the two unkeyed tasks behind them and nothing of the backlog."""
-    from tasks.statements import CLAIM_SQL, claim_params
+    from tasks.lifecycle.statements import CLAIM_SQL, claim_params
 
     Task.objects.bulk_enqueue(NOOP, [{}] * 100_000, priority=50, concurrency_key="full", concurrency_limit=2)
     Task.objects.claim("holder", limit=2)  # the key's two slots are running

@@ -1,6 +1,6 @@
 """Concurrency keys at scale (issue 20): the sweep keeps no position and reads only the keys there
 is work for, a locked key defers only its own admission, a deduplicated enqueue changes nothing,
-and a statement over thousands of keys admits for each of them (tasks/concurrency.py)."""
+and a statement over thousands of keys admits for each of them (tasks/lifecycle/concurrency.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from django.db import OperationalError, connection, connections, transaction
 
-from tasks import concurrency
+from tasks.lifecycle import concurrency
 from tasks.models import ConcurrencyKey, ConcurrencyWake, Task, TaskStatus
 from tests.helpers import child_env, wait_until
 

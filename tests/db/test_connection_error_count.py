@@ -1,4 +1,4 @@
-"""``connection_errors`` counts connections that failed, and only those (tasks/outcome_writer.py
+"""``connection_errors`` counts connections that failed, and only those (tasks/worker/writer.py
 ``retrying``): a statement cut short by a lock wait, refused for its data, or chosen as a deadlock's
 victim met a working connection. Real locks from a second connection, no mocks."""
 
@@ -12,8 +12,8 @@ import pytest
 from django.db import connection
 
 from tasks.models import Task
-from tasks.outcome_writer import retrying
-from tasks.worker import Worker
+from tasks.worker.process import Worker
+from tasks.worker.session import retrying
 from tests.helpers import test_database_url as database_url
 from tests.helpers import wait_until
 
@@ -43,14 +43,14 @@ def test_a_lock_wait_and_a_refused_statement_are_not_connection_errors() -> None
 
     with other_connection() as holder:
         holder.execute("SELECT id FROM tasks_task WHERE id = %s FOR UPDATE", [task_id])
-        assert retrying("locking a row", counted, locked) is None  # not retried at once: it would wait again
+        assert retrying("locking a row", counted.session, locked) is None  # not retried at once: it would wait again
         holder.rollback()
 
     def refused() -> int:
         calls.append("refused")
         return Task.objects.filter(queue="nul\x00").count()
 
-    assert retrying("reading a NUL", counted, refused) is None
+    assert retrying("reading a NUL", counted.session, refused) is None
     assert calls == ["locked", "refused"]
     assert counted.stats["connection_errors"] == 0
 
@@ -99,7 +99,7 @@ def test_a_deadlock_victim_is_retried_and_not_counted_as_a_connection_error() ->
     thread.start()
     assert holding.wait(10)
     try:
-        assert retrying("locking two rows", counted, both_rows) == 2  # the victim, then the retry
+        assert retrying("locking two rows", counted.session, both_rows) == 2  # the victim, then the retry
     finally:
         thread.join(30)
     assert not errors

@@ -9,10 +9,10 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from tasks import generator
+from tasks.demo import generator
 from tasks.models import Failure, Task, Worker
-from tasks.queries import Count, bounded_count
-from tasks.views import TASK_STATES
+from tasks.web.dashboard import TASK_STATES
+from tasks.web.queries import Count, bounded_count
 from tests.factories import StaffFactory
 
 pytestmark = pytest.mark.django_db
@@ -157,7 +157,7 @@ def test_counts_are_bounded() -> None:
 def test_a_page_cut_short_by_the_scan_window_says_so_and_goes_on(
     staff: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tasks import queries
+    from tasks.web import queries
 
     monkeypatch.setattr(queries, "SCAN_WINDOW", 4)
     pending = Task.objects.bulk_enqueue("tests.testapp.handlers.noop", [{}] * 2, queue="mail")

@@ -1,4 +1,4 @@
-"""Key slots kept for handlers that outlive their rows (issue 20, item 7; tasks/concurrency.py).
+"""Key slots kept for handlers that outlive their rows (issue 20, item 7; tasks/lifecycle/concurrency.py).
 
 The statements on one connection: a timed-out attempt's slot kept by its worker before the timeout is
 recorded, a lapsed attempt's slot kept by recovery while its worker lives on, and the slots given
@@ -16,10 +16,10 @@ from django.test import Client
 from django.utils import timezone
 
 from leasing.metrics import scrape_values
-from tasks import concurrency
+from tasks.lifecycle import concurrency
+from tasks.lifecycle.statements import ISOLATED_WAITING_SQL
+from tasks.maintenance.recovery import recover_once
 from tasks.models import ConcurrencyHold, Failure, Task, TaskStatus, Worker
-from tasks.recovery import recover_once
-from tasks.statements import ISOLATED_WAITING_SQL
 from tests.factories import StaffFactory
 from tests.helpers.plans import add_rows, explained, rows_read, seq_scans_of_tasks
 
@@ -176,7 +176,7 @@ def test_kept_slots_show_on_the_dashboard_and_in_metrics(client: Client) -> None
 
 
 def test_the_look_for_isolated_tasks_reads_only_the_few_that_crashed() -> None:
-    """A busy worker's probe (tasks/reservation.py) beside 200,000 READY tasks of its queue and 1,000
+    """A busy worker's probe (tasks/worker/isolation.py) beside 200,000 READY tasks of its queue and 1,000
     crashed ones elsewhere reads the partial index of crashed READY rows, never the backlog."""
     add_rows("default", "READY", 200_000)
     add_rows("other", "READY", 1_000)

@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 
 from bench.pages import pages
 from leasing.bounds import bound, unbound, without_jit
-from tasks import concurrency
+from tasks.lifecycle import concurrency
 from tasks.models import Task, TaskStatus, Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)

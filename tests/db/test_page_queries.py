@@ -1,4 +1,4 @@
-"""The page queries (tasks/queries.py) list exactly what the plain ORM filter would, newest first,
+"""The page queries (tasks/web/queries.py) list exactly what the plain ORM filter would, newest first,
 page after page: across statuses, lookups (a queue, a search), scan windows that end short, and the
 admin's capped count and offset pages."""
 
@@ -12,9 +12,9 @@ import pytest
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from tasks import queries
 from tasks.models import FAILED_BEFORE, NEVER_FAILED, Task, TaskStatus
-from tasks.queries import Count, Listing, ListingPaginator, search_lookups, state_listing
+from tasks.web import queries
+from tasks.web.queries import Count, Listing, ListingPaginator, search_lookups, state_listing
 
 pytestmark = pytest.mark.django_db
 
@@ -200,7 +200,7 @@ def test_queue_stats_find_the_oldest_waiting_task_across_priorities() -> None:
     from django.utils import timezone
 
     from tasks.models import Task
-    from tasks.queries import queue_stats
+    from tasks.web.queries import queue_stats
 
     now = timezone.now()
     for priority, minutes in ((5, 3), (0, 50), (-3, 7), (9, 1)):

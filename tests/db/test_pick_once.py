@@ -16,8 +16,8 @@ import datetime as dt
 import pytest
 from django.db import connection
 
+from tasks.maintenance.retention import PruneCursor, prune_batch
 from tasks.models import Task
-from tasks.retention import PruneCursor, prune_batch
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""Hostile requests to the queue switches' admin (tasks/admin.py QueueControlAdmin): names PostgreSQL
+"""Hostile requests to the queue switches' admin (tasks/admin/tasks.py QueueControlAdmin): names PostgreSQL
 cannot store or the column cannot hold, hostile ``?db=`` and ``_changelist_filters``, and a pause that
 cannot get its lock. Each is refused with a form error, a message or a 400, never a 5xx, and a
 refused request changes nothing in either database."""
@@ -12,8 +12,8 @@ import psycopg
 import pytest
 from django.test import Client
 
+from tasks.backends.placement import misrouted
 from tasks.models import QueueControl, Task
-from tasks.routing import misrouted
 from tests.helpers import test_database_url as database_url
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "second"])

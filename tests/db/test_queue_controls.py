@@ -149,7 +149,7 @@ def test_the_dashboard_page_lists_pauses_and_resumes(admin_client: Any) -> None:
 
 
 def test_the_overview_costs_a_probe_per_queue_not_a_scan_of_the_backlog() -> None:
-    from tasks.queues import COUNT_CAP, queue_overview
+    from tasks.web.queues import COUNT_CAP, queue_overview
 
     Task.objects.bulk_enqueue(NOOP, [{}] * (COUNT_CAP + 5), queue="bulk")
     Task.objects.bulk_enqueue(NOOP, [{}] * 2, queue="mail")
@@ -164,7 +164,7 @@ def test_the_overview_costs_a_probe_per_queue_not_a_scan_of_the_backlog() -> Non
 def test_the_overview_counts_tasks_waiting_for_a_concurrency_slot(admin_client: Any) -> None:
     """A queue whose only waiting tasks wait for a slot of their key (BLOCKED) is listed, and they are
     counted apart from the claimable ones."""
-    from tasks.queues import queue_overview
+    from tasks.web.queues import queue_overview
 
     for _ in range(4):
         Task.objects.enqueue(NOOP, queue="keyed", concurrency_key="smtp", concurrency_limit=1)

@@ -1,13 +1,13 @@
 """The queue overview (/dashboard/queues/, GET /api/queues) against large backlogs: its waiting and
 blocked counts stop at COUNT_CAP by reading an index in order, never by a scan of the table, whatever
-share of the table a backlog is (tasks/queues.py)."""
+share of the table a backlog is (tasks/web/queues.py)."""
 
 from __future__ import annotations
 
 import pytest
 from django.db import connection
 
-from tasks.queues import queue_overview
+from tasks.web.queues import queue_overview
 from tests.helpers.plans import add_rows, overreads, recorded
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,7 +22,7 @@ def test_the_overview_counts_a_backlog_that_is_most_of_the_table_from_an_index(m
     about ``cap`` rows per loop. (The cap is scaled down with the table: what decides the plan is
     backlog / cap.)"""
     cap = 100
-    monkeypatch.setattr("tasks.queues.COUNT_CAP", cap)
+    monkeypatch.setattr("tasks.web.queues.COUNT_CAP", cap)
     add_rows("bulk", "SUCCESSFUL", 6_000)
     add_rows("bulk", "READY", 6_000)
     add_rows("keyed", "READY", 6_000, keyed=True)
@@ -45,7 +45,7 @@ def test_the_blocked_count_of_a_queue_is_exact_below_the_cap_beside_neighbouring
 ) -> None:
     """The BLOCKED count reads from its queue on in name order (the next queues' rows follow in the
     same scan): only its own rows count, exact below the cap, capped at it."""
-    monkeypatch.setattr("tasks.queues.COUNT_CAP", 50)
+    monkeypatch.setattr("tasks.web.queues.COUNT_CAP", 50)
     add_rows("a", "READY", 30, keyed=True)  # 10 admitted, 20 blocked
     add_rows("a-b", "READY", 200, keyed=True)  # sorts right after "a": 190 blocked
     add_rows("b", "READY", 15, keyed=True)  # 10 admitted, 5 blocked

@@ -13,8 +13,7 @@ from django.db import connection, connections, transaction
 from leasing.exceptions import StaleTokenError
 from leasing.fencing import fenced_update
 from leasing.models import Lease
-from tasks.models import Schedule, ScheduleRun, Task, Worker
-from tasks.retention import (
+from tasks.maintenance.retention import (
     PRUNE_TASKS_SQL,
     AutoPruner,
     PruneCursor,
@@ -22,6 +21,7 @@ from tasks.retention import (
     prune,
     prune_batch,
 )
+from tasks.models import Schedule, ScheduleRun, Task, Worker
 from tests.testapp.models import FencedRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)

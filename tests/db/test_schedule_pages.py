@@ -11,9 +11,9 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from leasing.models import Lease
+from tasks.maintenance.scheduler import SCHEDULER_LEASE, SlotWriter, database_now
+from tasks.maintenance.schedules import load_schedules
 from tasks.models import Schedule, ScheduleRun, Task
-from tasks.scheduler import SCHEDULER_LEASE, SlotWriter, database_now
-from tasks.schedules import load_schedules
 from tests.factories import StaffFactory
 
 pytestmark = pytest.mark.django_db

@@ -12,9 +12,9 @@ import pytest
 from django.db import connection
 
 from leasing.models import Lease
+from tasks.maintenance.scheduler import SCHEDULER_LEASE, Deposed, Scheduler, ScheduleState, SlotWriter, database_now
+from tasks.maintenance.schedules import ScheduleSpec, build_spec
 from tasks.models import Schedule, ScheduleRun, Task
-from tasks.scheduler import SCHEDULER_LEASE, Deposed, Scheduler, ScheduleState, SlotWriter, database_now
-from tasks.schedules import ScheduleSpec, build_spec
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -245,7 +245,7 @@ def test_run_scheduler_once_and_list(settings: Any) -> None:
 def test_a_worker_runs_the_scheduler_in_a_thread_unless_told_not_to(settings: Any, with_scheduler: bool) -> None:
     from django.db import connections
 
-    from tasks.worker import Worker
+    from tasks.worker.process import Worker
 
     settings.LEASING_TASKS = {"SCHEDULES": {"tick": {"task": NOOP, "interval": 0.2, "catch_up": "all"}}}
     worker = Worker(
@@ -271,8 +271,8 @@ def test_a_worker_runs_the_scheduler_in_a_thread_unless_told_not_to(settings: An
             wait_until(lambda: Task.objects.filter(status="SUCCESSFUL").count() >= 3, 20, what="scheduled tasks to run")
             assert Lease.objects.active().get(resource=SCHEDULER_LEASE).holder  # the worker's scheduler leads
         else:
-            wait_until(lambda: "heartbeat" in {t.name for t in worker._threads}, 10, what="the worker to start")
-            assert "scheduler" not in {t.name for t in worker._threads}
+            wait_until(lambda: "heartbeat" in worker.services.names, 10, what="the worker to start")
+            assert "scheduler" not in worker.services.names
     finally:
         worker.request_stop()
         worker.request_stop()

@@ -22,11 +22,11 @@ from leasing.metrics import scrape_values
 from leasing.models import Lease
 from leasing.routing import known_databases, lease_database
 from tasks.compat import task_backends
+from tasks.lifecycle.routing import queue_database
+from tasks.maintenance.recovery import RECOVERY_LEASE, RecoveryController, recover_once
+from tasks.maintenance.scheduler import Scheduler, schedule_status
+from tasks.maintenance.schedules import load_schedules
 from tasks.models import Task
-from tasks.recovery import RECOVERY_LEASE, RecoveryController, recover_once
-from tasks.routing import queue_database
-from tasks.scheduler import Scheduler, schedule_status
-from tasks.schedules import load_schedules
 from tests.factories import StaffFactory
 from tests.helpers import wait_until
 

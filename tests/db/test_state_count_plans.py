@@ -1,4 +1,4 @@
-"""The dashboard's and /metrics' per-state counts (tasks/queries.py ``state_counts``) against a table
+"""The dashboard's and /metrics' per-state counts (tasks/web/queries.py ``state_counts``) against a table
 whose newest rows are a burst of one status: each count reads at most about ``cap`` index entries,
 whatever lies before or after its own rows."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from tasks.queries import state_counts
+from tasks.web.queries import state_counts
 from tests.helpers.plans import add_rows, overreads, recorded
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -109,7 +109,7 @@ def test_search_is_exact_and_indexed(staff: Client) -> None:
 def test_queue_filter_offers_the_queues_and_counts_stop_at_the_cap(
     staff: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tasks import queries
+    from tasks.web import queries
 
     Task.objects.bulk_enqueue("tests.testapp.handlers.noop", [{}] * 5, queue="mail")
     Task.objects.enqueue("tests.testapp.handlers.noop", queue="reports")

@@ -222,7 +222,7 @@ def test_fail_retries_with_backoff_then_ends_failed_keeping_every_error(settings
 def test_the_error_history_is_bounded_keeping_the_first_and_the_newest_entries() -> None:
     """Issue 11: failing with a 100 KB traceback and requeueing 40 times made a 4.4 MB row. Every way
     an entry is added (failure, hand-back of a started attempt, recovery) keeps the history bounded."""
-    from tasks.statements import MAX_ERRORS
+    from tasks.lifecycle.statements import MAX_ERRORS
 
     task_id = enqueue(max_attempts=1000)
     huge = secrets.token_hex(50_000)  # 100 KB that does not compress away
@@ -464,7 +464,7 @@ def test_enqueue_notifies_listeners_once_per_statement() -> None:
 
 def _claim_plan(queues: list[str], *, busy: bool) -> dict[str, Any]:
     """EXPLAIN ANALYZE of the worker's claim statement (rolled back), as JSON."""
-    from tasks.statements import CLAIM_SQL, claim_params
+    from tasks.lifecycle.statements import CLAIM_SQL, claim_params
 
     params = {
         "worker": "plan",

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from tasks.compat import TaskResult, TaskResultStatus, task_finished, task_started
 from tasks.models import Task, TaskStatus
-from tasks.worker import Worker
+from tasks.worker.process import Worker
 from tests.helpers import wait_until, worker_names
 from tests.testapp import handlers
 
@@ -266,7 +266,7 @@ def test_a_cut_met_by_a_retried_statement_is_counted() -> None:
     and a test waiting for the cut to be noticed timed out."""
     from django.db import connection
 
-    from tasks.outcome_writer import retrying
+    from tasks.worker.session import retrying
 
     worker = Worker(concurrency=1, ttl=5, install_signal_handlers=False, worker_id="counted")
     connection.ensure_connection()
@@ -291,6 +291,6 @@ def test_a_cut_met_by_a_retried_statement_is_counted() -> None:
         calls.append(1)
         return Task.objects.count()
 
-    assert retrying("counting tasks", worker, statement) == 0
+    assert retrying("counting tasks", worker.session, statement) == 0
     assert len(calls) == 2  # the first met the cut, the second ran on a fresh connection
     assert worker.stats["connection_errors"] == 1

@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from tasks import generator
+from tasks.demo import generator
 from tasks.models import Failure, Task
 from tests.helpers import ROOT, start_manage, stop_process
 

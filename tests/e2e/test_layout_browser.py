@@ -19,7 +19,7 @@ from django.test import Client
 from django.utils import timezone
 
 from leasing.models import Lease
-from tasks import generator
+from tasks.demo import generator
 from tasks.models import Failure, GeneratorState, Task, Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.slow]

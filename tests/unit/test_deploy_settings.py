@@ -11,10 +11,10 @@ from tests.helpers import ROOT
 
 
 def documented_environment() -> dict[str, str]:
-    """The variables of the README's "Production settings" block."""
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"<!-- production-env -->\s*```sh\n(.*?)```\s*<!-- /production-env -->", readme, re.S)
-    assert block, "README.md has no production-env block"
+    """The variables of the "Production settings" block of docs/howto/production.md."""
+    page = (ROOT / "docs" / "howto" / "production.md").read_text()
+    block = re.search(r"<!-- production-env -->\s*```sh\n(.*?)```\s*<!-- /production-env -->", page, re.S)
+    assert block, "docs/howto/production.md has no production-env block"
     pairs = [line.split("=", 1) for line in block.group(1).splitlines() if line and not line.startswith("#")]
     return {name: value for name, value in pairs}
 

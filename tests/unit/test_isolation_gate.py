@@ -7,7 +7,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from tasks.ledger import IsolationGate
+from tasks.worker.isolation import IsolationGate
 
 
 def attempt() -> Any:

@@ -1,4 +1,4 @@
-"""System checks of a pooled alias (README, 'Behind PgBouncer')."""
+"""System checks of a pooled alias (docs/howto/pgbouncer.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from django.conf import settings as django_settings
 
 from tasks.checks import check_pooled_databases
-from tasks.wakeup import wakeup_for, where
+from tasks.worker.listener import wakeup_for, where
 
 
 def ids(settings: Any) -> list[str]:

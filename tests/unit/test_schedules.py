@@ -10,8 +10,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from tasks.retention import parse_duration, retention_policy
-from tasks.schedules import ScheduleSpec, build_spec, load_schedules
+from tasks.maintenance.retention import parse_duration, retention_policy
+from tasks.maintenance.schedules import ScheduleSpec, build_spec, load_schedules
 
 UTC = dt.UTC
 BERLIN = ZoneInfo("Europe/Berlin")

@@ -30,7 +30,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.urls import reverse
 
 from leasing import embedded
-from tasks import generator
+from tasks.demo import generator
 from tasks.management.commands._common import positive_float, positive_int
 
 USERNAME = "demo"

@@ -8,8 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tasks.conf import get_settings
-from tasks.management.commands._common import configure_logging, database_alias, positive_int
-from tasks.retention import (
+from tasks.maintenance.retention import (
     FINISHED_STATUSES,
     Batch,
     PruneCursor,
@@ -18,6 +17,7 @@ from tasks.retention import (
     prune,
     retention_policy,
 )
+from tasks.management.commands._common import configure_logging, database_alias, positive_int
 
 EXTRAS = ("leases", "workers", "schedule-runs")
 

@@ -4,6 +4,7 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
+from tasks.maintenance.recovery import RecoveryController, recover_once
 from tasks.management.commands._common import (
     LongRunningCommand,
     configure_logging,
@@ -11,7 +12,6 @@ from tasks.management.commands._common import (
     positive_float,
     stop_on_signals,
 )
-from tasks.recovery import RecoveryController, recover_once
 
 
 class Command(LongRunningCommand):

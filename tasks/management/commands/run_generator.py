@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from tasks import generator
+from tasks.demo import generator
 from tasks.management.commands._common import LongRunningCommand, configure_logging, positive_float, stop_on_signals
 
 

@@ -5,6 +5,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError, CommandParser
 
+from tasks.maintenance.scheduler import Scheduler, schedule_status
 from tasks.management.commands._common import (
     LongRunningCommand,
     configure_logging,
@@ -12,7 +13,6 @@ from tasks.management.commands._common import (
     positive_float,
     stop_on_signals,
 )
-from tasks.scheduler import Scheduler, schedule_status
 
 
 class Command(LongRunningCommand):

@@ -8,6 +8,8 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
+from tasks.backends.placement import misrouted
+from tasks.lifecycle.routing import queues_by_database
 from tasks.management.commands._common import (
     LongRunningCommand,
     configure_logging,
@@ -17,7 +19,6 @@ from tasks.management.commands._common import (
     positive_int,
     queue_names,
 )
-from tasks.routing import misrouted, queues_by_database
 from tasks.worker import Worker, check_worker_name
 
 
@@ -141,7 +142,7 @@ def served_database(queues: list[str], database: str | None) -> str:
 
 def backend_target(alias: str) -> tuple[str | None, list[str]]:
     """The database (None: routed by queue) and the queues of a LeaseBackend alias."""
-    from tasks.backends import LeaseBackend
+    from tasks.backends.backend import LeaseBackend
     from tasks.compat import InvalidTaskBackend, task_backends
 
     try:

@@ -8,10 +8,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from leasing.routing import known_databases
+from tasks.backends.placement import misrouted
 from tasks.exceptions import TaskError
-from tasks.models import QueueControl, _validate
-from tasks.queues import queue_overview
-from tasks.routing import misrouted, queue_database
+from tasks.lifecycle.routing import queue_database
+from tasks.lifecycle.values import validate_enqueue
+from tasks.models import QueueControl
+from tasks.web.queues import queue_overview
 
 IDLE = {"paused": False, "waiting": 0, "waiting_capped": False, "blocked": 0, "blocked_capped": False, "running": 0}
 
@@ -41,7 +43,7 @@ class Command(BaseCommand):
             raise CommandError(f"unknown database {database!r}; known: {', '.join(known_databases())}")
         if name is not None:
             try:
-                _validate(queue=name, priority=0, max_attempts=1, timeout=None)
+                validate_enqueue(queue=name, priority=0, max_attempts=1, timeout=None)
             except ValueError as exc:
                 raise CommandError(str(exc)) from None
             if database is not None and misrouted([name], database):

@@ -1,0 +1,295 @@
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import SEARCH_VAR, ChangeList
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+
+from leasing.admin import CheckedInputAdmin
+from leasing.routing import selected_database
+from tasks.backends.placement import misrouted, switch_database
+from tasks.exceptions import TaskError
+from tasks.lifecycle.routing import queue_database
+from tasks.models import GeneratorState, QueueControl, Task, Worker
+from tasks.web import queries
+
+
+class StuckFilter(admin.SimpleListFilter):
+    title = "lease"
+    parameter_name = "lease"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("stuck", "Stuck (running, lease expired)"), ("live", "Running with a live lease")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "stuck":
+            return queryset.stuck()  # type: ignore[attr-defined]
+        if self.value() == "live":
+            return queryset.running().active()  # type: ignore[attr-defined]
+        return queryset
+
+
+class QueueFilter(admin.SimpleListFilter):
+    """The queues, found by a loose index scan (the built-in filter runs SELECT DISTINCT over the table)."""
+
+    title = "queue"
+    parameter_name = "queue__exact"  # the built-in filter's parameter: existing links keep working
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in queries.queue_names()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(queue=value) if value else queryset
+
+
+_UNSEARCHED = "_tasks_unsearched_queryset"
+
+
+class TaskChangeList(ChangeList):
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        if isinstance(self.result_list, QuerySet):
+            # A result that fits one page (or "show all"): Django would read the filtered queryset
+            # whole and sort it; read it from the listing's index scans like any other page.
+            listing = self.paginator.listing
+            self.result_list = listing.rows(listing.ids(0, self.result_count))
+
+
+@admin.register(Task)
+class TaskAdmin(CheckedInputAdmin):
+    list_display = (
+        "id",
+        "task_path",
+        "queue",
+        "status_display",
+        "attempts_display",
+        "holder",
+        "lease_expiry",
+        "renewed_at",
+        "progress",
+        "enqueued_at",
+    )
+    list_filter = ("status", QueueFilter, StuckFilter)
+    # Search is exact on indexed columns (get_search_results): no LIKE '%…%' over the table.
+    search_fields = ("=id", "=dedup_key", "=holder", "=task_path")
+    search_help_text = "Exact id, dedup key, worker id (holder) or task path."
+    show_full_result_count = False  # no full-table COUNT on a large queue
+    show_facets = admin.ShowFacets.NEVER  # facet counts would COUNT every filter choice over the table
+    actions = ("requeue", "retry_now", "cancel")
+    readonly_fields = [
+        field.name for field in Task._meta.get_fields() if field.concrete and field.name not in ("errors",)
+    ] + ["errors_display"]
+    exclude = ("errors",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # enqueue through the API or Task.objects.enqueue
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return TaskChangeList
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Task], search_term: str
+    ) -> tuple[QuerySet[Task], bool]:
+        if not search_term.strip():
+            return queryset, False
+        # The paginator reads one branch per lookup from the queryset as it was before the search:
+        # inside a branch the OR of every lookup would only mislead the planner.
+        setattr(request, _UNSEARCHED, queryset)
+        lookups = queries.search_lookups(search_term)
+        return (queryset.filter(queries.any_of(lookups)) if lookups else queryset.none()), False
+
+    def get_paginator(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Task],
+        per_page: int,
+        orphans: int = 0,
+        allow_empty_first_page: bool = True,
+    ) -> queries.ListingPaginator:
+        # Pages read as ordered index scans, one per status (and per search lookup), merged: a
+        # filter on a queue or a search never sorts every match. Branches whose status contradicts
+        # a status filter cost nothing (the planner folds them to false).
+        search = request.GET.get(SEARCH_VAR, "")
+        lookups, base = None, queryset
+        if search.strip():
+            lookups, base = queries.search_lookups(search), getattr(request, _UNSEARCHED, queryset)
+        listing = queries.Listing(base, queries.ALL_STATUSES, lookups=lookups)
+        return queries.ListingPaginator(listing, per_page, orphans, allow_empty_first_page)
+
+    @admin.display(description="status", ordering="status")
+    def status_display(self, obj: Task) -> str:
+        return "STUCK" if obj.is_stuck else obj.status
+
+    @admin.display(description="attempts")
+    def attempts_display(self, obj: Task) -> str:
+        return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description="lease expires", ordering="expires_at")
+    def lease_expiry(self, obj: Task) -> str:
+        if obj.status != "RUNNING" or obj.expires_at is None:
+            return "-"
+        remaining = obj.expires_at - timezone.now()
+        if remaining <= dt.timedelta(0):
+            return f"expired {-remaining.total_seconds():.0f} s ago"
+        return f"in {remaining.total_seconds():.1f} s"
+
+    @admin.display(description="errors (the first and the newest)")
+    def errors_display(self, obj: Task) -> str:
+        if not obj.errors:
+            return "-"
+        dropped = (
+            format_html("<p>{} entries dropped between the first and the newest</p>", obj.errors_dropped)
+            if obj.errors_dropped
+            else ""
+        )
+        history = format_html_join(
+            "",
+            "<div style='margin-bottom:1em'><strong>attempt {} · {}</strong> by {} at {}<br>{}<pre>{}</pre></div>",
+            (
+                (
+                    error.get("attempt"),
+                    error.get("exception_class_path"),
+                    error.get("worker"),
+                    error.get("at"),
+                    error.get("message"),
+                    error.get("traceback") or json.dumps({k: v for k, v in error.items() if k != "traceback"}),
+                )
+                for error in obj.errors
+            ),
+        )
+        return format_html("{}{}", dropped, history)
+
+    @admin.action(permissions=["change"], description="Requeue finished tasks (fresh attempts)")
+    def requeue(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        try:
+            count = Task.objects.filter(pk__in=queryset.values("pk")).requeue()
+        except TaskError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return
+        self.message_user(request, f"Requeued {count} finished task(s).", messages.SUCCESS)
+
+    @admin.action(permissions=["change"], description="Retry waiting tasks now")
+    def retry_now(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        count = Task.objects.filter(pk__in=queryset.values("pk")).retry_now()
+        self.message_user(request, f"{count} waiting task(s) will run now.", messages.SUCCESS)
+
+    @admin.action(permissions=["change"], description="Cancel unfinished tasks")
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        count = Task.objects.filter(pk__in=queryset.values("pk")).cancel()
+        self.message_user(request, f"Cancelled {count} unfinished task(s).", messages.SUCCESS)
+
+
+@admin.register(Worker)
+class WorkerAdmin(CheckedInputAdmin):
+    list_display = ("id", "hostname", "pid", "concurrency", "running", "last_seen_at", "stopped_at", "tasks_link")
+    search_fields = ("id", "hostname")
+    readonly_fields = [field.name for field in Worker._meta.get_fields() if field.concrete]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.display(description="tasks held")
+    def tasks_link(self, obj: Worker) -> str:
+        url = reverse("admin:tasks_task_changelist") + f"?q={obj.id}&status__exact=RUNNING"
+        return format_html('<a href="{}">tasks</a>', url)
+
+
+@admin.register(GeneratorState)
+class GeneratorStateAdmin(CheckedInputAdmin):
+    list_display = ("name", "running", "rate", "generated", "leader", "leader_seen_at")
+    readonly_fields = ("generated", "leader", "leader_seen_at", "observed_running", "ticks", "fence_token")
+
+
+@admin.register(QueueControl)
+class QueueControlAdmin(CheckedInputAdmin):
+    """Pause and resume queues. Saving here goes through the same calls as the command and the API,
+    so a resume wakes idle workers at once."""
+
+    list_display = ("name", "paused", "changed_at", "changed_by", "reason")
+    list_filter = ("paused",)
+    search_fields = ("=name",)
+    fields = ("name", "paused", "reason", "changed_at", "changed_by")
+    readonly_fields = ("changed_at", "changed_by")
+    actions = ("pause", "resume")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: QueueControl | None = None) -> tuple[str, ...]:
+        return (*self.readonly_fields, "name") if obj is not None else self.readonly_fields
+
+    def get_form(
+        self, request: HttpRequest, obj: QueueControl | None = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        """A queue's switch lives in the database its workers claim from (tasks/lifecycle/routing.py): the
+        form refuses a queue whose tasks never land in the database the page shows (neither routed
+        there nor taken by a LeaseBackend pinned there), rather than saving a switch there that no
+        worker of that queue reads."""
+        base = super().get_form(request, obj, change, **kwargs)
+        shown = selected_database()
+
+        class RoutedForm(base):  # type: ignore[misc, valid-type]
+            def clean(self) -> dict[str, Any]:
+                data: dict[str, Any] = super().clean()
+                name = data.get("name") or (obj.name if obj is not None else None)
+                if name and misrouted([name], shown):
+                    raise ValidationError(
+                        f"Queue {name!r} lives in database {queue_database(name)!r}, not {shown!r}: "
+                        "switch the list to that database (?db=) to pause or resume it."
+                    )
+                return data
+
+        return RoutedForm
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except TaskError as exc:
+            # A pause that could not get its lock in time (a long transaction read the switches): the
+            # request's transactions are rolled back (no switch, no "added" log entry); say why.
+            self.message_user(request, str(exc), messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+
+    def save_model(self, request: HttpRequest, obj: QueueControl, form: Any, change: bool) -> None:
+        by = f"{request.user} (admin)"
+        controls = QueueControl.objects.db_manager(switch_database(obj.name, selected_database()))
+        if obj.paused:
+            controls.pause(obj.name, by=by, reason=obj.reason)
+        else:
+            controls.resume(obj.name, by=by)
+
+    @admin.action(permissions=["change"], description="Pause the selected queues")
+    def pause(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> None:
+        names = list(queryset.values_list("name", flat=True))
+        paused = 0
+        for name in names:  # in the queue's own database, whose claims read it
+            try:
+                controls = QueueControl.objects.db_manager(switch_database(name, selected_database()))
+                controls.pause(name, by=f"{request.user} (admin)")
+            except TaskError as exc:  # its lock did not come in time: this one is left as it was
+                self.message_user(request, str(exc), messages.ERROR)
+                continue
+            paused += 1
+        if paused:
+            self.message_user(request, f"Paused {paused} queue(s).", messages.SUCCESS)
+
+    @admin.action(permissions=["change"], description="Resume the selected queues")
+    def resume(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> None:
+        names = list(queryset.values_list("name", flat=True))
+        for name in names:
+            QueueControl.objects.db_manager(switch_database(name, selected_database())).resume(
+                name, by=f"{request.user} (admin)"
+            )
+        self.message_user(request, f"Resumed {len(names)} queue(s).", messages.SUCCESS)

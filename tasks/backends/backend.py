@@ -1,0 +1,520 @@
+"""A ``django.tasks`` backend on this queue.
+
+    TASKS = {"default": {"BACKEND": "tasks.backends.LeaseBackend",
+                         "QUEUES": ["default", "mail"],          # optional: allowed queue names
+                         "OPTIONS": {"max_attempts": 3, "timeout": None, "database": "default"}}}
+
+    @task(priority=10)
+    def send_invoice(invoice_id): ...
+
+    result = send_invoice.enqueue(7)             # a row in tasks_task, run by ``manage.py run_worker``
+    result.refresh(); result.status, result.return_value, result.errors, result.attempts
+
+Concurrency keys (tasks/lifecycle/concurrency.py): django.tasks fixes a Task's options, so the backend maps
+task paths to a key and a limit in its OPTIONS. The key is a ``str.format`` template filled with
+the call's arguments, so one task can be limited per customer, per account, ...:
+
+    "OPTIONS": {"concurrency": {"billing.tasks.send_invoice": {"key": "invoice:{customer_id}", "limit": 2}}}
+
+A task waiting for a slot (BLOCKED in this queue) is READY to django.tasks.
+
+Tasks that take a context get a :class:`LeaseTaskContext`: ``context.attempt``, and this queue's
+``context.checkpoint(progress)`` / ``context.progress`` / ``context.token``.
+
+A row remembers the backend alias that enqueued it and the Task's own ``run_after``, so a result
+read back (``get_result``, ``refresh``, the signals a worker sends) carries the task as it was
+enqueued: ``.using()`` values included. The worker runs such a row only if its path names a
+django.tasks Task (:class:`~tasks.exceptions.NotATask` otherwise).
+
+Several databases (tasks/lifecycle/routing.py): a backend with ``OPTIONS["database"]`` keeps every task in
+that database, whatever ``LEASING_TASKS["QUEUE_DATABASES"]`` says (an explicit choice wins, as
+``db_manager(alias)`` does); a backend without it puts each task in the database its queue is
+routed to. Result ids are the task's id, suffixed ``@alias`` when the task lives elsewhere than the
+backend's own database (ids are unique per database only), so ``get_result`` finds it again.
+"""
+
+from __future__ import annotations
+
+import _string
+import dataclasses
+import re
+import string
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.core import checks
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.utils.module_loading import import_string
+
+from leasing.routing import known_databases
+from tasks.compat import (
+    BaseTaskBackend,
+    InvalidTaskBackend,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_backends,
+    task_enqueued,
+    task_started,
+)
+from tasks.compat import Task as DjangoTask
+from tasks.lifecycle.routing import queue_database
+from tasks.models import MAX_CONCURRENCY_LIMIT, Task, TaskStatus
+
+if TYPE_CHECKING:
+    import datetime as dt
+
+    from tasks.runtime import Execution
+
+_STATUS = {
+    # Waiting for a concurrency slot: not yet runnable, but not started either.
+    TaskStatus.BLOCKED: TaskResultStatus.READY,
+    TaskStatus.READY: TaskResultStatus.READY,
+    TaskStatus.RUNNING: TaskResultStatus.RUNNING,
+    TaskStatus.SUCCESSFUL: TaskResultStatus.SUCCESSFUL,
+    TaskStatus.FAILED: TaskResultStatus.FAILED,
+    # django.tasks has no cancelled state: a cancelled task will not run again, like a failed one.
+    TaskStatus.CANCELLED: TaskResultStatus.FAILED,
+}
+
+OPTIONS = frozenset({"database", "max_attempts", "timeout", "concurrency"})
+
+
+def concurrency_problems(spec: Any) -> list[str]:
+    """What is wrong with an OPTIONS["concurrency"] mapping (task path -> {"key": ..., "limit": ...})."""
+    if not isinstance(spec, dict):
+        return ["must be a mapping of task paths to {'key': ..., 'limit': ...}"]
+    problems = []
+    for path, entry in spec.items():
+        if not isinstance(entry, dict) or set(entry) != {"key", "limit"}:
+            problems.append(f"{path!r}: give exactly 'key' (a str.format template) and 'limit'")
+            continue
+        key, limit = entry["key"], entry["limit"]
+        if not isinstance(key, str) or not key:
+            problems.append(f"{path!r}: 'key' must be a non-empty string")
+        else:
+            problems += [f"{path!r}: 'key' {problem}" for problem in _template_problems(key)]
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CONCURRENCY_LIMIT:
+            problems.append(f"{path!r}: 'limit' must be a whole number from 1 to {MAX_CONCURRENCY_LIMIT}")
+    return problems
+
+
+#: The longest concurrency key (the column): a field wider than this, or a longer precision, never fits.
+MAX_KEY_LENGTH = 255
+
+
+def _template_problems(template: str) -> list[str]:
+    """A key template fills in the call's arguments (JSON values) by position, name or item
+    (``{0}``, ``{customer_id}``, ``{0[id]}``): a template that fails every call (malformed, mixing
+    ``{}`` with ``{0}``, text the database cannot store), one that reads attributes (``{0.__class__}``:
+    JSON values have none worth a key), and one that lets the call choose the key's size is refused at
+    startup. A format spec is fixed text with widths and precisions of at most ``MAX_KEY_LENGTH``: a
+    nested field (``{0:>{1}}``) would take the width from the call, and one integer argument would
+    make the key a gigabyte string (or a MemoryError) before its length is checked."""
+    if "\x00" in template:
+        return ["contains a NUL character (no key can hold one)"]
+    try:
+        template.encode()
+    except UnicodeEncodeError:
+        return ["contains a lone surrogate (no key can hold one)"]
+    try:
+        parts = [(field, spec, conv) for _text, field, spec, conv in string.Formatter().parse(template)]
+    except ValueError as exc:
+        return [f"is not a valid str.format template: {exc}"]
+    problems = []
+    numbering = set()
+    for field, spec, conversion in parts:
+        if field is None:
+            continue
+        try:
+            first, rest = _string.formatter_field_name_split(field)
+            lookups = list(rest)
+        except ValueError as exc:
+            problems.append(f"has a malformed field {{{field}}}: {exc}")
+            continue
+        numbering.add("automatic ({})" if first == "" else "manual ({0})" if isinstance(first, int) else "by name")
+        if conversion not in (None, "r", "s", "a"):
+            problems.append(f"has an unknown conversion !{conversion} (only !r, !s and !a exist)")
+        if any(is_attribute for is_attribute, _name in lookups):
+            problems.append(f"reads an attribute ({{{field}}}): use an argument or an item ({{0[key]}})")
+        if spec and "{" in spec:
+            problems.append(
+                f"takes a format spec from the call ({{{field}:{spec}}}): the arguments would choose the key's "
+                "size; write the spec out"
+            )
+        elif spec and any(int(digits) > MAX_KEY_LENGTH for digits in re.findall(r"\d+", spec)):
+            problems.append(
+                f"asks for a width or precision over {MAX_KEY_LENGTH} ({{{field}:{spec}}}): a key is at most "
+                f"{MAX_KEY_LENGTH} characters"
+            )
+    if "automatic ({})" in numbering and "manual ({0})" in numbering:
+        problems.append("mixes automatic ({}) and manual ({0}) field numbering: str.format refuses every call")
+    return problems
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseTaskContext(TaskContext):  # type: ignore[misc]
+    """Django's task context plus this queue's checkpoints and fencing token."""
+
+    execution: Execution
+
+    @property
+    def attempt(self) -> int:
+        return self.execution.attempt
+
+    @property
+    def token(self) -> int:
+        return self.execution.token
+
+    @property
+    def progress(self) -> Any:
+        return self.execution.progress
+
+    def checkpoint(self, progress: Any) -> bool:
+        return self.execution.checkpoint(progress)
+
+    async def acheckpoint(self, progress: Any) -> bool:
+        return await self.execution.acheckpoint(progress)
+
+    def check(self) -> None:
+        self.execution.check()
+
+
+class LeaseBackend(BaseTaskBackend):
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        #: Set by OPTIONS["database"]: then every task of this backend lives there, routed or not.
+        self.explicit_database = "database" in self.options
+        self.using = self.options.get("database", DEFAULT_DB_ALIAS)
+        self.max_attempts = self.options.get("max_attempts")
+        self.timeout = self.options.get("timeout")
+        spec = self.options.get("concurrency") or {}
+        # A malformed mapping is reported by the system check (tasks.E012); it limits nothing.
+        self.concurrency: dict[str, dict[str, Any]] = spec if not concurrency_problems(spec) else {}
+
+    def concurrency_of(self, task: DjangoTask, args: Any, kwargs: Any) -> tuple[str | None, int | None]:
+        """The concurrency key (its template filled with the call's arguments) and limit of a call."""
+        entry = self.concurrency.get(task.module_path)
+        if entry is None:
+            return None, None
+        try:
+            # OverflowError: a character past U+10FFFF ({0:c}), an integer no float holds ({0:e}).
+            key = str(entry["key"]).format(*args, **kwargs)
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError, OverflowError) as exc:
+            raise ValueError(
+                f"the concurrency key template {entry['key']!r} of {task.module_path} does not fit the call's "
+                f"arguments: {type(exc).__name__}: {exc}"
+            ) from None
+        return key, entry["limit"]
+
+    def enqueue(self, task: DjangoTask, args: Any, kwargs: Any) -> TaskResult:
+        self.validate_task(task)
+        # Django's own normalisation (what every django.tasks backend accepts, with its errors:
+        # TypeError "Unsupported type" ...); the queue then refuses what jsonb cannot hold (NaN,
+        # infinity, NUL, lone surrogates) with a ValueError before anything is written.
+        args = normalize_json(args)
+        kwargs = normalize_json(kwargs)
+        concurrency_key, concurrency_limit = self.concurrency_of(task, args, kwargs)
+        # task_enqueued is sent before the row is committed, so before any worker can start the
+        # task: it always precedes task_started. (Inside the caller's transaction, the task and the
+        # signal stand or fall with it: a rolled-back enqueue runs nothing, though it was signalled.)
+        using = self.using if self.explicit_database else queue_database(task.queue_name)
+        with transaction.atomic(using=using, savepoint=False):
+            enqueued = Task.objects.db_manager(using).enqueue(
+                task.module_path,
+                args=args,
+                kwargs=kwargs,
+                queue=task.queue_name,
+                priority=task.priority,
+                run_after=task.run_after,
+                max_attempts=self.max_attempts,
+                timeout=self.timeout,
+                backend_alias=self.alias,
+                concurrency_key=concurrency_key,
+                concurrency_limit=concurrency_limit,
+            )
+            # The result describes the task as enqueued (the insert returns what it needs).
+            result: TaskResult = TaskResult(
+                task=task,
+                id=self.result_id(enqueued.id, using),
+                status=TaskResultStatus.READY,
+                enqueued_at=enqueued.enqueued_at,
+                started_at=None,
+                finished_at=None,
+                last_attempted_at=None,
+                args=args,
+                kwargs=kwargs,
+                backend=self.alias,
+                errors=[],
+                worker_ids=[],
+            )
+            task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def result_id(self, task_id: int, using: str) -> str:
+        """The id of the result of task ``task_id`` in database ``using`` (see the module doc)."""
+        return str(task_id) if using == self.using else f"{task_id}@{using}"
+
+    def get_result(self, result_id: str) -> TaskResult:
+        try:
+            number, _, using = str(result_id).partition("@")
+            using = using or self.using
+            if using not in known_databases():
+                raise ValueError(using)
+            row = Task.objects.db_manager(using).get(pk=int(number))
+        except (ValueError, TypeError, OverflowError, Task.DoesNotExist):
+            raise TaskResultDoesNotExist(result_id) from None
+        return self.result_from_row(row)
+
+    def result_from_row(self, row: Task) -> TaskResult:
+        return task_result(row, default_alias=self.alias)
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        errors: list[checks.CheckMessage] = []
+        unknown = set(self.options) - OPTIONS
+        if unknown:
+            errors.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS'] has unknown keys: {', '.join(sorted(unknown))}",
+                    hint=f"LeaseBackend takes {', '.join(sorted(OPTIONS))}.",
+                    id="tasks.E010",
+                )
+            )
+        for problem in concurrency_problems(self.options.get("concurrency", {})):
+            errors.append(checks.Error(f"TASKS[{self.alias!r}]['OPTIONS']['concurrency'] {problem}", id="tasks.E012"))
+        if self.using not in connections:
+            errors.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS']['database'] names no database: {self.using!r}",
+                    id="tasks.E011",
+                )
+            )
+        return errors
+
+
+def enqueued_task(
+    task: DjangoTask, *, backend: str, queue_name: str, priority: int, run_after: dt.datetime | None
+) -> DjangoTask:
+    """``task`` as it was enqueued: what ``.using()`` changed, re-applied from its row.
+
+    Built without validating again: the row was validated when it was enqueued, and a result must
+    describe the stored task even if the backend's QUEUES changed since or its alias is not
+    configured in this process (validation would also inspect the function's signature each time).
+    """
+    if (task.backend, task.queue_name, task.priority, task.run_after) == (backend, queue_name, priority, run_after):
+        return task
+    clone = object.__new__(type(task))
+    for field in dataclasses.fields(task):
+        object.__setattr__(clone, field.name, getattr(task, field.name))
+    for name, value in (("backend", backend), ("queue_name", queue_name), ("priority", priority)):
+        object.__setattr__(clone, name, value)
+    object.__setattr__(clone, "run_after", run_after)
+    return clone
+
+
+def task_errors(entries: list[dict[str, Any]], *, up_to_token: int | None = None) -> list[TaskError]:
+    """The stored error entries as django.tasks sees them: one per attempt that began and failed
+    (a claim returned before its attempt was known to start is not an attempt). ``up_to_token``:
+    only the entries of that attempt and earlier ones (tokens only grow)."""
+    return [
+        TaskError(exception_class_path=e.get("exception_class_path", ""), traceback=e.get("traceback", ""))
+        for e in entries
+        if e.get("kind") != "returned"
+        and (up_to_token is None or not isinstance(e.get("token"), int) or e["token"] <= up_to_token)
+    ]
+
+
+def stand_in(path: str, *, backend: str, queue_name: str, priority: int, run_after: dt.datetime | None) -> DjangoTask:
+    """A Task named ``path`` for a task enqueued through a backend whose code no longer imports as
+    a Task (removed, renamed, replaced by something else): its result, and the ``task_finished``
+    of the attempt that could not run, still need a Task, and receivers read its ``module_path``.
+    Calling it raises ImportError."""
+    module, _, name = path.rpartition(".")
+
+    def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise ImportError(f"{path} does not name a django.tasks Task")
+
+    unavailable.__module__, unavailable.__name__, unavailable.__qualname__ = module, name, name
+    task = object.__new__(DjangoTask)
+    for field, value in (
+        ("func", unavailable),
+        ("priority", priority),
+        ("backend", backend),
+        ("queue_name", queue_name),
+        ("run_after", run_after),
+        ("takes_context", False),
+    ):
+        object.__setattr__(task, field, value)
+    return task
+
+
+def _home_database(alias: str) -> str:
+    """The database of backend ``alias``: its result ids are bare there, ``id@alias`` elsewhere."""
+    try:
+        backend = task_backends[alias]
+    except InvalidTaskBackend:  # a backend since removed from TASKS
+        return DEFAULT_DB_ALIAS
+    return backend.using if isinstance(backend, LeaseBackend) else DEFAULT_DB_ALIAS
+
+
+def task_result(row: Task, *, default_alias: str, task: DjangoTask | None = None) -> TaskResult:
+    """A stored task as a django.tasks TaskResult (``task``: the Task object, when already known)."""
+    if task is None:
+        alias = row.backend_alias or default_alias
+        try:
+            imported = import_string(row.task_path)
+        except ImportError as exc:
+            if not row.backend_alias:
+                raise TaskResultDoesNotExist(f"task {row.pk}: {row.task_path} does not import ({exc})") from None
+            imported = None
+        if isinstance(imported, DjangoTask):
+            task = enqueued_task(
+                imported,
+                backend=alias,
+                queue_name=row.queue,
+                priority=row.priority,
+                run_after=row.task_run_after if row.backend_alias else imported.run_after,
+            )
+        elif row.backend_alias:  # it was a Task when it was enqueued
+            task = stand_in(
+                row.task_path, backend=alias, queue_name=row.queue, priority=row.priority, run_after=row.task_run_after
+            )
+        else:
+            raise TaskResultDoesNotExist(f"task {row.pk} does not run a django.tasks Task")
+    home = _home_database(row.backend_alias or default_alias)
+    result: TaskResult = TaskResult(
+        task=task,
+        id=str(row.pk) if (row._state.db or DEFAULT_DB_ALIAS) == home else f"{row.pk}@{row._state.db}",
+        status=_STATUS[TaskStatus(row.status)],
+        enqueued_at=row.enqueued_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        last_attempted_at=row.last_attempted_at,
+        args=row.args,
+        kwargs=row.kwargs,
+        backend=row.backend_alias or default_alias,
+        errors=task_errors(row.errors),
+        worker_ids=list(row.worker_ids),
+    )
+    if row.status == TaskStatus.SUCCESSFUL:
+        object.__setattr__(result, "_return_value", row.return_value)
+    return result
+
+
+def sender_for(alias: str) -> type[BaseTaskBackend]:
+    """The signals' sender: the class of the backend that enqueued the task (LeaseBackend when
+    that alias is not configured in this process)."""
+    try:
+        return type(task_backends[alias])
+    except InvalidTaskBackend:
+        return LeaseBackend
+
+
+@dataclass(slots=True)
+class DjangoRun:
+    """An attempt of a django.tasks Task in a worker: the task as enqueued, and the result its
+    ``task_started`` signal (and context) carried. ``task_finished`` follows once the attempt's end
+    is stored (:mod:`tasks.worker.signals`), exactly once."""
+
+    task: DjangoTask
+    sender: type[BaseTaskBackend]
+    result: TaskResult
+    finish_sent: bool = False
+
+
+def refused(execution: Execution) -> None:
+    """A task enqueued through a backend that cannot run here (its path does not import, or names
+    no Task): it was unable to start, and its ``task_finished`` will say so (FAILED)."""
+    claimed = execution.task
+    if claimed.backend_alias is None or execution.django is not None:
+        return
+    task = stand_in(
+        claimed.task_path,
+        backend=claimed.backend_alias,
+        queue_name=claimed.queue,
+        priority=claimed.priority,
+        run_after=claimed.task_run_after,
+    )
+    result: TaskResult = TaskResult(
+        task=task,
+        id=str(claimed.id),
+        status=TaskResultStatus.FAILED,
+        enqueued_at=claimed.enqueued_at,
+        started_at=execution.started_at,
+        finished_at=None,
+        last_attempted_at=execution.last_attempted_at,
+        args=claimed.args,
+        kwargs=claimed.kwargs,
+        backend=claimed.backend_alias,
+        errors=[],
+        worker_ids=[*claimed.worker_ids, execution.worker_id],
+    )
+    execution.django = DjangoRun(task=task, sender=sender_for(claimed.backend_alias), result=result)
+
+
+def run_django_task(task: DjangoTask, execution: Execution) -> Any:
+    """Run a django.tasks Task for a worker; sends ``task_started`` (``task_finished`` is the
+    worker's, once the outcome is stored). Returns the raw return value."""
+    task, args, kwargs = start_django_task(task, execution)
+    return task.call(*args, **kwargs)
+
+
+async def arun_django_task(task: DjangoTask, execution: Execution) -> Any:
+    """:func:`run_django_task` on the worker's event loop: the start (a read for a retry, the
+    ``task_started`` receivers) runs on the loop's database threads, the task's coroutine on the loop."""
+    from asgiref.sync import sync_to_async
+
+    task, args, kwargs = await sync_to_async(start_django_task, thread_sensitive=False)(task, execution)
+    return await task.acall(*args, **kwargs)
+
+
+def start_django_task(task: DjangoTask, execution: Execution) -> tuple[DjangoTask, list[Any], dict[str, Any]]:
+    """Build the TaskResult of this attempt and send ``task_started``; returns what to call."""
+    claimed = execution.task
+    alias = claimed.backend_alias or task.backend
+    task = enqueued_task(
+        task,
+        backend=alias,
+        queue_name=claimed.queue,
+        priority=claimed.priority,
+        run_after=claimed.task_run_after if claimed.backend_alias else task.run_after,
+    )
+    started_at = execution.started_at
+    errors: list[TaskError] = []
+    if claimed.attempts:
+        # An earlier attempt began: the first start and the earlier errors are on the row (the
+        # claim does not read them, to keep the hot path light; retries are rare).
+        stored = Task.objects.using(execution.using).filter(pk=claimed.id).values_list("started_at", "errors").first()
+        if stored is not None:
+            started_at = stored[0] or started_at
+            errors = task_errors(stored[1])
+    result: TaskResult = TaskResult(
+        task=task,
+        id=str(claimed.id),
+        status=TaskResultStatus.RUNNING,
+        enqueued_at=claimed.enqueued_at,
+        started_at=started_at,
+        finished_at=None,
+        last_attempted_at=execution.last_attempted_at,
+        args=claimed.args,
+        kwargs=claimed.kwargs,
+        backend=alias,
+        errors=errors,
+        # This attempt counts as soon as it runs (its start marker may follow a few ms later), so
+        # that ``context.attempt == task_result.attempts`` inside the task.
+        worker_ids=[*claimed.worker_ids, execution.worker_id],
+    )
+    run = DjangoRun(task=task, sender=sender_for(alias), result=result)
+    execution.django = run
+    task_started.send(sender=run.sender, task_result=result)
+    if task.takes_context:
+        return task, [LeaseTaskContext(task_result=result, execution=execution), *result.args], dict(result.kwargs)
+    return task, list(result.args), dict(result.kwargs)

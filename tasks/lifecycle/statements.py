@@ -1,0 +1,609 @@
+"""The task queue's SQL: every hot path is one statement (see docs/explanation/design.md, "Statement shapes").
+
+Attempt accounting (invariant 10): a claim does not charge an attempt; a *start marker* does. It
+sets ``attempt_started``, bumps ``attempts`` and appends the worker to ``worker_ids``, so
+``attempts`` counts attempts that really began. The marker rides on the dispatcher's next round
+statement (``FINISH_START_CLAIM_SQL``: no extra round trip on the hot path), so an attempt runs for
+about one round trip before its marker commits. A worker that vanishes inside that window leaves
+the attempt looking unstarted: it goes back uncharged but ``unstarted_returns`` + 1 makes the task a
+*suspect*, and a suspect's later attempts are marked by ``START_SQL`` *before* the handler runs. A
+poison pill therefore costs at most one uncharged try before every further try is charged.
+How an attempt ends decides what it costs:
+
+- the handler's own outcome (an exception, a timeout, an unstorable result): ``failures`` + 1;
+  ``max_attempts`` bounds failures;
+- the worker vanished while the attempt ran (its lease expired after START): ``crashes`` + 1;
+  ``MAX_CRASHES`` bounds crashes, so a poison pill that kills every worker it lands on still ends
+  FAILED, while a task that merely ran beside it is not charged a *failure*;
+- the lease expired before START (prefetched, never begun), or a graceful hand-back: nothing.
+
+Every statement reads ``clock_timestamp()`` (the clock under the row lock, not the transaction's
+start) and every write to a held row is a compare-and-set on id + holder + token + RUNNING.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from leasing.models import GRANT_SET
+
+
+def _backoff_sql(exponent: str) -> str:
+    """Capped exponential backoff with 50-100 % jitter, as an interval (computed in the database)."""
+    return (
+        "make_interval(secs => LEAST(%(backoff_max)s, %(backoff_base)s * power(2, GREATEST(" + exponent + ", 0)))"
+        " * (0.5 + random() / 2))"
+    )
+
+
+CLAIM_RETURNING = (
+    "t.id, t.token, t.task_path, t.args, t.kwargs, t.attempts, t.max_attempts, t.progress, t.expires_at,"
+    " t.timeout, t.queue, t.priority, t.enqueued_at, t.worker_ids,"
+    " (t.crashes > 0 OR t.shared_crashes > 0 OR t.unstarted_returns > 0),"
+    " t.shared_crashes >= %(isolate_after)s, t.backend_alias, t.task_run_after, t.api_origin"
+)
+
+INSERT_COLUMNS = (
+    "queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, attempts, max_attempts,"
+    " timeout, dedup_key, errors, worker_ids, renewals, transitions, failures, crashes, shared_crashes,"
+    " unstarted_returns, attempt_started, attempt_isolated"
+)
+
+# ``backend_alias`` and ``task_run_after`` are set for a django.tasks backend's rows only (the bulk
+# insert leaves them NULL): which backend enqueued it, and the Task's own run_after as enqueued.
+# A task with a ``concurrency_key`` is inserted READY like any other; the database's trigger turns it
+# BLOCKED and admits it when its key has a free slot (tasks/lifecycle/concurrency.py).
+ENQUEUE_SQL = f"""
+INSERT INTO tasks_task ({INSERT_COLUMNS}, backend_alias, task_run_after, concurrency_key, concurrency_limit)
+VALUES (%(queue)s, %(priority)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, 'READY',
+        COALESCE(%(run_after)s::timestamptz, statement_timestamp()), statement_timestamp(), 0, %(max_attempts)s,
+        %(timeout)s, %(dedup_key)s, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false,
+        %(backend_alias)s, CASE WHEN %(backend_alias)s::text IS NULL THEN NULL ELSE %(run_after)s::timestamptz END,
+        %(concurrency_key)s, %(concurrency_limit)s)
+ON CONFLICT (dedup_key) WHERE status IN ('BLOCKED', 'READY', 'RUNNING') AND dedup_key IS NOT NULL DO NOTHING
+RETURNING id, enqueued_at
+"""
+
+# One task kind per statement: everything but the kwargs is one scalar parameter, sent once (arrays
+# of a repeated value cost a quarter of the throughput to build, send and unpack).
+BULK_ENQUEUE_SQL = f"""
+INSERT INTO tasks_task ({INSERT_COLUMNS}, concurrency_key, concurrency_limit)
+SELECT d.queue, d.priority, d.task_path, d.args, d.kwargs, 'READY', COALESCE(d.run_after, statement_timestamp()),
+       statement_timestamp(), 0, d.max_attempts, d.timeout, NULL, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false,
+       false, %(concurrency_key)s::text, %(concurrency_limit)s::int
+FROM (
+    SELECT %(queue)s::text AS queue, %(priority)s::smallint AS priority, %(task_path)s::text AS task_path,
+           %(args)s::jsonb AS args, k AS kwargs, %(run_after)s::timestamptz AS run_after,
+           %(max_attempts)s::int AS max_attempts, %(timeout)s::float8 AS timeout
+    FROM unnest(%(kwargs)s::jsonb[]) AS k
+) AS d
+RETURNING id
+"""
+
+# ``%(start)s`` is false for a worker's claim (the start marker follows when an executor begins the
+# task) and true for an HTTP client's claim, which begins the attempt as it returns.
+_CLAIM_SET = f"""
+    status = 'RUNNING',
+    holder = %(worker)s::text,
+    {GRANT_SET},
+    transitions = t.transitions + 1,
+    attempt_started = %(start)s::boolean,
+    attempt_isolated = false,
+    attempts = t.attempts + %(start)s::boolean::int,
+    started_at = CASE WHEN %(start)s::boolean THEN COALESCE(t.started_at, clock_timestamp()) ELSE t.started_at END,
+    last_attempted_at = CASE WHEN %(start)s::boolean THEN clock_timestamp() ELSE t.last_attempted_at END,
+    worker_ids = CASE WHEN %(start)s::boolean THEN t.worker_ids || jsonb_build_array(%(worker)s::text)
+                      ELSE t.worker_ids END"""
+
+# The subquery picks and locks; SKIP LOCKED lets concurrent workers pick different rows without
+# waiting. It reads the partial index tasks_task_claim_idx (queue, priority DESC, run_after, id,
+# shared_crashes) WHERE status = 'READY', so a claim reads only runnable rows of its own queue:
+# finished rows and other queues' backlogs cost it nothing. A task that must run isolated
+# (``shared_crashes`` at ISOLATE_AFTER) is taken only by a worker that holds nothing else:
+# ``isolation_bar`` is ISOLATE_AFTER for a busy worker and no bar at all for an idle one (one
+# statement text either way).
+#
+# Deferred rows: one ordered scan ``queue = q AND run_after <= now ORDER BY priority DESC, run_after,
+# id`` meets a higher priority's deferred rows before a lower priority's due ones, and (run_after being
+# behind priority in the index) steps over every one of them. PostgreSQL 18's skip scan jumps over
+# them; 13-17 have none, and 300,000 deferred rows made a claim cost x32 on PostgreSQL 15. So the
+# claim walks the priorities itself (a manual skip scan, on every major): ``levels`` is the queue's
+# distinct priorities among READY rows, highest first, each found by one index probe (the next
+# priority below the last: ``ORDER BY priority DESC LIMIT 1``, an index-only scan that stops at the
+# first live entry); for each, in that order, a LATERAL range scan ``priority = p AND run_after <=
+# now ORDER BY run_after, id`` takes the due rows, locking as it goes. A nested loop pulls rows one by
+# one through the outer LIMIT, so no row is locked that is not claimed (tests/db/test_claim_plans.py
+# counts the LockRows output), and a level is probed only once the levels above it gave too little.
+# The recursion emits one row per step, so the CTE scan yields the levels in priority order with no
+# Sort. Its cost: one probe per distinct priority holding READY rows above the first one with due
+# rows (a handful), not one per deferred row. A step to the next priority must find a *live* entry:
+# index entries of rows that left READY and are not yet vacuumed are stepped over (as the old scan
+# stepped over those at the front of its range; each is marked dead in the index on first visit).
+#
+# A pick that locks with LIMIT … FOR UPDATE SKIP LOCKED must run exactly once per statement: as an
+# uncorrelated ARRAY(…) (an InitPlan) here, as a MATERIALIZED CTE where its columns are needed. Joined
+# as a subquery (FROM (…) AS picked WHERE t.id = picked.id), it may be planned as the inner side of
+# a nested loop and run again for every row of the outer table (statistics that say the table is
+# empty lead there); each run skips the rows the statement already changed and locks the next ones,
+# so a claim of 5 took a queue's every task (tests/db/test_pick_once.py).
+# A paused queue (a row of tasks_queuecontrol) gives nothing: checked once per queue per statement
+# (a primary-key probe), so a pause holds from the next claim of every worker and HTTP client.
+_PICK_ONE = """
+WHERE t.id = ANY(ARRAY(
+    WITH RECURSIVE levels(priority) AS (
+        (SELECT priority FROM tasks_task
+         WHERE status = 'READY' AND queue = %(queue)s
+           AND NOT EXISTS (SELECT 1 FROM tasks_queuecontrol WHERE name = %(queue)s AND paused)
+         ORDER BY priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT t.priority FROM tasks_task AS t
+                WHERE t.status = 'READY' AND t.queue = %(queue)s AND t.priority < levels.priority
+                ORDER BY t.priority DESC LIMIT 1)
+        FROM levels WHERE levels.priority IS NOT NULL
+    )
+    SELECT due.id FROM levels AS l
+    CROSS JOIN LATERAL (
+        SELECT id FROM tasks_task
+        WHERE status = 'READY' AND queue = %(queue)s AND priority = l.priority AND run_after <= statement_timestamp()
+          AND shared_crashes < %(isolation_bar)s
+        ORDER BY run_after, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS due
+    LIMIT %(limit)s
+))"""
+
+# Several queues, in two steps, so that only the rows claimed are locked. A row locked and not
+# claimed is skipped by every other claimer until the statement commits: locking each queue's best
+# ``limit`` and keeping the best ``limit`` of those made a one-queue worker pass over its queue's best
+# task while nobody claimed it (a priority inversion). First, without locks, the best ``limit`` of each
+# queue decide how many of the best ``limit`` overall each queue gives (``share``); then each queue
+# locks that many, skipping rows other claimers hold, exactly as a one-queue claim does. Both steps
+# walk each queue's priorities as the one-queue pick does (one ``levels`` recursion carrying the
+# queue, read by both); within a queue the CTE scan yields its levels highest first.
+_PICK_MANY = """
+WHERE t.id = ANY(ARRAY(
+    WITH RECURSIVE levels(queue, priority) AS (
+        SELECT u.name, (SELECT t.priority FROM tasks_task AS t WHERE t.status = 'READY' AND t.queue = u.name
+                        ORDER BY t.priority DESC LIMIT 1)
+        FROM unnest(%(queues)s::text[]) AS u(name)
+        WHERE NOT EXISTS (SELECT 1 FROM tasks_queuecontrol AS c WHERE c.name = u.name AND c.paused)
+        UNION ALL
+        SELECT levels.queue, (SELECT t.priority FROM tasks_task AS t
+                              WHERE t.status = 'READY' AND t.queue = levels.queue AND t.priority < levels.priority
+                              ORDER BY t.priority DESC LIMIT 1)
+        FROM levels WHERE levels.priority IS NOT NULL
+    )
+    SELECT p.id FROM (
+        SELECT best.queue, count(*) AS share FROM (
+            SELECT l.queue, r.priority, r.run_after, r.id FROM levels AS l CROSS JOIN LATERAL (
+                SELECT id, priority, run_after FROM tasks_task
+                WHERE status = 'READY' AND queue = l.queue AND priority = l.priority
+                  AND run_after <= statement_timestamp() AND shared_crashes < %(isolation_bar)s
+                ORDER BY run_after, id
+                LIMIT %(limit)s
+            ) AS r
+            ORDER BY r.priority DESC, r.run_after, r.id
+            LIMIT %(limit)s
+        ) AS best
+        GROUP BY best.queue
+    ) AS s CROSS JOIN LATERAL (
+        SELECT due.id FROM levels AS l CROSS JOIN LATERAL (
+            SELECT id FROM tasks_task
+            WHERE status = 'READY' AND queue = s.queue AND priority = l.priority
+              AND run_after <= statement_timestamp() AND shared_crashes < %(isolation_bar)s
+            ORDER BY run_after, id
+            LIMIT s.share
+            FOR UPDATE SKIP LOCKED
+        ) AS due
+        WHERE l.queue = s.queue
+        LIMIT s.share
+    ) AS p
+    LIMIT %(limit)s -- cuts nothing (the shares add up to at most this); tells the planner how few rows come
+))"""
+
+NO_ISOLATION_BAR = 2**31 - 1  # ``isolation_bar`` of an idle worker: it may take any task
+
+# Busy workers' claims pass over a task that must run isolated, so under a steady stream no worker is
+# ever idle for it. A busy worker looks for one in its queues at most once per poll interval (the
+# worker then reserves itself for it: tasks/worker/process.py, IsolationReservation). Reads
+# tasks_task_isolation_idx, whose entries are the READY tasks that crashed beside others: a handful,
+# whatever the backlog. ``shared_crashes > 0`` is spelled out so that the partial index's predicate is
+# proven whatever ISOLATE_AFTER is.
+ISOLATED_WAITING_SQL = """
+SELECT t.queue FROM tasks_task AS t
+WHERE t.status = 'READY' AND t.shared_crashes > 0 AND t.shared_crashes >= %(isolate_after)s
+  AND t.queue = ANY(%(queues)s::text[]) AND t.run_after <= statement_timestamp()
+  AND NOT EXISTS (SELECT 1 FROM tasks_queuecontrol AS c WHERE c.name = t.queue AND c.paused)
+LIMIT 1
+"""
+
+
+def claim_params(queues: list[str], *, busy: bool, isolate_after: int) -> dict[str, Any]:
+    """The queue and isolation parameters of every claim statement."""
+    return {
+        "queue": queues[0] if queues else "",
+        "queues": queues,
+        "isolation_bar": isolate_after if busy else NO_ISOLATION_BAR,
+    }
+
+
+def _claim_sql(pick: str) -> str:
+    return f"""
+UPDATE tasks_task AS t SET {_CLAIM_SET}
+{pick}
+RETURNING {CLAIM_RETURNING}
+"""
+
+
+# The start marker. Idempotent (a resent marker whose first copy committed changes nothing and still
+# matches), so a worker that lost the reply may simply send it again. ``at`` is the executor's own
+# start time (what the handler was told) in epoch seconds (cheaper to send than timestamps); NULL
+# means "now" on the database clock (the statement's timestamp: one value for both columns).
+# An attempt that ended before its marker was sent is marked by the statement that records its end
+# (finish or fail: a row may be changed only once per statement, so the marker never goes beside it).
+_START_SET = """
+    attempt_started = true,
+    attempts = t.attempts + (NOT t.attempt_started)::int,
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), statement_timestamp()),
+    last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
+                             ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
+    worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END"""
+_STARTS = "unnest(%(start_ids)s::bigint[], %(start_tokens)s::bigint[], %(start_at)s::float8[]) AS d(id, token, at)"
+
+# A suspect's attempt is marked before its handler runs (one statement, by the executor).
+START_SQL = f"""
+UPDATE tasks_task AS t SET {_START_SET},
+    attempt_isolated = %(isolated)s::boolean
+FROM {_STARTS}
+WHERE t.id = d.id AND t.token = d.token AND t.holder = %(worker)s AND t.status = 'RUNNING'
+  AND t.expires_at > clock_timestamp()
+RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
+"""
+
+# One statement renews every task the worker still holds, and records the worker as alive. Each row
+# is a compare-and-set on holder + id + TOKEN: a stale client reusing a worker name renews nothing.
+# Only the worker process's own beat (``record_worker``) writes its row: an API client's heartbeat,
+# refused or not, must not wipe the worker's stats or revive a worker recorded as stopped.
+HEARTBEAT_SQL = """
+WITH mine AS (
+    SELECT t.id FROM tasks_task AS t
+    JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token) ON t.id = d.id AND t.token = d.token
+    WHERE t.holder = %(worker)s AND t.status = 'RUNNING' AND t.expires_at > clock_timestamp()
+    FOR UPDATE OF t SKIP LOCKED
+), renewed AS (
+    UPDATE tasks_task AS t
+    SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
+        renewed_at = clock_timestamp(),
+        renewals = t.renewals + 1
+    FROM mine WHERE t.id = mine.id
+    RETURNING t.id, t.token
+), busy AS (
+    SELECT t.id, t.token FROM tasks_task AS t
+    JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token) ON t.id = d.id AND t.token = d.token
+    WHERE t.holder = %(worker)s AND t.status = 'RUNNING' AND t.expires_at > clock_timestamp()
+      AND t.id NOT IN (SELECT id FROM mine)
+), unkept AS (
+    -- Slots kept for this worker's handlers (tasks/lifecycle/concurrency.py) whose handler is no longer running
+    -- (``live``: the attempts with a handler or a thread of theirs running in the process now): one
+    -- that recovery kept after the handler had returned, or one whose release was lost. A tiny table.
+    DELETE FROM tasks_concurrencyhold AS h
+    WHERE h.worker = %(worker)s AND %(record_worker)s::boolean AND %(reconcile)s::boolean
+      AND NOT EXISTS (SELECT 1 FROM unnest(%(live_ids)s::bigint[], %(live_tokens)s::bigint[]) AS l(id, token)
+                      WHERE l.id = h.task_id AND l.token = h.token)
+), seen AS (
+    UPDATE tasks_worker SET previous_seen_at = last_seen_at, last_seen_at = clock_timestamp(),
+                            running = %(running)s, stats = %(stats)s::jsonb, stopped_at = NULL, stop_reason = ''
+    WHERE id = %(worker)s AND %(record_worker)s::boolean
+    RETURNING 1
+)
+SELECT true, id, token FROM renewed
+UNION ALL
+SELECT false, id, token FROM busy
+"""
+
+CHECKPOINT_SQL = """
+UPDATE tasks_task SET progress = %(progress)s::jsonb, progress_at = clock_timestamp()
+WHERE id = %(id)s AND holder = %(worker)s AND token = %(token)s AND status = 'RUNNING'
+  AND expires_at > clock_timestamp()
+"""
+
+_OWNED = "t.id = d.id AND t.token = d.token AND t.holder = %(worker)s AND t.status = 'RUNNING'"
+_LIVE = "t.expires_at > clock_timestamp()"
+
+_COMPLETE_SET = f"""{_START_SET},
+    status = 'SUCCESSFUL',
+    return_value = d.return_value,
+    finished_at = clock_timestamp(),
+    released_at = clock_timestamp(),
+    expires_at = LEAST(t.expires_at, clock_timestamp())"""
+
+COMPLETE_SQL = f"""
+UPDATE tasks_task AS t SET {_COMPLETE_SET}
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[], %(started)s::float8[])
+         AS d(id, token, return_value, at)
+WHERE {_OWNED} AND {_LIVE}
+RETURNING t.id, t.token
+"""
+
+# The dispatcher's steady state in ONE statement (one round trip, one commit): finish the attempts
+# that completed, mark the ones that began, claim the next batch. The CTEs touch disjoint rows
+# (finished and started are distinct attempts of ours; claimed rows are READY), and every row of
+# ours is guarded by holder + token + RUNNING + live lease. Rows come back tagged: 'c' claimed (the
+# claim's columns), 'f' finished, 's' started (its times placed in the timestamp columns).
+_FINISHED_CTE = f"""finished AS (
+    UPDATE tasks_task AS t SET {_COMPLETE_SET}
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[], %(started)s::float8[])
+         AS d(id, token, return_value, at)
+    WHERE {_OWNED} AND {_LIVE}
+    RETURNING t.id, t.token
+)"""
+
+
+def _claimed_cte(pick: str) -> str:
+    return f"""claimed AS (
+    UPDATE tasks_task AS t SET {_CLAIM_SET}
+    {pick}
+    RETURNING {CLAIM_RETURNING}
+)"""
+
+
+_CLAIMED_AND_FINISHED = """SELECT 'c', claimed.* FROM claimed
+UNION ALL
+SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL
+FROM finished"""
+
+
+# The usual round (a short task's start rides on its finish): no marker arrays to send.
+def _finish_and_claim_sql(pick: str) -> str:
+    return f"""
+WITH {_FINISHED_CTE}, {_claimed_cte(pick)}
+{_CLAIMED_AND_FINISHED}
+"""
+
+
+def _finish_start_claim_sql(pick: str) -> str:
+    return f"""
+WITH {_FINISHED_CTE}, started AS (
+    UPDATE tasks_task AS t SET {_START_SET}
+    FROM {_STARTS}
+    WHERE {_OWNED} AND {_LIVE}
+    RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
+), {_claimed_cte(pick)}
+{_CLAIMED_AND_FINISHED}
+UNION ALL
+SELECT 's', started.id, started.token, NULL, NULL, NULL, started.attempts, NULL, NULL,
+       started.started_at, NULL, NULL, NULL, started.last_attempted_at, NULL, NULL, NULL, NULL, NULL, NULL
+FROM started
+"""
+
+
+# Each claiming statement in two forms, indexed by "claims from several queues".
+CLAIM_SQL = (_claim_sql(_PICK_ONE), _claim_sql(_PICK_MANY))
+FINISH_AND_CLAIM_SQL = (_finish_and_claim_sql(_PICK_ONE), _finish_and_claim_sql(_PICK_MANY))
+FINISH_START_CLAIM_SQL = (_finish_start_claim_sql(_PICK_ONE), _finish_start_claim_sql(_PICK_MANY))
+
+# The error history is bounded: a task failing, crashing or being requeued forever must not grow a
+# row without end (40 requeues of a 100 KB traceback made a 4.4 MB row). The first entry (how it
+# started to go wrong) and the newest MAX_ERRORS - 1 are kept; each entry dropped to make room is
+# counted in ``errors_dropped``. The newest entry stays last (``errors -> -1`` is how a worker whose
+# reply was lost tells that its write landed).
+MAX_ERRORS = 10
+_ERRORS_FULL = f"(jsonb_array_length(t.errors) >= {MAX_ERRORS})"
+
+
+def _append_error(entry: str) -> str:
+    """SET items appending ``entry`` (a jsonb object expression) to ``errors``, capped."""
+    return f"""errors = CASE WHEN {_ERRORS_FULL} THEN (t.errors - 1) ELSE t.errors END || jsonb_build_array({entry}),
+    errors_dropped = t.errors_dropped + {_ERRORS_FULL}::int"""
+
+
+_RETRYABLE = "(d.retry AND t.failures + 1 < t.max_attempts)"
+
+# A keyed task that backs off gives its concurrency slot up: it waits BLOCKED and is admitted again
+# once due (tasks/lifecycle/concurrency.py). Its slot goes to the next waiting task in the same statement.
+_WAITING_STATUS = "CASE WHEN t.concurrency_key IS NULL THEN 'READY' ELSE 'BLOCKED' END"
+
+# A failed attempt is the handler's own outcome: it costs one of ``max_attempts``. The error entry
+# carries the attempt's token so a worker whose reply was lost can tell that this write landed.
+FAIL_SQL = f"""
+UPDATE tasks_task AS t SET
+    status = CASE WHEN {_RETRYABLE} THEN {_WAITING_STATUS} ELSE 'FAILED' END,
+    run_after = CASE WHEN {_RETRYABLE} THEN clock_timestamp() + {_backoff_sql("t.failures")} ELSE t.run_after END,
+    finished_at = CASE WHEN {_RETRYABLE} THEN NULL ELSE clock_timestamp() END,
+    failures = t.failures + 1,
+    attempt_started = false,
+    attempt_isolated = false,
+    attempts = t.attempts + (NOT t.attempt_started)::int,
+    started_at = COALESCE(t.started_at, clock_timestamp()),
+    last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
+    worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
+    {
+    _append_error('''d.error || jsonb_build_object(
+        'attempt', t.attempts + (NOT t.attempt_started)::int, 'worker', t.holder, 'token', t.token,
+        'kind', 'failure', 'at', clock_timestamp())''')
+},
+    released_at = clock_timestamp(),
+    expires_at = LEAST(t.expires_at, clock_timestamp())
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(errors)s::jsonb[], %(retry)s::boolean[])
+     AS d(id, token, error, retry)
+WHERE {_OWNED} AND {_LIVE}
+RETURNING t.id, t.status, t.run_after
+"""
+
+# Hand-back (graceful shutdown, or claims the worker cannot run): runnable again at once, keeping its
+# place. Nothing is charged. An interrupted attempt that had started stays counted in ``attempts``
+# (it did begin; ``worker_ids`` names it) and gets an error entry saying why it ended.
+HAND_BACK_SQL = f"""
+UPDATE tasks_task AS t SET
+    status = 'READY',
+    run_after = LEAST(t.run_after, clock_timestamp()),
+    attempt_started = false,
+    attempt_isolated = false,
+    errors = CASE WHEN NOT t.attempt_started THEN t.errors
+                  WHEN {_ERRORS_FULL} THEN t.errors - 1 ELSE t.errors END
+        || CASE WHEN t.attempt_started THEN jsonb_build_array(jsonb_build_object(
+        'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'kind', 'shutdown', 'at', clock_timestamp(),
+        'exception_class_path', 'tasks.exceptions.WorkerShutdown',
+        'message', %(reason)s::text, 'traceback', '')) ELSE '[]'::jsonb END,
+    errors_dropped = t.errors_dropped + (t.attempt_started AND {_ERRORS_FULL})::int,
+    released_at = clock_timestamp(),
+    expires_at = LEAST(t.expires_at, clock_timestamp())
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token)
+WHERE {_OWNED}
+RETURNING t.id, t.token
+"""
+
+_NO_LEASE = "(t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)"
+_STARTED = f"(t.attempt_started AND NOT {_NO_LEASE})"
+# Whose fault was it? The worker's heartbeat renews every attempt it holds and stamps its own row
+# (last_seen_at, and the beat before it in previous_seen_at) in the same statement. If the SAME
+# incarnation of the worker (started before this claim) stamped its row between this attempt's last
+# renewal (+ ttl/6 margin: beats are ttl/3 apart) and its expiry, the worker lived on without renewing
+# this attempt: the attempt itself stalled, and the crash is the task's. Stamps after the expiry do
+# not count (a frozen worker that thaws before recovery runs, or a restart under the same id). An
+# attempt that ran isolated (nothing else in its process, abandoned threads included) is the task's
+# too. Otherwise the worker vanished with several attempts in it and nobody can tell which one killed
+# it: a *shared* crash, charged to no one; after ISOLATE_AFTER of them the task runs isolated.
+_WORKER_OUTLIVED = """EXISTS (
+    SELECT 1 FROM tasks_worker AS w
+    WHERE w.id = t.holder AND w.started_at <= t.acquired_at
+      AND (w.last_seen_at > COALESCE(t.renewed_at, t.acquired_at) + make_interval(secs => w.ttl / 6)
+           AND w.last_seen_at < t.expires_at
+        OR w.previous_seen_at > COALESCE(t.renewed_at, t.acquired_at) + make_interval(secs => w.ttl / 6)
+           AND w.previous_seen_at < t.expires_at))"""
+_ATTRIBUTABLE = f"(t.attempt_isolated OR {_WORKER_OUTLIVED})"
+
+
+def _stalled_in_live_worker(alias: str, last_renewed: str) -> str:
+    """The attempt's worker has not stopped and stamped its row after the attempt's last renewal (plus
+    the beats' margin): it lived on, so the attempt's handler may still be running there."""
+    return f"""EXISTS (
+        SELECT 1 FROM tasks_worker AS w
+        WHERE w.id = {alias}.holder AND w.stopped_at IS NULL
+          AND w.last_seen_at > {last_renewed} + make_interval(secs => w.ttl / 6))"""
+
+
+_CRASHED = f"({_STARTED} AND {_ATTRIBUTABLE})"
+_SHARED = f"({_STARTED} AND NOT {_ATTRIBUTABLE})"
+_STILL_ALLOWED = f"(NOT {_CRASHED} OR t.crashes + 1 < %(max_crashes)s)"
+# A keyed attempt that stalled while its worker lived on keeps its key slot for its handler (the kept
+# CTE of RECOVER_CTES), so the task gives up the slot of its row and waits BLOCKED: it runs again
+# when the key has room, never beside its own stalled handler.
+_KEEPS_SLOT = (
+    f"(t.concurrency_key IS NOT NULL AND {_CRASHED}"
+    f" AND {_stalled_in_live_worker('t', 'COALESCE(t.renewed_at, t.acquired_at)')})"
+)
+
+_RECOVERY_ENTRY = f"""jsonb_build_object(
+        'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'at', clock_timestamp(),
+        'kind', CASE WHEN {_CRASHED} THEN 'crash' WHEN {_SHARED} THEN 'vanished' WHEN {_NO_LEASE} THEN 'orphan'
+                     ELSE 'returned' END,
+        'exception_class_path', 'tasks.exceptions.TaskLeaseLost',
+        'message', CASE WHEN {_CRASHED} THEN 'lease expired: the attempt stalled or killed its worker (charged)'
+                        WHEN {_SHARED} THEN 'lease expired: its worker vanished with other attempts (not charged)'
+                        WHEN {_NO_LEASE} THEN 'orphan: running without a lease; repaired by recovery'
+                        ELSE 'lease expired before the attempt was known to start: returned uncharged' END,
+        'traceback', '',
+        'expired_at', t.expires_at,
+        'recovery_delay', EXTRACT(EPOCH FROM clock_timestamp() - t.expires_at),
+        'silent_for', EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(t.renewed_at, t.acquired_at)))"""
+
+# Requeue tasks whose lease expired (their worker died or stalled) and running rows without a lease
+# (impossible states, repaired). An attempt that never started goes back uncharged, keeping its place;
+# so does a shared crash (the first keeps its place: a crash is rarely the task's fault, and behind a
+# long backlog "runnable again" would otherwise mean "runs minutes later"). From ISOLATE_AFTER shared
+# crashes on, the task runs isolated, so its next crash is attributable. Attributable crashes back
+# off after the first and after MAX_CRASHES the task is FAILED: a poison pill stops killing workers.
+# One statement per batch; a row's classification is read under its row lock. A keyed attempt that
+# stalled in a worker that lived on (charged as a crash, its worker stamped its row after the attempt's
+# last renewal and has not stopped) may still be running its handler: its key slot is kept in
+# tasks_concurrencyhold by the same statement, so the admission this requeue triggers (at the end of
+# the statement, seeing the insert) does not hand the slot on (tasks/lifecycle/concurrency.py).
+# The statement's CTEs apart, so that activity.py's recording statement can add its own beside them
+# (a data-modifying CTE must be at the top level of a statement).
+RECOVER_CTES = f"""
+picked AS MATERIALIZED (
+    SELECT id, expires_at FROM tasks_task
+    WHERE status = 'RUNNING'
+      AND (expires_at <= clock_timestamp() OR expires_at IS NULL OR holder IS NULL OR token IS NULL)
+    ORDER BY expires_at NULLS FIRST
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), recovered AS (
+UPDATE tasks_task AS t SET
+    status = CASE WHEN NOT {_STILL_ALLOWED} THEN 'FAILED'
+                  WHEN {_CRASHED} AND t.crashes > 0 THEN {_WAITING_STATUS}  -- backs off
+                  WHEN {_KEEPS_SLOT} THEN 'BLOCKED'  -- its stalled handler keeps the slot
+                  ELSE 'READY' END,
+    run_after = CASE WHEN NOT {_STILL_ALLOWED} OR NOT {_CRASHED} OR t.crashes = 0
+                     THEN LEAST(t.run_after, clock_timestamp())
+                     ELSE clock_timestamp() + {_backoff_sql("t.crashes - 1")} END,
+    finished_at = CASE WHEN {_STILL_ALLOWED} THEN NULL ELSE clock_timestamp() END,
+    crashes = t.crashes + {_CRASHED}::int,
+    shared_crashes = t.shared_crashes + {_SHARED}::int,
+    unstarted_returns = t.unstarted_returns + (NOT t.attempt_started AND NOT {_NO_LEASE})::int,
+    attempt_started = false,
+    attempt_isolated = false,
+    {_append_error(_RECOVERY_ENTRY)},
+    released_at = clock_timestamp(),
+    expires_at = LEAST(t.expires_at, clock_timestamp())
+FROM picked
+WHERE t.id = picked.id
+RETURNING t.id, t.status, EXTRACT(EPOCH FROM clock_timestamp() - picked.expires_at)::float8 AS expired_for,
+          -- a grant is recovered at most once: a last error entry with this token was just added
+          t.errors -> -1 ->> 'kind' AS kind,
+          t.concurrency_key, t.token, t.holder, COALESCE(t.renewed_at, t.acquired_at) AS last_renewed
+), kept AS (
+    INSERT INTO tasks_concurrencyhold (key, task_id, token, worker, reason)
+    SELECT r.concurrency_key, r.id, r.token, r.holder, 'lapsed' FROM recovered AS r
+    WHERE r.concurrency_key IS NOT NULL AND r.kind = 'crash' AND {_stalled_in_live_worker("r", "r.last_renewed")}
+    ON CONFLICT DO NOTHING
+)"""
+
+RECOVER_SQL = f"""
+WITH {RECOVER_CTES}
+SELECT id, status, expired_for, kind FROM recovered
+"""
+
+# A lease left live on a row that is not running (it can only come from hand edits or a bug):
+# release it, so the lease state querysets and the dashboard stay truthful.
+RELEASE_STRAY_LEASES_SQL = """
+UPDATE tasks_task SET released_at = clock_timestamp(), expires_at = LEAST(expires_at, clock_timestamp())
+WHERE status <> 'RUNNING' AND released_at IS NULL AND expires_at IS NOT NULL
+RETURNING id
+"""
+
+# Running tasks held by a worker that has already said it stopped (or was found dead): it will never
+# heartbeat or finish them, so there is no reason to wait for the TTL. Expire them now; recovery
+# requeues them.
+EXPIRE_ORPHANS_SQL = """
+UPDATE tasks_task AS t SET expires_at = clock_timestamp()
+FROM tasks_worker AS w
+WHERE t.status = 'RUNNING' AND t.holder = w.id AND w.stopped_at IS NOT NULL AND t.expires_at > clock_timestamp()
+RETURNING t.id
+"""
+
+# Workers that have not been seen for more than twice their own TTL are dead (SIGKILL, power loss):
+# say so, with the reason, so the workers page does not fill with ghosts that look alive.
+MARK_DEAD_WORKERS_SQL = """
+UPDATE tasks_worker SET
+    stopped_at = clock_timestamp(),
+    stop_reason = format('presumed dead: silent for %%ss (more than twice its %%ss TTL)',
+                         round(EXTRACT(EPOCH FROM clock_timestamp() - last_seen_at)::numeric, 1), ttl)
+WHERE stopped_at IS NULL AND last_seen_at < clock_timestamp() - make_interval(secs => 2 * ttl)
+RETURNING id
+"""
+
+# After a connection error the worker cannot know whether its last statement committed. It asks:
+# what does the database say it holds under its id, and where did the attempts it was finishing end?
+HELD_SQL = """
+SELECT id, token, attempt_started FROM tasks_task WHERE holder = %(worker)s AND status = 'RUNNING'
+"""
+
+ATTEMPT_FATE_SQL = """
+SELECT t.id, t.token, t.holder, t.status, t.errors -> -1 ->> 'token', t.errors -> -1 ->> 'kind'
+FROM tasks_task AS t
+WHERE t.id = ANY(%(ids)s::bigint[])
+"""

@@ -1,0 +1,27 @@
+"""A task's statuses; tasks/lifecycle/transitions.py holds what moves a task between them."""
+
+from __future__ import annotations
+
+from django.db import models
+
+NOTIFY_CHANNEL = "leasing_tasks"
+
+
+class TaskStatus(models.TextChoices):
+    #: A task with a ``concurrency_key`` whose key has no free slot: waiting to be admitted to READY
+    #: (see tasks/lifecycle/concurrency.py). django.tasks sees it as READY.
+    BLOCKED = "BLOCKED", "Blocked"
+    READY = "READY", "Ready"
+    RUNNING = "RUNNING", "Running"
+    SUCCESSFUL = "SUCCESSFUL", "Successful"
+    FAILED = "FAILED", "Failed"
+    CANCELLED = "CANCELLED", "Cancelled"
+
+
+UNFINISHED = (TaskStatus.BLOCKED, TaskStatus.READY, TaskStatus.RUNNING)
+#: Waiting to run: admitted (READY) or waiting for a concurrency slot (BLOCKED).
+WAITING = (TaskStatus.BLOCKED, TaskStatus.READY)
+FINISHED = (TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED)
+#: Every status but RUNNING, as a partial index condition: ``status = 'X'`` for any X in it implies it
+#: (PostgreSQL proves an equality against an IN list, not against ``<>``).
+NOT_RUNNING_STATUSES = (TaskStatus.READY, *FINISHED)

@@ -1,0 +1,198 @@
+"""The task state machine as one table: every way a task row changes status, and the statements that
+do it.
+
+A statement is named by where it lives:
+
+- ``tasks.lifecycle.statements.CLAIM_SQL``: a SQL constant (a module attribute);
+- ``tasks.models.queryset.TaskQuerySet.cancel``: an ORM operation (a method);
+- ``db:tasks_concurrency_admit``: a function the migrations create in the database (trigger
+  functions and the admission; migrations 0009, 0012 and 0015 hold their text).
+
+``tests/unit/test_transitions.py`` and ``tests/db/test_transitions.py`` hold the code to this table:
+each name resolves, and every constant, ORM update and database function that writes a task's
+status (or inserts or deletes task rows) is named here. ``docs/explanation/state-machine.md`` is
+generated from it (:func:`mermaid`); a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tasks.lifecycle.states import TaskStatus
+
+#: Stands for "no row": the source of an enqueue, the target of a prune.
+NO_ROW = "(none)"
+
+BLOCKED, READY, RUNNING = TaskStatus.BLOCKED.value, TaskStatus.READY.value, TaskStatus.RUNNING.value
+SUCCESSFUL, FAILED, CANCELLED = TaskStatus.SUCCESSFUL.value, TaskStatus.FAILED.value, TaskStatus.CANCELLED.value
+FINISHED = (SUCCESSFUL, FAILED, CANCELLED)
+
+_S = "tasks.lifecycle.statements."
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    event: str
+    sources: tuple[str, ...]
+    targets: tuple[str, ...]
+    statements: tuple[str, ...]
+    why: str
+
+
+TRANSITIONS: tuple[Transition, ...] = (
+    Transition(
+        "enqueue",
+        (NO_ROW,),
+        (READY, BLOCKED),
+        (
+            _S + "ENQUEUE_SQL",
+            _S + "BULK_ENQUEUE_SQL",
+            "tasks.maintenance.scheduler.SLOT_SQL",
+            "db:tasks_concurrency_inserted",
+        ),
+        "a new row is READY; one whose concurrency key has no free slot is BLOCKED by the insert trigger; "
+        "the scheduler enqueues a periodic task's slot in the statement that advances its schedule",
+    ),
+    Transition(
+        "admit",
+        (BLOCKED,),
+        (READY,),
+        ("db:tasks_concurrency_admit",),
+        "a slot of the key came free (a holder finished, was deleted or released a kept slot) or the "
+        "task came due; called by the row and statement triggers and by the sweep "
+        "(tasks.lifecycle.concurrency.SWEEP_SQL)",
+    ),
+    Transition(
+        "wait for a slot",
+        (READY,),
+        (BLOCKED,),
+        ("db:tasks_concurrency_changed",),
+        "an update made a keyed task READY (retry, hand-back, recovery, requeue) while its key is full",
+    ),
+    Transition(
+        "claim",
+        (READY,),
+        (RUNNING,),
+        (_S + "CLAIM_SQL", _S + "FINISH_AND_CLAIM_SQL", _S + "FINISH_START_CLAIM_SQL"),
+        "a worker takes a due task of an unpaused queue under a lease (FOR UPDATE SKIP LOCKED); the "
+        "finish-and-claim statements also finish the worker's previous attempts",
+    ),
+    Transition(
+        "complete",
+        (RUNNING,),
+        (SUCCESSFUL,),
+        (_S + "COMPLETE_SQL", _S + "FINISH_AND_CLAIM_SQL", _S + "FINISH_START_CLAIM_SQL"),
+        "the handler returned; compare-and-set on holder and token, so a stale worker cannot win",
+    ),
+    Transition(
+        "fail",
+        (RUNNING,),
+        (READY, BLOCKED, FAILED),
+        (_S + "FAIL_SQL",),
+        "the handler raised: back to waiting (backed off) while attempts remain and the error is "
+        "retryable, else FAILED for good; compare-and-set like complete",
+    ),
+    Transition(
+        "hand back",
+        (RUNNING,),
+        (READY, BLOCKED),
+        (_S + "HAND_BACK_SQL",),
+        "the worker gives a claim back uncharged (shutdown, a claim it could not start, a lost lease)",
+    ),
+    Transition(
+        "recover",
+        (RUNNING,),
+        (READY, BLOCKED, FAILED),
+        (_S + "RECOVER_CTES", _S + "RECOVER_SQL", "tasks.lifecycle.activity.RECOVER_AND_RECORD_SQL"),
+        "the lease expired (the worker died or hung): requeued, charged to the attempt when attributable; "
+        "FAILED once it crashed MAX_CRASHES times; a keyed attempt still running in a live worker keeps "
+        "its slot and waits BLOCKED",
+    ),
+    Transition(
+        "cancel",
+        (BLOCKED, READY, RUNNING),
+        (CANCELLED,),
+        ("tasks.models.queryset.TaskQuerySet.cancel",),
+        "an operator (dashboard, admin, API, Task.cancel); a running attempt's worker loses its lease",
+    ),
+    Transition(
+        "requeue",
+        FINISHED,
+        (READY, BLOCKED),
+        ("tasks.models.queryset.TaskQuerySet.requeue",),
+        "an operator runs a finished task again with fresh attempts (BLOCKED when its key is full)",
+    ),
+    Transition(
+        "prune",
+        FINISHED,
+        (NO_ROW,),
+        ("tasks.maintenance.retention.PRUNE_TASKS_SQL",),
+        "retention deletes finished rows older than their status's age",
+    ),
+)
+
+#: Statements that change a task row without changing its status (named so that the tests can tell
+#: them from a forgotten transition): the lease and progress of a RUNNING task, run_after of a
+#: waiting one.
+STATUS_PRESERVING: tuple[str, ...] = (
+    _S + "START_SQL",
+    _S + "HEARTBEAT_SQL",
+    _S + "CHECKPOINT_SQL",
+    _S + "RELEASE_STRAY_LEASES_SQL",
+    _S + "EXPIRE_ORPHANS_SQL",
+    "tasks.models.queryset.TaskQuerySet.retry_now",
+)
+
+
+def statements() -> set[str]:
+    """Every statement the table names."""
+    return {name for t in TRANSITIONS for name in t.statements}
+
+
+def mermaid() -> str:
+    """The state diagram of :data:`TRANSITIONS`, as a Mermaid ``stateDiagram-v2``: one arrow per pair of
+    statuses, labelled with every event that takes it."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for t in TRANSITIONS:
+        for source in t.sources:
+            for target in t.targets:
+                edge = ("[*]" if source == NO_ROW else source, "[*]" if target == NO_ROW else target)
+                edges.setdefault(edge, []).append(t.event)
+    lines = ["stateDiagram-v2"]
+    lines.extend(f"    {a} --> {b}: {' / '.join(events)}" for (a, b), events in edges.items())
+    return "\n".join(lines) + "\n"
+
+
+def markdown_table() -> str:
+    """The table itself, for the docs."""
+    rows = ["| event | from | to | statements | why |", "| --- | --- | --- | --- | --- |"]
+    for t in TRANSITIONS:
+        names = "<br>".join(f"`{name}`" for name in t.statements)
+        rows.append(f"| {t.event} | {', '.join(t.sources)} | {', '.join(t.targets)} | {names} | {t.why} |")
+    return "\n".join(rows) + "\n"
+
+
+def page() -> str:
+    """docs/explanation/state-machine.md, whole."""
+    return (
+        "# The task state machine\n\n"
+        "<!-- Generated from tasks/lifecycle/transitions.py by\n"
+        "     python -m tasks.lifecycle.transitions > docs/explanation/state-machine.md\n"
+        "     tests/unit/test_transitions.py fails while this page and the table differ. -->\n\n"
+        "Every status a task row can have, and every statement that moves it. Each move is one\n"
+        "statement: a SQL constant of the package, an ORM update, or a function the migrations\n"
+        "create in the database (the concurrency-key triggers). A worker's finish is a\n"
+        "compare-and-set on the attempt (task id, holder, fencing token): a worker whose lease\n"
+        "lapsed cannot complete, fail or hand back a task that was recovered or claimed again.\n\n"
+        "```mermaid\n" + mermaid() + "```\n\n"
+        "BLOCKED is READY held back by a concurrency key without a free slot; django.tasks sees it\n"
+        "as READY. `[*]` is no row: before an enqueue, after a prune.\n\n"
+        "## The table\n\n" + markdown_table() + "\n"
+        "Statements that change a task row but never its status: "
+        + ", ".join(f"`{name}`" for name in STATUS_PRESERVING)
+        + ".\n"
+    )
+
+
+if __name__ == "__main__":
+    print(page(), end="")

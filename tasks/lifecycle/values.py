@@ -1,0 +1,207 @@
+"""The small frozen values the task statements return and take, and the checks of enqueue arguments."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks.lifecycle.states import TaskStatus
+from tasks.lifecycle.storable import MAX_MESSAGE, MAX_TRACEBACK, storable_text
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedTask:
+    """One task handed to a worker: its id and the fencing token that proves the claim."""
+
+    id: int
+    token: int
+    task_path: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    attempts: int
+    max_attempts: int
+    progress: Any
+    expires_at: dt.datetime
+    timeout: float | None
+    queue: str
+    priority: int
+    enqueued_at: dt.datetime
+    worker_ids: list[str] = field(default_factory=list)
+    #: An earlier attempt's worker vanished: this attempt is marked started before its handler runs.
+    suspect: bool = False
+    #: Its workers vanished ISOLATE_AFTER times beside other attempts: run it alone in the process.
+    isolate: bool = False
+    #: Enqueued through this django.tasks backend alias (None: ``Task.objects.enqueue``, any callable).
+    backend_alias: str | None = None
+    #: The django.tasks Task's own ``run_after`` as enqueued.
+    task_run_after: dt.datetime | None = None
+    #: Enqueued through the JSON API: the worker checks the path against the allow-list before importing it.
+    api_origin: bool = False
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """The attempt: task id + fencing token. Every in-memory structure is keyed by it."""
+        return (self.id, self.token)
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A start marker that landed: the attempt number it charged and the task's start times."""
+
+    id: int
+    token: int
+    attempt: int
+    started_at: dt.datetime
+    last_attempted_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFate:
+    """Where an attempt a worker was finishing ended, as the database says (for reconciliation)."""
+
+    id: int
+    token: int | None
+    holder: str | None
+    status: str
+    last_error_token: str | None
+    last_error_kind: str | None
+
+    def completed_by(self, worker: str, token: int) -> bool:
+        return self.status == TaskStatus.SUCCESSFUL and self.holder == worker and self.token == token
+
+    def failed_by(self, worker: str, token: int) -> bool:
+        return (
+            self.status in (TaskStatus.BLOCKED, TaskStatus.READY, TaskStatus.FAILED)
+            and self.holder == worker
+            and self.last_error_kind == "failure"
+            and self.last_error_token == str(token)
+        )
+
+    def still_held_by(self, worker: str, token: int) -> bool:
+        return self.status == TaskStatus.RUNNING and self.holder == worker and self.token == token
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    id: int
+    created: bool  # False: an unfinished task with the same dedup key already existed
+    enqueued_at: dt.datetime | None = None  # of a task created now
+    database: str = "default"  # the alias holding it: ids are unique per database only
+
+
+@dataclass(frozen=True, slots=True)
+class FailOutcome:
+    id: int
+    #: READY or BLOCKED (will be retried at run_after; BLOCKED: a keyed task that gave its
+    #: concurrency slot up while it backs off) or FAILED (terminal)
+    status: str
+    run_after: dt.datetime
+
+    @property
+    def retried(self) -> bool:
+        return self.status != TaskStatus.FAILED
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    id: int
+    status: str
+    expired_for: float | None  # seconds from lease expiry to requeue (None: it had no lease at all)
+    kind: str = ""  # crash (charged), vanished (shared, not charged), returned (never started), orphan
+
+    @property
+    def crashed(self) -> bool:
+        """The attempt had started when its lease expired (charged or not)."""
+        return self.kind in ("crash", "vanished")
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """What a worker reports for a failed attempt."""
+
+    id: int
+    token: int
+    exception_class_path: str
+    message: str
+    traceback: str = ""
+    retry: bool = True
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.id, self.token)
+
+    def as_json(self) -> str:
+        # Error text is made storable (NUL, lone surrogates escaped; long tracebacks cut in the
+        # middle) so that one attempt's odd exception can never make the statement fail.
+        return json.dumps(
+            {
+                "exception_class_path": storable_text(self.exception_class_path, 255),
+                "message": storable_text(self.message, MAX_MESSAGE),
+                "traceback": storable_text(self.traceback, MAX_TRACEBACK),
+            }
+        )
+
+
+def json_value(value: Any) -> Any:
+    # Django registers a text loader for jsonb, so raw cursors see JSON as strings.
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
+    return ClaimedTask(
+        id=row[0],
+        token=row[1],
+        task_path=row[2],
+        args=json_value(row[3]),
+        kwargs=json_value(row[4]),
+        attempts=row[5],
+        max_attempts=row[6],
+        progress=json_value(row[7]),
+        expires_at=row[8],
+        timeout=row[9],
+        queue=row[10],
+        priority=row[11],
+        enqueued_at=row[12],
+        worker_ids=json_value(row[13]),
+        suspect=bool(row[14]),
+        isolate=bool(row[15]),
+        backend_alias=row[16],
+        task_run_after=row[17],
+        api_origin=bool(row[18]),
+    )
+
+
+def validate_enqueue(*, queue: str, priority: int, max_attempts: int, timeout: float | None) -> None:
+    if not queue or len(queue) > 100:
+        raise ValueError("queue must be a non-empty name of at most 100 characters")
+    if not -100 <= priority <= 100:
+        raise ValueError("priority must be between -100 and 100")
+    if max_attempts < 1:
+        raise ValueError("max_attempts must be at least 1")
+    if timeout is not None and not timeout > 0:
+        raise ValueError("timeout must be positive")
+
+
+#: The largest concurrency limit (the column is a PostgreSQL integer).
+MAX_CONCURRENCY_LIMIT = 2**31 - 1
+
+
+def validate_concurrency(key: str | None, limit: int | None) -> None:
+    """A concurrency key comes with a limit of at least 1, and a limit with a key."""
+    if key is None and limit is None:
+        return
+    if key is None or limit is None:
+        raise ValueError("concurrency_key and concurrency_limit go together: give both or neither")
+    if not isinstance(key, str) or not key or len(key) > 255:
+        raise ValueError("concurrency_key must be a non-empty string of at most 255 characters")
+    if "\x00" in key:
+        raise ValueError("concurrency_key must not contain NUL characters")
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        raise ValueError("concurrency_key must be valid Unicode (no lone surrogates)") from None
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CONCURRENCY_LIMIT:
+        raise ValueError(f"concurrency_limit must be a whole number from 1 to {MAX_CONCURRENCY_LIMIT}")

@@ -1,0 +1,150 @@
+"""The recovery controller: requeues tasks whose worker died, repairs impossible states.
+
+It runs as a loop (``manage.py recover_tasks``), inside every worker, or once from a Celery beat
+task. Wherever it runs, it works only while it holds the ``tasks:recovery`` lease, so exactly one
+instance recovers at a time and a standby takes over when that one dies. Between rounds the leader
+also prunes what is past its retention (``tasks/maintenance/retention.py``), a slice at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from django.db import DEFAULT_DB_ALIAS, Error, connections
+
+from leasing.bounds import without_jit
+from leasing.election import LeaderElection, Term
+from tasks.conf import get_settings
+from tasks.lifecycle import activity, concurrency
+from tasks.maintenance.retention import AutoPruner
+from tasks.models import Recovered, Task
+from tasks.models import Worker as WorkerRow
+
+logger = logging.getLogger("tasks.recovery")
+
+RECOVERY_LEASE = "tasks:recovery"
+#: The sweep for leases left live on rows that are not running runs every this many rounds.
+REPAIR_EVERY = 30
+
+
+@dataclass
+class RecoveryReport:
+    requeued: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    orphans_expired: list[int] = field(default_factory=list)
+    stray_leases_released: list[int] = field(default_factory=list)
+    #: Requeued without charge: claimed but never started when their worker vanished.
+    returned_unstarted: list[int] = field(default_factory=list)
+    #: Workers silent for more than twice their TTL, now recorded as dead.
+    workers_dead: list[str] = field(default_factory=list)
+    #: Keyed tasks admitted by the sweep (deferred ones come due, ones an admission skipped).
+    admitted: int = 0
+    #: Tasks whose key slot was kept for a handler in a worker now known dead, given back.
+    slots_released: list[int] = field(default_factory=list)
+    #: Seconds from lease expiry to requeue, per recovered task that had a lease.
+    delays: list[float] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.requeued
+            or self.failed
+            or self.orphans_expired
+            or self.stray_leases_released
+            or self.workers_dead
+            or self.slots_released
+        )
+
+
+def recover_once(*, using: str = DEFAULT_DB_ALIAS, repair: bool = True, batch: int = 1000) -> RecoveryReport:
+    """One round of recovery (statements, no lease): what the controller does each interval.
+    Its statements go without JIT compilation (leasing/bounds.py says why)."""
+    with without_jit():
+        return _recover_once(using=using, repair=repair, batch=batch)
+
+
+def _recover_once(*, using: str, repair: bool, batch: int) -> RecoveryReport:
+    manager = Task.objects.db_manager(using)
+    dead = list(WorkerRow.objects.db_manager(using).mark_dead())
+    report = RecoveryReport(workers_dead=dead, orphans_expired=manager.expire_orphans())
+    while True:
+        recovered: list[Recovered] = manager.recover_expired(limit=batch)
+        for item in recovered:
+            (report.failed if item.status == "FAILED" else report.requeued).append(item.id)
+            if item.kind == "returned":
+                report.returned_unstarted.append(item.id)
+            if item.expired_for is not None:
+                report.delays.append(item.expired_for)
+        if len(recovered) < batch:
+            break
+    if repair:
+        report.stray_leases_released = manager.release_stray_leases()
+    # Slots kept for handlers that outlived their rows, in processes known dead now (admits for their keys).
+    report.slots_released = concurrency.release_dead(using=using)
+    # Keyed tasks whose deferral ended, or that an admission skipped, get their slots now.
+    report.admitted = concurrency.admit_waiting(using=using)
+    concurrency.prune_idle_keys(using=using)
+    # Close the minutes of the activity chart as they end (one minute of rows each, once), so that
+    # dashboards and scrapes only ever count the open minute.
+    activity.roll_up(using=using)
+    if not report.empty:
+        logger.warning(
+            "recovery: requeued %d (%d never started: uncharged), failed for good %d, orphans expired %d,"
+            " stray leases released %d, workers found dead %d, key slots of dead handlers released %d;"
+            " longest expiry-to-requeue %.2fs",
+            len(report.requeued),
+            len(report.returned_unstarted),
+            len(report.failed),
+            len(report.orphans_expired),
+            len(report.stray_leases_released),
+            len(report.workers_dead),
+            len(report.slots_released),
+            max(report.delays, default=0.0),
+        )
+    return report
+
+
+class RecoveryController:
+    def __init__(
+        self,
+        *,
+        interval: float | None = None,
+        using: str = DEFAULT_DB_ALIAS,
+        ttl: float | None = None,
+        prune: bool = True,
+    ) -> None:
+        self.interval = interval or get_settings().RECOVERY_INTERVAL
+        self.using = using
+        # Retention runs on the recovery leader, a slice after each round (tasks/maintenance/retention.py).
+        self.pruner = AutoPruner(using=using) if prune else None
+        # The controller's own lease: long enough to ride out a slow round, short enough to hand over fast.
+        self.election = LeaderElection(
+            RECOVERY_LEASE, ttl=ttl or max(1.0, self.interval * 3), retry_interval=self.interval, using=using
+        )
+        self.rounds = 0
+        self.reports: list[RecoveryReport] = []
+
+    def _lead(self, term: Term) -> None:
+        logger.info("recovery controller %s is active", self.election.holder)
+        while not term.should_stop:
+            try:
+                report = recover_once(using=self.using, repair=self.rounds % REPAIR_EVERY == 0)
+                if not report.empty:
+                    self.reports = [*self.reports[-99:], report]
+                if self.pruner is not None and not term.should_stop:
+                    # Its share of the interval: recovery is held up by at most one slice.
+                    self.pruner.run_for(self.interval * get_settings().RETENTION_BUSY_FRACTION)
+            except Error as exc:
+                logger.warning("recovery round failed: %s", exc)
+                if self.pruner is not None:
+                    self.pruner.reset()
+                connections[self.using].close()
+            self.rounds += 1
+            term.wait(self.interval)
+
+    def run(self) -> None:
+        self.election.run(self._lead)
+
+    def stop(self) -> None:
+        self.election.stop()

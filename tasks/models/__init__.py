@@ -1,0 +1,69 @@
+"""The task queue's models. A task's lease lives on its own row, so claim, heartbeat and finish are
+each one statement (``queryset.py``; the statements themselves are in ``tasks/lifecycle``).
+
+Status names follow ``django.tasks.TaskResultStatus`` (READY, RUNNING, SUCCESSFUL, FAILED) plus
+BLOCKED and CANCELLED; ``tasks/lifecycle/states.py`` holds the transition table.
+
+``tasks.models`` keeps every name it had before the package was split: the values and statuses are
+re-exported from ``tasks.lifecycle``."""
+
+from tasks.lifecycle.states import (
+    FINISHED,
+    NOT_RUNNING_STATUSES,
+    NOTIFY_CHANNEL,
+    UNFINISHED,
+    WAITING,
+    TaskStatus,
+)
+from tasks.lifecycle.values import (
+    MAX_CONCURRENCY_LIMIT,
+    AttemptFate,
+    ClaimedTask,
+    Enqueued,
+    FailOutcome,
+    Failure,
+    Recovered,
+    Started,
+    validate_concurrency,
+)
+from tasks.models.bookkeeping import ActivityMinute, ConcurrencyHold, ConcurrencyKey, ConcurrencyWake, GeneratorState
+from tasks.models.queryset import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING, TaskQuerySet, WorkerQuerySet
+from tasks.models.queue_control import PAUSE_LOCK_TIMEOUT_MS, QueueControl, QueueControlQuerySet
+from tasks.models.schedule import Schedule, ScheduleRun
+from tasks.models.task import Task
+from tasks.models.worker import Worker
+
+__all__ = [
+    "FAILED_BEFORE",
+    "FINISHED",
+    "MAX_CONCURRENCY_LIMIT",
+    "NEVER_FAILED",
+    "NOTIFY_CHANNEL",
+    "NOT_RUNNING",
+    "NOT_RUNNING_STATUSES",
+    "PAUSE_LOCK_TIMEOUT_MS",
+    "UNFINISHED",
+    "WAITING",
+    "ActivityMinute",
+    "AttemptFate",
+    "ClaimedTask",
+    "ConcurrencyHold",
+    "ConcurrencyKey",
+    "ConcurrencyWake",
+    "Enqueued",
+    "FailOutcome",
+    "Failure",
+    "GeneratorState",
+    "QueueControl",
+    "QueueControlQuerySet",
+    "Recovered",
+    "Schedule",
+    "ScheduleRun",
+    "Started",
+    "Task",
+    "TaskQuerySet",
+    "TaskStatus",
+    "Worker",
+    "WorkerQuerySet",
+    "validate_concurrency",
+]

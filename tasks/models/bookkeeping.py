@@ -1,0 +1,146 @@
+"""Rows the queue keeps for itself: the demo generator's state, concurrency keys (their counts,
+wakes and kept slots) and per-minute activity."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from leasing.fencing import FencedModel
+from leasing.routing import SelectedManager
+
+
+class GeneratorState(FencedModel):
+    """The demo generator, shared by every replica through the database.
+
+    ``running``, ``rate`` and ``max_sleep`` are the desired state: any replica may change them.
+    The ``leader*`` fields, ``ticks``, ``observed_running`` and ``generated`` are written only by
+    the instance that holds the generator lease, through a fenced update, so a deposed leader
+    cannot keep generating.
+    """
+
+    name = models.CharField(max_length=100, primary_key=True, default="default")
+    running = models.BooleanField(default=False)
+    rate = models.FloatField(default=2.0, help_text="Tasks per second while running.")
+    max_sleep = models.FloatField(default=3.0, help_text="Largest sleep_duration_seconds of a generated task.")
+    queue = models.CharField(max_length=100, default="default")
+    updated_at = models.DateTimeField(auto_now=True)
+    generated = models.BigIntegerField(default=0)
+    leader = models.CharField(max_length=200, blank=True, default="")
+    leader_seen_at = models.DateTimeField(null=True, blank=True)
+    observed_running = models.BooleanField(default=False)
+    ticks = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"generator {self.name}: {'running' if self.running else 'stopped'} at {self.rate}/s"
+
+
+#: How long ``pause`` waits for claims in flight (and makes new claims wait) before giving up.
+
+
+class ConcurrencyKey(models.Model):
+    """A concurrency key's limit, and the row whose lock serialises admissions to the key.
+
+    Rows are created by the first enqueue of a key; the counts are never stored here: a key's
+    admitted tasks are counted from tasks_task under this row's lock (see tasks/lifecycle/concurrency.py).
+    """
+
+    key = models.CharField(max_length=255, primary_key=True)
+    max_running = models.PositiveIntegerField(help_text="Tasks of the key admitted (READY or RUNNING) at most.")
+    updated_at = models.DateTimeField(help_text="When an enqueue last set the limit.")
+    limit_task_id = models.BigIntegerField(
+        null=True, blank=True, help_text="The task whose enqueue set the limit (a later enqueue has a larger id)."
+    )
+    wake_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the sweep must admit for the key: its first deferred task comes due and a slot is free.",
+    )
+
+    class Meta:
+        ordering = ["key"]
+        indexes = [
+            # The recovery round forgets keys idle for a while, oldest first (tasks/lifecycle/concurrency.py).
+            models.Index(fields=["updated_at"], name="tasks_concurrencykey_idle_idx"),
+            # The sweep reads the keys due now, and only those, whatever the number of keys.
+            models.Index(fields=["wake_at"], name="tasks_concurrencykey_wake_idx", condition=Q(wake_at__isnull=False)),
+        ]
+
+    def __str__(self) -> str:
+        return f"concurrency key {self.key}: at most {self.max_running}"
+
+
+class ConcurrencyWake(models.Model):
+    """An admission that found its key's row locked by another transaction (an application's open
+    transaction that enqueued a task of the key) and did not wait for it: the next admission of the
+    key, or the recovery round's sweep, admits for it and deletes the row. Carries the limit of a
+    skipped enqueue, applied then if no later enqueue set another (tasks/lifecycle/concurrency.py)."""
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(max_length=255)
+    max_running = models.PositiveIntegerField(null=True, blank=True)
+    limit_task_id = models.BigIntegerField(null=True, blank=True)
+    noted_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        indexes = [models.Index(fields=["key"], name="tasks_concurrencywake_key_idx")]
+
+    def __str__(self) -> str:
+        return f"admission of {self.key} skipped at {self.noted_at}"
+
+
+class ConcurrencyHold(models.Model):
+    """A concurrency slot kept for a handler that may still be running after its task's row stopped
+    counting: a timed-out attempt whose thread cannot be stopped (or a cancelled coroutine that has not
+    ended yet), or an attempt whose lease lapsed while its worker lived on. The admission counts these
+    with the key's READY and RUNNING tasks, so a key's limit bounds its handlers running, not only its
+    rows. Deleted when the handler returns, or by recovery once the worker is stopped or presumed dead
+    (tasks/lifecycle/concurrency.py, "Handlers that outlive their row")."""
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(max_length=255)
+    task_id = models.BigIntegerField()
+    token = models.BigIntegerField(help_text="The attempt's fencing token.")
+    worker = models.CharField(max_length=200, help_text="The worker (incarnation) whose handler is running.")
+    reason = models.CharField(max_length=20, help_text="timeout or lapsed")
+    since = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task_id", "token"], name="tasks_concurrencyhold_attempt")]
+        indexes = [
+            models.Index(fields=["key"], name="tasks_conchold_key_idx"),
+            models.Index(fields=["worker"], name="tasks_conchold_worker_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}: slot kept for task {self.task_id} (token {self.token}) on {self.worker}"
+
+
+class ActivityMinute(models.Model):
+    """One minute of queue activity: the rollup behind the dashboard chart and ``/metrics``.
+
+    ``succeeded`` and ``failed`` are counted once from the finished-at index when the minute has
+    closed (``closed``), and counted again a few minutes later (``final``) to take in finishes
+    whose transaction committed late; pages then read these rows instead of every task finished in
+    the last hour. ``recovered`` and the recovery timings are added by the recovery statement itself,
+    so they are exact at once. See tasks/lifecycle/activity.py.
+    """
+
+    minute = models.DateTimeField(primary_key=True)
+    succeeded = models.BigIntegerField(default=0)
+    failed = models.BigIntegerField(default=0, help_text="Tasks that failed for good (FAILED).")
+    closed = models.BooleanField(default=False, help_text="succeeded and failed are counted.")
+    final = models.BooleanField(default=False, help_text="Counted again after late commits could land.")
+    recovered = models.BigIntegerField(default=0, help_text="Tasks requeued (or failed) after their lease expired.")
+    silent_total = models.FloatField(default=0.0, help_text="Sum of seconds from last heartbeat to recovery.")
+    silent_max = models.FloatField(default=0.0)
+    delay_max = models.FloatField(default=0.0, help_text="Longest expiry-to-recovery delay, seconds.")
+
+    objects = SelectedManager()
+
+    class Meta:
+        ordering = ["-minute"]
+
+    def __str__(self) -> str:
+        return f"{self.minute:%Y-%m-%d %H:%M}: {self.succeeded} succeeded, {self.failed} failed"

@@ -1,0 +1,378 @@
+"""JSON API for the task queue: enqueue, and the worker protocol for clients in any language
+(claim ``next``, ``heartbeat``, ``complete``, ``fail``), plus listings and administration."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, JsonResponse
+from django.urls import path, re_path
+
+from leasing import metrics
+from leasing.access import ADD_TASK, CHANGE_GENERATOR, CHANGE_TASK, VIEW_GENERATOR, VIEW_TASK
+from leasing.http import ApiError, Body, api_view, iso, page_args, query_text, routed
+from tasks.backends import allowlist
+from tasks.conf import get_settings
+from tasks.demo import generator
+from tasks.exceptions import TaskError, TaskPathRefused
+from tasks.lifecycle.routing import queue_database, queues_by_database
+from tasks.lifecycle.storable import is_storable
+from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, Failure, Task, TaskStatus
+from tasks.web import queue_pages as queue_views
+from tasks.web.api import schedules as schedule_api
+from tasks.web.queries import ALL_STATUSES, Listing
+
+MAX_TTL = 86_400.0
+#: name -> (queryset, the statuses it can hold): a listing is read one status at a time (tasks/web/queries.py).
+LISTINGS = {
+    "processed": (lambda: Task.objects.finished(), FINISHED),
+    "started": (lambda: Task.objects.running(), (TaskStatus.RUNNING,)),
+    "stuck": (lambda: Task.objects.stuck(), (TaskStatus.RUNNING,)),
+}
+_MAX_TOKEN = 2**63 - 1
+
+
+#: Characters of a traceback that a list shows (its end: where it failed); the task's own URL has it whole.
+LIST_TRACEBACK = 500
+
+
+def task_summary_json(task: Task) -> dict[str, Any]:
+    """A task as lists show it: each error's traceback cut to its last LIST_TRACEBACK characters
+    (a list of 500 tasks must not carry 500 error histories whole); ``GET /api/tasks/<id>`` has it all."""
+    data = task_json(task)
+    errors = []
+    for error in task.errors:
+        text = error.get("traceback") or ""
+        if len(text) > LIST_TRACEBACK:
+            error = {**error, "traceback": "…" + text[-LIST_TRACEBACK:], "traceback_truncated": True}
+        errors.append(error)
+    data["errors"] = errors
+    return data
+
+
+def task_json(task: Task) -> dict[str, Any]:
+    return {
+        "id": task.pk,
+        "task_path": task.task_path,
+        "queue": task.queue,
+        "priority": task.priority,
+        "status": task.status,
+        "stuck": task.is_stuck,
+        "args": task.args,
+        "kwargs": task.kwargs,
+        "attempts": task.attempts,
+        "max_attempts": task.max_attempts,
+        "timeout": task.timeout,
+        "dedup_key": task.dedup_key,
+        "concurrency_key": task.concurrency_key,
+        "concurrency_limit": task.concurrency_limit,
+        "run_after": iso(task.run_after),
+        "enqueued_at": iso(task.enqueued_at),
+        "started_at": iso(task.started_at),
+        "last_attempted_at": iso(task.last_attempted_at),
+        "finished_at": iso(task.finished_at),
+        "holder": task.holder,
+        "token": task.token,
+        "expires_at": iso(task.expires_at),
+        "renewed_at": iso(task.renewed_at),
+        "progress": task.progress,
+        "output": task.return_value,
+        "errors": task.errors,
+        "errors_dropped": task.errors_dropped,
+        "worker_ids": task.worker_ids,
+    }
+
+
+def _task_or_404(task_id: int) -> Task:
+    task = Task.objects.filter(pk=task_id).first() if 0 < task_id <= _MAX_TOKEN else None
+    if task is None:
+        raise ApiError(404, f"no task with id {task_id}")
+    return task
+
+
+def _listing(request: HttpRequest, queryset: QuerySet[Task], statuses: Sequence[str] = ALL_STATUSES) -> tuple[int, Any]:
+    status = request.GET.get("status")
+    if status is not None:
+        if status not in TaskStatus.values:
+            raise ApiError(400, f"status must be one of {', '.join(TaskStatus.values)}", "status")
+        queryset = queryset.filter(status=status)
+        statuses = [s for s in statuses if s == status]
+    lookups = None
+    if queue := query_text(request, "queue", max_length=100):
+        lookups = [Q(queue=queue)]
+    # One ordered index scan per status (and queue), each stopping after the page: no sort of
+    # every task of a queue.
+    limit, before = page_args(request)
+    page = Listing(queryset, statuses, lookups=lookups).page(limit=limit, before=before)
+    return 200, {
+        "tasks": [task_summary_json(task) for task in page.tasks],
+        "next": f"?limit={limit}&before={page.next_before}" if page.next_before is not None else None,
+    }
+
+
+def _worker_and_token(body: Body) -> tuple[str, int]:
+    return body.text("worker", max_length=200), body.whole("token", low=1, high=_MAX_TOKEN)
+
+
+def _rejected(task: Task, action: str) -> ApiError:
+    metrics.fencing_rejections.inc()
+    if task.status in FINISHED:
+        reason = f"task is already {task.status.lower()}"
+    elif task.status in (TaskStatus.READY, TaskStatus.BLOCKED):
+        reason = "task was requeued: your claim expired"
+    else:
+        reason = "your claim is gone: wrong worker or token, or the lease expired"
+    return ApiError(409, f"{action} rejected: {reason}", status=task.status)
+
+
+@api_view(GET=[VIEW_TASK], POST=[ADD_TASK])
+def tasks(request: HttpRequest) -> tuple[int, Any]:
+    if request.method == "GET":
+        return _listing(request, Task.objects.all())
+    body = Body(request)
+    body.only(
+        "task_path",
+        "args",
+        "kwargs",
+        "payload",
+        "queue",
+        "priority",
+        "run_after",
+        "max_attempts",
+        "timeout",
+        "dedup_key",
+        "concurrency_key",
+        "concurrency_limit",
+    )
+    task_path = body.text("task_path")
+    reason = allowlist.refusal(task_path)
+    if reason is not None:
+        raise ApiError(400, reason, "task_path")
+    try:
+        allowlist.resolve(task_path)
+    except TaskPathRefused as exc:
+        raise ApiError(400, str(exc), "task_path") from None
+    except Exception as exc:  # the module does not import: it could not run either
+        raise ApiError(400, f"task_path cannot be imported: {type(exc).__name__}", "task_path") from None
+    kwargs = body.mapping("kwargs")
+    payload = body.mapping("payload")
+    if kwargs is not None and payload is not None:
+        raise ApiError(400, "give kwargs or payload (the same thing), not both", "payload")
+    options: dict[str, Any] = {
+        "args": body.array("args") or [],
+        "kwargs": kwargs if kwargs is not None else payload,
+        "queue": body.text("queue", required=False, max_length=100, default="default"),
+        "priority": body.whole("priority", required=False, low=-100, high=100, default=0),
+        "run_after": body.when("run_after"),
+        "max_attempts": body.whole("max_attempts", required=False, low=1, high=1000),
+        "timeout": body.number("timeout", required=False, low=0, high=MAX_TTL),
+        "dedup_key": body.text("dedup_key", required=False),
+        "concurrency_key": body.text("concurrency_key", required=False),
+        "concurrency_limit": body.whole("concurrency_limit", required=False, low=1, high=MAX_CONCURRENCY_LIMIT),
+    }
+    if (options["concurrency_key"] is None) != (options["concurrency_limit"] is None):
+        missing = "concurrency_limit" if options["concurrency_limit"] is None else "concurrency_key"
+        raise ApiError(400, "concurrency_key and concurrency_limit go together: give both or neither", missing)
+    queue = options["queue"]
+    with routed(request, queue_database(queue), f"queue {queue!r}"):
+        try:
+            enqueued = Task.objects.enqueue(task_path, **options)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        if enqueued.created:
+            # Same transaction as the insert (the request's): no worker can claim the row before it is
+            # marked, and a worker re-checks the path of every marked row before importing it.
+            Task.objects.filter(pk=enqueued.id).update(api_origin=True)
+        task = Task.objects.get(pk=enqueued.id)
+        return (201 if enqueued.created else 200), {"task": task_json(task), "created": enqueued.created}
+
+
+@api_view(POST=[CHANGE_TASK])
+def next_task(request: HttpRequest) -> tuple[int, Any]:
+    body = Body(request)
+    body.only("worker", "queues", "ttl", "limit")
+    worker = body.text("worker", max_length=200)
+    queues = body.names("queues", default=["default"])
+    homes = queues_by_database(queues)
+    if len(homes) > 1:
+        spread = "; ".join(f"{alias}: {', '.join(names)}" for alias, names in homes.items())
+        raise ApiError(400, f"queues live in several databases ({spread}): claim from one at a time", "queues")
+    with routed(request, next(iter(homes)), f"queue {queues[0]!r}"):
+        claimed = Task.objects.claim(
+            worker,
+            limit=body.whole("limit", required=False, low=1, high=100, default=1),
+            queues=queues,
+            ttl=body.number("ttl", required=False, low=0, high=MAX_TTL, default=get_settings().TTL),
+            start=True,  # an HTTP client runs what it claims: the attempt begins (and is charged) now
+        )
+        rows = {task.pk: task for task in Task.objects.filter(pk__in=[c.id for c in claimed])}
+        found = [task_json(rows[c.id]) for c in claimed if c.id in rows]
+        return 200, {"task": found[0] if found else None, "tasks": found}
+
+
+@api_view(PUT=[CHANGE_TASK])
+def heartbeat(request: HttpRequest, task_id: int) -> tuple[int, Any]:
+    task = _task_or_404(task_id)
+    body = Body(request)
+    body.only("worker", "token", "ttl", "progress")
+    worker, token = _worker_and_token(body)
+    ttl = body.number("ttl", required=False, low=0, high=MAX_TTL, default=get_settings().TTL)
+    progress = body.data.get("progress")
+    if "progress" in body.data and not is_storable(progress):
+        # Checked before anything is written: a rejected request changes nothing.
+        raise ApiError(400, "progress cannot be stored as JSON (NaN, infinity, NUL or a lone surrogate)", "progress")
+    if Task.objects.heartbeat(worker, [(task_id, token)], ttl=ttl):
+        raise _rejected(Task.objects.get(pk=task.pk), "heartbeat")
+    if "progress" in body.data and not Task.objects.checkpoint(task_id, worker, token, progress):
+        raise _rejected(Task.objects.get(pk=task.pk), "checkpoint")
+    task.refresh_from_db()
+    return 200, {"task": task_json(task)}
+
+
+@api_view(PUT=[CHANGE_TASK])
+def complete(request: HttpRequest, task_id: int) -> tuple[int, Any]:
+    task = _task_or_404(task_id)
+    body = Body(request)
+    body.only("worker", "token", "output")
+    worker, token = _worker_and_token(body)
+    if not is_storable(body.data.get("output")):
+        raise ApiError(400, "output cannot be stored as JSON (NaN, infinity, NUL or a lone surrogate)", "output")
+    if not Task.objects.complete(task_id, worker, token, body.data.get("output")):
+        raise _rejected(Task.objects.get(pk=task.pk), "completion")
+    task.refresh_from_db()
+    return 200, {"task": task_json(task)}
+
+
+@api_view(PUT=[CHANGE_TASK])
+def fail(request: HttpRequest, task_id: int) -> tuple[int, Any]:
+    task = _task_or_404(task_id)
+    body = Body(request)
+    body.only("worker", "token", "error", "retry")
+    worker, token = _worker_and_token(body)
+    error = body.mapping("error") or {}
+    for key in ("type", "message", "traceback"):
+        if key in error and not isinstance(error[key], str):
+            raise ApiError(400, f"error.{key} must be a string", f"error.{key}")
+    unknown = sorted(set(error) - {"type", "message", "traceback"})
+    if unknown:
+        raise ApiError(400, f"unknown field(s) in error: {', '.join(unknown)}", "error")
+    failure = Failure(
+        task_id,
+        token,
+        error.get("type", "api.Error")[:255],
+        error.get("message", "")[:10_000],
+        error.get("traceback", "")[:100_000],
+        retry=body.flag("retry", default=True),
+    )
+    outcome = Task.objects.fail(failure, worker)
+    if outcome is None:
+        raise _rejected(Task.objects.get(pk=task.pk), "failure report")
+    task.refresh_from_db()
+    return 200, {"task": task_json(task), "retrying": outcome.retried}
+
+
+@api_view(GET=[VIEW_TASK])
+def task_detail(request: HttpRequest, task_id: int) -> tuple[int, Any]:
+    return 200, {"task": task_json(_task_or_404(task_id))}
+
+
+@api_view(POST=[CHANGE_TASK])
+def cancel(request: HttpRequest, task_id: int) -> tuple[int, Any]:
+    task = _task_or_404(task_id)
+    if not Task.objects.filter(pk=task_id).cancel():
+        raise ApiError(409, f"task is already {task.status.lower()}", status=task.status)
+    task.refresh_from_db()
+    return 200, {"task": task_json(task)}
+
+
+@api_view(POST=[CHANGE_TASK])
+def requeue(request: HttpRequest, task_id: int) -> tuple[int, Any]:
+    task = _task_or_404(task_id)
+    try:
+        changed = Task.objects.filter(pk=task_id).requeue() or Task.objects.filter(pk=task_id).retry_now()
+    except TaskError as exc:
+        raise ApiError(409, str(exc)) from None
+    if not changed:
+        raise ApiError(409, "only finished or waiting tasks can be requeued; this one is running", status=task.status)
+    task.refresh_from_db()
+    return 200, {"task": task_json(task)}
+
+
+def _listing_view(name: str) -> Any:
+    @api_view(GET=[VIEW_TASK])
+    def view(request: HttpRequest) -> tuple[int, Any]:
+        queryset, statuses = LISTINGS[name]
+        return _listing(request, queryset(), statuses)
+
+    view.__name__ = f"tasks_{name}"
+    return view
+
+
+def generator_json(name: str = "default") -> dict[str, Any]:
+    state = generator.status(name)
+    return {
+        "name": state.name,
+        "running": state.running,
+        "rate": state.rate,
+        "max_sleep": state.max_sleep,
+        "queue": state.queue,
+        "generated": state.generated,
+        "leader": state.leader,
+        "leader_expires_at": iso(state.leader_expires_at),
+        "leader_sees_running": state.observed_running,
+    }
+
+
+@api_view(GET=[VIEW_GENERATOR], PUT=[CHANGE_GENERATOR])
+def generator_state(request: HttpRequest) -> tuple[int, Any]:
+    if request.method == "PUT":
+        body = Body(request)
+        body.only("running", "rate", "max_sleep")
+        running = None if body.data.get("running") is None else body.flag("running", default=False)
+        try:
+            generator.set_state(
+                running=running,
+                rate=body.number("rate", required=False, low=0, high=10_000),
+                max_sleep=body.number("max_sleep", required=False, low=0, high=3600),
+            )
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+    return 200, {"generator": generator_json()}
+
+
+@api_view(GET=())  # any authenticated caller may read the description of the API
+def openapi(request: HttpRequest) -> JsonResponse:
+    from tasks.web.api.openapi import document
+
+    # The API is mounted wherever the project includes it: its base is where this document is.
+    return JsonResponse(document(request.build_absolute_uri(request.path.removesuffix("/openapi.json"))))
+
+
+urlpatterns = [
+    path("tasks", tasks, name="api-tasks"),
+    path("tasks/next", next_task, name="api-task-next"),
+    *[path(f"tasks/{name}", _listing_view(name), name=f"api-tasks-{name}") for name in LISTINGS],
+    path("tasks/<int:task_id>", task_detail, name="api-task-detail"),
+    path("tasks/<int:task_id>/heartbeat", heartbeat, name="api-task-heartbeat"),
+    path("tasks/<int:task_id>/complete", complete, name="api-task-complete"),
+    path("tasks/<int:task_id>/fail", fail, name="api-task-fail"),
+    path("tasks/<int:task_id>/cancel", cancel, name="api-task-cancel"),
+    path("tasks/<int:task_id>/requeue", requeue, name="api-task-requeue"),
+    path("generator", generator_state, name="api-generator"),
+    *schedule_api.urlpatterns,
+    *queue_views.api_urlpatterns,
+    path("openapi.json", openapi, name="api-openapi"),
+]
+
+
+#: Any authenticated caller may learn that a route does not exist.
+@api_view(**dict.fromkeys(("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"), ()))
+def not_found(request: HttpRequest, rest: str) -> tuple[int, Any]:
+    raise ApiError(404, f"no such API route: {request.path}")
+
+
+#: Mounted last under /api/: unknown routes answer in JSON too.
+# Any path under the API, newlines included (``.`` would not match one, and Django's HTML 404 would answer).
+fallback = [re_path(r"^(?P<rest>[\s\S]*)\Z", not_found, name="api-not-found")]

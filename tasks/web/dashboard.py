@@ -1,0 +1,278 @@
+"""The dashboard: what is held, by whom, until when; what is stuck; is the system healthy.
+
+Every page is server-rendered (no front-end build); a few lines of JavaScript refresh the marked
+parts in place. No page reads more rows when the table grows (tasks/web/queries.py): counts are capped
+(exact when small), lists are ordered index scans with keyset pagination on the primary key, search
+is an exact lookup, and the last-hour chart reads a per-minute rollup (tasks/lifecycle/activity.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.contrib import messages
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.utils import timezone
+
+from leasing.access import (
+    CHANGE_GENERATOR,
+    CHANGE_TASK,
+    VIEW_GENERATOR,
+    VIEW_LEASE,
+    VIEW_TASK,
+    VIEW_WORKER,
+    safe_next,
+    staff_page,
+)
+from leasing.routing import selected_database, with_database
+from leasing.validation import MAX_BIGINT, InvalidInput, clean_text, parse_number, parse_whole
+from leasing.views import state_counts as lease_counts
+from tasks.conf import get_settings
+from tasks.demo import generator
+from tasks.exceptions import TaskError
+from tasks.lifecycle import activity, concurrency
+from tasks.models import Task, Worker
+from tasks.web import queries
+from tasks.web.queries import STATES, Count, state_counts
+
+PAGE_SIZE = 50
+
+#: Dashboard task states: (label, description, queryset factory); the queries are in tasks/web/queries.py.
+TASK_STATES: dict[str, tuple[str, Any]] = {name: (state.description, state.queryset) for name, state in STATES.items()}
+
+
+def task_counts() -> dict[str, Count]:
+    return state_counts()
+
+
+def queue_stats() -> list[dict[str, Any]]:
+    """Runnable depth (capped) and age of the oldest runnable task per queue (index lookups per queue)."""
+    return queries.queue_stats()
+
+
+def live_workers() -> QuerySet[Worker]:
+    horizon = timezone.now() - dt.timedelta(seconds=get_settings().TTL * 2)
+    return Worker.objects.filter(stopped_at__isnull=True, last_seen_at__gte=horizon)
+
+
+def _minutes() -> list[dt.datetime]:
+    now = timezone.now().replace(second=0, microsecond=0)
+    return [now - dt.timedelta(minutes=59 - i) for i in range(60)]
+
+
+def activity_last_hour() -> dict[str, list[int]]:
+    """Per minute over the last hour: tasks succeeded, failed for good, and recovered (the rollup)."""
+    return activity.last_hour()
+
+
+def chart(series: dict[str, list[int]], *, width: int = 720, height: int = 140) -> dict[str, Any]:
+    """Bar geometry for a server-rendered SVG: one group of bars per minute."""
+    peak = max([1, *(sum(values) for values in zip(*series.values(), strict=True))])
+    slot = width / 60
+    colours = {"succeeded": "#16a34a", "failed": "#dc2626", "recovered": "#d97706"}
+    bars = []
+    minutes = _minutes()
+    for i in range(60):
+        base = height
+        for name, values in series.items():
+            value = values[i]
+            if not value:
+                continue
+            bar_height = value / peak * (height - 10)
+            base -= bar_height
+            bars.append(
+                {
+                    "x": round(i * slot + 1, 1),
+                    "y": round(base, 1),
+                    "w": round(slot - 2, 1),
+                    "h": round(bar_height, 1),
+                    "fill": colours[name],
+                    "title": f"{minutes[i]:%H:%M} {name}: {value}",
+                }
+            )
+    totals = {name: sum(values) for name, values in series.items()}
+    return {"bars": bars, "width": width, "height": height, "peak": peak, "totals": totals, "colours": colours}
+
+
+# The overview shows tasks, leases, workers and the generator: it needs the view permission of each.
+@staff_page(GET=[VIEW_TASK, VIEW_LEASE, VIEW_WORKER, VIEW_GENERATOR])
+def overview(request: HttpRequest) -> HttpResponse:
+    return render(
+        request,
+        "tasks/dashboard/overview.html",
+        {
+            "lease_counts": lease_counts(),
+            "task_counts": task_counts(),
+            "states": TASK_STATES,
+            "queues": queue_stats(),
+            # Keys at their limit first; at most concurrency.SHOWN_KEYS, each read from its indexes.
+            "concurrency_keys": concurrency.key_states(),
+            "workers": list(live_workers()),
+            "chart": chart(activity_last_hour()),
+            "generator": generator.status(),
+        },
+    )
+
+
+def _filter_value(request: HttpRequest, name: str, parse: Any) -> Any:
+    """A list filter's parsed value; an invalid one is ignored, with a message saying why."""
+    value = request.GET.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return parse(value)
+    except InvalidInput as exc:
+        messages.error(request, f"Filter ignored: {exc.message}.")
+        return None
+
+
+@staff_page(GET=[VIEW_TASK])
+def task_list(request: HttpRequest, state: str) -> HttpResponse:
+    if state not in TASK_STATES:
+        raise Http404(f"unknown task state {state!r}")
+    description, _ = TASK_STATES[state]
+    queue = _filter_value(request, "queue", lambda v: clean_text(v, "queue", max_length=100))
+    search = _filter_value(request, "q", lambda v: clean_text(v, "search", max_length=255))
+    before = _filter_value(request, "before", lambda v: parse_whole(v, "before", low=1, high=MAX_BIGINT))
+    listing = queries.state_listing(state, queue=queue, search=(search or "").strip())
+    page = listing.page(limit=PAGE_SIZE, before=before)
+    return render(
+        request,
+        "tasks/dashboard/task_list.html",
+        {
+            "state": state,
+            "description": description,
+            "states": TASK_STATES,
+            "counts": task_counts(),
+            "tasks": page.tasks,
+            "next_before": page.next_before,
+            "scanned_to": page.scanned_to,
+            "scan_window": queries.SCAN_WINDOW,
+            "queue": queue or "",
+            "query": search or "",
+            "now": timezone.now(),
+        },
+    )
+
+
+def attempts_of(task: Task) -> list[dict[str, Any]]:
+    """One entry per attempt: the worker that ran it and how it ended (lease history)."""
+    errors = {error.get("attempt"): error for error in task.errors}
+    history = []
+    for number, worker in enumerate(task.worker_ids, start=1):
+        error = errors.get(number)
+        if error:
+            outcome = error.get("exception_class_path", "error")
+        elif number == len(task.worker_ids):
+            outcome = task.status.lower()
+        else:
+            outcome = "handed back"
+        history.append({"number": number, "worker": worker, "outcome": outcome, "error": error})
+    return history
+
+
+@staff_page(GET=[VIEW_TASK])
+def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
+    task = get_object_or_404(Task, pk=task_id)
+    return render(
+        request,
+        "tasks/dashboard/task_detail.html",
+        {"task": task, "attempts": attempts_of(task), "states": TASK_STATES, "counts": task_counts()},
+    )
+
+
+@staff_page(POST=[CHANGE_TASK])
+def task_action(request: HttpRequest) -> HttpResponse:
+    """Bulk (or single) retry / cancel; each a compare-and-set on status, so never racing a worker.
+
+    Runs in one transaction (``staff_page``): a refused request changes nothing."""
+    action = request.POST.get("action")
+    back = safe_next(request, request.POST.get("next"), with_database(reverse("tasks:overview")))
+    try:
+        ids = [parse_whole(value, "ids", low=1, high=MAX_BIGINT) for value in request.POST.getlist("ids")]
+    except InvalidInput as exc:
+        messages.error(request, f"Nothing changed: {exc.message}.")
+        return HttpResponseRedirect(back)
+    selected = Task.objects.filter(pk__in=ids)
+    if action == "cancel":
+        messages.success(request, f"Cancelled {selected.cancel()} task(s).")
+    elif action == "retry":
+        try:
+            changed = selected.retry_now() + selected.requeue()  # waiting ones first: not counted twice
+        except TaskError as exc:
+            transaction.set_rollback(True, using=selected_database())  # the retry_now() above is undone too
+            messages.error(request, f"Nothing changed: {exc}")
+        else:
+            messages.success(request, f"Queued {changed} task(s) to run now.")
+    else:
+        messages.error(request, "Unknown action.")
+    return HttpResponseRedirect(back)
+
+
+@staff_page(GET=[VIEW_WORKER, VIEW_TASK])
+def workers(request: HttpRequest) -> HttpResponse:
+    alive = list(live_workers())
+    held: dict[str, list[Task]] = {}
+    for task in Task.objects.running().filter(holder__in=[w.id for w in alive]).order_by("pk")[:1000]:
+        held.setdefault(task.holder or "", []).append(task)
+    recent = Worker.objects.exclude(pk__in=[w.id for w in alive]).order_by("-last_seen_at")[:20]
+    return render(
+        request,
+        "tasks/dashboard/workers.html",
+        {
+            "workers": [{"worker": w, "tasks": held.get(w.id, [])} for w in alive],
+            "recent": recent,
+            "now": timezone.now(),
+            "ttl": get_settings().TTL,
+        },
+    )
+
+
+#: The counters the workers list shows as columns; the rest are on each worker's own page.
+WORKER_COLUMNS = ("succeeded", "failed", "rejected", "lost")
+HELD_LIMIT = 200
+
+
+@staff_page(GET=[VIEW_WORKER, VIEW_TASK])
+def worker_detail(request: HttpRequest, worker_id: str) -> HttpResponse:
+    worker = get_object_or_404(Worker, pk=worker_id)
+    # Through the running-holder index: what this worker holds now, live or stuck.
+    held = list(Task.objects.running().filter(holder=worker.id).order_by("pk")[: HELD_LIMIT + 1])
+    stats = worker.stats or {}
+    counters = [(key, stats.get(key, 0)) for key in WORKER_COLUMNS]
+    counters += sorted((key, value) for key, value in stats.items() if key not in WORKER_COLUMNS)
+    return render(
+        request,
+        "tasks/dashboard/worker_detail.html",
+        {
+            "worker": worker,
+            "alive": live_workers().filter(pk=worker.pk).exists(),
+            "counters": counters,
+            "held": held[:HELD_LIMIT],
+            "held_more": len(held) > HELD_LIMIT,
+            "ttl": get_settings().TTL,
+        },
+    )
+
+
+@staff_page(GET=[VIEW_GENERATOR], POST=[CHANGE_GENERATOR])
+def generator_page(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        action = request.POST.get("action", "")
+        try:
+            if action not in ("start", "stop", "rate"):
+                raise InvalidInput("unknown action")
+            text = request.POST.get("rate", "").strip()
+            rate = parse_number(text, "rate", low=0, high=10_000) if text else None
+            generator.set_state(running={"start": True, "stop": False}.get(action), rate=rate)
+            messages.success(request, "Generator state saved; the leader applies it at its next tick.")
+        except ValueError as exc:
+            transaction.set_rollback(True)
+            messages.error(request, exc.message if isinstance(exc, InvalidInput) else str(exc))
+        return HttpResponseRedirect(reverse("tasks:generator"))
+    return render(request, "tasks/dashboard/generator.html", {"generator": generator.status()})

@@ -1,0 +1,113 @@
+"""Cluster-wide task metrics, read from the database at scrape time (see leasing.metrics)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db import connections
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from leasing.routing import selected_database
+from tasks.lifecycle import activity, concurrency
+
+WORKER_COUNTERS = ("claimed", "succeeded", "retried", "failed", "rejected", "lost", "heartbeats", "heartbeat_failures")
+
+
+def task_metrics() -> Iterable[Metric]:
+    from tasks.web.dashboard import live_workers, queue_stats, task_counts
+
+    counts = task_counts()
+    tasks = GaugeMetricFamily(
+        "tasks_tasks",
+        "Tasks by state, counted up to 10,000 (pending: waiting minus retrying, a lower bound beyond).",
+        labels=["state"],
+    )
+    for state, count in counts.items():
+        tasks.add_metric([state], count.value)
+    yield tasks
+    yield GaugeMetricFamily("tasks_stuck", "Running tasks whose lease expired (orphaned).", value=counts["stuck"].value)
+
+    depth = GaugeMetricFamily(
+        "tasks_queue_depth", "Runnable tasks waiting, per queue (counted up to 10,000).", labels=["queue"]
+    )
+    age = GaugeMetricFamily("tasks_queue_oldest_age_seconds", "Age of the oldest runnable task.", labels=["queue"])
+    for queue in queue_stats():
+        depth.add_metric([queue["queue"]], queue["depth"].value)
+        age.add_metric([queue["queue"]], queue["oldest_age"])
+    yield depth
+    yield age
+
+    # Bounded cardinality: at most concurrency.SHOWN_KEYS keys (those at their limit first), never one
+    # series per key ever used.
+    keys = concurrency.key_states()
+    running = GaugeMetricFamily(
+        "tasks_concurrency_running",
+        "Tasks of a concurrency key running now (keys at their limit first).",
+        labels=["key"],
+    )
+    limit = GaugeMetricFamily("tasks_concurrency_limit", "A concurrency key's limit.", labels=["key"])
+    waiting = GaugeMetricFamily(
+        "tasks_concurrency_waiting", "Tasks waiting for a slot of the key (BLOCKED), up to 10,000.", labels=["key"]
+    )
+    kept = GaugeMetricFamily(
+        "tasks_concurrency_kept",
+        "Slots of the key kept for handlers still running after a timeout or a lapsed lease.",
+        labels=["key"],
+    )
+    for key_state in keys:
+        running.add_metric([key_state.key], key_state.running)
+        limit.add_metric([key_state.key], key_state.limit or 0)
+        waiting.add_metric([key_state.key], key_state.waiting)
+        kept.add_metric([key_state.key], key_state.kept)
+    yield running
+    yield limit
+    yield waiting
+    yield kept
+    yield GaugeMetricFamily(
+        "tasks_concurrency_keys_full",
+        "Concurrency keys at their limit (of those shown).",
+        value=sum(s.full for s in keys),
+    )
+    yield GaugeMetricFamily("tasks_workers_alive", "Workers that heartbeated recently.", value=live_workers().count())
+
+    with connections[selected_database()].cursor() as cursor:
+        cursor.execute(
+            "SELECT key, sum(value::bigint) FROM tasks_worker, jsonb_each_text(stats) WHERE key = ANY(%s) GROUP BY key",
+            [list(WORKER_COUNTERS)],
+        )
+        totals = dict.fromkeys(WORKER_COUNTERS, 0) | {key: int(value) for key, value in cursor.fetchall()}
+    # From the per-minute rollup the recovery statement writes: at most 60 rows, whatever the table.
+    recovered = activity.recoveries_last_hour()
+
+    events = CounterMetricFamily(
+        "tasks_worker_events", "Events reported by workers with their heartbeats.", labels=["event"]
+    )
+    for key in ("claimed", "succeeded", "retried", "failed", "lost"):
+        events.add_metric([key], totals[key])
+    yield events
+    yield CounterMetricFamily(
+        "tasks_fencing_rejections", "Worker results refused by the compare-and-set.", value=totals["rejected"]
+    )
+    heartbeats = CounterMetricFamily("tasks_heartbeats", "Worker heartbeat statements.", labels=["result"])
+    heartbeats.add_metric(["ok"], totals["heartbeats"])
+    heartbeats.add_metric(["failed"], totals["heartbeat_failures"])
+    yield heartbeats
+    sent = totals["heartbeats"] + totals["heartbeat_failures"]
+    ratio = totals["heartbeats"] / sent if sent else 1.0
+    yield GaugeMetricFamily("tasks_heartbeat_success_ratio", "Successful / all worker heartbeats.", value=ratio)
+    yield GaugeMetricFamily(
+        "tasks_recoveries_last_hour", "Tasks requeued after their lease expired.", value=recovered.count
+    )
+    death = GaugeMetricFamily(
+        "tasks_death_to_requeue_seconds",
+        "Time from a holder's last heartbeat to the requeue of its task, over the last hour's recoveries.",
+        labels=["stat"],
+    )
+    death.add_metric(["max"], recovered.silent_max)
+    death.add_metric(["avg"], recovered.silent_avg)
+    yield death
+    yield GaugeMetricFamily(
+        "tasks_expiry_to_requeue_seconds_max",
+        "Longest expiry-to-requeue delay in the last hour.",
+        value=recovered.delay_max,
+    )

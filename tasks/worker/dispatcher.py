@@ -1,0 +1,533 @@
+"""The dispatcher: the one thread that writes. Each round it counts what the worker holds, abandons
+attempts past their timeout, gives back kept key slots and unusable claims, then sends one statement
+that records the outcomes that arrived, marks the attempts that began and claims the next batch
+(:mod:`tasks.lifecycle.statements`, FINISH_START_CLAIM_SQL), and routes the claimed attempts to the
+threads or the event loop. Between rounds it sleeps until the mailbox wakes it or a deadline is due.
+
+At a stop it drains: claims nothing more, hands back what has not started, and waits for the running
+attempts up to the grace period (:meth:`Dispatcher.drain`); :meth:`Dispatcher.close` then writes the
+last outcomes and hands back everything still held."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError
+
+from leasing import clock
+from tasks.exceptions import TaskTimeout
+from tasks.lifecycle.storable import storable_text
+from tasks.models import ClaimedTask
+from tasks.runtime import Execution
+from tasks.worker.handlers import HandlerCache, failure_from
+from tasks.worker.heartbeat import Heartbeat
+from tasks.worker.isolation import IsolationGate, IsolationReservation
+from tasks.worker.ledger import Census, Ledger, Outcome
+from tasks.worker.mailbox import Mailbox
+from tasks.worker.session import CONNECTION_ERRORS, Session, is_lock_wait, retrying
+from tasks.worker.signals import FinishedSignals
+from tasks.worker.sizing import Capacity, Pace, fit, prefetch, room, starving
+from tasks.worker.slots import KeptSlots
+from tasks.worker.threads import ThreadExecutors
+from tasks.worker.writer import OutcomeWriter, minimal_failure
+
+if TYPE_CHECKING:
+    from tasks.worker.aio import AsyncExecutor
+
+logger = logging.getLogger("tasks.worker")
+
+Key = tuple[int, int]
+
+#: A start marker that met a locked row (its start is re-sent later, not lost).
+LOCKED: Any = object()
+#: A start marker waits this long for the attempt's own outcome, which then carries it (a short task
+#: costs one row update, not two); longer attempts are marked by the next round after that.
+MARKER_DELAY = 0.02
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        session: Session,
+        mailbox: Mailbox,
+        ledger: Ledger,
+        *,
+        queues: list[str],
+        batch_size: int,
+        prefetch_window: float,
+        isolate_after: int,
+        max_tasks: int | None,
+        threads: ThreadExecutors,
+        aio: AsyncExecutor | None,
+        gate: IsolationGate,
+        reservation: IsolationReservation,
+        slots: KeptSlots,
+        heartbeat: Heartbeat,
+        writer: OutcomeWriter,
+        signals: FinishedSignals,
+        resolve: HandlerCache,
+        pace: Pace,
+        request_stop: Callable[[], None],
+    ) -> None:
+        self.session = session
+        self.mailbox = mailbox
+        self.ledger = ledger
+        self.queues = queues
+        self.batch_size = batch_size
+        self.prefetch_window = prefetch_window
+        self.isolate_after = isolate_after
+        self.max_tasks = max_tasks
+        self.threads = threads
+        self.aio = aio
+        self.gate = gate
+        self.reservation = reservation
+        self.slots = slots
+        self.heartbeat = heartbeat
+        self.writer = writer
+        self.signals = signals
+        self.resolve = resolve
+        self.pace = pace
+        self.request_stop = request_stop
+        self._pending_starts: dict[Key, tuple[Execution, float, float]] = {}
+        self._deferred: list[tuple[float, Outcome]] = []  # outcomes whose row was locked: (retry at, outcome)
+
+    # -- sizing -------------------------------------------------------------------------------------
+
+    def capacity(self) -> Capacity:
+        aio = self.aio
+        window, batch = self.prefetch_window, self.batch_size
+        return Capacity(
+            slots=self.threads.concurrency,
+            prefetch=prefetch(self.threads.concurrency, batch_size=batch, window=window, duration=self.pace.duration),
+            async_slots=0 if aio is None else aio.capacity,
+            async_prefetch=0
+            if aio is None
+            else prefetch(aio.capacity, batch_size=batch, window=window, duration=self.pace.async_duration),
+        )
+
+    def zombies(self) -> int:
+        """Abandoned attempts still running in the process (threads, and coroutines of the loop)."""
+        return self.threads.zombies + (0 if self.aio is None else int(self.aio.zombies))
+
+    def _wanted(self, census: Census, capacity: Capacity) -> tuple[int, bool]:
+        """How many to claim this round, and whether it is a probe for the kind not seen lately."""
+        session = self.session
+        if session.draining.is_set() or census.isolated:
+            return 0, False  # an isolated attempt runs alone: claim nothing beside it
+        if self.reservation.active and census.in_hand:
+            return 0, False  # becoming idle for a task that must run isolated (tasks/worker/isolation.py)
+        last_beat = self.heartbeat.last_beat
+        if last_beat is not None and clock.monotonic() - last_beat > session.ttl / 2:
+            return 0, False  # heartbeats are not getting through: claims would only lapse (invariant 6)
+        now = clock.monotonic()
+        sized = room(census, capacity, share=self.pace.async_share, probe_due=now >= self.pace.next_probe)
+        if sized.probe:
+            self.pace.next_probe = now + session.poll_interval
+        wanted = min(self.batch_size, sized.claim)
+        if self.max_tasks is not None:
+            wanted = min(wanted, self.max_tasks - session.stats["claimed"])
+        return max(0, wanted), sized.probe
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Rounds until the worker has drained (or ``max_tasks`` attempts ended)."""
+        session = self.session
+        may_have_work = True  # false after a short claim, until a NOTIFY or the poll timeout
+        while True:
+            if self.mailbox.clear():
+                may_have_work = True
+            census = self.ledger.census(clock.monotonic())
+            session.bind()
+            self.reservation.tick(
+                busy=census.in_hand > 0,
+                holds_isolated=census.isolated > 0,
+                can_serve=self.zombies() == 0,
+                stopping=session.draining.is_set(),
+            )
+            self._abandon(census.overdue)
+            self.slots.release_returned()
+            self._take_returns()
+            self._take_handbacks()
+            outcomes = self.mailbox.take_outcomes() + self._due_deferred()
+            starts = self._due_starts(outcomes)
+            capacity = self.capacity()
+            wanted, probing = self._wanted(census, capacity)
+            hungry = probing or starving(census, capacity, share=self.pace.async_share)
+            claim = wanted if may_have_work and wanted > 0 and (wanted >= self.batch_size or hungry) else 0
+            if outcomes or starts or claim:
+                claimed = self.round(outcomes, starts, claim, idle=census.in_hand == 0)
+                if claim:
+                    if claimed is not None and len(claimed) == claim:
+                        continue  # there may be more; go round without waiting
+                    may_have_work = claimed is None  # a failed claim is retried; a short one waits
+            if session.draining.is_set():
+                if self.drain():
+                    return
+                continue
+            if self.max_tasks is not None and session.stats["claimed"] >= self.max_tasks:
+                if not self.ledger.census(clock.monotonic()).in_hand:
+                    return
+                self.mailbox.wait(0.1)
+                continue
+            if not self.mailbox.wait(self._next_wait(census)):
+                may_have_work = True  # the fallback poll
+
+    def drain(self) -> bool:
+        """One step of the drain; True once nothing runs, the grace period is over, or the second
+        stop signal came."""
+        session = self.session
+        if session.drain_deadline is None:
+            session.drain_deadline = clock.monotonic() + session.shutdown_grace
+            logger.info("worker %s draining: %d attempt(s) held", session.id, len(self.ledger))
+            self._hand_back_unstarted()
+        running = self.ledger.census(clock.monotonic()).running
+        if not running or session.hurry.is_set() or clock.monotonic() >= session.drain_deadline:
+            return True
+        self.mailbox.wait(min(0.1, max(0.0, session.drain_deadline - clock.monotonic())))
+        return False
+
+    def _due_starts(self, outcomes: list[Outcome]) -> list[tuple[Execution, float]]:
+        """Start markers to send now: those older than MARKER_DELAY whose attempt has not ended
+        (an ended attempt is marked by the statement that records its end)."""
+        for execution, at in self.mailbox.take_starts():
+            self._pending_starts[execution.key] = (execution, at, clock.monotonic() + MARKER_DELAY)
+        for outcome in outcomes:
+            self._pending_starts.pop(outcome.key, None)
+        now = clock.monotonic()
+        due = [key for key, (_e, _at, when) in self._pending_starts.items() if when <= now]
+        return [self._pending_starts.pop(key)[:2] for key in due]
+
+    def _due_deferred(self) -> list[Outcome]:
+        if not self._deferred:
+            return []
+        now = clock.monotonic()
+        due = [o for at, o in self._deferred if at <= now]
+        self._deferred = [(at, o) for at, o in self._deferred if at > now]
+        return due
+
+    def _next_wait(self, census: Census) -> float:
+        wait = self.session.poll_interval
+        now = clock.monotonic()
+        for at, _o in self._deferred:
+            wait = min(wait, max(0.0, at - now) + 0.001)
+        if census.next_deadline is not None:
+            wait = min(wait, max(0.0, census.next_deadline - now) + 0.001)
+        for _e, _at, when in self._pending_starts.values():
+            wait = min(wait, max(0.0, when - now) + 0.001)
+        if census.unstarted:
+            wait = min(wait, MARKER_DELAY)  # an executor may start one at any moment
+        return wait
+
+    # -- one round ----------------------------------------------------------------------------------
+
+    def round(
+        self, outcomes: list[Outcome], starts: list[tuple[Execution, float]], claim: int, idle: bool = False
+    ) -> list[ClaimedTask] | None:
+        """Write outcomes and start markers, claim ``claim`` more: one statement in the steady state."""
+        session = self.session
+        manager = session.tasks()
+        failures = [o for o in outcomes if not o.ok]
+        successes = [o for o in outcomes if o.ok]
+        ended = {o.key for o in outcomes}
+        # An attempt that already ended is marked by the statement that records its end.
+        starts = [(e, at) for e, at in starts if e.key not in ended]
+        failed = self.writer.fail(failures) if failures else set()
+        results = [
+            (o.execution.id, o.execution.token, o.value_json or "null", o.execution.started_epoch) for o in successes
+        ]
+        markers = [(e.id, e.token, at) for e, at in starts]
+        accepted: set[Key] = set()
+        claimed: list[ClaimedTask] | None = []
+        refused: list[Outcome] = []
+        sent = clock.monotonic()
+        try:
+            session.bind()
+            if markers or claim:
+                accepted, marked, claimed = manager.finish_start_claim(
+                    session.id,
+                    results,
+                    markers,
+                    limit=claim,
+                    queues=self.queues,
+                    ttl=session.ttl,
+                    isolate_after=self.isolate_after,
+                    # a task to run isolated goes only to a worker holding nothing else
+                    take_isolated=idle and self.zombies() == 0,
+                )
+            else:  # only results: the plain finish statement is lighter to send
+                accepted, marked = (manager.complete_many(session.id, results) if results else set()), {}
+        except CONNECTION_ERRORS as exc:
+            claimed = None
+            if is_lock_wait(exc):
+                # A row of ours is locked by another session: nothing committed, the connection is
+                # fine. Write the rest one by one now; the locked one waits for a later round.
+                logger.warning("worker %s: a row it is finishing is locked by another session: %s", session.id, exc)
+                accepted, refused = self.writer.complete(successes)
+                marked = self._resend_markers(starts)
+            else:
+                self.writer.connection_lost("finish-start-claim", exc)
+                accepted, refused = self.writer.reconcile(self.writer.completions, successes)
+                marked = self._resend_markers(starts)
+                if claim:
+                    self.writer.return_unknown_claims(lambda key: key in self.ledger)
+                self.mailbox.wait(min(session.poll_interval, 0.5))
+        except DatabaseError as exc:
+            # Refused, not lost: something in it cannot be stored. Nothing committed; isolate.
+            logger.warning("worker %s: round refused by the database (%s); isolating", session.id, exc)
+            claimed = None
+            accepted, refused = self.writer.complete(successes)
+            marked = self._resend_markers(starts)
+        for execution, at in starts:
+            started = marked.get(execution.key)
+            if started is not None:
+                if started is not LOCKED:
+                    execution.attempt = started.attempt
+                else:  # its row is locked right now: send the marker again a little later
+                    self._pending_starts[execution.key] = (execution, at, clock.monotonic() + 0.5)
+            elif not execution.lost:
+                execution.mark_lost("its start could not be recorded: the claim is no longer ours")
+        deferred = self.writer.deferred
+        if deferred:
+            self.writer.deferred = []
+            keys = {o.key for o in deferred}
+            successes = [o for o in successes if o.key not in keys]
+            failures = [o for o in failures if o.key not in keys]
+            retry_at = clock.monotonic() + 0.5
+            self._deferred += [(retry_at, o) for o in deferred]
+        if refused:
+            for outcome in refused:
+                outcome.failure = minimal_failure(outcome, "the database refused the result")
+                outcome.value_json = None
+            failed |= self.writer.fail(refused)
+            failures += refused
+            successes = [o for o in successes if o.ok]
+        self._settle(successes, accepted, failures, failed)
+        if claimed:
+            self._route([Execution(task, session.id, session.ttl, sent, session.using) for task in claimed])
+        return claimed
+
+    def _route(self, executions: list[Execution]) -> None:
+        """Claimed attempts to the threads or the event loop; what no slot of its kind will start
+        within the prefetch window goes back at once, uncharged."""
+        aio = self.aio
+        for execution in executions:
+            # Isolated attempts run on a thread, alone in the process.
+            execution.is_async = aio is not None and not execution.task.isolate and self.resolve.is_async(execution)
+        excess: list[Execution] = []
+        if aio is not None:
+            kinds = [e.is_async for e in executions]
+            self.pace.observe_claim(kinds)
+            keep = fit(kinds, self.ledger.census(clock.monotonic()), self.capacity())
+            excess = [e for e, k in zip(executions, keep, strict=True) if not k]
+            executions = [e for e, k in zip(executions, keep, strict=True) if k]
+        self.ledger.add(executions + excess)  # before any executor can see them
+        self.session.stats["claimed"] += len(executions) + len(excess)
+        for execution in executions:
+            if execution.is_async:
+                assert aio is not None
+                aio.submit(execution)
+            else:
+                self.mailbox.run(execution)
+        for execution in excess:
+            execution.mark_lost("handed back: no free slot of its kind (the mix of sync and async tasks changed)")
+            self.mailbox.give_back(execution)
+
+    def _resend_markers(self, starts: list[tuple[Execution, float]]) -> dict[Key, Any]:
+        marked: dict[Key, Any] = {}
+        session = self.session
+        manager = session.tasks()
+        for execution, _at in starts:
+            # Idempotent: a marker that did land matches again and changes nothing.
+            def mark(e: Execution = execution) -> Any:
+                try:
+                    return manager.start(e.id, session.id, e.token)
+                except CONNECTION_ERRORS as exc:
+                    if is_lock_wait(exc):
+                        return LOCKED
+                    raise
+
+            started = retrying("recording a start", session, mark)
+            if started is not None:
+                marked[execution.key] = started
+        return marked
+
+    def _settle(self, successes: list[Outcome], accepted: set[Key], failures: list[Outcome], failed: set[Any]) -> None:
+        for outcome in successes:
+            self._finish_log(outcome, "succeeded" if outcome.key in accepted else None)
+            self.signals.ended(outcome.execution, "SUCCESSFUL" if outcome.key in accepted else None, outcome)
+        for outcome in failures:
+            result = self.writer.fail_results.pop(outcome.key, None)
+            if outcome.key not in failed:
+                state = None
+            else:
+                state = "retried" if result is not None and result.retried else "failed"
+            self._finish_log(outcome, state)
+            stored = None if state is None else ("READY" if state == "retried" else "FAILED")
+            self.signals.ended(outcome.execution, stored, outcome)
+        self.ledger.remove(o.key for o in successes + failures)
+
+    def _finish_log(self, outcome: Outcome, state: str | None) -> None:
+        execution = outcome.execution
+        elapsed = clock.monotonic() - (execution.started or execution.claimed_at)
+        task = execution.task
+        stats = self.session.stats
+        if state is None:
+            stats["rejected"] += 1
+            logger.warning(
+                "task %d %s: outcome REJECTED (fencing): this worker no longer held it (%s)",
+                task.id,
+                task.task_path,
+                execution.lost_reason or "lease expired or taken over",
+            )
+            return
+        stats[state] += 1
+        if state == "succeeded":
+            logger.info(
+                "task %d %s succeeded in %.3fs (attempt %d)", task.id, task.task_path, elapsed, execution.attempt
+            )
+        else:
+            failure = outcome.failure
+            logger.warning(
+                "task %d %s %s in %.3fs (attempt %d): %s: %s",
+                task.id,
+                task.task_path,
+                "failed, will retry" if state == "retried" else "FAILED for good",
+                elapsed,
+                execution.attempt,
+                failure.exception_class_path if failure else "?",
+                storable_text(failure.message, 500) if failure else "",
+            )
+
+    # -- timeouts -----------------------------------------------------------------------------------
+
+    def _abandon(self, overdue: list[Execution]) -> None:
+        """Attempts past their timeout: stop heartbeating them, record the timeout now (so the late
+        result is refused by the database), and give the executor slot to a new thread. A keyed
+        attempt keeps its key's slot until its handler has returned (tasks/lifecycle/concurrency.py)."""
+        abandoned = [execution for execution in overdue if self.ledger.abandon(execution)]  # not finished
+        reasons = {}
+        for execution in abandoned:
+            self.slots.outlives(execution)
+            timeout = execution.task.timeout or 0.0
+            reasons[execution.key] = f"ran past its timeout of {timeout:g}s: abandoned, its late result will be refused"
+            # Lost before its slot is kept: a handler that returns meanwhile asks for the slot back,
+            # and this thread sends that after the keep.
+            execution.mark_lost(reasons[execution.key])
+        self.slots.keep(abandoned, reason="timeout")
+        session = self.session
+        for execution in abandoned:
+            self.gate.release(execution)  # a stuck handler must not keep anything else from running
+            reason = reasons[execution.key]
+            session.stats["timed_out"] += 1
+            logger.warning("task %d %s %s", execution.id, execution.task.task_path, reason)
+            timed_out = TaskTimeout(f"task {execution.id} {reason}")
+            outcome = Outcome(execution, failure=failure_from(execution, timed_out), error=timed_out)
+            self.mailbox.deliver(outcome, wake=False)
+            if execution.is_async:
+                # A coroutine is cancelled, not replaced: the loop goes on running the others. One
+                # that ignores the cancellation is a zombie until it ends; one blocking the loop is
+                # the watchdog's (tasks/worker/aio.py).
+                assert self.aio is not None
+                self.aio.zombies += 1
+                self.aio.cancel(execution, "timeout", f"cancelled: {reason}")
+                continue
+            self.threads.abandoned(execution)  # the stuck thread retires when (if) its handler returns
+            if self.threads.zombies > 2 * self.threads.concurrency and not session.draining.is_set():
+                logger.error(
+                    "worker %s: %d handlers stuck past their timeouts; stopping so that a supervisor"
+                    " restarts a clean process",
+                    session.id,
+                    self.threads.zombies,
+                )
+                self.request_stop()
+
+    # -- hand-backs ---------------------------------------------------------------------------------
+
+    def _hand_back(self, what: str, keys: list[Key], **reason: str) -> Any:
+        session = self.session
+        return retrying(what, session, lambda: session.tasks().hand_back(session.id, keys, **reason))
+
+    def _take_handbacks(self) -> None:
+        by_reason: dict[str, list[Execution]] = {}
+        for execution, reason in self.mailbox.take_handbacks():
+            by_reason.setdefault(reason, []).append(execution)
+        for reason, executions in by_reason.items():
+            handed = self._hand_back("handing back cancelled attempts", [x.key for x in executions], reason=reason)
+            for execution in executions:
+                logger.warning(
+                    "task %d %s: %s%s",
+                    execution.id,
+                    execution.task.task_path,
+                    reason,
+                    "" if handed and execution.key in handed else " (the row was no longer ours)",
+                )
+                if execution.started is not None:
+                    self.signals.ended(execution)
+            self.ledger.remove(e.key for e in executions)
+
+    def _take_returns(self) -> None:
+        returns = self.mailbox.take_returns()
+        if not returns:
+            return
+        # Lapsed ones too: "lost" is this worker's own (early) verdict; if the row is still ours, it
+        # goes back now rather than after its lease (the compare-and-set refuses the rest).
+        self._hand_back(
+            "handing back claims", [e.key for e in returns], reason="handed back by its worker before it could run"
+        )
+        self.session.stats["claimed"] -= len(returns)
+        self.ledger.remove(e.key for e in returns)
+
+    def _hand_back_unstarted(self) -> None:
+        """On drain, claims not yet begun go back to the queue at once, uncharged."""
+        unstarted = self.mailbox.take_unstarted()
+        if not unstarted:
+            return
+        for execution in unstarted:
+            execution.mark_lost("handed back unstarted at shutdown")
+        self._hand_back("handing back unstarted claims", [e.key for e in unstarted])
+        self.ledger.remove(e.key for e in unstarted)
+
+    # -- the end ------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """After the drain: write what has ended, and hand back everything still held."""
+        session = self.session
+        self.reservation.release()
+        self._abandon(self.ledger.census(clock.monotonic()).overdue)
+        self.slots.release_returned()  # handlers still running keep theirs: recovery frees them once we stop
+        self._take_returns()
+        self._take_handbacks()
+        # Outcomes may still arrive while the last rounds are in flight: write until none is left.
+        pending = [o for _at, o in self._deferred]  # rows that were locked get one more try
+        self._deferred = []
+        for _ in range(10):
+            outcomes = self.mailbox.take_outcomes() + pending
+            pending = []
+            for execution, at in self.mailbox.take_starts():
+                self._pending_starts[execution.key] = (execution, at, 0.0)
+            ended = {o.key for o in outcomes}
+            starts = [(e, at) for key, (e, at, _when) in self._pending_starts.items() if key not in ended]
+            self._pending_starts.clear()
+            if not outcomes and not starts:
+                break
+            self.round(outcomes, starts, 0)
+        # Everything still held goes back: unstarted and running attempts, and finished ones whose
+        # outcome could not be written (their compare-and-set protects the rows they no longer own).
+        unfinished = [e for e in self.ledger.snapshot() if not e.abandoned]
+        for execution in unfinished:
+            execution.mark_lost("handed back at shutdown")
+        if not unfinished:
+            return
+        handed = self._hand_back("handing back at shutdown", [e.key for e in unfinished])
+        for execution in unfinished:
+            if execution.started is not None:
+                self.signals.ended(execution)  # handed back (or lapsing): the row says where it stands
+        if handed is None:
+            logger.warning("worker %s: hand-back failed (tasks return after their TTL)", session.id)
+        else:
+            logger.info(
+                "worker %s handed back %d unfinished task(s): %s", session.id, len(handed), sorted(k[0] for k in handed)
+            )

@@ -1,0 +1,161 @@
+"""From a claimed task to its handler and back: resolve the path, call it, and turn whatever comes
+out (a value, any exception, something jsonb cannot hold) into an :class:`Outcome`.
+
+Used alike by the executor threads (:mod:`tasks.worker.threads`) and the event loop
+(:mod:`tasks.worker.aio`)."""
+
+from __future__ import annotations
+
+import inspect
+import traceback
+from inspect import iscoroutinefunction
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.utils.module_loading import import_string
+
+from tasks.backends import allowlist
+from tasks.compat import normalize_json
+from tasks.exceptions import NotATask, TaskPathRefused, UnstorableResult
+from tasks.lifecycle.storable import storable_json
+from tasks.models import Failure
+from tasks.runtime import Execution
+from tasks.worker.ledger import Outcome
+
+
+class HandlerCache:
+    """Resolves a task's path to a callable once per process. A path that came through the JSON API
+    is checked against the API allow-list first (:mod:`tasks.backends.allowlist`), before anything
+    is imported, and again on every call: the lists are settings, and a refusal is not cached.
+
+    It also knows which attempts run on the event loop (:meth:`is_async`), once per path."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] = {}
+        self._checked: dict[str, Any] = {}  # API paths whose target passed allowlist.resolve()
+        self._kinds: dict[tuple[str, bool], bool] = {}  # (path, via a django.tasks backend) -> async
+
+    def __call__(self, path: str, *, api_origin: bool = False) -> Any:
+        if api_origin:
+            reason = allowlist.refusal(path)
+            if reason is not None:
+                raise TaskPathRefused(f"{path!r}: {reason}")
+            target = self._checked.get(path)
+            if target is None:
+                target = self._checked[path] = allowlist.resolve(path)
+            return target
+        target = self._cache.get(path)
+        if target is None:
+            target = import_string(path)
+            self._cache[path] = target
+        return target
+
+    def is_async(self, execution: Execution) -> bool:
+        """Whether the attempt's handler is a coroutine function (or a django.tasks Task of one). A
+        path that does not resolve goes to a thread, which records why."""
+        task = execution.task
+        key = (task.task_path, task.backend_alias is not None)
+        kind = self._kinds.get(key)
+        if kind is not None and not task.api_origin:
+            return kind
+        try:
+            # An API path is checked against the allow-list on every call (the lists are settings).
+            target = self(task.task_path, api_origin=task.api_origin)
+        except Exception:
+            return False
+        from tasks.compat import Task as DjangoTask
+
+        if isinstance(target, DjangoTask):
+            kind = iscoroutinefunction(target.func)
+        else:
+            # A path enqueued through a django.tasks backend must be a Task: the thread refuses it.
+            kind = task.backend_alias is None and callable(target) and is_coroutine_callable(target)
+        self._kinds[key] = kind
+        return kind
+
+
+def exception_path(exc: BaseException) -> str:
+    kind = type(exc)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def failure_from(execution: Execution, exc: BaseException, *, retry: bool = True) -> Failure:
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception:  # a broken __str__/__repr__ must not stop the record
+        text = f"<traceback unavailable: {exception_path(exc)}>"
+    try:
+        message = str(exc)
+    except Exception:
+        message = f"<str() of the exception failed: {exception_path(exc)}>"
+    return Failure(execution.id, execution.token, exception_path(exc), message, text, retry=retry)
+
+
+def is_coroutine_callable(target: Any) -> bool:
+    """A coroutine function, or an object whose ``__call__`` is one (calling either returns a
+    coroutine, which must be awaited, not stored as the task's result)."""
+    if iscoroutinefunction(target):
+        return True
+    call = inspect.getattr_static(type(target), "__call__", None)
+    return not isinstance(target, type) and iscoroutinefunction(call)
+
+
+def failure_outcome(execution: Execution, exc: BaseException) -> Outcome:
+    """What a handler raised, as an outcome (threads and coroutines alike)."""
+    # Anything the handler raises ends the attempt as a recorded failure: SystemExit,
+    # KeyboardInterrupt, GeneratorExit and CancelledError included (the worker's own shutdown
+    # never raises inside a handler; its cancellations of coroutines are told apart by
+    # ``execution.cancelled_by_worker``). An import error will not import next time, and a
+    # refused path will not be admitted next time: neither is retried.
+    retry = not isinstance(exc, ImportError | NotATask | TaskPathRefused)
+    if not retry:
+        from tasks.backends.backend import refused
+
+        refused(execution)  # a backend's task that cannot run here: task_finished says so
+    return Outcome(execution, failure=failure_from(execution, exc, retry=retry), error=exc)
+
+
+def value_outcome(execution: Execution, value: Any) -> Outcome:
+    """What a handler returned, as an outcome: stored JSON, or a failure if it cannot be stored."""
+    try:
+        if execution.django is not None:
+            try:
+                value = normalize_json(value)  # what django.tasks stores of a return value, with its errors
+            except RecursionError:  # nested too deeply: the same every time, like storable_json's verdict
+                raise UnstorableResult("not JSON-serialisable: nested too deeply") from None
+        return Outcome(execution, value_json=storable_json(value))
+    except UnstorableResult as exc:
+        exc.args = (f"the return value cannot be stored: {exc}",)
+        return Outcome(execution, failure=failure_from(execution, exc, retry=False), error=exc)
+    except (TypeError, ValueError) as exc:  # normalize_json refused it: the same every time
+        return Outcome(execution, failure=failure_from(execution, exc, retry=False), error=exc)
+
+
+def call(target: Any, execution: Execution) -> Any:
+    """Run the handler on this thread (a coroutine function through async_to_sync)."""
+    from tasks.compat import Task as DjangoTask
+
+    if isinstance(target, DjangoTask):
+        from tasks.backends.backend import run_django_task
+
+        return run_django_task(target, execution)
+    if execution.task.backend_alias is not None:
+        # Enqueued through a django.tasks backend: only a Task runs (as in Django's other
+        # database backends), whatever else the path imports.
+        raise NotATask(f"{execution.task.task_path} is not a django.tasks Task")
+    if not callable(target):
+        raise TypeError(f"{execution.task.task_path} is not callable")
+    if is_coroutine_callable(target):
+        return async_to_sync(target)(*execution.task.args, **execution.task.kwargs)
+    return target(*execution.task.args, **execution.task.kwargs)
+
+
+async def acall(target: Any, execution: Execution) -> Any:
+    """Await the handler on the event loop."""
+    from tasks.compat import Task as DjangoTask
+
+    if isinstance(target, DjangoTask):
+        from tasks.backends.backend import arun_django_task
+
+        return await arun_django_task(target, execution)
+    return await target(*execution.task.args, **execution.task.kwargs)

@@ -1,0 +1,138 @@
+"""How an idle worker learns of new work: LISTEN where a session is its own, polling where it is not.
+
+Behind a transaction pooler (PgBouncer ``pool_mode = transaction``) a LISTEN holds on whichever server
+connection ran it, which the pooler hands to other clients between transactions; notifications are
+then lost or delivered to someone else. So a worker LISTENs on the alias's own connection settings
+only when the alias is not pooled (``LEASING_TASKS["POOLED_DATABASES"]``), on a direct URL when one is
+given (``LEASING_TASKS["LISTEN_URLS"]``), and otherwise polls every poll interval. The worker's start
+line says which.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import psycopg
+from django.db import connections
+from psycopg.conninfo import conninfo_to_dict
+
+from tasks.conf import get_settings
+from tasks.lifecycle.states import NOTIFY_CHANNEL
+from tasks.worker.mailbox import Mailbox
+
+logger = logging.getLogger("tasks.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class WakeUp:
+    description: str  # for the start line: never a password
+    connect: Callable[[], psycopg.Connection] | None  # an autocommit connection to LISTEN on; None: poll
+
+
+def wakeup_for(using: str, poll_interval: float) -> WakeUp:
+    conf = get_settings()
+    url = conf.LISTEN_URLS.get(using)
+    if url and not parsable(url):
+        # libpq's parse error quotes the token it could not read (a password, say): never log it.
+        # Refused by tasks.E106 at start; with the checks skipped, the worker polls.
+        return WakeUp(f"polling every {poll_interval:g}s (the LISTEN_URLS entry of {using} cannot be parsed)", None)
+    if url:
+        return WakeUp(
+            f"LISTEN on the direct URL of {using} ({where(url)})", lambda: psycopg.connect(url, autocommit=True)
+        )
+    if using in conf.POOLED_DATABASES:
+        return WakeUp(f"polling every {poll_interval:g}s ({using} is pooled and has no LISTEN_URLS entry)", None)
+    wrapper = connections[using]
+
+    def connect() -> psycopg.Connection:
+        conn = wrapper.get_new_connection(wrapper.get_connection_params())
+        conn.autocommit = True
+        return conn
+
+    return WakeUp(f"LISTEN on {using}", connect)
+
+
+def parsable(url: str) -> bool:
+    """Whether libpq can read ``url`` (a URL or a conninfo string)."""
+    try:
+        conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return False
+    return True
+
+
+def where(url: str) -> str:
+    """host:port/dbname of a URL or conninfo string, without its credentials."""
+    try:
+        parts = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "an unparsable URL"
+    host = parts.get("host") or "local socket"
+    port = f":{parts['port']}" if parts.get("port") else ""
+    return f"{host}{port}/{parts.get('dbname') or ''}"
+
+
+class Listener:
+    """LISTENs for enqueues into the worker's queues and wakes the dispatcher at once; reconnects
+    after a failure. Its wait ends at once on :meth:`stop` (a byte on a pipe), not at a poll."""
+
+    def __init__(
+        self, wakeup: WakeUp, mailbox: Mailbox, *, queues: Sequence[str], worker_id: str, poll_interval: float
+    ):
+        assert wakeup.connect is not None
+        self.connect = wakeup.connect
+        self.mailbox = mailbox
+        self.queues = set(queues)
+        self.worker_id = worker_id
+        self.poll_interval = poll_interval
+        self._stop = threading.Event()
+        self._pipe = os.pipe()  # (read, write): a byte written ends the wait at once
+        self._pipe_lock = threading.Lock()  # a stop never writes to a pipe run() has closed
+        self._closed = False
+
+    def stop(self) -> None:
+        with self._pipe_lock:
+            self._stop.set()
+            if not self._closed:
+                os.write(self._pipe[1], b"x")
+
+    def run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._listen()
+        finally:
+            with self._pipe_lock:
+                self._closed = True
+                for fd in self._pipe:
+                    os.close(fd)
+
+    def _listen(self) -> None:
+        conn = None
+        try:
+            conn = self.connect()
+            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            self.mailbox.notify()  # anything enqueued while we were not listening
+            # Wait on the connection and on the stop pipe at once: a stop ends the wait at once (no
+            # polling), a notification wakes the dispatcher at once.
+            poller = select.poll()
+            poller.register(conn.fileno(), select.POLLIN)
+            poller.register(self._pipe[0], select.POLLIN)
+            while not self._stop.is_set():
+                poller.poll(self.poll_interval * 1000)
+                for notice in conn.notifies(timeout=0):
+                    if notice.payload in self.queues:
+                        self.mailbox.notify()
+        except Exception as exc:
+            logger.warning("worker %s: listener connection failed: %s", self.worker_id, exc)
+            self._stop.wait(1.0)
+        finally:
+            if conn is not None:
+                try:
+                    conn.close()
+                except Exception:
+                    logger.debug("closing the listener connection failed", exc_info=True)
