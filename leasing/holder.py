@@ -1,5 +1,8 @@
 """Hold a lease for the duration of a block: acquire with backoff, renew in the background, release.
 
+Why one module of ~550 lines: the sync and async holders share the renewal, loss detection and
+release rules; they are written side by side so that each rule is visibly the same in both.
+
     with lease("reports:daily", ttl=30, timeout=5) as held:
         for row in rows:
             held.check()                       # raises LeaseLost once the lease is gone

@@ -1,5 +1,9 @@
 """The task queue's SQL: every hot path is one statement (see docs/explanation/design.md, "Statement shapes").
 
+Why one module of ~600 lines: these statements share their fragments (the claim's SET, the
+compare-and-set guards, the recovery CTEs) and are the ones the state machine's table names
+(tasks/lifecycle/transitions.py); in one file a reader sees every write to a task row at once.
+
 Attempt accounting (invariant 10): a claim does not charge an attempt; a *start marker* does. It
 sets ``attempt_started``, bumps ``attempts`` and appends the worker to ``worker_ids``, so
 ``attempts`` counts attempts that really began. The marker rides on the dispatcher's next round

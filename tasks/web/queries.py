@@ -1,6 +1,10 @@
 """The queries behind every task page (dashboard, admin, JSON API lists, ``/metrics``), shaped so that
 their cost depends on the page and not on the table (invariant 12).
 
+Why one module of ~530 lines: every page query sits beside the partial index it was shaped for and
+the plan test that holds it (tests/db/test_page_queries.py); the listings, counts and search share
+one window and one merge, so splitting by page would copy them.
+
 - **Listings** are newest first and built from ordered index scans that stop after one page: one
   branch per (status, lookup), each ``WHERE status = ANY(ARRAY[…]) AND <lookup> ORDER BY status,
   id DESC LIMIT n`` on an index whose columns are exactly (lookup column, status, id), merged in

@@ -21,6 +21,7 @@ from tasks.exceptions import TaskTimeout
 from tasks.lifecycle.storable import storable_text
 from tasks.models import ClaimedTask
 from tasks.runtime import Execution
+from tasks.worker.handbacks import HandBacks
 from tasks.worker.handlers import HandlerCache, failure_from
 from tasks.worker.heartbeat import Heartbeat
 from tasks.worker.isolation import IsolationGate, IsolationReservation
@@ -90,6 +91,7 @@ class Dispatcher:
         self.resolve = resolve
         self.pace = pace
         self.request_stop = request_stop
+        self.handbacks = HandBacks(session, mailbox, ledger, signals)
         self._pending_starts: dict[Key, tuple[Execution, float, float]] = {}
         self._deferred: list[tuple[float, Outcome]] = []  # outcomes whose row was locked: (retry at, outcome)
 
@@ -149,8 +151,8 @@ class Dispatcher:
             )
             self._abandon(census.overdue)
             self.slots.release_returned()
-            self._take_returns()
-            self._take_handbacks()
+            self.handbacks.take_returns()
+            self.handbacks.take_handbacks()
             outcomes = self.mailbox.take_outcomes() + self._due_deferred()
             starts = self._due_starts(outcomes)
             capacity = self.capacity()
@@ -182,7 +184,7 @@ class Dispatcher:
         if session.drain_deadline is None:
             session.drain_deadline = clock.monotonic() + session.shutdown_grace
             logger.info("worker %s draining: %d attempt(s) held", session.id, len(self.ledger))
-            self._hand_back_unstarted()
+            self.handbacks.unstarted()
         running = self.ledger.census(clock.monotonic()).running
         if not running or session.hurry.is_set() or clock.monotonic() >= session.drain_deadline:
             return True
@@ -444,62 +446,15 @@ class Dispatcher:
                 )
                 self.request_stop()
 
-    # -- hand-backs ---------------------------------------------------------------------------------
-
-    def _hand_back(self, what: str, keys: list[Key], **reason: str) -> Any:
-        session = self.session
-        return retrying(what, session, lambda: session.tasks().hand_back(session.id, keys, **reason))
-
-    def _take_handbacks(self) -> None:
-        by_reason: dict[str, list[Execution]] = {}
-        for execution, reason in self.mailbox.take_handbacks():
-            by_reason.setdefault(reason, []).append(execution)
-        for reason, executions in by_reason.items():
-            handed = self._hand_back("handing back cancelled attempts", [x.key for x in executions], reason=reason)
-            for execution in executions:
-                logger.warning(
-                    "task %d %s: %s%s",
-                    execution.id,
-                    execution.task.task_path,
-                    reason,
-                    "" if handed and execution.key in handed else " (the row was no longer ours)",
-                )
-                if execution.started is not None:
-                    self.signals.ended(execution)
-            self.ledger.remove(e.key for e in executions)
-
-    def _take_returns(self) -> None:
-        returns = self.mailbox.take_returns()
-        if not returns:
-            return
-        # Lapsed ones too: "lost" is this worker's own (early) verdict; if the row is still ours, it
-        # goes back now rather than after its lease (the compare-and-set refuses the rest).
-        self._hand_back(
-            "handing back claims", [e.key for e in returns], reason="handed back by its worker before it could run"
-        )
-        self.session.stats["claimed"] -= len(returns)
-        self.ledger.remove(e.key for e in returns)
-
-    def _hand_back_unstarted(self) -> None:
-        """On drain, claims not yet begun go back to the queue at once, uncharged."""
-        unstarted = self.mailbox.take_unstarted()
-        if not unstarted:
-            return
-        for execution in unstarted:
-            execution.mark_lost("handed back unstarted at shutdown")
-        self._hand_back("handing back unstarted claims", [e.key for e in unstarted])
-        self.ledger.remove(e.key for e in unstarted)
-
     # -- the end ------------------------------------------------------------------------------------
 
     def close(self) -> None:
         """After the drain: write what has ended, and hand back everything still held."""
-        session = self.session
         self.reservation.release()
         self._abandon(self.ledger.census(clock.monotonic()).overdue)
         self.slots.release_returned()  # handlers still running keep theirs: recovery frees them once we stop
-        self._take_returns()
-        self._take_handbacks()
+        self.handbacks.take_returns()
+        self.handbacks.take_handbacks()
         # Outcomes may still arrive while the last rounds are in flight: write until none is left.
         pending = [o for _at, o in self._deferred]  # rows that were locked get one more try
         self._deferred = []
@@ -514,20 +469,4 @@ class Dispatcher:
             if not outcomes and not starts:
                 break
             self.round(outcomes, starts, 0)
-        # Everything still held goes back: unstarted and running attempts, and finished ones whose
-        # outcome could not be written (their compare-and-set protects the rows they no longer own).
-        unfinished = [e for e in self.ledger.snapshot() if not e.abandoned]
-        for execution in unfinished:
-            execution.mark_lost("handed back at shutdown")
-        if not unfinished:
-            return
-        handed = self._hand_back("handing back at shutdown", [e.key for e in unfinished])
-        for execution in unfinished:
-            if execution.started is not None:
-                self.signals.ended(execution)  # handed back (or lapsing): the row says where it stands
-        if handed is None:
-            logger.warning("worker %s: hand-back failed (tasks return after their TTL)", session.id)
-        else:
-            logger.info(
-                "worker %s handed back %d unfinished task(s): %s", session.id, len(handed), sorted(k[0] for k in handed)
-            )
+        self.handbacks.everything()

@@ -109,7 +109,7 @@ def failure_outcome(execution: Execution, exc: BaseException) -> Outcome:
     # refused path will not be admitted next time: neither is retried.
     retry = not isinstance(exc, ImportError | NotATask | TaskPathRefused)
     if not retry:
-        from tasks.backends.backend import refused
+        from tasks.backends.running import refused
 
         refused(execution)  # a backend's task that cannot run here: task_finished says so
     return Outcome(execution, failure=failure_from(execution, exc, retry=retry), error=exc)
@@ -136,7 +136,7 @@ def call(target: Any, execution: Execution) -> Any:
     from tasks.compat import Task as DjangoTask
 
     if isinstance(target, DjangoTask):
-        from tasks.backends.backend import run_django_task
+        from tasks.backends.running import run_django_task
 
         return run_django_task(target, execution)
     if execution.task.backend_alias is not None:
@@ -155,7 +155,7 @@ async def acall(target: Any, execution: Execution) -> Any:
     from tasks.compat import Task as DjangoTask
 
     if isinstance(target, DjangoTask):
-        from tasks.backends.backend import arun_django_task
+        from tasks.backends.running import arun_django_task
 
         return await arun_django_task(target, execution)
     return await target(*execution.task.args, **execution.task.kwargs)

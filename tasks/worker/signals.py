@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, connections
 from django.utils import timezone
 
-from tasks.backends.backend import _STATUS, DjangoRun, task_errors, task_result
+from tasks.backends.backend import _STATUS, task_errors, task_result
+from tasks.backends.running import DjangoRun
 from tasks.compat import TaskError, TaskResult, TaskResultStatus, task_finished
 from tasks.models import Task, TaskStatus
 

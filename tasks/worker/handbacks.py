@@ -1,0 +1,93 @@
+"""What a worker gives back to the queue, uncharged: claims it could not begin, started attempts the
+dispatcher hands back with a reason (a coroutine cancelled on a lost lease, the neighbours of one
+that blocked the event loop), what has not started when it drains, and everything still held when
+it stops. One statement per batch (``HAND_BACK_SQL``), retried while it is safe to (it is idempotent:
+the compare-and-set refuses what is no longer ours)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tasks.runtime import Execution
+from tasks.worker.ledger import Ledger
+from tasks.worker.mailbox import Mailbox
+from tasks.worker.session import Session, retrying
+from tasks.worker.signals import FinishedSignals
+
+logger = logging.getLogger("tasks.worker")
+
+Key = tuple[int, int]
+
+
+class HandBacks:
+    def __init__(self, session: Session, mailbox: Mailbox, ledger: Ledger, signals: FinishedSignals) -> None:
+        self.session = session
+        self.mailbox = mailbox
+        self.ledger = ledger
+        self.signals = signals
+
+    def _send(self, what: str, keys: list[Key], **reason: str) -> Any:
+        session = self.session
+        return retrying(what, session, lambda: session.tasks().hand_back(session.id, keys, **reason))
+
+    def take_handbacks(self) -> None:
+        by_reason: dict[str, list[Execution]] = {}
+        for execution, reason in self.mailbox.take_handbacks():
+            by_reason.setdefault(reason, []).append(execution)
+        for reason, executions in by_reason.items():
+            handed = self._send("handing back cancelled attempts", [x.key for x in executions], reason=reason)
+            for execution in executions:
+                logger.warning(
+                    "task %d %s: %s%s",
+                    execution.id,
+                    execution.task.task_path,
+                    reason,
+                    "" if handed and execution.key in handed else " (the row was no longer ours)",
+                )
+                if execution.started is not None:
+                    self.signals.ended(execution)
+            self.ledger.remove(e.key for e in executions)
+
+    def take_returns(self) -> None:
+        returns = self.mailbox.take_returns()
+        if not returns:
+            return
+        # Lapsed ones too: "lost" is this worker's own (early) verdict; if the row is still ours, it
+        # goes back now rather than after its lease (the compare-and-set refuses the rest).
+        self._send(
+            "handing back claims", [e.key for e in returns], reason="handed back by its worker before it could run"
+        )
+        self.session.stats["claimed"] -= len(returns)
+        self.ledger.remove(e.key for e in returns)
+
+    def unstarted(self) -> None:
+        """On drain, claims not yet begun go back to the queue at once, uncharged."""
+        unstarted = self.mailbox.take_unstarted()
+        if not unstarted:
+            return
+        for execution in unstarted:
+            execution.mark_lost("handed back unstarted at shutdown")
+        self._send("handing back unstarted claims", [e.key for e in unstarted])
+        self.ledger.remove(e.key for e in unstarted)
+
+    def everything(self) -> None:
+        """At the end: everything still held goes back (unstarted and running attempts, and finished
+        ones whose outcome could not be written: their compare-and-set protects the rows they no
+        longer own)."""
+        session = self.session
+        unfinished = [e for e in self.ledger.snapshot() if not e.abandoned]
+        for execution in unfinished:
+            execution.mark_lost("handed back at shutdown")
+        if not unfinished:
+            return
+        handed = self._send("handing back at shutdown", [e.key for e in unfinished])
+        for execution in unfinished:
+            if execution.started is not None:
+                self.signals.ended(execution)  # handed back (or lapsing): the row says where it stands
+        if handed is None:
+            logger.warning("worker %s: hand-back failed (tasks return after their TTL)", session.id)
+        else:
+            logger.info(
+                "worker %s handed back %d unfinished task(s): %s", session.id, len(handed), sorted(k[0] for k in handed)
+            )
