@@ -4,7 +4,7 @@ do it.
 A statement is named by where it lives:
 
 - ``tasks.lifecycle.statements.CLAIM_SQL``: a SQL constant (a module attribute);
-- ``tasks.models.queryset.TaskQuerySet.cancel``: an ORM operation (a method);
+- ``tasks.models.task.TaskQuerySet.cancel``: an ORM operation (a method);
 - ``db:tasks_concurrency_admit``: a function the migrations create in the database (trigger
   functions and the admission; migrations 0009, 0012 and 0015 hold their text).
 
@@ -112,14 +112,14 @@ TRANSITIONS: tuple[Transition, ...] = (
         "cancel",
         (BLOCKED, READY, RUNNING),
         (CANCELLED,),
-        ("tasks.models.queryset.TaskQuerySet.cancel",),
+        ("tasks.models.task.TaskQuerySet.cancel",),
         "an operator (dashboard, admin, API, Task.cancel); a running attempt's worker loses its lease",
     ),
     Transition(
         "requeue",
         FINISHED,
         (READY, BLOCKED),
-        ("tasks.models.queryset.TaskQuerySet.requeue",),
+        ("tasks.models.task.TaskQuerySet.requeue",),
         "an operator runs a finished task again with fresh attempts (BLOCKED when its key is full)",
     ),
     Transition(
@@ -140,7 +140,7 @@ STATUS_PRESERVING: tuple[str, ...] = (
     _S + "CHECKPOINT_SQL",
     _S + "RELEASE_STRAY_LEASES_SQL",
     _S + "EXPIRE_ORPHANS_SQL",
-    "tasks.models.queryset.TaskQuerySet.retry_now",
+    "tasks.models.task.TaskQuerySet.retry_now",
 )
 
 

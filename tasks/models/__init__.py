@@ -27,11 +27,10 @@ from tasks.lifecycle.values import (
     validate_concurrency,
 )
 from tasks.models.bookkeeping import ActivityMinute, ConcurrencyHold, ConcurrencyKey, ConcurrencyWake, GeneratorState
-from tasks.models.queryset import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING, TaskQuerySet, WorkerQuerySet
 from tasks.models.queue_control import PAUSE_LOCK_TIMEOUT_MS, QueueControl, QueueControlQuerySet
 from tasks.models.schedule import Schedule, ScheduleRun
-from tasks.models.task import Task
-from tasks.models.worker import Worker
+from tasks.models.task import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING, Task, TaskQuerySet
+from tasks.models.worker import Worker, WorkerQuerySet
 
 __all__ = [
     "FAILED_BEFORE",

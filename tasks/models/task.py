@@ -3,20 +3,491 @@ statement (see docs/explanation/design.md, "Statement shapes").
 
 Status names follow ``django.tasks.TaskResultStatus`` (READY, RUNNING, SUCCESSFUL, FAILED) plus
 CANCELLED. A failed attempt that will be retried goes back to READY with a later ``run_after``;
-FAILED is terminal ("dead": out of attempts, or not retryable), with every attempt's error kept."""
+FAILED is terminal ("dead": out of attempts, or not retryable), with every attempt's error kept.
+
+Why one module of ~650 lines: the model and its queryset (the queue's operations, one statement each)
+name each other (the manager is built from the queryset, whose generic parameter is the model); in
+two modules they would import each other."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Self
 
-from django.db import models
+from django.db import IntegrityError, connections, models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from leasing.models import LeaseFields
+from leasing.models import LeaseFields, LeaseStateQuerySet, seconds
 from leasing.routing import SelectedManager
-from tasks.lifecycle.states import TaskStatus
-from tasks.models.queryset import FAILED_BEFORE, NOT_RUNNING, TaskQuerySet
+from tasks.conf import get_settings
+from tasks.exceptions import TaskError
+from tasks.lifecycle import activity
+from tasks.lifecycle import statements as sql
+from tasks.lifecycle.routing import queue_database
+from tasks.lifecycle.states import FINISHED, NOT_RUNNING_STATUSES, UNFINISHED, WAITING, TaskStatus
+from tasks.lifecycle.storable import storable_json
+from tasks.lifecycle.values import (
+    AttemptFate,
+    ClaimedTask,
+    Enqueued,
+    FailOutcome,
+    Failure,
+    Recovered,
+    Started,
+    claimed_from_row,
+    validate_concurrency,
+    validate_enqueue,
+)
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+
+NOT_RUNNING = Q(status__in=NOT_RUNNING_STATUSES)
+#: An attempt of the task failed or its worker died with it: a waiting task so marked is "retrying".
+#: These counters change only in statements that also change the status (fail, recover, requeue),
+#: never in a start marker, so an index on them costs the start marker nothing.
+FAILED_BEFORE = Q(failures__gt=0) | Q(crashes__gt=0) | Q(shared_crashes__gt=0)
+NEVER_FAILED = Q(failures=0, crashes=0, shared_crashes=0)
+
+
+class TaskQuerySet(LeaseStateQuerySet["Task"]):
+    """Task selection (chainable) and the queue's table-wide operations, one statement each."""
+
+    # -- selection ------------------------------------------------------------------------
+
+    def ready(self) -> Self:
+        return self.filter(status=TaskStatus.READY)
+
+    def runnable(self) -> Self:
+        return self.filter(status=TaskStatus.READY, run_after__lte=Now())
+
+    def running(self) -> Self:
+        return self.filter(status=TaskStatus.RUNNING)
+
+    def stuck(self) -> Self:
+        """Running, but with no live lease: the worker died or stalled and recovery has not run yet."""
+        return self.filter(status=TaskStatus.RUNNING).filter(
+            Q(expires_at__lte=Now()) | Q(expires_at__isnull=True) | Q(holder__isnull=True)
+        )
+
+    def finished(self) -> Self:
+        return self.filter(status__in=FINISHED)
+
+    def unfinished(self) -> Self:
+        return self.filter(status__in=UNFINISHED)
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    @property
+    def _connection(self) -> BaseDatabaseWrapper:
+        return connections[self.db]
+
+    def _rows(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        with self._connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def _routed(self, queue: str) -> Self:
+        """This queryset on the database holding ``queue``, unless one was chosen explicitly
+        (``Task.objects.db_manager(alias)`` / ``.using(alias)``): tasks/lifecycle/routing.py."""
+        return self if self._db is not None else self.using(queue_database(queue))  # type: ignore[attr-defined]
+
+    # -- enqueue --------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        task_path: str,
+        *,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        run_after: dt.datetime | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        dedup_key: str | None = None,
+        backend_alias: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+    ) -> Enqueued:
+        """Insert one task (one statement). With ``dedup_key``, an unfinished task with the same
+        key is returned instead of a new one (``created`` is False). ``backend_alias``: the
+        django.tasks backend enqueuing it (its worker then runs only a django.tasks Task).
+        With ``concurrency_key`` and ``concurrency_limit``, at most that many tasks of the key are
+        admitted (READY or RUNNING) at once; the rest wait BLOCKED (see tasks/lifecycle/concurrency.py)."""
+        attempts = get_settings().MAX_ATTEMPTS if max_attempts is None else max_attempts
+        validate_enqueue(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
+        validate_concurrency(concurrency_key, concurrency_limit)
+        params: dict[str, Any] = {
+            "queue": queue,
+            "priority": priority,
+            "task_path": task_path,
+            "args": storable_json(list(args)),
+            "kwargs": storable_json(kwargs or {}),
+            "run_after": run_after,
+            "max_attempts": attempts,
+            "timeout": timeout,
+            "dedup_key": dedup_key,
+            "backend_alias": backend_alias,
+            "concurrency_key": concurrency_key,
+            "concurrency_limit": concurrency_limit,
+        }
+        routed = self._routed(queue)
+        # The lookup of an existing task must not go through this queryset's filters (a filtered
+        # queryset would never find it and the loop would spin): use the bare table.
+        table = self.model._base_manager.db_manager(routed.db)
+        for _ in range(100):
+            rows = routed._rows(sql.ENQUEUE_SQL, params)
+            if rows:
+                return Enqueued(rows[0][0], True, rows[0][1], routed.db)
+            # Only on a duplicate: the unfinished task that holds the key (unless it just finished).
+            existing = table.filter(status__in=UNFINISHED, dedup_key=dedup_key).values_list("id", flat=True).first()
+            if existing is not None:
+                return Enqueued(existing, False, database=routed.db)
+        raise TaskError(f"could not enqueue: the task holding dedup key {dedup_key!r} kept changing")
+
+    def bulk_enqueue(
+        self,
+        task_path: str,
+        kwargs_list: Iterable[dict[str, Any]],
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        run_after: dt.datetime | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        chunk_size: int = 5000,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+    ) -> list[int]:
+        """Insert many tasks of one kind: one multi-row statement per ``chunk_size`` tasks (all of
+        them under ``concurrency_key``, if given), in the database holding ``queue`` (one queue, so
+        one database; each chunk commits on its own unless the caller wraps the call in
+        ``transaction.atomic(using=...)``)."""
+        routed = self._routed(queue)
+        attempts = get_settings().MAX_ATTEMPTS if max_attempts is None else max_attempts
+        validate_enqueue(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
+        validate_concurrency(concurrency_key, concurrency_limit)
+        ids: list[int] = []
+        chunk: list[str] = []
+
+        def flush() -> None:
+            params = {
+                "queue": queue,
+                "priority": priority,
+                "task_path": task_path,
+                "args": "[]",
+                "kwargs": chunk,
+                "run_after": run_after,
+                "max_attempts": attempts,
+                "timeout": timeout,
+                "concurrency_key": concurrency_key,
+                "concurrency_limit": concurrency_limit,
+            }
+            ids.extend(row[0] for row in routed._rows(sql.BULK_ENQUEUE_SQL, params))
+            chunk.clear()
+
+        for kwargs in kwargs_list:
+            chunk.append(storable_json(kwargs))
+            if len(chunk) >= chunk_size:
+                flush()
+        if chunk:
+            flush()
+        return ids
+
+    # -- the worker's hot path --------------------------------------------------------------
+
+    def claim(
+        self,
+        worker: str,
+        *,
+        limit: int = 1,
+        queues: Sequence[str] = ("default",),
+        ttl: float | None = None,
+        start: bool = False,
+        take_isolated: bool = True,
+    ) -> list[ClaimedTask]:
+        """Claim up to ``limit`` runnable tasks for ``worker`` under a lease of ``ttl`` seconds.
+
+        With ``start`` the attempts begin (and are charged) at once, as for an HTTP client; a
+        worker claims without it and sends :meth:`start` when an executor begins the task.
+        """
+        names = list(queues)
+        isolate_after = get_settings().ISOLATE_AFTER
+        params = {
+            "worker": worker,
+            "ttl": seconds(get_settings().TTL if ttl is None else ttl),
+            "limit": limit,
+            "start": start,
+            "isolate_after": isolate_after,
+            **sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after),
+        }
+        claimed = [claimed_from_row(row) for row in self._rows(sql.CLAIM_SQL[len(names) > 1], params)]
+        claimed.sort(key=lambda task: (-task.priority, task.id))
+        return claimed
+
+    def start(self, task_id: int, worker: str, token: int, *, isolated: bool = False) -> Started | None:
+        """Mark the claimed attempt started now (``isolated``: nothing else runs in its process);
+        None when the claim is no longer ours."""
+        params = {
+            "worker": worker,
+            "start_ids": [task_id],
+            "start_tokens": [token],
+            "start_at": [None],
+            "isolated": isolated,
+        }
+        rows = self._rows(sql.START_SQL, params)
+        return Started(*rows[0]) if rows else None
+
+    def heartbeat(
+        self,
+        worker: str,
+        held: Iterable[tuple[int, int]],
+        *,
+        ttl: float | None = None,
+        stats: dict[str, Any] | None = None,
+    ) -> set[tuple[int, int]]:
+        """Renew every attempt in ``held`` ((id, token) pairs) in one statement; return those LOST.
+
+        An attempt is lost when its row no longer has this worker, this token, RUNNING and a live
+        lease. The token is compared in SQL: a stale token renews nothing. With ``stats`` (the worker
+        process's own beat) the worker's row records it alive; without, only leases are touched.
+        """
+        attempts = list(held)
+        renewed, busy = self.heartbeat_detail(worker, attempts, ttl=ttl, stats=stats, running=len(attempts))
+        return set(attempts) - renewed - busy
+
+    def heartbeat_detail(
+        self,
+        worker: str,
+        held: Iterable[tuple[int, int]],
+        *,
+        ttl: float | None = None,
+        stats: dict[str, Any] | None = None,
+        running: int = 0,
+        live: Iterable[tuple[int, int]] | None = None,
+    ) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:
+        """The heartbeat statement: (renewed, busy). Busy attempts are still ours but their rows are
+        locked by another session right now: not renewed this beat, not lost either; the rest of
+        ``held`` is lost. Only a beat with ``stats`` (the worker process's own) stamps the worker
+        row, with ``running`` (attempts running, stuck threads included) for the workers page. With
+        ``live`` (the attempts whose handler still runs in the process), the key slots kept for the
+        worker's other attempts are given back (tasks/lifecycle/concurrency.py)."""
+        attempts = list(held)
+        alive = [] if live is None else list(live)
+        params = {
+            "worker": worker,
+            "ids": [a[0] for a in attempts],
+            "tokens": [a[1] for a in attempts],
+            "ttl": seconds(get_settings().TTL if ttl is None else ttl),
+            "running": running,
+            "stats": json.dumps(stats or {}),
+            "record_worker": stats is not None,  # a client reusing the worker's name must not touch its row
+            "reconcile": live is not None,
+            "live_ids": [a[0] for a in alive],
+            "live_tokens": [a[1] for a in alive],
+        }
+        renewed: set[tuple[int, int]] = set()
+        busy: set[tuple[int, int]] = set()
+        for row in self._rows(sql.HEARTBEAT_SQL, params):
+            (renewed if row[0] else busy).add((row[1], row[2]))
+        return renewed, busy
+
+    def checkpoint(self, task_id: int, worker: str, token: int, progress: Any) -> bool:
+        """Store ``progress`` (JSON) as the task's last checkpoint; False if the task is no longer ours.
+
+        Raises :class:`~tasks.exceptions.UnstorableResult` (a ValueError) for progress jsonb cannot hold.
+        """
+        return self.checkpoint_on(self._connection, task_id, worker, token, progress)
+
+    def checkpoint_on(
+        self, connection: BaseDatabaseWrapper, task_id: int, worker: str, token: int, progress: Any
+    ) -> bool:
+        """:meth:`checkpoint` on a given connection (one outside the handler's transaction)."""
+        params: dict[str, Any] = {"id": task_id, "worker": worker, "token": token, "progress": storable_json(progress)}
+        with connection.cursor() as cursor:
+            cursor.execute(sql.CHECKPOINT_SQL, params)
+            return cursor.rowcount == 1
+
+    def complete_many(
+        self, worker: str, results: Sequence[tuple[int, int, str] | tuple[int, int, str, float | None]]
+    ) -> set[tuple[int, int]]:
+        """Finish (id, token, return value as JSON text) triples in one statement; return the
+        attempts accepted. The rest were rejected by the compare-and-set: no longer held."""
+        if not results:
+            return set()
+        params = {
+            "worker": worker,
+            "ids": [r[0] for r in results],
+            "tokens": [r[1] for r in results],
+            "values": [r[2] for r in results],
+            "started": [r[3] if len(r) > 3 else None for r in results],
+        }
+        return {(row[0], row[1]) for row in self._rows(sql.COMPLETE_SQL, params)}
+
+    def finish_start_claim(
+        self,
+        worker: str,
+        results: Sequence[tuple[int, int, str] | tuple[int, int, str, float | None]],
+        starts: Sequence[tuple[int, int, float | None]] = (),
+        *,
+        limit: int,
+        queues: Sequence[str] = ("default",),
+        ttl: float | None = None,
+        isolate_after: int | None = None,
+        take_isolated: bool = True,
+    ) -> tuple[set[tuple[int, int]], dict[tuple[int, int], Started], list[ClaimedTask]]:
+        """One statement: finish ``results`` (id, token, JSON), mark ``starts`` (id, token, start
+        time) begun, claim up to ``limit`` more. Returns (finished, started, claimed); attempts
+        missing from the first two were refused by the compare-and-set: no longer ours."""
+        names = list(queues)
+        if isolate_after is None:
+            isolate_after = get_settings().ISOLATE_AFTER
+        params: dict[str, Any] = {
+            "worker": worker,
+            "ids": [r[0] for r in results],
+            "tokens": [r[1] for r in results],
+            "values": [r[2] for r in results],
+            "started": [r[3] if len(r) > 3 else None for r in results],
+            "ttl": seconds(get_settings().TTL if ttl is None else ttl),
+            "limit": limit,
+            "start": False,
+            "isolate_after": isolate_after,
+            **sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after),
+        }
+        statement = sql.FINISH_AND_CLAIM_SQL[len(names) > 1]
+        if starts:  # the usual round has none: a short task's start rides on its finish
+            statement = sql.FINISH_START_CLAIM_SQL[len(names) > 1]
+            params.update(
+                start_ids=[s[0] for s in starts], start_tokens=[s[1] for s in starts], start_at=[s[2] for s in starts]
+            )
+        finished: set[tuple[int, int]] = set()
+        started: dict[tuple[int, int], Started] = {}
+        claimed: list[ClaimedTask] = []
+        for row in self._rows(statement, params):
+            if row[0] == "c":
+                claimed.append(claimed_from_row(row[1:]))
+            elif row[0] == "f":
+                finished.add((row[1], row[2]))
+            else:
+                started[(row[1], row[2])] = Started(row[1], row[2], row[6], row[9], row[13])
+        claimed.sort(key=lambda task: (-task.priority, task.id))
+        return finished, started, claimed
+
+    def complete(self, task_id: int, worker: str, token: int, return_value: Any = None) -> bool:
+        """Finish one attempt. Raises UnstorableResult (a ValueError) for a value jsonb cannot hold."""
+        return (task_id, token) in self.complete_many(worker, [(task_id, token, storable_json(return_value))])
+
+    def fail_many(self, worker: str, failures: Sequence[Failure]) -> dict[tuple[int, int], FailOutcome]:
+        """Record failed attempts in one statement: retried later (READY) or terminal (FAILED)."""
+        if not failures:
+            return {}
+        conf = get_settings()
+        params = {
+            "worker": worker,
+            "ids": [f.id for f in failures],
+            "tokens": [f.token for f in failures],
+            "errors": [f.as_json() for f in failures],
+            "retry": [f.retry for f in failures],
+            "backoff_base": conf.BACKOFF_BASE,
+            "backoff_max": conf.BACKOFF_MAX,
+        }
+        tokens = {f.id: f.token for f in failures}
+        return {
+            (row[0], tokens[row[0]]): FailOutcome(row[0], row[1], row[2]) for row in self._rows(sql.FAIL_SQL, params)
+        }
+
+    def fail(self, failure: Failure, worker: str) -> FailOutcome | None:
+        return self.fail_many(worker, [failure]).get(failure.key)
+
+    def hand_back(
+        self,
+        worker: str,
+        held: Iterable[tuple[int, int]],
+        *,
+        reason: str = "interrupted by a worker shutting down; not counted as a failure",
+    ) -> set[tuple[int, int]]:
+        """Return held attempts to the queue at once, uncharged (shutdown, claims we cannot run).
+        An attempt that had started gets an error entry with ``reason``."""
+        attempts = list(held)
+        if not attempts:
+            return set()
+        params = {
+            "worker": worker,
+            "ids": [a[0] for a in attempts],
+            "tokens": [a[1] for a in attempts],
+            "reason": reason,
+        }
+        return {(row[0], row[1]) for row in self._rows(sql.HAND_BACK_SQL, params)}
+
+    def held_by_worker(self, worker: str) -> dict[tuple[int, int], bool]:
+        """What the database says ``worker`` holds: attempt -> whether it started (reconciliation)."""
+        return {(row[0], row[1]): row[2] for row in self._rows(sql.HELD_SQL, {"worker": worker})}
+
+    def attempt_fates(self, ids: Iterable[int]) -> dict[int, AttemptFate]:
+        """Where the given tasks stand now, for a worker whose reply to a finish was lost."""
+        rows = self._rows(sql.ATTEMPT_FATE_SQL, {"ids": list(ids)})
+        return {row[0]: AttemptFate(*row) for row in rows}
+
+    # -- recovery and administration ------------------------------------------------------------
+
+    def recover_expired(self, *, limit: int = 1000) -> list[Recovered]:
+        """Requeue (or fail, after MAX_CRASHES) running tasks whose lease expired, and running rows
+        without a lease. Returns what it recovered, with seconds from expiry to requeue."""
+        conf = get_settings()
+        params = {
+            "limit": limit,
+            "backoff_base": conf.BACKOFF_BASE,
+            "backoff_max": conf.BACKOFF_MAX,
+            "max_crashes": conf.MAX_CRASHES,
+        }
+        # The statement also adds what it recovered to the per-minute activity rollup (same
+        # statement, so the chart and /metrics count every recovery once, without scanning errors).
+        rows = self._rows(activity.RECOVER_AND_RECORD_SQL, params)
+        return [Recovered(row[0], row[1], row[2], row[3] or "") for row in rows]
+
+    def expire_orphans(self) -> list[int]:
+        """Expire the leases of running tasks whose worker has recorded that it stopped."""
+        return [row[0] for row in self._rows(sql.EXPIRE_ORPHANS_SQL, {})]
+
+    def release_stray_leases(self) -> list[int]:
+        return [row[0] for row in self._rows(sql.RELEASE_STRAY_LEASES_SQL, {})]
+
+    def cancel(self) -> int:
+        """Cancel the unfinished tasks of this queryset. A running task's worker loses it: its
+        heartbeat drops the task and its late result is rejected."""
+        return self.filter(status__in=UNFINISHED).update(
+            status=TaskStatus.CANCELLED,
+            finished_at=Now(),
+            released_at=models.Case(models.When(status=TaskStatus.RUNNING, then=Now()), default="released_at"),
+        )
+
+    def requeue(self) -> int:
+        """Run finished (failed, cancelled, successful) tasks again now, with a fresh set of attempts."""
+        try:
+            return self.filter(status__in=FINISHED).update(
+                status=TaskStatus.READY,
+                run_after=Now(),
+                attempts=0,
+                failures=0,
+                crashes=0,
+                shared_crashes=0,
+                unstarted_returns=0,
+                attempt_started=False,
+                finished_at=None,
+            )
+        except IntegrityError as exc:
+            raise TaskError("an unfinished task with the same dedup key already exists") from exc
+
+    def retry_now(self) -> int:
+        """Run waiting (READY, backed off or deferred) tasks now. Waiting tasks of a concurrency key
+        (BLOCKED) become due and are admitted at once where their key has a free slot (the update's
+        own statement trigger admits for every key whose waiting task came due earlier)."""
+        return self.filter(status__in=WAITING).update(run_after=Now())
 
 
 class Task(LeaseFields):

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from django.db import models
+from django.db import connections, models
 from django.db.models import Q
 from django.db.models.functions import Now
 
 from leasing.routing import SelectedManager
-from tasks.models.queryset import WorkerQuerySet
+from tasks.lifecycle import statements as sql
+
+
+class WorkerQuerySet(models.QuerySet["Worker"]):
+    def mark_dead(self) -> list[str]:
+        """Workers silent for more than twice their TTL are recorded as stopped, with the reason."""
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.MARK_DEAD_WORKERS_SQL, {})
+            return [row[0] for row in cursor.fetchall()]
 
 
 class Worker(models.Model):

@@ -43,7 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from typing import Any
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import SyncToAsync, sync_to_async
 from django.db import close_old_connections, connections
 
 from leasing import clock
@@ -70,13 +70,24 @@ MAX_BLOCKED_LOOPS = 3
 CANCEL_WAIT = 3.0
 
 
+def _then_close_broken(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        handlers.close_broken_connections()
+
+
 class AttemptThreads(ThreadPoolExecutor):
     """The event loop's default executor: ``sync_to_async(thread_sensitive=False)``,
     ``asyncio.to_thread`` and ``loop.run_in_executor(None, …)`` run here. A coroutine cancelled at
     its timeout ends at once while a thread it handed work to runs on, so each job submitted from
     an attempt's context counts as a running handler of that attempt until it returns: a key slot
     kept for the attempt is given back only when its coroutine and its threads have all returned
-    (tasks/lifecycle/concurrency.py)."""
+    (tasks/lifecycle/concurrency.py).
+
+    These threads live as long as their loop, and so do their connections: after each job, a
+    connection that met a database error and is no longer usable (the server dropped it) is closed,
+    so the next job connects anew instead of failing on it."""
 
     def __init__(self, slots: KeptSlots, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -85,10 +96,10 @@ class AttemptThreads(ThreadPoolExecutor):
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         execution = _current.get()
         if execution is None:
-            return super().submit(fn, *args, **kwargs)
+            return super().submit(_then_close_broken, fn, *args, **kwargs)
         self._slots.thread_started(execution)
         try:
-            future = super().submit(fn, *args, **kwargs)
+            future = super().submit(_then_close_broken, fn, *args, **kwargs)
         except BaseException:
             self._slots.thread_returned(execution)
             raise
@@ -114,6 +125,8 @@ class _Loop:
         self.attempts: dict[tuple[int, int], Execution] = {}
         self.tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self.thread: threading.Thread | None = None
+        # Checks of the ORM thread's connections queued after failed attempts (see _check_orm_connections).
+        self.checks: set[asyncio.Future[None]] = set()
 
 
 class AsyncExecutor:
@@ -218,6 +231,8 @@ class AsyncExecutor:
                 # loop: ours are caught inside their coroutines. The loop carries on.
                 logger.exception("worker %s: the event loop stopped on an exception; resuming it", self.session.id)
         self._close_pool_connections(state)
+        if self._stopping.is_set():
+            self._close_orm_connections()
         state.loop.close()  # also shuts its pool down
 
     async def _ticker(self, state: _Loop) -> None:
@@ -229,7 +244,7 @@ class AsyncExecutor:
             self._cancel_all(state, "blocked", "the event loop was replaced after being blocked")
         else:
             self._cancel_all(state, "shutdown", "the worker is shutting down")
-        tasks = list(state.tasks.values())
+        tasks: list[asyncio.Future[Any]] = [*state.tasks.values(), *state.checks]
         if tasks:
             await asyncio.wait(tasks, timeout=CANCEL_WAIT)
         state.loop.stop()
@@ -347,7 +362,7 @@ class AsyncExecutor:
             self.mailbox.started(execution, now)
         self.session.stats["started"] += 1
         try:
-            outcome = await self._execute(execution)
+            outcome = await self._execute(state, execution)
         finally:
             self.slots.handler_returned(execution)
         self.pace.observe_async(clock.monotonic() - (execution.started or clock.monotonic()))
@@ -364,7 +379,7 @@ class AsyncExecutor:
             return  # the shutdown handed it back before cancelling
         self.mailbox.deliver(outcome)
 
-    async def _execute(self, execution: Execution) -> Outcome:
+    async def _execute(self, state: _Loop, execution: Execution) -> Outcome:
         # Each asyncio task runs in a copy of the context: this attempt is what current_task() returns
         # in this coroutine (and in what it awaits or runs through sync_to_async), and only there.
         _set_current(execution)
@@ -372,10 +387,25 @@ class AsyncExecutor:
             target = self.resolve(execution.task.task_path, api_origin=execution.task.api_origin)
             value = await handlers.acall(target, execution)
         except BaseException as exc:
+            self._check_orm_connections(state)
             return handlers.failure_outcome(execution, exc)
         finally:
             _set_current(None)
         return handlers.value_outcome(execution, value)
+
+    def _check_orm_connections(self, state: _Loop) -> None:
+        """After an attempt that raised, check the connections of the thread Django's async ORM runs
+        on (asgiref's one thread-sensitive thread, shared by every coroutine): one that met a database
+        error and is no longer usable (the server dropped it: a restart, a failover, a pooler's
+        timeout) is closed. Executor threads close theirs after every attempt; the ORM thread's
+        connection otherwise lives on, and once dropped it would fail every later ORM call of every
+        coroutine until the process restarts. Queued, not awaited: it runs on that thread
+        before the ORM calls queued after it, and the outcome is not held up behind a long call of
+        another coroutine on that thread. Only after a failure: a hop per attempt would cost every
+        coroutine, and an attempt that meets a dropped connection raises."""
+        check = asyncio.ensure_future(sync_to_async(handlers.close_broken_connections, thread_sensitive=True)())
+        state.checks.add(check)
+        check.add_done_callback(state.checks.discard)
 
     # -- the watchdog -------------------------------------------------------------------------------
 
@@ -437,6 +467,15 @@ class AsyncExecutor:
                 self.blocked_loops,
             )
             self.request_stop()
+
+    @staticmethod
+    def _close_orm_connections() -> None:
+        """At stop: close the connections of the async ORM's thread (asgiref's thread-sensitive
+        thread, which outlives the worker when it runs in a caller's process: ``call_command``)."""
+        try:
+            SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=2.0)
+        except Exception:
+            logger.debug("closing the async ORM thread's connections failed", exc_info=True)
 
     @staticmethod
     def _close_pool_connections(state: _Loop) -> None:

@@ -12,6 +12,7 @@ from inspect import iscoroutinefunction
 from typing import Any
 
 from asgiref.sync import async_to_sync
+from django.db import connections
 from django.utils.module_loading import import_string
 
 from tasks.backends import allowlist
@@ -72,6 +73,15 @@ class HandlerCache:
             kind = task.backend_alias is None and callable(target) and is_coroutine_callable(target)
         self._kinds[key] = kind
         return kind
+
+
+def close_broken_connections() -> None:
+    """Close this thread's connections that met a database error and are no longer usable (checked
+    with one round trip, only after an error): a long-lived thread then connects anew instead of
+    failing on a connection the server dropped."""
+    for connection in connections.all(initialized_only=True):
+        if connection.errors_occurred:
+            connection.close_if_unusable_or_obsolete()
 
 
 def exception_path(exc: BaseException) -> str:

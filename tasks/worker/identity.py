@@ -5,6 +5,7 @@ at the end)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
 import secrets
@@ -95,3 +96,4 @@ def record_stop(session: Session) -> None:
         )
     except DatabaseError as exc:
         logger.warning("worker %s: could not record its stop: %s", session.id, exc)
+    logger.info("worker %s stopped: %s", session.id, json.dumps(session.stats))

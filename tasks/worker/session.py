@@ -87,7 +87,7 @@ class Session:
             bound_connection(self.using, lock_ms=self.lock_timeout_ms, statement_ms=self.statement_timeout_ms)
 
     def tasks(self) -> Any:
-        """The task operations on the worker's database (tasks.models.queryset.TaskQuerySet)."""
+        """The task operations on the worker's database (tasks.models.task.TaskQuerySet)."""
         return Task.objects.db_manager(self.using)
 
     def retry_deadline(self) -> float:

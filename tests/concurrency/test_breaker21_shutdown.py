@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -72,7 +73,7 @@ def test_sigterm_while_the_listener_reconnects_ends_at_once(proxy: PgProxy, work
 def test_mixed_fleet_through_pgbouncer_stopped_twice_and_killed_loses_and_charges_nothing(
     bouncer: Bouncer, workers: Workers
 ) -> None:
-    env = {"DATABASE_URL": bouncer.url(connection.settings_dict["NAME"]), "DATABASE_POOLED": "true"}
+    env: dict[str, Any] = {"DATABASE_URL": bouncer.url(connection.settings_dict["NAME"]), "DATABASE_POOLED": "true"}
     ids = [Task.objects.enqueue(H + "work", kwargs={"seconds": 0.3}).id for _ in range(30)]
     ids += [Task.objects.enqueue(H + "async_sleep", kwargs={"seconds": 0.3}).id for _ in range(30)]
     mixed = ("--async-concurrency", "8", "--concurrency", "2")

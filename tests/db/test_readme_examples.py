@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tasks.compat import TaskResultStatus
+from tasks.compat import FRAMEWORK, TaskResultStatus
 from tasks.worker import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -44,7 +44,8 @@ def test_the_task_example_runs_once_on_a_worker(settings: Any) -> None:
     module = types.ModuleType("readme_task_example")
     sys.modules[module.__name__] = module
     try:
-        exec(blocks()[1][1], module.__dict__)
+        # On Django 5.2 the README has you write ``from django_tasks import task`` (the backport).
+        exec(blocks()[1][1].replace("from django.tasks import", f"from {FRAMEWORK} import"), module.__dict__)
         result = module.result
         assert result.status == TaskResultStatus.READY
         args = blocks()[2][1].split()
