@@ -137,6 +137,7 @@ class Dispatcher:
     def run(self) -> None:
         """Rounds until the worker has drained (or ``max_tasks`` attempts ended)."""
         session = self.session
+        session.drain_deadline = None  # set when this run's drain begins (a Worker may run again)
         may_have_work = True  # false after a short claim, until a NOTIFY or the poll timeout
         while True:
             if self.mailbox.clear():
