@@ -122,6 +122,7 @@ class Execution:
         # Whole microseconds: the start marker stores it with PostgreSQL's to_timestamp() while the
         # attempt's TaskResult converts it with datetime.fromtimestamp(); for a float with more digits
         # the two rounded a half microsecond differently (1 µs apart, once in a few hundred starts).
+        # The marker sends this rounded value too (Mailbox.started reads it back), never the raw one.
         self._attempted_epoch = round(now, 6)
 
     @property

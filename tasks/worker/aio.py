@@ -359,7 +359,7 @@ class AsyncExecutor:
                 now = time.time()
                 execution.begin_local(now)
                 self.ledger.begin(execution)
-            self.mailbox.started(execution, now)
+            self.mailbox.started(execution)
         self.session.stats["started"] += 1
         try:
             outcome = await self._execute(state, execution)

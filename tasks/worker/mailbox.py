@@ -67,9 +67,12 @@ class Mailbox:
         if wake:
             self._wake.set()
 
-    def started(self, execution: Execution, at: float) -> None:
-        """An attempt began at ``at`` (epoch): its start marker goes with the next round. No wake-up:
-        the dispatcher looks every MARKER_DELAY while it holds claims that may start."""
+    def started(self, execution: Execution) -> None:
+        """An attempt began (``begin_local``): its start marker goes with the next round, carrying the
+        very epoch the attempt's TaskResult was built from. No wake-up: the dispatcher looks every
+        MARKER_DELAY while it holds claims that may start."""
+        at = execution.started_epoch
+        assert at is not None, "started() follows begin_local()"
         self._starts.put((execution, at))
 
     def give_back(self, execution: Execution) -> bool:

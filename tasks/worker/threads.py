@@ -121,7 +121,7 @@ class ThreadExecutors:
             now = time.time()
             execution.begin_local(now)
             self.ledger.begin(execution)
-            self.mailbox.started(execution, now)
+            self.mailbox.started(execution)
         session.stats["started"] += 1
         try:
             outcome = self._execute(execution)
