@@ -14,6 +14,11 @@ from the enqueue of the batch to the moment nothing is pending. The queue is emp
 drained by one worker process with ``--io-concurrency`` coroutines at once (this project's async
 executor, PgQueuer, procrastinate, oban), and ``--io-thread-tasks`` ``time.sleep(1)`` tasks drained by this
 project's thread executor at its default concurrency (4 threads: 4 tasks/s, so fewer tasks).
+
+``--snapshot`` runs the drains beside an old snapshot instead: ``--snapshot-tasks`` no-op tasks
+enqueued beforehand, drained by one worker process alone and then while another session holds a
+REPEATABLE READ snapshot taken before the drain began (every system in turn, ``--rounds`` times).
+``--cases`` picks some of the no-op cases (e.g. ``--cases enqueue.single``).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -38,10 +44,16 @@ from bench.common import stop_processes  # noqa: E402
 from bench.peers import SYSTEMS, install_oban, install_pgqueuer, install_procrastinate, setup_django  # noqa: E402
 
 WORKER_CONCURRENCY = 8
+CASES = ["enqueue.single", "enqueue.bulk", "drain.procs=1", "drain.procs=4"]
 
 
 def start_workers(
-    system: str, processes: int, log_dir: Path, concurrency: int = WORKER_CONCURRENCY, workload: str = "noop"
+    system: str,
+    processes: int,
+    log_dir: Path,
+    concurrency: int = WORKER_CONCURRENCY,
+    workload: str = "noop",
+    settle: float = 1.0,
 ) -> list[subprocess.Popen[str]]:
     procs = []
     for index in range(processes):
@@ -62,7 +74,7 @@ def start_workers(
         line = proc.stdout.readline()
         if "ready" not in line:
             raise RuntimeError(f"{system} worker did not start; see {log_dir}")
-    time.sleep(1.0)  # let each worker reach its idle wait (connect, LISTEN, first empty fetch)
+    time.sleep(settle)  # let each worker reach its idle wait (connect, LISTEN, first empty fetch)
     return procs
 
 
@@ -94,6 +106,79 @@ def run_case(name: str, case: str, n: int, log_dir: Path) -> float | None:
     finally:
         stop_processes(procs)
         system.reset()
+
+
+@contextmanager
+def old_snapshot(held: bool) -> Iterator[None]:
+    """Another session holding a REPEATABLE READ snapshot (an analytics query, a forgotten
+    transaction, ``pg_dump``) for the block: no row version dead since it began can be removed, so
+    every claimed row's entry stays in the queue's indexes for the whole drain."""
+    if not held:
+        yield
+        return
+    import psycopg
+
+    from bench.common import psycopg_params
+
+    with psycopg.connect(**psycopg_params()) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM pg_class").fetchone()  # the snapshot is taken here
+        yield
+        holder.rollback()
+
+
+def run_snapshot_case(name: str, n: int, held: bool, log_dir: Path) -> float:
+    """Drain ``n`` no-op tasks, enqueued beforehand, by one worker process, beside an old snapshot
+    (``held``) or alone; tasks/s from the worker's start (its "ready") to the last task's end."""
+    system = SYSTEMS[name]()
+    system.reset()
+    fill = system.enqueue_bulk or system.enqueue_single
+    fill(n)
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        with old_snapshot(held):
+            procs = start_workers(name, 1, log_dir, settle=0.0)
+            started = time.perf_counter()
+            deadline = started + 3600
+            while system.pending():
+                if time.perf_counter() > deadline:
+                    raise RuntimeError(f"{name} did not drain {n} tasks in an hour")
+                time.sleep(0.02)
+            return n / (time.perf_counter() - started)
+    finally:
+        stop_processes(procs)
+        system.reset()
+
+
+def main_snapshot(args: Any) -> str:
+    """Each system drains alone, then beside an old snapshot, round by round; the table gives both
+    rates and what the snapshot leaves of the free rate (the goal for ours: at least 0.8)."""
+    log_dir = Path(os.environ.get("BENCH_LOGS", "/tmp")) / f"bench-compare-{os.getpid()}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    systems = args.systems.split(",")
+    results: dict[tuple[str, bool], list[float]] = {}
+    for round_no in range(1, args.rounds + 1):
+        for name in systems:
+            for held in (False, True):
+                rate = run_snapshot_case(name, args.snapshot_tasks, held, log_dir)
+                results.setdefault((name, held), []).append(rate)
+                where = "beside-old-snapshot" if held else "alone"
+                print(f"compare.drain.procs=1.{where}.{name}.round={round_no}  {rate:.1f} tasks/s", flush=True)
+    lines = [
+        f"{args.snapshot_tasks:,} no-op tasks enqueued beforehand, drained by 1 worker process, alone and beside "
+        "another session holding a REPEATABLE READ snapshot taken before the drain; tasks/s from the worker's start; "
+        f"{args.rounds} interleaved rounds; kept = beside / alone, round by round.",
+        "",
+        "| system | alone | beside an old snapshot | kept |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for name in systems:
+        alone, beside = results[(name, False)], results[(name, True)]
+        kept = ", ".join(f"{b / a:.2f}x" for a, b in zip(alone, beside, strict=True))
+        lines.append(
+            f"| {name} | {', '.join(f'{v:,.0f}' for v in alone)} | {', '.join(f'{v:,.0f}' for v in beside)} | {kept} |"
+        )
+    return "\n".join(lines)
 
 
 def run_io_case(name: str, n: int, concurrency: int, log_dir: Path) -> float:
@@ -279,6 +364,11 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--systems", default=",".join(s for s in SYSTEMS if s != "django-leasing-threads"))
+    parser.add_argument(
+        "--snapshot", action="store_true", help="run the drains beside an old snapshot instead of the no-op cases"
+    )
+    parser.add_argument("--snapshot-tasks", type=int, default=100_000, help="tasks per drain, for --snapshot")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     parser.add_argument("--write", help="write the table into this Markdown file (replacing the section)")
     parser.add_argument("--io", action="store_true", help="run the I/O-bound case instead of the no-op cases")
     parser.add_argument("--io-tasks", type=int, default=4000, help="one-second async tasks per I/O-bound run")
@@ -301,6 +391,18 @@ def main() -> None:
     install_oban()
     log_dir = Path(os.environ.get("BENCH_LOGS", "/tmp")) / f"bench-compare-{os.getpid()}"
     log_dir.mkdir(parents=True, exist_ok=True)
+    if args.snapshot:
+        try:
+            table = main_snapshot(args)
+        finally:
+            if server is not None:
+                from leasing.embedded import discard
+
+                discard(server)
+        print("\n" + table)
+        if args.write:
+            write_section(Path(args.write), table, SNAPSHOT_MARKS)
+        return
     if args.io:
         try:
             table = main_io(args, log_dir)
@@ -314,7 +416,10 @@ def main() -> None:
             write_section(Path(args.write), table, IO_MARKS)
         return
     systems = args.systems.split(",")
-    cases = ["enqueue.single", "enqueue.bulk", "drain.procs=1", "drain.procs=4"]
+    cases = args.cases.split(",")
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        parser.error(f"unknown cases: {', '.join(sorted(unknown))}")
     results: dict[tuple[str, str], list[float | None]] = {}
     try:
         for round_no in range(1, args.rounds + 1):
@@ -398,15 +503,19 @@ def render(results: dict[tuple[str, str], list[float | None]], cases: list[str],
 MARK_START = "<!-- compare:start -->"
 MARK_END = "<!-- compare:end -->"
 IO_MARKS = ("<!-- compare-io:start -->", "<!-- compare-io:end -->")
+SNAPSHOT_MARKS = ("<!-- compare-snapshot:start -->", "<!-- compare-snapshot:end -->")
 
 
 def write_section(path: Path, table: str, marks: tuple[str, str]) -> None:
     text = path.read_text() if path.exists() else ""
-    io = marks == IO_MARKS
+    flag = {IO_MARKS: "--io ", SNAPSHOT_MARKS: "--snapshot "}.get(marks, "")
     command = "python3 -m venv .venv-bench && .venv-bench/bin/pip install -e '.[embedded]' -r bench/requirements.txt\n"
-    command += ".venv-bench/bin/python bench/compare.py " + ("--io " if io else "")
+    command += ".venv-bench/bin/python bench/compare.py " + flag
     command += "--write docs/explanation/benchmarks.md"
-    title = "I/O-bound tasks against the peers" if io else "Against the peers"
+    title = {
+        IO_MARKS: "I/O-bound tasks against the peers",
+        SNAPSHOT_MARKS: "Drains beside an old snapshot, against the peers",
+    }.get(marks, "Against the peers")
     start_mark, end_mark = marks
     section = f"{start_mark}\n## {title}\n\n```sh\n{command}\n```\n\n{table}\n{end_mark}"
     if start_mark in text:

@@ -4,10 +4,12 @@ setting configures ``django.tasks`` backends, so ours has its own name)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
 
 #: What is kept, and how long, unless ``LEASING_TASKS["RETENTION"]`` says otherwise.
 DEFAULT_RETENTION: dict[str, Any] = {
@@ -96,9 +98,46 @@ class TaskSettings:
     #: A direct (unpooled) database URL per alias, for LISTEN only: workers of a pooled alias then
     #: still wake at once on an enqueue; without one they poll every POLL_INTERVAL.
     LISTEN_URLS: dict[str, str] = field(default_factory=dict)
+    #: Run the hot paths' statements (enqueue, claim, start, finish, heartbeat) as server-side prepared
+    #: statements on aliases not in POOLED_DATABASES (tasks/lifecycle/prepared.py).
+    PREPARED_STATEMENTS: bool = True
+
+
+# What get_settings() (and what is derived from it, e.g. the queue routes) built from the current
+# ``settings.LEASING_TASKS`` object: an enqueue asks for it several times, and building it cost a
+# tenth of a single enqueue's Python time. Keyed by the object's identity (a new dict, as
+# override_settings and pytest-django's ``settings`` give, is seen at once) and emptied whenever
+# Django reports LEASING_TASKS or DATABASES changed. A dict changed in place without either is not
+# seen: settings are read-only at run time (Django's own documentation says so).
+_derived: dict[str, Any] = {}
+
+
+def _forget(*, setting: str, **_: Any) -> None:
+    if setting in ("LEASING_TASKS", "DATABASES"):
+        _derived.clear()
+
+
+setting_changed.connect(_forget, dispatch_uid="tasks.conf.forget")
+
+
+def derived[T](name: str, build: Callable[[], T]) -> T:
+    """``build()``, remembered until LEASING_TASKS (or DATABASES) changes."""
+    raw = getattr(settings, "LEASING_TASKS", None)
+    if _derived.get("") is not raw or "" not in _derived:
+        _derived.clear()
+        _derived[""] = raw
+    try:
+        return _derived[name]
+    except KeyError:
+        value = _derived[name] = build()
+        return value
 
 
 def get_settings() -> TaskSettings:
+    return derived("settings", _build_settings)
+
+
+def _build_settings() -> TaskSettings:
     overrides: dict[str, Any] = dict(getattr(settings, "LEASING_TASKS", {}) or {})
     unknown = set(overrides) - {f.name for f in fields(TaskSettings)}
     if unknown:

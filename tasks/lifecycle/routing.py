@@ -12,10 +12,15 @@ from collections.abc import Iterable
 from django.db import DEFAULT_DB_ALIAS
 
 from leasing.routing import check_routes
-from tasks.conf import get_settings
+from tasks.conf import derived, get_settings
 
 
 def queue_routes() -> dict[str, str]:
+    """The routes, checked once per settings (the returned dict is shared: do not change it)."""
+    return derived("queue_routes", _check_routes)
+
+
+def _check_routes() -> dict[str, str]:
     return check_routes(get_settings().QUEUE_DATABASES, 'LEASING_TASKS["QUEUE_DATABASES"]')
 
 

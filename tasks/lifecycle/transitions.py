@@ -46,6 +46,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         (READY, BLOCKED),
         (
             _S + "ENQUEUE_SQL",
+            _S + "ENQUEUE_DEDUP_SQL",
             _S + "BULK_ENQUEUE_SQL",
             "tasks.maintenance.scheduler.SLOT_SQL",
             "db:tasks_concurrency_inserted",

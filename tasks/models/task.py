@@ -24,7 +24,7 @@ from leasing.models import LeaseFields, LeaseStateQuerySet, seconds
 from leasing.routing import SelectedManager
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError
-from tasks.lifecycle import activity
+from tasks.lifecycle import activity, prepared
 from tasks.lifecycle import statements as sql
 from tasks.lifecycle.routing import queue_database
 from tasks.lifecycle.states import FINISHED, NOT_RUNNING_STATUSES, UNFINISHED, WAITING, TaskStatus
@@ -87,9 +87,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         return connections[self.db]
 
     def _rows(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        with self._connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchall() if cursor.description else []
+        return prepared.rows(self._connection, sql, params)
 
     def _routed(self, queue: str) -> Self:
         """This queryset on the database holding ``queue``, unless one was chosen explicitly
@@ -140,8 +138,11 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         # The lookup of an existing task must not go through this queryset's filters (a filtered
         # queryset would never find it and the loop would spin): use the bare table.
         table = self.model._base_manager.db_manager(routed.db)
-        for _ in range(100):
+        if dedup_key is None:
             rows = routed._rows(sql.ENQUEUE_SQL, params)
+            return Enqueued(rows[0][0], True, rows[0][1], routed.db)
+        for _ in range(100):
+            rows = routed._rows(sql.ENQUEUE_DEDUP_SQL, params)
             if rows:
                 return Enqueued(rows[0][0], True, rows[0][1], routed.db)
             # Only on a duplicate: the unfinished task that holds the key (unless it just finished).

@@ -10,6 +10,28 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from leasing.routing import selected_database
 from tasks.lifecycle import activity, concurrency
 
+# What holds back the cleanup of the queue's dead rows in this database (docs/howto/operations.md,
+# "An old snapshot"): sessions with a snapshot (backend_xmin), prepared transactions, replication
+# slots, and a standby's feedback (a walsender's backend_xmin). Since PostgreSQL 14 only the
+# current database's sessions hold back its tables (slots and walsenders hold every database).
+# Sessions of other roles show their snapshot only to a member of pg_read_all_stats (or pg_monitor).
+# One pass over a few shared-memory views: its cost is the number of connections, not of tasks.
+HORIZON_SQL = """
+WITH holders AS (
+    SELECT COALESCE(a.xact_start, a.query_start, a.backend_start) AS since, age(a.backend_xmin) AS xids
+    FROM pg_stat_activity AS a
+    WHERE a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid()
+      AND a.backend_type NOT IN ('autovacuum worker', 'autovacuum launcher')  -- vacuums ignore each other
+      AND (a.datname = current_database() OR a.backend_type = 'walsender')
+    UNION ALL
+    SELECT p.prepared, age(p.transaction) FROM pg_prepared_xacts AS p WHERE p.database = current_database()
+    UNION ALL
+    SELECT NULL, age(s.xmin) FROM pg_replication_slots AS s WHERE s.xmin IS NOT NULL
+)
+SELECT COALESCE(EXTRACT(epoch FROM clock_timestamp() - min(since)), 0)::float8, COALESCE(max(xids), 0)
+FROM holders
+"""
+
 WORKER_COUNTERS = ("claimed", "succeeded", "retried", "failed", "rejected", "lost", "heartbeats", "heartbeat_failures")
 
 
@@ -69,6 +91,7 @@ def task_metrics() -> Iterable[Metric]:
         value=sum(s.full for s in keys),
     )
     yield GaugeMetricFamily("tasks_workers_alive", "Workers that heartbeated recently.", value=live_workers().count())
+    yield from horizon_metrics()
 
     with connections[selected_database()].cursor() as cursor:
         cursor.execute(
@@ -110,4 +133,24 @@ def task_metrics() -> Iterable[Metric]:
         "tasks_expiry_to_requeue_seconds_max",
         "Longest expiry-to-requeue delay in the last hour.",
         value=recovered.delay_max,
+    )
+
+
+def horizon_metrics() -> Iterable[Metric]:
+    """How far back the oldest snapshot holds this database's cleanup: its age in seconds and in
+    transactions. A queue's claims slow down as the dead rows it keeps pile up (an alert at a few
+    minutes catches a forgotten transaction long before the drain suffers)."""
+    with connections[selected_database()].cursor() as cursor:
+        cursor.execute(HORIZON_SQL)
+        seconds, xids = cursor.fetchone()
+    yield GaugeMetricFamily(
+        "tasks_oldest_snapshot_age_seconds",
+        "Age of the oldest transaction or prepared transaction holding a snapshot in this database "
+        "(no dead row newer than it can be removed; 0 when none).",
+        value=max(float(seconds), 0.0),
+    )
+    yield GaugeMetricFamily(
+        "tasks_xmin_horizon_age_transactions",
+        "Transactions since the oldest snapshot, prepared transaction or replication slot that holds back cleanup.",
+        value=int(xids),
     )

@@ -79,3 +79,32 @@ def test_acquisition_latency_is_observed(client: Client, settings: Any) -> None:
         headers={"Authorization": "Bearer t"},
     )
     assert scrape(client)[1]["leasing_acquisition_seconds_count"] == before + 1
+
+
+AGE = 'tasks_oldest_snapshot_age_seconds{database="default"}'
+XIDS = 'tasks_xmin_horizon_age_transactions{database="default"}'
+
+
+@pytest.mark.django_db(transaction=True)  # the test's own transaction would hold a snapshot too
+def test_metrics_show_how_far_back_an_old_snapshot_holds_cleanup(client: Client, settings: Any) -> None:
+    import psycopg
+
+    from tests.helpers import test_database_url
+
+    settings.LEASING_METRICS_PUBLIC = True
+    before = scrape(client)[1]
+    assert before[AGE] == 0
+    assert before[XIDS] == 0
+    with psycopg.connect(test_database_url()) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        row = holder.execute("SELECT now()").fetchone()
+        assert row is not None
+        began = row[0]
+        for i in range(5):  # five commits after the snapshot: five transactions it holds back
+            Task.objects.enqueue("tasks.demo.sleep", kwargs={"i": i})
+        values = scrape(client)[1]
+        assert 0 < values[AGE] <= (timezone.now() - began).total_seconds()
+        assert values[XIDS] >= 5
+        holder.rollback()
+    after = scrape(client)[1]
+    assert after[AGE] == 0

@@ -133,6 +133,8 @@ class _Link:
     from_server: _Stream = field(default_factory=lambda: _Stream(startup=False))
     startup_packet: bytes = b""
     last_statement: bytes = b""
+    #: Statements the client prepared on this connection (a named Parse): name -> the Parse message.
+    prepared: dict[bytes, bytes] = field(default_factory=dict)
     requests: int = 0  # client messages sent that are answered by a ReadyForQuery
     ready: int = 0  # ReadyForQuery messages received
     dropping: Fault | None = None
@@ -433,13 +435,14 @@ class PgProxy:
             if tag == STARTUP:
                 self._on_startup_packet(link, raw)
             elif tag != OPAQUE:
-                if tag in (b"Q", b"P"):
-                    link.last_statement = raw
+                statement = _statement_run(link, tag, raw)
+                if statement is not None:
+                    link.last_statement = statement
                     if self._counted:
                         with self._armed_lock:
                             for pattern in self._counted:
-                                self._counted[pattern] += pattern in raw
-                fault = None if link.dropping or link.freezing else self._claim(raw)
+                                self._counted[pattern] += pattern in statement
+                fault = None if link.dropping or link.freezing or statement is None else self._claim(statement)
                 if fault is not None and fault.kind == "drop_reply":
                     link.dropping, link.drop_at = fault, link.requests + 1
                 elif fault is not None and fault.deliver:
@@ -563,6 +566,34 @@ class PgProxy:
             self._register(sock, 0, link)
         _reset(link.client)
         link.server.close()
+
+
+def _cstring(raw: bytes, at: int) -> tuple[bytes, int]:
+    end = raw.index(b"\0", at)
+    return raw[at:end], end + 1
+
+
+def _statement_run(link: _Link, tag: bytes, raw: bytes) -> bytes | None:
+    """The statement a client message runs, as the bytes faults and counts look for (its text and
+    its parameters); None for a message that runs none. A simple Query carries both. In the extended
+    protocol a Parse only prepares (a named statement's text travels once; the unnamed one's with
+    each run) and a Bind runs it with its parameters: the Bind is matched, as the Parse's bytes
+    followed by its own."""
+    try:
+        if tag == b"Q":
+            return raw
+        if tag == b"P":
+            name, _ = _cstring(raw, 5)
+            link.prepared[name] = raw
+            return None
+        if tag == b"B":
+            _portal, at = _cstring(raw, 5)
+            name, _ = _cstring(raw, at)
+            parse = link.prepared.get(name)
+            return None if parse is None else parse + raw
+    except ValueError:  # a malformed message: forwarded as it is, matched by nothing
+        return None
+    return None
 
 
 def _reset(sock: socket.socket) -> None:

@@ -1,0 +1,120 @@
+"""The hot paths' statements, run as server-side prepared statements where the connection allows.
+
+Django's PostgreSQL backend binds parameters on the client (psycopg's ``ClientCursor``): the server
+parses, analyses and plans each statement text anew on every run. For the claim / finish / start /
+heartbeat statements (CTEs over ~25 columns) and the enqueue's insert that is most of what the
+database does per statement besides the commit (docs/explanation/benchmarks.md, "Prepared
+statements"). Prepared once per connection, it is parsed and planned once.
+
+A statement is prepared (psycopg's ``prepare=True``, on a server-binding cursor over Django's own
+connection, inside Django's error wrapper) unless:
+
+- the alias is in ``LEASING_TASKS["POOLED_DATABASES"]``: through a transaction pooler the next run
+  may land on a server connection that never saw the statement (PgBouncer 1.21+ can track
+  protocol-level prepared statements with ``max_prepared_statements``; declare the alias pooled
+  unless it is configured so);
+- the database's ``OPTIONS["prepare_threshold"]`` is set to ``None`` (the user turned psycopg's
+  prepared statements off for that connection; Django's own default, the key absent, is not that);
+- ``LEASING_TASKS["PREPARED_STATEMENTS"]`` is False;
+- Django is recording queries (``DEBUG``, ``assertNumQueries``) or has an ``execute_wrapper`` of
+  someone else's installed: those see every statement only through Django's cursor.
+
+The worker's own bounds (leasing/bounds.py: statement and lock timeouts local to the statement's
+transaction) are an execute wrapper too; they cannot ride in the same message as a prepared
+statement, so here they go in the same *pipeline*: the ``set_config(…, true)`` SELECT and the prepared
+statement are sent together with one Sync (one round trip), and the extended protocol runs every
+statement before a Sync as one implicit transaction, so the local settings hold for the statement and
+end with it, whatever a pooler does with the connection next.
+
+A pooler nobody declared shows as "prepared statement ... does not exist / already exists": the
+alias then stops preparing for the rest of the process (one warning), and a statement refused so
+outside a transaction is run again unprepared (the refusal came before it ran). Inside the caller's
+transaction the error is raised: that transaction is aborted, and the next one runs unprepared.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+from django.db.backends.base.base import BaseDatabaseWrapper
+from psycopg.types.string import StrDumper
+
+from leasing.bounds import LocalSettings
+from tasks.conf import get_settings
+
+logger = logging.getLogger("tasks.worker")
+
+# Aliases where a prepared statement met a pooler: never prepared again in this process.
+_refused: set[str] = set()
+# psycopg prepares a statement run this many times unasked: never, here (only prepare=True does).
+_ONLY_WHEN_ASKED = 2**62
+_POOLER_ERRORS = (psycopg.errors.InvalidSqlStatementName, psycopg.errors.DuplicatePreparedStatement)
+
+
+def preparable(connection: BaseDatabaseWrapper) -> bool:
+    """Whether statements on ``connection`` run prepared (see the module's docstring)."""
+    alias = connection.alias
+    if alias in _refused or connection.queries_logged:
+        return False
+    if any(not isinstance(wrapper, LocalSettings) for wrapper in connection.execute_wrappers):
+        return False
+    conf = get_settings()
+    if not conf.PREPARED_STATEMENTS or alias in conf.POOLED_DATABASES:
+        return False
+    options = connection.settings_dict.get("OPTIONS") or {}
+    return not ("prepare_threshold" in options and options["prepare_threshold"] is None)
+
+
+def rows(connection: BaseDatabaseWrapper, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Run ``sql`` (``%(name)s`` placeholders) and return its rows (none for a statement without a
+    result). A parameter that is None everywhere it appears needs a cast in the statement."""
+    if preparable(connection):
+        connection.ensure_connection()  # async_unsafe, as Django's own cursor() is
+        connection.validate_no_broken_transaction()
+        raw = connection.connection
+        # Django opens its connections with psycopg's preparing off (prepare_threshold None), which
+        # psycopg honours even for prepare=True. Turned on for this statement only: Django's own
+        # queries stay as they were (never prepared, not even counted).
+        saved = raw.prepare_threshold
+        raw.prepare_threshold = _ONLY_WHEN_ASKED if saved is None else saved
+        try:
+            with connection.wrap_database_errors:
+                return _run(raw, connection.execute_wrappers, sql, params)
+        except Exception as exc:
+            if not isinstance(exc.__cause__, _POOLER_ERRORS):
+                raise
+            _refused.add(connection.alias)
+            logger.warning(
+                "database %r refused a prepared statement (%s): a transaction pooler? Statements there run "
+                "unprepared from now on; list the alias in LEASING_TASKS['POOLED_DATABASES'] (docs/howto/pgbouncer.md)",
+                connection.alias,
+                exc.__cause__.sqlstate,
+            )
+            if connection.in_atomic_block or not raw.autocommit:
+                raise
+        finally:
+            raw.prepare_threshold = saved
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def _run(raw: psycopg.Connection[Any], wrappers: list[Any], sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    with psycopg.Cursor(raw) as cursor:
+        # A str is sent as text (psycopg's default is "unknown", typed by the server from the context:
+        # a parameter compared to a varchar column in one place and cast to text in another would be
+        # two types, which the server refuses).
+        cursor.adapters.register_dumper(str, StrDumper)
+        if not wrappers:
+            cursor.execute(sql, params, prepare=True)
+            return cursor.fetchall() if cursor.description else []
+        with raw.pipeline():
+            for wrapper in wrappers:
+                cursor.execute(wrapper.prefix, prepare=True)
+            cursor.execute(sql, params, prepare=True)
+        # After the pipeline's one Sync: the cursor holds every statement's result, the last one ours.
+        while cursor.nextset():
+            pass
+        return cursor.fetchall() if cursor.description else []
