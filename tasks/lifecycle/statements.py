@@ -27,9 +27,11 @@ start) and every write to a held row is a compare-and-set on id + holder + token
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from leasing.models import GRANT_SET
+from tasks.lifecycle.values import ClaimPosition
 
 
 def _backoff_sql(exponent: str) -> str:
@@ -44,7 +46,7 @@ CLAIM_RETURNING = (
     "t.id, t.token, t.task_path, t.args, t.kwargs, t.attempts, t.max_attempts, t.progress, t.expires_at,"
     " t.timeout, t.queue, t.priority, t.enqueued_at, t.worker_ids,"
     " (t.crashes > 0 OR t.shared_crashes > 0 OR t.unstarted_returns > 0),"
-    " t.shared_crashes >= %(isolate_after)s, t.backend_alias, t.task_run_after, t.api_origin"
+    " t.shared_crashes >= %(isolate_after)s, t.backend_alias, t.task_run_after, t.api_origin, t.run_after"
 )
 
 INSERT_COLUMNS = (
@@ -140,23 +142,64 @@ _CLAIM_SET = f"""
 # so a claim of 5 took a queue's every task (tests/db/test_pick_once.py).
 # A paused queue (a row of tasks_queuecontrol) gives nothing: checked once per queue per statement
 # (a primary-key probe), so a pause holds from the next claim of every worker and HTTP client.
-_PICK_ONE = """
+#
+# Resuming where the last claims stopped (one queue). Beside an old snapshot (a forgotten
+# transaction, an analytics query, pg_dump) no claimed row's index entry can be removed, nor marked
+# dead: each claim used to step over every row claimed since the snapshot was taken, one heap visit
+# each, from the front of its level (100,000 tasks drained at 0.40x of their free rate). A worker
+# passes, per priority level, the position (run_after, id) of the last row it claimed there
+# (``after_priorities``, ``after_run_afters``, ``after_ids``; empty arrays: a scan from the start).
+# A level with a position is range-scanned after it. The walk over the levels never crosses the front
+# of a level it has a position for: from a level L it probes only the priorities between L and the
+# highest positioned level below L, and falls back to that level itself (K below). A level above
+# every position is found by the same probe from the top, so a new higher-priority task is taken at
+# once. What a position passes over, a READY row that appeared behind it (a hand-back keeping its
+# place, a task enqueued with an earlier run_after, a row another claimer skipped and let go), the
+# worker's next scan from the start takes: it makes one every RESCAN_INTERVAL
+# (tasks/worker/dispatcher.py), so such a row waits at most that long.
+_POSITIONS = (
+    "unnest(%(after_priorities)s::smallint[], %(after_run_afters)s::timestamptz[], %(after_ids)s::bigint[])"
+    " AS k(priority, run_after, id)"
+)
+
+
+def _next_level(below: str) -> str:
+    """The next priority below ``below`` holding READY rows of the queue, without crossing the
+    front of a positioned level: the highest positioned level below ``below`` (K) bounds the probe,
+    and is the answer when nothing lies between."""
+    known = f"(SELECT max(k.priority) FROM {_POSITIONS} WHERE k.priority < {below})"
+    return f"""CASE WHEN {known} IS NULL THEN
+            (SELECT t.priority FROM tasks_task AS t
+             WHERE t.status = 'READY' AND t.queue = %(queue)s AND t.priority < {below}
+             ORDER BY t.priority DESC LIMIT 1)
+        ELSE COALESCE(
+            (SELECT t.priority FROM tasks_task AS t
+             WHERE t.status = 'READY' AND t.queue = %(queue)s AND t.priority < {below} AND t.priority > {known}
+             ORDER BY t.priority DESC LIMIT 1),
+            {known})
+        END"""
+
+
+_PICK_ONE = f"""
 WHERE t.id = ANY(ARRAY(
     WITH RECURSIVE levels(priority) AS (
-        (SELECT priority FROM tasks_task
-         WHERE status = 'READY' AND queue = %(queue)s
-           AND NOT EXISTS (SELECT 1 FROM tasks_queuecontrol WHERE name = %(queue)s AND paused)
-         ORDER BY priority DESC LIMIT 1)
+        SELECT {_next_level("32767")}
+        WHERE NOT EXISTS (SELECT 1 FROM tasks_queuecontrol WHERE name = %(queue)s AND paused)
         UNION ALL
-        SELECT (SELECT t.priority FROM tasks_task AS t
-                WHERE t.status = 'READY' AND t.queue = %(queue)s AND t.priority < levels.priority
-                ORDER BY t.priority DESC LIMIT 1)
+        SELECT {_next_level("levels.priority")}
         FROM levels WHERE levels.priority IS NOT NULL
+    ), placed AS (
+        SELECT l.priority,
+               COALESCE((SELECT k.run_after FROM {_POSITIONS} WHERE k.priority = l.priority), '-infinity')
+                   AS run_after,
+               COALESCE((SELECT k.id FROM {_POSITIONS} WHERE k.priority = l.priority), 0) AS id
+        FROM levels AS l
     )
-    SELECT due.id FROM levels AS l
+    SELECT due.id FROM placed AS l
     CROSS JOIN LATERAL (
         SELECT id FROM tasks_task
         WHERE status = 'READY' AND queue = %(queue)s AND priority = l.priority AND run_after <= statement_timestamp()
+          AND (run_after, id) > (l.run_after, l.id)
           AND shared_crashes < %(isolation_bar)s
         ORDER BY run_after, id
         LIMIT %(limit)s
@@ -231,12 +274,19 @@ LIMIT 1
 """
 
 
-def claim_params(queues: list[str], *, busy: bool, isolate_after: int) -> dict[str, Any]:
-    """The queue and isolation parameters of every claim statement."""
+def claim_params(
+    queues: list[str], *, busy: bool, isolate_after: int, after: Sequence[ClaimPosition] = ()
+) -> dict[str, Any]:
+    """The queue, isolation and position parameters of every claim statement (positions, one per
+    priority level, only for a claim from one queue)."""
+    positions = list(after) if len(queues) == 1 else []
     return {
         "queue": queues[0] if queues else "",
         "queues": queues,
         "isolation_bar": isolate_after if busy else NO_ISOLATION_BAR,
+        "after_priorities": [p.priority for p in positions],
+        "after_run_afters": [p.run_after for p in positions],
+        "after_ids": [p.id for p in positions],
     }
 
 
@@ -363,7 +413,7 @@ def _claimed_cte(pick: str) -> str:
 _CLAIMED_AND_FINISHED = """SELECT 'c', claimed.* FROM claimed
 UNION ALL
 SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, NULL
 FROM finished"""
 
 
@@ -386,7 +436,7 @@ WITH {_FINISHED_CTE}, started AS (
 {_CLAIMED_AND_FINISHED}
 UNION ALL
 SELECT 's', started.id, started.token, NULL, NULL, NULL, started.attempts, NULL, NULL,
-       started.started_at, NULL, NULL, NULL, started.last_attempted_at, NULL, NULL, NULL, NULL, NULL, NULL
+       started.started_at, NULL, NULL, NULL, started.last_attempted_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM started
 """
 

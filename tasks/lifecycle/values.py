@@ -40,6 +40,8 @@ class ClaimedTask:
     task_run_after: dt.datetime | None = None
     #: Enqueued through the JSON API: the worker checks the path against the allow-list before importing it.
     api_origin: bool = False
+    #: Its place in the claim order (with priority and id): where the worker's next claim resumes.
+    run_after: dt.datetime | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -171,7 +173,31 @@ def claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
         backend_alias=row[16],
         task_run_after=row[17],
         api_origin=bool(row[18]),
+        run_after=row[19],
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPosition:
+    """A place in a queue's claim order (priority high to low, then run_after, then id): a claim
+    given one starts after it (tasks/lifecycle/statements.py, "Resuming after the last position")."""
+
+    priority: int
+    run_after: dt.datetime
+    id: int
+
+    @classmethod
+    def last_per_level(cls, claimed: Sequence[ClaimedTask]) -> dict[int, ClaimPosition]:
+        """The furthest position among ``claimed`` in each priority level they came from."""
+        last: dict[int, ClaimPosition] = {}
+        for task in claimed:
+            if task.run_after is None:
+                continue
+            here = cls(task.priority, task.run_after, task.id)
+            seen = last.get(task.priority)
+            if seen is None or (seen.run_after, seen.id) < (here.run_after, here.id):
+                last[task.priority] = here
+        return last
 
 
 def validate_enqueue(*, queue: str, priority: int, max_attempts: int, timeout: float | None) -> None:

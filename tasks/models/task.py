@@ -32,6 +32,7 @@ from tasks.lifecycle.storable import storable_json
 from tasks.lifecycle.values import (
     AttemptFate,
     ClaimedTask,
+    ClaimPosition,
     Enqueued,
     FailOutcome,
     Failure,
@@ -211,11 +212,15 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         ttl: float | None = None,
         start: bool = False,
         take_isolated: bool = True,
+        after: Sequence[ClaimPosition] = (),
     ) -> list[ClaimedTask]:
         """Claim up to ``limit`` runnable tasks for ``worker`` under a lease of ``ttl`` seconds.
 
         With ``start`` the attempts begin (and are charged) at once, as for an HTTP client; a
-        worker claims without it and sends :meth:`start` when an executor begins the task.
+        worker claims without it and sends :meth:`start` when an executor begins the task. With
+        ``after`` (positions, at most one per priority; one queue only) the claim resumes after them
+        instead of scanning each level from its front (tasks/lifecycle/statements.py, "Resuming
+        where the last claims stopped").
         """
         names = list(queues)
         isolate_after = get_settings().ISOLATE_AFTER
@@ -225,7 +230,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "limit": limit,
             "start": start,
             "isolate_after": isolate_after,
-            **sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after),
+            **sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after, after=after),
         }
         claimed = [claimed_from_row(row) for row in self._rows(sql.CLAIM_SQL[len(names) > 1], params)]
         claimed.sort(key=lambda task: (-task.priority, task.id))
@@ -341,6 +346,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         ttl: float | None = None,
         isolate_after: int | None = None,
         take_isolated: bool = True,
+        after: Sequence[ClaimPosition] = (),
     ) -> tuple[set[tuple[int, int]], dict[tuple[int, int], Started], list[ClaimedTask]]:
         """One statement: finish ``results`` (id, token, JSON), mark ``starts`` (id, token, start
         time) begun, claim up to ``limit`` more. Returns (finished, started, claimed); attempts
@@ -358,7 +364,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "limit": limit,
             "start": False,
             "isolate_after": isolate_after,
-            **sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after),
+            **sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after, after=after),
         }
         statement = sql.FINISH_AND_CLAIM_SQL[len(names) > 1]
         if starts:  # the usual round has none: a short task's start rides on its finish

@@ -19,6 +19,7 @@ from django.db import DatabaseError
 from leasing import clock
 from tasks.exceptions import TaskTimeout
 from tasks.lifecycle.storable import storable_text
+from tasks.lifecycle.values import ClaimPosition
 from tasks.models import ClaimedTask
 from tasks.runtime import Execution
 from tasks.worker.handbacks import HandBacks
@@ -46,6 +47,10 @@ LOCKED: Any = object()
 #: A start marker waits this long for the attempt's own outcome, which then carries it (a short task
 #: costs one row update, not two); longer attempts are marked by the next round after that.
 MARKER_DELAY = 0.02
+# Seconds between claims that scan each level from its front (the rest resume where the last claims
+# stopped): how long a READY row behind those positions (a hand-back keeping its place) may wait, and
+# how often a claim pays for the dead entries an old snapshot keeps (one pass over them per interval).
+RESCAN_INTERVAL = 1.0
 
 
 class Dispatcher:
@@ -94,6 +99,14 @@ class Dispatcher:
         self.handbacks = HandBacks(session, mailbox, ledger, signals)
         self._pending_starts: dict[Key, tuple[Execution, float, float]] = {}
         self._deferred: list[tuple[float, Outcome]] = []  # outcomes whose row was locked: (retry at, outcome)
+        # Where the last claims stopped, per priority level: the next claims resume there instead of
+        # stepping over every row claimed since an old snapshot began (tasks/lifecycle/statements.py,
+        # "Resuming where the last claims stopped"). Until the next scan from the start is due.
+        self._positions: dict[int, ClaimPosition] = {}
+        self._scan_from_start_at = 0.0
+        # The last claim resumed and came back short: a READY row may lie behind the positions, so
+        # an idle worker looks again, from the start, once that scan is due (not a poll interval on).
+        self._look_behind = False
 
     # -- sizing -------------------------------------------------------------------------------------
 
@@ -222,6 +235,8 @@ class Dispatcher:
             wait = min(wait, max(0.0, when - now) + 0.001)
         if census.unstarted:
             wait = min(wait, MARKER_DELAY)  # an executor may start one at any moment
+        if self._look_behind:
+            wait = min(wait, max(0.0, self._scan_from_start_at - now) + 0.001)
         return wait
 
     # -- one round ----------------------------------------------------------------------------------
@@ -246,6 +261,8 @@ class Dispatcher:
         claimed: list[ClaimedTask] | None = []
         refused: list[Outcome] = []
         sent = clock.monotonic()
+        resume = bool(claim) and len(self.queues) == 1 and sent < self._scan_from_start_at
+        after = list(self._positions.values()) if resume else []
         try:
             session.bind()
             if markers or claim:
@@ -259,7 +276,11 @@ class Dispatcher:
                     isolate_after=self.isolate_after,
                     # a task to run isolated goes only to a worker holding nothing else
                     take_isolated=idle and self.zombies() == 0,
+                    after=after,
                 )
+                if claim:
+                    self._remember(claimed, sent, resumed=resume)
+                    self._look_behind = resume and len(claimed) < claim
             else:  # only results: the plain finish statement is lighter to send
                 accepted, marked = (manager.complete_many(session.id, results) if results else set()), {}
         except CONNECTION_ERRORS as exc:
@@ -311,6 +332,14 @@ class Dispatcher:
         if claimed:
             self._route([Execution(task, session.id, session.ttl, sent, session.using) for task in claimed])
         return claimed
+
+    def _remember(self, claimed: list[ClaimedTask], sent: float, *, resumed: bool) -> None:
+        """Where this claim stopped in each level it took rows from. A scan from the start replaces
+        every position (a level it found empty has none now) and sets when the next one is due."""
+        if not resumed:
+            self._positions = {}
+            self._scan_from_start_at = sent + RESCAN_INTERVAL
+        self._positions.update(ClaimPosition.last_per_level(claimed))
 
     def _route(self, executions: list[Execution]) -> None:
         """Claimed attempts to the threads or the event loop; what no slot of its kind will start

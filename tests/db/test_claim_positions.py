@@ -1,0 +1,171 @@
+"""Claims that resume where the last ones stopped (tasks/lifecycle/statements.py, "Resuming where
+the last claims stopped"): the claim order is kept, a higher priority is taken at once, lower levels
+are reached, a row behind a position waits for the next scan from the start, and beside an old
+snapshot a resumed claim reads a few blocks where a scan from the start reads every claimed row."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+
+from tasks.lifecycle.values import ClaimedTask, ClaimPosition
+from tasks.models import Task
+from tests.helpers import test_database_url as database_url  # not collected as a test
+from tests.helpers.plans import recorded
+
+pytestmark = pytest.mark.django_db
+
+NOOP = "tests.testapp.handlers.noop"
+
+
+class Claimer:
+    """Claims as the dispatcher does: the first from the start, the rest from the positions."""
+
+    def __init__(self, queue: str, name: str = "positions") -> None:
+        self.queue, self.name = queue, name
+        self.positions: dict[int, ClaimPosition] = {}
+
+    def claim(self, limit: int, *, from_start: bool = False) -> list[ClaimedTask]:
+        after = [] if from_start else list(self.positions.values())
+        claimed = Task.objects.claim(self.name, limit=limit, queues=[self.queue], after=after)
+        if from_start:
+            self.positions = {}
+        self.positions.update(ClaimPosition.last_per_level(claimed))
+        return claimed
+
+
+def ids(claimed: list[ClaimedTask]) -> list[int]:
+    return [c.id for c in claimed]
+
+
+def test_resumed_claims_take_the_queue_in_its_order() -> None:
+    queued = [Task.objects.enqueue(NOOP, queue="order").id for _ in range(10)]
+    claimer = Claimer("order")
+    assert ids(claimer.claim(3, from_start=True)) == queued[:3]
+    assert ids(claimer.claim(3)) == queued[3:6]
+    assert ids(claimer.claim(10)) == queued[6:]
+    assert claimer.claim(5) == []
+    later = Task.objects.enqueue(NOOP, queue="order").id
+    assert ids(claimer.claim(5)) == [later]  # appended after the position
+
+
+def test_a_higher_priority_is_taken_at_once_and_lower_levels_after() -> None:
+    low = [Task.objects.enqueue(NOOP, queue="levels", priority=0).id for _ in range(4)]
+    mid = [Task.objects.enqueue(NOOP, queue="levels", priority=5).id for _ in range(3)]
+    claimer = Claimer("levels")
+    assert ids(claimer.claim(2, from_start=True)) == mid[:2]
+    urgent = Task.objects.enqueue(NOOP, queue="levels", priority=9).id
+    top = Task.objects.enqueue(NOOP, queue="levels", priority=50).id
+    assert ids(claimer.claim(3)) == [top, urgent, mid[2]]
+    assert ids(claimer.claim(2)) == low[:2]  # down to the next level, past the positioned ones
+    between = Task.objects.enqueue(NOOP, queue="levels", priority=3).id  # between two positioned levels
+    assert ids(claimer.claim(5)) == [between, *low[2:]]
+    assert claimer.positions.keys() == {50, 9, 5, 3, 0}
+
+
+def test_a_row_behind_a_position_waits_for_the_next_scan_from_the_start() -> None:
+    queued = [Task.objects.enqueue(NOOP, queue="behind").id for _ in range(6)]
+    claimer = Claimer("behind")
+    first = claimer.claim(3, from_start=True)
+    handed = Task.objects.hand_back("positions", [(first[0].id, first[0].token)])
+    assert handed == {(first[0].id, first[0].token)}  # READY again, keeping its place (behind the position)
+    assert ids(claimer.claim(2)) == queued[3:5]
+    assert ids(claimer.claim(2, from_start=True)) == [queued[0], queued[5]]
+
+
+def test_several_queues_ignore_positions() -> None:
+    a = Task.objects.enqueue(NOOP, queue="many-a").id
+    b = Task.objects.enqueue(NOOP, queue="many-b").id
+    stale = [ClaimPosition(0, Task.objects.get(pk=b).run_after, b)]  # would pass over both if applied
+    claimed = Task.objects.claim("positions", limit=5, queues=["many-a", "many-b"], after=stale)
+    assert sorted(ids(claimed)) == [a, b]
+
+
+@pytest.fixture
+def old_snapshot() -> Iterator[None]:
+    """Another session holding a REPEATABLE READ snapshot: no claimed row's index entry can go."""
+    with psycopg.connect(database_url()) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM tasks_task").fetchone()
+        yield
+        holder.rollback()
+
+
+def _claim_index_blocks(sql: str, params: Any) -> int:
+    """The blocks the statement's scans of the claim index touch (their heap visits included), run
+    again under EXPLAIN (ANALYZE, BUFFERS) and rolled back. The rest of a claim (the update of the
+    claimed rows and their index entries) costs the same either way."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)
+        plan = cursor.fetchone()[0][0]["Plan"]
+        transaction.set_rollback(True)
+
+    def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+        return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
+
+    scans = [n for n in nodes(plan) if n.get("Index Name") == "tasks_task_claim_idx"]
+    assert scans, "the claim reads its index"
+    return sum(int(n["Shared Hit Blocks"] + n["Shared Read Blocks"]) for n in scans)
+
+
+@pytest.mark.django_db(transaction=True)  # claims commit, as a worker's do, beside the other session's snapshot
+@pytest.mark.parametrize("priorities", [(0,), (7, 3)], ids=["one level", "two levels"])
+def test_beside_an_old_snapshot_a_resumed_claim_reads_few_blocks(old_snapshot: None, priorities: tuple[int]) -> None:
+    queue = f"snapshot-{len(priorities)}"
+    for priority in priorities:
+        Task.objects.bulk_enqueue(NOOP, [{}] * 10_000, queue=queue, priority=priority)
+    claimer = Claimer(queue)
+    claimer.claim(500, from_start=True)
+    while Task.objects.filter(queue=queue, status="READY").count() > 1000:
+        assert claimer.claim(500)
+    # Nearly all of the queue is claimed now (committed), every claimed row's entry still in the claim
+    # index: the other session's snapshot may see those rows READY.
+    with recorded() as statements:
+        claimer.claim(10)
+        claimer.claim(10, from_start=True)
+    (resumed, resumed_params), (from_start, start_params) = statements
+    resumed_blocks = _claim_index_blocks(resumed, resumed_params)
+    start_blocks = _claim_index_blocks(from_start, start_params)
+    assert start_blocks > 300  # the case shows the cost: a scan from the start visits the claimed rows
+    assert resumed_blocks < 40, (resumed_blocks, start_blocks)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_takes_a_row_behind_its_position_at_its_next_scan_not_its_next_poll(monkeypatch) -> None:
+    """A worker polls every 60 s here; its resumed claims pass over a row enqueued behind their
+    position (an earlier run_after), and its scan from the start, due 3 s after the last one, takes it."""
+    import datetime as dt
+    import threading
+
+    from django.db import connections
+
+    from tasks.worker import dispatcher
+    from tasks.worker.process import Worker
+    from tests.helpers import wait_until
+
+    monkeypatch.setattr(dispatcher, "RESCAN_INTERVAL", 3.0)
+    worker = Worker(queues=["rescan"], concurrency=1, poll_interval=60, install_signal_handlers=False, worker_id="rs")
+
+    def run() -> None:
+        try:
+            worker.run()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        first = Task.objects.enqueue(NOOP, queue="rescan").id
+        wait_until(lambda: Task.objects.filter(pk=first, status="SUCCESSFUL").exists(), 20, what="the first task")
+        placed = Task.objects.get(pk=first).run_after
+        behind = Task.objects.enqueue(NOOP, queue="rescan", run_after=placed - dt.timedelta(hours=1)).id
+        wait_until(lambda: Task.objects.filter(pk=behind, status="SUCCESSFUL").exists(), 20, what="the row behind")
+    finally:
+        worker.request_stop()
+        worker.request_stop()
+        thread.join(30)
+    assert not thread.is_alive()
