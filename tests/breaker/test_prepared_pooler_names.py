@@ -32,6 +32,19 @@ def bouncer() -> Iterator[Bouncer]:
         yield running
 
 
+def child(stack: ExitStack, url: str):
+    """A prepclient process on ``url``, killed and its pipes closed on the way out."""
+    proc = start_child("prepclient", DATABASE_URL=url)
+
+    def close_pipes() -> None:
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+    stack.callback(close_pipes)
+    return stack.enter_context(ensure_ended(proc))
+
+
 def ask(proc, **cmd):
     send(proc, cmd)
     return read_message(proc, timeout=60)
@@ -62,8 +75,8 @@ def test_a_dedup_enqueue_through_an_undeclared_pooler_runs_another_clients_plain
     with an IntegrityError on the dedup index (and nothing marks the alias refused)."""
     url = bouncer.url(connection.settings_dict["NAME"])
     with ExitStack() as stack:
-        plain = stack.enter_context(ensure_ended(start_child("prepclient", DATABASE_URL=url)))
-        dedup = stack.enter_context(ensure_ended(start_child("prepclient", DATABASE_URL=url)))
+        plain = child(stack, url)
+        dedup = child(stack, url)
         z1, z2 = Holder(bouncer), Holder(bouncer)
         stack.callback(z1.close)
         stack.callback(z2.close)
@@ -93,8 +106,8 @@ def test_an_enqueue_through_an_undeclared_pooler_binds_to_a_workers_bounds_prefi
     requires 0"), which is neither a fallback nor detected (the alias stays preparing, no warning)."""
     url = bouncer.url(connection.settings_dict["NAME"])
     with ExitStack() as stack:
-        web = stack.enter_context(ensure_ended(start_child("prepclient", DATABASE_URL=url)))
-        worker = stack.enter_context(ensure_ended(start_child("prepclient", DATABASE_URL=url)))
+        web = child(stack, url)
+        worker = child(stack, url)
         z1, z2 = Holder(bouncer), Holder(bouncer)
         stack.callback(z1.close)
         stack.callback(z2.close)
