@@ -37,8 +37,20 @@ CASES: dict[str, dict[str, Any]] = {
     "priority bool": {"priority": True},
 }
 
-COLUMNS = ("queue", "priority", "task_path", "args", "kwargs", "run_after", "max_attempts", "timeout", "dedup_key",
-           "status", "concurrency_key", "concurrency_limit")
+COLUMNS = (
+    "queue",
+    "priority",
+    "task_path",
+    "args",
+    "kwargs",
+    "run_after",
+    "max_attempts",
+    "timeout",
+    "dedup_key",
+    "status",
+    "concurrency_key",
+    "concurrency_limit",
+)
 
 
 def outcome(settings, prepared_on: bool, bounded: bool, extra: dict[str, Any]) -> tuple[Any, ...]:
@@ -57,7 +69,7 @@ def outcome(settings, prepared_on: bool, bounded: bool, extra: dict[str, Any]) -
                 row = Task.objects.filter(pk=got.id).values_list(*columns).get()
                 transaction.set_rollback(True)  # compare, don't keep
             return ("ok", row)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             assert Task.objects.count() == before
             return ("error", type(exc).__name__)
     finally:

@@ -61,7 +61,7 @@ def test_a_web_process_claims_again_after_a_column_is_widened(widened, monkeypat
     for _request in range(3):
         try:
             Task.objects.claim("ddl-api", queues=["ddl"], ttl=60, start=True)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors.append(f"{type(exc).__name__}: {exc}")
         connection.close_if_unusable_or_obsolete()  # what Django does at the end of every request
     assert errors == [], errors
@@ -104,8 +104,10 @@ def test_a_running_worker_keeps_draining_after_a_column_is_widened(workers, wide
     widened.execute(alter)
     ids = Task.objects.bulk_enqueue("tests.testapp.handlers.record", [{"n": n} for n in range(10)], queue="ddl")
     wait_until(
-        lambda: Task.objects.filter(pk__in=ids).exclude(status__in=[TaskStatus.READY, TaskStatus.RUNNING]).count()
-        == len(ids),
+        lambda: (
+            Task.objects.filter(pk__in=ids).exclude(status__in=[TaskStatus.READY, TaskStatus.RUNNING]).count()
+            == len(ids)
+        ),
         30,
         what="the tasks enqueued after the ALTER to finish",
     )

@@ -46,6 +46,6 @@ def main(argv: list[str]) -> int:
         cmd = json.loads(line)
         try:
             emit(ok=True, **run(cmd))
-        except Exception as exc:  # noqa: BLE001 (reported to the test)
+        except Exception as exc:
             emit(ok=False, error=f"{type(exc).__name__}: {exc}", cause=type(exc.__cause__).__name__)
     return 0
