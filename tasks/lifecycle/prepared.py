@@ -26,20 +26,43 @@ statement are sent together with one Sync (one round trip), and the extended pro
 statement before a Sync as one implicit transaction, so the local settings hold for the statement and
 end with it, whatever a pooler does with the connection next.
 
-A pooler nobody declared shows as "prepared statement ... does not exist / already exists": the
+Statements are named by their text and parameter types (``_dl_`` and a digest), not by psycopg's
+per-connection counter (``_pg3_0``, ``_pg3_1``, ...). Through a transaction pooler nobody declared,
+a counter name may already stand for another client's different statement on the server connection
+the pooler picked, and the server would run that one (a plain insert for a dedup-keyed enqueue,
+found by the breaker of issue 22). A name that is a digest of its text can only ever mean that
+text: the server answers "prepared statement ... does not exist / already exists" instead. The
 alias then stops preparing for the rest of the process (one warning), and a statement refused so
 outside a transaction is run again unprepared (the refusal came before it ran). Inside the caller's
 transaction the error is raised: that transaction is aborted, and the next one runs unprepared.
+
+A statement that failed (a lock timeout, a value out of range) stays prepared and keeps its name:
+psycopg's own bookkeeping forgets it and prepares it again under a new name, leaving one more
+statement on the server per failure for the life of the connection. One whose result type a
+migration changed ("cached plan must not change result type") is dropped with every other
+prepared statement of the connection (DEALLOCATE ALL) and run again unprepared, outside a
+transaction; it is prepared anew on its next run.
+
+The naming and bookkeeping live in a subclass of psycopg's ``PrepareManager`` set on the connection
+(psycopg 3.2 and 3.3 have the same one; ``tests/db/test_prepared.py`` fails if a later psycopg
+changes it, and until then such a connection is simply not prepared on).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 from django.db.backends.base.base import BaseDatabaseWrapper
 from psycopg.types.string import StrDumper
+
+try:
+    from psycopg._preparing import Prepare, PrepareManager
+except ImportError:  # pragma: no cover - a psycopg without them: nothing is prepared
+    Prepare = PrepareManager = None  # type: ignore[assignment,misc]
 
 from leasing.bounds import LocalSettings
 from tasks.conf import get_settings
@@ -51,6 +74,46 @@ _refused: set[str] = set()
 # psycopg prepares a statement run this many times unasked: never, here (only prepare=True does).
 _ONLY_WHEN_ASKED = 2**62
 _POOLER_ERRORS = (psycopg.errors.InvalidSqlStatementName, psycopg.errors.DuplicatePreparedStatement)
+
+
+_RESULT_TYPE_CHANGED = "cached plan must not change result type"
+
+
+if PrepareManager is not None:
+
+    class NamedByText(PrepareManager):
+        """psycopg's prepared-statement bookkeeping, with names that say which statement they are
+        and kept across a failed run (the module's docstring says why)."""
+
+        def get(self, query: Any, prepare: bool | None = None) -> tuple[Any, bytes]:
+            prep, name = super().get(query, prepare)
+            if prep is Prepare.SHOULD:
+                digest = hashlib.blake2b(query.query, digest_size=12)
+                digest.update(repr(query.types).encode())
+                name = b"_dl_" + digest.hexdigest().encode()
+            return prep, name
+
+        def validate(self, key: Any, prep: Any, name: bytes, results: Sequence[Any]) -> None:
+            if self._should_discard(prep, results):
+                return
+            self._rotate()  # psycopg forgets a statement whose run failed; it is still prepared
+
+
+def _named_by_text(raw: psycopg.Connection[Any]) -> bool:
+    """Give ``raw`` the bookkeeping above, unless it already prepares statements of its own
+    (server-side binding with a prepare threshold: those keep psycopg's names)."""
+    manager = getattr(raw, "_prepared", None)
+    if PrepareManager is None or not isinstance(manager, PrepareManager):
+        return False
+    if isinstance(manager, NamedByText):
+        return True
+    if getattr(manager, "_names", None):
+        return False
+    named = NamedByText()
+    named.prepare_threshold = manager.prepare_threshold
+    named.prepared_max = manager.prepared_max
+    raw._prepared = named
+    return True
 
 
 def preparable(connection: BaseDatabaseWrapper) -> bool:
@@ -74,28 +137,36 @@ def rows(connection: BaseDatabaseWrapper, sql: str, params: dict[str, Any]) -> l
         connection.ensure_connection()  # async_unsafe, as Django's own cursor() is
         connection.validate_no_broken_transaction()
         raw = connection.connection
-        # Django opens its connections with psycopg's preparing off (prepare_threshold None), which
-        # psycopg honours even for prepare=True. Turned on for this statement only: Django's own
-        # queries stay as they were (never prepared, not even counted).
-        saved = raw.prepare_threshold
-        raw.prepare_threshold = _ONLY_WHEN_ASKED if saved is None else saved
-        try:
-            with connection.wrap_database_errors:
-                return _run(raw, connection.execute_wrappers, sql, params)
-        except Exception as exc:
-            if not isinstance(exc.__cause__, _POOLER_ERRORS):
-                raise
-            _refused.add(connection.alias)
-            logger.warning(
-                "database %r refused a prepared statement (%s): a transaction pooler? Statements there run "
-                "unprepared from now on; list the alias in LEASING_TASKS['POOLED_DATABASES'] (docs/howto/pgbouncer.md)",
-                connection.alias,
-                exc.__cause__.sqlstate,
-            )
-            if connection.in_atomic_block or not raw.autocommit:
-                raise
-        finally:
-            raw.prepare_threshold = saved
+        if _named_by_text(raw):
+            # Django opens its connections with psycopg's preparing off (prepare_threshold None),
+            # which psycopg honours even for prepare=True. Turned on for this statement only:
+            # Django's own queries stay as they were (never prepared, not even counted).
+            saved = raw.prepare_threshold
+            raw.prepare_threshold = _ONLY_WHEN_ASKED if saved is None else saved
+            try:
+                with connection.wrap_database_errors:
+                    return _run(raw, connection.execute_wrappers, sql, params)
+            except Exception as exc:
+                cause = exc.__cause__
+                if isinstance(cause, _POOLER_ERRORS):
+                    _refused.add(connection.alias)
+                    raw._prepared.clear()  # DEALLOCATE ALL with the next statement
+                    logger.warning(
+                        "database %r refused a prepared statement (%s): a transaction pooler? Statements there "
+                        "run unprepared from now on; list the alias in LEASING_TASKS['POOLED_DATABASES'] "
+                        "(docs/howto/pgbouncer.md)",
+                        connection.alias,
+                        cause.sqlstate,
+                    )
+                elif isinstance(cause, psycopg.errors.FeatureNotSupported) and _RESULT_TYPE_CHANGED in str(cause):
+                    raw._prepared.clear()  # prepared anew on the next run
+                    logger.info("database %r: prepared statements dropped after a schema change", connection.alias)
+                else:
+                    raise
+                if connection.in_atomic_block or not raw.autocommit:
+                    raise
+            finally:
+                raw.prepare_threshold = saved
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall() if cursor.description else []

@@ -186,3 +186,21 @@ def test_an_undeclared_transaction_pooler_costs_a_fallback_not_a_failure(bouncer
     assert Task.objects.filter(queue="pooled-prepare", status="SUCCESSFUL").count() == 600
     # The pooler did refuse prepared statements, and each refusal was taken in stride.
     assert sum(refusals for _, refusals in results) >= 1
+
+
+@pytest.mark.django_db(transaction=True)  # it closes the connection
+def test_statements_are_named_by_their_text_on_psycopgs_own_bookkeeping(fresh_session):
+    """The naming rides on psycopg's PrepareManager (a private class): if a psycopg release changes
+    it, this fails and the hot paths run unprepared until prepared.py follows."""
+    assert prepared.PrepareManager is not None
+    Task.objects.enqueue("tests.testapp.handlers.noop")
+    assert isinstance(connection.connection._prepared, prepared.NamedByText)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements WHERE statement LIKE '%%INSERT INTO tasks_task%%'")
+        (name,) = cursor.fetchone()
+    assert name.startswith("_dl_") and len(name) == 4 + 24
+    connection.close()  # a new connection: the same text gets the same name
+    Task.objects.enqueue("tests.testapp.handlers.noop")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements WHERE statement LIKE '%%INSERT INTO tasks_task%%'")
+        assert cursor.fetchone() == (name,)
