@@ -57,6 +57,7 @@ from typing import Any
 
 import psycopg
 from django.db.backends.base.base import BaseDatabaseWrapper
+from psycopg.pq import ExecStatus
 from psycopg.types.string import StrDumper
 
 try:
@@ -95,6 +96,12 @@ if PrepareManager is not None:
 
         def validate(self, key: Any, prep: Any, name: bytes, results: Sequence[Any]) -> None:
             if self._should_discard(prep, results):
+                return
+            if prep is Prepare.SHOULD and any(r.status == ExecStatus.PIPELINE_ABORTED for r in results):
+                # Sent in a pipeline whose earlier command failed (the bounds' SELECT, or the
+                # prepare itself stopped by the lock timeout): the server never prepared it.
+                self._names.pop(key, None)
+                self._counts.pop(key, None)
                 return
             self._rotate()  # psycopg forgets a statement whose run failed; it is still prepared
 
