@@ -154,8 +154,9 @@ _CLAIM_SET = f"""
 # highest positioned level below L, and falls back to that level itself (K below). A level above
 # every position is found by the same probe from the top, so a new higher-priority task is taken at
 # once. What a position passes over, a READY row that appeared behind it (a hand-back keeping its
-# place, a task enqueued with an earlier run_after, a row another claimer skipped and let go), the
-# worker's next scan from the start takes: it makes one every RESCAN_INTERVAL
+# place, a keyed task admitted when a slot freed, a row another claimer skipped and let go), the
+# worker's next scan from the start takes: a worker resumes only while its claims come back full (a
+# backlog), scans from the start after a short one, and at least every RESCAN_INTERVAL
 # (tasks/worker/dispatcher.py), so such a row waits at most that long.
 _POSITIONS = (
     "unnest(%(after_priorities)s::smallint[], %(after_run_afters)s::timestamptz[], %(after_ids)s::bigint[])"
