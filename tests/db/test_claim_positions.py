@@ -5,6 +5,7 @@ snapshot a resumed claim reads a few blocks where a scan from the start reads ev
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +15,10 @@ from django.db import connection, transaction
 
 from tasks.lifecycle.values import ClaimedTask, ClaimPosition
 from tasks.models import Task
+from tasks.worker import dispatcher
+from tasks.worker.process import Worker
 from tests.helpers import test_database_url as database_url  # not collected as a test
+from tests.helpers import wait_until, worker_in_thread
 from tests.helpers.plans import recorded
 
 pytestmark = pytest.mark.django_db
@@ -135,40 +139,18 @@ def test_beside_an_old_snapshot_a_resumed_claim_reads_few_blocks(old_snapshot: N
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_worker_takes_a_row_behind_its_position_at_its_next_scan_not_its_next_poll(monkeypatch) -> None:
-    """A worker polls every 60 s here; its resumed claims pass over a row enqueued behind their
-    position (an earlier run_after), and its scan from the start, due 3 s after the last one, takes it."""
-    import datetime as dt
-    import threading
-
-    from django.db import connections
-
-    from tasks.worker import dispatcher
-    from tasks.worker.process import Worker
-    from tests.helpers import wait_until
-
-    monkeypatch.setattr(dispatcher, "RESCAN_INTERVAL", 3.0)
+def test_a_worker_takes_a_row_behind_its_position_at_once_not_at_its_next_poll_or_scan(monkeypatch) -> None:
+    """A worker polls every 60 s here and its periodic scan from the start is an hour away. A row
+    enqueued behind its position (an earlier run_after) is taken at once: after a short claim the
+    next one scans from the start."""
+    monkeypatch.setattr(dispatcher, "RESCAN_INTERVAL", 3600.0)
     worker = Worker(queues=["rescan"], concurrency=1, poll_interval=60, install_signal_handlers=False, worker_id="rs")
-
-    def run() -> None:
-        try:
-            worker.run()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    try:
+    with worker_in_thread(worker):
         first = Task.objects.enqueue(NOOP, queue="rescan").id
         wait_until(lambda: Task.objects.filter(pk=first, status="SUCCESSFUL").exists(), 20, what="the first task")
         placed = Task.objects.get(pk=first).run_after
         behind = Task.objects.enqueue(NOOP, queue="rescan", run_after=placed - dt.timedelta(hours=1)).id
         wait_until(lambda: Task.objects.filter(pk=behind, status="SUCCESSFUL").exists(), 20, what="the row behind")
-    finally:
-        worker.request_stop()
-        worker.request_stop()
-        thread.join(30)
-    assert not thread.is_alive()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -177,14 +159,6 @@ def test_keyed_tasks_admitted_behind_the_positions_do_not_wait_for_the_next_scan
     positions. Positions are used only while claims come back full, so a keyed queue that keeps up
     is drained at once even with the periodic scan from the start an hour away (with positions
     kept after short claims, every admitted task waited for that scan: 2,100 -> 150 tasks/s)."""
-    import threading
-
-    from django.db import connections
-
-    from tasks.worker import dispatcher
-    from tasks.worker.process import Worker
-    from tests.helpers import wait_until
-
     monkeypatch.setattr(dispatcher, "RESCAN_INTERVAL", 3600.0)
     # Grouped by key: the first claim takes each key's first task, its position passes the rest of
     # the first keys' tasks (BLOCKED), which are admitted behind it one by one.
@@ -196,21 +170,7 @@ def test_keyed_tasks_admitted_behind_the_positions_do_not_wait_for_the_next_scan
     worker = Worker(
         queues=["keyed-behind"], concurrency=2, poll_interval=60, install_signal_handlers=False, worker_id="kb"
     )
-
-    def run() -> None:
-        try:
-            worker.run()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    try:
+    with worker_in_thread(worker):
         wait_until(
             lambda: Task.objects.filter(pk__in=ids, status="SUCCESSFUL").count() == len(ids), 30, what="the keyed drain"
         )
-    finally:
-        worker.request_stop()
-        worker.request_stop()
-        thread.join(30)
-    assert not thread.is_alive()

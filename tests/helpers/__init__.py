@@ -148,3 +148,28 @@ def worker_row(name: str, using: str = "default") -> Any:
     from tasks.models import Worker
 
     return Worker.objects.using(using).filter(name=name).order_by("-started_at").first()
+
+
+@contextmanager
+def worker_in_thread(worker: Any) -> Iterator[Any]:
+    """Run a :class:`tasks.worker.process.Worker` in a thread of the test process for the block;
+    stop it (twice: no grace) and join it after, its thread's connections closed."""
+    import threading
+
+    from django.db import connections
+
+    def run() -> None:
+        try:
+            worker.run()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.request_stop()
+        worker.request_stop()
+        thread.join(30)
+    assert not thread.is_alive(), "the worker thread did not stop"
