@@ -47,3 +47,8 @@ class UnstorableOutcome(TaskError):
 
 class TaskPathRefused(TaskError):
     """The task's path is not one the JSON API may run (see LEASING_TASKS["API_TASKS"] and ["API_TASK_PATTERNS"])."""
+
+
+class DependencyFailed(TaskError):
+    """A task this one depends on failed or was cancelled: it was cancelled without running (the
+    ``on_parent_failure="cancel"`` policy of tasks.workflows)."""

@@ -71,6 +71,7 @@ if TYPE_CHECKING:
 _STATUS = {
     # Waiting for a concurrency slot: not yet runnable, but not started either.
     TaskStatus.BLOCKED: TaskResultStatus.READY,
+    TaskStatus.AWAITING: TaskResultStatus.READY,
     TaskStatus.READY: TaskResultStatus.READY,
     TaskStatus.RUNNING: TaskResultStatus.RUNNING,
     TaskStatus.SUCCESSFUL: TaskResultStatus.SUCCESSFUL,

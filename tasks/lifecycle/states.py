@@ -8,6 +8,9 @@ NOTIFY_CHANNEL = "leasing_tasks"
 
 
 class TaskStatus(models.TextChoices):
+    #: A workflow member waiting for the tasks it depends on (tasks/lifecycle/workflows.py): it becomes
+    #: READY when the last of them is final, or CANCELLED when one failed. django.tasks sees it as READY.
+    AWAITING = "AWAITING", "Awaiting"
     #: A task with a ``concurrency_key`` whose key has no free slot: waiting to be admitted to READY
     #: (see tasks/lifecycle/concurrency.py). django.tasks sees it as READY.
     BLOCKED = "BLOCKED", "Blocked"
@@ -18,7 +21,7 @@ class TaskStatus(models.TextChoices):
     CANCELLED = "CANCELLED", "Cancelled"
 
 
-UNFINISHED = (TaskStatus.BLOCKED, TaskStatus.READY, TaskStatus.RUNNING)
+UNFINISHED = (TaskStatus.AWAITING, TaskStatus.BLOCKED, TaskStatus.READY, TaskStatus.RUNNING)
 #: Waiting to run: admitted (READY) or waiting for a concurrency slot (BLOCKED).
 WAITING = (TaskStatus.BLOCKED, TaskStatus.READY)
 FINISHED = (TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED)

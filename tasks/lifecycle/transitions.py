@@ -23,11 +23,13 @@ from tasks.lifecycle.states import TaskStatus
 #: Stands for "no row": the source of an enqueue, the target of a prune.
 NO_ROW = "(none)"
 
+AWAITING = TaskStatus.AWAITING.value
 BLOCKED, READY, RUNNING = TaskStatus.BLOCKED.value, TaskStatus.READY.value, TaskStatus.RUNNING.value
 SUCCESSFUL, FAILED, CANCELLED = TaskStatus.SUCCESSFUL.value, TaskStatus.FAILED.value, TaskStatus.CANCELLED.value
 FINISHED = (SUCCESSFUL, FAILED, CANCELLED)
 
 _S = "tasks.lifecycle.statements."
+_W = "tasks.lifecycle.workflows."
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,16 +45,35 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         "enqueue",
         (NO_ROW,),
-        (READY, BLOCKED),
+        (READY, BLOCKED, AWAITING),
         (
             _S + "ENQUEUE_SQL",
             _S + "ENQUEUE_DEDUP_SQL",
             _S + "BULK_ENQUEUE_SQL",
+            _W + "INSERT_MEMBERS_SQL",
             "tasks.maintenance.scheduler.SLOT_SQL",
             "db:tasks_concurrency_inserted",
         ),
         "a new row is READY; one whose concurrency key has no free slot is BLOCKED by the insert trigger; "
+        "a workflow member that depends on others is AWAITING; "
         "the scheduler enqueues a periodic task's slot in the statement that advances its schedule",
+    ),
+    Transition(
+        "release",
+        (AWAITING,),
+        (READY,),
+        ("db:tasks_workflow_settle",),
+        "the last task it depends on became final (SUCCESSFUL, or any final status under "
+        "on_parent_failure='run'): in the statement that finished that task (its workflow trigger); "
+        "a keyed task then waits for its slot (BLOCKED) as any",
+    ),
+    Transition(
+        "cancel by dependency",
+        (AWAITING,),
+        (CANCELLED,),
+        ("db:tasks_workflow_settle", _W + "CANCEL_AT_ONCE_SQL"),
+        "a task it depends on (or theirs, down the graph) failed or was cancelled, under "
+        "on_parent_failure='cancel': in the statement that ended that task; at enqueue if one already had",
     ),
     Transition(
         "admit",
@@ -111,7 +132,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     ),
     Transition(
         "cancel",
-        (BLOCKED, READY, RUNNING),
+        (AWAITING, BLOCKED, READY, RUNNING),
         (CANCELLED,),
         ("tasks.models.task.TaskQuerySet.cancel",),
         "an operator (dashboard, admin, API, Task.cancel); a running attempt's worker loses its lease",
@@ -127,8 +148,9 @@ TRANSITIONS: tuple[Transition, ...] = (
         "prune",
         FINISHED,
         (NO_ROW,),
-        ("tasks.maintenance.retention.PRUNE_TASKS_SQL",),
-        "retention deletes finished rows older than their status's age",
+        ("tasks.maintenance.retention.PRUNE_TASKS_SQL", _W + "PRUNE_WORKFLOWS_SQL"),
+        "retention deletes finished rows older than their status's age; a workflow's members go with "
+        "their workflow, once it is finished and older than its status's age",
     ),
 )
 
@@ -142,6 +164,7 @@ STATUS_PRESERVING: tuple[str, ...] = (
     _S + "RELEASE_STRAY_LEASES_SQL",
     _S + "EXPIRE_ORPHANS_SQL",
     "tasks.models.task.TaskQuerySet.retry_now",
+    _W + "ADOPT_SQL",
 )
 
 
@@ -186,7 +209,8 @@ def page() -> str:
         "compare-and-set on the attempt (task id, holder, fencing token): a worker whose lease\n"
         "lapsed cannot complete, fail or hand back a task that was recovered or claimed again.\n\n"
         "```mermaid\n" + mermaid() + "```\n\n"
-        "BLOCKED is READY held back by a concurrency key without a free slot; django.tasks sees it\n"
+        "BLOCKED is READY held back by a concurrency key without a free slot; AWAITING is a workflow\n"
+        "member waiting for the tasks it depends on (tasks/lifecycle/workflows.py). django.tasks sees both\n"
         "as READY. `[*]` is no row: before an enqueue, after a prune.\n\n"
         "## The table\n\n" + markdown_table() + "\n"
         "Statements that change a task row but never its status: "

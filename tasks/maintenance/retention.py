@@ -35,6 +35,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from leasing.bounds import without_jit
 from tasks.conf import DEFAULT_RETENTION, get_settings
+from tasks.lifecycle.workflows import PRUNE_WORKFLOWS_SQL
 
 logger = logging.getLogger("tasks.retention")
 
@@ -126,8 +127,11 @@ RETURNING doomed.{at}, doomed.id
 PRUNE_TASKS_SQL = _prune_sql(
     "tasks_task",
     "finished_at",
-    "status = %(status)s AND finished_at IS NOT NULL AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)",
+    "status = %(status)s AND finished_at IS NOT NULL AND workflow_id IS NULL"
+    " AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)",
 )
+# Workflow members are pruned with their workflow, as one unit, once the workflow is finished and
+# older than its status's age (tasks/lifecycle/workflows.py, PRUNE_WORKFLOWS_SQL).
 
 # Leases that ended (released: expires_at was set to the release time; or expired) before the
 # cutoff, through leasing_lease_expires_idx. A live lease has expires_at in the future.
@@ -156,7 +160,7 @@ _STATEMENTS = {
 # What a prune would delete (``--dry-run``), through the same indexes.
 _COUNT_SQL = {
     "TASKS": "SELECT count(*) FROM tasks_task WHERE status = %(status)s AND finished_at IS NOT NULL"
-    " AND finished_at < statement_timestamp() - make_interval(secs => %(age)s)"
+    " AND workflow_id IS NULL AND finished_at < statement_timestamp() - make_interval(secs => %(age)s)"
     " AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)",
     "LEASES": "SELECT count(*) FROM leasing_lease"
     " WHERE expires_at < statement_timestamp() - make_interval(secs => %(age)s)",
@@ -187,6 +191,10 @@ class PruneCursor:
     after: tuple[dt.datetime, Any] = (_BEGINNING, 0)
     deleted: int = 0
     done: bool = False
+    #: A finished status's pass prunes plain tasks, then the workflows that ended in that status
+    #: with their members (``stage`` "workflows", from ``workflows_after``).
+    stage: str = "tasks"
+    workflows_after: tuple[dt.datetime, int] = (_BEGINNING, 0)
 
     def __post_init__(self) -> None:
         if self.kind == "WORKERS" and self.after == (_BEGINNING, 0):
@@ -195,6 +203,8 @@ class PruneCursor:
 
 def prune_batch(cursor: PruneCursor, *, limit: int, queue: str | None = None, using: str = DEFAULT_DB_ALIAS) -> Batch:
     """Delete one batch of ``cursor.kind`` (one statement, its own transaction in autocommit)."""
+    if cursor.stage == "workflows":
+        return _prune_workflows_batch(cursor, limit=limit, using=using)
     params = {
         "status": cursor.kind,
         "queue": queue,
@@ -213,7 +223,30 @@ def prune_batch(cursor: PruneCursor, *, limit: int, queue: str | None = None, us
     # Fewer than asked: the range up to the cutoff is exhausted (rows skipped because another
     # session held them locked are picked up by the next pass).
     cursor.done = len(rows) < limit
+    if cursor.done and cursor.kind in FINISHED_STATUSES and queue is None:
+        cursor.stage, cursor.done = "workflows", False
     return Batch(cursor.kind, len(rows), time.perf_counter() - started)
+
+
+def _prune_workflows_batch(cursor: PruneCursor, *, limit: int, using: str) -> Batch:
+    """Finished workflows of ``cursor.kind``'s status, with their members: ``deleted`` counts tasks."""
+    params: dict[str, Any] = {
+        "status": cursor.kind,
+        "age": cursor.age.total_seconds(),
+        "after_at": cursor.workflows_after[0],
+        "after_id": cursor.workflows_after[1],
+        "limit": limit,
+    }
+    started = time.perf_counter()
+    with without_jit(), connections[using].cursor() as db:
+        db.execute(PRUNE_WORKFLOWS_SQL, params)
+        rows = db.fetchall()
+    members = rows[0][2] if rows else 0
+    if rows:
+        cursor.workflows_after = max((row[0], row[1]) for row in rows)
+        cursor.deleted += members
+    cursor.done = len(rows) < limit
+    return Batch(cursor.kind, members, time.perf_counter() - started)
 
 
 def count_prunable(kind: str, age: dt.timedelta, *, queue: str | None = None, using: str = DEFAULT_DB_ALIAS) -> int:

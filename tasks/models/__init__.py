@@ -31,6 +31,7 @@ from tasks.models.queue_control import PAUSE_LOCK_TIMEOUT_MS, QueueControl, Queu
 from tasks.models.schedule import Schedule, ScheduleRun
 from tasks.models.task import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING, Task, TaskQuerySet
 from tasks.models.worker import Worker, WorkerQuerySet
+from tasks.models.workflow import TaskDependency, Workflow, WorkflowQuerySet
 
 __all__ = [
     "FAILED_BEFORE",
@@ -60,9 +61,12 @@ __all__ = [
     "ScheduleRun",
     "Started",
     "Task",
+    "TaskDependency",
     "TaskQuerySet",
     "TaskStatus",
     "Worker",
     "WorkerQuerySet",
+    "Workflow",
+    "WorkflowQuerySet",
     "validate_concurrency",
 ]

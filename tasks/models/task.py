@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
-from django.db import IntegrityError, connections, models
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
@@ -26,6 +26,7 @@ from tasks.conf import get_settings
 from tasks.exceptions import TaskError
 from tasks.lifecycle import activity, prepared
 from tasks.lifecycle import statements as sql
+from tasks.lifecycle import workflows as wf_sql
 from tasks.lifecycle.routing import queue_database
 from tasks.lifecycle.states import FINISHED, NOT_RUNNING_STATUSES, UNFINISHED, WAITING, TaskStatus
 from tasks.lifecycle.storable import storable_json
@@ -42,6 +43,7 @@ from tasks.lifecycle.values import (
     validate_concurrency,
     validate_enqueue,
 )
+from tasks.lifecycle.workflows import ON_PARENT_FAILURE, WorkflowError, WorkflowKind
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -112,12 +114,20 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         backend_alias: str | None = None,
         concurrency_key: str | None = None,
         concurrency_limit: int | None = None,
+        depends_on: Iterable[int | Enqueued | Task] = (),
+        on_parent_failure: str = "cancel",
+        pipe: bool = False,
     ) -> Enqueued:
         """Insert one task (one statement). With ``dedup_key``, an unfinished task with the same
         key is returned instead of a new one (``created`` is False). ``backend_alias``: the
         django.tasks backend enqueuing it (its worker then runs only a django.tasks Task).
         With ``concurrency_key`` and ``concurrency_limit``, at most that many tasks of the key are
-        admitted (READY or RUNNING) at once; the rest wait BLOCKED (see tasks/lifecycle/concurrency.py)."""
+        admitted (READY or RUNNING) at once; the rest wait BLOCKED (see tasks/lifecycle/concurrency.py).
+
+        With ``depends_on`` (tasks of the same database), the task waits AWAITING until every one of
+        them is final, and joins their workflow (tasks/lifecycle/workflows.py): it runs once they all
+        succeeded; one that failed or was cancelled cancels it (``on_parent_failure="cancel"``) or
+        counts as done (``"run"``). ``pipe``: their return values come first among its arguments."""
         attempts = get_settings().MAX_ATTEMPTS if max_attempts is None else max_attempts
         validate_enqueue(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
         validate_concurrency(concurrency_key, concurrency_limit)
@@ -136,6 +146,13 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "concurrency_limit": concurrency_limit,
         }
         routed = self._routed(queue)
+        parents = sorted({_task_id(parent) for parent in depends_on})
+        if parents:
+            if dedup_key is not None:
+                raise WorkflowError("a task with depends_on cannot have a dedup_key")
+            if on_parent_failure not in ON_PARENT_FAILURE:
+                raise WorkflowError(f"on_parent_failure must be one of {', '.join(ON_PARENT_FAILURE)}")
+            return routed._enqueue_dependant(params, parents, on_parent_failure, pipe)
         # The lookup of an existing task must not go through this queryset's filters (a filtered
         # queryset would never find it and the loop would spin): use the bare table.
         table = self.model._base_manager.db_manager(routed.db)
@@ -151,6 +168,58 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             if existing is not None:
                 return Enqueued(existing, False, database=routed.db)
         raise TaskError(f"could not enqueue: the task holding dedup key {dedup_key!r} kept changing")
+
+    def _enqueue_dependant(self, params: dict[str, Any], parents: list[int], on_failure: str, pipe: bool) -> Enqueued:
+        """One task after existing ones (see :meth:`enqueue`): the parents are locked until the
+        enqueue commits, so none can finish unseen in between (tasks/lifecycle/workflows.py)."""
+        with transaction.atomic(using=self.db), self._connection.cursor() as cursor:
+            cursor.execute(wf_sql.LOCK_PARENTS_SQL, {"ids": parents})
+            rows = cursor.fetchall()
+            missing = sorted(set(parents) - {row[0] for row in rows})
+            if missing:
+                raise WorkflowError(f"depends_on names tasks not in database {self.db!r}: {missing}")
+            flows = sorted({row[2] for row in rows if row[2] is not None})
+            if len(flows) > 1:
+                raise WorkflowError(f"the tasks it depends on belong to different workflows: {flows}")
+            if flows:
+                workflow = flows[0]
+            else:
+                cursor.execute(
+                    wf_sql.CREATE_WORKFLOW_SQL, {"name": "", "kind": WorkflowKind.GRAPH, "total": 0, "callback": None}
+                )
+                workflow = cursor.fetchone()[0]
+            cursor.execute(wf_sql.ADOPT_SQL, {"workflow": workflow, "ids": parents})
+            statuses = {row[0]: row[1] for row in rows}
+            unfinished = [i for i in parents if statuses[i] not in FINISHED]
+            doomed = on_failure == "cancel" and any(
+                statuses[i] in (TaskStatus.FAILED, TaskStatus.CANCELLED) for i in parents
+            )
+            args = json.loads(params["args"])
+            if pipe and not unfinished and not doomed:
+                cursor.execute(wf_sql.PARENT_VALUES_SQL, {"ids": parents})
+                values = [json.loads(row[0]) if isinstance(row[0], str) else row[0] for row in cursor.fetchall()]
+                args = [values[0] if len(values) == 1 else values, *args]
+            cursor.execute(wf_sql.RESERVE_IDS_SQL, {"n": 1})
+            task_id = cursor.fetchone()[0]
+            member = {**params, "args": storable_json(args), "waiting_on": len(unfinished) or int(doomed)}
+            cursor.execute(wf_sql.INSERT_MEMBERS_SQL, wf_sql.member_params(workflow, [task_id], [member]))
+            cursor.execute(
+                wf_sql.INSERT_EDGES_SQL,
+                {
+                    "parents": parents,
+                    "children": [task_id] * len(parents),
+                    "on_failure": [on_failure] * len(parents),
+                    "pipe": [pipe] * len(parents),
+                },
+            )
+            cursor.execute(wf_sql.JOIN_WORKFLOW_SQL, {"workflow": workflow, "unfinished": 1, "bad": 0})
+            if doomed:
+                # A parent already failed: the task is settled as if it had failed now (its own
+                # statement counts it on the workflow).
+                cursor.execute(wf_sql.CANCEL_AT_ONCE_SQL, {"id": task_id})
+            cursor.execute("SELECT enqueued_at FROM tasks_task WHERE id = %s", [task_id])
+            enqueued_at = cursor.fetchone()[0]
+        return Enqueued(task_id, True, enqueued_at, self.db)
 
     def bulk_enqueue(
         self,
@@ -497,6 +566,13 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         return self.filter(status__in=WAITING).update(run_after=Now())
 
 
+def _task_id(task: int | Enqueued | Task) -> int:
+    value = task.id if isinstance(task, Enqueued | Task) else task
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WorkflowError(f"depends_on takes task ids, Enqueued or Task rows, not {task!r}")
+    return value
+
+
 class Task(LeaseFields):
     """One unit of work. The lease columns (holder = worker id, token, expires_at …) are the
     claim of the worker running it."""
@@ -567,6 +643,16 @@ class Task(LeaseFields):
         blank=True,
         help_text="The key's limit as this task was enqueued with it (the latest enqueue sets it).",
     )
+
+    workflow_id = models.BigIntegerField(
+        null=True, blank=True, help_text="The workflow this task belongs to (tasks/lifecycle/workflows.py)."
+    )
+    waiting_on = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="Tasks it depends on that are not final yet (AWAITING until 0)."
+    )
+    #: Set by the database's workflow trigger on the statement that changes a member's status: 1 or 2
+    #: it became SUCCESSFUL or failed / cancelled, -1 or -2 reopened from them, 0 otherwise.
+    settle = models.SmallIntegerField(default=0, db_default=0, editable=False)
 
     # The lease columns' plain index on holder (and its LIKE twin) is replaced by
     # tasks_task_holder_newest_idx below (holder, status, id), which serves the same lookups and also
@@ -660,6 +746,12 @@ class Task(LeaseFields):
                 models.F("id").desc(),
                 name="tasks_task_blocked_page_idx",
                 condition=Q(status="BLOCKED"),
+            ),
+            # A workflow's members by status (the workflow page, its cancel, retention of the unit).
+            models.Index(
+                fields=["workflow_id", "status"],
+                name="tasks_task_workflow_idx",
+                condition=Q(workflow_id__isnull=False),
             ),
             # The repair sweep looks for leases left live on rows that are not running: normally none.
             models.Index(
