@@ -36,3 +36,15 @@ class Effect(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id}:{self.phase}"
+
+
+class Once(models.Model):
+    """A side effect with a unique key: a second run of the same effect inserts nothing (the
+    workflow tests count how many times a callback's effect happened)."""
+
+    key = models.CharField(max_length=100, unique=True)
+    value = models.JSONField(default=dict)
+    runs = models.PositiveIntegerField(default=1)
+
+    def __str__(self) -> str:
+        return self.key

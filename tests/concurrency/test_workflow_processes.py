@@ -1,0 +1,186 @@
+"""Workflows with real worker processes that are SIGKILLed and SIGSTOPped throughout: a group's
+callback runs once, after every member's final state on the database clock; a chain runs its steps in
+order and stops at a step that fails for good; a dependency graph starts no task before all of its
+parents succeeded (tasks/lifecycle/workflows.py)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db.models import Count, Min
+
+from tasks.models import Task, Worker, Workflow
+from tasks.workflows import Workflow as Flow
+from tasks.workflows import chain, group, step
+from tests.helpers import start_manage, stop_process, wait_until
+from tests.testapp.models import Effect, Once
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+H = "tests.testapp.workflow_handlers."
+FAST = ["--ttl", "1", "--recovery-interval", "0.2", "--poll-interval", "0.2", "-v", "2"]
+#: A workflow must end within this many seconds, crashes included.
+ENDS_WITHIN = 240.0
+
+
+class Chaos:
+    """Worker processes under fire: about every ``pause`` seconds one of them (chosen at random) is
+    SIGKILLed and started again, twice, then one is SIGSTOPped for longer than its lease and
+    continued, and so on until :meth:`stop`."""
+
+    def __init__(self, logs: Path, names: list[str], seed: int, pause: float = 1.0) -> None:
+        self.logs = logs
+        self.names = names
+        self.random = random.Random(seed)
+        self.pause = pause
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.kills = self.stops = 0
+        self.starts = 0
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start_worker(self, name: str) -> None:
+        self.starts += 1
+        log = self.logs / f"{name}-{self.starts}.log"
+        self.procs[name] = start_manage(log, "run_worker", "--worker-id", name, *FAST)
+
+    def __enter__(self) -> Chaos:
+        for name in self.names:
+            self.start_worker(name)
+        for name in self.names:
+            wait_until(lambda name=name: Worker.objects.filter(name=name).exists(), 30, what=f"{name} up")
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        round = 0
+        while not self._stopped.wait(self.pause * (0.5 + self.random.random())):
+            name = self.random.choice(self.names)
+            proc = self.procs[name]
+            round += 1
+            if round % 3:  # two kills, then a stop
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                self.kills += 1
+                self.start_worker(name)
+            else:
+                proc.send_signal(signal.SIGSTOP)
+                self.stops += 1
+                if self._stopped.wait(2.5):  # past the 1 s lease: its tasks are recovered meanwhile
+                    proc.send_signal(signal.SIGCONT)
+                    return
+                proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(10)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        for proc in self.procs.values():
+            stop_process(proc)
+
+
+@pytest.fixture
+def logs(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def wait_for_end(workflow_id: int, chaos: Chaos) -> Workflow:
+    deadline = time.monotonic() + ENDS_WITHIN
+    while time.monotonic() < deadline:
+        row = Workflow.objects.get(pk=workflow_id)
+        if row.status != "RUNNING":
+            return row
+        time.sleep(0.2)
+    counts = dict(Task.objects.filter(workflow_id=workflow_id).values_list("status").annotate(n=Count("id")))
+    raise AssertionError(f"workflow {workflow_id} still running after {ENDS_WITHIN}s: {counts}")
+
+
+def starts_of(ids: list[int]) -> dict[int, Any]:
+    """Each task's first start, on the database clock."""
+    rows = Effect.objects.filter(task_id__in=ids, phase="started").values("task_id").annotate(first=Min("created_at"))
+    return {row["task_id"]: row["first"] for row in rows}
+
+
+@pytest.mark.parametrize("seed", [11, 23, 37])
+def test_a_callback_runs_once_after_a_thousand_members_under_kills_and_stops(logs: Path, seed: int) -> None:
+    members = [
+        step(H + "member", n=n, seed=seed, fail_every=97, work=0.08).options(max_attempts=3) for n in range(1000)
+    ]
+    done = group(members, then=step(H + "callback", key=f"group-{seed}"), on_failure="run").enqueue()
+    with Chaos(logs, ["wf-a", "wf-b", "wf-c"], seed, pause=0.5) as chaos:
+        ended = wait_for_end(done.id, chaos)
+    assert chaos.kills >= 2 and chaos.stops >= 1, "the workers were not disturbed"
+    rows = {t.id: t for t in Task.objects.filter(workflow_id=done.id)}
+    callback = rows.pop(done.callback_id)
+    statuses = [t.status for t in rows.values()]
+    assert len(statuses) == 1000 and set(statuses) <= {"SUCCESSFUL", "FAILED"}
+    assert statuses.count("FAILED") >= 10  # every 97th fails for good, and some flaky ones ran out
+    # The callback's effect happened once, and it found every member final.
+    (once,) = Once.objects.filter(key=f"group-{seed}")
+    assert once.value == {s: statuses.count(s) for s in set(statuses)}
+    assert callback.status == "SUCCESSFUL"
+    runs = Effect.objects.filter(task_id=callback.id, phase="started").count()
+    assert once.runs == Effect.objects.filter(task_id=callback.id, phase="ended").count() >= 1
+    # Every start of the callback came after the last member's final state (one clock).
+    last_member = max(t.finished_at for t in rows.values() if t.finished_at)
+    first_callback = Effect.objects.filter(task_id=callback.id).aggregate(first=Min("created_at"))["first"]
+    assert first_callback > last_member
+    assert ended.finished_at >= callback.finished_at
+    assert (ended.status, ended.remaining, ended.failed, ended.total) == ("FAILED", 0, statuses.count("FAILED"), 1001)
+    # Released once: the callback's row went AWAITING -> READY once, and ran one attempt per start
+    # (a rerun only after its own worker died under it).
+    assert callback.attempts == runs <= 1 + callback.crashes + callback.shared_crashes + callback.unstarted_returns
+
+
+def test_a_chain_of_fifty_runs_in_order_across_kills_and_stops_at_a_failure(logs: Path) -> None:
+    steps = [step(H + "link", i, fail_at=40).options(max_attempts=2) for i in range(50)]
+    done = chain(*steps).enqueue()
+    with Chaos(logs, ["ch-a", "ch-b"], seed=5, pause=0.7) as chaos:
+        ended = wait_for_end(done.id, chaos)
+    assert chaos.kills + chaos.stops >= 3, "the workers were not disturbed"
+    ids = done.task_ids
+    rows = {t.id: t for t in Task.objects.filter(pk__in=ids)}
+    assert [rows[i].status for i in ids] == ["SUCCESSFUL"] * 40 + ["FAILED"] + ["CANCELLED"] * 9
+    assert [rows[i].return_value for i in ids[:40]] == list(range(40))
+    first = starts_of(ids)
+    assert set(first) == set(ids[:41])  # the cancelled steps never started
+    for before, after in itertools.pairwise(ids[:41]):
+        assert first[after] > rows[before].finished_at, f"task {after} started before {before} finished"
+    for i in ids[41:]:
+        assert rows[i].errors[-1]["exception_class_path"] == "tasks.exceptions.DependencyFailed"
+    assert ended.status == "FAILED" and ended.finished_at >= max(r.finished_at for r in rows.values())
+
+
+def test_a_graph_of_two_hundred_starts_nothing_before_its_parents_succeeded(logs: Path) -> None:
+    rng = random.Random(7)
+    graph = Flow("random graph")
+    parents: dict[int, list[int]] = {}
+    for n in range(200):
+        ups = rng.sample(range(n), k=min(n, rng.randint(0, 3)))
+        parents[n] = ups
+        graph.add(step(H + "node", n, work=0.15), after=ups)
+    done = graph.enqueue()
+    with Chaos(logs, ["dag-a", "dag-b", "dag-c"], seed=7, pause=0.5) as chaos:
+        ended = wait_for_end(done.id, chaos)
+    assert chaos.kills >= 2 and chaos.stops >= 1, "the workers were not disturbed"
+    assert ended.status == "SUCCESSFUL", ended
+    ids = done.task_ids
+    finished = dict(Task.objects.filter(pk__in=ids).values_list("id", "finished_at"))
+    first = starts_of(ids)
+    assert set(first) == set(ids)
+    checked = 0
+    for n, ups in parents.items():
+        for up in ups:
+            assert first[ids[n]] > finished[ids[up]], f"node {n} started before its parent {up} finished"
+            checked += 1
+    assert checked > 200
