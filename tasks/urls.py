@@ -3,6 +3,7 @@ from django.urls import path
 from tasks.web import dashboard as views
 from tasks.web import queue_pages as queue_views
 from tasks.web import schedule_pages as schedule_views
+from tasks.web import workflow_pages as workflow_views
 
 app_name = "tasks"
 
@@ -18,4 +19,7 @@ urlpatterns = [
     path("queues/", queue_views.queues_page, name="queues"),
     path("schedules/", schedule_views.schedules, name="schedules"),
     path("schedules/<str:name>/", schedule_views.schedule_detail, name="schedule-detail"),
+    path("workflows/", workflow_views.workflow_list, name="workflows"),
+    path("workflows/<int:workflow_id>/", workflow_views.workflow_detail, name="workflow-detail"),
+    path("workflows/<int:workflow_id>/cancel/", workflow_views.workflow_cancel, name="workflow-cancel"),
 ]

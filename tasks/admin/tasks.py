@@ -5,9 +5,10 @@ import json
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import SEARCH_VAR, ChangeList
 from django.core.exceptions import ValidationError
-from django.db.models import QuerySet
+from django.db.models import F, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
@@ -15,11 +16,15 @@ from django.utils.html import format_html, format_html_join
 
 from leasing.admin import CheckedInputAdmin
 from leasing.routing import selected_database
+from leasing.validation import MAX_BIGINT, InvalidInput, parse_whole
 from tasks.backends.placement import misrouted, switch_database
 from tasks.exceptions import TaskError
 from tasks.lifecycle.routing import queue_database
+from tasks.lifecycle.workflows import WorkflowStatus
 from tasks.models import GeneratorState, QueueControl, Task, Worker
 from tasks.web import queries
+from tasks.web.queries import ValueAmong
+from tasks.web.workflows import workflow_page
 
 
 class StuckFilter(admin.SimpleListFilter):
@@ -51,6 +56,40 @@ class QueueFilter(admin.SimpleListFilter):
         return queryset.filter(queue=value) if value else queryset
 
 
+class WorkflowFilter(admin.SimpleListFilter):
+    """A workflow's members (``?workflow_id=``, the link from the workflow admin), read through
+    tasks_task_workflow_idx (:meth:`TaskAdmin.get_paginator`). The choices are the newest running
+    workflows and the one selected: never a DISTINCT over the tasks."""
+
+    title = "workflow"
+    parameter_name = "workflow_id"
+    shown = 20
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        choices = [(str(w.pk), str(w)) for w in workflow_page(WorkflowStatus.RUNNING, limit=self.shown).workflows]
+        selected = _workflow_param(request)
+        if selected is not None and str(selected) not in {value for value, _ in choices}:
+            choices.insert(0, (str(selected), f"workflow {selected}"))
+        return choices
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if not self.value():
+            return queryset
+        selected = _workflow_param(request)
+        if selected is None:
+            raise IncorrectLookupParameters(f"workflow_id must be a whole number from 1 to {MAX_BIGINT}")
+        # An array, not an equality: with "workflow_id = X" the planner could drop the column from
+        # the listing's order and read the pages backwards from the primary key.
+        return queryset.filter(ValueAmong(F("workflow_id"), [selected]))
+
+
+def _workflow_param(request: HttpRequest) -> int | None:
+    try:
+        return parse_whole(request.GET.get(WorkflowFilter.parameter_name, ""), "workflow_id", low=1, high=MAX_BIGINT)
+    except InvalidInput:
+        return None
+
+
 _UNSEARCHED = "_tasks_unsearched_queryset"
 
 
@@ -77,8 +116,9 @@ class TaskAdmin(CheckedInputAdmin):
         "renewed_at",
         "progress",
         "enqueued_at",
+        "workflow",
     )
-    list_filter = ("status", QueueFilter, StuckFilter)
+    list_filter = ("status", QueueFilter, StuckFilter, WorkflowFilter)
     # Search is exact on indexed columns (get_search_results): no LIKE '%…%' over the table.
     search_fields = ("=id", "=dedup_key", "=holder", "=task_path")
     search_help_text = "Exact id, dedup key, worker id (holder) or task path."
@@ -120,7 +160,11 @@ class TaskAdmin(CheckedInputAdmin):
         # a status filter cost nothing (the planner folds them to false).
         search = request.GET.get(SEARCH_VAR, "")
         lookups, base = None, queryset
-        if search.strip():
+        if (workflow := _workflow_param(request)) is not None:
+            # A workflow's members: the workflow drives every branch (tasks_task_workflow_idx) and a
+            # search is checked among them; the cost is the workflow's, not the history's.
+            lookups = [Q(workflow_id=workflow)]
+        elif search.strip():
             lookups, base = queries.search_lookups(search), getattr(request, _UNSEARCHED, queryset)
         listing = queries.Listing(base, queries.ALL_STATUSES, lookups=lookups)
         return queries.ListingPaginator(listing, per_page, orphans, allow_empty_first_page)
@@ -128,6 +172,14 @@ class TaskAdmin(CheckedInputAdmin):
     @admin.display(description="status", ordering="status")
     def status_display(self, obj: Task) -> str:
         return "STUCK" if obj.is_stuck else obj.status
+
+    @admin.display(description="workflow")
+    def workflow(self, obj: Task) -> str:
+        if obj.workflow_id is None:
+            return "-"
+        url = reverse("admin:tasks_task_changelist") + f"?workflow_id={obj.workflow_id}"
+        waiting = f" (waiting on {obj.waiting_on})" if obj.status == "AWAITING" else ""
+        return format_html('<a href="{}">{}</a>{}', url, obj.workflow_id, waiting)
 
     @admin.display(description="attempts")
     def attempts_display(self, obj: Task) -> str:

@@ -36,8 +36,8 @@ from tasks.conf import get_settings
 from tasks.demo import generator
 from tasks.exceptions import TaskError
 from tasks.lifecycle import activity, concurrency
-from tasks.models import Task, Worker
-from tasks.web import queries
+from tasks.models import Task, Worker, Workflow
+from tasks.web import queries, workflows
 from tasks.web.queries import STATES, Count, state_counts
 
 PAGE_SIZE = 50
@@ -119,7 +119,7 @@ def overview(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _filter_value(request: HttpRequest, name: str, parse: Any) -> Any:
+def filter_value(request: HttpRequest, name: str, parse: Any) -> Any:
     """A list filter's parsed value; an invalid one is ignored, with a message saying why."""
     value = request.GET.get(name, "").strip()
     if not value:
@@ -136,9 +136,9 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
     if state not in TASK_STATES:
         raise Http404(f"unknown task state {state!r}")
     description, _ = TASK_STATES[state]
-    queue = _filter_value(request, "queue", lambda v: clean_text(v, "queue", max_length=100))
-    search = _filter_value(request, "q", lambda v: clean_text(v, "search", max_length=255))
-    before = _filter_value(request, "before", lambda v: parse_whole(v, "before", low=1, high=MAX_BIGINT))
+    queue = filter_value(request, "queue", lambda v: clean_text(v, "queue", max_length=100))
+    search = filter_value(request, "q", lambda v: clean_text(v, "search", max_length=255))
+    before = filter_value(request, "before", lambda v: parse_whole(v, "before", low=1, high=MAX_BIGINT))
     listing = queries.state_listing(state, queue=queue, search=(search or "").strip())
     page = listing.page(limit=PAGE_SIZE, before=before)
     return render(
@@ -179,10 +179,20 @@ def attempts_of(task: Task) -> list[dict[str, Any]]:
 @staff_page(GET=[VIEW_TASK])
 def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
     task = get_object_or_404(Task, pk=task_id)
+    # Only a workflow member has edges (an ad hoc depends_on makes a workflow too): a plain task's
+    # page reads nothing more.
+    member = task.workflow_id is not None
     return render(
         request,
         "tasks/dashboard/task_detail.html",
-        {"task": task, "attempts": attempts_of(task), "states": TASK_STATES, "counts": task_counts()},
+        {
+            "task": task,
+            "attempts": attempts_of(task),
+            "states": TASK_STATES,
+            "counts": task_counts(),
+            "workflow": Workflow.objects.filter(pk=task.workflow_id).first() if member else None,
+            "edges": workflows.edges(task.pk) if member else None,
+        },
     )
 
 

@@ -9,6 +9,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from leasing.routing import selected_database
 from tasks.lifecycle import activity, concurrency
+from tasks.lifecycle.workflows import WorkflowStatus
+from tasks.web.workflows import running_workflows
 
 # What holds back the cleanup of the queue's dead rows in this database (docs/howto/operations.md,
 # "An old snapshot"): sessions with a snapshot (backend_xmin), prepared transactions, replication
@@ -48,6 +50,17 @@ def task_metrics() -> Iterable[Metric]:
         tasks.add_metric([state], count.value)
     yield tasks
     yield GaugeMetricFamily("tasks_stuck", "Running tasks whose lease expired (orphaned).", value=counts["stuck"].value)
+    yield GaugeMetricFamily(
+        "tasks_awaiting",
+        "Workflow members waiting for the tasks they depend on (AWAITING), counted up to 10,000.",
+        value=counts["awaiting"].value,
+    )
+    # Running workflows only, from the status index: the cost is the running ones, not the history.
+    workflows = GaugeMetricFamily(
+        "tasks_workflows", "Workflows by status: the running ones (counted up to 10,000).", labels=["status"]
+    )
+    workflows.add_metric([WorkflowStatus.RUNNING.value], running_workflows().value)
+    yield workflows
 
     depth = GaugeMetricFamily(
         "tasks_queue_depth", "Runnable tasks waiting, per queue (counted up to 10,000).", labels=["queue"]

@@ -10,8 +10,9 @@ one window and one merge, so splitting by page would copy them.
   id DESC LIMIT n`` on an index whose columns are exactly (lookup column, status, id), merged in
   Python (an order the primary key cannot give: see :meth:`Listing._branches`). A condition
   that the driving index does not cover (pending: never failed; a search combined with a queue or
-  with the retrying state) is checked inside a bounded window of ``SCAN_WINDOW`` rows per branch: a page may
-  then come back short, with a link to continue below the window (``Page.scanned_to``).
+  with the retrying state; a queue or a search among awaiting workflow members) is checked inside a
+  bounded window of ``SCAN_WINDOW`` rows per branch: a page may then come back short, with a link to
+  continue below the window (``Page.scanned_to``).
 - **Search** is exact: the id, a dedup key, a holder (worker id) or a task path, each an indexed
   equality. No ``LIKE '%…%'``.
 - **Counts** stop at ``COUNT_CAP`` (shown as "10,000+"), each on the index of its state read in its
@@ -70,10 +71,14 @@ def bounded_count(queryset: QuerySet[Any], cap: int = COUNT_CAP) -> Count:
 # DESC LIMIT n" when the status is a large share of the table) stepped over every newer row of other
 # statuses before the first one it counted: after a burst of a million waiting tasks, counting the
 # succeeded ones read the whole burst. With an equality on the status the primary key gives "id DESC";
-# with the range it does not, and the status's own rows come first in the scan.
+# with a range it does not. The range is closed on both sides (the status alone, but not an equality
+# the planner could use to drop the status from the order), so the scan stops at the status's last
+# entry: a status with few rows (awaiting, blocked, cancelled) costs its rows, not the cap's worth of
+# the statuses after it.
 _STATUS_COUNT_SQL = """
-SELECT count(*) FILTER (WHERE s.status = %(status)s)
-FROM (SELECT status FROM tasks_task WHERE status >= %(status)s ORDER BY status, id DESC LIMIT %(limit)s) AS s
+SELECT count(*)
+FROM (SELECT 1 FROM tasks_task WHERE status >= %(status)s AND status <= %(status)s
+      ORDER BY status, id DESC LIMIT %(limit)s) AS s
 """
 
 
@@ -95,6 +100,10 @@ class TaskState:
     where: Q = field(default_factory=Q)
     unindexed: Q = field(default_factory=Q)
     base: Callable[[], QuerySet[Task]] = field(default=lambda: Task.objects.all())
+    #: False: the page indexes of a queue or a search term (tasks_task_queue_newest_idx, …) leave this
+    #: status out, so a queue or a search is checked within the scan window of the status's own
+    #: index instead (a lookup branch would read and sort every row of the status).
+    indexed_lookups: bool = True
 
     @property
     def bounded(self) -> bool:
@@ -111,6 +120,11 @@ STATES: dict[str, TaskState] = {
     "pending": TaskState("waiting to run; never failed", TaskStatus.READY, unindexed=NEVER_FAILED),
     "retrying": TaskState(
         "failed (or lost its worker) at least once, waiting to run again", TaskStatus.READY, where=FAILED_BEFORE
+    ),
+    # Workflow members waiting for the tasks they depend on, read from tasks_task_status_idx; no
+    # queue or search index holds them (they are not written until a member is released).
+    "awaiting": TaskState(
+        "a workflow member waiting for the tasks it depends on", TaskStatus.AWAITING, indexed_lookups=False
     ),
     "blocked": TaskState("waiting for a free slot of its concurrency key", TaskStatus.BLOCKED),
     "running": TaskState(
@@ -389,6 +403,9 @@ def state_listing(state: str, *, queue: str | None = None, search: str = "") -> 
             unindexed.append(Q(queue=queue))
     elif queue:
         lookups = [Q(queue=queue)]
+    if lookups and not spec.indexed_lookups:
+        unindexed.insert(0, any_of(lookups))
+        lookups = None
     if lookups is not None and spec.where:
         unindexed.append(spec.where)
     else:

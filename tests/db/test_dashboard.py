@@ -60,6 +60,8 @@ def make_tasks() -> dict[str, int]:
     ids["blocked"] = Task.objects.enqueue(
         "tests.testapp.handlers.noop", queue="q", concurrency_key="dash", concurrency_limit=1, run_after=later
     ).id
+    # A workflow member waiting for the blocked one (AWAITING).
+    ids["awaiting"] = Task.objects.enqueue("tests.testapp.handlers.noop", queue="q", depends_on=[ids["blocked"]]).id
     return ids
 
 

@@ -116,3 +116,48 @@ def test_overview_screenshot(browser_page: Any, live_server: Any) -> None:
         target = Path(page.context.browser.version and "/tmp") / "leasing-dashboard.png"
     page.screenshot(path=str(target), full_page=True)
     assert target.stat().st_size > 10_000
+
+
+def test_the_workflows_page_and_a_workflows_page_show_its_members_by_status(
+    browser_page: Any, live_server: Any
+) -> None:
+    from tasks.workflows import group, step
+
+    name = "nightly-report-" + "n" * 185  # the longest name a workflow may have, without a space
+    done = group(
+        [step("tests.testapp.handlers.noop", n=n) for n in range(3)],
+        then=step("tests.testapp.handlers.noop"),
+        name=name,
+    ).enqueue()
+    (first,) = Task.objects.claim("w-e2e", limit=1)
+    Task.objects.complete_many("w-e2e", [(first.id, first.token, "null")])
+
+    page = browser_page
+    log_in(page, live_server)
+    page.click("header >> text=Workflows")
+    page.wait_for_url(f"{live_server.url}/dashboard/workflows/")
+    row = page.locator(f"#workflows tr[data-workflow='{done.id}']")
+    assert name in row.inner_text()
+    assert "1 succeeded · 0 failed · 3 remaining of 4" in row.inner_text()
+    assert page.evaluate("document.scrollingElement.scrollWidth <= document.scrollingElement.clientWidth")
+
+    row.locator(f"a[href^='/dashboard/workflows/{done.id}/']").click()
+    page.wait_for_url(f"{live_server.url}/dashboard/workflows/{done.id}/")
+
+    def count(status: str) -> str:
+        return str(page.locator(f"#member-counts a[data-status={status}] .n").inner_text())
+
+    assert (count("SUCCESSFUL"), count("READY"), count("AWAITING"), count("FAILED")) == ("1", "2", "1", "0")
+    assert page.locator("#members tbody tr").count() == 4
+    assert page.evaluate("document.scrollingElement.scrollWidth <= document.scrollingElement.clientWidth")
+
+    # The page refreshes in place: a member finishing elsewhere shows up without a reload.
+    for task in Task.objects.claim("w-e2e", limit=2):
+        Task.objects.complete_many("w-e2e", [(task.id, task.token, "null")])
+    page.wait_for_function("document.querySelector('#member-counts a[data-status=SUCCESSFUL] .n').innerText === '3'")
+    assert count("READY") == "1" and count("AWAITING") == "0"  # the callback was released
+
+    page.click("#workflow-cancel")
+    page.wait_for_url(f"{live_server.url}/dashboard/workflows/{done.id}/")
+    assert page.locator("#workflow-status").inner_text() == "CANCELLED"
+    assert count("CANCELLED") == "1"

@@ -13,7 +13,8 @@ PAGE = [
     {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}},
     {"name": "before", "in": "query", "schema": {"type": "integer"}, "description": "keyset: ids below this"},
 ]
-STATUSES = ["BLOCKED", "READY", "RUNNING", "SUCCESSFUL", "FAILED", "CANCELLED"]
+STATUSES = ["AWAITING", "BLOCKED", "READY", "RUNNING", "SUCCESSFUL", "FAILED", "CANCELLED"]
+WORKFLOW_STATUSES = ["RUNNING", "SUCCESSFUL", "FAILED", "CANCELLED"]
 ERROR = {
     "type": "object",
     "required": ["error"],
@@ -57,6 +58,31 @@ def _op(summary: str, ok: int, schema: dict[str, Any], *errors: int, **extra: An
 LEASE_LIST = {"type": "object", "properties": {"leases": {"type": "array", "items": _ref("Lease")}, "next": {}}}
 TASK_LIST = {"type": "object", "properties": {"tasks": {"type": "array", "items": _ref("Task")}, "next": {}}}
 ONE_TASK = {"type": "object", "properties": {"task": _ref("Task")}}
+WORKFLOW_LIST = {
+    "type": "object",
+    "properties": {"workflows": {"type": "array", "items": _ref("Workflow")}, "next": {}},
+}
+WORKFLOW_PROPERTIES: dict[str, Any] = {
+    "workflow": _ref("Workflow"),
+    "members": {
+        "type": "object",
+        "description": "the workflow's tasks per status (every status, 0 when none)",
+        "properties": {status: {"type": "integer", "minimum": 0} for status in STATUSES},
+    },
+    "callback": {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer"},
+                    "status": {"oneOf": [{"enum": STATUSES}, {"type": "null"}], "description": "null: pruned"},
+                },
+            },
+            {"type": "null"},
+        ]
+    },
+}
+ONE_WORKFLOW = {"type": "object", "properties": WORKFLOW_PROPERTIES}
 WORKER_TOKEN = {"worker": HOLDER, "token": TOKEN}
 
 
@@ -134,6 +160,12 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                         "schema": {"enum": STATUSES},
                     },
                     {"name": "queue", "in": "query", "schema": {"type": "string"}},
+                    {
+                        "name": "workflow_id",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1},
+                        "description": "the members of one workflow",
+                    },
                 ],
             ),
             "post": _op(
@@ -260,6 +292,35 @@ def document(server_url: str = "/api") -> dict[str, Any]:
             "parameters": [ID],
             "post": _op("Run a finished or waiting task again now", 200, ONE_TASK, 404, 409),
         },
+        "/workflows": {
+            "get": _op(
+                "List workflows, newest first (their members: GET /tasks?workflow_id=)",
+                200,
+                WORKFLOW_LIST,
+                400,
+                parameters=[*PAGE, {"name": "status", "in": "query", "schema": {"enum": WORKFLOW_STATUSES}}],
+            )
+        },
+        "/workflows/{id}": {
+            "parameters": [ID],
+            "get": _op("One workflow, its members counted by status, and its callback", 200, ONE_WORKFLOW, 404),
+        },
+        "/workflows/{id}/cancel": {
+            "parameters": [ID],
+            "post": _op(
+                "Cancel a running workflow: every unfinished member is cancelled (a running one's worker loses"
+                " its lease); 409 when it has already ended",
+                200,
+                {"type": "object", "properties": {**WORKFLOW_PROPERTIES, "cancelled": {"type": "integer"}}},
+                400,
+                404,
+                409,
+                requestBody={
+                    "required": False,
+                    "content": {"application/json": {"schema": {"type": "object", "additionalProperties": False}}},
+                },
+            ),
+        },
         "/generator": {
             "get": _op("Demo generator state and leader", 200, {"type": "object"}),
             "put": _op(
@@ -344,9 +405,10 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                 "Leases with fencing tokens and a lease-based task queue. Reads need the model's view"
                 " permission (token scope), actions its change permission: leasing.view_lease,"
                 " leasing.change_lease, tasks.view_task, tasks.add_task (enqueue), tasks.change_task,"
-                " tasks.view_generatorstate, tasks.change_generatorstate. Strings must not contain NUL or"
-                " lone surrogates, numbers must be finite, date-times need a time zone and lie from 1970"
-                " to before 3000 (UTC). A refused request changes nothing."
+                " tasks.view_generatorstate, tasks.change_generatorstate (workflows need the task"
+                " permissions). Strings must not contain NUL or lone surrogates, numbers must be finite,"
+                " date-times need a time zone and lie from 1970 to before 3000 (UTC). A refused request"
+                " changes nothing."
             ),
         },
         "servers": [{"url": server_url}],
@@ -409,6 +471,28 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                         "errors": {"type": "array"},
                         "errors_dropped": {"type": "integer"},
                         "worker_ids": {"type": "array", "items": {"type": "string"}},
+                        "workflow_id": {"type": ["integer", "null"]},
+                        "waiting_on": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "description": "tasks it depends on that are not final yet (AWAITING until 0)",
+                        },
+                    },
+                },
+                "Workflow": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "integer"},
+                        "name": {"type": "string"},
+                        "kind": {"enum": ["chain", "group", "graph"]},
+                        "status": {"enum": WORKFLOW_STATUSES},
+                        "total": {"type": "integer"},
+                        "succeeded": {"type": "integer"},
+                        "failed": {"type": "integer", "description": "members that ended FAILED or CANCELLED"},
+                        "remaining": {"type": "integer", "description": "members not final yet"},
+                        "callback_id": {"type": ["integer", "null"]},
+                        "created_at": stamp,
+                        "finished_at": stamp,
                     },
                 },
             },

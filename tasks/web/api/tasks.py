@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlencode
 
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, JsonResponse
@@ -12,7 +13,7 @@ from django.urls import path, re_path
 
 from leasing import metrics
 from leasing.access import ADD_TASK, CHANGE_GENERATOR, CHANGE_TASK, VIEW_GENERATOR, VIEW_TASK
-from leasing.http import ApiError, Body, api_view, iso, page_args, query_text, routed
+from leasing.http import ApiError, Body, api_view, iso, page_args, query_id, query_text, routed
 from tasks.backends import allowlist
 from tasks.conf import get_settings
 from tasks.demo import generator
@@ -22,6 +23,7 @@ from tasks.lifecycle.storable import is_storable
 from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, Failure, Task, TaskStatus
 from tasks.web import queue_pages as queue_views
 from tasks.web.api import schedules as schedule_api
+from tasks.web.api import workflows as workflow_api
 from tasks.web.queries import ALL_STATUSES, Listing
 
 MAX_TTL = 86_400.0
@@ -82,6 +84,8 @@ def task_json(task: Task) -> dict[str, Any]:
         "errors": task.errors,
         "errors_dropped": task.errors_dropped,
         "worker_ids": task.worker_ids,
+        "workflow_id": task.workflow_id,
+        "waiting_on": task.waiting_on,
     }
 
 
@@ -102,13 +106,22 @@ def _listing(request: HttpRequest, queryset: QuerySet[Task], statuses: Sequence[
     lookups = None
     if queue := query_text(request, "queue", max_length=100):
         lookups = [Q(queue=queue)]
+    if (workflow := query_id(request, "workflow_id")) is not None:
+        # A workflow's members, through tasks_task_workflow_idx (tasks/web/workflows.py): the
+        # workflow drives each branch and a queue is checked among its members.
+        queryset = queryset.filter(*(lookups or ()))
+        lookups = [Q(workflow_id=workflow)]
     # One ordered index scan per status (and queue), each stopping after the page: no sort of
     # every task of a queue.
     limit, before = page_args(request)
     page = Listing(queryset, statuses, lookups=lookups).page(limit=limit, before=before)
+    # The next page keeps the filters of this one.
+    kept = {name: request.GET[name] for name in ("status", "queue", "workflow_id") if request.GET.get(name)}
     return 200, {
         "tasks": [task_summary_json(task) for task in page.tasks],
-        "next": f"?limit={limit}&before={page.next_before}" if page.next_before is not None else None,
+        "next": "?" + urlencode({"limit": limit, "before": page.next_before, **kept})
+        if page.next_before is not None
+        else None,
     }
 
 
@@ -120,7 +133,7 @@ def _rejected(task: Task, action: str) -> ApiError:
     metrics.fencing_rejections.inc()
     if task.status in FINISHED:
         reason = f"task is already {task.status.lower()}"
-    elif task.status in (TaskStatus.READY, TaskStatus.BLOCKED):
+    elif task.status in (TaskStatus.AWAITING, TaskStatus.BLOCKED, TaskStatus.READY):
         reason = "task was requeued: your claim expired"
     else:
         reason = "your claim is gone: wrong worker or token, or the lease expired"
@@ -362,6 +375,7 @@ urlpatterns = [
     path("tasks/<int:task_id>/requeue", requeue, name="api-task-requeue"),
     path("generator", generator_state, name="api-generator"),
     *schedule_api.urlpatterns,
+    *workflow_api.urlpatterns,
     *queue_views.api_urlpatterns,
     path("openapi.json", openapi, name="api-openapi"),
 ]
