@@ -38,9 +38,9 @@ from tasks.backends.backend import LeaseBackend
 from tasks.compat import Task as DjangoTask
 from tasks.compat import TaskResult, TaskResultStatus, normalize_json, task_enqueued
 from tasks.conf import get_settings
+from tasks.lifecycle import prepared
 from tasks.lifecycle import workflows as wf_sql
 from tasks.lifecycle.routing import queue_database
-from tasks.lifecycle.storable import storable_json
 from tasks.lifecycle.values import validate_concurrency, validate_enqueue
 from tasks.lifecycle.workflows import ON_PARENT_FAILURE, WorkflowError, WorkflowKind, WorkflowStatus
 from tasks.models import Workflow as WorkflowRow
@@ -83,8 +83,11 @@ class Step:
             raise TypeError(f"unknown step options: {', '.join(sorted(unknown | ({'task'} & set(changes))))}")
         return dataclasses.replace(self, **changes)
 
-    def row(self) -> tuple[dict[str, Any], str, DjangoTask | None, LeaseBackend | None]:
-        """The member's columns, its database and (for a django.tasks Task) the Task and its backend."""
+    def row(
+        self, checked: set[tuple[Any, ...]] | None = None
+    ) -> tuple[dict[str, Any], str, DjangoTask | None, LeaseBackend | None]:
+        """The member's columns, its database and (for a django.tasks Task) the Task and its backend.
+        ``checked``: option sets validated already (a group of 10,000 like steps validates once)."""
         args: Any
         kwargs: Any
         attempts: int | None
@@ -126,14 +129,18 @@ class Step:
         else:
             raise WorkflowError(f"a step runs a django.tasks Task or an import path, not {self.task!r}")
         assert attempts is not None
-        validate_enqueue(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
-        validate_concurrency(key, limit)
+        options = (queue, priority, attempts, timeout, key, limit)
+        if checked is None or options not in checked:
+            validate_enqueue(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
+            validate_concurrency(key, limit)
+            if checked is not None:
+                checked.add(options)
         columns: dict[str, Any] = {
             "queue": queue,
             "priority": priority,
             "task_path": path,
-            "args": storable_json(args),
-            "kwargs": storable_json(kwargs),
+            "args": args,
+            "kwargs": kwargs,
             "run_after": run_after,
             "max_attempts": attempts,
             "timeout": timeout,
@@ -212,7 +219,8 @@ class Workflow:
         if not self._nodes:
             raise WorkflowError("a workflow needs at least one step")
         wf_sql.check_graph({i: node.after for i, node in enumerate(self._nodes)}, len(self._nodes))
-        rows = [node.step.row() for node in self._nodes]
+        checked: set[tuple[Any, ...]] = set()
+        rows = [node.step.row(checked) for node in self._nodes]
         databases = {using} if using is not None else {database for _, database, _, _ in rows}
         if len(databases) != 1:
             raise WorkflowError(
@@ -220,26 +228,27 @@ class Workflow:
             )
         (database,) = databases
         members = [{**row[0], "waiting_on": len(node.after)} for row, node in zip(rows, self._nodes, strict=True)]
-        with transaction.atomic(using=database), connections[database].cursor() as cursor:
-            cursor.execute(wf_sql.RESERVE_IDS_SQL, {"n": len(members)})
-            ids = [row[0] for row in cursor.fetchall()]
+        if self.kind == WorkflowKind.GROUP and self.callback is not None:
+            members[self.callback]["waiting_on"] = -1  # counted on the workflow row (lifecycle/workflows.py)
+        connection = connections[database]
+        with transaction.atomic(using=database):
+            # Server-side bound (and prepared where the connection allows: tasks/lifecycle/prepared.py):
+            # Django's client-side binding would quote every element of the arrays in Python.
+            ids = [row[0] for row in prepared.rows(connection, wf_sql.RESERVE_IDS_SQL, {"n": len(members)})]
             callback = ids[self.callback] if self.callback is not None else None
-            cursor.execute(
+            ((workflow, created_at),) = prepared.rows(
+                connection,
                 wf_sql.CREATE_WORKFLOW_SQL,
-                {"name": self.name, "kind": self.kind, "total": len(members), "callback": callback},
+                {"name": self.name, "kind": str(self.kind), "total": len(members), "callback": callback},
             )
-            workflow, created_at = cursor.fetchone()
-            cursor.execute(wf_sql.INSERT_MEMBERS_SQL, wf_sql.member_params(workflow, ids, members))
-            edges: dict[str, list[Any]] = {"parents": [], "children": [], "on_failure": [], "pipe": []}
-            for i, node in enumerate(self._nodes):
-                # Parents in the order of their ids (= the order the steps were added): a piped list.
-                for up in sorted(node.after):
-                    edges["parents"].append(ids[up])
-                    edges["children"].append(ids[i])
-                    edges["on_failure"].append(node.on_failure)
-                    edges["pipe"].append(node.pipe)
-            if edges["parents"]:
-                cursor.execute(wf_sql.INSERT_EDGES_SQL, edges)
+            prepared.rows(connection, wf_sql.INSERT_MEMBERS_SQL, wf_sql.member_params(workflow, ids, members))
+            edges = [
+                (ids[i], node.on_failure, node.pipe, [ids[up] for up in node.after])
+                for i, node in enumerate(self._nodes)
+                if node.after
+            ]
+            if edges:
+                prepared.rows(connection, wf_sql.INSERT_EDGES_SQL, wf_sql.edge_params(edges))
             if task_enqueued.has_listeners():
                 for task_id, (columns, _, task, backend) in zip(ids, rows, strict=True):
                     if task is not None and backend is not None:
@@ -258,8 +267,8 @@ def _signal_enqueued(
         started_at=None,
         finished_at=None,
         last_attempted_at=None,
-        args=json.loads(columns["args"]),
-        kwargs=json.loads(columns["kwargs"]),
+        args=columns["args"],
+        kwargs=columns["kwargs"],
         backend=backend.alias,
         errors=[],
         worker_ids=[],

@@ -178,7 +178,7 @@ class TaskAdmin(CheckedInputAdmin):
         if obj.workflow_id is None:
             return "-"
         url = reverse("admin:tasks_task_changelist") + f"?workflow_id={obj.workflow_id}"
-        waiting = f" (waiting on {obj.waiting_on})" if obj.status == "AWAITING" else ""
+        waiting = f" (waiting on {obj.parents_left})" if obj.status == "AWAITING" else ""
         return format_html('<a href="{}">{}</a>{}', url, obj.workflow_id, waiting)
 
     @admin.display(description="attempts")

@@ -5,21 +5,22 @@ final. Nothing polls. The statement that makes a member final (a worker's finish
 good, recovery's last crash, an operator's cancel) also settles its dependants, in the same
 transaction, through two triggers (migration 0016):
 
-- a BEFORE UPDATE row trigger, whose WHEN clause passes only members whose status changes, marks
-  the row (``settle``: 1 became SUCCESSFUL, 2 became FAILED or CANCELLED, -1 / -2 reopened from
-  them by a requeue, 0 otherwise) and raises a transaction-local flag. A plain task costs the WHEN
-  clause, evaluated in C;
-- an AFTER UPDATE statement trigger, whose WHEN clause reads the flag, reads the statement's rows
-  (its transition table) once, set-based:
+- an AFTER UPDATE row trigger, whose WHEN clause passes only members whose status moves into or out
+  of the final ones, raises a transaction-local flag. A plain task costs the WHEN clause, evaluated
+  in C (not a BEFORE trigger: PostgreSQL locks the old row of every update for one of those);
+- an AFTER UPDATE statement trigger, which returns at once unless the flag is up, reads the
+  statement's old and new rows (its transition tables) once, set-based:
 
   1. the dependants of members that failed or were cancelled under ``on_failure="cancel"``, and
      their own such dependants down the graph (one recursive query), are cancelled with the reason;
   2. every other AWAITING dependant counts down by the parents that became final (up by those
-     reopened); at zero it becomes READY (with its parents' results prepended to its arguments when
-     its edge pipes them). A keyed one then waits for its concurrency slot (BLOCKED) as usual;
+     reopened by a requeue); at zero it becomes READY (with its parents' results prepended to its
+     arguments when its edge pipes them). A keyed one then waits for its concurrency slot (BLOCKED)
+     as usual. A group's callback is counted on its workflow row instead (every member's finish
+     updates that row anyway): one row update per member, not two;
   3. each workflow counts its members down; at zero it ends (SUCCESSFUL, FAILED if a member failed
      or was cancelled, CANCELLED if an operator cancelled it) with ``finished_at`` on the database
-     clock.
+     clock. A group whose count reaches its callback alone releases the callback.
 
 Rows are locked in id order (dependants, then workflows) before they are written, so two finishing
 statements never wait for each other in a cycle. Exactly once: a member becomes final in exactly
@@ -33,10 +34,14 @@ every queue of a workflow must live in the same database).
 from __future__ import annotations
 
 import graphlib
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from django.db import models
+
+from tasks.exceptions import UnstorableResult
+from tasks.lifecycle.storable import storable_json
 
 ON_PARENT_FAILURE = ("cancel", "run")
 
@@ -84,42 +89,96 @@ def check_graph(parents: Mapping[int, Iterable[int]], size: int) -> list[int]:
 
 #: The ids a workflow's members will have, drawn before they are inserted (so that the edges can be
 #: written in the same round of statements, and the callers know which id is which step).
-RESERVE_IDS_SQL = "SELECT nextval(pg_get_serial_sequence('tasks_task', 'id')) FROM generate_series(1, %(n)s)"
+RESERVE_IDS_SQL = "SELECT nextval(pg_get_serial_sequence('tasks_task', 'id')) FROM generate_series(1, %(n)s::int)"
 
 CREATE_WORKFLOW_SQL = """
 INSERT INTO tasks_workflow (name, kind, status, total, remaining, failed, callback_id, created_at)
-VALUES (%(name)s, %(kind)s, 'RUNNING', %(total)s, %(total)s, 0, %(callback)s, statement_timestamp())
+VALUES (%(name)s::text, %(kind)s::text, 'RUNNING', %(total)s::int, %(total)s::int, 0, %(callback)s::bigint,
+        statement_timestamp())
 RETURNING id, created_at
 """
 
-# Every member in one statement, one array per column (a group of 10,000 is one insert). AWAITING
-# rows are invisible to the claim (they are not in its index); a keyed READY row becomes BLOCKED in
-# its insert trigger, as for any enqueue.
+# Every member in one statement (a group of 10,000 is one insert). What members share (queue,
+# priority, path, options: a group's members share all of it) is sent once per distinct set, as
+# arrays ("templates"); what each has of its own is one JSON document: [template, waiting_on, args,
+# kwargs] per member, encoded by Python's C encoder in one call and parsed by the server, where
+# 12 arrays of 10,000 elements were each dumped element by element in Python. AWAITING rows are
+# invisible to the claim (they are not in its index); a keyed READY row becomes BLOCKED in its
+# insert trigger, as for any enqueue. A waiting_on of -1 is a group's callback: AWAITING with
+# waiting_on 0, counted down on its workflow row (remaining), not on its own.
 INSERT_MEMBERS_SQL = """
 INSERT INTO tasks_task (id, queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, attempts,
                         max_attempts, timeout, dedup_key, errors, worker_ids, renewals, transitions, failures,
                         crashes, shared_crashes, unstarted_returns, attempt_started, attempt_isolated,
                         backend_alias, task_run_after, concurrency_key, concurrency_limit, workflow_id,
-                        waiting_on, settle)
-SELECT m.id, m.queue, m.priority, m.task_path, m.args, m.kwargs,
-       CASE WHEN m.waiting_on > 0 THEN 'AWAITING' ELSE 'READY' END,
-       COALESCE(m.run_after, statement_timestamp()), statement_timestamp(), 0, m.max_attempts, m.timeout, NULL,
-       '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false, m.backend_alias,
-       CASE WHEN m.backend_alias IS NULL THEN NULL ELSE m.run_after END,
-       m.concurrency_key, m.concurrency_limit, %(workflow)s::bigint, m.waiting_on, 0
-FROM unnest(%(ids)s::bigint[], %(queues)s::text[], %(priorities)s::smallint[], %(paths)s::text[],
-            %(args)s::jsonb[], %(kwargs)s::jsonb[], %(run_afters)s::timestamptz[], %(max_attempts)s::int[],
-            %(timeouts)s::float8[], %(backend_aliases)s::text[], %(keys)s::text[], %(limits)s::int[],
-            %(waiting)s::int[])
-     AS m(id, queue, priority, task_path, args, kwargs, run_after, max_attempts, timeout, backend_alias,
-          concurrency_key, concurrency_limit, waiting_on)
-ORDER BY m.id
+                        waiting_on)
+SELECT (%(ids)s::bigint[])[m.n], t.queue, t.priority, t.task_path, m.item -> 2, m.item -> 3,
+       CASE WHEN (m.item ->> 1)::int <> 0 THEN 'AWAITING' ELSE 'READY' END,
+       COALESCE(t.run_after, statement_timestamp()), statement_timestamp(), 0, t.max_attempts, t.timeout, NULL,
+       '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false, t.backend_alias,
+       CASE WHEN t.backend_alias IS NULL THEN NULL ELSE t.run_after END,
+       t.concurrency_key, t.concurrency_limit, %(workflow)s::bigint, GREATEST((m.item ->> 1)::int, 0)
+FROM jsonb_array_elements(%(members)s::jsonb) WITH ORDINALITY AS m(item, n)
+JOIN unnest(%(queues)s::text[], %(priorities)s::smallint[], %(paths)s::text[], %(run_afters)s::timestamptz[],
+            %(max_attempts)s::int[], %(timeouts)s::float8[], %(backend_aliases)s::text[], %(keys)s::text[],
+            %(limits)s::int[])
+     WITH ORDINALITY AS t(queue, priority, task_path, run_after, max_attempts, timeout, backend_alias,
+                          concurrency_key, concurrency_limit, k)
+  ON t.k = (m.item ->> 0)::int + 1
+ORDER BY m.n
 """
 
+# Every edge in one statement: one JSON document, [child id, on_failure, pipe, [parent ids]] per child.
 INSERT_EDGES_SQL = """
 INSERT INTO tasks_taskdependency (parent_id, child_id, on_failure, pipe)
-SELECT * FROM unnest(%(parents)s::bigint[], %(children)s::bigint[], %(on_failure)s::text[], %(pipe)s::boolean[])
+SELECT p.value::bigint, (e.item ->> 0)::bigint, e.item ->> 1, (e.item ->> 2)::boolean
+FROM jsonb_array_elements(%(edges)s::jsonb) AS e(item), jsonb_array_elements_text(e.item -> 3) AS p(value)
 """
+
+#: What members share, sent once per distinct set (INSERT_MEMBERS_SQL): member key -> parameter.
+TEMPLATE_COLUMNS = {
+    "queue": "queues",
+    "priority": "priorities",
+    "task_path": "paths",
+    "run_after": "run_afters",
+    "max_attempts": "max_attempts",
+    "timeout": "timeouts",
+    "backend_alias": "backend_aliases",
+    "concurrency_key": "keys",
+    "concurrency_limit": "limits",
+}
+
+
+def member_params(workflow: int, ids: list[int], members: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """INSERT_MEMBERS_SQL's parameters for ``members`` (dicts of TEMPLATE_COLUMNS' keys, ``waiting_on``,
+    and ``args`` / ``kwargs`` as Python values) with the ids reserved for them. Raises
+    :class:`~tasks.exceptions.UnstorableResult` naming the first member whose arguments jsonb
+    cannot hold."""
+    templates: dict[tuple[Any, ...], int] = {}
+    entries = []
+    for member in members:
+        shared = tuple(member[key] for key in TEMPLATE_COLUMNS)
+        index = templates.setdefault(shared, len(templates))
+        entries.append([index, member["waiting_on"], member["args"], member["kwargs"]])
+    try:
+        payload = storable_json(entries)
+    except UnstorableResult:
+        for number, member in enumerate(members):
+            try:
+                storable_json([member["args"], member["kwargs"]])
+            except UnstorableResult as exc:
+                raise UnstorableResult(f"step {number}'s arguments: {exc}") from None
+        raise
+    params: dict[str, Any] = {"workflow": workflow, "ids": ids, "members": payload}
+    for position, name in enumerate(TEMPLATE_COLUMNS.values()):
+        params[name] = [shared[position] for shared in templates]
+    return params
+
+
+def edge_params(edges: Iterable[tuple[int, str, bool, Sequence[int]]]) -> dict[str, Any]:
+    """INSERT_EDGES_SQL's parameter: (child id, on_failure, pipe, parent ids) per child."""
+    return {"edges": json.dumps([[child, policy, pipe, list(parents)] for child, policy, pipe, parents in edges])}
+
 
 # An enqueue that names existing tasks as parents: they are locked (in id order) until the enqueue
 # commits, so a parent cannot finish unseen between this look and the dependant's insert (its
@@ -147,32 +206,6 @@ UPDATE tasks_task AS c SET
         'traceback', ''))
 WHERE c.id = %(id)s AND c.status = 'AWAITING'
 """
-
-#: The columns of INSERT_MEMBERS_SQL, each sent as one array: member dict key -> parameter name.
-MEMBER_COLUMNS = {
-    "queue": "queues",
-    "priority": "priorities",
-    "task_path": "paths",
-    "args": "args",
-    "kwargs": "kwargs",
-    "run_after": "run_afters",
-    "max_attempts": "max_attempts",
-    "timeout": "timeouts",
-    "backend_alias": "backend_aliases",
-    "concurrency_key": "keys",
-    "concurrency_limit": "limits",
-    "waiting_on": "waiting",
-}
-
-
-def member_params(workflow: int, ids: list[int], members: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """INSERT_MEMBERS_SQL's parameters for ``members`` (dicts of MEMBER_COLUMNS' keys; ``args`` and
-    ``kwargs`` as JSON text) with the ids reserved for them."""
-    params: dict[str, Any] = {"workflow": workflow, "ids": ids}
-    for key, name in MEMBER_COLUMNS.items():
-        params[name] = [member.get(key) for member in members]
-    return params
-
 
 # Parents enqueued without a workflow join the dependant's new one, counted as they stand.
 ADOPT_SQL = """
@@ -209,6 +242,8 @@ WHERE id = %(workflow)s::bigint
 MARK_CANCELLED_SQL = """
 UPDATE tasks_workflow SET status = 'CANCELLED' WHERE id = ANY(%(ids)s::bigint[]) AND status = 'RUNNING' RETURNING id
 """
+
+WORKFLOW_REMAINING_SQL = "SELECT remaining FROM tasks_workflow WHERE id = %(id)s"
 
 # The parents of a task, with what they returned: for a callback or a dependant reading its inputs.
 PARENTS_SQL = """

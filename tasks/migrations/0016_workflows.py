@@ -6,71 +6,112 @@ import django.db.models.functions.datetime
 from django.db import migrations, models
 
 FORWARD_SQL = r"""
--- Marks a member whose status changes into or out of the final ones (settle), and raises the
--- transaction-local flag the statement trigger waits for. Other updates of a member reset settle.
+-- A member's status moved into or out of the final ones: raise the transaction-local flag the
+-- statement trigger looks for. An AFTER row trigger: a BEFORE one would make every update of
+-- tasks_task lock its row first (PostgreSQL fetches and locks the old row for a BEFORE trigger
+-- whatever its WHEN clause says), plain tasks included.
 CREATE FUNCTION tasks_workflow_mark() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF NEW.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED') AND OLD.status NOT IN ('SUCCESSFUL', 'FAILED', 'CANCELLED') THEN
-        NEW.settle := CASE WHEN NEW.status = 'SUCCESSFUL' THEN 1 ELSE 2 END;
-    ELSIF OLD.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED') AND NEW.status NOT IN ('SUCCESSFUL', 'FAILED', 'CANCELLED') THEN
-        NEW.settle := CASE WHEN OLD.status = 'SUCCESSFUL' THEN -1 ELSE -2 END;
-    ELSE
-        NEW.settle := 0;
-        RETURN NEW;
-    END IF;
     PERFORM set_config('leasing.workflow_settle', 'on', true);
-    RETURN NEW;
+    RETURN NULL;
 END $$;
 
 -- Once per statement that moved a member: its dependants and its workflow, set-based, rows locked
--- in id order (dependants first, then workflows).
+-- in id order (dependants first, then workflows). The statement's rows are read once, into arrays:
+-- the other queries take arrays, so PL/pgSQL keeps their plans (a query over the transition table is
+-- planned again at every call).
+--
+-- A group's callback waits for every other member of its workflow: it is counted down on the
+-- workflow row (remaining = 1: only the callback is left), which every member's finish updates
+-- anyway, not on its own row: one row update per member instead of two. Its edges still say what it
+-- waits for (parent_results, pipe, and the cancellation under 'cancel').
 CREATE FUNCTION tasks_workflow_settle() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    waiting bigint[];
-    doomed bigint[];
+    moved bigint[];
+    settles smallint[];
     flows bigint[];
+    waiting bigint[];
+    counts integer[];
+    pipes boolean[];
+    dooms boolean;
+    doomed bigint[];
+    several boolean;
 BEGIN
+    IF current_setting('leasing.workflow_settle', true) IS DISTINCT FROM 'on' THEN
+        RETURN NULL;  -- no member of a workflow changed status in this statement (every plain one)
+    END IF;
     PERFORM set_config('leasing.workflow_settle', '', true);
-    SELECT array_agg(DISTINCT d.child_id ORDER BY d.child_id) INTO waiting
-    FROM settled_rows AS m JOIN tasks_taskdependency AS d ON d.parent_id = m.id
-    WHERE m.settle <> 0;
-    IF waiting IS NOT NULL THEN
+    -- settle: 1 became SUCCESSFUL, 2 became FAILED or CANCELLED, -1 / -2 reopened from them.
+    SELECT array_agg(m.id), array_agg(m.settle), array_agg(m.workflow_id), count(DISTINCT m.workflow_id) > 1
+    INTO moved, settles, flows, several
+    FROM (SELECT n.id, n.workflow_id,
+                 (CASE WHEN n.status = 'SUCCESSFUL' THEN 1
+                       WHEN n.status IN ('FAILED', 'CANCELLED') THEN 2
+                       WHEN o.status = 'SUCCESSFUL' THEN -1
+                       ELSE -2 END)::smallint AS settle
+          FROM settled_rows AS n JOIN old_rows AS o ON o.id = n.id
+          WHERE n.workflow_id IS NOT NULL
+            AND (n.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED'))
+                IS DISTINCT FROM (o.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED'))) AS m;
+    IF moved IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT array_agg(x.child ORDER BY x.child) FILTER (WHERE NOT x.grouped),
+           array_agg(x.n ORDER BY x.child) FILTER (WHERE NOT x.grouped),
+           array_agg(x.pipe ORDER BY x.child) FILTER (WHERE NOT x.grouped),
+           bool_or(x.doom)
+    INTO waiting, counts, pipes, dooms
+    FROM (SELECT d.child_id AS child, sum(CASE WHEN m.settle > 0 THEN 1 ELSE -1 END)::int AS n,
+                 bool_or(d.pipe) AS pipe, bool_or(m.settle = 2 AND d.on_failure = 'cancel') AS doom,
+                 bool_or(w.id IS NOT NULL) AS grouped
+          FROM unnest(moved, settles, flows) AS m(id, settle, flow)
+          JOIN tasks_taskdependency AS d ON d.parent_id = m.id
+          LEFT JOIN tasks_workflow AS w ON w.id = m.flow AND w.kind = 'group' AND w.callback_id = d.child_id
+          GROUP BY d.child_id) AS x;
+    IF dooms THEN
         -- Dependants of members that failed or were cancelled, under on_failure = 'cancel', and
         -- theirs down the graph: cancelled in one statement (its own trigger then counts them and
         -- settles their 'run' dependants).
         WITH RECURSIVE doom(id) AS (
-            SELECT d.child_id FROM settled_rows AS m JOIN tasks_taskdependency AS d ON d.parent_id = m.id
+            SELECT d.child_id FROM unnest(moved, settles) AS m(id, settle)
+            JOIN tasks_taskdependency AS d ON d.parent_id = m.id
             WHERE m.settle = 2 AND d.on_failure = 'cancel'
             UNION
             SELECT d.child_id FROM doom JOIN tasks_taskdependency AS d ON d.parent_id = doom.id
             WHERE d.on_failure = 'cancel'
         )
         SELECT array_agg(doom.id ORDER BY doom.id) INTO doomed FROM doom;
+    END IF;
+    IF doomed IS NOT NULL OR cardinality(waiting) > 1 THEN
         PERFORM 1 FROM tasks_task
-        WHERE id = ANY(waiting || COALESCE(doomed, '{}'::bigint[])) AND status = 'AWAITING'
+        WHERE id = ANY(COALESCE(waiting, '{}'::bigint[]) || COALESCE(doomed, '{}'::bigint[])) AND status = 'AWAITING'
         ORDER BY id FOR NO KEY UPDATE;
-        IF doomed IS NOT NULL THEN
-            UPDATE tasks_task AS c SET
-                status = 'CANCELLED',
-                finished_at = clock_timestamp(),
-                waiting_on = 0,
-                errors = c.errors || jsonb_build_array(jsonb_build_object(
-                    'attempt', c.attempts, 'kind', 'dependency', 'at', clock_timestamp(),
-                    'exception_class_path', 'tasks.exceptions.DependencyFailed',
-                    'message', (SELECT format('cancelled: task %s, which it depends on, ended %s', p.id,
-                                              CASE WHEN p.id = ANY(doomed) THEN 'CANCELLED' ELSE p.status END)
-                                FROM tasks_taskdependency AS d JOIN tasks_task AS p ON p.id = d.parent_id
-                                WHERE d.child_id = c.id AND (p.status IN ('FAILED', 'CANCELLED') OR p.id = ANY(doomed))
-                                ORDER BY p.id LIMIT 1),
-                    'traceback', ''))
-            WHERE c.id = ANY(doomed) AND c.status = 'AWAITING';
-        END IF;
+    END IF;
+    IF doomed IS NOT NULL THEN
+        UPDATE tasks_task AS c SET
+            status = 'CANCELLED',
+            finished_at = clock_timestamp(),
+            waiting_on = 0,
+            errors = c.errors || jsonb_build_array(jsonb_build_object(
+                'attempt', c.attempts, 'kind', 'dependency', 'at', clock_timestamp(),
+                'exception_class_path', 'tasks.exceptions.DependencyFailed',
+                'message', (SELECT format('cancelled: task %s, which it depends on, ended %s', p.id,
+                                          CASE WHEN p.id = ANY(doomed) THEN 'CANCELLED' ELSE p.status END)
+                            FROM tasks_taskdependency AS d JOIN tasks_task AS p ON p.id = d.parent_id
+                            WHERE d.child_id = c.id AND (p.status IN ('FAILED', 'CANCELLED') OR p.id = ANY(doomed))
+                            ORDER BY p.id LIMIT 1),
+                'traceback', ''))
+        WHERE c.id = ANY(doomed) AND c.status = 'AWAITING';
+    END IF;
+    IF waiting IS NOT NULL THEN
         -- The rest count down by their parents that became final (up by those reopened); at zero
         -- they are released, with their parents' results first among their arguments if piped.
         UPDATE tasks_task AS c SET
             waiting_on = GREATEST(c.waiting_on - x.n, 0),
             status = CASE WHEN c.waiting_on - x.n <= 0 THEN 'READY' ELSE 'AWAITING' END,
-            run_after = CASE WHEN c.waiting_on - x.n <= 0 THEN GREATEST(c.run_after, clock_timestamp())
+            -- Behind what is queued already at its priority, from the finishing statement's start
+            -- (statement_timestamp(): the notify trigger wakes the workers for rows due by then).
+            run_after = CASE WHEN c.waiting_on - x.n <= 0 THEN GREATEST(c.run_after, statement_timestamp())
                              ELSE c.run_after END,
             args = CASE WHEN c.waiting_on - x.n <= 0 AND x.pipe THEN jsonb_build_array((
                             SELECT CASE WHEN count(*) = 1 THEN (array_agg(p.return_value))[1]
@@ -78,16 +119,14 @@ BEGIN
                             FROM tasks_taskdependency AS d JOIN tasks_task AS p ON p.id = d.parent_id
                             WHERE d.child_id = c.id)) || c.args
                         ELSE c.args END
-        FROM (SELECT d.child_id, sum(CASE WHEN m.settle > 0 THEN 1 ELSE -1 END)::int AS n, bool_or(d.pipe) AS pipe
-              FROM settled_rows AS m JOIN tasks_taskdependency AS d ON d.parent_id = m.id
-              WHERE m.settle <> 0
-              GROUP BY d.child_id) AS x
+        FROM unnest(waiting, counts, pipes) AS x(child_id, n, pipe)
         WHERE c.id = x.child_id AND c.status = 'AWAITING';
     END IF;
-    SELECT array_agg(DISTINCT m.workflow_id ORDER BY m.workflow_id) INTO flows
-    FROM settled_rows AS m WHERE m.settle <> 0;
-    IF flows IS NOT NULL THEN
+    IF several THEN
         PERFORM 1 FROM tasks_workflow WHERE id = ANY(flows) ORDER BY id FOR NO KEY UPDATE;
+    END IF;
+    -- Each workflow counts its members; a group whose members are all final releases its callback.
+    WITH counted AS (
         UPDATE tasks_workflow AS w SET
             remaining = GREATEST(w.remaining - x.done + x.reopened, 0),
             failed = GREATEST(w.failed + x.bad - x.unbad, 0),
@@ -97,25 +136,41 @@ BEGIN
                           WHEN w.failed + x.bad - x.unbad > 0 THEN 'FAILED'
                           ELSE 'SUCCESSFUL' END,
             finished_at = CASE WHEN w.remaining - x.done + x.reopened > 0 THEN NULL ELSE clock_timestamp() END
-        FROM (SELECT m.workflow_id,
+        FROM (SELECT m.flow,
                      count(*) FILTER (WHERE m.settle > 0) AS done,
                      count(*) FILTER (WHERE m.settle < 0) AS reopened,
                      count(*) FILTER (WHERE m.settle = 2) AS bad,
                      count(*) FILTER (WHERE m.settle = -2) AS unbad
-              FROM settled_rows AS m WHERE m.settle <> 0
-              GROUP BY m.workflow_id) AS x
-        WHERE w.id = x.workflow_id;
-    END IF;
+              FROM unnest(flows, settles) AS m(flow, settle)
+              GROUP BY m.flow) AS x
+        WHERE w.id = x.flow
+        RETURNING w.kind, w.callback_id, w.remaining
+    )
+    UPDATE tasks_task AS c SET
+        waiting_on = 0,
+        status = 'READY',
+        run_after = GREATEST(c.run_after, statement_timestamp()),
+        args = CASE WHEN EXISTS (SELECT 1 FROM tasks_taskdependency AS d WHERE d.child_id = c.id AND d.pipe)
+                    THEN jsonb_build_array((SELECT jsonb_agg(p.return_value ORDER BY p.id)
+                                            FROM tasks_taskdependency AS d JOIN tasks_task AS p ON p.id = d.parent_id
+                                            WHERE d.child_id = c.id)) || c.args
+                    ELSE c.args END
+    FROM counted
+    WHERE counted.kind = 'group' AND counted.remaining = 1 AND c.id = counted.callback_id AND c.status = 'AWAITING';
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER tasks_workflow_mark BEFORE UPDATE ON tasks_task
-    FOR EACH ROW WHEN (NEW.workflow_id IS NOT NULL AND (OLD.status IS DISTINCT FROM NEW.status OR NEW.settle <> 0))
+-- The WHEN clause (evaluated in C) passes only a member whose status moves into or out of the final
+-- ones: claims, starts, heartbeats and plain tasks make no call.
+CREATE TRIGGER tasks_workflow_mark AFTER UPDATE ON tasks_task
+    FOR EACH ROW WHEN (NEW.workflow_id IS NOT NULL
+                       AND (OLD.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED'))
+                           IS DISTINCT FROM (NEW.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')))
     EXECUTE FUNCTION tasks_workflow_mark();
+-- Runs after the statement's row triggers; returns at once unless one of them raised the flag.
 CREATE TRIGGER tasks_workflow_settle AFTER UPDATE ON tasks_task
-    REFERENCING NEW TABLE AS settled_rows
-    FOR EACH STATEMENT WHEN (current_setting('leasing.workflow_settle', true) = 'on')
-    EXECUTE FUNCTION tasks_workflow_settle();
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS settled_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION tasks_workflow_settle();
 """
 
 BACKWARD_SQL = """
@@ -163,13 +218,8 @@ class Migration(migrations.Migration):
         ),
         migrations.AddField(
             model_name='task',
-            name='settle',
-            field=models.SmallIntegerField(db_default=0, default=0, editable=False),
-        ),
-        migrations.AddField(
-            model_name='task',
             name='waiting_on',
-            field=models.PositiveIntegerField(db_default=0, default=0, help_text='Tasks it depends on that are not final yet (AWAITING until 0).'),
+            field=models.PositiveIntegerField(db_default=0, default=0, help_text="Tasks it depends on that are not final yet (AWAITING until 0); a group's callback is counted on its workflow instead (see parents_left)."),
         ),
         migrations.AddField(
             model_name='task',
@@ -183,7 +233,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='task',
-            index=models.Index(condition=models.Q(('workflow_id__isnull', False)), fields=['workflow_id', 'status'], name='tasks_task_workflow_idx'),
+            index=models.Index(models.F('workflow_id'), models.F('status'), models.OrderBy(models.F('id'), descending=True), condition=models.Q(('workflow_id__isnull', False)), name='tasks_task_workflow_idx'),
         ),
         migrations.AddIndex(
             model_name='taskdependency',

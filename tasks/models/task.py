@@ -201,17 +201,14 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
                 args = [values[0] if len(values) == 1 else values, *args]
             cursor.execute(wf_sql.RESERVE_IDS_SQL, {"n": 1})
             task_id = cursor.fetchone()[0]
-            member = {**params, "args": storable_json(args), "waiting_on": len(unfinished) or int(doomed)}
+            member = {
+                **params,
+                "args": args,
+                "kwargs": json.loads(params["kwargs"]),
+                "waiting_on": len(unfinished) or int(doomed),
+            }
             cursor.execute(wf_sql.INSERT_MEMBERS_SQL, wf_sql.member_params(workflow, [task_id], [member]))
-            cursor.execute(
-                wf_sql.INSERT_EDGES_SQL,
-                {
-                    "parents": parents,
-                    "children": [task_id] * len(parents),
-                    "on_failure": [on_failure] * len(parents),
-                    "pipe": [pipe] * len(parents),
-                },
-            )
+            cursor.execute(wf_sql.INSERT_EDGES_SQL, wf_sql.edge_params([(task_id, on_failure, pipe, parents)]))
             cursor.execute(wf_sql.JOIN_WORKFLOW_SQL, {"workflow": workflow, "unfinished": 1, "bad": 0})
             if doomed:
                 # A parent already failed: the task is settled as if it had failed now (its own
@@ -648,11 +645,11 @@ class Task(LeaseFields):
         null=True, blank=True, help_text="The workflow this task belongs to (tasks/lifecycle/workflows.py)."
     )
     waiting_on = models.PositiveIntegerField(
-        default=0, db_default=0, help_text="Tasks it depends on that are not final yet (AWAITING until 0)."
+        default=0,
+        db_default=0,
+        help_text="Tasks it depends on that are not final yet (AWAITING until 0); a group's callback is "
+        "counted on its workflow instead (see parents_left).",
     )
-    #: Set by the database's workflow trigger on the statement that changes a member's status: 1 or 2
-    #: it became SUCCESSFUL or failed / cancelled, -1 or -2 reopened from them, 0 otherwise.
-    settle = models.SmallIntegerField(default=0, db_default=0, editable=False)
 
     # The lease columns' plain index on holder (and its LIKE twin) is replaced by
     # tasks_task_holder_newest_idx below (holder, status, id), which serves the same lookups and also
@@ -747,9 +744,11 @@ class Task(LeaseFields):
                 name="tasks_task_blocked_page_idx",
                 condition=Q(status="BLOCKED"),
             ),
-            # A workflow's members by status (the workflow page, its cancel, retention of the unit).
+            # A workflow's members by status, newest first (the workflow page, its cancel, retention of the unit).
             models.Index(
-                fields=["workflow_id", "status"],
+                "workflow_id",
+                "status",
+                models.F("id").desc(),
                 name="tasks_task_workflow_idx",
                 condition=Q(workflow_id__isnull=False),
             ),
@@ -773,6 +772,19 @@ class Task(LeaseFields):
 
     def __str__(self) -> str:
         return f"task {self.pk} {self.task_path} [{self.status}]"
+
+    @property
+    def parents_left(self) -> int:
+        """How many of the tasks it depends on are not final yet. A group's callback (AWAITING with
+        ``waiting_on`` 0) is counted on its workflow row: every other member of the workflow."""
+        if self.status != TaskStatus.AWAITING:
+            return 0
+        if self.waiting_on or self.workflow_id is None:
+            return self.waiting_on
+        with connections[self._state.db or "default"].cursor() as cursor:
+            cursor.execute(wf_sql.WORKFLOW_REMAINING_SQL, {"id": self.workflow_id})
+            row = cursor.fetchone()
+        return max((row[0] if row else 1) - 1, 0)
 
     @property
     def is_stuck(self) -> bool:

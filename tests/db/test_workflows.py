@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from tasks.compat import TaskResultStatus, default_task_backend
@@ -18,6 +19,7 @@ from tasks.maintenance import retention
 from tasks.models import Failure, Task, TaskDependency, TaskStatus, Workflow
 from tasks.workflows import Workflow as Flow
 from tasks.workflows import chain, group, parent_results, step
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -93,12 +95,15 @@ def test_a_group_callback_is_released_by_the_statement_that_finishes_the_last_me
     assert sorted(t.id for t in claimed) == members  # the callback is not claimable
     Task.objects.complete_many("w1", [(t.id, t.token, json.dumps(t.id)) for t in claimed[:3]])
     assert status_of(callback) == ["AWAITING"]
-    assert Task.objects.get(pk=callback).waiting_on == 1
+    assert Task.objects.get(pk=callback).parents_left == 1  # counted on the workflow row
+    assert flow(done.id).remaining == 2
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        (before,) = cursor.fetchone()
     Task.objects.complete_many("w1", [(claimed[3].id, claimed[3].token, json.dumps(claimed[3].id))])
     released = Task.objects.get(pk=callback)
     assert (released.status, released.waiting_on, released.args) == ("READY", 0, [members])
-    last = max(t for t in Task.objects.filter(pk__in=members).values_list("finished_at", flat=True) if t)
-    assert released.run_after >= last
+    assert released.run_after >= before  # behind what was queued before it was released
 
 
 def test_members_finished_in_one_statement_release_the_callback_once() -> None:
@@ -354,3 +359,46 @@ def test_retention_prunes_a_finished_workflow_as_one_unit() -> None:
     assert Task.objects.filter(pk__in=running.task_ids).count() == 2
     assert not TaskDependency.objects.filter(child_id__in=old.task_ids).exists()
     assert TaskDependency.objects.filter(child_id=running.task_ids[1]).exists()
+
+
+def test_a_parent_finishing_while_a_dependant_is_enqueued_in_an_open_transaction_is_not_missed() -> None:
+    parent = Task.objects.enqueue(NOOP)
+    (claimed,) = Task.objects.claim("w1", limit=1)
+    enqueued = threading.Event()
+    commit = threading.Event()
+    found: dict[str, Any] = {}
+
+    def enqueue_and_hold() -> None:
+        try:
+            with transaction.atomic():
+                found["child"] = Task.objects.enqueue(NOOP, depends_on=[parent])
+                enqueued.set()
+                commit.wait(30)
+        finally:
+            connections.close_all()
+
+    def finish_parent() -> None:
+        try:
+            found["finished"] = Task.objects.complete_many("w1", [(claimed.id, claimed.token, "null")])
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=enqueue_and_hold)
+    holder.start()
+    assert enqueued.wait(30)
+    finisher = threading.Thread(target=finish_parent)
+    finisher.start()
+
+    def finisher_waits_for_the_lock() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%tasks_task%%'"
+            )
+            return cursor.fetchone()[0] == 1
+
+    wait_until(finisher_waits_for_the_lock, 30, what="the parent's finish to wait for the enqueue's lock")
+    commit.set()
+    holder.join(30)
+    finisher.join(30)
+    assert found["finished"] == {(claimed.id, claimed.token)}
+    assert status_of(parent.id, found["child"].id) == ["SUCCESSFUL", "READY"]

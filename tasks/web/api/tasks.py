@@ -85,7 +85,7 @@ def task_json(task: Task) -> dict[str, Any]:
         "errors_dropped": task.errors_dropped,
         "worker_ids": task.worker_ids,
         "workflow_id": task.workflow_id,
-        "waiting_on": task.waiting_on,
+        "waiting_on": task.parents_left if task.status == "AWAITING" else task.waiting_on,
     }
 
 
