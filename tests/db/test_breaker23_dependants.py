@@ -29,6 +29,7 @@ def test_a_task_depending_on_a_groups_callback_runs_after_it() -> None:
     # when its workflow's remaining reaches 1, which now needs the dependant final, which waits for
     # the callback: neither ever runs, and the workflow stays RUNNING.
     done = group([step(NOOP), step(NOOP)], then=step(NOOP)).enqueue()
+    assert done.callback_id is not None
     after = Task.objects.enqueue(NOOP, depends_on=[done.callback_id])
     finished = drain()
     assert finished[-2:] == [done.callback_id, after.id], finished
