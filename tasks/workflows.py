@@ -228,7 +228,12 @@ class Workflow:
             )
         (database,) = databases
         members = [{**row[0], "waiting_on": len(node.after)} for row, node in zip(rows, self._nodes, strict=True)]
-        if self.kind == WorkflowKind.GROUP and self.callback is not None:
+        for member, node in zip(members, self._nodes, strict=True):
+            if node.pipe:  # a placeholder the release fills (and a requeue's release fills again)
+                member["args"] = [None, *member["args"]]
+        grouped = self.kind == WorkflowKind.GROUP and self.callback is not None
+        if grouped:
+            assert self.callback is not None
             members[self.callback]["waiting_on"] = -1  # counted on the workflow row (lifecycle/workflows.py)
         connection = connections[database]
         with transaction.atomic(using=database):
@@ -239,7 +244,13 @@ class Workflow:
             ((workflow, created_at),) = prepared.rows(
                 connection,
                 wf_sql.CREATE_WORKFLOW_SQL,
-                {"name": self.name, "kind": str(self.kind), "total": len(members), "callback": callback},
+                {
+                    "name": self.name,
+                    "kind": str(self.kind),
+                    "total": len(members),
+                    "callback": callback,
+                    "callback_waiting": len(self._nodes[self.callback].after) if grouped and self.callback else 0,
+                },
             )
             prepared.rows(connection, wf_sql.INSERT_MEMBERS_SQL, wf_sql.member_params(workflow, ids, members))
             edges = [

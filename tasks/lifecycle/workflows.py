@@ -6,9 +6,12 @@ good, recovery's last crash, an operator's cancel) also settles its dependants, 
 transaction, through two triggers (migration 0016):
 
 - an AFTER UPDATE row trigger, whose WHEN clause passes only members whose status moves into or out
-  of the final ones, raises a transaction-local flag. A plain task costs the WHEN clause, evaluated
-  in C (not a BEFORE trigger: PostgreSQL locks the old row of every update for one of those);
-- an AFTER UPDATE statement trigger, which returns at once unless the flag is up, reads the
+  of the final ones, counts the move in a transaction-local counter. A plain task costs the WHEN
+  clause, evaluated in C (not a BEFORE trigger: PostgreSQL locks the old row of every update for
+  one of those). A counter, not a flag: another trigger of the same statement (the concurrency
+  admission) may run a nested update whose statement trigger fires first, and that one must leave
+  the outer statement's moves to it (breaker 23 found keyed members never settled);
+- an AFTER UPDATE statement trigger, which returns at once while the counter is zero, reads the
   statement's old and new rows (its transition tables) once, set-based:
 
   1. the dependants of members that failed or were cancelled under ``on_failure="cancel"``, and
@@ -16,14 +19,18 @@ transaction, through two triggers (migration 0016):
   2. every other AWAITING dependant counts down by the parents that became final (up by those
      reopened by a requeue); at zero it becomes READY (with its parents' results prepended to its
      arguments when its edge pipes them). A keyed one then waits for its concurrency slot (BLOCKED)
-     as usual. A group's callback is counted on its workflow row instead (every member's finish
-     updates that row anyway): one row update per member, not two;
-  3. each workflow counts its members down; at zero it ends (SUCCESSFUL, FAILED if a member failed
+     as usual. A group's callback is counted on its workflow row instead (``callback_waiting``:
+     every member's finish updates that row anyway): one row update per member, not two;
+  3. a dependant an operator requeued in this statement waits for its parents again as they stand
+     (AWAITING while one is not final; cancelled again if one failed under "cancel");
+  4. each workflow counts its members down; at zero it ends (SUCCESSFUL, FAILED if a member failed
      or was cancelled, CANCELLED if an operator cancelled it) with ``finished_at`` on the database
-     clock. A group whose count reaches its callback alone releases the callback.
+     clock. A group whose callback countdown reaches zero releases the callback.
 
-Rows are locked in id order (dependants, then workflows) before they are written, so two finishing
-statements never wait for each other in a cycle. Exactly once: a member becomes final in exactly
+Every statement takes member rows before workflow rows, and dependants and workflows in id order (a
+dependant's id is always larger than its parents'): finishes, an operator's cancel
+(``WorkflowQuerySet.cancel``) and retention (``PRUNE_WORKFLOWS_SQL``, members first, SKIP LOCKED)
+never wait for each other in a cycle. Exactly once: a member becomes final in exactly
 one statement (every finish is a compare-and-set on the attempt), and that statement's trigger is
 the only one that counts it. The last member's statement releases the callback; no other can.
 
@@ -92,9 +99,9 @@ def check_graph(parents: Mapping[int, Iterable[int]], size: int) -> list[int]:
 RESERVE_IDS_SQL = "SELECT nextval(pg_get_serial_sequence('tasks_task', 'id')) FROM generate_series(1, %(n)s::int)"
 
 CREATE_WORKFLOW_SQL = """
-INSERT INTO tasks_workflow (name, kind, status, total, remaining, failed, callback_id, created_at)
+INSERT INTO tasks_workflow (name, kind, status, total, remaining, failed, callback_id, callback_waiting, created_at)
 VALUES (%(name)s::text, %(kind)s::text, 'RUNNING', %(total)s::int, %(total)s::int, 0, %(callback)s::bigint,
-        statement_timestamp())
+        %(callback_waiting)s::int, statement_timestamp())
 RETURNING id, created_at
 """
 
@@ -237,13 +244,13 @@ UPDATE tasks_workflow SET
 WHERE id = %(workflow)s::bigint
 """
 
-# An operator's cancel of whole workflows: marked first (the members' cancellations then count them
-# down, and a workflow marked CANCELLED stays so when it ends).
+# An operator's cancel of a workflow, once its unfinished members are cancelled (they ended it, FAILED
+# with their cancellations counted): it is CANCELLED.
 MARK_CANCELLED_SQL = """
-UPDATE tasks_workflow SET status = 'CANCELLED' WHERE id = ANY(%(ids)s::bigint[]) AND status = 'RUNNING' RETURNING id
+UPDATE tasks_workflow SET status = 'CANCELLED' WHERE id = ANY(%(ids)s::bigint[]) RETURNING id
 """
 
-WORKFLOW_REMAINING_SQL = "SELECT remaining FROM tasks_workflow WHERE id = %(id)s"
+CALLBACK_WAITING_SQL = "SELECT callback_waiting FROM tasks_workflow WHERE id = %(id)s AND callback_id = %(task)s"
 
 # The parents of a task, with what they returned: for a callback or a dependant reading its inputs.
 PARENTS_SQL = """
@@ -258,21 +265,34 @@ ORDER BY p.id
 MEMBER_COUNTS_SQL = "SELECT status, count(*) FROM tasks_task WHERE workflow_id = %(id)s GROUP BY status"
 
 # Retention: finished workflows of one status older than the age, a batch at a time, with their
-# members and edges (one statement: the unit goes at once or not at all). Members are locked
-# first, SKIP LOCKED, and a workflow one of whose members is locked right now waits for the next pass.
+# members and edges (one statement: the unit goes at once or not at all). Locks are taken in the
+# order every finishing statement takes them: members first (in id order, SKIP LOCKED: a member an
+# operator is requeueing right now is passed over), then the workflows whose members are all held
+# and final (SKIP LOCKED too, status re-checked); the rest wait for the next pass.
 PRUNE_WORKFLOWS_SQL = """
-WITH picked AS MATERIALIZED (
-    SELECT id FROM tasks_workflow AS candidate
+WITH candidates AS MATERIALIZED (
+    SELECT id FROM tasks_workflow
     WHERE status = %(status)s AND finished_at IS NOT NULL
       AND finished_at < statement_timestamp() - make_interval(secs => %(age)s)
       AND (finished_at, id) > (%(after_at)s, %(after_id)s)
     ORDER BY finished_at, id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), members AS MATERIALIZED (
-    SELECT t.id FROM tasks_task AS t JOIN picked ON t.workflow_id = picked.id
+), held AS MATERIALIZED (
+    SELECT t.id, t.workflow_id FROM tasks_task AS t JOIN candidates AS c ON t.workflow_id = c.id
     WHERE t.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
-    FOR UPDATE OF t
+    ORDER BY t.id
+    FOR UPDATE OF t SKIP LOCKED
+), whole AS MATERIALIZED (
+    SELECT c.id FROM candidates AS c
+    WHERE (SELECT count(*) FROM tasks_task AS t WHERE t.workflow_id = c.id)
+        = (SELECT count(*) FROM held AS h WHERE h.workflow_id = c.id)
+), picked AS MATERIALIZED (
+    SELECT w.id FROM tasks_workflow AS w JOIN whole ON whole.id = w.id
+    WHERE w.status = %(status)s AND w.finished_at IS NOT NULL
+    ORDER BY w.id
+    FOR UPDATE OF w SKIP LOCKED
+), members AS MATERIALIZED (
+    SELECT h.id FROM held AS h JOIN picked ON picked.id = h.workflow_id
 ), gone_edges AS (
     -- Both ends of an edge are members of one workflow: its children's edges are all of them.
     DELETE FROM tasks_taskdependency AS d USING members WHERE d.child_id = members.id

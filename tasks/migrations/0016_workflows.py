@@ -6,41 +6,48 @@ import django.db.models.functions.datetime
 from django.db import migrations, models
 
 FORWARD_SQL = r"""
--- A member's status moved into or out of the final ones: raise the transaction-local flag the
--- statement trigger looks for. An AFTER row trigger: a BEFORE one would make every update of
+-- A member's status moved into or out of the final ones: count it in the transaction-local counter
+-- the statement trigger looks at. An AFTER row trigger: a BEFORE one would make every update of
 -- tasks_task lock its row first (PostgreSQL fetches and locks the old row for a BEFORE trigger
--- whatever its WHEN clause says), plain tasks included.
+-- whatever its WHEN clause says), plain tasks included. A counter, not a flag: another trigger of
+-- the same statement (the concurrency admission) may run a nested UPDATE whose own statement
+-- trigger fires first; it must leave the outer statement's moves to the outer statement.
 CREATE FUNCTION tasks_workflow_mark() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM set_config('leasing.workflow_settle', 'on', true);
+    PERFORM set_config('leasing.workflow_settle',
+                       (COALESCE(NULLIF(current_setting('leasing.workflow_settle', true), ''), '0')::int + 1)::text,
+                       true);
     RETURN NULL;
 END $$;
 
 -- Once per statement that moved a member: its dependants and its workflow, set-based, rows locked
--- in id order (dependants first, then workflows). The statement's rows are read once, into arrays:
--- the other queries take arrays, so PL/pgSQL keeps their plans (a query over the transition table is
--- planned again at every call).
+-- in id order (dependants, whose ids are always larger than their parents', then workflows). The
+-- statement's rows are read once, into arrays: the other queries take arrays, so PL/pgSQL keeps
+-- their plans (a query over a transition table is planned again at every call).
 --
--- A group's callback waits for every other member of its workflow: it is counted down on the
--- workflow row (remaining = 1: only the callback is left), which every member's finish updates
--- anyway, not on its own row: one row update per member instead of two. Its edges still say what it
--- waits for (parent_results, pipe, and the cancellation under 'cancel').
+-- A group's callback waits for the members it was enqueued with: it is counted down on its
+-- workflow row (callback_waiting), which every member's finish updates anyway, not on its own row:
+-- one row update per member instead of two. Its edges still say what it waits for
+-- (parent_results, pipe, and its cancellation under 'cancel').
 CREATE FUNCTION tasks_workflow_settle() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
+    pending integer;
     moved bigint[];
     settles smallint[];
     flows bigint[];
     waiting bigint[];
     counts integer[];
     pipes boolean[];
+    callbacks bigint[];
+    callback_counts integer[];
     dooms boolean;
     doomed bigint[];
     several boolean;
 BEGIN
-    IF current_setting('leasing.workflow_settle', true) IS DISTINCT FROM 'on' THEN
-        RETURN NULL;  -- no member of a workflow changed status in this statement (every plain one)
+    pending := COALESCE(NULLIF(current_setting('leasing.workflow_settle', true), ''), '0')::int;
+    IF pending <= 0 THEN
+        RETURN NULL;  -- no member of a workflow changed status in this transaction (every plain one)
     END IF;
-    PERFORM set_config('leasing.workflow_settle', '', true);
     -- settle: 1 became SUCCESSFUL, 2 became FAILED or CANCELLED, -1 / -2 reopened from them.
     SELECT array_agg(m.id), array_agg(m.settle), array_agg(m.workflow_id), count(DISTINCT m.workflow_id) > 1
     INTO moved, settles, flows, several
@@ -54,13 +61,16 @@ BEGIN
             AND (n.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED'))
                 IS DISTINCT FROM (o.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED'))) AS m;
     IF moved IS NULL THEN
-        RETURN NULL;
+        RETURN NULL;  -- the moves counted are an enclosing statement's: its own trigger settles them
     END IF;
+    PERFORM set_config('leasing.workflow_settle', GREATEST(pending - cardinality(moved), 0)::text, true);
     SELECT array_agg(x.child ORDER BY x.child) FILTER (WHERE NOT x.grouped),
            array_agg(x.n ORDER BY x.child) FILTER (WHERE NOT x.grouped),
            array_agg(x.pipe ORDER BY x.child) FILTER (WHERE NOT x.grouped),
+           array_agg(x.child) FILTER (WHERE x.grouped),
+           array_agg(x.n) FILTER (WHERE x.grouped),
            bool_or(x.doom)
-    INTO waiting, counts, pipes, dooms
+    INTO waiting, counts, pipes, callbacks, callback_counts, dooms
     FROM (SELECT d.child_id AS child, sum(CASE WHEN m.settle > 0 THEN 1 ELSE -1 END)::int AS n,
                  bool_or(d.pipe) AS pipe, bool_or(m.settle = 2 AND d.on_failure = 'cancel') AS doom,
                  bool_or(w.id IS NOT NULL) AS grouped
@@ -105,7 +115,8 @@ BEGIN
     END IF;
     IF waiting IS NOT NULL THEN
         -- The rest count down by their parents that became final (up by those reopened); at zero
-        -- they are released, with their parents' results first among their arguments if piped.
+        -- they are released, their parents' results in the first argument (a placeholder until
+        -- then) if piped.
         UPDATE tasks_task AS c SET
             waiting_on = GREATEST(c.waiting_on - x.n, 0),
             status = CASE WHEN c.waiting_on - x.n <= 0 THEN 'READY' ELSE 'AWAITING' END,
@@ -113,23 +124,52 @@ BEGIN
             -- (statement_timestamp(): the notify trigger wakes the workers for rows due by then).
             run_after = CASE WHEN c.waiting_on - x.n <= 0 THEN GREATEST(c.run_after, statement_timestamp())
                              ELSE c.run_after END,
-            args = CASE WHEN c.waiting_on - x.n <= 0 AND x.pipe THEN jsonb_build_array((
-                            SELECT CASE WHEN count(*) = 1 THEN (array_agg(p.return_value))[1]
+            args = CASE WHEN c.waiting_on - x.n <= 0 AND x.pipe THEN jsonb_set(c.args, '{0}', (
+                            SELECT CASE WHEN count(*) = 1 THEN COALESCE((array_agg(p.return_value))[1], 'null')
                                         ELSE jsonb_agg(p.return_value ORDER BY p.id) END
                             FROM tasks_taskdependency AS d JOIN tasks_task AS p ON p.id = d.parent_id
-                            WHERE d.child_id = c.id)) || c.args
+                            WHERE d.child_id = c.id))
                         ELSE c.args END
         FROM unnest(waiting, counts, pipes) AS x(child_id, n, pipe)
         WHERE c.id = x.child_id AND c.status = 'AWAITING';
     END IF;
+    -- Dependants requeued by this statement (an operator's requeue made them READY) wait again for
+    -- their parents as they stand now: AWAITING while one is not final, cancelled again when one
+    -- failed under 'cancel' (requeue the parent first, or both at once).
+    IF EXISTS (SELECT 1 FROM unnest(settles) AS m(settle) WHERE m.settle < 0) THEN
+        UPDATE tasks_task AS c SET
+            status = CASE WHEN r.doomed THEN 'CANCELLED' ELSE 'AWAITING' END,
+            finished_at = CASE WHEN r.doomed THEN clock_timestamp() ELSE NULL END,
+            waiting_on = CASE WHEN r.doomed OR r.grouped THEN 0 ELSE r.unfinished END,
+            errors = CASE WHEN r.doomed THEN c.errors || jsonb_build_array(jsonb_build_object(
+                         'attempt', c.attempts, 'kind', 'dependency', 'at', clock_timestamp(),
+                         'exception_class_path', 'tasks.exceptions.DependencyFailed',
+                         'message', 'cancelled again: a task it depends on ended FAILED or CANCELLED',
+                         'traceback', '')) ELSE c.errors END
+        FROM (SELECT m.id,
+                     count(*) FILTER (WHERE p.status NOT IN ('SUCCESSFUL', 'FAILED', 'CANCELLED'))::int AS unfinished,
+                     COALESCE(bool_or(p.status IN ('FAILED', 'CANCELLED') AND d.on_failure = 'cancel'), false) AS doomed,
+                     bool_or(w.id IS NOT NULL) AS grouped
+              FROM unnest(moved, settles, flows) AS m(id, settle, flow)
+              JOIN tasks_taskdependency AS d ON d.child_id = m.id
+              JOIN tasks_task AS p ON p.id = d.parent_id
+              LEFT JOIN tasks_workflow AS w ON w.id = m.flow AND w.kind = 'group' AND w.callback_id = m.id
+              WHERE m.settle < 0
+              GROUP BY m.id) AS r
+        WHERE c.id = r.id AND c.status IN ('READY', 'BLOCKED') AND (r.doomed OR r.unfinished > 0);
+    END IF;
     IF several THEN
         PERFORM 1 FROM tasks_workflow WHERE id = ANY(flows) ORDER BY id FOR NO KEY UPDATE;
     END IF;
-    -- Each workflow counts its members; a group whose members are all final releases its callback.
+    -- Each workflow counts its members; a group's callback is released when the members it waits
+    -- for are all final.
     WITH counted AS (
         UPDATE tasks_workflow AS w SET
             remaining = GREATEST(w.remaining - x.done + x.reopened, 0),
             failed = GREATEST(w.failed + x.bad - x.unbad, 0),
+            callback_waiting = GREATEST(w.callback_waiting - COALESCE(
+                (SELECT sum(cb.n) FROM unnest(callbacks, callback_counts) AS cb(child, n)
+                 WHERE cb.child = w.callback_id), 0), 0),
             status = CASE WHEN w.remaining - x.done + x.reopened > 0
                           THEN CASE WHEN w.status = 'CANCELLED' AND x.reopened = 0 THEN 'CANCELLED' ELSE 'RUNNING' END
                           WHEN w.status = 'CANCELLED' THEN 'CANCELLED'
@@ -144,19 +184,21 @@ BEGIN
               FROM unnest(flows, settles) AS m(flow, settle)
               GROUP BY m.flow) AS x
         WHERE w.id = x.flow
-        RETURNING w.kind, w.callback_id, w.remaining
+        RETURNING w.kind, w.callback_id, w.callback_waiting
     )
     UPDATE tasks_task AS c SET
         waiting_on = 0,
         status = 'READY',
         run_after = GREATEST(c.run_after, statement_timestamp()),
         args = CASE WHEN EXISTS (SELECT 1 FROM tasks_taskdependency AS d WHERE d.child_id = c.id AND d.pipe)
-                    THEN jsonb_build_array((SELECT jsonb_agg(p.return_value ORDER BY p.id)
-                                            FROM tasks_taskdependency AS d JOIN tasks_task AS p ON p.id = d.parent_id
-                                            WHERE d.child_id = c.id)) || c.args
+                    THEN jsonb_set(c.args, '{0}', (SELECT jsonb_agg(p.return_value ORDER BY p.id)
+                                                   FROM tasks_taskdependency AS d
+                                                   JOIN tasks_task AS p ON p.id = d.parent_id
+                                                   WHERE d.child_id = c.id))
                     ELSE c.args END
     FROM counted
-    WHERE counted.kind = 'group' AND counted.remaining = 1 AND c.id = counted.callback_id AND c.status = 'AWAITING';
+    WHERE counted.kind = 'group' AND counted.callback_waiting = 0 AND c.id = counted.callback_id
+      AND c.status = 'AWAITING';
     RETURN NULL;
 END $$;
 
@@ -167,7 +209,7 @@ CREATE TRIGGER tasks_workflow_mark AFTER UPDATE ON tasks_task
                        AND (OLD.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED'))
                            IS DISTINCT FROM (NEW.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')))
     EXECUTE FUNCTION tasks_workflow_mark();
--- Runs after the statement's row triggers; returns at once unless one of them raised the flag.
+-- Runs after the statement's row triggers; returns at once unless one of them counted a move.
 CREATE TRIGGER tasks_workflow_settle AFTER UPDATE ON tasks_task
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS settled_rows
     FOR EACH STATEMENT EXECUTE FUNCTION tasks_workflow_settle();
@@ -207,6 +249,7 @@ class Migration(migrations.Migration):
                 ('status', models.CharField(choices=[('RUNNING', 'Running'), ('SUCCESSFUL', 'Successful'), ('FAILED', 'Failed'), ('CANCELLED', 'Cancelled')], default='RUNNING', max_length=12)),
                 ('total', models.PositiveIntegerField(default=0, help_text='Members.')),
                 ('remaining', models.PositiveIntegerField(default=0, help_text='Members not final yet.')),
+                ('callback_waiting', models.PositiveIntegerField(db_default=0, default=0, help_text="A group's callback: the members it waits for that are not final yet.")),
                 ('failed', models.PositiveIntegerField(default=0, help_text='Members that ended FAILED or CANCELLED.')),
                 ('callback_id', models.BigIntegerField(blank=True, help_text="The task run when the others are final (a group's callback, a chain's last step).", null=True)),
                 ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),

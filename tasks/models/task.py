@@ -185,7 +185,8 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
                 workflow = flows[0]
             else:
                 cursor.execute(
-                    wf_sql.CREATE_WORKFLOW_SQL, {"name": "", "kind": WorkflowKind.GRAPH, "total": 0, "callback": None}
+                    wf_sql.CREATE_WORKFLOW_SQL,
+                    {"name": "", "kind": WorkflowKind.GRAPH, "total": 0, "callback": None, "callback_waiting": 0},
                 )
                 workflow = cursor.fetchone()[0]
             cursor.execute(wf_sql.ADOPT_SQL, {"workflow": workflow, "ids": parents})
@@ -199,6 +200,8 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
                 cursor.execute(wf_sql.PARENT_VALUES_SQL, {"ids": parents})
                 values = [json.loads(row[0]) if isinstance(row[0], str) else row[0] for row in cursor.fetchall()]
                 args = [values[0] if len(values) == 1 else values, *args]
+            elif pipe:
+                args = [None, *args]  # the placeholder its release fills
             cursor.execute(wf_sql.RESERVE_IDS_SQL, {"n": 1})
             task_id = cursor.fetchone()[0]
             member = {
@@ -776,15 +779,15 @@ class Task(LeaseFields):
     @property
     def parents_left(self) -> int:
         """How many of the tasks it depends on are not final yet. A group's callback (AWAITING with
-        ``waiting_on`` 0) is counted on its workflow row: every other member of the workflow."""
+        ``waiting_on`` 0) is counted on its workflow row (``callback_waiting``)."""
         if self.status != TaskStatus.AWAITING:
             return 0
         if self.waiting_on or self.workflow_id is None:
             return self.waiting_on
         with connections[self._state.db or "default"].cursor() as cursor:
-            cursor.execute(wf_sql.WORKFLOW_REMAINING_SQL, {"id": self.workflow_id})
+            cursor.execute(wf_sql.CALLBACK_WAITING_SQL, {"id": self.workflow_id, "task": self.id})
             row = cursor.fetchone()
-        return max((row[0] if row else 1) - 1, 0)
+        return int(row[0]) if row else 0
 
     @property
     def is_stuck(self) -> bool:

@@ -17,6 +17,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from leasing.routing import SelectedManager
+from tasks.lifecycle.states import UNFINISHED
 from tasks.lifecycle.workflows import MARK_CANCELLED_SQL, ON_PARENT_FAILURE, WorkflowKind, WorkflowStatus
 
 
@@ -29,19 +30,25 @@ class WorkflowQuerySet(models.QuerySet["Workflow"]):
 
     def cancel(self) -> int:
         """Cancel these workflows: every unfinished member is cancelled (a running member's worker
-        loses its lease), and the workflows end CANCELLED once their members are all final (at once,
-        unless a member's cancellation raced its finish). Returns the members cancelled."""
+        loses its lease), and each workflow that had one ends CANCELLED. Returns the members
+        cancelled.
+
+        Locks are taken in the order every finishing statement takes them: a workflow's members in
+        id order, then (through their trigger) the workflow row; one workflow at a time."""
         from tasks.models.task import Task
 
-        ids = list(self.filter(status=WorkflowStatus.RUNNING).values_list("id", flat=True))
-        if not ids:
-            return 0
         db = self.db
-        with transaction.atomic(using=db):
-            with connections[db].cursor() as cursor:
-                cursor.execute(MARK_CANCELLED_SQL, {"ids": ids})
-                marked = [row[0] for row in cursor.fetchall()]
-            return Task.objects.db_manager(db).filter(workflow_id__in=marked).order_by().cancel()
+        cancelled = 0
+        for workflow in sorted(self.filter(status=WorkflowStatus.RUNNING).values_list("id", flat=True)):
+            with transaction.atomic(using=db):
+                members = Task.objects.db_manager(db).filter(workflow_id=workflow, status__in=UNFINISHED)
+                ids = list(members.order_by("id").select_for_update(no_key=True).values_list("id", flat=True))
+                if not ids:
+                    continue
+                cancelled += Task.objects.db_manager(db).filter(pk__in=ids).cancel()
+                with connections[db].cursor() as cursor:
+                    cursor.execute(MARK_CANCELLED_SQL, {"ids": [workflow]})
+        return cancelled
 
 
 class Workflow(models.Model):
@@ -52,6 +59,9 @@ class Workflow(models.Model):
     status = models.CharField(max_length=12, choices=WorkflowStatus.choices, default=WorkflowStatus.RUNNING)
     total = models.PositiveIntegerField(default=0, help_text="Members.")
     remaining = models.PositiveIntegerField(default=0, help_text="Members not final yet.")
+    callback_waiting = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="A group's callback: the members it waits for that are not final yet."
+    )
     failed = models.PositiveIntegerField(default=0, help_text="Members that ended FAILED or CANCELLED.")
     callback_id = models.BigIntegerField(
         null=True,
