@@ -115,7 +115,11 @@ class Step:
                     "only this queue's tasks can wait for each other"
                 )
             backend = chosen
-            backend.validate_task(task)
+            seen = ("task", task.module_path, task.backend, task.queue_name, task.priority, task.run_after)
+            if checked is None or seen not in checked:  # a group of 10,000 like steps validates once
+                backend.validate_task(task)
+                if checked is not None:
+                    checked.add(seen)
             path, queue, priority, run_after = task.module_path, task.queue_name, task.priority, task.run_after
             args, kwargs = normalize_json(list(self.args)), normalize_json(dict(self.kwargs))
             key, limit = self.concurrency_key, self.concurrency_limit
