@@ -30,7 +30,7 @@ if __name__ == "__main__":  # run as a script: this folder would shadow the apps
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench.common import figure, prepare_database, stop_processes
-from bench.tasks import NOOP, start_workers
+from bench.tasks import NOOP, bench_drain, start_workers
 
 
 def reset() -> None:
@@ -48,20 +48,9 @@ def wait_final(workflow_id: int) -> None:
 
 
 def plain(n: int, processes: int, log_dir: Path) -> float:
-    from tasks.models import Task
-
+    """Seconds from the bulk enqueue of ``n`` no-op tasks to the end of their drain."""
     reset()
-    procs = start_workers(processes, log_dir=log_dir)
-    try:
-        started = time.perf_counter()
-        Task.objects.bulk_enqueue(NOOP, ({"i": i} for i in range(n)), queue="bench")
-        while Task.objects.filter(queue="bench", status__in=["READY", "RUNNING"]).exists():
-            time.sleep(0.01)
-        elapsed = time.perf_counter() - started
-    finally:
-        stop_processes(procs)
-    assert Task.objects.filter(status="SUCCESSFUL").count() == n
-    return elapsed
+    return n / bench_drain(n, processes, log_dir, [])
 
 
 def grouped(n: int, processes: int, log_dir: Path) -> tuple[float, float]:

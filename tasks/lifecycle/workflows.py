@@ -237,10 +237,9 @@ WHERE w.id = %(workflow)s::bigint
 JOIN_WORKFLOW_SQL = """
 UPDATE tasks_workflow SET
     total = total + 1,
-    remaining = remaining + %(unfinished)s::int,
-    failed = failed + %(bad)s::int,
-    status = CASE WHEN %(unfinished)s::int > 0 AND status <> 'CANCELLED' THEN 'RUNNING' ELSE status END,
-    finished_at = CASE WHEN %(unfinished)s::int > 0 THEN NULL ELSE finished_at END
+    remaining = remaining + 1,
+    status = CASE WHEN status <> 'CANCELLED' THEN 'RUNNING' ELSE status END,
+    finished_at = NULL
 WHERE id = %(workflow)s::bigint
 """
 

@@ -212,7 +212,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             }
             cursor.execute(wf_sql.INSERT_MEMBERS_SQL, wf_sql.member_params(workflow, [task_id], [member]))
             cursor.execute(wf_sql.INSERT_EDGES_SQL, wf_sql.edge_params([(task_id, on_failure, pipe, parents)]))
-            cursor.execute(wf_sql.JOIN_WORKFLOW_SQL, {"workflow": workflow, "unfinished": 1, "bad": 0})
+            cursor.execute(wf_sql.JOIN_WORKFLOW_SQL, {"workflow": workflow})
             if doomed:
                 # A parent already failed: the task is settled as if it had failed now (its own
                 # statement counts it on the workflow).

@@ -22,12 +22,6 @@ from tasks.lifecycle.workflows import MARK_CANCELLED_SQL, ON_PARENT_FAILURE, Wor
 
 
 class WorkflowQuerySet(models.QuerySet["Workflow"]):
-    def running(self) -> WorkflowQuerySet:
-        return self.filter(status=WorkflowStatus.RUNNING)
-
-    def finished(self) -> WorkflowQuerySet:
-        return self.exclude(status=WorkflowStatus.RUNNING)
-
     def cancel(self) -> int:
         """Cancel these workflows: every unfinished member is cancelled (a running member's worker
         loses its lease), and each workflow that had one ends CANCELLED. Returns the members

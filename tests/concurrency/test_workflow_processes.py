@@ -10,12 +10,11 @@ import random
 import signal
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db.models import Count, Min
+from django.db.models import Min
 
 from tasks.models import Task, Worker, Workflow
 from tasks.workflows import Workflow as Flow
@@ -95,15 +94,12 @@ def logs(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def wait_for_end(workflow_id: int, chaos: Chaos) -> Workflow:
-    deadline = time.monotonic() + ENDS_WITHIN
-    while time.monotonic() < deadline:
-        row = Workflow.objects.get(pk=workflow_id)
-        if row.status != "RUNNING":
-            return row
-        time.sleep(0.2)
-    counts = dict(Task.objects.filter(workflow_id=workflow_id).values_list("status").annotate(n=Count("id")))
-    raise AssertionError(f"workflow {workflow_id} still running after {ENDS_WITHIN}s: {counts}")
+def wait_for_end(workflow_id: int) -> Workflow:
+    def ended() -> bool:
+        return not Workflow.objects.filter(pk=workflow_id, status="RUNNING").exists()
+
+    wait_until(ended, ENDS_WITHIN, interval=0.2, what=f"workflow {workflow_id} to end")
+    return Workflow.objects.get(pk=workflow_id)
 
 
 def starts_of(ids: list[int]) -> dict[int, Any]:
@@ -119,7 +115,7 @@ def test_a_callback_runs_once_after_a_thousand_members_under_kills_and_stops(log
     ]
     done = group(members, then=step(H + "callback", key=f"group-{seed}"), on_failure="run").enqueue()
     with Chaos(logs, ["wf-a", "wf-b", "wf-c"], seed, pause=0.5) as chaos:
-        ended = wait_for_end(done.id, chaos)
+        ended = wait_for_end(done.id)
     assert chaos.kills >= 2 and chaos.stops >= 1, "the workers were not disturbed"
     rows = {t.id: t for t in Task.objects.filter(workflow_id=done.id)}
     assert done.callback_id is not None
@@ -149,7 +145,7 @@ def test_a_chain_of_fifty_runs_in_order_across_kills_and_stops_at_a_failure(logs
     steps = [step(H + "link", i, fail_at=40, work=0.1).options(max_attempts=2) for i in range(50)]
     done = chain(*steps).enqueue()
     with Chaos(logs, ["ch-a", "ch-b"], seed=5, pause=0.5) as chaos:
-        ended = wait_for_end(done.id, chaos)
+        ended = wait_for_end(done.id)
     assert chaos.kills >= 2 and chaos.stops >= 1, "the workers were not disturbed"
     ids = done.task_ids
     rows = {t.id: t for t in Task.objects.filter(pk__in=ids)}
@@ -175,7 +171,7 @@ def test_a_graph_of_two_hundred_starts_nothing_before_its_parents_succeeded(logs
         graph.add(step(H + "node", n, work=0.3), after=ups)
     done = graph.enqueue()
     with Chaos(logs, ["dag-a", "dag-b", "dag-c"], seed=7, pause=0.5) as chaos:
-        ended = wait_for_end(done.id, chaos)
+        ended = wait_for_end(done.id)
     assert chaos.kills >= 2 and chaos.stops >= 1, "the workers were not disturbed"
     assert ended.status == "SUCCESSFUL", ended
     ids = done.task_ids

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tasks.models import Failure, Task, Workflow
 from tasks.workflows import chain, group, step
+from tests.helpers import drain_one_by_one
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 NOOP = "tests.testapp.handlers.noop"
-
-
-def drain(worker: str = "w1") -> list[int]:
-    """Claim and complete, one at a time, until nothing is claimable; the ids in finishing order."""
-    done = []
-    while claimed := Task.objects.claim(worker, limit=1):
-        (task,) = claimed
-        assert Task.objects.complete_many(worker, [(task.id, task.token, json.dumps(None))])
-        done.append(task.id)
-    return done
 
 
 def test_a_task_depending_on_a_groups_callback_runs_after_it() -> None:
@@ -31,7 +20,7 @@ def test_a_task_depending_on_a_groups_callback_runs_after_it() -> None:
     done = group([step(NOOP), step(NOOP)], then=step(NOOP)).enqueue()
     assert done.callback_id is not None
     after = Task.objects.enqueue(NOOP, depends_on=[done.callback_id])
-    finished = drain()
+    finished = drain_one_by_one()
     assert finished[-2:] == [done.callback_id, after.id], finished
     row = Workflow.objects.get(pk=done.id)
     assert (row.status, row.remaining) == ("SUCCESSFUL", 0)
@@ -53,4 +42,4 @@ def test_a_requeued_dependant_waits_for_its_requeued_parent() -> None:
     Task.objects.filter(pk__in=[b, c]).requeue()
     # c waits for b again.
     assert Task.objects.get(pk=c).status == "AWAITING"
-    assert drain() == [b, c]
+    assert drain_one_by_one() == [b, c]

@@ -8,32 +8,21 @@ finish is never counted, its dependants never released, and its workflow stays R
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tasks.models import Task, Workflow
 from tasks.workflows import chain, group, step
+from tests.helpers import drain_one_by_one
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 NOOP = "tests.testapp.handlers.noop"
 
 
-def drain(worker: str = "w1") -> list[int]:
-    """Claim and complete, one at a time, until nothing is claimable; the ids in finishing order."""
-    done = []
-    while claimed := Task.objects.claim(worker, limit=1):
-        (task,) = claimed
-        assert Task.objects.complete_many(worker, [(task.id, task.token, json.dumps(None))])
-        done.append(task.id)
-    return done
-
-
 def test_a_group_of_keyed_members_releases_its_callback() -> None:
     keyed = step(NOOP).options(concurrency_key="k", concurrency_limit=1)
     done = group([keyed, keyed, keyed], then=step(NOOP)).enqueue()
-    finished = drain()
+    finished = drain_one_by_one()
     row = Workflow.objects.get(pk=done.id)
     statuses = dict(Task.objects.filter(workflow_id=done.id).values_list("id", "status"))
     # Every member ran and the callback after them; the workflow ended.
@@ -63,7 +52,7 @@ def test_requeueing_a_member_beside_a_keyed_task_reopens_the_workflow() -> None:
     # UPDATE, whose statement triggers consume the flag the member's row trigger had raised.
     done = chain(step(NOOP)).enqueue()
     keyed = Task.objects.enqueue(NOOP, concurrency_key="k", concurrency_limit=1)
-    assert sorted(drain()) == sorted([done.task_ids[0], keyed.id])
+    assert sorted(drain_one_by_one()) == sorted([done.task_ids[0], keyed.id])
     assert Workflow.objects.get(pk=done.id).status == "SUCCESSFUL"
     assert Task.objects.filter(pk__in=[done.task_ids[0], keyed.id]).requeue() == 2
     assert Task.objects.get(pk=done.task_ids[0]).status == "READY"
@@ -76,6 +65,6 @@ def test_a_keyed_chain_step_alone_on_its_key_releases_the_next_step() -> None:
     # Nothing else of the key waits: the admission's UPDATE matches no row, yet its statement
     # triggers run, and the flag goes with them.
     done = chain(step(NOOP).options(concurrency_key="solo", concurrency_limit=5), step(NOOP)).enqueue()
-    assert drain() == done.task_ids
+    assert drain_one_by_one() == done.task_ids
     row = Workflow.objects.get(pk=done.id)
     assert (row.status, row.remaining) == ("SUCCESSFUL", 0)

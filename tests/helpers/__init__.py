@@ -173,3 +173,15 @@ def worker_in_thread(worker: Any) -> Iterator[Any]:
         worker.request_stop()
         thread.join(30)
     assert not thread.is_alive(), "the worker thread did not stop"
+
+
+def drain_one_by_one(worker: str = "w1") -> list[int]:
+    """Claim and complete, one task at a time, until nothing is claimable; the ids in finishing order."""
+    from tasks.models import Task
+
+    done = []
+    while claimed := Task.objects.claim(worker, limit=1):
+        (task,) = claimed
+        assert Task.objects.complete_many(worker, [(task.id, task.token, json.dumps(None))])
+        done.append(task.id)
+    return done

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from typing import Any
 
@@ -13,16 +12,7 @@ from django.db import connection
 
 from tasks.runtime import current_task
 from tasks.workflows import parent_results
-
-
-def _mark(phase: str) -> None:
-    run = current_task()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO testapp_effect (task_id, token, attempt, phase, pid, created_at)"
-            " VALUES (%s, %s, %s, %s, %s, clock_timestamp())",
-            [run.id, run.token, run.attempt, phase, os.getpid()],
-        )
+from tests.testapp.handlers import _span_mark
 
 
 def _chance(*parts: Any) -> float:
@@ -33,21 +23,21 @@ def _chance(*parts: Any) -> float:
 def member(n: int, seed: int, fail_every: int = 0, flaky: float = 0.2, work: float = 0.01) -> int:
     """A group member: fails for good when ``fail_every`` divides ``n + 1``, fails a ``flaky``
     share of its attempts (retried), and works up to ``work`` seconds."""
-    _mark("started")
+    _span_mark("started")
     run = current_task()
     if fail_every and (n + 1) % fail_every == 0:
         raise RuntimeError(f"member {n} fails every attempt")
     if _chance(seed, n, run.attempt) < flaky:
         raise RuntimeError(f"member {n} fails attempt {run.attempt}")
     time.sleep(work * _chance(seed, n, "work"))
-    _mark("ended")
+    _span_mark("ended")
     return n
 
 
 def callback(key: str) -> dict[str, int]:
     """A group's callback: one effect with a unique key (a second run inserts nothing and is counted
     in ``runs``), holding how the callback found its members."""
-    _mark("started")
+    _span_mark("started")
     outcomes = parent_results()
     seen: dict[str, int] = {}
     for outcome in outcomes:
@@ -58,27 +48,27 @@ def callback(key: str) -> dict[str, int]:
             " ON CONFLICT (key) DO UPDATE SET runs = testapp_once.runs + 1",
             [key, json.dumps(seen)],
         )
-    _mark("ended")
+    _span_mark("ended")
     return seen
 
 
 def link(*args: Any, fail_at: int = -1, work: float = 0.02) -> int:
     """A chain step: ``link(i)`` first, then ``link(previous, i)`` with the result of the step before
     (piped), which must be ``i - 1``. Step ``fail_at`` fails every attempt."""
-    _mark("started")
+    _span_mark("started")
     previous, i = (None, args[0]) if len(args) == 1 else args
     if previous is not None and previous != i - 1:
         raise AssertionError(f"step {i} was given {previous!r}")
     if i == fail_at:
         raise RuntimeError(f"step {i} fails every attempt")
     time.sleep(work)
-    _mark("ended")
+    _span_mark("ended")
     return int(i)
 
 
 def node(n: int, work: float = 0.01) -> int:
     """A node of a dependency graph."""
-    _mark("started")
+    _span_mark("started")
     time.sleep(work * _chance("node", n))
-    _mark("ended")
+    _span_mark("ended")
     return n
