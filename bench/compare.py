@@ -9,6 +9,9 @@ Cases, each run ``--rounds`` times, interleaved (round 1 of every case and syste
 single enqueue, bulk enqueue (each system's own batch API), and drain of N no-op tasks by 1 and by
 4 worker processes. Workers are started and idle before the batch is enqueued; a drain is timed
 from the enqueue of the batch to the moment nothing is pending. The queue is emptied between runs.
+Before the first round every system enqueues ``WARM_UP`` tasks one by one, untimed (the server's
+caches and table files, each client's first connection and statements: whoever ran first paid for
+them all), and each round starts with the next system in turn.
 
 ``--io`` runs the I/O-bound case instead: ``--io-tasks`` tasks that each ``await asyncio.sleep(1)``
 drained by one worker process with ``--io-concurrency`` coroutines at once (this project's async
@@ -76,6 +79,18 @@ def start_workers(
             raise RuntimeError(f"{system} worker did not start; see {log_dir}")
     time.sleep(settle)  # let each worker reach its idle wait (connect, LISTEN, first empty fetch)
     return procs
+
+
+WARM_UP = 500
+
+
+def warm_up(systems: Sequence[str]) -> None:
+    """Each system enqueues ``WARM_UP`` tasks one by one, untimed, and empties its queue."""
+    for name in systems:
+        system = SYSTEMS[name]()
+        system.reset()
+        system.enqueue_single(WARM_UP)
+        system.reset()
 
 
 def run_case(name: str, case: str, n: int, log_dir: Path) -> float | None:
@@ -422,9 +437,11 @@ def main() -> None:
         parser.error(f"unknown cases: {', '.join(sorted(unknown))}")
     results: dict[tuple[str, str], list[float | None]] = {}
     try:
+        warm_up(systems)
         for round_no in range(1, args.rounds + 1):
+            turn = (round_no - 1) % len(systems)
             for case in cases:
-                for name in systems:
+                for name in systems[turn:] + systems[:turn]:
                     rate = run_case(name, case, args.tasks, log_dir)
                     results.setdefault((case, name), []).append(rate)
                     shown = "n/a" if rate is None else f"{rate:.1f}"

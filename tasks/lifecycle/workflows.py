@@ -3,16 +3,18 @@
 A member that depends on others is inserted AWAITING with ``waiting_on`` = its parents not yet
 final. Nothing polls. The statement that makes a member final (a worker's finish, a failure for
 good, recovery's last crash, an operator's cancel) also settles its dependants, in the same
-transaction, through two triggers (migration 0016):
+transaction, through two triggers (migrations 0016 and 0017):
 
-- an AFTER UPDATE row trigger, whose WHEN clause passes only members whose status moves into or out
-  of the final ones, counts the move in a transaction-local counter. A plain task costs the WHEN
-  clause, evaluated in C (not a BEFORE trigger: PostgreSQL locks the old row of every update for
-  one of those). A counter, not a flag: another trigger of the same statement (the concurrency
-  admission) may run a nested update whose statement trigger fires first, and that one must leave
-  the outer statement's moves to it (breaker 23 found keyed members never settled);
-- an AFTER UPDATE statement trigger, which returns at once while the counter is zero, reads the
-  statement's old and new rows (its transition tables) once, set-based:
+- an AFTER UPDATE row trigger counts a member whose status moves into or out of the final ones in a
+  transaction-local counter, in its WHEN clause (``set_config``, evaluated in C as the row is
+  updated), which is then false: no row event is queued and no function runs per member. A plain
+  task costs the WHEN clause's first test (not a BEFORE trigger: PostgreSQL locks the old row of
+  every update for one of those). A counter, not a flag: another trigger of the same statement (the
+  concurrency admission) may run a nested update whose statement trigger fires first, and that one
+  must leave the outer statement's moves to it (breaker 23 found keyed members never settled);
+- an AFTER UPDATE statement trigger, whose own WHEN clause passes only while the counter is not zero
+  (a plain task's statement calls no function), reads the statement's old and new rows (its
+  transition tables) once, set-based:
 
   1. the dependants of members that failed or were cancelled under ``on_failure="cancel"``, and
      their own such dependants down the graph (one recursive query), are cancelled with the reason;
@@ -20,7 +22,9 @@ transaction, through two triggers (migration 0016):
      reopened by a requeue); at zero it becomes READY (with its parents' results prepended to its
      arguments when its edge pipes them). A keyed one then waits for its concurrency slot (BLOCKED)
      as usual. A group's callback is counted on its workflow row instead (``callback_waiting``:
-     every member's finish updates that row anyway): one row update per member, not two;
+     every member's finish updates that row anyway): one row update per member, not two. While
+     nothing has joined a group (``callback_only``: a ``depends_on`` enqueue into its workflow
+     clears it), its members' successes read no edges at all: the callback is their one dependant;
   3. a dependant an operator requeued in this statement waits for its parents again as they stand
      (AWAITING while one is not final; cancelled again if one failed under "cancel");
   4. each workflow counts its members down; at zero it ends (SUCCESSFUL, FAILED if a member failed
@@ -99,9 +103,10 @@ def check_graph(parents: Mapping[int, Iterable[int]], size: int) -> list[int]:
 RESERVE_IDS_SQL = "SELECT nextval(pg_get_serial_sequence('tasks_task', 'id')) FROM generate_series(1, %(n)s::int)"
 
 CREATE_WORKFLOW_SQL = """
-INSERT INTO tasks_workflow (name, kind, status, total, remaining, failed, callback_id, callback_waiting, created_at)
+INSERT INTO tasks_workflow (name, kind, status, total, remaining, failed, callback_id, callback_waiting, callback_only,
+                            created_at)
 VALUES (%(name)s::text, %(kind)s::text, 'RUNNING', %(total)s::int, %(total)s::int, 0, %(callback)s::bigint,
-        %(callback_waiting)s::int, statement_timestamp())
+        %(callback_waiting)s::int, %(kind)s::text = 'group', statement_timestamp())
 RETURNING id, created_at
 """
 
@@ -233,9 +238,10 @@ WHERE w.id = %(workflow)s::bigint
 """
 
 # One more member in an existing workflow (a dependant enqueued later): it is open again until the
-# new member is final.
+# new member is final, and a group's members may now have a dependant besides its callback.
 JOIN_WORKFLOW_SQL = """
 UPDATE tasks_workflow SET
+    callback_only = false,
     total = total + 1,
     remaining = remaining + 1,
     status = CASE WHEN status <> 'CANCELLED' THEN 'RUNNING' ELSE status END,

@@ -56,6 +56,12 @@ class Workflow(models.Model):
     callback_waiting = models.PositiveIntegerField(
         default=0, db_default=0, help_text="A group's callback: the members it waits for that are not final yet."
     )
+    callback_only = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="A group nothing joined since: its members' one dependant is its callback, counted on "
+        "callback_waiting (their finishes read no edges).",
+    )
     failed = models.PositiveIntegerField(default=0, help_text="Members that ended FAILED or CANCELLED.")
     callback_id = models.BigIntegerField(
         null=True,

@@ -117,6 +117,54 @@ def test_members_finished_in_one_statement_release_the_callback_once() -> None:
     assert flow(done.id).remaining == 1
 
 
+def test_a_dependant_joining_a_group_makes_its_members_settle_through_their_edges() -> None:
+    """A group's members' successes skip the edges while the callback is their one dependant
+    (``callback_only``); a ``depends_on`` on a member clears it, and that member's finish then
+    releases both the new dependant and the callback's count."""
+    done = group([step(NOOP) for _ in range(3)], then=step(NOOP)).enqueue()
+    first, second, third = done.task_ids[:3]
+    assert flow(done.id).callback_only
+    claimed = {t.id: t for t in Task.objects.claim("w1", limit=10)}
+    Task.objects.complete_many("w1", [(first, claimed[first].token, "null")])  # the edge-less path
+    assert (flow(done.id).callback_waiting, flow(done.id).remaining) == (2, 3)
+    late = Task.objects.enqueue(NOOP, depends_on=[second])
+    assert not flow(done.id).callback_only
+    assert (Task.objects.get(pk=late.id).workflow_id, status_of(late.id)) == (done.id, ["AWAITING"])
+    Task.objects.complete_many("w1", [(second, claimed[second].token, "null")])
+    assert status_of(late.id, done.callback_id) == ["READY", "AWAITING"]
+    assert flow(done.id).callback_waiting == 1
+    Task.objects.complete_many("w1", [(third, claimed[third].token, "null")])
+    assert status_of(done.callback_id) == ["READY"]
+    assert Task.objects.get(pk=done.callback_id).waiting_on == 0
+
+
+def test_statements_that_move_no_member_call_no_settlement() -> None:
+    """The settle trigger's WHEN clause skips every statement that moved no member (a plain task's
+    whole life, a member's claim); a member's finish calls it once."""
+    plain = Task.objects.enqueue(NOOP)
+    done = group([step(NOOP)], then=step(NOOP)).enqueue()
+    member = done.task_ids[0]
+
+    def settle_calls() -> int:  # this transaction's calls (pg_stat_xact_*: nothing to wait for)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT COALESCE(sum(calls), 0) FROM pg_stat_xact_user_functions"
+                " WHERE funcname = 'tasks_workflow_settle'"
+            )
+            return int(cursor.fetchone()[0])
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL track_functions = 'pl'")
+        claimed = {t.id: t for t in Task.objects.claim("w1", limit=10)}
+        assert set(claimed) == {plain.id, member}
+        Task.objects.complete_many("w1", [(plain.id, claimed[plain.id].token, "null")])
+        assert settle_calls() == 0
+        Task.objects.complete_many("w1", [(member, claimed[member].token, "null")])
+        assert settle_calls() == 1
+    assert status_of(done.callback_id) == ["READY"]
+
+
 def test_a_failed_member_cancels_the_callback_at_once_and_the_others_still_run() -> None:
     done = group([step(NOOP) for _ in range(3)], then=step(NOOP)).enqueue()
     run_one(fail=True)
