@@ -370,9 +370,34 @@ def install_oban() -> None:
             cursor.execute(install_sql())
 
 
+def ours_two_queues() -> System:
+    """This project's worker serving two queues (its claim takes both in one statement), the tasks
+    split evenly between them: for the drain beside an old snapshot (each queue resumes after its
+    own positions)."""
+    from tasks.models import Task
+
+    base = ours()
+    queues = [QUEUE, f"{QUEUE}-2"]
+
+    def bulk(n: int) -> None:
+        for index, queue in enumerate(queues):
+            share = n // len(queues) + (1 if index < n % len(queues) else 0)
+            Task.objects.bulk_enqueue("bench.handlers.noop", ({"i": i} for i in range(share)), queue=queue)
+
+    def worker(concurrency: int) -> None:
+        from tasks.worker.process import Worker
+
+        worker = Worker(queues=queues, concurrency=concurrency, batch_size=64, recovery=False)
+        print("ready", flush=True)
+        worker.run()
+
+    return System("django-leasing (2 queues)", base.enqueue_single, bulk, base.pending, base.reset, worker)
+
+
 SYSTEMS: dict[str, Callable[[], System]] = {
     "django-leasing": ours,
     "django-leasing-threads": ours_threads,
+    "django-leasing-2q": ours_two_queues,
     "PgQueuer": pgqueuer,
     "procrastinate": procrastinate_system,
     "django-tasks-db": django_tasks_db,

@@ -143,12 +143,14 @@ _CLAIM_SET = f"""
 # A paused queue (a row of tasks_queuecontrol) gives nothing: checked once per queue per statement
 # (a primary-key probe), so a pause holds from the next claim of every worker and HTTP client.
 #
-# Resuming where the last claims stopped (one queue). Beside an old snapshot (a forgotten
+# Resuming where the last claims stopped. Beside an old snapshot (a forgotten
 # transaction, an analytics query, pg_dump) no claimed row's index entry can be removed, nor marked
 # dead: each claim used to step over every row claimed since the snapshot was taken, one heap visit
 # each, from the front of its level (100,000 tasks drained at 0.40x of their free rate). A worker
-# passes, per priority level, the position (run_after, id) of the last row it claimed there
-# (``after_priorities``, ``after_run_afters``, ``after_ids``; empty arrays: a scan from the start).
+# passes, per queue and priority level, the position (run_after, id) of the last row it claimed
+# there (``after_queues``, ``after_priorities``, ``after_run_afters``, ``after_ids``; empty arrays: a
+# scan from the start). A worker of several queues keeps one per queue and level: both steps of
+# _PICK_MANY (the shares and the locking) scan each level after its queue's position.
 # A level with a position is range-scanned after it. The walk over the levels never crosses the front
 # of a level it has a position for: from a level L it probes only the priorities between L and the
 # highest positioned level below L, and falls back to that level itself (K below). A level above
@@ -159,26 +161,34 @@ _CLAIM_SET = f"""
 # backlog), scans from the start after a short one, and at least every RESCAN_INTERVAL
 # (tasks/worker/dispatcher.py), so such a row waits at most that long.
 _POSITIONS = (
-    "unnest(%(after_priorities)s::smallint[], %(after_run_afters)s::timestamptz[], %(after_ids)s::bigint[])"
-    " AS k(priority, run_after, id)"
+    "unnest(%(after_queues)s::text[], %(after_priorities)s::smallint[], %(after_run_afters)s::timestamptz[],"
+    " %(after_ids)s::bigint[]) AS k(queue, priority, run_after, id)"
 )
 
 
-def _next_level(below: str) -> str:
-    """The next priority below ``below`` holding READY rows of the queue, without crossing the
+def _next_level(below: str, queue: str = "%(queue)s") -> str:
+    """The next priority below ``below`` holding READY rows of ``queue``, without crossing the
     front of a positioned level: the highest positioned level below ``below`` (K) bounds the probe,
     and is the answer when nothing lies between."""
-    known = f"(SELECT max(k.priority) FROM {_POSITIONS} WHERE k.priority < {below})"
+    known = f"(SELECT max(k.priority) FROM {_POSITIONS} WHERE k.queue = {queue} AND k.priority < {below})"
     return f"""CASE WHEN {known} IS NULL THEN
             (SELECT t.priority FROM tasks_task AS t
-             WHERE t.status = 'READY' AND t.queue = %(queue)s AND t.priority < {below}
+             WHERE t.status = 'READY' AND t.queue = {queue} AND t.priority < {below}
              ORDER BY t.priority DESC LIMIT 1)
         ELSE COALESCE(
             (SELECT t.priority FROM tasks_task AS t
-             WHERE t.status = 'READY' AND t.queue = %(queue)s AND t.priority < {below} AND t.priority > {known}
+             WHERE t.status = 'READY' AND t.queue = {queue} AND t.priority < {below} AND t.priority > {known}
              ORDER BY t.priority DESC LIMIT 1),
             {known})
         END"""
+
+
+def _start(queue: str) -> str:
+    """Where a level ``l`` of ``queue`` is scanned from: after its position, or its front
+    ('-infinity', 0)."""
+    where = f"FROM {_POSITIONS} WHERE k.queue = {queue} AND k.priority = l.priority"
+    return f"""COALESCE((SELECT k.run_after {where}), '-infinity') AS run_after,
+               COALESCE((SELECT k.id {where}), 0) AS id"""
 
 
 _PICK_ONE = f"""
@@ -190,11 +200,7 @@ WHERE t.id = ANY(ARRAY(
         SELECT {_next_level("levels.priority")}
         FROM levels WHERE levels.priority IS NOT NULL
     ), placed AS (
-        SELECT l.priority,
-               COALESCE((SELECT k.run_after FROM {_POSITIONS} WHERE k.priority = l.priority), '-infinity')
-                   AS run_after,
-               COALESCE((SELECT k.id FROM {_POSITIONS} WHERE k.priority = l.priority), 0) AS id
-        FROM levels AS l
+        SELECT l.priority, {_start("%(queue)s")} FROM levels AS l
     )
     SELECT due.id FROM placed AS l
     CROSS JOIN LATERAL (
@@ -217,25 +223,25 @@ WHERE t.id = ANY(ARRAY(
 # locks that many, skipping rows other claimers hold, exactly as a one-queue claim does. Both steps
 # walk each queue's priorities as the one-queue pick does (one ``levels`` recursion carrying the
 # queue, read by both); within a queue the CTE scan yields its levels highest first.
-_PICK_MANY = """
+_PICK_MANY = f"""
 WHERE t.id = ANY(ARRAY(
     WITH RECURSIVE levels(queue, priority) AS (
-        SELECT u.name, (SELECT t.priority FROM tasks_task AS t WHERE t.status = 'READY' AND t.queue = u.name
-                        ORDER BY t.priority DESC LIMIT 1)
+        SELECT u.name, {_next_level("32767", "u.name")}
         FROM unnest(%(queues)s::text[]) AS u(name)
         WHERE NOT EXISTS (SELECT 1 FROM tasks_queuecontrol AS c WHERE c.name = u.name AND c.paused)
         UNION ALL
-        SELECT levels.queue, (SELECT t.priority FROM tasks_task AS t
-                              WHERE t.status = 'READY' AND t.queue = levels.queue AND t.priority < levels.priority
-                              ORDER BY t.priority DESC LIMIT 1)
+        SELECT levels.queue, {_next_level("levels.priority", "levels.queue")}
         FROM levels WHERE levels.priority IS NOT NULL
+    ), placed AS (
+        SELECT l.queue, l.priority, {_start("l.queue")} FROM levels AS l
     )
     SELECT p.id FROM (
         SELECT best.queue, count(*) AS share FROM (
-            SELECT l.queue, r.priority, r.run_after, r.id FROM levels AS l CROSS JOIN LATERAL (
+            SELECT l.queue, r.priority, r.run_after, r.id FROM placed AS l CROSS JOIN LATERAL (
                 SELECT id, priority, run_after FROM tasks_task
                 WHERE status = 'READY' AND queue = l.queue AND priority = l.priority
-                  AND run_after <= statement_timestamp() AND shared_crashes < %(isolation_bar)s
+                  AND run_after <= statement_timestamp() AND (run_after, id) > (l.run_after, l.id)
+                  AND shared_crashes < %(isolation_bar)s
                 ORDER BY run_after, id
                 LIMIT %(limit)s
             ) AS r
@@ -244,10 +250,11 @@ WHERE t.id = ANY(ARRAY(
         ) AS best
         GROUP BY best.queue
     ) AS s CROSS JOIN LATERAL (
-        SELECT due.id FROM levels AS l CROSS JOIN LATERAL (
+        SELECT due.id FROM placed AS l CROSS JOIN LATERAL (
             SELECT id FROM tasks_task
             WHERE status = 'READY' AND queue = s.queue AND priority = l.priority
-              AND run_after <= statement_timestamp() AND shared_crashes < %(isolation_bar)s
+              AND run_after <= statement_timestamp() AND (run_after, id) > (l.run_after, l.id)
+              AND shared_crashes < %(isolation_bar)s
             ORDER BY run_after, id
             LIMIT s.share
             FOR UPDATE SKIP LOCKED
@@ -278,13 +285,14 @@ LIMIT 1
 def claim_params(
     queues: list[str], *, busy: bool, isolate_after: int, after: Sequence[ClaimPosition] = ()
 ) -> dict[str, Any]:
-    """The queue, isolation and position parameters of every claim statement (positions, one per
-    priority level, only for a claim from one queue)."""
-    positions = list(after) if len(queues) == 1 else []
+    """The queue, isolation and position parameters of every claim statement (positions: one per
+    queue and priority level at most)."""
+    positions = [p for p in after if p.queue in queues]
     return {
         "queue": queues[0] if queues else "",
         "queues": queues,
         "isolation_bar": isolate_after if busy else NO_ISOLATION_BAR,
+        "after_queues": [p.queue for p in positions],
         "after_priorities": [p.priority for p in positions],
         "after_run_afters": [p.run_after for p in positions],
         "after_ids": [p.id for p in positions],

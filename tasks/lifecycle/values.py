@@ -180,23 +180,25 @@ def claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
 @dataclass(frozen=True, slots=True)
 class ClaimPosition:
     """A place in a queue's claim order (priority high to low, then run_after, then id): a claim
-    given one starts after it (tasks/lifecycle/statements.py, "Resuming after the last position")."""
+    given one starts after it in that queue and level (tasks/lifecycle/statements.py, "Resuming
+    where the last claims stopped")."""
 
+    queue: str
     priority: int
     run_after: dt.datetime
     id: int
 
     @classmethod
-    def last_per_level(cls, claimed: Sequence[ClaimedTask]) -> dict[int, ClaimPosition]:
-        """The furthest position among ``claimed`` in each priority level they came from."""
-        last: dict[int, ClaimPosition] = {}
+    def last_per_level(cls, claimed: Sequence[ClaimedTask]) -> dict[tuple[str, int], ClaimPosition]:
+        """The furthest position among ``claimed`` in each queue and priority level they came from."""
+        last: dict[tuple[str, int], ClaimPosition] = {}
         for task in claimed:
             if task.run_after is None:
                 continue
-            here = cls(task.priority, task.run_after, task.id)
-            seen = last.get(task.priority)
+            here = cls(task.queue, task.priority, task.run_after, task.id)
+            seen = last.get((task.queue, task.priority))
             if seen is None or (seen.run_after, seen.id) < (here.run_after, here.id):
-                last[task.priority] = here
+                last[task.queue, task.priority] = here
         return last
 
 

@@ -107,7 +107,7 @@ class Dispatcher:
         # keeps up (a keyed task admitted when a slot frees keeps its place): resumed claims would
         # pass them over until the next scan from the start (a keyed drain fell from 2,100 to 150
         # tasks/s).
-        self._positions: dict[int, ClaimPosition] = {}
+        self._positions: dict[tuple[str, int], ClaimPosition] = {}
         self._scan_from_start_at = 0.0
         self._resume = False  # the last claim came back full
         self._resumed_short = False  # the last claim resumed and came back short: look again at once
@@ -265,7 +265,7 @@ class Dispatcher:
         claimed: list[ClaimedTask] | None = []
         refused: list[Outcome] = []
         sent = clock.monotonic()
-        resume = bool(claim) and len(self.queues) == 1 and self._resume and sent < self._scan_from_start_at
+        resume = bool(claim) and self._resume and sent < self._scan_from_start_at
         after = list(self._positions.values()) if resume else []
         try:
             session.bind()

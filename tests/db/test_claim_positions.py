@@ -29,13 +29,13 @@ NOOP = "tests.testapp.handlers.noop"
 class Claimer:
     """Claims as the dispatcher does: the first from the start, the rest from the positions."""
 
-    def __init__(self, queue: str, name: str = "positions") -> None:
-        self.queue, self.name = queue, name
-        self.positions: dict[int, ClaimPosition] = {}
+    def __init__(self, *queues: str, name: str = "positions") -> None:
+        self.queues, self.name = list(queues), name
+        self.positions: dict[tuple[str, int], ClaimPosition] = {}
 
     def claim(self, limit: int, *, from_start: bool = False) -> list[ClaimedTask]:
         after = [] if from_start else list(self.positions.values())
-        claimed = Task.objects.claim(self.name, limit=limit, queues=[self.queue], after=after)
+        claimed = Task.objects.claim(self.name, limit=limit, queues=self.queues, after=after)
         if from_start:
             self.positions = {}
         self.positions.update(ClaimPosition.last_per_level(claimed))
@@ -68,7 +68,7 @@ def test_a_higher_priority_is_taken_at_once_and_lower_levels_after() -> None:
     assert ids(claimer.claim(2)) == low[:2]  # down to the next level, past the positioned ones
     between = Task.objects.enqueue(NOOP, queue="levels", priority=3).id  # between two positioned levels
     assert ids(claimer.claim(5)) == [between, *low[2:]]
-    assert claimer.positions.keys() == {50, 9, 5, 3, 0}
+    assert claimer.positions.keys() == {("levels", p) for p in (50, 9, 5, 3, 0)}
 
 
 def test_a_row_behind_a_position_waits_for_the_next_scan_from_the_start() -> None:
@@ -81,12 +81,27 @@ def test_a_row_behind_a_position_waits_for_the_next_scan_from_the_start() -> Non
     assert ids(claimer.claim(2, from_start=True)) == [queued[0], queued[5]]
 
 
-def test_several_queues_ignore_positions() -> None:
-    a = Task.objects.enqueue(NOOP, queue="many-a").id
-    b = Task.objects.enqueue(NOOP, queue="many-b").id
-    stale = [ClaimPosition(0, Task.objects.get(pk=b).run_after, b)]  # would pass over both if applied
-    claimed = Task.objects.claim("positions", limit=5, queues=["many-a", "many-b"], after=stale)
-    assert sorted(ids(claimed)) == [a, b]
+def test_several_queues_resume_each_after_its_own_positions() -> None:
+    a = [Task.objects.enqueue(NOOP, queue="many-a").id for _ in range(6)]
+    b = [Task.objects.enqueue(NOOP, queue="many-b", priority=p).id for p in (0, 0, 0, 4, 4)]
+    claimer = Claimer("many-a", "many-b")
+    first = claimer.claim(4, from_start=True)
+    assert ids(first) == [b[3], b[4], a[0], a[1]]  # the best 4 of both queues
+    assert claimer.positions.keys() == {("many-a", 0), ("many-b", 4)}
+    assert ids(claimer.claim(3)) == a[2:5]  # many-a after its position; many-b's level 0 from its front
+    urgent = Task.objects.enqueue(NOOP, queue="many-a", priority=9).id  # above every position: at once
+    assert Task.objects.hand_back("positions", [(a[1], first[3].token)])  # READY behind many-a's position
+    assert ids(claimer.claim(10)) == [urgent, a[5], *b[:3]]
+    assert ids(claimer.claim(10, from_start=True)) == [a[1]]  # the next scan from the start takes it
+
+
+def test_a_position_in_one_queue_does_not_hold_back_another() -> None:
+    a = Task.objects.enqueue(NOOP, queue="pos-a").id
+    b = Task.objects.enqueue(NOOP, queue="pos-b").id
+    later_a = Task.objects.get(pk=a)
+    stale = [ClaimPosition("pos-a", 0, later_a.run_after, a)]  # passes over a, and would pass over b if shared
+    assert ids(Task.objects.claim("positions", limit=5, queues=["pos-a", "pos-b"], after=stale)) == [b]
+    assert ids(Task.objects.claim("positions", limit=5, queues=["pos-a", "pos-b"])) == [a]
 
 
 @pytest.fixture
@@ -112,19 +127,28 @@ def _claim_index_blocks(sql: str, params: Any) -> int:
         return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
 
     scans = [n for n in nodes(plan) if n.get("Index Name") == "tasks_task_claim_idx"]
-    assert scans, "the claim reads its index"
+    assert scans, ("the claim reads its index", [n.get("Index Name") for n in nodes(plan) if "Index Name" in n])
     return sum(int(n["Shared Hit Blocks"] + n["Shared Read Blocks"]) for n in scans)
 
 
 @pytest.mark.django_db(transaction=True)  # claims commit, as a worker's do, beside the other session's snapshot
-@pytest.mark.parametrize("priorities", [(0,), (7, 3)], ids=["one level", "two levels"])
-def test_beside_an_old_snapshot_a_resumed_claim_reads_few_blocks(old_snapshot: None, priorities: tuple[int]) -> None:
-    queue = f"snapshot-{len(priorities)}"
-    for priority in priorities:
-        Task.objects.bulk_enqueue(NOOP, [{}] * 10_000, queue=queue, priority=priority)
-    claimer = Claimer(queue)
+@pytest.mark.parametrize(
+    ("queues", "priorities"),
+    [(1, (0,)), (1, (7, 3)), (2, (0,)), (2, (7, 3))],
+    ids=["one level", "two levels", "two queues", "two queues of two levels"],
+)
+def test_beside_an_old_snapshot_a_resumed_claim_reads_few_blocks(
+    old_snapshot: None, queues: int, priorities: tuple[int]
+) -> None:
+    names = [f"snapshot-{queues}-{len(priorities)}-{i}" for i in range(queues)]
+    for queue in names:
+        for priority in priorities:
+            Task.objects.bulk_enqueue(NOOP, [{}] * (10_000 // queues), queue=queue, priority=priority)
+    with connection.cursor() as cursor:  # statistics of this table, not of an empty one an earlier test left
+        cursor.execute("ANALYZE tasks_task")
+    claimer = Claimer(*names)
     claimer.claim(500, from_start=True)
-    while Task.objects.filter(queue=queue, status="READY").count() > 1000:
+    while Task.objects.filter(queue__in=names, status="READY").count() > 1000:
         assert claimer.claim(500)
     # Nearly all of the queue is claimed now (committed), every claimed row's entry still in the claim
     # index: the other session's snapshot may see those rows READY.

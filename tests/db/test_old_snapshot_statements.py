@@ -46,7 +46,7 @@ def _indexes(plan: dict[str, Any]) -> set[str]:
 
 def test_finish_and_heartbeat_read_by_primary_key_beside_an_old_snapshot(old_snapshot: None) -> None:
     Task.objects.bulk_enqueue(NOOP, [{}] * 6000, queue="held")
-    positions: dict[int, ClaimPosition] = {}
+    positions: dict[tuple[str, int], ClaimPosition] = {}
     claimed = Task.objects.claim("w", limit=200, queues=["held"], ttl=60)
     while claimed:  # a worker's rounds: finish what it holds, claim the next batch
         positions.update(ClaimPosition.last_per_level(claimed))
