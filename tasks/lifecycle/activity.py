@@ -36,11 +36,13 @@ MINUTES = 60
 #: Rows older than this are deleted when a minute is closed.
 KEEP = "1 day"
 
+
 # The recovery statement, unchanged, with what it recovered added to the current minute's row. The
 # other CTE reads tasks_task as it was before the statement (one snapshot for the whole statement),
 # which is where the lease times of each recovered attempt still are.
-RECOVER_AND_RECORD_SQL = f"""
-WITH {sql.RECOVER_CTES}, timed AS (
+def _recover_and_record(ctes: str) -> str:
+    return f"""
+WITH {ctes}, timed AS (
     SELECT EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(held.renewed_at, held.acquired_at))::float8 AS silent,
            recovered.expired_for
     FROM recovered JOIN tasks_task AS held ON held.id = recovered.id
@@ -59,6 +61,10 @@ WITH {sql.RECOVER_CTES}, timed AS (
 )
 SELECT id, status, expired_for, kind FROM recovered
 """
+
+
+RECOVER_AND_RECORD_SQL = _recover_and_record(sql.RECOVER_CTES)
+RECOVER_SINCE_AND_RECORD_SQL = _recover_and_record(sql.RECOVER_SINCE_CTES)
 
 # The closed minutes of the last hour still to count: never counted, or counted but not final
 # while they are old enough to be. Times come from the database clock.

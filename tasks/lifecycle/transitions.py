@@ -125,7 +125,13 @@ TRANSITIONS: tuple[Transition, ...] = (
         "recover",
         (RUNNING,),
         (READY, BLOCKED, FAILED),
-        (_S + "RECOVER_CTES", _S + "RECOVER_SQL", "tasks.lifecycle.activity.RECOVER_AND_RECORD_SQL"),
+        (
+            _S + "RECOVER_CTES",
+            _S + "RECOVER_SINCE_CTES",
+            _S + "RECOVER_SQL",
+            "tasks.lifecycle.activity.RECOVER_AND_RECORD_SQL",
+            "tasks.lifecycle.activity.RECOVER_SINCE_AND_RECORD_SQL",
+        ),
         "the lease expired (the worker died or hung): requeued, charged to the attempt when attributable; "
         "FAILED once it crashed MAX_CRASHES times; a keyed attempt still running in a live worker keeps "
         "its slot and waits BLOCKED",

@@ -8,11 +8,13 @@ also prunes what is past its retention (``tasks/maintenance/retention.py``), a s
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from dataclasses import dataclass, field
 
 from django.db import DEFAULT_DB_ALIAS, Error, connections
 
+from leasing import clock
 from leasing.bounds import without_jit
 from leasing.election import LeaderElection, Term
 from tasks.conf import get_settings
@@ -26,6 +28,36 @@ logger = logging.getLogger("tasks.recovery")
 RECOVERY_LEASE = "tasks:recovery"
 #: The sweep for leases left live on rows that are not running runs every this many rounds.
 REPAIR_EVERY = 30
+#: Seconds between the leader's full scans of expired leases; between them it reads only the leases
+#: that expired since its last scan (RecoveryWindow).
+FULL_SCAN_INTERVAL = 30.0
+#: Seconds a windowed scan reaches back before the last scan's start: a lease whose expiry committed
+#: that late, or a row another session held locked (skipped) that long, waits for the next full scan.
+RECOVERY_MARGIN = dt.timedelta(seconds=1)
+
+
+@dataclass
+class RecoveryWindow:
+    """Where the leader's next scan of expired leases starts. A full scan reads every RUNNING entry
+    of the expiry index up to now, and beside an old snapshot that is every RUNNING version since the
+    snapshot (tasks/lifecycle/statements.py, RECOVER_SINCE_CTES); between full scans, every
+    FULL_SCAN_INTERVAL, a scan reads the leases that expired since the last one began (less
+    RECOVERY_MARGIN). A new leader starts with a full scan."""
+
+    full_scan_interval: float = FULL_SCAN_INTERVAL
+    since: dt.datetime | None = None
+    full_scan_due: float = 0.0
+
+    def after(self) -> dt.datetime | None:
+        """The database time this round's scan reads from; None: a full scan."""
+        if self.since is None or clock.monotonic() >= self.full_scan_due:
+            return None
+        return self.since - RECOVERY_MARGIN
+
+    def scanned(self, began: dt.datetime, *, full: bool) -> None:
+        self.since = began
+        if full:
+            self.full_scan_due = clock.monotonic() + self.full_scan_interval
 
 
 @dataclass
@@ -44,6 +76,8 @@ class RecoveryReport:
     slots_released: list[int] = field(default_factory=list)
     #: Seconds from lease expiry to requeue, per recovered task that had a lease.
     delays: list[float] = field(default_factory=list)
+    #: The round read every expired lease (not only those expired since its last scan: RecoveryWindow).
+    full_scan: bool = True
 
     @property
     def empty(self) -> bool:
@@ -57,19 +91,28 @@ class RecoveryReport:
         )
 
 
-def recover_once(*, using: str = DEFAULT_DB_ALIAS, repair: bool = True, batch: int = 1000) -> RecoveryReport:
-    """One round of recovery (statements, no lease): what the controller does each interval.
-    Its statements go without JIT compilation (leasing/bounds.py says why)."""
+def recover_once(
+    *, using: str = DEFAULT_DB_ALIAS, repair: bool = True, batch: int = 1000, window: RecoveryWindow | None = None
+) -> RecoveryReport:
+    """One round of recovery (statements, no lease): what the controller does each interval, with
+    its ``window`` (without one: a full scan). Its statements go without JIT compilation
+    (leasing/bounds.py says why)."""
     with without_jit():
-        return _recover_once(using=using, repair=repair, batch=batch)
+        return _recover_once(using=using, repair=repair, batch=batch, window=window)
 
 
-def _recover_once(*, using: str, repair: bool, batch: int) -> RecoveryReport:
+def _recover_once(*, using: str, repair: bool, batch: int, window: RecoveryWindow | None) -> RecoveryReport:
     manager = Task.objects.db_manager(using)
+    after = window.after() if window is not None else None
+    began: dt.datetime | None = None
+    if window is not None:
+        with connections[using].cursor() as cursor:
+            cursor.execute("SELECT clock_timestamp()")
+            (began,) = cursor.fetchone()
     dead = list(WorkerRow.objects.db_manager(using).mark_dead())
-    report = RecoveryReport(workers_dead=dead, orphans_expired=manager.expire_orphans())
+    report = RecoveryReport(workers_dead=dead, orphans_expired=manager.expire_orphans(), full_scan=after is None)
     while True:
-        recovered: list[Recovered] = manager.recover_expired(limit=batch)
+        recovered: list[Recovered] = manager.recover_expired(limit=batch, after=after)
         for item in recovered:
             (report.failed if item.status == "FAILED" else report.requeued).append(item.id)
             if item.kind == "returned":
@@ -78,6 +121,8 @@ def _recover_once(*, using: str, repair: bool, batch: int) -> RecoveryReport:
                 report.delays.append(item.expired_for)
         if len(recovered) < batch:
             break
+    if window is not None and began is not None:
+        window.scanned(began, full=after is None)
     if repair:
         report.stray_leases_released = manager.release_stray_leases()
     # Slots kept for handlers that outlived their rows, in processes known dead now (admits for their keys).
@@ -124,12 +169,14 @@ class RecoveryController:
         )
         self.rounds = 0
         self.reports: list[RecoveryReport] = []
+        self.window = RecoveryWindow()
 
     def _lead(self, term: Term) -> None:
         logger.info("recovery controller %s is active", self.election.holder)
+        self.window = RecoveryWindow()  # a new term starts with a full scan
         while not term.should_stop:
             try:
-                report = recover_once(using=self.using, repair=self.rounds % REPAIR_EVERY == 0)
+                report = recover_once(using=self.using, repair=self.rounds % REPAIR_EVERY == 0, window=self.window)
                 if not report.empty:
                     self.reports = [*self.reports[-99:], report]
                 if self.pruner is not None and not term.should_stop:

@@ -511,19 +511,23 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
 
     # -- recovery and administration ------------------------------------------------------------
 
-    def recover_expired(self, *, limit: int = 1000) -> list[Recovered]:
+    def recover_expired(self, *, limit: int = 1000, after: dt.datetime | None = None) -> list[Recovered]:
         """Requeue (or fail, after MAX_CRASHES) running tasks whose lease expired, and running rows
-        without a lease. Returns what it recovered, with seconds from expiry to requeue."""
+        without a lease. Returns what it recovered, with seconds from expiry to requeue. With
+        ``after`` (database time), only leases that expired since then, and no repair of running
+        rows without one (tasks/lifecycle/statements.py, RECOVER_SINCE_CTES)."""
         conf = get_settings()
         params = {
             "limit": limit,
+            "after": after,
             "backoff_base": conf.BACKOFF_BASE,
             "backoff_max": conf.BACKOFF_MAX,
             "max_crashes": conf.MAX_CRASHES,
         }
         # The statement also adds what it recovered to the per-minute activity rollup (same
         # statement, so the chart and /metrics count every recovery once, without scanning errors).
-        rows = self._rows(activity.RECOVER_AND_RECORD_SQL, params)
+        statement = activity.RECOVER_AND_RECORD_SQL if after is None else activity.RECOVER_SINCE_AND_RECORD_SQL
+        rows = self._rows(statement, params)
         return [Recovered(row[0], row[1], row[2], row[3] or "") for row in rows]
 
     def expire_orphans(self) -> list[int]:

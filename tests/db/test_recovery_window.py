@@ -1,0 +1,121 @@
+"""The recovery leader's scans of expired leases (tasks/maintenance/recovery.py, RecoveryWindow):
+between full scans it reads only the leases that expired since its last scan began, so beside an
+old snapshot a round no longer steps over every RUNNING version since the snapshot; what a windowed
+scan cannot see (a row held locked past the margin) the next full scan takes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+
+from tasks.maintenance.recovery import RECOVERY_MARGIN, RecoveryWindow, recover_once
+from tasks.models import Task
+from tests.helpers import test_database_url as database_url  # not collected as a test
+from tests.helpers import wait_until
+from tests.helpers.plans import recorded
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOOP = "tests.testapp.handlers.noop"
+
+
+def db_now() -> dt.datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def expired(*ids: int) -> bool:
+    """Every lease of ``ids`` has expired on the database clock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT bool_and(expires_at <= clock_timestamp()) FROM tasks_task WHERE id = ANY(%s)", [list(ids)]
+        )
+        return bool(cursor.fetchone()[0])
+
+
+def claim_briefly(n: int, *, queue: str = "window", ttl: float = 0.2) -> list[int]:
+    for _ in range(n):
+        Task.objects.enqueue(NOOP, queue=queue)
+    claimed = [t.id for t in Task.objects.claim("gone", limit=n, queues=[queue], ttl=ttl)]
+    assert len(claimed) == n
+    return claimed
+
+
+def test_a_windowed_round_recovers_the_leases_that_expired_since_the_last_scan() -> None:
+    window = RecoveryWindow(full_scan_interval=3600)
+    first = recover_once(window=window)
+    assert first.full_scan and window.since is not None
+    lapsed = claim_briefly(3)
+    wait_until(lambda: expired(*lapsed))
+    report = recover_once(window=window)
+    assert not report.full_scan
+    assert sorted(report.requeued) == sorted(lapsed)
+    assert set(Task.objects.filter(pk__in=lapsed).values_list("status", flat=True)) == {"READY"}
+
+
+def test_a_row_held_locked_past_the_margin_waits_for_the_next_full_scan() -> None:
+    window = RecoveryWindow(full_scan_interval=3600)
+    (held,) = claim_briefly(1)
+    wait_until(lambda: expired(held))
+    with psycopg.connect(database_url(), autocommit=False) as other:
+        other.execute("SELECT 1 FROM tasks_task WHERE id = %s FOR UPDATE", [held])  # someone holds it
+        assert recover_once(window=window).requeued == []  # the full scan skips it (SKIP LOCKED)
+        other.rollback()
+    window.since = db_now() + RECOVERY_MARGIN * 2  # that scan ended more than the margin after its expiry
+    report = recover_once(window=window)
+    assert (report.full_scan, report.requeued) == (False, [])  # before this round's window
+    window.full_scan_due = 0.0
+    report = recover_once(window=window)
+    assert (report.full_scan, report.requeued) == (True, [held])
+
+
+@pytest.fixture
+def old_snapshot() -> Iterator[None]:
+    """Another session holding a REPEATABLE READ snapshot: no RUNNING version's index entry can go."""
+    with psycopg.connect(database_url()) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM tasks_task").fetchone()
+        yield
+        holder.rollback()
+
+
+def _blocks(sql: str, params: Any) -> int:
+    """Blocks the whole statement touches, run again under EXPLAIN (ANALYZE, BUFFERS) and rolled back."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)
+        plan = cursor.fetchone()[0][0]["Plan"]
+        transaction.set_rollback(True)
+    return int(plan["Shared Hit Blocks"] + plan["Shared Read Blocks"])
+
+
+def test_beside_an_old_snapshot_a_windowed_round_reads_few_blocks(old_snapshot: None) -> None:
+    Task.objects.bulk_enqueue(NOOP, [{}] * 6000, queue="history")
+    while batch := Task.objects.claim("busy", limit=500, queues=["history"], ttl=0.5):
+        assert Task.objects.complete_many("busy", [(t.id, t.token, json.dumps(None)) for t in batch])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE tasks_task")
+        cursor.execute("SELECT count(*) FROM tasks_task WHERE status = 'SUCCESSFUL'")
+        assert cursor.fetchone()[0] == 6000
+    # 6,000 dead RUNNING versions, still in the expiry index beside the snapshot, their leases (0.5 s)
+    # past by more than the margin before the first scan begins.
+    last = Task.objects.latest("finished_at").finished_at + dt.timedelta(seconds=0.5) + RECOVERY_MARGIN
+    wait_until(lambda: db_now() > last + dt.timedelta(seconds=0.1))
+    window = RecoveryWindow(full_scan_interval=3600)
+    with recorded() as statements:
+        full = recover_once(window=window)
+        windowed = recover_once(window=window)
+    assert (full.full_scan, windowed.full_scan, full.requeued, windowed.requeued) == (True, False, [], [])
+    picks = [(sql, params) for sql, params in statements if "recovered AS (" in sql]
+    (full_sql, full_params), (windowed_sql, windowed_params) = picks
+    full_blocks = _blocks(full_sql, full_params)
+    windowed_blocks = _blocks(windowed_sql, windowed_params)
+    # The case shows the cost: a full scan visits every dead RUNNING version (or the whole table).
+    assert full_blocks > 100, (windowed_blocks, full_blocks)
+    assert windowed_blocks < 20, (windowed_blocks, full_blocks)
