@@ -84,10 +84,12 @@ class Step:
         return dataclasses.replace(self, **changes)
 
     def row(
-        self, checked: set[tuple[Any, ...]] | None = None
+        self, checked: set[tuple[Any, ...]] | None = None, *, defaults: Defaults | None = None
     ) -> tuple[dict[str, Any], str, DjangoTask | None, LeaseBackend | None]:
         """The member's columns, its database and (for a django.tasks Task) the Task and its backend.
-        ``checked``: option sets validated already (a group of 10,000 like steps validates once)."""
+        ``checked``: option sets validated already (a group of 10,000 like steps validates once);
+        ``defaults``: settings and routes, looked up once per workflow."""
+        defaults = defaults or Defaults()
         args: Any
         kwargs: Any
         attempts: int | None
@@ -96,10 +98,10 @@ class Step:
             path, queue = self.task, self.queue or "default"
             priority = 0 if self.priority is None else self.priority
             args, kwargs = list(self.args), dict(self.kwargs)
-            attempts = get_settings().MAX_ATTEMPTS if self.max_attempts is None else self.max_attempts
+            attempts = self.max_attempts
             backend_alias, backend, task, run_after = None, None, None, self.run_after
             key, limit, timeout = self.concurrency_key, self.concurrency_limit, self.timeout
-            database = queue_database(queue)
+            database = defaults.database(queue)
         elif isinstance(self.task, DjangoTask):
             task = self.task
             if self.queue is not None:
@@ -126,13 +128,14 @@ class Step:
             if key is None:
                 key, limit = backend.concurrency_of(task, args, kwargs)
             attempts = backend.max_attempts if self.max_attempts is None else self.max_attempts
-            attempts = get_settings().MAX_ATTEMPTS if attempts is None else int(attempts)
+            attempts = None if attempts is None else int(attempts)
             timeout = backend.timeout if self.timeout is None else self.timeout
             backend_alias = backend.alias
-            database = backend.using if backend.explicit_database else queue_database(queue)
+            database = backend.using if backend.explicit_database else defaults.database(queue)
         else:
             raise WorkflowError(f"a step runs a django.tasks Task or an import path, not {self.task!r}")
-        assert attempts is not None
+        if attempts is None:
+            attempts = defaults.max_attempts
         options = (queue, priority, attempts, timeout, key, limit)
         if checked is None or options not in checked:
             validate_enqueue(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
@@ -153,6 +156,20 @@ class Step:
             "concurrency_limit": limit,
         }
         return columns, database, task if backend_alias else None, backend
+
+
+class Defaults:
+    """What every step of one workflow looks up alike (MAX_ATTEMPTS, each queue's database): once."""
+
+    def __init__(self) -> None:
+        self._databases: dict[str, str] = {}
+        self.max_attempts = get_settings().MAX_ATTEMPTS
+
+    def database(self, queue: str) -> str:
+        database = self._databases.get(queue)
+        if database is None:
+            database = self._databases[queue] = queue_database(queue)
+        return database
 
 
 def step(task: DjangoTask | str, *args: Any, **kwargs: Any) -> Step:
@@ -224,7 +241,8 @@ class Workflow:
             raise WorkflowError("a workflow needs at least one step")
         wf_sql.check_graph({i: node.after for i, node in enumerate(self._nodes)}, len(self._nodes))
         checked: set[tuple[Any, ...]] = set()
-        rows = [node.step.row(checked) for node in self._nodes]
+        defaults = Defaults()
+        rows = [node.step.row(checked, defaults=defaults) for node in self._nodes]
         databases = {using} if using is not None else {database for _, database, _, _ in rows}
         if len(databases) != 1:
             raise WorkflowError(

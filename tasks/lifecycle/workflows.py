@@ -79,6 +79,8 @@ class WorkflowError(ValueError):
 def check_graph(parents: Mapping[int, Iterable[int]], size: int) -> list[int]:
     """A topological order of members ``0 .. size-1`` given each one's parents (indexes); raises
     :class:`WorkflowError` naming a cycle, a self-dependency or an unknown member."""
+    if all(0 <= up < node for node, ups in parents.items() for up in ups):
+        return list(range(size))  # every step after its parents (a chain, a group): no cycle possible
     sorter: graphlib.TopologicalSorter[int] = graphlib.TopologicalSorter()
     for node in range(size):
         sorter.add(node)
