@@ -1,0 +1,105 @@
+"""Handlers that decide their own outcome (issue 24): snooze, discard, cancel, retry policies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.compat import task
+from tasks.models import Task
+from tasks.runtime import Cancel, Discard, Snooze, current_task, retry_policy
+
+
+class Transient(Exception):
+    """Retried by the policies below."""
+
+
+class Permanent(Exception):
+    """Not retried by the policies below."""
+
+
+def _record_run() -> dict[str, Any]:
+    """Append what the row says at this run's start (its snoozes so far, its wake time, this claim's
+    grant time, on the database clock) to the task's progress, which survives snoozes."""
+    run = current_task()
+    row = Task.objects.values("snoozes", "run_after", "acquired_at", "snoozed_at", "attempts").get(pk=run.id)
+    progress = dict(run.progress or {"runs": []})
+    progress["runs"] = [
+        *progress["runs"],
+        {key: value.isoformat() if hasattr(value, "isoformat") else value for key, value in row.items()},
+    ]
+    assert run.checkpoint(progress)
+    return row
+
+
+def snooze_times(times: int, seconds: float, **kwargs: Any) -> int:
+    """Snooze ``times`` times for ``seconds`` each, then succeed with the number of runs."""
+    row = _record_run()
+    if row["snoozes"] < times:
+        raise Snooze(seconds)
+    return int(row["snoozes"]) + 1
+
+
+def discard_now(**kwargs: Any) -> None:
+    raise Discard("the input can never work")
+
+
+def cancel_with(reason: str, **kwargs: Any) -> None:
+    raise Cancel(reason)
+
+
+def raise_in_turn(kinds: list[str], **kwargs: Any) -> str:
+    """Attempt n raises ``kinds[n-1]`` (Transient, Permanent, ValueError); past the list, succeeds."""
+    attempt = current_task().attempt
+    if attempt <= len(kinds):
+        raise {"Transient": Transient, "Permanent": Permanent, "ValueError": ValueError}[kinds[attempt - 1]](
+            f"attempt {attempt}"
+        )
+    return f"succeeded on attempt {attempt}"
+
+
+def ten_seconds_per_attempt(attempt: int, exc: BaseException) -> float:
+    return 10.0 * attempt
+
+
+@retry_policy(retry_on=[Transient], max_attempts=4)
+def picky(kinds: list[str], **kwargs: Any) -> str:
+    return raise_in_turn(kinds)
+
+
+@retry_policy(max_attempts=2, backoff=lambda attempt, exc: 0.01)
+def always_fails(**kwargs: Any) -> None:
+    raise Transient("again")
+
+
+@retry_policy(backoff=lambda attempt, exc: 1000.0 + attempt)
+def slow_backoff(**kwargs: Any) -> None:
+    raise Transient("later")
+
+
+@retry_policy(backoff=lambda attempt, exc: 1 / 0)
+def broken_backoff(**kwargs: Any) -> None:
+    raise Transient("the backoff itself fails")
+
+
+# -- django.tasks Tasks ---------------------------------------------------------------------------
+
+
+@task()
+def dj_snooze(times: int, seconds: float) -> int:
+    return snooze_times(times, seconds)
+
+
+@task()
+def dj_cancel(reason: str) -> None:
+    raise Cancel(reason)
+
+
+@task()
+def dj_discard() -> None:
+    raise Discard("no use trying again")
+
+
+@task()
+@retry_policy(retry_on=[Transient], max_attempts=3, backoff=lambda attempt, exc: 0.01)
+def dj_picky(kinds: list[str]) -> str:
+    return raise_in_turn(kinds)
