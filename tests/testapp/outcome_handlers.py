@@ -103,3 +103,34 @@ def dj_discard() -> None:
 @retry_policy(retry_on=[Transient], max_attempts=3, backoff=lambda attempt, exc: 0.01)
 def dj_picky(kinds: list[str]) -> str:
     return raise_in_turn(kinds)
+
+
+# -- for the worker-process tests -----------------------------------------------------------------
+
+
+def snooze_then_finish(seconds: float, **kwargs: Any) -> dict[str, Any]:
+    """The first run snoozes for ``seconds``; the next returns. Each run records an effect."""
+    from tests.testapp.handlers import _effect
+
+    _effect("started")
+    if Task.objects.get(pk=current_task().id).snoozes == 0:
+        raise Snooze(seconds)
+    return {"token": current_task().token}
+
+
+def gated_outcome(gate: str, outcome: str, **kwargs: Any) -> str:
+    """The first run (no earlier effect) waits for ``gate``, then snoozes, cancels or discards;
+    any later run returns at once."""
+    from tests.testapp.handlers import _effect, _wait_for_gate
+    from tests.testapp.models import Effect
+
+    first = not Effect.objects.filter(task_id=current_task().id).exists()
+    _effect("started")
+    if first:
+        _wait_for_gate(gate)
+        if outcome == "snooze":
+            raise Snooze(60)
+        if outcome == "cancel":
+            raise Cancel("too late")
+        raise Discard("too late")
+    return "ran again"
