@@ -132,6 +132,31 @@ def test_a_snoozed_task_is_listed_with_its_wake_time_in_the_api_the_dashboard_an
     )
 
 
+def test_a_keyed_task_gives_its_slot_up_while_it_sleeps(running_worker: Worker) -> None:
+    sleeper = Task.objects.enqueue(
+        H + "snooze_times", kwargs={"times": 1, "seconds": 1.0}, concurrency_key="k", concurrency_limit=1
+    ).id
+    wait_until(lambda: Task.objects.filter(pk=sleeper, snoozes=1).exists(), 20, what="the snooze")
+    assert Task.objects.get(pk=sleeper).status == TaskStatus.BLOCKED  # its slot went back to the key
+    other = Task.objects.enqueue("tests.testapp.handlers.noop", concurrency_key="k", concurrency_limit=1).id
+    # The other task of the key runs while the first sleeps; the first is admitted again once due.
+    assert finished(other).finished_at < finished(sleeper).finished_at
+    assert Task.objects.get(pk=sleeper).status == TaskStatus.SUCCESSFUL
+
+
+@pytest.mark.parametrize(
+    ("outcome", "status", "attempts"),
+    [("snooze", TaskStatus.SUCCESSFUL, 1), ("cancel", TaskStatus.CANCELLED, 1), ("transient", TaskStatus.FAILED, 1)],
+)
+def test_an_async_handler_decides_its_outcome_on_the_event_loop(
+    running_worker: Worker, outcome: str, status: str, attempts: int
+) -> None:
+    task = finished(Task.objects.enqueue(H + "async_outcome", kwargs={"outcome": outcome}, retry_on=[ValueError]).id)
+    assert (task.status, task.attempts) == (status, attempts)
+    if outcome == "snooze":
+        assert (task.snoozes, task.return_value) == (1, "woke after 1 snooze(s)")
+
+
 # -- discard and cancel ---------------------------------------------------------------------------
 
 

@@ -134,3 +134,17 @@ def gated_outcome(gate: str, outcome: str, **kwargs: Any) -> str:
             raise Cancel("too late")
         raise Discard("too late")
     return "ran again"
+
+
+async def async_outcome(outcome: str, **kwargs: Any) -> str:
+    """An ``async def`` handler (run on the worker's event loop) deciding its outcome."""
+    from asgiref.sync import sync_to_async
+
+    snoozes = await sync_to_async(lambda: Task.objects.get(pk=current_task().id).snoozes, thread_sensitive=False)()
+    if outcome == "snooze" and snoozes == 0:
+        raise Snooze(0.2)
+    if outcome == "cancel":
+        raise Cancel("async cancel")
+    if outcome == "transient":
+        raise Transient("async")
+    return f"woke after {snoozes} snooze(s)"
