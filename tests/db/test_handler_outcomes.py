@@ -140,7 +140,8 @@ def test_a_keyed_task_gives_its_slot_up_while_it_sleeps(running_worker: Worker) 
     assert Task.objects.get(pk=sleeper).status == TaskStatus.BLOCKED  # its slot went back to the key
     other = Task.objects.enqueue("tests.testapp.handlers.noop", concurrency_key="k", concurrency_limit=1).id
     # The other task of the key runs while the first sleeps; the first is admitted again once due.
-    assert finished(other).finished_at < finished(sleeper).finished_at
+    other_at, sleeper_at = finished(other).finished_at, finished(sleeper).finished_at
+    assert other_at is not None and sleeper_at is not None and other_at < sleeper_at
     assert Task.objects.get(pk=sleeper).status == TaskStatus.SUCCESSFUL
 
 
