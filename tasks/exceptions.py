@@ -4,6 +4,8 @@ error entries), so that ``TaskError.exception_class`` of a recorded attempt impo
 
 from __future__ import annotations
 
+import datetime as dt
+
 from leasing.exceptions import LeasingError
 from tasks.compat import InvalidTask
 
@@ -59,8 +61,10 @@ class Snooze(TaskError):
     attempt: the attempt is not charged (``attempts`` and ``failures`` are unchanged), no error is
     recorded, and ``snoozes`` counts it. A keyed task gives its concurrency slot up while it sleeps."""
 
-    def __init__(self, seconds: float) -> None:
-        super().__init__(f"snoozed for {seconds:g}s")
+    def __init__(self, seconds: float | dt.timedelta) -> None:
+        if isinstance(seconds, dt.timedelta):
+            seconds = seconds.total_seconds()
+        super().__init__(f"snoozed for {seconds!r}s")
         self.seconds = seconds
 
 

@@ -116,7 +116,10 @@ def retry_policy(
     policy = RetryPolicy(max_attempts, None if retry_on is None else tuple(retry_on), backoff)
 
     def attach(handler: Any) -> Any:
-        setattr(handler, ATTRIBUTE, policy)
+        try:
+            setattr(handler, ATTRIBUTE, policy)
+        except (AttributeError, TypeError):  # above @task: a frozen django.tasks Task; its function carries it
+            setattr(handler.func, ATTRIBUTE, policy)
         return handler
 
     return attach

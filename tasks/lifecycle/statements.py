@@ -499,7 +499,7 @@ _WAITING_STATUS = "CASE WHEN t.concurrency_key IS NULL THEN 'READY' ELSE 'BLOCKE
 FAIL_SQL = f"""
 UPDATE tasks_task AS t SET
     status = CASE WHEN {_WAITS} THEN {_WAITING_STATUS} WHEN d.kind = 'cancel' THEN 'CANCELLED' ELSE 'FAILED' END,
-    run_after = CASE WHEN {_SNOOZE} THEN clock_timestamp() + make_interval(secs => d.delay)
+    run_after = CASE WHEN {_SNOOZE} THEN clock_timestamp() + make_interval(secs => COALESCE(d.delay, 0))
                      WHEN {_RETRYABLE} THEN clock_timestamp()
                           + COALESCE(make_interval(secs => d.delay), {_backoff_sql("t.failures")})
                      ELSE t.run_after END,

@@ -145,6 +145,9 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         merge under the explicit arguments (a backend's OPTIONS["retry"])."""
         explicit = policy.stored(max_attempts=max_attempts, retry_on=retry_on, backoff=backoff)
         if retry_policy:
+            problems = policy.policy_problems(retry_policy, paths_only=True)
+            if problems:
+                raise ValueError("retry_policy " + "; ".join(problems))
             explicit = {**retry_policy, **(explicit or {})}
         attempts = _max_attempts(queue, (explicit or {}).get("max_attempts"), default_max_attempts)
         validate_enqueue(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)

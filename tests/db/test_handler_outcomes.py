@@ -389,3 +389,22 @@ def test_enqueue_refuses_a_malformed_policy_and_writes_nothing() -> None:
         with pytest.raises(ValueError, match=r"retry|import path"):
             Task.objects.enqueue(H + "discard_now", **bad)
     assert not Task.objects.exists()
+
+
+def module_level_handler() -> None:
+    return None
+
+
+def test_retry_policy_goes_above_or_below_task_and_snooze_takes_a_timedelta() -> None:
+    from tasks.compat import task
+    from tasks.lifecycle.policy import handler_policy
+    from tasks.runtime import Snooze, retry_policy
+
+    above = retry_policy(max_attempts=7)(task()(module_level_handler))
+    policy = handler_policy(above)
+    assert policy is not None and policy.max_attempts == 7
+    assert Snooze(dt.timedelta(minutes=2)).seconds == 120.0
+    with pytest.raises(ValueError, match="max_attempts"):
+        retry_policy(max_attempts=0)
+    with pytest.raises(ValueError, match="retry_policy"):
+        Task.objects.enqueue(H + "discard_now", retry_policy={"retry_on": ["no.such.Error"]})
