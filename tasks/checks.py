@@ -28,7 +28,24 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
         retention_policy()
     except ValueError as exc:
         errors.append(Error(str(exc), hint="See docs/howto/recovery-and-retention.md, 'Retention'.", id="tasks.E102"))
+    errors += retry_policy_errors(get_settings().RETRY_POLICIES)
     return errors
+
+
+def retry_policy_errors(policies: Any) -> list[CheckMessage]:
+    """LEASING_TASKS["RETRY_POLICIES"]: queue name -> a policy of dotted paths (tasks/lifecycle/policy.py)."""
+    from tasks.lifecycle.policy import policy_problems
+
+    hint = "See docs/howto/retries.md."
+    if not isinstance(policies, dict):
+        return [
+            Error("LEASING_TASKS['RETRY_POLICIES'] must map queue names to retry policies", hint=hint, id="tasks.E109")
+        ]
+    return [
+        Error(f"LEASING_TASKS['RETRY_POLICIES'][{queue!r}] {problem}", hint=hint, id="tasks.E109")
+        for queue, spec in policies.items()
+        for problem in policy_problems(spec, paths_only=True)
+    ]
 
 
 @register()

@@ -40,6 +40,9 @@ class TaskSettings:
     #: Retry delay: BACKOFF_BASE * 2**(attempt-1) seconds, capped at BACKOFF_MAX, jittered 50-100 %.
     BACKOFF_BASE: float = 1.0
     BACKOFF_MAX: float = 300.0
+    #: Retry policies per queue: queue name -> {"max_attempts", "retry_on" (exception paths),
+    #: "backoff" (the path of a function (attempt, exception) -> seconds)}; see tasks/lifecycle/policy.py.
+    RETRY_POLICIES: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Worker defaults (command-line options override them).
     CONCURRENCY: int = 4
     BATCH_SIZE: int = 16

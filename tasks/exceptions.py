@@ -4,6 +4,8 @@ error entries), so that ``TaskError.exception_class`` of a recorded attempt impo
 
 from __future__ import annotations
 
+import datetime as dt
+
 from leasing.exceptions import LeasingError
 from tasks.compat import InvalidTask
 
@@ -52,3 +54,25 @@ class TaskPathRefused(TaskError):
 class DependencyFailed(TaskError):
     """A task this one depends on failed or was cancelled: it was cancelled without running (the
     ``on_parent_failure="cancel"`` policy of tasks.workflows)."""
+
+
+class Snooze(TaskError):
+    """Raised by a handler: run the task again in ``seconds`` (on the database clock). Not a failed
+    attempt: the attempt is not charged (``attempts`` and ``failures`` are unchanged), no error is
+    recorded, and ``snoozes`` counts it. A keyed task gives its concurrency slot up while it sleeps."""
+
+    def __init__(self, seconds: float | dt.timedelta) -> None:
+        if isinstance(seconds, dt.timedelta):
+            seconds = seconds.total_seconds()
+        super().__init__(f"snoozed for {seconds!r}s")
+        self.seconds = seconds
+
+
+class Discard(TaskError):
+    """Raised by a handler: fail the task for good now, attempts left or not (the reason is the
+    recorded error's message)."""
+
+
+class Cancel(TaskError):
+    """Raised by a handler: end the task CANCELLED with this reason (recorded as the last error
+    entry, kind ``cancel``); its workflow dependants are settled as for any cancel."""

@@ -24,7 +24,8 @@ from typing import Any
 from django.db import connections
 
 from leasing import clock
-from tasks.exceptions import TaskLeaseLost
+from tasks.exceptions import Cancel, Discard, Snooze, TaskLeaseLost
+from tasks.lifecycle.policy import RetryPolicy, retry_policy
 from tasks.models import ClaimedTask, Started, Task
 
 # A context variable rather than a thread-local: each coroutine on the worker's event loop is its own
@@ -197,6 +198,10 @@ class Execution:
     @property
     def heartbeat_paused(self) -> bool:
         return clock.monotonic() < self._stalled_until
+
+
+#: What a handler may raise to decide its attempt's outcome, and the decorator of its retry policy.
+__all__ = ["Cancel", "Discard", "Execution", "RetryPolicy", "Snooze", "current_task", "retry_policy"]
 
 
 def current_task() -> Execution:

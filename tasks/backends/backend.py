@@ -60,6 +60,7 @@ from tasks.compat import (
     task_enqueued,
 )
 from tasks.compat import Task as DjangoTask
+from tasks.lifecycle import policy
 from tasks.lifecycle.routing import queue_database
 from tasks.models import MAX_CONCURRENCY_LIMIT, Task, TaskStatus
 
@@ -80,7 +81,18 @@ _STATUS = {
     TaskStatus.CANCELLED: TaskResultStatus.FAILED,
 }
 
-OPTIONS = frozenset({"database", "max_attempts", "timeout", "concurrency"})
+OPTIONS = frozenset({"database", "max_attempts", "timeout", "concurrency", "retry"})
+
+
+def retry_problems(spec: Any) -> list[str]:
+    """What is wrong with an OPTIONS["retry"] mapping (task path -> a retry policy of dotted paths)."""
+    if not isinstance(spec, dict):
+        return ["must be a mapping of task paths to {'max_attempts': ..., 'retry_on': [...], 'backoff': ...}"]
+    return [
+        f"{path!r} {problem}"
+        for path, entry in spec.items()
+        for problem in policy.policy_problems(entry, paths_only=True)
+    ]
 
 
 def concurrency_problems(spec: Any) -> list[str]:
@@ -199,6 +211,9 @@ class LeaseBackend(BaseTaskBackend):
         spec = self.options.get("concurrency") or {}
         # A malformed mapping is reported by the system check (tasks.E012); it limits nothing.
         self.concurrency: dict[str, dict[str, Any]] = spec if not concurrency_problems(spec) else {}
+        retry = self.options.get("retry") or {}
+        # A malformed mapping is reported by the system check (tasks.E013); it applies nothing.
+        self.retry: dict[str, dict[str, Any]] = retry if not retry_problems(retry) else {}
 
     def concurrency_of(self, task: DjangoTask, args: Any, kwargs: Any) -> tuple[str | None, int | None]:
         """The concurrency key (its template filled with the call's arguments) and limit of a call."""
@@ -235,7 +250,10 @@ class LeaseBackend(BaseTaskBackend):
                 queue=task.queue_name,
                 priority=task.priority,
                 run_after=task.run_after,
-                max_attempts=self.max_attempts,
+                # The task's own policy (retry_policy under @task) is a default the row shows
+                # from the start; OPTIONS["retry"] is stored as the enqueue's own (it wins).
+                default_max_attempts=getattr(policy.handler_policy(task), "max_attempts", None) or self.max_attempts,
+                retry_policy=self.retry.get(task.module_path),
                 timeout=self.timeout,
                 backend_alias=self.alias,
                 concurrency_key=concurrency_key,
@@ -290,6 +308,14 @@ class LeaseBackend(BaseTaskBackend):
             )
         for problem in concurrency_problems(self.options.get("concurrency", {})):
             errors.append(checks.Error(f"TASKS[{self.alias!r}]['OPTIONS']['concurrency'] {problem}", id="tasks.E012"))
+        for problem in retry_problems(self.options.get("retry", {})):
+            errors.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS']['retry'] {problem}",
+                    hint="See docs/howto/retries.md.",
+                    id="tasks.E013",
+                )
+            )
         if self.using not in connections:
             errors.append(
                 checks.Error(

@@ -46,7 +46,8 @@ CLAIM_RETURNING = (
     "t.id, t.token, t.task_path, t.args, t.kwargs, t.attempts, t.max_attempts, t.progress, t.expires_at,"
     " t.timeout, t.queue, t.priority, t.enqueued_at, t.worker_ids,"
     " (t.crashes > 0 OR t.shared_crashes > 0 OR t.unstarted_returns > 0),"
-    " t.shared_crashes >= %(isolate_after)s, t.backend_alias, t.task_run_after, t.api_origin, t.run_after"
+    " t.shared_crashes >= %(isolate_after)s, t.backend_alias, t.task_run_after, t.api_origin, t.run_after,"
+    " t.retry_policy"
 )
 
 INSERT_COLUMNS = (
@@ -60,13 +61,14 @@ INSERT_COLUMNS = (
 # A task with a ``concurrency_key`` is inserted READY like any other; the database's trigger turns it
 # BLOCKED and admits it when its key has a free slot (tasks/lifecycle/concurrency.py).
 _ENQUEUE_INSERT = f"""
-INSERT INTO tasks_task ({INSERT_COLUMNS}, backend_alias, task_run_after, concurrency_key, concurrency_limit)
+INSERT INTO tasks_task ({INSERT_COLUMNS}, backend_alias, task_run_after, concurrency_key, concurrency_limit,
+                        retry_policy)
 VALUES (%(queue)s::text, %(priority)s::smallint, %(task_path)s::text, %(args)s::jsonb, %(kwargs)s::jsonb, 'READY',
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), statement_timestamp(), 0, %(max_attempts)s::int,
         %(timeout)s::float8, %(dedup_key)s::text, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false,
         %(backend_alias)s::text,
         CASE WHEN %(backend_alias)s::text IS NULL THEN NULL ELSE %(run_after)s::timestamptz END,
-        %(concurrency_key)s::text, %(concurrency_limit)s::int)"""
+        %(concurrency_key)s::text, %(concurrency_limit)s::int, %(retry_policy)s::jsonb)"""
 # A task without a dedup key cannot conflict: a plain insert. ON CONFLICT makes every insert a
 # speculative one (a speculative-insertion lock and its WAL record), a tenth of the statement's time.
 ENQUEUE_SQL = f"""{_ENQUEUE_INSERT}
@@ -81,10 +83,10 @@ RETURNING id, enqueued_at
 # One task kind per statement: everything but the kwargs is one scalar parameter, sent once (arrays
 # of a repeated value cost a quarter of the throughput to build, send and unpack).
 BULK_ENQUEUE_SQL = f"""
-INSERT INTO tasks_task ({INSERT_COLUMNS}, concurrency_key, concurrency_limit)
+INSERT INTO tasks_task ({INSERT_COLUMNS}, concurrency_key, concurrency_limit, retry_policy)
 SELECT d.queue, d.priority, d.task_path, d.args, d.kwargs, 'READY', COALESCE(d.run_after, statement_timestamp()),
        statement_timestamp(), 0, d.max_attempts, d.timeout, NULL, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false,
-       false, %(concurrency_key)s::text, %(concurrency_limit)s::int
+       false, %(concurrency_key)s::text, %(concurrency_limit)s::int, %(retry_policy)s::jsonb
 FROM (
     SELECT %(queue)s::text AS queue, %(priority)s::smallint AS priority, %(task_path)s::text AS task_path,
            %(args)s::jsonb AS args, k AS kwargs, %(run_after)s::timestamptz AS run_after,
@@ -431,7 +433,7 @@ def _claimed_cte(pick: str) -> str:
 _CLAIMED_AND_FINISHED = """SELECT 'c', claimed.* FROM claimed
 UNION ALL
 SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM finished"""
 
 
@@ -454,7 +456,7 @@ WITH {_FINISHED_CTE}, started AS (
 {_CLAIMED_AND_FINISHED}
 UNION ALL
 SELECT 's', started.id, started.token, NULL, NULL, NULL, started.attempts, NULL, NULL,
-       started.started_at, NULL, NULL, NULL, started.last_attempted_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       started.started_at, NULL, NULL, NULL, started.last_attempted_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM started
 """
 
@@ -479,7 +481,22 @@ def _append_error(entry: str) -> str:
     errors_dropped = t.errors_dropped + {_ERRORS_FULL}::int"""
 
 
-_RETRYABLE = "(d.retry AND t.failures + 1 < t.max_attempts)"
+# How an attempt the handler ended other than by returning is recorded (``d.kind``, per row):
+# - 'fail': the handler raised (or timed out, or returned what cannot be stored): one of
+#   ``max_attempts`` spent; back to waiting after the backoff while retryable, else FAILED. ``d.retry``
+#   false (a discard, an exception outside the policy's ``retry_on``) fails it for good at once.
+#   ``d.delay``: the policy's backoff in seconds (NULL: the default exponential backoff), added to the
+#   database clock here; ``d.max_attempts``: the policy's limit when the row's is not the one that
+#   applies (tasks/lifecycle/policy.py; written to the row, so that it shows the limit applied).
+# - 'snooze': waiting again at clock + ``d.delay``, not charged: the start marker's charge is undone
+#   (``attempts``, and the worker it appended to ``worker_ids``: django.tasks counts attempts by
+#   worker_ids), no error entry; ``snoozes`` + 1 and ``snoozed_at`` (the dashboard's "snoozed").
+# - 'cancel': CANCELLED with the reason as the last error entry (kind 'cancel'); the workflow
+#   triggers settle its dependants as for any move into a final status (migration 0016).
+# One statement whatever the mix, each row a compare-and-set on id + holder + token + live lease.
+_SNOOZE = "(d.kind = 'snooze')"
+_RETRYABLE = "(d.kind = 'fail' AND d.retry AND t.failures + 1 < COALESCE(d.max_attempts, t.max_attempts))"
+_WAITS = f"({_SNOOZE} OR {_RETRYABLE})"
 
 # A keyed task that backs off gives its concurrency slot up: it waits BLOCKED and is admitted again
 # once due (tasks/lifecycle/concurrency.py). Its slot goes to the next waiting task in the same statement.
@@ -489,25 +506,35 @@ _WAITING_STATUS = "CASE WHEN t.concurrency_key IS NULL THEN 'READY' ELSE 'BLOCKE
 # carries the attempt's token so a worker whose reply was lost can tell that this write landed.
 FAIL_SQL = f"""
 UPDATE tasks_task AS t SET
-    status = CASE WHEN {_RETRYABLE} THEN {_WAITING_STATUS} ELSE 'FAILED' END,
-    run_after = CASE WHEN {_RETRYABLE} THEN clock_timestamp() + {_backoff_sql("t.failures")} ELSE t.run_after END,
-    finished_at = CASE WHEN {_RETRYABLE} THEN NULL ELSE clock_timestamp() END,
-    failures = t.failures + 1,
+    status = CASE WHEN {_WAITS} THEN {_WAITING_STATUS} WHEN d.kind = 'cancel' THEN 'CANCELLED' ELSE 'FAILED' END,
+    run_after = CASE WHEN {_SNOOZE} THEN clock_timestamp() + make_interval(secs => COALESCE(d.delay, 0))
+                     WHEN {_RETRYABLE} THEN clock_timestamp()
+                          + COALESCE(make_interval(secs => d.delay), {_backoff_sql("t.failures")})
+                     ELSE t.run_after END,
+    finished_at = CASE WHEN {_WAITS} THEN NULL ELSE clock_timestamp() END,
+    failures = t.failures + (d.kind = 'fail')::int,
+    max_attempts = COALESCE(d.max_attempts, t.max_attempts),
+    snoozes = t.snoozes + {_SNOOZE}::int,
+    snoozed_at = CASE WHEN {_SNOOZE} THEN clock_timestamp() END,
     attempt_started = false,
     attempt_isolated = false,
-    attempts = t.attempts + (NOT t.attempt_started)::int,
+    attempts = CASE WHEN {_SNOOZE} THEN t.attempts - t.attempt_started::int
+                    ELSE t.attempts + (NOT t.attempt_started)::int END,
     started_at = COALESCE(t.started_at, clock_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
-    worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
-    {
-    _append_error('''d.error || jsonb_build_object(
+    worker_ids = CASE WHEN {_SNOOZE} THEN (CASE WHEN t.attempt_started THEN t.worker_ids - (-1) ELSE t.worker_ids END)
+                      WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
+    errors = CASE WHEN {_SNOOZE} THEN t.errors
+                  ELSE CASE WHEN {_ERRORS_FULL} THEN (t.errors - 1) ELSE t.errors END || jsonb_build_array(
+        d.error || jsonb_build_object(
         'attempt', t.attempts + (NOT t.attempt_started)::int, 'worker', t.holder, 'token', t.token,
-        'kind', 'failure', 'at', clock_timestamp())''')
-},
+        'kind', CASE WHEN d.kind = 'cancel' THEN 'cancel' ELSE 'failure' END, 'at', clock_timestamp())) END,
+    errors_dropped = t.errors_dropped + (NOT {_SNOOZE} AND {_ERRORS_FULL})::int,
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(errors)s::jsonb[], %(retry)s::boolean[])
-     AS d(id, token, error, retry)
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(errors)s::jsonb[], %(retry)s::boolean[], %(kinds)s::text[],
+            %(delays)s::float8[], %(max_attempts)s::int[])
+     AS d(id, token, error, retry, kind, delay, max_attempts)
 WHERE {_OWNED} AND {_LIVE}
 RETURNING t.id, t.status, t.run_after
 """
@@ -708,7 +735,9 @@ SELECT id, token, attempt_started FROM tasks_task WHERE holder = %(worker)s AND 
 """
 
 ATTEMPT_FATE_SQL = """
-SELECT t.id, t.token, t.holder, t.status, t.errors -> -1 ->> 'token', t.errors -> -1 ->> 'kind'
+SELECT t.id, t.token, t.holder, t.status, t.errors -> -1 ->> 'token', t.errors -> -1 ->> 'kind',
+       -- a snooze leaves no error entry: it landed if the row snoozed after this claim's grant
+       COALESCE(t.snoozed_at >= t.acquired_at, false)
 FROM tasks_task AS t
 WHERE t.id = ANY(%(ids)s::bigint[])
 """

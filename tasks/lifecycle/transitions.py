@@ -111,8 +111,32 @@ TRANSITIONS: tuple[Transition, ...] = (
         (RUNNING,),
         (READY, BLOCKED, FAILED),
         (_S + "FAIL_SQL",),
-        "the handler raised: back to waiting (backed off) while attempts remain and the error is "
-        "retryable, else FAILED for good; compare-and-set like complete",
+        "the handler raised: back to waiting (after the default backoff, or its retry policy's) while "
+        "attempts remain and its retry policy retries the exception, else FAILED for good; compare-and-set "
+        "like complete",
+    ),
+    Transition(
+        "discard",
+        (RUNNING,),
+        (FAILED,),
+        (_S + "FAIL_SQL",),
+        "the handler raised Discard: FAILED for good now, attempts left or not (a failure with retry off)",
+    ),
+    Transition(
+        "snooze",
+        (RUNNING,),
+        (READY, BLOCKED),
+        (_S + "FAIL_SQL",),
+        "the handler raised Snooze(seconds): waiting again until the database clock plus that long, the "
+        "attempt uncharged (a keyed task gives its slot up); compare-and-set like complete",
+    ),
+    Transition(
+        "cancel by handler",
+        (RUNNING,),
+        (CANCELLED,),
+        (_S + "FAIL_SQL",),
+        "the handler raised Cancel(reason): CANCELLED, the reason its last error entry; its workflow "
+        "dependants settle as for any cancel; compare-and-set like complete",
     ),
     Transition(
         "hand back",

@@ -42,6 +42,8 @@ class ClaimedTask:
     api_origin: bool = False
     #: Its place in the claim order (with priority and id): where the worker's next claim resumes.
     run_after: dt.datetime | None = None
+    #: The retry policy given at enqueue (dotted paths; tasks/lifecycle/policy.py), None for none.
+    retry_policy: dict[str, Any] | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -70,14 +72,26 @@ class AttemptFate:
     status: str
     last_error_token: str | None
     last_error_kind: str | None
+    #: It snoozed after the current grant (a snooze leaves no error entry to tell by).
+    snoozed: bool = False
 
     def completed_by(self, worker: str, token: int) -> bool:
         return self.status == TaskStatus.SUCCESSFUL and self.holder == worker and self.token == token
 
-    def failed_by(self, worker: str, token: int) -> bool:
+    def failed_by(self, worker: str, token: int, kind: str = "fail") -> bool:
+        """The attempt's end of this kind (a :class:`Failure`'s ``kind``) landed."""
+        if self.holder != worker:
+            return False
+        if kind == "snooze":  # (claimed again since: the snooze cannot be told apart, counted as refused)
+            return self.token == token and self.status in (TaskStatus.BLOCKED, TaskStatus.READY) and self.snoozed
+        if kind == "cancel":
+            return (
+                self.status == TaskStatus.CANCELLED
+                and self.last_error_kind == "cancel"
+                and (self.last_error_token == str(token))
+            )
         return (
             self.status in (TaskStatus.BLOCKED, TaskStatus.READY, TaskStatus.FAILED)
-            and self.holder == worker
             and self.last_error_kind == "failure"
             and self.last_error_token == str(token)
         )
@@ -97,14 +111,15 @@ class Enqueued:
 @dataclass(frozen=True, slots=True)
 class FailOutcome:
     id: int
-    #: READY or BLOCKED (will be retried at run_after; BLOCKED: a keyed task that gave its
-    #: concurrency slot up while it backs off) or FAILED (terminal)
+    #: READY or BLOCKED (will be retried, or snoozed, until run_after; BLOCKED: a keyed task that
+    #: gave its concurrency slot up while it waits) or FAILED / CANCELLED (terminal)
     status: str
     run_after: dt.datetime
 
     @property
     def retried(self) -> bool:
-        return self.status != TaskStatus.FAILED
+        """It waits to run again (retried or snoozed)."""
+        return self.status not in (TaskStatus.FAILED, TaskStatus.CANCELLED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +145,13 @@ class Failure:
     message: str
     traceback: str = ""
     retry: bool = True
+    #: How the attempt ended: "fail" (charged; retried per ``retry``), "snooze" (run again after
+    #: ``delay`` seconds, uncharged) or "cancel" (CANCELLED, ``message`` the reason). See FAIL_SQL.
+    kind: str = "fail"
+    #: Seconds: the snooze, or the policy's backoff for a retried failure (None: the default backoff).
+    delay: float | None = None
+    #: The retry policy's limit when it is not the row's own (None: the row's ``max_attempts``).
+    max_attempts: int | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -174,6 +196,7 @@ def claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
         task_run_after=row[17],
         api_origin=bool(row[18]),
         run_after=row[19],
+        retry_policy=json_value(row[20]) if len(row) > 20 else None,
     )
 
 

@@ -24,7 +24,7 @@ from leasing.models import LeaseFields, LeaseStateQuerySet, seconds
 from leasing.routing import SelectedManager
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError
-from tasks.lifecycle import activity, prepared
+from tasks.lifecycle import activity, policy, prepared
 from tasks.lifecycle import statements as sql
 from tasks.lifecycle import workflows as wf_sql
 from tasks.lifecycle.routing import queue_database
@@ -80,6 +80,10 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
     def finished(self) -> Self:
         return self.filter(status__in=FINISHED)
 
+    def snoozed(self) -> Self:
+        """Waiting after its handler snoozed it (it wakes at ``run_after``)."""
+        return self.filter(status__in=WAITING, snoozed_at__isnull=False)
+
     def unfinished(self) -> Self:
         return self.filter(status__in=UNFINISHED)
 
@@ -117,6 +121,10 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         depends_on: Iterable[int | Enqueued | Task] = (),
         on_parent_failure: str = "cancel",
         pipe: bool = False,
+        retry_on: Iterable[Any] | None = None,
+        backoff: Any = None,
+        default_max_attempts: int | None = None,
+        retry_policy: dict[str, Any] | None = None,
     ) -> Enqueued:
         """Insert one task (one statement). With ``dedup_key``, an unfinished task with the same
         key is returned instead of a new one (``created`` is False). ``backend_alias``: the
@@ -127,8 +135,21 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         With ``depends_on`` (tasks of the same database), the task waits AWAITING until every one of
         them is final, and joins their workflow (tasks/lifecycle/workflows.py): it runs once they all
         succeeded; one that failed or was cancelled cancels it (``on_parent_failure="cancel"``) or
-        counts as done (``"run"``). ``pipe``: their return values come first among its arguments."""
-        attempts = get_settings().MAX_ATTEMPTS if max_attempts is None else max_attempts
+        counts as done (``"run"``). ``pipe``: their return values come first among its arguments.
+
+        ``max_attempts``, ``retry_on`` (exception classes or their dotted paths) and ``backoff`` (a
+        module-level ``f(attempt, exception) -> seconds``, or its dotted path) are this task's retry
+        policy: they win over the handler's own and its queue's (tasks/lifecycle/policy.py).
+        ``default_max_attempts``: the limit to store when ``max_attempts`` is not given, as a default
+        (the handler's own policy still wins over it); ``retry_policy``: a stored policy mapping to
+        merge under the explicit arguments (a backend's OPTIONS["retry"])."""
+        explicit = policy.stored(max_attempts=max_attempts, retry_on=retry_on, backoff=backoff)
+        if retry_policy:
+            problems = policy.policy_problems(retry_policy, paths_only=True)
+            if problems:
+                raise ValueError("retry_policy " + "; ".join(problems))
+            explicit = {**retry_policy, **(explicit or {})}
+        attempts = _max_attempts(queue, (explicit or {}).get("max_attempts"), default_max_attempts)
         validate_enqueue(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
         validate_concurrency(concurrency_key, concurrency_limit)
         params: dict[str, Any] = {
@@ -144,6 +165,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "backend_alias": backend_alias,
             "concurrency_key": concurrency_key,
             "concurrency_limit": concurrency_limit,
+            "retry_policy": None if explicit is None else json.dumps(explicit),
         }
         routed = self._routed(queue)
         parents = sorted({_task_id(parent) for parent in depends_on})
@@ -234,13 +256,16 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         chunk_size: int = 5000,
         concurrency_key: str | None = None,
         concurrency_limit: int | None = None,
+        retry_on: Iterable[Any] | None = None,
+        backoff: Any = None,
     ) -> list[int]:
         """Insert many tasks of one kind: one multi-row statement per ``chunk_size`` tasks (all of
         them under ``concurrency_key``, if given), in the database holding ``queue`` (one queue, so
         one database; each chunk commits on its own unless the caller wraps the call in
-        ``transaction.atomic(using=...)``)."""
+        ``transaction.atomic(using=...)``). The retry policy arguments are :meth:`enqueue`'s."""
         routed = self._routed(queue)
-        attempts = get_settings().MAX_ATTEMPTS if max_attempts is None else max_attempts
+        explicit = policy.stored(max_attempts=max_attempts, retry_on=retry_on, backoff=backoff)
+        attempts = _max_attempts(queue, max_attempts, None)
         validate_enqueue(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
         validate_concurrency(concurrency_key, concurrency_limit)
         ids: list[int] = []
@@ -258,6 +283,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
                 "timeout": timeout,
                 "concurrency_key": concurrency_key,
                 "concurrency_limit": concurrency_limit,
+                "retry_policy": None if explicit is None else json.dumps(explicit),
             }
             ids.extend(row[0] for row in routed._rows(sql.BULK_ENQUEUE_SQL, params))
             chunk.clear()
@@ -459,7 +485,8 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         return (task_id, token) in self.complete_many(worker, [(task_id, token, storable_json(return_value))])
 
     def fail_many(self, worker: str, failures: Sequence[Failure]) -> dict[tuple[int, int], FailOutcome]:
-        """Record failed attempts in one statement: retried later (READY) or terminal (FAILED)."""
+        """Record attempts that ended other than by returning, in one statement: failed (retried later,
+        READY, or terminal, FAILED), snoozed (READY later, uncharged) or cancelled (``Failure.kind``)."""
         if not failures:
             return {}
         conf = get_settings()
@@ -469,6 +496,9 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "tokens": [f.token for f in failures],
             "errors": [f.as_json() for f in failures],
             "retry": [f.retry for f in failures],
+            "kinds": [f.kind for f in failures],
+            "delays": [f.delay for f in failures],
+            "max_attempts": [f.max_attempts for f in failures],
             "backoff_base": conf.BACKOFF_BASE,
             "backoff_max": conf.BACKOFF_MAX,
         }
@@ -559,6 +589,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
                 unstarted_returns=0,
                 attempt_started=False,
                 finished_at=None,
+                snoozed_at=None,
             )
         except IntegrityError as exc:
             raise TaskError("an unfinished task with the same dedup key already exists") from exc
@@ -568,6 +599,21 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         (BLOCKED) become due and are admitted at once where their key has a free slot (the update's
         own statement trigger admits for every key whose waiting task came due earlier)."""
         return self.filter(status__in=WAITING).update(run_after=Now())
+
+
+def _max_attempts(queue: str, explicit: int | None, default: int | None) -> int:
+    """The limit a new row stores: the enqueue's own, else the given default, else its queue's
+    policy (LEASING_TASKS["RETRY_POLICIES"]), else MAX_ATTEMPTS."""
+    if explicit is not None:
+        return explicit
+    if default is not None:
+        return default
+    conf = get_settings()
+    if conf.RETRY_POLICIES:
+        limit = (conf.RETRY_POLICIES.get(queue) or {}).get("max_attempts")
+        if limit is not None:
+            return int(limit)
+    return conf.MAX_ATTEMPTS
 
 
 def _task_id(task: int | Enqueued | Task) -> int:
@@ -620,6 +666,17 @@ class Task(LeaseFields):
     worker_ids = models.JSONField(default=list, blank=True, help_text="The worker of each attempt.")
     progress = models.JSONField(null=True, blank=True, help_text="The last checkpoint.")
     progress_at = models.DateTimeField(null=True, blank=True)
+    retry_policy = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The retry policy given at enqueue (max_attempts, retry_on, backoff as dotted paths).",
+    )
+    snoozes = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="Times its handler snoozed it (uncharged: not counted in attempts)."
+    )
+    snoozed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When it last snoozed (until its next failure); it wakes at run_after."
+    )
     backend_alias = models.CharField(
         max_length=100,
         null=True,
@@ -759,6 +816,14 @@ class Task(LeaseFields):
                 name="tasks_task_workflow_idx",
                 condition=Q(workflow_id__isnull=False),
             ),
+            # Waiting tasks their handler snoozed, newest first (the dashboard's "snoozed" list and
+            # count, as tasks_task_retrying_idx for "retrying"): only those waiting after a snooze. A
+            # claim leaves the entry (status leaves the predicate); a failure clears snoozed_at.
+            models.Index(
+                models.F("id").desc(),
+                name="tasks_task_snoozed_idx",
+                condition=Q(status="READY", snoozed_at__isnull=False),
+            ),
             # The repair sweep looks for leases left live on rows that are not running: normally none.
             models.Index(
                 fields=["id"],
@@ -792,6 +857,17 @@ class Task(LeaseFields):
             cursor.execute(wf_sql.CALLBACK_WAITING_SQL, {"id": self.workflow_id, "task": self.id})
             row = cursor.fetchone()
         return int(row[0]) if row else 0
+
+    @property
+    def is_snoozed(self) -> bool:
+        """Waiting after its handler snoozed it; it wakes at ``run_after``."""
+        return self.status in WAITING and self.snoozed_at is not None
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """Why its handler cancelled it (:class:`tasks.exceptions.Cancel`), if it did."""
+        last = self.errors[-1] if self.status == TaskStatus.CANCELLED and self.errors else None
+        return last.get("message", "") if isinstance(last, dict) and last.get("kind") == "cancel" else None
 
     @property
     def is_stuck(self) -> bool:

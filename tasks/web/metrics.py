@@ -34,7 +34,19 @@ SELECT COALESCE(EXTRACT(epoch FROM clock_timestamp() - min(since)), 0)::float8, 
 FROM holders
 """
 
-WORKER_COUNTERS = ("claimed", "succeeded", "retried", "failed", "rejected", "lost", "heartbeats", "heartbeat_failures")
+WORKER_COUNTERS = (
+    "claimed",
+    "succeeded",
+    "retried",
+    "failed",
+    "snoozed",
+    "discarded",
+    "cancelled",
+    "rejected",
+    "lost",
+    "heartbeats",
+    "heartbeat_failures",
+)
 
 
 def task_metrics() -> Iterable[Metric]:
@@ -118,7 +130,7 @@ def task_metrics() -> Iterable[Metric]:
     events = CounterMetricFamily(
         "tasks_worker_events", "Events reported by workers with their heartbeats.", labels=["event"]
     )
-    for key in ("claimed", "succeeded", "retried", "failed", "lost"):
+    for key in ("claimed", "succeeded", "retried", "failed", "snoozed", "discarded", "cancelled", "lost"):
         events.add_metric([key], totals[key])
     yield events
     yield CounterMetricFamily(

@@ -42,6 +42,8 @@ from leasing.routing import selected_database
 from tasks.models import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING_STATUSES, Task, TaskStatus
 
 COUNT_CAP = 10_000
+#: Pending: waiting, never failed, and not snoozed by its handler.
+NEVER_SNOOZED = NEVER_FAILED & Q(snoozed_at__isnull=True)
 #: Rows a listing branch reads at most to check a filter no index covers.
 SCAN_WINDOW = 2_000
 #: Queues shown (dashboard, /metrics, admin filter): the first ones by name.
@@ -117,9 +119,16 @@ class TaskState:
 STATES: dict[str, TaskState] = {
     # Retrying tasks have their own partial index (tasks_task_retrying_idx); pending ones are most
     # of the waiting tasks, read newest first from the status index, the few retrying ones skipped.
-    "pending": TaskState("waiting to run; never failed", TaskStatus.READY, unindexed=NEVER_FAILED),
+    "pending": TaskState("waiting to run; never failed nor snoozed", TaskStatus.READY, unindexed=NEVER_SNOOZED),
     "retrying": TaskState(
         "failed (or lost its worker) at least once, waiting to run again", TaskStatus.READY, where=FAILED_BEFORE
+    ),
+    # Snoozed by their handler (tasks.runtime.Snooze): their own partial index (tasks_task_snoozed_idx).
+    # Not among pending; one that failed before is also retrying. Keyed ones wait BLOCKED.
+    "snoozed": TaskState(
+        "snoozed by its handler: waiting for its wake time (run after)",
+        TaskStatus.READY,
+        where=Q(snoozed_at__isnull=False),
     ),
     # Workflow members waiting for the tasks they depend on, read from tasks_task_status_idx; no
     # queue or search index holds them (they are not written until a member is released).
@@ -152,10 +161,13 @@ def state_counts(cap: int = COUNT_CAP) -> dict[str, Count]:
         if not state.unindexed
     }
     waiting, retrying = status_count(TaskStatus.READY, cap), counts["retrying"]
+    # Snoozed tasks that never failed are neither pending nor retrying (read from the snoozed index).
+    snoozed = bounded_count(STATES["snoozed"].queryset().filter(NEVER_FAILED), cap)
+    others = retrying.value + snoozed.value
     if not waiting.capped:
-        counts["pending"] = Count(waiting.value - retrying.value, capped=False)
+        counts["pending"] = Count(max(waiting.value - others, 0), capped=False)
     else:
-        counts["pending"] = Count(0 if retrying.capped else cap - retrying.value, capped=True)
+        counts["pending"] = Count(0 if retrying.capped or snoozed.capped else max(cap - others, 0), capped=True)
     return {name: counts[name] for name in STATES}
 
 

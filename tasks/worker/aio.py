@@ -383,12 +383,13 @@ class AsyncExecutor:
         # Each asyncio task runs in a copy of the context: this attempt is what current_task() returns
         # in this coroutine (and in what it awaits or runs through sync_to_async), and only there.
         _set_current(execution)
+        target = None
         try:
             target = self.resolve(execution.task.task_path, api_origin=execution.task.api_origin)
             value = await handlers.acall(target, execution)
         except BaseException as exc:
             self._check_orm_connections(state)
-            return handlers.failure_outcome(execution, exc)
+            return handlers.failure_outcome(execution, exc, target)
         finally:
             _set_current(None)
         return handlers.value_outcome(execution, value)

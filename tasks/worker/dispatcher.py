@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError
 
 from leasing import clock
-from tasks.exceptions import TaskTimeout
+from tasks.exceptions import Discard, TaskTimeout
 from tasks.lifecycle.storable import storable_text
 from tasks.lifecycle.values import ClaimPosition
 from tasks.models import ClaimedTask
 from tasks.runtime import Execution
 from tasks.worker.handbacks import HandBacks
-from tasks.worker.handlers import HandlerCache, failure_from
+from tasks.worker.handlers import HandlerCache, failure_from, with_policy
 from tasks.worker.heartbeat import Heartbeat
 from tasks.worker.isolation import IsolationGate, IsolationReservation
 from tasks.worker.ledger import Census, Ledger, Outcome
@@ -39,6 +39,10 @@ if TYPE_CHECKING:
     from tasks.worker.aio import AsyncExecutor
 
 logger = logging.getLogger("tasks.worker")
+
+#: What the fail statement stored, by how the dispatcher counts the attempt's end (the signals' status).
+_STORED = {"retried": "READY", "snoozed": "READY", "failed": "FAILED", "discarded": "FAILED", "cancelled": "CANCELLED"}
+_LOGGED = {"retried": "failed, will retry", "discarded": "discarded (FAILED for good)", "cancelled": "CANCELLED"}
 
 Key = tuple[int, int]
 
@@ -397,12 +401,19 @@ class Dispatcher:
             self.signals.ended(outcome.execution, "SUCCESSFUL" if outcome.key in accepted else None, outcome)
         for outcome in failures:
             result = self.writer.fail_results.pop(outcome.key, None)
+            kind = outcome.failure.kind if outcome.failure is not None else "fail"
             if outcome.key not in failed:
                 state = None
+            elif kind == "snooze":
+                state = "snoozed"
+            elif kind == "cancel":
+                state = "cancelled"
+            elif result is not None and result.retried:
+                state = "retried"
             else:
-                state = "retried" if result is not None and result.retried else "failed"
+                state = "discarded" if isinstance(outcome.error, Discard) else "failed"
             self._finish_log(outcome, state)
-            stored = None if state is None else ("READY" if state == "retried" else "FAILED")
+            stored = None if state is None else _STORED[state]
             self.signals.ended(outcome.execution, stored, outcome)
         self.ledger.remove(o.key for o in successes + failures)
 
@@ -425,13 +436,16 @@ class Dispatcher:
             logger.info(
                 "task %d %s succeeded in %.3fs (attempt %d)", task.id, task.task_path, elapsed, execution.attempt
             )
+        elif state == "snoozed":
+            delay = outcome.failure.delay if outcome.failure else None
+            logger.info("task %d %s snoozed for %gs after %.3fs", task.id, task.task_path, delay or 0.0, elapsed)
         else:
             failure = outcome.failure
             logger.warning(
                 "task %d %s %s in %.3fs (attempt %d): %s: %s",
                 task.id,
                 task.task_path,
-                "failed, will retry" if state == "retried" else "FAILED for good",
+                _LOGGED.get(state, "FAILED for good"),
                 elapsed,
                 execution.attempt,
                 failure.exception_class_path if failure else "?",
@@ -439,6 +453,13 @@ class Dispatcher:
             )
 
     # -- timeouts -----------------------------------------------------------------------------------
+
+    def _handler(self, execution: Execution) -> Any:
+        """The attempt's handler (resolved before, so cached), or None."""
+        try:
+            return self.resolve(execution.task.task_path, api_origin=execution.task.api_origin)
+        except Exception:
+            return None
 
     def _abandon(self, overdue: list[Execution]) -> None:
         """Attempts past their timeout: stop heartbeating them, record the timeout now (so the late
@@ -461,7 +482,12 @@ class Dispatcher:
             session.stats["timed_out"] += 1
             logger.warning("task %d %s %s", execution.id, execution.task.task_path, reason)
             timed_out = TaskTimeout(f"task {execution.id} {reason}")
-            outcome = Outcome(execution, failure=failure_from(execution, timed_out), error=timed_out)
+            # The retry policy applies (retry_on, max_attempts), but not a backoff function: user
+            # code does not run on the dispatcher (the default backoff is used).
+            failure = with_policy(
+                failure_from(execution, timed_out), execution, timed_out, self._handler(execution), backoff=False
+            )
+            outcome = Outcome(execution, failure=failure, error=timed_out)
             self.mailbox.deliver(outcome, wake=False)
             if execution.is_async:
                 # A coroutine is cancelled, not replaced: the loop goes on running the others. One

@@ -6,6 +6,7 @@ Used alike by the executor threads (:mod:`tasks.worker.threads`) and the event l
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import traceback
 from inspect import iscoroutinefunction
@@ -17,7 +18,9 @@ from django.utils.module_loading import import_string
 
 from tasks.backends import allowlist
 from tasks.compat import normalize_json
-from tasks.exceptions import NotATask, TaskPathRefused, UnstorableResult
+from tasks.conf import get_settings
+from tasks.exceptions import Cancel, Discard, NotATask, Snooze, TaskPathRefused, UnstorableResult
+from tasks.lifecycle import policy
 from tasks.lifecycle.storable import storable_json
 from tasks.models import Failure
 from tasks.runtime import Execution
@@ -110,19 +113,73 @@ def is_coroutine_callable(target: Any) -> bool:
     return not isinstance(target, type) and iscoroutinefunction(call)
 
 
-def failure_outcome(execution: Execution, exc: BaseException) -> Outcome:
-    """What a handler raised, as an outcome (threads and coroutines alike)."""
-    # Anything the handler raises ends the attempt as a recorded failure: SystemExit,
+def failure_outcome(execution: Execution, exc: BaseException, target: Any = None) -> Outcome:
+    """What a handler raised, as an outcome (threads and coroutines alike); ``target``: the handler,
+    when it resolved (its own retry policy)."""
+    # Anything the handler raises ends the attempt as a recorded outcome: SystemExit,
     # KeyboardInterrupt, GeneratorExit and CancelledError included (the worker's own shutdown
     # never raises inside a handler; its cancellations of coroutines are told apart by
     # ``execution.cancelled_by_worker``). An import error will not import next time, and a
     # refused path will not be admitted next time: neither is retried.
-    retry = not isinstance(exc, ImportError | NotATask | TaskPathRefused)
-    if not retry:
+    if isinstance(exc, Snooze | Cancel):
+        decision = decided(execution, exc)
+        if decision is not None:
+            return decision
+    retry = not isinstance(exc, ImportError | NotATask | TaskPathRefused | Discard)
+    if isinstance(exc, ImportError | NotATask | TaskPathRefused):
         from tasks.backends.running import refused
 
         refused(execution)  # a backend's task that cannot run here: task_finished says so
-    return Outcome(execution, failure=failure_from(execution, exc, retry=retry), error=exc)
+    failure = failure_from(execution, exc, retry=retry)
+    if retry:
+        failure = with_policy(failure, execution, exc, target)
+    return Outcome(execution, failure=failure, error=exc)
+
+
+def decided(execution: Execution, exc: Snooze | Cancel) -> Outcome | None:
+    """A snooze or a cancel the handler raised, as an outcome (None: a snooze of a length no
+    database can add; it is recorded as the handler's failure instead)."""
+    if isinstance(exc, Cancel):
+        reason = failure_from(execution, exc, retry=False)
+        return Outcome(execution, failure=dataclasses.replace(reason, kind="cancel", traceback=""), error=exc)
+    try:
+        delay = policy.checked_delay(exc.seconds, what="a snooze")
+    except ValueError as problem:
+        exc.args = (f"the handler snoozed wrongly: {problem}",)
+        return None
+    failure = Failure(execution.id, execution.token, exception_path(exc), str(exc), kind="snooze", delay=delay)
+    return Outcome(execution, failure=failure)
+
+
+def effective_policy(execution: Execution, target: Any) -> policy.RetryPolicy | None:
+    """The attempt's retry policy: the enqueue's, over the handler's, over its queue's."""
+    task = execution.task
+    found = policy.from_mapping(task.retry_policy)
+    own = policy.handler_policy(target) if target is not None else None
+    if own is not None:
+        found = own if found is None else found.over(own)
+    queues = get_settings().RETRY_POLICIES
+    if queues and task.queue in queues:
+        configured = policy.from_mapping(queues[task.queue])
+        found = configured if found is None else found.over(configured)
+    return found
+
+
+def with_policy(
+    failure: Failure, execution: Execution, exc: BaseException, target: Any, *, backoff: bool = True
+) -> Failure:
+    """A retryable failure under the attempt's retry policy: not retried if the exception is not one
+    it retries; the policy's backoff (user code: it runs here, on the executor, outside any
+    transaction) and its limit when the row's is not the one that applies."""
+    found = effective_policy(execution, target)
+    if found is None:
+        return failure
+    if not found.retries(exc):
+        return dataclasses.replace(failure, retry=False)
+    explicit = (execution.task.retry_policy or {}).get("max_attempts")
+    limit = None if explicit is not None or found.max_attempts == execution.task.max_attempts else found.max_attempts
+    delay = found.delay(execution.attempt, exc) if backoff else None
+    return dataclasses.replace(failure, delay=delay, max_attempts=limit)
 
 
 def value_outcome(execution: Execution, value: Any) -> Outcome:

@@ -143,11 +143,12 @@ class ThreadExecutors:
     def _execute(self, execution: Execution) -> Outcome:
         task = execution.task
         _set_current(execution)
+        target = None
         try:
             target = self.resolve(task.task_path, api_origin=task.api_origin)
             value = handlers.call(target, execution)
         except BaseException as exc:
-            return handlers.failure_outcome(execution, exc)
+            return handlers.failure_outcome(execution, exc, target)
         finally:
             _set_current(None)
             try:

@@ -97,7 +97,8 @@ class OutcomeWriter:
         return set(written)
 
     def failed(self, fate: AttemptFate, outcome: Outcome) -> bool:
-        if fate.failed_by(self.session.id, outcome.execution.token):
+        kind = outcome.failure.kind if outcome.failure is not None else "fail"
+        if fate.failed_by(self.session.id, outcome.execution.token, kind):
             self.fail_results[outcome.key] = FailOutcome(fate.id, fate.status, None)  # type: ignore[arg-type]
             return True
         return False

@@ -159,7 +159,8 @@ def test_beside_an_old_snapshot_a_resumed_claim_reads_few_blocks(
     resumed_blocks = _claim_index_blocks(resumed, resumed_params)
     start_blocks = _claim_index_blocks(from_start, start_params)
     assert start_blocks > 300  # the case shows the cost: a scan from the start visits the claimed rows
-    assert resumed_blocks < 40, (resumed_blocks, start_blocks)
+    # a few blocks per level (a multi-queue claim scans each level twice: its shares, then its locks)
+    assert resumed_blocks < 20 * queues * len(priorities), (resumed_blocks, start_blocks)
 
 
 @pytest.mark.django_db(transaction=True)

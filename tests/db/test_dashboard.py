@@ -38,7 +38,8 @@ def make_tasks() -> dict[str, int]:
         name: Task.objects.enqueue("tests.testapp.handlers.noop", queue="q").id
         for name in ("pending", "retrying", "running", "stuck", "succeeded", "failed", "cancelled")
     }
-    for name in ("retrying", "running", "stuck", "succeeded", "failed"):
+    ids["snoozed"] = Task.objects.enqueue("tests.testapp.handlers.noop", queue="q").id
+    for name in ("retrying", "snoozed", "running", "stuck", "succeeded", "failed"):
         Task.objects.filter(pk=ids[name]).update(run_after=timezone.now() - dt.timedelta(hours=1), priority=100)
         claimed = Task.objects.claim("w1", limit=1, queues=["q"], ttl=30)[0]
         assert claimed.id == ids[name]
@@ -47,6 +48,10 @@ def make_tasks() -> dict[str, int]:
                 Failure(claimed.id, claimed.token, "builtins.ValueError", "oops", "Traceback: boom"), "w1"
             )
             Task.objects.filter(pk=claimed.id).update(run_after=timezone.now() + dt.timedelta(hours=1))
+        elif name == "snoozed":
+            Task.objects.fail(
+                Failure(claimed.id, claimed.token, "tasks.exceptions.Snooze", "", kind="snooze", delay=3600), "w1"
+            )
         elif name == "stuck":
             Task.objects.filter(pk=claimed.id).update(expires_at=timezone.now() - dt.timedelta(seconds=3))
         elif name == "succeeded":

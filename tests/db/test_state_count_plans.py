@@ -31,6 +31,7 @@ def test_each_state_count_reads_at_most_its_cap_after_a_burst() -> None:
     assert {name: (c.value, c.capped) for name, c in counts.items()} == {
         "pending": (cap, True),
         "retrying": (0, False),
+        "snoozed": (0, False),
         "awaiting": (0, False),  # a burst of them: tests/db/test_workflow_metrics.py
         "blocked": (cap, True),
         "running": (0, False),

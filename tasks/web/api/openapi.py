@@ -470,6 +470,17 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                         "output": {},
                         "errors": {"type": "array"},
                         "errors_dropped": {"type": "integer"},
+                        "snoozes": {"type": "integer", "description": "times its handler snoozed it (not attempts)"},
+                        "snoozed": {"type": "boolean", "description": "waiting after its handler snoozed it"},
+                        "wakes_at": {**stamp, "description": "when a snoozed task runs again (its run_after)"},
+                        "cancel_reason": {
+                            "type": ["string", "null"],
+                            "description": "why its handler cancelled it (tasks.exceptions.Cancel)",
+                        },
+                        "retry_policy": {
+                            "type": ["object", "null"],
+                            "description": "the retry policy given at enqueue (docs/howto/retries.md)",
+                        },
                         "worker_ids": {"type": "array", "items": {"type": "string"}},
                         "workflow_id": {"type": ["integer", "null"]},
                         "waiting_on": {
