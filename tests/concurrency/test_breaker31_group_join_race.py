@@ -34,7 +34,7 @@ def in_thread(fn: Any, *args: Any) -> tuple[threading.Thread, dict[str, Any]]:
     def run() -> None:
         try:
             out["value"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             out["error"] = exc
         finally:
             connection.close()
