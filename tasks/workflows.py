@@ -272,6 +272,11 @@ class Workflow:
                     "total": len(members),
                     "callback": callback,
                     "callback_waiting": len(self._nodes[self.callback].after) if grouped and self.callback else 0,
+                    # The fast path of a group's settle (tasks/lifecycle/workflows.py) reads no edges:
+                    # only while the callback is the one step that waits (group(...).add() may add
+                    # others, after a member or after the callback itself).
+                    "callback_only": self.kind == WorkflowKind.GROUP
+                    and all(not node.after or i == self.callback for i, node in enumerate(self._nodes)),
                 },
             )
             prepared.rows(connection, wf_sql.INSERT_MEMBERS_SQL, wf_sql.member_params(workflow, ids, members))

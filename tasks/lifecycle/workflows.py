@@ -108,7 +108,7 @@ CREATE_WORKFLOW_SQL = """
 INSERT INTO tasks_workflow (name, kind, status, total, remaining, failed, callback_id, callback_waiting, callback_only,
                             created_at)
 VALUES (%(name)s::text, %(kind)s::text, 'RUNNING', %(total)s::int, %(total)s::int, 0, %(callback)s::bigint,
-        %(callback_waiting)s::int, %(kind)s::text = 'group', statement_timestamp())
+        %(callback_waiting)s::int, %(callback_only)s::boolean, statement_timestamp())
 RETURNING id, created_at
 """
 

@@ -208,7 +208,14 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             else:
                 cursor.execute(
                     wf_sql.CREATE_WORKFLOW_SQL,
-                    {"name": "", "kind": WorkflowKind.GRAPH, "total": 0, "callback": None, "callback_waiting": 0},
+                    {
+                        "name": "",
+                        "kind": WorkflowKind.GRAPH,
+                        "total": 0,
+                        "callback": None,
+                        "callback_waiting": 0,
+                        "callback_only": False,
+                    },
                 )
                 workflow = cursor.fetchone()[0]
             cursor.execute(wf_sql.ADOPT_SQL, {"workflow": workflow, "ids": parents})
