@@ -271,12 +271,18 @@ class Workflow:
                     "kind": str(self.kind),
                     "total": len(members),
                     "callback": callback,
-                    "callback_waiting": len(self._nodes[self.callback].after) if grouped and self.callback else 0,
+                    "callback_waiting": (
+                        len(self._nodes[self.callback].after) if grouped and self.callback is not None else 0
+                    ),
                     # The fast path of a group's settle (tasks/lifecycle/workflows.py) reads no edges:
-                    # only while the callback is the one step that waits (group(...).add() may add
-                    # others, after a member or after the callback itself).
+                    # only while the callback is the one step that waits, and waits for every other
+                    # (group(...).add() may add others, after a member or after the callback itself).
                     "callback_only": self.kind == WorkflowKind.GROUP
-                    and all(not node.after or i == self.callback for i, node in enumerate(self._nodes)),
+                    and all(not node.after or i == self.callback for i, node in enumerate(self._nodes))
+                    and (
+                        self.callback is None
+                        or set(self._nodes[self.callback].after) == set(range(len(self._nodes))) - {self.callback}
+                    ),
                 },
             )
             prepared.rows(connection, wf_sql.INSERT_MEMBERS_SQL, wf_sql.member_params(workflow, ids, members))

@@ -32,8 +32,17 @@ REPAIR_EVERY = 30
 #: that expired since its last scan (RecoveryWindow).
 FULL_SCAN_INTERVAL = 30.0
 #: Seconds a windowed scan reaches back before the last scan's start: a lease whose expiry committed
-#: that late, or a row another session held locked (skipped) that long, waits for the next full scan.
+#: that late waits for the next full scan. A row another session held locked (skipped) does not: the
+#: next window starts at or before its expiry.
 RECOVERY_MARGIN = dt.timedelta(seconds=1)
+
+# The oldest lease a round's scans saw expired and left RUNNING (a row another session held locked:
+# SKIP LOCKED passed over it): the next window must still cover it. A range of the expiry index,
+# as the windowed pick's.
+_LEFT_BEHIND_SQL = """
+SELECT min(expires_at) FROM tasks_task
+WHERE status = 'RUNNING' AND expires_at > %(after)s::timestamptz AND expires_at <= %(began)s::timestamptz
+"""
 
 
 @dataclass
@@ -42,7 +51,8 @@ class RecoveryWindow:
     of the expiry index up to now, and beside an old snapshot that is every RUNNING version since the
     snapshot (tasks/lifecycle/statements.py, RECOVER_SINCE_CTES); between full scans, every
     FULL_SCAN_INTERVAL, a scan reads the leases that expired since the last one began (less
-    RECOVERY_MARGIN). A new leader starts with a full scan."""
+    RECOVERY_MARGIN), or since the oldest one a scan had to leave (locked by another session), so
+    that one is taken by the first round after its lock goes. A new leader starts with a full scan."""
 
     full_scan_interval: float = FULL_SCAN_INTERVAL
     since: dt.datetime | None = None
@@ -54,8 +64,10 @@ class RecoveryWindow:
             return None
         return self.since - RECOVERY_MARGIN
 
-    def scanned(self, began: dt.datetime, *, full: bool) -> None:
-        self.since = began
+    def scanned(self, began: dt.datetime, *, full: bool, left_behind: dt.datetime | None = None) -> None:
+        """A scan that began at ``began`` (database time) is done; ``left_behind``: the oldest
+        expired lease it could not take (locked by another session)."""
+        self.since = began if left_behind is None else min(began, left_behind)
         if full:
             self.full_scan_due = clock.monotonic() + self.full_scan_interval
 
@@ -122,7 +134,10 @@ def _recover_once(*, using: str, repair: bool, batch: int, window: RecoveryWindo
         if len(recovered) < batch:
             break
     if window is not None and began is not None:
-        window.scanned(began, full=after is None)
+        with connections[using].cursor() as cursor:
+            cursor.execute(_LEFT_BEHIND_SQL, {"after": after or "-infinity", "began": began})
+            (left_behind,) = cursor.fetchone()
+        window.scanned(began, full=after is None, left_behind=left_behind)
     if repair:
         report.stray_leases_released = manager.release_stray_leases()
     # Slots kept for handlers that outlived their rows, in processes known dead now (admits for their keys).

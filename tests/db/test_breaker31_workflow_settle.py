@@ -61,6 +61,23 @@ def test_a_group_kind_graph_with_edges_and_no_callback_runs_every_step() -> None
     assert status_of(*done.task_ids) == ["SUCCESSFUL"] * 2
 
 
+def test_a_hand_built_group_whose_callback_waits_for_some_members_waits_for_exactly_those() -> None:
+    """callback_only counts every member's success on the callback: only right when the callback
+    waits for every member."""
+    flow = Workflow("g", kind=WorkflowKind.GROUP)
+    waited = flow.add(step(NOOP))
+    free = flow.add(step(NOOP))
+    flow.callback = flow.add(step(NOOP), after=[waited])
+    done = flow.enqueue()
+    assert not WorkflowRow.objects.get(pk=done.id).callback_only
+    claimed = {t.id: t for t in Task.objects.claim("w1", limit=10)}
+    assert set(claimed) == {done.task_ids[waited], done.task_ids[free]}
+    Task.objects.complete_many("w1", [(done.task_ids[free], claimed[done.task_ids[free]].token, "null")])
+    assert status_of(done.callback_id) == ["AWAITING"]  # the member it does not wait for is no count of its
+    Task.objects.complete_many("w1", [(done.task_ids[waited], claimed[done.task_ids[waited]].token, "null")])
+    assert status_of(done.callback_id) == ["READY"]
+
+
 def test_a_member_finished_in_a_rolled_back_savepoint_leaves_no_count_behind() -> None:
     done = group([step(NOOP) for _ in range(2)], then=step(NOOP)).enqueue()
     claimed = {t.id: t for t in Task.objects.claim("w1", limit=10)}

@@ -1,7 +1,7 @@
 """The recovery leader's scans of expired leases (tasks/maintenance/recovery.py, RecoveryWindow):
 between full scans it reads only the leases that expired since its last scan began, so beside an
-old snapshot a round no longer steps over every RUNNING version since the snapshot; what a windowed
-scan cannot see (a row held locked past the margin) the next full scan takes."""
+old snapshot a round no longer steps over every RUNNING version since the snapshot; a row another
+session held locked during a scan is taken by the first round after its lock goes."""
 
 from __future__ import annotations
 
@@ -60,20 +60,24 @@ def test_a_windowed_round_recovers_the_leases_that_expired_since_the_last_scan()
     assert set(Task.objects.filter(pk__in=lapsed).values_list("status", flat=True)) == {"READY"}
 
 
-def test_a_row_held_locked_past_the_margin_waits_for_the_next_full_scan() -> None:
+def test_a_row_held_locked_during_scans_is_recovered_by_the_first_round_after_its_lock_goes() -> None:
+    """SKIP LOCKED passes over a row another session holds; the next windows still cover its expiry
+    (not only the last second before the last scan), so it is not left to the next full scan."""
     window = RecoveryWindow(full_scan_interval=3600)
     (held,) = claim_briefly(1)
-    wait_until(lambda: expired(held))
+    expiry = Task.objects.get(pk=held).expires_at
+    assert expiry is not None
+    wait_until(lambda: db_now() > expiry + RECOVERY_MARGIN * 2)  # older than any window's margin
     with psycopg.connect(database_url(), autocommit=False) as other:
         other.execute("SELECT 1 FROM tasks_task WHERE id = %s FOR UPDATE", [held])  # someone holds it
-        assert recover_once(window=window).requeued == []  # the full scan skips it (SKIP LOCKED)
+        report = recover_once(window=window)
+        assert (report.full_scan, report.requeued) == (True, [])  # skipped
+        report = recover_once(window=window)
+        assert (report.full_scan, report.requeued) == (False, [])  # still held
         other.rollback()
-    window.since = db_now() + RECOVERY_MARGIN * 2  # that scan ended more than the margin after its expiry
     report = recover_once(window=window)
-    assert (report.full_scan, report.requeued) == (False, [])  # before this round's window
-    window.full_scan_due = 0.0
-    report = recover_once(window=window)
-    assert (report.full_scan, report.requeued) == (True, [held])
+    assert (report.full_scan, report.requeued) == (False, [held])
+    assert window.since is not None and window.since > expiry  # nothing left behind now
 
 
 @pytest.fixture
