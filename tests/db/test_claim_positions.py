@@ -6,10 +6,8 @@ snapshot a resumed claim reads a few blocks where a scan from the start reads ev
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import connection, transaction
 
@@ -17,7 +15,6 @@ from tasks.lifecycle.values import ClaimedTask, ClaimPosition
 from tasks.models import Task
 from tasks.worker import dispatcher
 from tasks.worker.process import Worker
-from tests.helpers import test_database_url as database_url  # not collected as a test
 from tests.helpers import wait_until, worker_in_thread
 from tests.helpers.plans import recorded
 
@@ -102,16 +99,6 @@ def test_a_position_in_one_queue_does_not_hold_back_another() -> None:
     stale = [ClaimPosition("pos-a", 0, later_a.run_after, a)]  # passes over a, and would pass over b if shared
     assert ids(Task.objects.claim("positions", limit=5, queues=["pos-a", "pos-b"], after=stale)) == [b]
     assert ids(Task.objects.claim("positions", limit=5, queues=["pos-a", "pos-b"])) == [a]
-
-
-@pytest.fixture
-def old_snapshot() -> Iterator[None]:
-    """Another session holding a REPEATABLE READ snapshot: no claimed row's index entry can go."""
-    with psycopg.connect(database_url()) as holder:
-        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        holder.execute("SELECT count(*) FROM tasks_task").fetchone()
-        yield
-        holder.rollback()
 
 
 def _claim_index_blocks(sql: str, params: Any) -> int:

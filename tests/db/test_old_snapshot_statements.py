@@ -5,30 +5,18 @@ row version the worker ever held RUNNING (tasks/lifecycle/statements.py, ``_HELD
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import connection, transaction
 
 from tasks.lifecycle.values import ClaimPosition
 from tasks.models import Task
-from tests.helpers import test_database_url as database_url  # not collected as a test
 from tests.helpers.plans import recorded
 
 pytestmark = pytest.mark.django_db(transaction=True)  # statements commit, as a worker's do
 
 NOOP = "tests.testapp.handlers.noop"
-
-
-@pytest.fixture
-def old_snapshot() -> Iterator[None]:
-    with psycopg.connect(database_url()) as holder:
-        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        holder.execute("SELECT count(*) FROM tasks_task").fetchone()
-        yield
-        holder.rollback()
 
 
 def _plan(sql: str, params: Any) -> dict[str, Any]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -78,16 +77,6 @@ def test_a_row_held_locked_during_scans_is_recovered_by_the_first_round_after_it
     report = recover_once(window=window)
     assert (report.full_scan, report.requeued) == (False, [held])
     assert window.since is not None and window.since > expiry  # nothing left behind now
-
-
-@pytest.fixture
-def old_snapshot() -> Iterator[None]:
-    """Another session holding a REPEATABLE READ snapshot: no RUNNING version's index entry can go."""
-    with psycopg.connect(database_url()) as holder:
-        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        holder.execute("SELECT count(*) FROM tasks_task").fetchone()
-        yield
-        holder.rollback()
 
 
 def _blocks(sql: str, params: Any) -> int:
