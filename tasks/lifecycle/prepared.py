@@ -50,20 +50,33 @@ changes it, and until then such a connection is simply not prepared on).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+from django.conf import settings
 from django.db.backends.base.base import BaseDatabaseWrapper
+from psycopg.adapt import Dumper
 from psycopg.pq import ExecStatus
+from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.string import StrDumper
 
 try:
     from psycopg._preparing import Prepare, PrepareManager
 except ImportError:  # pragma: no cover - a psycopg without them: nothing is prepared
     Prepare = PrepareManager = None  # type: ignore[assignment,misc]
+try:
+    from psycopg._queries import PostgresQuery, _query2pg_nocache
+
+    # What _ConstantQuery below sets is what psycopg 3.2 and 3.3 set; a later psycopg that changed
+    # them keeps its own conversion (tests/db/test_prepared.py fails, to say so).
+    if not {"query", "_want_formats", "_order", "_parts", "_tx"} <= set(PostgresQuery.__slots__):
+        raise ImportError("psycopg's PostgresQuery changed")
+except ImportError:  # pragma: no cover - a psycopg without them: its own conversion, uncached
+    PostgresQuery = _query2pg_nocache = None  # type: ignore[assignment,misc]
 
 from leasing.bounds import LocalSettings
 from tasks.conf import get_settings
@@ -179,12 +192,117 @@ def rows(connection: BaseDatabaseWrapper, sql: str, params: dict[str, Any]) -> l
         return cursor.fetchall() if cursor.description else []
 
 
+if PostgresQuery is not None:
+    # psycopg turns ``%(name)s`` placeholders into ``$n`` with a regular expression over the whole
+    # text, and caches the result only for texts of at most 4,096 bytes (an ORM's one-off INSERTs of
+    # many rows would fill its cache). The claim statements are 5 to 7 KB: each run parsed its text
+    # anew, 270 us of the dispatcher's thread per round. These are a few dozen constant texts.
+    _converted = functools.lru_cache(maxsize=256)(_query2pg_nocache)
+
+    class _ConstantQuery(PostgresQuery):
+        """psycopg's query conversion, cached whatever the text's length."""
+
+        def convert(self, query: Any, vars: Any) -> None:
+            if vars is None or not isinstance(query, str):
+                super().convert(query, vars)
+                return
+            encoding = self._tx.encoding
+            self.query, self._want_formats, self._order, self._parts = _converted(query.encode(encoding), encoding)
+            self.dump(vars)
+
+    class _Cursor(psycopg.Cursor[Any]):
+        _query_cls = _ConstantQuery
+
+else:  # pragma: no cover
+    _Cursor = psycopg.Cursor  # type: ignore[misc,assignment]
+
+
+class _ArrayLiteral(str):
+    """An array already written as PostgreSQL's text literal (``{1,2,3}``); its type is the class's."""
+
+    __slots__ = ()
+
+
+class _Int8Array(_ArrayLiteral):
+    __slots__ = ()
+
+
+class _Float8Array(_ArrayLiteral):
+    __slots__ = ()
+
+
+class _TextArray(_ArrayLiteral):
+    __slots__ = ()
+
+
+class _ArrayLiteralDumper(Dumper):
+    def dump(self, obj: Any) -> bytes:
+        return obj.encode()
+
+
+class _Int8ArrayDumper(_ArrayLiteralDumper):
+    oid = psycopg.postgres.types["int8"].array_oid
+
+
+class _Float8ArrayDumper(_ArrayLiteralDumper):
+    oid = psycopg.postgres.types["float8"].array_oid
+
+
+class _TextArrayDumper(_ArrayLiteralDumper):
+    oid = psycopg.postgres.types["text"].array_oid
+
+
+_NONE = type(None)
+_INFINITIES = (float("inf"), float("-inf"))
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _array(values: list[Any]) -> Any:
+    """``values`` as an array literal when its elements are all ints, all floats (or None) or all
+    strs (or None); anything else as it is, for psycopg to dump.
+
+    psycopg's list dumper looks every element's type and dumper up and writes it in Python (15 % of
+    the dispatcher's thread in a no-op drain: ids, tokens, return values, start times, positions:
+    ten arrays a round). These three kinds are written here in one join. An int is sent as int8 and
+    a float as float8 whatever its size (the statements cast each array to its column's type)."""
+    if not values:
+        return values
+    kinds = {value.__class__ for value in values}
+    if kinds == {int}:
+        return _Int8Array("{" + ",".join(map(str, values)) + "}")
+    if kinds == {str} or kinds == {str, _NONE}:
+        return _TextArray("{" + ",".join("NULL" if v is None else _quoted(v) for v in values) + "}")
+    if (kinds == {float} or kinds == {float, _NONE}) and not any(
+        v is not None and (v != v or v in _INFINITIES) for v in values
+    ):
+        return _Float8Array("{" + ",".join("NULL" if v is None else repr(v) for v in values) + "}")
+    return values
+
+
+def _cursor(raw: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+    cursor = _Cursor(raw)
+    cursor.adapters.register_dumper(_Int8Array, _Int8ArrayDumper)
+    cursor.adapters.register_dumper(_Float8Array, _Float8ArrayDumper)
+    cursor.adapters.register_dumper(_TextArray, _TextArrayDumper)
+    # A str is sent as text (psycopg's default is "unknown", typed by the server from the context:
+    # a parameter compared to a varchar column in one place and cast to text in another would be
+    # two types, which the server refuses).
+    cursor.adapters.register_dumper(str, StrDumper)
+    if settings.USE_TZ:
+        # Django's loader for timestamptz parses in psycopg's C code and then replaces the tzinfo with
+        # Django's time zone in Python (1.7 us a value, against 0.5 us). With USE_TZ Django sets the
+        # session's TimeZone to that same zone, in which psycopg's own loader returns the value: the
+        # same instant in the same zone. A claimed row carries three or four of them.
+        cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
+    return cursor
+
+
 def _run(raw: psycopg.Connection[Any], wrappers: list[Any], sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    with psycopg.Cursor(raw) as cursor:
-        # A str is sent as text (psycopg's default is "unknown", typed by the server from the context:
-        # a parameter compared to a varchar column in one place and cast to text in another would be
-        # two types, which the server refuses).
-        cursor.adapters.register_dumper(str, StrDumper)
+    params = {name: _array(value) if value.__class__ is list else value for name, value in params.items()}
+    with _cursor(raw) as cursor:
         if not wrappers:
             cursor.execute(sql, params, prepare=True)
             return cursor.fetchall() if cursor.description else []

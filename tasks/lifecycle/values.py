@@ -169,35 +169,58 @@ class Failure:
         )
 
 
+#: JSON texts most rows hold (no arguments, no workers yet): built without the parser, each a new object.
+_EMPTY_JSON: dict[str, Any] = {"[]": list, "{}": dict}
+
+
 def json_value(value: Any) -> Any:
     # Django registers a text loader for jsonb, so raw cursors see JSON as strings.
-    return json.loads(value) if isinstance(value, str) else value
+    if value.__class__ is str:
+        empty = _EMPTY_JSON.get(value)
+        return empty() if empty is not None else json.loads(value)
+    return value
+
+
+# A frozen dataclass's __init__ sets each of its fields through object.__setattr__: 3.4 us for a
+# ClaimedTask's 21, against 0.8 us for plain stores, and a worker builds one per claimed row on the
+# dispatcher's thread (the one thread every task goes through). The fields' slot descriptors set
+# them directly (1.8 us), and the value stays frozen to everyone else.
+_CLAIMED_SLOTS = tuple(getattr(ClaimedTask, name).__set__ for name in ClaimedTask.__dataclass_fields__)
+_new = object.__new__
 
 
 def claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
-    return ClaimedTask(
-        id=row[0],
-        token=row[1],
-        task_path=row[2],
-        args=json_value(row[3]),
-        kwargs=json_value(row[4]),
-        attempts=row[5],
-        max_attempts=row[6],
-        progress=json_value(row[7]),
-        expires_at=row[8],
-        timeout=row[9],
-        queue=row[10],
-        priority=row[11],
-        enqueued_at=row[12],
-        worker_ids=json_value(row[13]),
-        suspect=bool(row[14]),
-        isolate=bool(row[15]),
-        backend_alias=row[16],
-        task_run_after=row[17],
-        api_origin=bool(row[18]),
-        run_after=row[19],
-        retry_policy=json_value(row[20]) if len(row) > 20 else None,
-    )
+    """A claim statement's row (CLAIM_RETURNING's columns, in its order) as a ClaimedTask."""
+    task = _new(ClaimedTask)
+    for set_slot, value in zip(
+        _CLAIMED_SLOTS,
+        (
+            row[0],
+            row[1],
+            row[2],
+            json_value(row[3]),
+            json_value(row[4]),
+            row[5],
+            row[6],
+            json_value(row[7]),
+            row[8],
+            row[9],
+            row[10],
+            row[11],
+            row[12],
+            json_value(row[13]),
+            bool(row[14]),
+            bool(row[15]),
+            row[16],
+            row[17],
+            bool(row[18]),
+            row[19],
+            json_value(row[20]) if len(row) > 20 else None,
+        ),
+        strict=True,
+    ):
+        set_slot(task, value)
+    return task
 
 
 @dataclass(frozen=True, slots=True)
