@@ -305,7 +305,7 @@ def _run(raw: psycopg.Connection[Any], wrappers: list[Any], sql: str, params: di
     with _cursor(raw) as cursor:
         if not wrappers:
             cursor.execute(sql, params, prepare=True)
-            return cursor.fetchall() if cursor.description else []
+            return _fetched(cursor)
         with raw.pipeline():
             for wrapper in wrappers:
                 cursor.execute(wrapper.prefix, prepare=True)
@@ -313,4 +313,11 @@ def _run(raw: psycopg.Connection[Any], wrappers: list[Any], sql: str, params: di
         # After the pipeline's one Sync: the cursor holds every statement's result, the last one ours.
         while cursor.nextset():
             pass
-        return cursor.fetchall() if cursor.description else []
+        return _fetched(cursor)
+
+
+def _fetched(cursor: psycopg.Cursor[Any]) -> list[tuple[Any, ...]]:
+    # Not ``cursor.description``: it builds a Column object per result column on every call (22 of
+    # them for a claim), only to be tested for emptiness.
+    result = cursor.pgresult
+    return cursor.fetchall() if result is not None and result.status == ExecStatus.TUPLES_OK else []

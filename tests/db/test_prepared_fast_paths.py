@@ -156,3 +156,11 @@ def test_a_claimed_row_builds_the_same_frozen_value_with_its_own_empty_container
     first.args.append("mine")
     assert second.args == []  # never one shared list
     assert claimed_from_row(row[:20]).retry_policy is None
+
+
+def test_a_statement_without_rows_gives_none_and_one_with_an_empty_result_gives_none_either():
+    task = Task.objects.enqueue("tests.testapp.handlers.noop")
+    update = "UPDATE tasks_task SET priority = %(p)s::smallint WHERE id = %(id)s::bigint"
+    assert prepared.rows(connection, update, {"p": 3, "id": task.id}) == []
+    assert prepared.rows(connection, update + " RETURNING id", {"p": 4, "id": -1}) == []
+    assert prepared.rows(connection, update + " RETURNING id, priority", {"p": 5, "id": task.id}) == [(task.id, 5)]
