@@ -20,6 +20,7 @@ from leasing.validation import MAX_BIGINT, InvalidInput, parse_whole
 from tasks.backends.placement import misrouted, switch_database
 from tasks.exceptions import TaskError
 from tasks.lifecycle.routing import queue_database
+from tasks.lifecycle.states import UNFINISHED
 from tasks.lifecycle.workflows import WorkflowStatus
 from tasks.models import GeneratorState, QueueControl, Task, Worker
 from tasks.web import queries
@@ -133,8 +134,27 @@ class TaskAdmin(CheckedInputAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # enqueue through the API or Task.objects.enqueue
 
-    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
-        return TaskChangeList
+    def has_delete_permission(self, request: HttpRequest, obj: Task | None = None) -> bool:
+        # An unfinished workflow member is settled by the statement that makes it final; deleted,
+        # it would never be, and its dependants would wait forever (tasks/lifecycle/workflows.py).
+        if obj is not None and obj.workflow_id is not None and obj.status in UNFINISHED:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        """Delete the selected tasks but unfinished workflow members (cancel those, or their
+        workflow, first). One conditional DELETE: a member requeued while the operator confirmed is
+        kept too."""
+        deletable = Q(workflow_id__isnull=True) | ~Q(status__in=UNFINISHED)
+        selected = queryset.count()
+        deleted, _ = queryset.filter(deletable).delete()
+        if deleted < selected:
+            self.message_user(
+                request,
+                f"{selected - deleted} unfinished workflow member(s) kept: their dependants wait for them to end."
+                " Cancel them (or their workflow) first.",
+                messages.WARNING,
+            )
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Task], search_term: str

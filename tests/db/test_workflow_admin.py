@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.contrib.admin import site as admin_site
 from django.contrib.auth.models import Permission
-from django.test import Client
+from django.test import Client, RequestFactory
 
 from tasks.admin import workflows as workflow_admin
 from tasks.models import Task, Workflow
@@ -101,3 +102,28 @@ def test_the_task_admin_filters_a_workflows_members_and_shows_the_column(staff: 
     for bad in ("abc", "0", str(2**63)):
         response = staff.get(TASKS, {"workflow_id": bad})
         assert response.status_code == 302 and "e=1" in response["Location"], bad
+
+
+def test_an_unfinished_member_cannot_be_deleted_from_the_admin_and_a_finished_one_can(
+    staff: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flow = chain(step(NOOP), step(NOOP)).enqueue()
+    first, second = sorted(Task.objects.filter(workflow_id=flow.id).values_list("pk", flat=True))
+    plain = Task.objects.enqueue(NOOP).id
+    assert staff.get(f"{TASKS}{first}/delete/").status_code == 403
+    assert staff.post(f"{TASKS}{first}/delete/", {"post": "yes"}).status_code == 403
+    assert Task.objects.filter(pk=first).exists()
+    everything = {"action": "delete_selected", "_selected_action": [first, second, plain], "post": "yes"}
+    assert staff.post(TASKS, everything).status_code == 403  # refused whole: nothing deleted
+    assert Task.objects.filter(pk__in=[first, second, plain]).count() == 3
+    # A member requeued while the operator confirmed: the DELETE itself keeps it.
+    told: list[str] = []
+    model_admin = admin_site._registry[Task]
+    monkeypatch.setattr(model_admin, "message_user", lambda request, message, level: told.append(message))
+    model_admin.delete_queryset(RequestFactory().post(TASKS), Task.objects.filter(pk__in=[first, second, plain]))
+    assert set(Task.objects.filter(pk__in=[first, second, plain]).values_list("pk", flat=True)) == {first, second}
+    assert told and told[0].startswith("2 unfinished workflow member(s) kept")
+    Task.objects.filter(pk=first).cancel()  # the first ends: its dependant is settled (cancelled)
+    assert set(Task.objects.filter(pk__in=[first, second]).values_list("status", flat=True)) == {"CANCELLED"}
+    assert staff.post(f"{TASKS}{first}/delete/", {"post": "yes"}).status_code == 302
+    assert not Task.objects.filter(pk=first).exists()
