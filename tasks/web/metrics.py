@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from leasing.routing import selected_database
 from tasks.lifecycle import activity, concurrency
 from tasks.lifecycle.workflows import WorkflowStatus
+from tasks.models import Task
 from tasks.web.workflows import running_workflows
 
 # What holds back the cleanup of the queue's dead rows in this database (docs/howto/operations.md,
@@ -32,6 +33,48 @@ WITH holders AS (
 )
 SELECT COALESCE(EXTRACT(epoch FROM clock_timestamp() - min(since)), 0)::float8, COALESCE(max(xids), 0)
 FROM holders
+"""
+
+# The health of the queue table itself: what a PostgreSQL queue degrades by first. Every claim and
+# finish leaves a dead row version; until VACUUM removes them, claims step over them. Statistics and
+# catalog reads only (pg_stat_user_tables, pg_class, the settings), one row of each looked up by the
+# table's oid: the cost is the same at a thousand rows or a hundred million, and nothing reads
+# tasks_task itself. The vacuum threshold is autovacuum's own rule (src/backend/postmaster/
+# autovacuum.c, relation_needs_vacanalyze): threshold + scale factor x reltuples, the table's
+# reloptions before the settings, capped since PostgreSQL 18 by autovacuum_vacuum_max_threshold (-1:
+# no cap; current_setting(..., true) is NULL before 18). A vacuum or analyze never recorded counts
+# from when the statistics began (their reset, or the server's start): a lower bound.
+TABLE_HEALTH_SQL = """
+SELECT s.n_live_tup, s.n_dead_tup, h.vacuum_age, h.analyze_age, h.threshold, h.enabled,
+       CASE WHEN s.n_dead_tup > h.threshold THEN h.vacuum_age ELSE 0 END
+FROM pg_stat_user_tables AS s
+JOIN pg_class AS c ON c.oid = s.relid
+CROSS JOIN LATERAL (
+    SELECT max(option_value) FILTER (WHERE option_name = 'autovacuum_enabled') AS enabled,
+           max(option_value) FILTER (WHERE option_name = 'autovacuum_vacuum_threshold') AS threshold,
+           max(option_value) FILTER (WHERE option_name = 'autovacuum_vacuum_scale_factor') AS scale_factor,
+           max(option_value) FILTER (WHERE option_name = 'autovacuum_vacuum_max_threshold') AS max_threshold
+    FROM pg_options_to_table(c.reloptions)
+) AS o
+CROSS JOIN LATERAL (
+    SELECT GREATEST(d.stats_reset, pg_postmaster_start_time()) AS since
+    FROM pg_stat_database AS d WHERE d.datname = current_database()
+) AS stats
+CROSS JOIN LATERAL (
+    SELECT EXTRACT(epoch FROM clock_timestamp()
+                   - COALESCE(GREATEST(s.last_vacuum, s.last_autovacuum), stats.since))::float8 AS vacuum_age,
+           EXTRACT(epoch FROM clock_timestamp()
+                   - COALESCE(GREATEST(s.last_analyze, s.last_autoanalyze), stats.since))::float8 AS analyze_age,
+           LEAST(
+               COALESCE(o.threshold, current_setting('autovacuum_vacuum_threshold'))::float8
+               + COALESCE(o.scale_factor, current_setting('autovacuum_vacuum_scale_factor'))::float8
+                 * GREATEST(c.reltuples, 0),
+               NULLIF(COALESCE(o.max_threshold, current_setting('autovacuum_vacuum_max_threshold', true)), '-1')::float8
+           ) AS threshold,
+           current_setting('autovacuum')::bool AND current_setting('track_counts')::bool
+           AND COALESCE(o.enabled, 'on')::bool AS enabled
+) AS h
+WHERE s.relid = to_regclass(%(table)s)
 """
 
 WORKER_COUNTERS = (
@@ -117,6 +160,7 @@ def task_metrics() -> Iterable[Metric]:
     )
     yield GaugeMetricFamily("tasks_workers_alive", "Workers that heartbeated recently.", value=live_workers().count())
     yield from horizon_metrics()
+    yield from table_health_metrics()
 
     with connections[selected_database()].cursor() as cursor:
         cursor.execute(
@@ -178,4 +222,51 @@ def horizon_metrics() -> Iterable[Metric]:
         "tasks_xmin_horizon_age_transactions",
         "Transactions since the oldest snapshot, prepared transaction or replication slot that holds back cleanup.",
         value=int(xids),
+    )
+
+
+def table_health_metrics() -> Iterable[Metric]:
+    """The queue table's own health from the statistics: its live and dead row versions, how long
+    since it was last vacuumed and analyzed, autovacuum's threshold for it, and how long it has been
+    over that threshold without a vacuum (autovacuum lagging: every worker busy elsewhere, turned
+    off, or cancelled again and again by a lock)."""
+    with connections[selected_database()].cursor() as cursor:
+        cursor.execute(TABLE_HEALTH_SQL, {"table": Task._meta.db_table})
+        row = cursor.fetchone()
+    if row is None:  # no statistics for it (not yet migrated): nothing to say, rather than zeros
+        return
+    live, dead, vacuum_age, analyze_age, threshold, enabled, overdue = row
+    yield GaugeMetricFamily(
+        "tasks_table_live_tuples", "Live row versions of tasks_task (statistics estimate).", value=int(live)
+    )
+    yield GaugeMetricFamily(
+        "tasks_table_dead_tuples",
+        "Dead row versions of tasks_task that VACUUM has not removed yet (statistics estimate).",
+        value=int(dead),
+    )
+    yield GaugeMetricFamily(
+        "tasks_table_vacuum_age_seconds",
+        "Seconds since the last VACUUM or autovacuum of tasks_task (none recorded: since the statistics began).",
+        value=max(float(vacuum_age), 0.0),
+    )
+    yield GaugeMetricFamily(
+        "tasks_table_analyze_age_seconds",
+        "Seconds since the last ANALYZE or autoanalyze of tasks_task (none recorded: since the statistics began).",
+        value=max(float(analyze_age), 0.0),
+    )
+    yield GaugeMetricFamily(
+        "tasks_table_autovacuum_threshold_tuples",
+        "Dead row versions above which autovacuum vacuums tasks_task (its reloptions, else the settings).",
+        value=float(threshold),
+    )
+    yield GaugeMetricFamily(
+        "tasks_table_autovacuum_enabled",
+        "1 when autovacuum may vacuum tasks_task (autovacuum and track_counts on, autovacuum_enabled not off).",
+        value=1 if enabled else 0,
+    )
+    yield GaugeMetricFamily(
+        "tasks_table_autovacuum_overdue_seconds",
+        "While tasks_task has more dead row versions than its autovacuum threshold: seconds since its last "
+        "vacuum (0 when under the threshold).",
+        value=max(float(overdue), 0.0),
     )
