@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from django.db import connections
@@ -10,6 +11,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from leasing.routing import selected_database
 from tasks.lifecycle import activity, concurrency
 from tasks.lifecycle.workflows import WorkflowStatus
+from tasks.maintenance.recovery import RECOVERY_LEASE
+from tasks.maintenance.scheduler import SCHEDULER_LEASE
 from tasks.models import Task
 from tasks.web.workflows import running_workflows
 
@@ -77,6 +80,21 @@ CROSS JOIN LATERAL (
 WHERE s.relid = to_regclass(%(table)s)
 """
 
+# The leader-elected services, by the lease each holds while it leads (tasks/maintenance/): 0 while
+# the lease is held, else the seconds since it was last held (a release sets expires_at to the release
+# time), +Inf when it never was in this database. One lookup of the resource's unique index per role.
+# Seconds rather than a 0/1 flag: recovery run from Celery beat holds the lease for a round at a
+# time, and what to alert on is how long nothing has recovered, not whether a lease is held at the
+# instant of the scrape.
+LEADERS_SQL = """
+SELECT role.name,
+       CASE WHEN l.released_at IS NULL AND l.expires_at > clock_timestamp() THEN 0
+            ELSE EXTRACT(epoch FROM clock_timestamp() - l.expires_at)::float8 END
+FROM unnest(%(roles)s::text[], %(leases)s::text[]) AS role(name, lease)
+LEFT JOIN leasing_lease AS l ON l.resource = role.lease
+"""
+LEADER_LEASES = {"recovery": RECOVERY_LEASE, "scheduler": SCHEDULER_LEASE}
+
 WORKER_COUNTERS = (
     "claimed",
     "succeeded",
@@ -121,7 +139,8 @@ def task_metrics() -> Iterable[Metric]:
         "tasks_queue_depth", "Runnable tasks waiting, per queue (counted up to 10,000).", labels=["queue"]
     )
     age = GaugeMetricFamily("tasks_queue_oldest_age_seconds", "Age of the oldest runnable task.", labels=["queue"])
-    for queue in queue_stats():
+    with_work = queue_stats()
+    for queue in with_work:
         depth.add_metric([queue["queue"]], queue["depth"].value)
         age.add_metric([queue["queue"]], queue["oldest_age"])
     yield depth
@@ -158,7 +177,23 @@ def task_metrics() -> Iterable[Metric]:
         "Concurrency keys at their limit (of those shown).",
         value=sum(s.full for s in keys),
     )
-    yield GaugeMetricFamily("tasks_workers_alive", "Workers that heartbeated recently.", value=live_workers().count())
+    alive = list(live_workers().values_list("queues", flat=True))
+    yield GaugeMetricFamily("tasks_workers_alive", "Workers that heartbeated recently.", value=len(alive))
+    # Per queue with runnable tasks or a live worker: a queue with work and no worker is the one
+    # case a growing backlog cannot fix by itself. The cost is the live workers, not the tasks.
+    serving = GaugeMetricFamily(
+        "tasks_queue_workers",
+        "Live workers serving the queue (each queue with runnable tasks or a live worker).",
+        labels=["queue"],
+    )
+    served: dict[str, int] = dict.fromkeys((str(queue["queue"]) for queue in with_work), 0)
+    for queues in alive:
+        for name in dict.fromkeys(queues or []):
+            served[str(name)] = served.get(str(name), 0) + 1
+    for name, workers in served.items():
+        serving.add_metric([name], workers)
+    yield serving
+    yield from leader_metrics()
     yield from horizon_metrics()
     yield from table_health_metrics()
 
@@ -270,3 +305,18 @@ def table_health_metrics() -> Iterable[Metric]:
         "vacuum (0 when under the threshold).",
         value=max(float(overdue), 0.0),
     )
+
+
+def leader_metrics() -> Iterable[Metric]:
+    """How long each leader-elected service (recovery, the scheduler) has had no leader here."""
+    with connections[selected_database()].cursor() as cursor:
+        cursor.execute(LEADERS_SQL, {"roles": list(LEADER_LEASES), "leases": list(LEADER_LEASES.values())})
+        rows = cursor.fetchall()
+    absent = GaugeMetricFamily(
+        "tasks_leader_absent_seconds",
+        "0 while the service's leader lease is held; else seconds since it was last held (+Inf: never here).",
+        labels=["role"],
+    )
+    for role, seconds in rows:
+        absent.add_metric([role], math.inf if seconds is None else max(float(seconds), 0.0))
+    yield absent

@@ -222,3 +222,34 @@ def test_dead_tuples_stay_after_a_vacuum_beside_an_old_snapshot(
     assert health["dead_tuples"] == 30
     assert health["vacuum_age_seconds"] < 60
     assert scrape(client)[1][AGE] > 0
+
+
+def test_metrics_say_which_queues_have_no_live_worker(client: Client, settings: Any) -> None:
+    settings.LEASING_METRICS_PUBLIC = True
+    Task.objects.bulk_enqueue("tasks.demo.sleep", [{}] * 2, queue="mail")
+    Task.objects.enqueue("tasks.demo.sleep", queue="reports")
+    Worker.objects.create(id="w1", hostname="h", pid=1, concurrency=1, queues=["mail", "default"])
+    Worker.objects.create(id="w2", hostname="h", pid=2, concurrency=1, queues=["mail"])
+    Worker.objects.create(id="gone", hostname="h", pid=3, concurrency=1, queues=["reports"], stopped_at=timezone.now())
+    values = scrape(client)[1]
+    assert values['tasks_queue_workers{database="default",queue="mail"}'] == 2
+    assert values['tasks_queue_workers{database="default",queue="default"}'] == 1  # served, nothing waiting
+    assert values['tasks_queue_workers{database="default",queue="reports"}'] == 0  # work, no live worker
+    assert values['tasks_workers_alive{database="default"}'] == 2
+
+
+RECOVERY_ABSENT = 'tasks_leader_absent_seconds{database="default",role="recovery"}'
+
+
+def test_metrics_say_how_long_recovery_has_had_no_leader(client: Client, settings: Any) -> None:
+    settings.LEASING_METRICS_PUBLIC = True
+    assert scrape(client)[1][RECOVERY_ABSENT] == float("inf")  # never led in this database
+    grant = Lease.objects.acquire("tasks:recovery", "worker-1", ttl=30)
+    assert grant is not None
+    values = scrape(client)[1]
+    assert values[RECOVERY_ABSENT] == 0
+    assert values['tasks_leader_absent_seconds{database="default",role="scheduler"}'] == float("inf")
+    before = database_now()
+    assert Lease.objects.release("tasks:recovery", "worker-1", grant.token)
+    absent = scrape(client)[1][RECOVERY_ABSENT]
+    assert 0 < absent <= (database_now() - before).total_seconds()

@@ -1,0 +1,89 @@
+"""The Prometheus alert rules shipped in docs/monitoring/: promtool finds them valid and their unit
+tests (alerts.test.yml) pass, every alert has a case there in which it fires, and the parser that
+the metric-name checks (tests/db/test_monitoring_names.py) rely on reads PromQL right.
+
+promtool comes with Debian's ``prometheus`` package (Debian ships it in no smaller package); .ci/run
+installs it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from tests.helpers.monitoring import RULE_TESTS, RULES, metric_names, rules
+
+
+def promtool() -> str:
+    path = os.environ.get("PROMTOOL") or shutil.which("promtool")
+    if not path:
+        pytest.fail(
+            "the alert rule tests need promtool: `apt-get install --no-install-recommends prometheus` (what .ci/run "
+            "does; Debian has promtool in that package only) or set PROMTOOL=/path",
+            pytrace=False,
+        )
+    return path
+
+
+def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_promtool_finds_the_rules_valid() -> None:
+    checked = run_promtool("check", "rules", str(RULES))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(rules())} rules found" in checked.stdout
+
+
+def test_the_rules_pass_their_promtool_unit_tests() -> None:
+    tested = run_promtool("test", "rules", str(RULE_TESTS))
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "SUCCESS" in tested.stdout
+
+
+def test_promtool_fails_a_rule_test_that_expects_the_wrong_alert(tmp_path: object) -> None:
+    """The run above can fail: the same tests with one expectation changed do."""
+    from pathlib import Path
+
+    assert isinstance(tmp_path, Path)
+    document = yaml.safe_load(RULE_TESTS.read_text())
+    document["rule_files"] = [str(RULES)]
+    firing = next(case for test in document["tests"] for case in test["alert_rule_test"] if case["exp_alerts"])
+    firing["exp_alerts"][0]["exp_labels"]["severity"] = "page-someone"
+    broken = tmp_path / "broken.test.yml"
+    broken.write_text(yaml.safe_dump(document))
+    tested = run_promtool("test", "rules", str(broken))
+    assert tested.returncode != 0
+    assert "page-someone" in tested.stdout + tested.stderr
+
+
+def test_every_alert_fires_in_a_test_and_has_a_severity_and_a_summary() -> None:
+    document = yaml.safe_load(RULE_TESTS.read_text())
+    fired = {case["alertname"] for test in document["tests"] for case in test["alert_rule_test"] if case["exp_alerts"]}
+    alerts = [rule for rule in rules() if "alert" in rule]
+    assert len(alerts) >= 10
+    assert sorted(rule["alert"] for rule in alerts if rule["alert"] not in fired) == []
+    assert [rule["alert"] for rule in alerts if rule["labels"].get("severity") not in ("warning", "critical")] == []
+    assert [rule["alert"] for rule in alerts if not rule["annotations"].get("summary")] == []
+
+
+def test_metric_names_are_read_from_promql() -> None:
+    assert metric_names(
+        'sum by (database) (rate(tasks_worker_events_total{event=~"a|b"}[15m]))'
+        " / on (database, queue) group_left (x) tasks_queue_depth offset 5m > 1e6 and bool 0.5"
+    ) == {"tasks_worker_events_total", "tasks_queue_depth"}
+    assert metric_names("min_over_time(tasks_table_dead_tuples[5m:1m]) > tasks_table_live_tuples") == {
+        "tasks_table_dead_tuples",
+        "tasks_table_live_tuples",
+    }
+    assert metric_names(
+        "histogram_quantile(0.9, sum by (le) (rate(leasing_acquisition_seconds_bucket[$__rate_interval])))"
+    ) == {"leasing_acquisition_seconds_bucket"}
+    assert metric_names('tasks_queue_depth{database=~"$database", queue=~"${queue:regex}"} > Inf') == {
+        "tasks_queue_depth"
+    }
+    assert metric_names('label_values(tasks_queue_depth{database="$database"}, queue)') == {"tasks_queue_depth"}
+    assert metric_names("label_values(database)") == set()
