@@ -11,7 +11,7 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from tasks.models import Task
-from tests.helpers.monitoring import metric_names, rules
+from tests.helpers.monitoring import dashboard_expressions, metric_names, rules
 
 pytestmark = pytest.mark.django_db
 
@@ -50,3 +50,11 @@ def test_every_metric_the_alert_rules_read_is_exported(names: set[str]) -> None:
     assert all(used.values()), used
     unknown = {rule: sorted(found - names) for rule, found in used.items() if found - names}
     assert unknown == {}
+
+
+def test_every_metric_the_grafana_dashboard_reads_is_exported(names: set[str]) -> None:
+    used = list(dashboard_expressions())
+    assert len(used) > 15
+    assert [where for where, expression in used if not metric_names(expression)] == []
+    unknown = [(where, sorted(metric_names(expression) - names)) for where, expression in used]
+    assert [entry for entry in unknown if entry[1]] == []

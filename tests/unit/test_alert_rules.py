@@ -1,20 +1,23 @@
-"""The Prometheus alert rules shipped in docs/monitoring/: promtool finds them valid and their unit
-tests (alerts.test.yml) pass, every alert has a case there in which it fires, and the parser that
-the metric-name checks (tests/db/test_monitoring_names.py) rely on reads PromQL right.
+"""The Prometheus alert rules and the Grafana dashboard shipped in docs/monitoring/: promtool finds the
+rules valid and their unit tests (alerts.test.yml) pass, every alert has a case there in which it
+fires, the dashboard is well formed, and the parser that the metric-name checks
+(tests/db/test_monitoring_names.py) rely on reads PromQL right.
 
 promtool comes with Debian's ``prometheus`` package (Debian ships it in no smaller package); .ci/run
 installs it."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers.monitoring import RULE_TESTS, RULES, metric_names, rules
+from tests.helpers.monitoring import DASHBOARD, RULE_TESTS, RULES, metric_names, rules
 
 
 def promtool() -> str:
@@ -44,11 +47,8 @@ def test_the_rules_pass_their_promtool_unit_tests() -> None:
     assert "SUCCESS" in tested.stdout
 
 
-def test_promtool_fails_a_rule_test_that_expects_the_wrong_alert(tmp_path: object) -> None:
+def test_promtool_fails_a_rule_test_that_expects_the_wrong_alert(tmp_path: Path) -> None:
     """The run above can fail: the same tests with one expectation changed do."""
-    from pathlib import Path
-
-    assert isinstance(tmp_path, Path)
     document = yaml.safe_load(RULE_TESTS.read_text())
     document["rule_files"] = [str(RULES)]
     firing = next(case for test in document["tests"] for case in test["alert_rule_test"] if case["exp_alerts"])
@@ -87,3 +87,37 @@ def test_metric_names_are_read_from_promql() -> None:
     }
     assert metric_names('label_values(tasks_queue_depth{database="$database"}, queue)') == {"tasks_queue_depth"}
     assert metric_names("label_values(database)") == set()
+
+
+def test_the_grafana_dashboard_is_well_formed() -> None:
+    """What Grafana needs to import it (a uid, unique panel ids, panels that do not overlap) and what
+    makes it portable: every query goes to the data source the importer picks (${datasource})."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 36
+    panels = dashboard["panels"]
+    ids = [panel["id"] for panel in panels]
+    assert len(ids) == len(set(ids))
+    cells: dict[tuple[int, int], str] = {}
+    for panel in panels:
+        box = panel["gridPos"]
+        assert box["x"] + box["w"] <= 24, panel["title"]
+        for row in range(box["y"], box["y"] + box["h"]):
+            for column in range(box["x"], box["x"] + box["w"]):
+                assert (row, column) not in cells, f"{panel['title']} overlaps {cells[(row, column)]}"
+                cells[(row, column)] = panel["title"]
+    queried = [panel for panel in panels if panel["type"] != "row"]
+    assert all(panel["targets"] for panel in queried)
+    sources = {json.dumps(s) for p in queried for s in [p["datasource"], *(t["datasource"] for t in p["targets"])]}
+    assert sources == {json.dumps({"type": "prometheus", "uid": "${datasource}"})}
+    variables = {variable["name"]: variable["type"] for variable in dashboard["templating"]["list"]}
+    assert variables == {"datasource": "datasource", "database": "query", "queue": "query"}
+    # Each part the monitoring guide names has its panels: queues, throughput, workers, recovery, the table.
+    rows = [panel["title"] for panel in panels if panel["type"] == "row"]
+    assert rows == [
+        "Overview",
+        "Queues",
+        "Throughput and failures",
+        "Workers and leases",
+        "Recovery",
+        "Queue table health",
+    ]
