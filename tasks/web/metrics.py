@@ -16,8 +16,8 @@ from tasks.maintenance.scheduler import SCHEDULER_LEASE
 from tasks.models import Task
 from tasks.web.workflows import running_workflows
 
-# What holds back the cleanup of the queue's dead rows in this database (docs/howto/operations.md,
-# "An old snapshot"): sessions with a snapshot (backend_xmin), prepared transactions, replication
+# What holds back the cleanup of the queue's dead rows in this database (docs/howto/monitoring.md,
+# TasksOldSnapshot): sessions with a snapshot (backend_xmin), prepared transactions, replication
 # slots, and a standby's feedback (a walsender's backend_xmin). Since PostgreSQL 14 only the
 # current database's sessions hold back its tables (slots and walsenders hold every database).
 # Sessions of other roles show their snapshot only to a member of pg_read_all_stats (or pg_monitor).
@@ -83,9 +83,10 @@ WHERE s.relid = to_regclass(%(table)s)
 # The leader-elected services, by the lease each holds while it leads (tasks/maintenance/): 0 while
 # the lease is held, else the seconds since it was last held (a release sets expires_at to the release
 # time), +Inf when it never was in this database. One lookup of the resource's unique index per role.
-# Seconds rather than a 0/1 flag: recovery run from Celery beat holds the lease for a round at a
-# time, and what to alert on is how long nothing has recovered, not whether a lease is held at the
-# instant of the scrape.
+# Seconds rather than a 0/1 flag: a hand-over leaves a gap of up to the lease's TTL (a standby takes
+# the lease when it expires), and what to alert on is how long nothing has led, not whether a lease
+# is held at the instant of the scrape. Recovery run without the controller (``recover_tasks --once``
+# from cron, the Celery beat task) takes no lease: there this says nothing (docs/howto/monitoring.md).
 LEADERS_SQL = """
 SELECT role.name,
        CASE WHEN l.released_at IS NULL AND l.expires_at > clock_timestamp() THEN 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import ROOT
 from tests.helpers.monitoring import DASHBOARD, RULE_TESTS, RULES, metric_names, rules
 
 
@@ -121,3 +123,20 @@ def test_the_grafana_dashboard_is_well_formed() -> None:
         "Recovery",
         "Queue table health",
     ]
+
+
+def test_the_prometheus_configuration_of_the_monitoring_guide_loads_the_rules(tmp_path: Path) -> None:
+    """docs/howto/monitoring.md's prometheus.yml, as written, with the rules copied where it says and
+    a token file: promtool checks the configuration and the rule file it names."""
+    page = (ROOT / "docs" / "howto" / "monitoring.md").read_text()
+    block = re.search(r"<!-- prometheus-config -->\s*```yaml\n(.*?)```\s*<!-- /prometheus-config -->", page, re.S)
+    assert block, "docs/howto/monitoring.md has no prometheus-config block"
+    config = tmp_path / "prometheus.yml"
+    config.write_text(block.group(1))
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "django-leasing.yml").write_text(RULES.read_text())
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "leasing-metrics-token").write_text("a-token-from-LEASING_METRICS_TOKENS\n")
+    checked = run_promtool("check", "config", str(config))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(rules())} rules found" in checked.stdout
