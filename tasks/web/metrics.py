@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from django.db import connections
@@ -10,10 +11,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from leasing.routing import selected_database
 from tasks.lifecycle import activity, concurrency
 from tasks.lifecycle.workflows import WorkflowStatus
+from tasks.maintenance.recovery import RECOVERY_LEASE
+from tasks.maintenance.scheduler import SCHEDULER_LEASE
+from tasks.models import Task
 from tasks.web.workflows import running_workflows
 
-# What holds back the cleanup of the queue's dead rows in this database (docs/howto/operations.md,
-# "An old snapshot"): sessions with a snapshot (backend_xmin), prepared transactions, replication
+# What holds back the cleanup of the queue's dead rows in this database (docs/howto/monitoring.md,
+# TasksOldSnapshot): sessions with a snapshot (backend_xmin), prepared transactions, replication
 # slots, and a standby's feedback (a walsender's backend_xmin). Since PostgreSQL 14 only the
 # current database's sessions hold back its tables (slots and walsenders hold every database).
 # Sessions of other roles show their snapshot only to a member of pg_read_all_stats (or pg_monitor).
@@ -33,6 +37,64 @@ WITH holders AS (
 SELECT COALESCE(EXTRACT(epoch FROM clock_timestamp() - min(since)), 0)::float8, COALESCE(max(xids), 0)
 FROM holders
 """
+
+# The health of the queue table itself: what a PostgreSQL queue degrades by first. Every claim and
+# finish leaves a dead row version; until VACUUM removes them, claims step over them. Statistics and
+# catalog reads only (pg_stat_user_tables, pg_class, the settings), one row of each looked up by the
+# table's oid: the cost is the same at a thousand rows or a hundred million, and nothing reads
+# tasks_task itself. The vacuum threshold is autovacuum's own rule (src/backend/postmaster/
+# autovacuum.c, relation_needs_vacanalyze): threshold + scale factor x reltuples, the table's
+# reloptions before the settings, capped since PostgreSQL 18 by autovacuum_vacuum_max_threshold (-1:
+# no cap; current_setting(..., true) is NULL before 18). A vacuum or analyze never recorded counts
+# from when the statistics began (their reset, or the server's start): a lower bound.
+TABLE_HEALTH_SQL = """
+SELECT s.n_live_tup, s.n_dead_tup, h.vacuum_age, h.analyze_age, h.threshold, h.enabled,
+       CASE WHEN s.n_dead_tup > h.threshold THEN h.vacuum_age ELSE 0 END
+FROM pg_stat_user_tables AS s
+JOIN pg_class AS c ON c.oid = s.relid
+CROSS JOIN LATERAL (
+    SELECT max(option_value) FILTER (WHERE option_name = 'autovacuum_enabled') AS enabled,
+           max(option_value) FILTER (WHERE option_name = 'autovacuum_vacuum_threshold') AS threshold,
+           max(option_value) FILTER (WHERE option_name = 'autovacuum_vacuum_scale_factor') AS scale_factor,
+           max(option_value) FILTER (WHERE option_name = 'autovacuum_vacuum_max_threshold') AS max_threshold
+    FROM pg_options_to_table(c.reloptions)
+) AS o
+CROSS JOIN LATERAL (
+    SELECT GREATEST(d.stats_reset, pg_postmaster_start_time()) AS since
+    FROM pg_stat_database AS d WHERE d.datname = current_database()
+) AS stats
+CROSS JOIN LATERAL (
+    SELECT EXTRACT(epoch FROM clock_timestamp()
+                   - COALESCE(GREATEST(s.last_vacuum, s.last_autovacuum), stats.since))::float8 AS vacuum_age,
+           EXTRACT(epoch FROM clock_timestamp()
+                   - COALESCE(GREATEST(s.last_analyze, s.last_autoanalyze), stats.since))::float8 AS analyze_age,
+           LEAST(
+               COALESCE(o.threshold, current_setting('autovacuum_vacuum_threshold'))::float8
+               + COALESCE(o.scale_factor, current_setting('autovacuum_vacuum_scale_factor'))::float8
+                 * GREATEST(c.reltuples, 0),
+               NULLIF(COALESCE(o.max_threshold, current_setting('autovacuum_vacuum_max_threshold', true)), '-1')::float8
+           ) AS threshold,
+           current_setting('autovacuum')::bool AND current_setting('track_counts')::bool
+           AND COALESCE(o.enabled, 'on')::bool AS enabled
+) AS h
+WHERE s.relid = to_regclass(%(table)s)
+"""
+
+# The leader-elected services, by the lease each holds while it leads (tasks/maintenance/): 0 while
+# the lease is held, else the seconds since it was last held (a release sets expires_at to the release
+# time), +Inf when it never was in this database. One lookup of the resource's unique index per role.
+# Seconds rather than a 0/1 flag: a hand-over leaves a gap of up to the lease's TTL (a standby takes
+# the lease when it expires), and what to alert on is how long nothing has led, not whether a lease
+# is held at the instant of the scrape. Recovery run without the controller (``recover_tasks --once``
+# from cron, the Celery beat task) takes no lease: there this says nothing (docs/howto/monitoring.md).
+LEADERS_SQL = """
+SELECT role.name,
+       CASE WHEN l.released_at IS NULL AND l.expires_at > clock_timestamp() THEN 0
+            ELSE EXTRACT(epoch FROM clock_timestamp() - l.expires_at)::float8 END
+FROM unnest(%(roles)s::text[], %(leases)s::text[]) AS role(name, lease)
+LEFT JOIN leasing_lease AS l ON l.resource = role.lease
+"""
+LEADER_LEASES = {"recovery": RECOVERY_LEASE, "scheduler": SCHEDULER_LEASE}
 
 WORKER_COUNTERS = (
     "claimed",
@@ -78,7 +140,8 @@ def task_metrics() -> Iterable[Metric]:
         "tasks_queue_depth", "Runnable tasks waiting, per queue (counted up to 10,000).", labels=["queue"]
     )
     age = GaugeMetricFamily("tasks_queue_oldest_age_seconds", "Age of the oldest runnable task.", labels=["queue"])
-    for queue in queue_stats():
+    with_work = queue_stats()
+    for queue in with_work:
         depth.add_metric([queue["queue"]], queue["depth"].value)
         age.add_metric([queue["queue"]], queue["oldest_age"])
     yield depth
@@ -115,8 +178,25 @@ def task_metrics() -> Iterable[Metric]:
         "Concurrency keys at their limit (of those shown).",
         value=sum(s.full for s in keys),
     )
-    yield GaugeMetricFamily("tasks_workers_alive", "Workers that heartbeated recently.", value=live_workers().count())
+    alive = list(live_workers().values_list("queues", flat=True))
+    yield GaugeMetricFamily("tasks_workers_alive", "Workers that heartbeated recently.", value=len(alive))
+    # Per queue with runnable tasks or a live worker: a queue with work and no worker is the one
+    # case a growing backlog cannot fix by itself. The cost is the live workers, not the tasks.
+    serving = GaugeMetricFamily(
+        "tasks_queue_workers",
+        "Live workers serving the queue (each queue with runnable tasks or a live worker).",
+        labels=["queue"],
+    )
+    served: dict[str, int] = dict.fromkeys((str(queue["queue"]) for queue in with_work), 0)
+    for queues in alive:
+        for name in dict.fromkeys(queues or []):
+            served[str(name)] = served.get(str(name), 0) + 1
+    for name, workers in served.items():
+        serving.add_metric([name], workers)
+    yield serving
+    yield from leader_metrics()
     yield from horizon_metrics()
+    yield from table_health_metrics()
 
     with connections[selected_database()].cursor() as cursor:
         cursor.execute(
@@ -179,3 +259,65 @@ def horizon_metrics() -> Iterable[Metric]:
         "Transactions since the oldest snapshot, prepared transaction or replication slot that holds back cleanup.",
         value=int(xids),
     )
+
+
+def table_health_metrics() -> Iterable[Metric]:
+    """The queue table's own health from the statistics: its live and dead row versions, how long
+    since it was last vacuumed and analyzed, autovacuum's threshold for it, and how long it has been
+    over that threshold without a vacuum (autovacuum lagging: every worker busy elsewhere, turned
+    off, or cancelled again and again by a lock)."""
+    with connections[selected_database()].cursor() as cursor:
+        cursor.execute(TABLE_HEALTH_SQL, {"table": Task._meta.db_table})
+        row = cursor.fetchone()
+    if row is None:  # no statistics for it (not yet migrated): nothing to say, rather than zeros
+        return
+    live, dead, vacuum_age, analyze_age, threshold, enabled, overdue = row
+    yield GaugeMetricFamily(
+        "tasks_table_live_tuples", "Live row versions of tasks_task (statistics estimate).", value=int(live)
+    )
+    yield GaugeMetricFamily(
+        "tasks_table_dead_tuples",
+        "Dead row versions of tasks_task that VACUUM has not removed yet (statistics estimate).",
+        value=int(dead),
+    )
+    yield GaugeMetricFamily(
+        "tasks_table_vacuum_age_seconds",
+        "Seconds since the last VACUUM or autovacuum of tasks_task (none recorded: since the statistics began).",
+        value=max(float(vacuum_age), 0.0),
+    )
+    yield GaugeMetricFamily(
+        "tasks_table_analyze_age_seconds",
+        "Seconds since the last ANALYZE or autoanalyze of tasks_task (none recorded: since the statistics began).",
+        value=max(float(analyze_age), 0.0),
+    )
+    yield GaugeMetricFamily(
+        "tasks_table_autovacuum_threshold_tuples",
+        "Dead row versions above which autovacuum vacuums tasks_task (its reloptions, else the settings).",
+        value=float(threshold),
+    )
+    yield GaugeMetricFamily(
+        "tasks_table_autovacuum_enabled",
+        "1 when autovacuum may vacuum tasks_task (autovacuum and track_counts on, autovacuum_enabled not off).",
+        value=1 if enabled else 0,
+    )
+    yield GaugeMetricFamily(
+        "tasks_table_autovacuum_overdue_seconds",
+        "While tasks_task has more dead row versions than its autovacuum threshold: seconds since its last "
+        "vacuum (0 when under the threshold).",
+        value=max(float(overdue), 0.0),
+    )
+
+
+def leader_metrics() -> Iterable[Metric]:
+    """How long each leader-elected service (recovery, the scheduler) has had no leader here."""
+    with connections[selected_database()].cursor() as cursor:
+        cursor.execute(LEADERS_SQL, {"roles": list(LEADER_LEASES), "leases": list(LEADER_LEASES.values())})
+        rows = cursor.fetchall()
+    absent = GaugeMetricFamily(
+        "tasks_leader_absent_seconds",
+        "0 while the service's leader lease is held; else seconds since it was last held (+Inf: never here).",
+        labels=["role"],
+    )
+    for role, seconds in rows:
+        absent.add_metric([role], math.inf if seconds is None else max(float(seconds), 0.0))
+    yield absent

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
@@ -108,3 +110,146 @@ def test_metrics_show_how_far_back_an_old_snapshot_holds_cleanup(client: Client,
         holder.rollback()
     after = scrape(client)[1]
     assert after[AGE] == 0
+
+
+def table_health(client: Client) -> dict[str, float]:
+    values = scrape(client)[1]
+    return {
+        name: values[f'tasks_table_{name}{{database="default"}}']
+        for name in (
+            "live_tuples",
+            "dead_tuples",
+            "vacuum_age_seconds",
+            "analyze_age_seconds",
+            "autovacuum_threshold_tuples",
+            "autovacuum_enabled",
+            "autovacuum_overdue_seconds",
+        )
+    }
+
+
+def database_now() -> dt.datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        now: dt.datetime = cursor.fetchone()[0]
+    return now
+
+
+def add_and_delete(added: int, deleted: int) -> None:
+    """``added`` tasks, then ``deleted`` of them deleted: that many dead row versions, flushed to the
+    statistics now (a backend reports its counts at most once a second otherwise)."""
+    Task.objects.bulk_enqueue("tasks.demo.sleep", [{}] * added, queue="health")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "DELETE FROM tasks_task WHERE id IN "
+            "(SELECT id FROM tasks_task WHERE queue = 'health' ORDER BY id LIMIT %s)",
+            [deleted],
+        )
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+
+
+@pytest.fixture
+def autovacuum_off() -> Iterator[None]:
+    """tasks_task with autovacuum off and a threshold of 10 dead rows (its reloptions), so that what
+    the test sees is what its own statements did: no autovacuum run in between."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "ALTER TABLE tasks_task SET (autovacuum_enabled = off, autovacuum_vacuum_threshold = 10, "
+            "autovacuum_vacuum_scale_factor = 0)"
+        )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "ALTER TABLE tasks_task RESET (autovacuum_enabled, autovacuum_vacuum_threshold, "
+                "autovacuum_vacuum_scale_factor)"
+            )
+
+
+@pytest.mark.django_db(transaction=True)  # VACUUM cannot run inside a transaction
+def test_metrics_report_the_health_of_the_task_table(client: Client, settings: Any, autovacuum_off: None) -> None:
+    settings.LEASING_METRICS_PUBLIC = True
+    add_and_delete(40, 30)
+    health = table_health(client)
+    assert health["live_tuples"] == 10
+    assert health["dead_tuples"] == 30
+    assert health["autovacuum_threshold_tuples"] == 10  # the table's reloptions, scale factor 0
+    assert health["autovacuum_enabled"] == 0
+    # Over its threshold: overdue for as long as it has gone without a vacuum.
+    assert health["autovacuum_overdue_seconds"] == pytest.approx(health["vacuum_age_seconds"], abs=1)
+    assert health["autovacuum_overdue_seconds"] > 0
+
+    before = database_now()
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM (ANALYZE) tasks_task")
+    health = table_health(client)
+    waited = (database_now() - before).total_seconds()
+    assert health["dead_tuples"] == 0
+    assert health["live_tuples"] == 10
+    assert health["autovacuum_overdue_seconds"] == 0
+    assert 0 <= health["vacuum_age_seconds"] <= waited
+    assert 0 <= health["analyze_age_seconds"] <= waited
+
+    # The settings again (no reloptions): autovacuum's own rule, threshold + scale factor x reltuples
+    # (10 after the VACUUM), capped by autovacuum_vacuum_max_threshold where it exists (PostgreSQL 18).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "ALTER TABLE tasks_task RESET (autovacuum_enabled, autovacuum_vacuum_threshold, "
+            "autovacuum_vacuum_scale_factor)"
+        )
+        cursor.execute(
+            "SELECT current_setting('autovacuum_vacuum_threshold')::float8"
+            " + current_setting('autovacuum_vacuum_scale_factor')::float8 * 10"
+        )
+        expected = cursor.fetchone()[0]
+    health = table_health(client)
+    assert health["autovacuum_threshold_tuples"] == pytest.approx(expected)
+    assert health["autovacuum_enabled"] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_dead_tuples_stay_after_a_vacuum_beside_an_old_snapshot(
+    client: Client, settings: Any, autovacuum_off: None, old_snapshot: None
+) -> None:
+    """What the table-health alert and the old-snapshot alert say together: VACUUM ran (its age is
+    fresh), yet the dead rows stay, because a snapshot older than their deletion may still see them."""
+    settings.LEASING_METRICS_PUBLIC = True
+    add_and_delete(40, 30)
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM tasks_task")
+    health = table_health(client)
+    assert health["dead_tuples"] == 30
+    assert health["vacuum_age_seconds"] < 60
+    assert scrape(client)[1][AGE] > 0
+
+
+def test_metrics_say_which_queues_have_no_live_worker(client: Client, settings: Any) -> None:
+    settings.LEASING_METRICS_PUBLIC = True
+    Task.objects.bulk_enqueue("tasks.demo.sleep", [{}] * 2, queue="mail")
+    Task.objects.enqueue("tasks.demo.sleep", queue="reports")
+    Worker.objects.create(id="w1", hostname="h", pid=1, concurrency=1, queues=["mail", "default"])
+    Worker.objects.create(id="w2", hostname="h", pid=2, concurrency=1, queues=["mail"])
+    Worker.objects.create(id="gone", hostname="h", pid=3, concurrency=1, queues=["reports"], stopped_at=timezone.now())
+    values = scrape(client)[1]
+    assert values['tasks_queue_workers{database="default",queue="mail"}'] == 2
+    assert values['tasks_queue_workers{database="default",queue="default"}'] == 1  # served, nothing waiting
+    assert values['tasks_queue_workers{database="default",queue="reports"}'] == 0  # work, no live worker
+    assert values['tasks_workers_alive{database="default"}'] == 2
+
+
+RECOVERY_ABSENT = 'tasks_leader_absent_seconds{database="default",role="recovery"}'
+
+
+def test_metrics_say_how_long_recovery_has_had_no_leader(client: Client, settings: Any) -> None:
+    settings.LEASING_METRICS_PUBLIC = True
+    assert scrape(client)[1][RECOVERY_ABSENT] == float("inf")  # never led in this database
+    grant = Lease.objects.acquire("tasks:recovery", "worker-1", ttl=30)
+    assert grant is not None
+    values = scrape(client)[1]
+    assert values[RECOVERY_ABSENT] == 0
+    assert values['tasks_leader_absent_seconds{database="default",role="scheduler"}'] == float("inf")
+    before = database_now()
+    assert Lease.objects.release("tasks:recovery", "worker-1", grant.token)
+    absent = scrape(client)[1][RECOVERY_ABSENT]
+    assert 0 < absent <= (database_now() - before).total_seconds()
