@@ -696,7 +696,8 @@ WHERE t.id = picked.id
 RETURNING t.id, t.status, EXTRACT(EPOCH FROM clock_timestamp() - picked.expires_at)::float8 AS expired_for,
           -- a grant is recovered at most once: a last error entry with this token was just added
           t.errors -> -1 ->> 'kind' AS kind,
-          t.concurrency_key, t.token, t.holder, COALESCE(t.renewed_at, t.acquired_at) AS last_renewed
+          t.concurrency_key, t.token, t.holder, COALESCE(t.renewed_at, t.acquired_at) AS last_renewed,
+          t.queue, t.attempts  -- with the holder: the fields of recovery's log record about the task
 ), kept AS (
     INSERT INTO tasks_concurrencyhold (key, task_id, token, worker, reason)
     SELECT r.concurrency_key, r.id, r.token, r.holder, 'lapsed' FROM recovered AS r
@@ -710,7 +711,7 @@ RECOVER_SINCE_CTES = _recover_ctes(_PICK_EXPIRED_SINCE)
 
 RECOVER_SQL = f"""
 WITH {RECOVER_CTES}
-SELECT id, status, expired_for, kind FROM recovered
+SELECT id, status, expired_for, kind, queue, attempts, holder FROM recovered
 """
 
 # A lease left live on a row that is not running (it can only come from hand edits or a bug):

@@ -604,7 +604,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         # statement, so the chart and /metrics count every recovery once, without scanning errors).
         statement = activity.RECOVER_AND_RECORD_SQL if after is None else activity.RECOVER_SINCE_AND_RECORD_SQL
         rows = self._rows(statement, params)
-        return [Recovered(row[0], row[1], row[2], row[3] or "") for row in rows]
+        return [Recovered(row[0], row[1], row[2], row[3] or "", row[4], row[5], row[6]) for row in rows]
 
     def expire_orphans(self) -> list[int]:
         """Expire the leases of running tasks whose worker has recorded that it stopped."""
