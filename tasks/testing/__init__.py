@@ -46,7 +46,12 @@ __all__ = [
 ]
 
 
+_MODULES = frozenset(("capture", "eager", "inline", "mixins", "plugin"))
+
+
 def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return importlib.import_module(f"tasks.testing.{name}")
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'tasks.testing' has no attribute {name!r}")
