@@ -80,7 +80,8 @@ class EnqueueCapture:
 
     @property
     def tasks(self) -> list[Task]:
-        """The tasks enqueued since the capture began, oldest first (read now: their current state)."""
+        """The tasks enqueued since the capture began, database by database (in ``databases``' order),
+        oldest first in each; read now, so in their current state."""
         found: list[Task] = []
         for alias, mark in self._marks.items():
             found += Task.objects.using(alias).filter(id__gt=mark).order_by("id")

@@ -285,3 +285,25 @@ def _far_future() -> Any:
     import datetime as dt
 
     return dt.datetime(2999, 1, 1, tzinfo=dt.UTC)
+
+
+# -- several databases -----------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(databases=["default", "second"])
+def test_the_capture_reads_every_database_and_runs_go_where_the_queue_lives(settings: Any) -> None:
+    settings.LEASING_TASKS = {"QUEUE_DATABASES": {"reports": "second"}}
+    capture = EnqueueCapture()
+    assert capture.databases == ("default", "second")
+    far = Task.objects.enqueue(P + "record", args=["far"], queue="reports")
+    near = Task.objects.enqueue(P + "record", args=["near"])
+    assert far.database == "second"
+    assert [t.args for t in capture.tasks] == [["near"], ["far"]]  # by database, then oldest first
+    capture.assert_enqueued(h.record, args=["far"], queue="reports", count=1)
+    assert run_until_empty().task_ids == (near.id,)  # default's queues
+    assert run_until_empty(using="second").task_ids == (far.id,)
+    assert Task.objects.using("second").get(pk=far.id).return_value == "far"
+    with eager_tasks() as run:
+        eager = Task.objects.enqueue(P + "record", args=["eager far"], queue="reports")
+    assert Task.objects.using("second").get(pk=eager.id).status == TaskStatus.SUCCESSFUL
+    assert run.drained.task_ids == (eager.id,)
