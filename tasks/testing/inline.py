@@ -254,12 +254,19 @@ def run_until_empty(
         raise ValueError("limit must be at least 1")
     runner = InlineRunner(using, ttl=ttl)
     ends: list[tuple[int, str]] = []
+    names = list(queues) if queues is not None else []
     while True:
         if with_scheduled:
             runner.tasks.filter(status__in=WAITING, run_after__gt=Now()).retry_now()
-        names = list(queues) if queues is not None else _queues_with_ready_tasks(using)
         claimed = runner.tasks.claim(runner.worker_id, limit=1, queues=names, ttl=ttl) if names else []
         if not claimed:
+            if queues is None:
+                # Every queue: those with READY tasks, looked up again only when a claim comes back
+                # empty (a handler may have enqueued into a queue not seen yet).
+                found = set(_queues_with_ready_tasks(using)) - set(names)
+                if found:
+                    names = sorted({*names, *found})
+                    continue
             return Drained.of(ends)
         if len(ends) >= limit:
             runner.tasks.hand_back(runner.worker_id, [claimed[0].key], reason="the inline run reached its limit")

@@ -130,6 +130,14 @@ def test_with_scheduled_runs_deferred_tasks_and_only_the_named_queues_run() -> N
         run_until_empty("default")
 
 
+def test_a_queue_a_handler_enqueues_into_is_run_in_the_same_call() -> None:
+    first = Task.objects.enqueue(P + "hop", args=["elsewhere"]).id
+    drained = run_until_empty()
+    hopped = Task.objects.get(pk=first).return_value
+    assert drained.task_ids == (first, hopped) and drained.succeeded == 2
+    assert Task.objects.get(pk=hopped).queue == "elsewhere"
+
+
 def test_workflow_steps_run_in_the_same_call() -> None:
     flow = chain(step(add, 1, 2), step(add, 10), step("tests.testapp.handlers.echo")).enqueue()
     drained = run_until_empty()

@@ -90,3 +90,8 @@ async def async_record(label: str) -> str:
     await sync_to_async(Effect.objects.create)(task_id=run.id, token=run.token, attempt=run.attempt, phase=label, pid=0)
     assert await run.acheckpoint({"label": label})
     return label
+
+
+def hop(queue: str) -> int:
+    """Enqueues ``record`` into another queue (one the run may not have seen yet)."""
+    return Task.objects.enqueue(PATH + "record", args=[f"hopped to {queue}"], queue=queue).id
