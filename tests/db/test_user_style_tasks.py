@@ -12,6 +12,7 @@ the AssertionError); tests/db/test_testing_plugin.py runs such a file in a pytes
 from __future__ import annotations
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.test import TestCase
 
 from tasks.models import TaskStatus
@@ -70,6 +71,16 @@ class EagerSignUpTests(TaskTestMixin, TestCase):
         self.assertTrue(Once.objects.filter(key="welcome:c@example.com").exists())
         (task,) = self.enqueued_tasks()
         self.assertEqual(task.status, TaskStatus.SUCCESSFUL)
+
+
+class AsyncSignUpTests(TaskTestMixin, TestCase):
+    eager_tasks = True
+
+    async def test_an_async_enqueue_runs_eagerly_too(self):
+        await send_welcome.aenqueue("async@example.com")
+        self.assertTrue(await Once.objects.filter(key="welcome:async@example.com").aexists())
+        # The assertions read the database: from async code, through sync_to_async.
+        await sync_to_async(self.assertEnqueued)(send_welcome, args=["async@example.com"])
 
 
 # -- the same assertions fail when the view does not enqueue ------------------------------------------------
