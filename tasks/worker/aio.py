@@ -450,6 +450,7 @@ class AsyncExecutor:
             self.session.id,
             lag,
             what,
+            extra=blocker.log_fields() if blocker is not None else {"worker_id": self.session.id},
         )
         for execution in attempts:
             if execution.started is None:
