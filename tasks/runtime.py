@@ -104,6 +104,10 @@ class Execution:
     def id(self) -> int:
         return self.task.id
 
+    def log_fields(self, outcome: str | None = None) -> dict[str, Any]:
+        """The ``extra`` fields of a log record about this attempt (:func:`task_log_fields`)."""
+        return task_log_fields(self.task.id, self.task.queue, self.attempt, self.worker_id, outcome)
+
     @property
     def token(self) -> int:
         return self.task.token
@@ -198,6 +202,22 @@ class Execution:
     @property
     def heartbeat_paused(self) -> bool:
         return clock.monotonic() < self._stalled_until
+
+
+#: The ``extra`` fields every log record about a task carries (the worker's ``tasks.worker`` records and
+#: the recovery's ``tasks.maintenance.recovery`` ones; docs/howto/production.md, "Structured logs").
+#: ``outcome`` only on the record that ends an attempt.
+LOG_FIELDS = ("task_id", "queue", "attempt", "worker_id", "outcome")
+
+
+def task_log_fields(
+    task_id: int, queue: str, attempt: int, worker_id: str | None, outcome: str | None = None
+) -> dict[str, Any]:
+    """A log record's ``extra`` about one attempt of a task (:data:`LOG_FIELDS`)."""
+    fields: dict[str, Any] = {"task_id": task_id, "queue": queue, "attempt": attempt, "worker_id": worker_id}
+    if outcome is not None:
+        fields["outcome"] = outcome
+    return fields
 
 
 #: What a handler may raise to decide its attempt's outcome, and the decorator of its retry policy.

@@ -44,6 +44,7 @@ from tasks.lifecycle.routing import queue_database
 from tasks.lifecycle.values import validate_concurrency, validate_enqueue
 from tasks.lifecycle.workflows import ON_PARENT_FAILURE, WorkflowError, WorkflowKind, WorkflowStatus
 from tasks.models import Workflow as WorkflowRow
+from tasks.models.task import announce_enqueued
 from tasks.runtime import current_task
 
 __all__ = [
@@ -297,6 +298,7 @@ class Workflow:
                 for task_id, (columns, _, task, backend) in zip(ids, rows, strict=True):
                     if task is not None and backend is not None:
                         _signal_enqueued(task, backend, task_id, database, columns, created_at)
+        announce_enqueued(database, ids)
         return EnqueuedWorkflow(workflow, ids, database, callback)
 
 

@@ -53,3 +53,9 @@ if os.environ.get("LEASING_TEST_QUEUE_DATABASES"):
 # Worker processes started by the async executor tests get a short event-loop block limit this way.
 if os.environ.get("TASKS_ASYNC_BLOCK_LIMIT"):
     LEASING_TASKS = {**LEASING_TASKS, "ASYNC_BLOCK_LIMIT": float(os.environ["TASKS_ASYNC_BLOCK_LIMIT"])}
+
+# Worker processes started by the structured-log tests get the LOGGING of docs/howto/production.md.
+if os.environ.get("LEASING_TEST_LOGGING"):
+    import json
+
+    LOGGING = json.loads(os.environ["LEASING_TEST_LOGGING"])

@@ -63,6 +63,7 @@ from tasks.compat import Task as DjangoTask
 from tasks.lifecycle import policy
 from tasks.lifecycle.routing import queue_database
 from tasks.models import MAX_CONCURRENCY_LIMIT, Task, TaskStatus
+from tasks.models.task import announce_enqueued
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -275,6 +276,7 @@ class LeaseBackend(BaseTaskBackend):
                 worker_ids=[],
             )
             task_enqueued.send(type(self), task_result=result)
+        announce_enqueued(using, [enqueued.id])  # after task_enqueued, which precedes any start
         return result
 
     def result_id(self, task_id: int, using: str) -> str:

@@ -59,7 +59,7 @@ WITH {ctes}, timed AS (
         silent_max = GREATEST(a.silent_max, EXCLUDED.silent_max),
         delay_max = GREATEST(a.delay_max, EXCLUDED.delay_max)
 )
-SELECT id, status, expired_for, kind FROM recovered
+SELECT id, status, expired_for, kind, queue, attempts, holder FROM recovered
 """
 
 

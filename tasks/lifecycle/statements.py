@@ -461,6 +461,26 @@ FROM started
 """
 
 
+# The claim of chosen tasks, for tasks.testing's eager mode: an enqueue runs what it inserted at once,
+# in the caller's transaction. It takes the READY rows among ``ids`` and the members of ``workflows``
+# (a workflow step a finished one released), best first, whatever their ``run_after`` (a deferred task
+# runs at once, a failed attempt is retried without its backoff), but not a task its handler snoozed
+# until later (it would be run again and again) nor one of a paused queue. Test-sized sets: it reads
+# the primary key and tasks_task_workflow_idx, never the claim index the workers share.
+CLAIM_CHOSEN_SQL = f"""
+UPDATE tasks_task AS t SET {_CLAIM_SET}
+WHERE t.id = ANY(ARRAY(
+    SELECT c.id FROM tasks_task AS c
+    WHERE (c.id = ANY(%(ids)s::bigint[]) OR c.workflow_id = ANY(%(workflows)s::bigint[]))
+      AND c.status = 'READY' AND (c.snoozed_at IS NULL OR c.run_after <= statement_timestamp())
+      AND NOT EXISTS (SELECT 1 FROM tasks_queuecontrol AS q WHERE q.name = c.queue AND q.paused)
+    ORDER BY c.priority DESC, c.run_after, c.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+))
+RETURNING {CLAIM_RETURNING}
+"""
+
 # Each claiming statement in two forms, indexed by "claims from several queues".
 CLAIM_SQL = (_claim_sql(_PICK_ONE), _claim_sql(_PICK_MANY))
 FINISH_AND_CLAIM_SQL = (_finish_and_claim_sql(_PICK_ONE), _finish_and_claim_sql(_PICK_MANY))
@@ -676,7 +696,8 @@ WHERE t.id = picked.id
 RETURNING t.id, t.status, EXTRACT(EPOCH FROM clock_timestamp() - picked.expires_at)::float8 AS expired_for,
           -- a grant is recovered at most once: a last error entry with this token was just added
           t.errors -> -1 ->> 'kind' AS kind,
-          t.concurrency_key, t.token, t.holder, COALESCE(t.renewed_at, t.acquired_at) AS last_renewed
+          t.concurrency_key, t.token, t.holder, COALESCE(t.renewed_at, t.acquired_at) AS last_renewed,
+          t.queue, t.attempts  -- with the holder: the fields of recovery's log record about the task
 ), kept AS (
     INSERT INTO tasks_concurrencyhold (key, task_id, token, worker, reason)
     SELECT r.concurrency_key, r.id, r.token, r.holder, 'lapsed' FROM recovered AS r
@@ -690,7 +711,7 @@ RECOVER_SINCE_CTES = _recover_ctes(_PICK_EXPIRED_SINCE)
 
 RECOVER_SQL = f"""
 WITH {RECOVER_CTES}
-SELECT id, status, expired_for, kind FROM recovered
+SELECT id, status, expired_for, kind, queue, attempts, holder FROM recovered
 """
 
 # A lease left live on a row that is not running (it can only come from hand edits or a bug):

@@ -95,9 +95,10 @@ TRANSITIONS: tuple[Transition, ...] = (
         "claim",
         (READY,),
         (RUNNING,),
-        (_S + "CLAIM_SQL", _S + "FINISH_AND_CLAIM_SQL", _S + "FINISH_START_CLAIM_SQL"),
+        (_S + "CLAIM_SQL", _S + "FINISH_AND_CLAIM_SQL", _S + "FINISH_START_CLAIM_SQL", _S + "CLAIM_CHOSEN_SQL"),
         "a worker takes a due task of an unpaused queue under a lease (FOR UPDATE SKIP LOCKED); the "
-        "finish-and-claim statements also finish the worker's previous attempts",
+        "finish-and-claim statements also finish the worker's previous attempts; tasks.testing's eager "
+        "mode takes the tasks an enqueue just inserted, due or not",
     ),
     Transition(
         "complete",

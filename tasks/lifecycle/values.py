@@ -128,6 +128,15 @@ class Recovered:
     status: str
     expired_for: float | None  # seconds from lease expiry to requeue (None: it had no lease at all)
     kind: str = ""  # crash (charged), vanished (shared, not charged), returned (never started), orphan
+    queue: str = ""
+    attempt: int = 0  # the attempts the task had begun (the lost one among them, if it had started)
+    worker: str | None = None  # the worker that held it
+
+    @property
+    def outcome(self) -> str:
+        """How the lost attempt ended, for its log record: ``failed`` (FAILED for good, out of crashes),
+        else its kind (``crash``, ``vanished``, ``returned``, ``orphan``): requeued."""
+        return "failed" if self.status == "FAILED" else self.kind or "requeued"
 
     @property
     def crashed(self) -> bool:

@@ -22,6 +22,7 @@ from tasks.lifecycle import activity, concurrency
 from tasks.maintenance.retention import AutoPruner
 from tasks.models import Recovered, Task
 from tasks.models import Worker as WorkerRow
+from tasks.runtime import task_log_fields
 
 logger = logging.getLogger("tasks.recovery")
 
@@ -125,6 +126,8 @@ def _recover_once(*, using: str, repair: bool, batch: int, window: RecoveryWindo
     report = RecoveryReport(workers_dead=dead, orphans_expired=manager.expire_orphans(), full_scan=after is None)
     while True:
         recovered: list[Recovered] = manager.recover_expired(limit=batch, after=after)
+        if recovered and logger.isEnabledFor(logging.INFO):
+            _log_recovered(recovered)
         for item in recovered:
             (report.failed if item.status == "FAILED" else report.requeued).append(item.id)
             if item.kind == "returned":
@@ -163,6 +166,20 @@ def _recover_once(*, using: str, repair: bool, batch: int, window: RecoveryWindo
             max(report.delays, default=0.0),
         )
     return report
+
+
+def _log_recovered(recovered: list[Recovered]) -> None:
+    """One record per task recovered, with the fields of every record about a task (tasks.runtime.LOG_FIELDS):
+    the worker that lost it, and the lost attempt's outcome (Recovered.outcome)."""
+    for item in recovered:
+        logger.info(
+            "task %d: lease of worker %s expired (%s); %s",
+            item.id,
+            item.worker,
+            item.kind or "?",
+            "FAILED for good" if item.status == "FAILED" else f"{item.status} again",
+            extra=task_log_fields(item.id, item.queue, item.attempt, item.worker, item.outcome),
+        )
 
 
 class RecoveryController:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Self
 
 from django.db import IntegrityError, connections, models, transaction
@@ -55,6 +56,21 @@ NOT_RUNNING = Q(status__in=NOT_RUNNING_STATUSES)
 #: never in a start marker, so an index on them costs the start marker nothing.
 FAILED_BEFORE = Q(failures__gt=0) | Q(crashes__gt=0) | Q(shared_crashes__gt=0)
 NEVER_FAILED = Q(failures=0, crashes=0, shared_crashes=0)
+
+#: What runs once an enqueue has inserted rows, as ``hook(database, task_ids)``: tasks.testing's eager
+#: mode sets it (and runs the tasks at once). Unset, an enqueue pays one context-variable read. A
+#: context variable, not a module global: only the code that turned the mode on (a test) runs tasks
+#: eagerly, never another thread of the process (a live server's, a worker's).
+ENQUEUE_HOOK: ContextVar[Callable[[str, list[int]], None] | None] = ContextVar("tasks_enqueue_hook", default=None)
+
+
+def announce_enqueued(database: str, ids: list[int]) -> None:
+    """Tell :data:`ENQUEUE_HOOK` (if set) which rows an enqueue inserted. Every enqueue calls it once
+    its rows are written: :meth:`TaskQuerySet.enqueue` and :meth:`~TaskQuerySet.bulk_enqueue`, the
+    django.tasks backend (after its ``task_enqueued`` signal) and ``Workflow.enqueue``."""
+    hook = ENQUEUE_HOOK.get()
+    if hook is not None and ids:
+        hook(database, ids)
 
 
 class TaskQuerySet(LeaseStateQuerySet["Task"]):
@@ -174,17 +190,17 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
                 raise WorkflowError("a task with depends_on cannot have a dedup_key")
             if on_parent_failure not in ON_PARENT_FAILURE:
                 raise WorkflowError(f"on_parent_failure must be one of {', '.join(ON_PARENT_FAILURE)}")
-            return routed._enqueue_dependant(params, parents, on_parent_failure, pipe)
+            return _announced(routed._enqueue_dependant(params, parents, on_parent_failure, pipe), backend_alias)
         # The lookup of an existing task must not go through this queryset's filters (a filtered
         # queryset would never find it and the loop would spin): use the bare table.
         table = self.model._base_manager.db_manager(routed.db)
         if dedup_key is None:
             rows = routed._rows(sql.ENQUEUE_SQL, params)
-            return Enqueued(rows[0][0], True, rows[0][1], routed.db)
+            return _announced(Enqueued(rows[0][0], True, rows[0][1], routed.db), backend_alias)
         for _ in range(100):
             rows = routed._rows(sql.ENQUEUE_DEDUP_SQL, params)
             if rows:
-                return Enqueued(rows[0][0], True, rows[0][1], routed.db)
+                return _announced(Enqueued(rows[0][0], True, rows[0][1], routed.db), backend_alias)
             # Only on a duplicate: the unfinished task that holds the key (unless it just finished).
             existing = table.filter(status__in=UNFINISHED, dedup_key=dedup_key).values_list("id", flat=True).first()
             if existing is not None:
@@ -301,6 +317,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
                 flush()
         if chunk:
             flush()
+        announce_enqueued(routed.db, ids)
         return ids
 
     # -- the worker's hot path --------------------------------------------------------------
@@ -337,6 +354,28 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         claimed = [claimed_from_row(row) for row in self._rows(sql.CLAIM_SQL[len(names) > 1], params)]
         claimed.sort(key=lambda task: (-task.priority, task.id))
         return claimed
+
+    def claim_chosen(
+        self,
+        worker: str,
+        ids: Sequence[int],
+        *,
+        workflows: Sequence[int] = (),
+        ttl: float | None = None,
+        limit: int = 1,
+    ) -> list[ClaimedTask]:
+        """Claim up to ``limit`` of the READY tasks among ``ids`` and the members of ``workflows``, due
+        or not (tasks.testing's eager mode: CLAIM_CHOSEN_SQL says which it passes over)."""
+        params = {
+            "worker": worker,
+            "ttl": seconds(get_settings().TTL if ttl is None else ttl),
+            "limit": limit,
+            "start": False,
+            "isolate_after": get_settings().ISOLATE_AFTER,
+            "ids": list(ids),
+            "workflows": list(workflows),
+        }
+        return [claimed_from_row(row) for row in self._rows(sql.CLAIM_CHOSEN_SQL, params)]
 
     def start(self, task_id: int, worker: str, token: int, *, isolated: bool = False) -> Started | None:
         """Mark the claimed attempt started now (``isolated``: nothing else runs in its process);
@@ -565,7 +604,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         # statement, so the chart and /metrics count every recovery once, without scanning errors).
         statement = activity.RECOVER_AND_RECORD_SQL if after is None else activity.RECOVER_SINCE_AND_RECORD_SQL
         rows = self._rows(statement, params)
-        return [Recovered(row[0], row[1], row[2], row[3] or "") for row in rows]
+        return [Recovered(row[0], row[1], row[2], row[3] or "", row[4], row[5], row[6]) for row in rows]
 
     def expire_orphans(self) -> list[int]:
         """Expire the leases of running tasks whose worker has recorded that it stopped."""
@@ -621,6 +660,14 @@ def _max_attempts(queue: str, explicit: int | None, default: int | None) -> int:
         if limit is not None:
             return int(limit)
     return conf.MAX_ATTEMPTS
+
+
+def _announced(enqueued: Enqueued, backend_alias: str | None) -> Enqueued:
+    """A new task's enqueue, announced (:func:`announce_enqueued`); a django.tasks backend announces
+    its own once its ``task_enqueued`` signal is sent, which must come before the task's start."""
+    if backend_alias is None:
+        announce_enqueued(enqueued.database, [enqueued.id])
+    return enqueued
 
 
 def _task_id(task: int | Enqueued | Task) -> int:

@@ -53,6 +53,7 @@ from tasks.worker import handlers
 from tasks.worker.handlers import HandlerCache
 from tasks.worker.isolation import IsolationGate
 from tasks.worker.ledger import Ledger, Outcome
+from tasks.worker.logs import log_attempt
 from tasks.worker.mailbox import Mailbox
 from tasks.worker.session import Session, retrying
 from tasks.worker.sizing import Pace
@@ -275,7 +276,13 @@ class AsyncExecutor:
             return  # it ended (and was handed back) meanwhile
         self.zombies += 1
         self.gate.release(execution)
-        logger.warning("task %d: ignored the cancellation after losing its lease; abandoned", execution.id)
+        log_attempt(
+            logger,
+            logging.WARNING,
+            execution,
+            "task %d: ignored the cancellation after losing its lease; abandoned",
+            execution.id,
+        )
         self.mailbox.hand_back_later(
             execution,
             f"cancelled: the lease was lost ({execution.lost_reason}); the coroutine ignored the cancellation",
@@ -369,7 +376,13 @@ class AsyncExecutor:
         if not self.ledger.finish(execution):
             self.zombies -= 1
             self.session.stats["late_results_dropped"] += 1
-            logger.warning("task %d: late result of an abandoned coroutine dropped", execution.id)
+            log_attempt(
+                logger,
+                logging.WARNING,
+                execution,
+                "task %d: late result of an abandoned coroutine dropped",
+                execution.id,
+            )
             return
         why = execution.cancelled_by_worker
         if why == "lost":
@@ -437,6 +450,7 @@ class AsyncExecutor:
             self.session.id,
             lag,
             what,
+            extra=blocker.log_fields() if blocker is not None else {"worker_id": self.session.id},
         )
         for execution in attempts:
             if execution.started is None:

@@ -27,6 +27,7 @@ from tasks.worker.handlers import HandlerCache, failure_from, with_policy
 from tasks.worker.heartbeat import Heartbeat
 from tasks.worker.isolation import IsolationGate, IsolationReservation
 from tasks.worker.ledger import Census, Ledger, Outcome
+from tasks.worker.logs import log_attempt
 from tasks.worker.mailbox import Mailbox
 from tasks.worker.session import CONNECTION_ERRORS, Session, is_lock_wait, retrying
 from tasks.worker.signals import FinishedSignals
@@ -207,7 +208,9 @@ class Dispatcher:
         session = self.session
         if session.drain_deadline is None:
             session.drain_deadline = clock.monotonic() + session.shutdown_grace
-            logger.info("worker %s draining: %d attempt(s) held", session.id, len(self.ledger))
+            logger.info(
+                "worker %s draining: %d attempt(s) held", session.id, len(self.ledger), extra={"worker_id": session.id}
+            )
             self.handbacks.unstarted()
         running = self.ledger.census(clock.monotonic()).running
         if not running or session.hurry.is_set() or clock.monotonic() >= session.drain_deadline:
@@ -422,26 +425,52 @@ class Dispatcher:
         elapsed = clock.monotonic() - (execution.started or execution.claimed_at)
         task = execution.task
         stats = self.session.stats
+        # Each record ends the attempt: it carries the attempt's fields and its outcome (tasks/worker/logs.py).
         if state is None:
             stats["rejected"] += 1
-            logger.warning(
+            log_attempt(
+                logger,
+                logging.WARNING,
+                execution,
                 "task %d %s: outcome REJECTED (fencing): this worker no longer held it (%s)",
                 task.id,
                 task.task_path,
                 execution.lost_reason or "lease expired or taken over",
+                outcome="rejected",
             )
             return
         stats[state] += 1
         if state == "succeeded":
-            logger.info(
-                "task %d %s succeeded in %.3fs (attempt %d)", task.id, task.task_path, elapsed, execution.attempt
+            log_attempt(
+                logger,
+                logging.INFO,
+                execution,
+                "task %d %s succeeded in %.3fs (attempt %d)",
+                task.id,
+                task.task_path,
+                elapsed,
+                execution.attempt,
+                outcome=state,
             )
         elif state == "snoozed":
             delay = outcome.failure.delay if outcome.failure else None
-            logger.info("task %d %s snoozed for %gs after %.3fs", task.id, task.task_path, delay or 0.0, elapsed)
-        else:
+            log_attempt(
+                logger,
+                logging.INFO,
+                execution,
+                "task %d %s snoozed for %gs after %.3fs",
+                task.id,
+                task.task_path,
+                delay or 0.0,
+                elapsed,
+                outcome=state,
+            )
+        elif logger.isEnabledFor(logging.WARNING):
             failure = outcome.failure
-            logger.warning(
+            log_attempt(
+                logger,
+                logging.WARNING,
+                execution,
                 "task %d %s %s in %.3fs (attempt %d): %s: %s",
                 task.id,
                 task.task_path,
@@ -450,6 +479,7 @@ class Dispatcher:
                 execution.attempt,
                 failure.exception_class_path if failure else "?",
                 storable_text(failure.message, 500) if failure else "",
+                outcome=state,
             )
 
     # -- timeouts -----------------------------------------------------------------------------------
@@ -480,7 +510,9 @@ class Dispatcher:
             self.gate.release(execution)  # a stuck handler must not keep anything else from running
             reason = reasons[execution.key]
             session.stats["timed_out"] += 1
-            logger.warning("task %d %s %s", execution.id, execution.task.task_path, reason)
+            log_attempt(
+                logger, logging.WARNING, execution, "task %d %s %s", execution.id, execution.task.task_path, reason
+            )
             timed_out = TaskTimeout(f"task {execution.id} {reason}")
             # The retry policy applies (retry_on, max_attempts), but not a backoff function: user
             # code does not run on the dispatcher (the default backoff is used).

@@ -11,6 +11,7 @@ from typing import Any
 
 from tasks.runtime import Execution
 from tasks.worker.ledger import Ledger
+from tasks.worker.logs import log_attempt
 from tasks.worker.mailbox import Mailbox
 from tasks.worker.session import Session, retrying
 from tasks.worker.signals import FinishedSignals
@@ -38,7 +39,10 @@ class HandBacks:
         for reason, executions in by_reason.items():
             handed = self._send("handing back cancelled attempts", [x.key for x in executions], reason=reason)
             for execution in executions:
-                logger.warning(
+                log_attempt(
+                    logger,
+                    logging.WARNING,
+                    execution,
                     "task %d %s: %s%s",
                     execution.id,
                     execution.task.task_path,
@@ -89,5 +93,9 @@ class HandBacks:
             logger.warning("worker %s: hand-back failed (tasks return after their TTL)", session.id)
         else:
             logger.info(
-                "worker %s handed back %d unfinished task(s): %s", session.id, len(handed), sorted(k[0] for k in handed)
+                "worker %s handed back %d unfinished task(s): %s",
+                session.id,
+                len(handed),
+                sorted(k[0] for k in handed),
+                extra={"worker_id": session.id},
             )

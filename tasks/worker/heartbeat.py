@@ -16,6 +16,7 @@ from django.db import DatabaseError, connections
 
 from leasing import clock
 from tasks.worker.ledger import Ledger
+from tasks.worker.logs import log_attempt
 from tasks.worker.session import Session
 
 logger = logging.getLogger("tasks.worker")
@@ -88,5 +89,7 @@ class Heartbeat:
             elif not execution.finished:  # a finish that committed meanwhile is no loss
                 execution.mark_lost("heartbeat rejected: lease expired, task recovered or cancelled")
                 session.stats["lost"] += 1
-                logger.warning("task %d: lease lost; its result will be rejected", execution.id)
+                log_attempt(
+                    logger, logging.WARNING, execution, "task %d: lease lost; its result will be rejected", execution.id
+                )
         return True

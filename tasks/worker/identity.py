@@ -96,4 +96,4 @@ def record_stop(session: Session) -> None:
         )
     except DatabaseError as exc:
         logger.warning("worker %s: could not record its stop: %s", session.id, exc)
-    logger.info("worker %s stopped: %s", session.id, json.dumps(session.stats))
+    logger.info("worker %s stopped: %s", session.id, json.dumps(session.stats), extra={"worker_id": session.id})

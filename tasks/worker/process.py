@@ -222,6 +222,7 @@ class Worker:
                 self.batch_size,
                 self.ttl,
                 self.wakeup.description,
+                extra={"worker_id": self.id},
             )
             self.dispatcher.run()
         finally:

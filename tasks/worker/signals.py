@@ -28,6 +28,7 @@ from tasks.backends.backend import _STATUS, task_errors, task_result
 from tasks.backends.running import DjangoRun
 from tasks.compat import TaskError, TaskResult, TaskResultStatus, task_finished
 from tasks.models import Task, TaskStatus
+from tasks.worker.logs import log_attempt
 
 if TYPE_CHECKING:
     from tasks.runtime import Execution
@@ -101,7 +102,14 @@ class FinishedSignals:
                 result = finished_result(execution, rows.get(execution.id), status, outcome)
                 send_finished(run.sender, result, outcome.error if outcome is not None else None)
             except BaseException:  # receivers are user code: SystemExit must not end every later signal
-                logger.exception("task %d: a task_finished receiver failed", execution.id)
+                log_attempt(
+                    logger,
+                    logging.ERROR,
+                    execution,
+                    "task %d: a task_finished receiver failed",
+                    execution.id,
+                    exc_info=True,
+                )
 
 
 def finished_result(execution: Execution, row: Task | None, status: str | None, outcome: Outcome | None) -> TaskResult:

@@ -17,6 +17,7 @@ from tasks.worker import handlers
 from tasks.worker.handlers import HandlerCache
 from tasks.worker.isolation import IsolationGate
 from tasks.worker.ledger import Ledger, Outcome
+from tasks.worker.logs import log_attempt
 from tasks.worker.mailbox import Mailbox
 from tasks.worker.session import Session, retrying
 from tasks.worker.sizing import Pace
@@ -88,7 +89,13 @@ class ThreadExecutors:
             # kills this process too, the crash is attributable. Waiting longer than its lease would
             # only hold it from workers that are free: hand it back instead.
             if not self.gate.enter_exclusive(execution, execution.deadline, clock.monotonic):
-                logger.info("task %d: no quiet moment to run it isolated; handed back", execution.id)
+                log_attempt(
+                    logger,
+                    logging.INFO,
+                    execution,
+                    "task %d: no quiet moment to run it isolated; handed back",
+                    execution.id,
+                )
                 return self.mailbox.give_back(execution)
         elif not self.gate.enter_shared(execution, self.session.draining):
             return self.mailbox.give_back(execution)
@@ -126,7 +133,7 @@ class ThreadExecutors:
         try:
             outcome = self._execute(execution)
         except BaseException as exc:  # the worker's own code around the handler; never lose the attempt
-            logger.exception("task %d: executor error", execution.id)
+            log_attempt(logger, logging.ERROR, execution, "task %d: executor error", execution.id, exc_info=True)
             outcome = Outcome(execution, failure=handlers.failure_from(execution, exc))
         finally:
             self.slots.handler_returned(execution)
@@ -135,7 +142,9 @@ class ThreadExecutors:
             self.zombies -= 1
             session.stats["zombies"] = self.zombies
             session.stats["late_results_dropped"] += 1
-            logger.warning("task %d: late result of an abandoned attempt dropped", execution.id)
+            log_attempt(
+                logger, logging.WARNING, execution, "task %d: late result of an abandoned attempt dropped", execution.id
+            )
             return True
         self.mailbox.deliver(outcome)
         return False

@@ -26,6 +26,7 @@ from django.db import DatabaseError
 from leasing import clock
 from tasks.lifecycle.storable import storable_text
 from tasks.models import AttemptFate, FailOutcome, Failure
+from tasks.worker.logs import log_attempt
 from tasks.worker.session import CONNECTION_ERRORS, Session, is_connection_failure, is_lock_wait
 
 if TYPE_CHECKING:
@@ -114,7 +115,10 @@ class OutcomeWriter:
             again, still_refused = self.apply(self.failures, refused)
             written |= again
             for outcome in still_refused:
-                logger.error(
+                log_attempt(
+                    logger,
+                    logging.ERROR,
+                    outcome.execution,
                     "task %d: the database refused even a minimal failure record; its lease will lapse",
                     outcome.execution.id,
                 )
@@ -134,8 +138,12 @@ class OutcomeWriter:
                 # Another session holds one of these rows locked (nothing committed, the connection
                 # is fine): write the others now, and this one in a later round.
                 if len(items) == 1:
-                    logger.warning(
-                        "task %d: its row is locked by another session; writing later", items[0].execution.id
+                    log_attempt(
+                        logger,
+                        logging.WARNING,
+                        items[0].execution,
+                        "task %d: its row is locked by another session; writing later",
+                        items[0].execution.id,
                     )
                     self.deferred.append(items[0])
                     return set(), []
@@ -147,7 +155,15 @@ class OutcomeWriter:
 
     def isolate(self, kind: Kind, items: Sequence[Outcome], exc: Exception) -> tuple[set[Key], list[Outcome]]:
         if len(items) == 1 and not is_lock_wait(exc):
-            logger.error("task %d: %s refused by the database: %s", items[0].execution.id, kind.what, exc)
+            log_attempt(
+                logger,
+                logging.ERROR,
+                items[0].execution,
+                "task %d: %s refused by the database: %s",
+                items[0].execution.id,
+                kind.what,
+                exc,
+            )
             items[0].extra["refused"] = storable_text(str(exc), 2000)
             return set(), list(items)
         logger.warning(

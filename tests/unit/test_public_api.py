@@ -33,6 +33,16 @@ PUBLIC = [
     "leasing.election.LeaderElection",
     "leasing.models.Lease",
     "leasing.embedded.database_url",
+    # test helpers in users' tests (docs/howto/testing.md), and the pytest11 entry point's module
+    "tasks.testing.TaskTestMixin",
+    "tasks.testing.EnqueueCapture",
+    "tasks.testing.run_until_empty",
+    "tasks.testing.eager_tasks",
+    "tasks.testing.Drained",
+    "tasks.testing.RunLimitReached",
+    "tasks.testing.plugin",
+    # the fields of the log records about a task (docs/howto/production.md, "Structured logs")
+    "tasks.runtime.LOG_FIELDS",
     # stored in rows: exception paths of recorded errors, the demo's handler
     "tasks.exceptions.TaskTimeout",
     "tasks.exceptions.TaskLeaseLost",
