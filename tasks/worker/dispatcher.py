@@ -174,6 +174,7 @@ class Dispatcher:
             self._abandon(census.overdue)
             self.slots.release_returned()
             self.handbacks.take_returns()
+            self.handbacks.take_refused()
             self.handbacks.take_handbacks()
             outcomes = self.mailbox.take_outcomes() + self._due_deferred()
             starts = self._due_starts(outcomes)
@@ -515,6 +516,7 @@ class Dispatcher:
         self._abandon(self.ledger.census(clock.monotonic()).overdue)
         self.slots.release_returned()  # handlers still running keep theirs: recovery frees them once we stop
         self.handbacks.take_returns()
+        self.handbacks.take_refused()
         self.handbacks.take_handbacks()
         # Outcomes may still arrive while the last rounds are in flight: write until none is left.
         pending = [o for _at, o in self._deferred]  # rows that were locked get one more try

@@ -49,6 +49,17 @@ class HandBacks:
                     self.signals.ended(execution)
             self.ledger.remove(e.key for e in executions)
 
+    def take_refused(self) -> None:
+        """Claims their rate key refused: the refusing statement handed them back already."""
+        refused = self.mailbox.take_refused()
+        if not refused:
+            return
+        for execution, refusal in refused:
+            execution.mark_lost(f"its rate key refused the start; runs again at {refusal.run_after.isoformat()}")
+        self.session.stats["claimed"] -= len(refused)
+        self.session.stats["rate_refused"] += len(refused)
+        self.ledger.remove(e.key for e, _ in refused)
+
     def take_returns(self) -> None:
         returns = self.mailbox.take_returns()
         if not returns:
