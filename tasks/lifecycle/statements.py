@@ -375,16 +375,20 @@ RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
 #   coming due all at once and being refused again every window (a claim's range scan is ``run_after
 #   <= now``: deferred rows cost claims nothing): to ``next_due``, the key's reservation tail (at the
 #   earliest at ``frees``, when the oldest start that fills the window leaves it), which then moves on
-#   by period / max_starts. An attempt that comes back at its reservation and finds the window still
-#   full (the grants it was spaced after ran a little late) is sent to ``frees`` itself, not to the
-#   back of the line: it was refused before (``rate_refusals``) and its run_after lies within the last
-#   period.
+#   by period / max_starts. Reservations are spaced at exactly the limit's rate while the grants they
+#   lead to each come a little late (claim and round trip), so an attempt back at its reservation
+#   finds the window still full about half the time (its slot frees a few milliseconds later). Such
+#   a miss gets one quick retry at ``frees`` itself (before the next reservation comes due); a miss
+#   of the quick retry goes to the tail again. Sending every miss to ``frees`` made the misses pile
+#   up there (5.5 refusals per grant in the 3-process test); a tail for every miss cost a place in
+#   line for a few milliseconds of lateness. Refusals therefore alternate: an odd ``rate_refusals``
+#   means the last one took a reservation, and a miss within a period of it is a miss at it.
 # - A keyed task (concurrency) refused waits BLOCKED, giving its concurrency slot up while it waits.
 _RATE_WINDOW = "make_interval(secs => excluded.period)"
 _RATE_FULL = "(w.n >= excluded.max_starts)"
 _RATE_FREES = f"(w.kept[w.n - excluded.max_starts + 1] + {_RATE_WINDOW})"
 _RATE_STEP = "make_interval(secs => excluded.period / excluded.max_starts)"
-_RATE_REWAITS = f"(SELECT m.rate_refusals > 0 AND m.run_after > c.now - {_RATE_WINDOW} FROM mine AS m)"
+_RATE_REWAITS = f"(SELECT mod(m.rate_refusals, 2) = 1 AND m.run_after > c.now - {_RATE_WINDOW} FROM mine AS m)"
 RATE_START_SQL = f"""
 WITH mine AS MATERIALIZED (
     SELECT t.id, COALESCE(t.rate_key, %(key)s::text) AS rate_key,
@@ -444,11 +448,11 @@ WITH mine AS MATERIALIZED (
     WHERE t.id = m.id AND NOT s.granted
     RETURNING t.id, t.token, t.run_after
 )
-SELECT true, id, token, attempts, started_at, last_attempted_at FROM started
-UNION ALL
-SELECT false, id, token, NULL, NULL, run_after FROM refused
+SELECT true, id, token, attempts, started_at, last_attempted_at, NULL::float8 FROM started
+UNION ALL  -- with the seconds until it is due: the worker looks for it then (it was not NOTIFYed)
+SELECT false, id, token, NULL, NULL, run_after, EXTRACT(EPOCH FROM run_after - clock_timestamp())::float8 FROM refused
 UNION ALL  -- sent again after a lost reply: the first copy granted it (nothing else starts a rate-limited claim)
-SELECT true, t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
+SELECT true, t.id, t.token, t.attempts, t.started_at, t.last_attempted_at, NULL
 FROM tasks_task AS t JOIN mine AS m ON t.id = m.id WHERE m.attempt_started
 """
 

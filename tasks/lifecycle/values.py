@@ -71,6 +71,8 @@ class RateRefused:
     id: int
     token: int
     run_after: dt.datetime
+    #: Seconds from the refusal to ``run_after`` (the database's clock): when its worker looks again.
+    wait: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

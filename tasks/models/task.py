@@ -384,10 +384,10 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         rows = self._rows(sql.RATE_START_SQL, params)
         if not rows:
             return None
-        granted, row_id, row_token, attempt, started_at, at = rows[0]
+        granted, row_id, row_token, attempt, started_at, at, wait = rows[0]
         if granted:
             return Started(row_id, row_token, attempt, started_at, at)
-        return RateRefused(row_id, row_token, at)
+        return RateRefused(row_id, row_token, at, max(0.0, wait))
 
     def heartbeat(
         self,

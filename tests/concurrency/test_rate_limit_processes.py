@@ -78,7 +78,9 @@ def test_twenty_per_second_across_three_processes_for_thirty_seconds(workers: Wo
     # A backlog the key cannot finish in the run (20/s for 30 s is 600 starts).
     Task.objects.bulk_enqueue(NOOP, [{}] * 1500, rate_key="mail", rate_limit=f"{LIMIT}/s")
     for i in range(3):
-        workers.start(f"w{i}", "--concurrency", "4")
+        # The default poll interval (2 s, longer than the key's period): a worker must look for its
+        # refused claims when they come due, not at its next poll, or the key would run at half rate.
+        workers.start(f"w{i}", "--concurrency", "4", "--poll-interval", "2")
     wait_until(lambda: grant_times(), 30, what="the first grant")
     began = time.monotonic()
     others: list[int] = []
@@ -129,6 +131,12 @@ def test_twenty_per_second_across_three_processes_for_thirty_seconds(workers: Wo
 
     # Hand-backs of the backlog: what the spread costs (printed for the report).
     key = RateLimit.objects.get(key="mail")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT rate_refusals, count(*) FROM tasks_task WHERE rate_key = 'mail' AND attempts > 0"
+            " GROUP BY 1 ORDER BY 1"
+        )
+        print("refusals per started task:", cursor.fetchall())
     print(
         f"grants={len(times)} over {span:.1f}s fullest window={fullest_window(times)} "
         f"refusals={key.refusals} (per grant {key.refusals / max(key.grants, 1):.2f}) "
