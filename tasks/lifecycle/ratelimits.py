@@ -64,6 +64,12 @@ _UNITS["d"] = _UNITS["day"] = 86_400.0
 _TEXT = re.compile(r"\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*([a-z]+)\s*", re.IGNORECASE)
 
 
+def _shown(value: Any) -> str:
+    """The value in an error message, cut short (an API body may send a megabyte)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _unit(name: str) -> float | None:
     name = name.lower()
     if name in _UNITS:
@@ -92,22 +98,25 @@ def parse_rate(value: Any) -> Rate:
         unit = _unit(match.group(3)) if match else None
         if match is None or unit is None:
             raise ValueError(
-                f"rate limit {value!r} is not of the form COUNT/UNIT or COUNT/N UNIT (e.g. '14/s', '100/min', '5/10s')"
+                f"rate limit {_shown(value)} is not of the form COUNT/UNIT or COUNT/N UNIT"
+                " (e.g. '14/s', '100/min', '5/10s')"
             )
         count, period = int(match.group(1)), float(match.group(2) or 1) * unit
     elif isinstance(value, Sequence) and len(value) == 2:
         count, period = value[0], value[1]
         if isinstance(count, bool) or not isinstance(count, int):
-            raise ValueError(f"rate limit {value!r}: the count must be a whole number")
+            raise ValueError(f"rate limit {_shown(value)}: the count must be a whole number")
         if isinstance(period, bool) or not isinstance(period, int | float):
-            raise ValueError(f"rate limit {value!r}: the period must be a number of seconds")
+            raise ValueError(f"rate limit {_shown(value)}: the period must be a number of seconds")
         period = float(period)
     else:
-        raise ValueError(f"rate limit {value!r} must be a string like '14/s' or a (count, seconds) pair")
+        raise ValueError(f"rate limit {_shown(value)} must be a string like '14/s' or a (count, seconds) pair")
     if not 1 <= count <= MAX_RATE_COUNT:
-        raise ValueError(f"rate limit {value!r}: the count must be from 1 to {MAX_RATE_COUNT}")
+        raise ValueError(f"rate limit {_shown(value)}: the count must be from 1 to {MAX_RATE_COUNT}")
     if not (math.isfinite(period) and MIN_RATE_PERIOD <= period <= MAX_RATE_PERIOD):
-        raise ValueError(f"rate limit {value!r}: the period must be from {MIN_RATE_PERIOD} to {MAX_RATE_PERIOD:g}s")
+        raise ValueError(
+            f"rate limit {_shown(value)}: the period must be from {MIN_RATE_PERIOD} to {MAX_RATE_PERIOD:g}s"
+        )
     return Rate(int(count), period)
 
 
@@ -134,10 +143,10 @@ def rate_for_enqueue(key: Any, limit: Any) -> tuple[str, Rate] | None:
 
 def queue_rates() -> dict[str, Rate]:
     """LEASING_TASKS["RATE_LIMITS"], parsed (queue name -> its rate); ValueError when malformed."""
-    return derived("rate_limits", lambda: _queue_rates(get_settings().RATE_LIMITS))
+    return derived("rate_limits", lambda: parse_queue_rates(get_settings().RATE_LIMITS))
 
 
-def _queue_rates(raw: Any) -> dict[str, Rate]:
+def parse_queue_rates(raw: Any) -> dict[str, Rate]:
     if not isinstance(raw, dict):
         raise ValueError("LEASING_TASKS['RATE_LIMITS'] must map queue names to rate limits such as '14/s'")
     rates: dict[str, Rate] = {}

@@ -7,6 +7,7 @@ tests/concurrency/test_rate_limit_processes.py."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import pytest
@@ -23,6 +24,8 @@ from tasks.lifecycle.ratelimits import (
 from tasks.models import RateLimit, RateRefused, Started, Task, TaskStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+NOOP = "tests.testapp.handlers.noop"
 
 W = "rate-worker"
 
@@ -284,3 +287,162 @@ def test_the_take_reads_one_key_row_by_its_primary_key() -> None:
     assert "Conflict Arbiter Indexes: tasks_ratelimit_pkey" in text
     assert "Seq Scan on tasks_ratelimit" not in text
     assert "Seq Scan on tasks_task" not in text
+
+
+# -- configuration surfaces --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "rates", [["mail"], {"mail": "14"}, {"mail": "0/s"}, {"mail": (1, -1)}, {"": "1/s"}, {"mail": "1/week"}]
+)
+def test_malformed_queue_rate_limits_fail_the_system_check(settings: Any, rates: Any) -> None:
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    from tasks.checks import check_task_settings
+
+    settings.LEASING_TASKS = {"RATE_LIMITS": rates}
+    assert [e.id for e in check_task_settings()] == ["tasks.E110"]
+    with pytest.raises(SystemCheckError, match="RATE_LIMITS"):
+        call_command("check")
+
+
+def test_well_formed_queue_rate_limits_pass_the_system_check(settings: Any) -> None:
+    from tasks.checks import check_task_settings
+
+    settings.LEASING_TASKS = {"RATE_LIMITS": {"mail": "14/s", "api": (100, 60)}}
+    assert check_task_settings() == []
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"a.b": {"key": "k"}},
+        {"a.b": {"key": "k", "limit": "14"}},
+        {"a.b": {"key": "", "limit": "1/s"}},
+        {"a.b": {"key": "k:{0.__class__}", "limit": "1/s"}},
+        ["a.b"],
+    ],
+)
+def test_the_backend_check_reports_a_bad_rate_limit_mapping(settings: Any, spec: Any) -> None:
+    from tasks.compat import task_backends
+
+    settings.TASKS = {"default": {"BACKEND": "tasks.backends.LeaseBackend", "OPTIONS": {"rate_limits": spec}}}
+    assert [e.id for e in task_backends["default"].check()] == ["tasks.E014"]
+
+
+def test_the_django_tasks_backend_maps_task_paths_to_rate_keys(settings: Any) -> None:
+    from tests.conformance.tasks import noop_task
+
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "tasks.backends.LeaseBackend",
+            "OPTIONS": {"rate_limits": {noop_task.module_path: {"key": "noop:{0}", "limit": "5/10s"}}},
+        }
+    }
+    result = noop_task.enqueue(7)
+    row = Task.objects.get(pk=int(result.id))
+    assert (row.rate_key, row.rate_limit, row.rate_period) == ("noop:7", 5, 10.0)
+    with pytest.raises(ValueError, match="rate key template"):
+        noop_task.enqueue()
+    assert Task.objects.count() == 1
+
+
+@pytest.fixture
+def api(settings: Any, client: Any) -> Any:
+    settings.LEASING_API_TOKENS = ["rate-token"]
+    settings.LEASING_TASKS = {"API_TASK_PATTERNS": ["tests.testapp.handlers.*"]}
+
+    def call(method: str, url: str, body: Any = None) -> tuple[int, Any]:
+        headers = {"Authorization": "Bearer rate-token"}
+        if method == "GET":
+            response = client.get(url, headers=headers)
+        else:
+            response = client.post(url, data=json.dumps(body), content_type="application/json", headers=headers)
+        return response.status_code, json.loads(response.content)
+
+    return call
+
+
+def test_the_api_enqueues_with_a_rate_limit_and_shows_the_keys(api: Any) -> None:
+    status, body = api("POST", "/api/tasks", {"task_path": NOOP, "rate_key": "mail", "rate_limit": "14/s"})
+    assert status == 201, body
+    assert (body["task"]["rate_key"], body["task"]["rate_limit"], body["task"]["rate_refusals"]) == (
+        "mail",
+        [14, 1.0],
+        0,
+    )
+    status, body = api("POST", "/api/tasks", {"task_path": NOOP, "rate_key": "api", "rate_limit": [100, 60]})
+    assert status == 201 and body["task"]["rate_limit"] == [100, 60.0]
+    claimed = Task.objects.claim(W, limit=2, ttl=30)
+    for c in claimed:
+        start((c.id, c.token))
+    status, body = api("GET", "/api/rate-keys")
+    assert status == 200
+    assert {k["key"]: (k["limit"], k["starts_in_window"], k["granted"]) for k in body["rate_keys"]} == {
+        "mail": ([14, 1.0], 1, 1),
+        "api": ([100, 60.0], 1, 1),
+    }
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"rate_key": "mail"}, "rate_limit"),
+        ({"rate_limit": "1/s"}, "rate_key"),
+        ({"rate_key": "mail", "rate_limit": "fast"}, "rate_limit"),
+        ({"rate_key": "mail", "rate_limit": "0/s"}, "rate_limit"),
+        ({"rate_key": "mail", "rate_limit": [1]}, "rate_limit"),
+        ({"rate_key": "mail", "rate_limit": {"count": 1}}, "rate_limit"),
+        ({"rate_key": "mail", "rate_limit": "x" * 100_000}, "rate_limit"),
+        ({"rate_key": 7, "rate_limit": "1/s"}, "rate_key"),
+    ],
+)
+def test_the_api_refuses_bad_rate_limits_with_400_and_writes_nothing(api: Any, extra: Any, field: str) -> None:
+    status, body = api("POST", "/api/tasks", {"task_path": NOOP, **extra})
+    assert status == 400, body
+    assert body.get("field") == field, body
+    assert len(json.dumps(body)) < 1000
+    assert not Task.objects.exists()
+
+
+def test_the_dashboard_and_metrics_show_keys_at_their_limit(client: Any) -> None:
+    from django.contrib.auth import get_user_model
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for a in enqueue_and_claim(3, key="smtp<1>", limit="2/min"):
+        start(a)
+    client.force_login(get_user_model().objects.create_superuser("rate", "rate@example.com", "pw"))
+    page = client.get("/dashboard/").content.decode()
+    assert 'id="rate-keys"' in page
+    assert "smtp&lt;1&gt;" in page and "smtp<1>" not in page
+    assert "2 / 2 per 60s (at its limit)" in page
+    metrics = {
+        (sample.name, sample.labels.get("key")): sample.value
+        for family in text_string_to_metric_families(client.get("/metrics").content.decode())
+        for sample in family.samples
+    }
+    assert metrics[("tasks_rate_starts_in_window", "smtp<1>")] == 2
+    assert metrics[("tasks_rate_limit", "smtp<1>")] == 2
+    assert metrics[("tasks_rate_period_seconds", "smtp<1>")] == 60
+    assert metrics[("tasks_rate_granted_total", "smtp<1>")] == 2
+    assert metrics[("tasks_rate_refused_total", "smtp<1>")] == 1
+    assert metrics[("tasks_rate_keys_full", None)] == 1
+
+
+def test_the_howto_examples_enqueue_as_documented() -> None:
+    import re
+
+    from tests.helpers import ROOT
+
+    page = (ROOT / "docs" / "howto" / "rate-limits.md").read_text()
+    [block] = re.findall(r"<!-- tested[^>]*-->\n```python\n(.*?)```", page, re.S)
+    exec(compile(block, "rate-limits.md", "exec"), {})
+    rows = {
+        row.task_path: (row.rate_key, row.rate_limit, row.rate_period)
+        for row in Task.objects.filter(task_path__in=["mail.tasks.send", "reports.tasks.build"])
+    }
+    assert rows == {"mail.tasks.send": ("smtp", 14, 1.0), "reports.tasks.build": ("reports", 5, 10.0)}
+    assert (
+        Task.objects.filter(task_path="crm.tasks.push", rate_key="crm:7", rate_limit=100, rate_period=60).count() == 500
+    )

@@ -18,6 +18,7 @@ from tasks.backends import allowlist
 from tasks.conf import get_settings
 from tasks.demo import generator
 from tasks.exceptions import TaskError, TaskPathRefused
+from tasks.lifecycle.ratelimits import RateKeyState, parse_rate, rate_key_states
 from tasks.lifecycle.routing import queue_database, queues_by_database
 from tasks.lifecycle.storable import is_storable
 from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, Failure, Task, TaskStatus
@@ -70,6 +71,9 @@ def task_json(task: Task) -> dict[str, Any]:
         "dedup_key": task.dedup_key,
         "concurrency_key": task.concurrency_key,
         "concurrency_limit": task.concurrency_limit,
+        "rate_key": task.rate_key,
+        "rate_limit": None if task.rate_limit is None else [task.rate_limit, task.rate_period],
+        "rate_refusals": task.rate_refusals,
         "run_after": iso(task.run_after),
         "enqueued_at": iso(task.enqueued_at),
         "started_at": iso(task.started_at),
@@ -163,6 +167,8 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
         "dedup_key",
         "concurrency_key",
         "concurrency_limit",
+        "rate_key",
+        "rate_limit",
     )
     task_path = body.text("task_path")
     reason = allowlist.refusal(task_path)
@@ -193,6 +199,16 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
     if (options["concurrency_key"] is None) != (options["concurrency_limit"] is None):
         missing = "concurrency_limit" if options["concurrency_limit"] is None else "concurrency_key"
         raise ApiError(400, "concurrency_key and concurrency_limit go together: give both or neither", missing)
+    options["rate_key"] = body.text("rate_key", required=False)
+    options["rate_limit"] = body.data.get("rate_limit")
+    if (options["rate_key"] is None) != (options["rate_limit"] is None):
+        missing = "rate_limit" if options["rate_limit"] is None else "rate_key"
+        raise ApiError(400, "rate_key and rate_limit go together: give both or neither", missing)
+    if options["rate_limit"] is not None:
+        try:
+            parse_rate(options["rate_limit"])
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "rate_limit") from None
     queue = options["queue"]
     with routed(request, queue_database(queue), f"queue {queue!r}"):
         try:
@@ -318,6 +334,24 @@ def requeue(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     return 200, {"task": task_json(task)}
 
 
+def rate_key_json(state: RateKeyState) -> dict[str, Any]:
+    return {
+        "key": state.key,
+        "limit": [state.count, state.period],
+        "starts_in_window": state.in_window,
+        "full": state.full,
+        "granted": state.grants,
+        "refused": state.refusals,
+        "last_refused_until": iso(state.retry_at),
+        "last_decided_at": iso(state.decided_at),
+    }
+
+
+@api_view(GET=[VIEW_TASK])
+def rate_keys(request: HttpRequest) -> tuple[int, Any]:
+    return 200, {"rate_keys": [rate_key_json(s) for s in rate_key_states()]}
+
+
 def _listing_view(name: str) -> Any:
     @api_view(GET=[VIEW_TASK])
     def view(request: HttpRequest) -> tuple[int, Any]:
@@ -379,6 +413,7 @@ urlpatterns = [
     path("tasks/<int:task_id>/cancel", cancel, name="api-task-cancel"),
     path("tasks/<int:task_id>/requeue", requeue, name="api-task-requeue"),
     path("generator", generator_state, name="api-generator"),
+    path("rate-keys", rate_keys, name="api-rate-keys"),
     *schedule_api.urlpatterns,
     *workflow_api.urlpatterns,
     *queue_views.api_urlpatterns,
