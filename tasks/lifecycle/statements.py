@@ -105,18 +105,20 @@ RETURNING id
 """
 
 # ``%(start)s`` is false for a worker's claim (the start marker follows when an executor begins the
-# task) and true for an HTTP client's claim, which begins the attempt as it returns.
+# task) and true for an HTTP client's claim, which begins the attempt as it returns; but not a task
+# with a rate key: its start must be granted by RATE_START_SQL, which the API sends next.
+_STARTS_NOW = "(%(start)s::boolean AND t.rate_key IS NULL)"
 _CLAIM_SET = f"""
     status = 'RUNNING',
     holder = %(worker)s::text,
     {GRANT_SET},
     transitions = t.transitions + 1,
-    attempt_started = %(start)s::boolean,
+    attempt_started = {_STARTS_NOW},
     attempt_isolated = false,
-    attempts = t.attempts + %(start)s::boolean::int,
-    started_at = CASE WHEN %(start)s::boolean THEN COALESCE(t.started_at, clock_timestamp()) ELSE t.started_at END,
-    last_attempted_at = CASE WHEN %(start)s::boolean THEN clock_timestamp() ELSE t.last_attempted_at END,
-    worker_ids = CASE WHEN %(start)s::boolean THEN t.worker_ids || jsonb_build_array(%(worker)s::text)
+    attempts = t.attempts + {_STARTS_NOW}::int,
+    started_at = CASE WHEN {_STARTS_NOW} THEN COALESCE(t.started_at, clock_timestamp()) ELSE t.started_at END,
+    last_attempted_at = CASE WHEN {_STARTS_NOW} THEN clock_timestamp() ELSE t.last_attempted_at END,
+    worker_ids = CASE WHEN {_STARTS_NOW} THEN t.worker_ids || jsonb_build_array(%(worker)s::text)
                       ELSE t.worker_ids END"""
 
 # The subquery picks and locks; SKIP LOCKED lets concurrent workers pick different rows without

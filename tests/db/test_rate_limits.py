@@ -446,3 +446,52 @@ def test_the_howto_examples_enqueue_as_documented() -> None:
     assert (
         Task.objects.filter(task_path="crm.tasks.push", rate_key="crm:7", rate_limit=100, rate_period=60).count() == 500
     )
+
+
+def test_an_api_claim_starts_only_what_the_rate_key_grants(api: Any) -> None:
+    ids = Task.objects.bulk_enqueue(NOOP, [{}] * 3, rate_key="mail", rate_limit="2/min")
+    plain = Task.objects.enqueue(NOOP).id
+    status, body = api("POST", "/api/tasks/next", {"worker": "http-client", "limit": 4})
+    assert status == 200, body
+    returned = sorted(t["id"] for t in body["tasks"])
+    assert len(returned) == 3 and plain in returned
+    assert all(t["attempts"] == 1 and t["status"] == "RUNNING" for t in body["tasks"])
+    [refused] = set(ids) - set(returned)
+    row = Task.objects.get(pk=refused)
+    assert (row.status, row.attempts, row.rate_refusals) == (TaskStatus.READY, 0, 1)
+    assert RateLimit.objects.get(key="mail").grants == 2
+
+
+def test_an_api_claim_of_a_queue_with_a_rate_limit_takes_its_starts(api: Any, settings: Any) -> None:
+    settings.LEASING_TASKS = {**settings.LEASING_TASKS, "RATE_LIMITS": {"mail": "1/min"}}
+    Task.objects.bulk_enqueue(NOOP, [{}] * 2, queue="mail")
+    plain = Task.objects.enqueue(NOOP).id
+    status, body = api("POST", "/api/tasks/next", {"worker": "http-client", "queues": ["mail", "default"], "limit": 3})
+    assert status == 200, body
+    assert len(body["tasks"]) == 2 and plain in [t["id"] for t in body["tasks"]]
+    assert all(t["attempts"] == 1 for t in body["tasks"])
+    assert RateLimit.objects.get(key="queue:mail").grants == 1
+    assert Task.objects.filter(queue="mail", status=TaskStatus.READY, rate_refusals=1).count() == 1
+
+
+@pytest.mark.parametrize("handler", [NOOP, "tests.testapp.handlers.async_double"])
+def test_a_worker_runs_a_rate_limited_backlog_at_the_rate_waking_for_its_refused_claims(handler: str) -> None:
+    from tasks.models import FINISHED
+    from tasks.worker.process import Worker
+    from tests.helpers import wait_until, worker_in_thread
+
+    kwargs = {"n": 1} if "async" in handler else {}
+    ids = Task.objects.bulk_enqueue(handler, [kwargs] * 12, rate_key="burst", rate_limit=(3, 0.5))
+    # A poll interval far longer than the window: the worker must look again when a refused claim
+    # comes due, not at its next poll (12 tasks at 3 per 0.5 s take 2 s; polls would take 20 s).
+    worker = Worker(
+        concurrency=4, ttl=10, poll_interval=5, recovery_interval=0.2, install_signal_handlers=False, worker_id="rw"
+    )
+    with worker_in_thread(worker):
+        wait_until(lambda: Task.objects.filter(pk__in=ids, status__in=FINISHED).count() == 12, 12, what="the backlog")
+    rows = list(Task.objects.filter(pk__in=ids))
+    assert all(r.status == TaskStatus.SUCCESSFUL and r.attempts == 1 and r.failures == 0 for r in rows)
+    starts = sorted(r.last_attempted_at for r in rows if r.last_attempted_at is not None)
+    window = dt.timedelta(seconds=0.5)
+    assert max(sum(1 for s in starts[i:] if s < at + window) for i, at in enumerate(starts)) <= 3
+    assert worker.session.stats["rate_refused"] == sum(r.rate_refusals for r in rows) > 0

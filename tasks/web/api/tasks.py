@@ -18,10 +18,10 @@ from tasks.backends import allowlist
 from tasks.conf import get_settings
 from tasks.demo import generator
 from tasks.exceptions import TaskError, TaskPathRefused
-from tasks.lifecycle.ratelimits import RateKeyState, parse_rate, rate_key_states
+from tasks.lifecycle.ratelimits import RateKeyState, parse_rate, queue_rate, rate_key_states
 from tasks.lifecycle.routing import queue_database, queues_by_database
 from tasks.lifecycle.storable import is_storable
-from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, Failure, Task, TaskStatus
+from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, ClaimedTask, Failure, Started, Task, TaskStatus
 from tasks.web import queue_pages as queue_views
 from tasks.web.api import schedules as schedule_api
 from tasks.web.api import workflows as workflow_api
@@ -233,17 +233,28 @@ def next_task(request: HttpRequest) -> tuple[int, Any]:
     if len(homes) > 1:
         spread = "; ".join(f"{alias}: {', '.join(names)}" for alias, names in homes.items())
         raise ApiError(400, f"queues live in several databases ({spread}): claim from one at a time", "queues")
+    limit = body.whole("limit", required=False, low=1, high=100, default=1)
+    ttl = body.number("ttl", required=False, low=0, high=MAX_TTL, default=get_settings().TTL)
     with routed(request, next(iter(homes)), f"queue {queues[0]!r}"):
-        claimed = Task.objects.claim(
-            worker,
-            limit=body.whole("limit", required=False, low=1, high=100, default=1),
-            queues=queues,
-            ttl=body.number("ttl", required=False, low=0, high=MAX_TTL, default=get_settings().TTL),
-            start=True,  # an HTTP client runs what it claims: the attempt begins (and is charged) now
-        )
+        # An HTTP client runs what it claims: the attempt begins (and is charged) now. A rate-limited
+        # one (a rate key of its own, or its queue's) begins only if its key grants the start now;
+        # one refused went back to the queue uncharged and is not returned.
+        queue_wide = any(queue_rate(name) is not None for name in queues)
+        claimed = Task.objects.claim(worker, limit=limit, queues=queues, ttl=ttl, start=not queue_wide)
+        claimed = [c for c in claimed if _started_now(c, worker, queue_wide)]
         rows = {task.pk: task for task in Task.objects.filter(pk__in=[c.id for c in claimed])}
         found = [task_json(rows[c.id]) for c in claimed if c.id in rows]
         return 200, {"task": found[0] if found else None, "tasks": found}
+
+
+def _started_now(claimed: ClaimedTask, worker: str, queue_wide: bool) -> bool:
+    """An API claim's attempt has begun: started by the claim, or granted by its rate key now."""
+    if claimed.rate_key is None and (not queue_wide or queue_rate(claimed.queue) is None):
+        if queue_wide:  # claimed unstarted beside rate-limited queues: it begins now
+            return Task.objects.start(claimed.id, worker, claimed.token) is not None
+        return True
+    started = Task.objects.rate_start(claimed.id, worker, claimed.token, queue=claimed.queue)
+    return isinstance(started, Started)
 
 
 @api_view(PUT=[CHANGE_TASK])
