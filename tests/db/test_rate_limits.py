@@ -495,3 +495,31 @@ def test_a_worker_runs_a_rate_limited_backlog_at_the_rate_waking_for_its_refused
     window = dt.timedelta(seconds=0.5)
     assert max(sum(1 for s in starts[i:] if s < at + window) for i, at in enumerate(starts)) <= 3
     assert worker.session.stats["rate_refused"] == sum(r.rate_refusals for r in rows) > 0
+
+
+def test_workflow_members_and_dependants_carry_their_rate_keys(settings: Any) -> None:
+    from tasks.workflows import chain, step
+    from tests.conformance.tasks import noop_task
+
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "tasks.backends.LeaseBackend",
+            "OPTIONS": {"rate_limits": {noop_task.module_path: {"key": "noop:{0}", "limit": "3/s"}}},
+        }
+    }
+    chain(
+        step(NOOP, pipe=1).options(rate_key="mail", rate_limit="14/s"), step(noop_task, 5), step(NOOP), pipe=False
+    ).enqueue()
+    rows = list(Task.objects.order_by("id").values_list("rate_key", "rate_limit", "rate_period"))
+    assert rows == [("mail", 14, 1.0), ("noop:5", 3, 1.0), (None, None, None)]
+    parent = Task.objects.order_by("id").first()
+    assert parent is not None
+    child = Task.objects.enqueue(NOOP, depends_on=[parent.id], rate_key="crm", rate_limit=(100, 60))
+    assert Task.objects.filter(pk=child.id).values_list("rate_key", "rate_limit", "rate_period").get() == (
+        "crm",
+        100,
+        60.0,
+    )
+    with pytest.raises(ValueError, match="rate limit"):
+        chain(step(NOOP).options(rate_key="mail", rate_limit="fast"), step(NOOP)).enqueue()
+    assert Task.objects.count() == 4
