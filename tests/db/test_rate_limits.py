@@ -523,3 +523,29 @@ def test_workflow_members_and_dependants_carry_their_rate_keys(settings: Any) ->
     with pytest.raises(ValueError, match="rate limit"):
         chain(step(NOOP).options(rate_key="mail", rate_limit="fast"), step(NOOP)).enqueue()
     assert Task.objects.count() == 4
+
+
+def test_a_dead_workers_claims_that_never_started_took_nothing_and_its_starts_leave_with_the_window() -> None:
+    attempts = enqueue_and_claim(3, limit=(2, 0.3))
+    granted = start(attempts[0])  # started, then the worker dies with it and the two unstarted claims
+    assert isinstance(granted, Started)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE tasks_task SET expires_at = clock_timestamp() - interval '1 second'")
+    recovered = Task.objects.recover_expired()
+    assert sorted(r.kind for r in recovered) == ["returned", "returned", "vanished"]
+    key = RateLimit.objects.get(key="mail")
+    assert (key.grants, key.refusals, len(key.starts)) == (1, 0, 1)  # the unstarted claims took nothing
+    # The dead worker's start still counts until it leaves the window: one more start fits now, not two.
+    again = sorted(Task.objects.claim("w2", limit=3, ttl=30), key=lambda c: c.id)
+    results = [Task.objects.rate_start(c.id, "w2", c.token) for c in again]
+    assert [isinstance(r, Started) for r in results] == [True, False, False]
+    # Then it leaves the window: the first refused one, back at its reserved time (when the dead
+    # worker's start leaves), is granted.
+    first = results[1]
+    assert isinstance(first, RateRefused)
+    assert first.run_after == granted.last_attempted_at + dt.timedelta(seconds=0.3)
+    while db_now() < first.run_after:
+        pass
+    [back] = Task.objects.claim("w2", limit=1, ttl=30)
+    assert back.id == first.id
+    assert isinstance(Task.objects.rate_start(back.id, "w2", back.token), Started)
