@@ -22,6 +22,9 @@ Prints one figure per line:
 - keyed drain: 2,000 no-op tasks over 20 concurrency keys of limit 2, by 4 worker processes, tasks/s
   (every admission is a key-row lock and a count under it; see tasks/lifecycle/concurrency.py).
 
+``--only-rate`` runs a rate-limited backlog alone: 10,000 tasks on one key of 200/s and 2,000 on one of
+20/s, by 4 processes: the rate achieved, the fullest window on the database clock, the hand-backs
+(refused starts) per task (tasks/lifecycle/ratelimits.py).
 ``--only-claim`` runs the claim cost alone (on DATABASE_URL's server when set: each PostgreSQL major
 has its own figure). ``--only-drain`` runs the two drains alone (unkeyed by 4 processes, keyed), for A/B comparisons.
 """
@@ -144,6 +147,43 @@ def bench_drain_keyed(n: int, keys: int, limit: int, processes: int, log_dir: Pa
     if done != per_key * keys:
         raise RuntimeError(f"only {done} of {per_key * keys} tasks succeeded exactly once")
     return done / elapsed
+
+
+def bench_rate_limited(
+    backlog: int, count: int, period: float, processes: int, log_dir: Path, worker_args: list[str]
+) -> tuple[float, int, float]:
+    """A backlog of ``backlog`` no-op tasks on one rate key of ``count`` per ``period`` seconds, by
+    ``processes`` workers at the default poll interval: the rate achieved (starts/s, first to last),
+    the fullest window of the database clock, and the refusals (hand-backs) per task."""
+    import datetime as dt
+
+    from django.db import connection
+
+    from tasks.models import RateLimit, Task
+
+    reset()
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE tasks_ratelimit")
+    Task.objects.bulk_enqueue(
+        NOOP, ({"i": i} for i in range(backlog)), queue="bench", rate_key="bench", rate_limit=(count, period)
+    )
+    procs = start_workers(processes, *worker_args, "--poll-interval", "2", log_dir=log_dir)
+    try:
+        while Task.objects.filter(queue="bench", status__in=["BLOCKED", "READY", "RUNNING"]).exists():
+            time.sleep(0.05)
+    finally:
+        stop_processes(procs)
+    recorded = Task.objects.filter(queue="bench", status="SUCCESSFUL").values_list("last_attempted_at", flat=True)
+    starts = sorted(at for at in recorded if at is not None)
+    if len(starts) != backlog:
+        raise RuntimeError(f"only {len(starts)} of {backlog} tasks succeeded")
+    width, most, j = dt.timedelta(seconds=period), 0, 0
+    for i, at in enumerate(starts):
+        while j < len(starts) and starts[j] < at + width:
+            j += 1
+        most = max(most, j - i)
+    rate = (backlog - 1) / (starts[-1] - starts[0]).total_seconds()
+    return rate, most, RateLimit.objects.get(key="bench").refusals / backlog
 
 
 def bench_latency(samples: int, log_dir: Path) -> tuple[float, float]:
@@ -393,6 +433,9 @@ def main() -> None:
     parser.add_argument(
         "--only-drain", action="store_true", help="run only the drains by 4 processes, unkeyed and keyed"
     )
+    parser.add_argument(
+        "--only-rate", action="store_true", help="run only the rate-limited backlog (one key, 4 processes)"
+    )
     args = parser.parse_args()
     server = prepare_database()
     log_dir = Path(tempfile.mkdtemp(prefix="bench-tasks-"))
@@ -400,6 +443,14 @@ def main() -> None:
     try:
         if args.only_claim:
             bench_claim_figures()
+            return
+        if args.only_rate:
+            for backlog, count, period in ((10_000, 200, 1.0), (2_000, 20, 1.0)):
+                rate, most, refusals = bench_rate_limited(backlog, count, period, 4, log_dir, worker_args)
+                name = f"tasks.rate_limited.{backlog}_on_one_key_{count}_per_{period:g}s.procs=4"
+                figure(f"{name}.rate", rate, f"starts/s (limit {count / period:g})")
+                figure(f"{name}.fullest_window", most, f"starts (limit {count})")
+                figure(f"{name}.refusals_per_task", refusals, "hand-backs")
             return
         if args.only_drain:
             for round_no in range(1, args.rounds + 1):

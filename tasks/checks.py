@@ -29,7 +29,19 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     except ValueError as exc:
         errors.append(Error(str(exc), hint="See docs/howto/recovery-and-retention.md, 'Retention'.", id="tasks.E102"))
     errors += retry_policy_errors(get_settings().RETRY_POLICIES)
+    errors += rate_limit_errors(get_settings().RATE_LIMITS)
     return errors
+
+
+def rate_limit_errors(rates: Any) -> list[CheckMessage]:
+    """LEASING_TASKS["RATE_LIMITS"]: queue name -> "14/s" or (count, seconds) (tasks/lifecycle/ratelimits.py)."""
+    from tasks.lifecycle.ratelimits import parse_queue_rates
+
+    try:
+        parse_queue_rates(rates)
+    except ValueError as exc:
+        return [Error(str(exc), hint="See docs/howto/rate-limits.md.", id="tasks.E110")]
+    return []
 
 
 def retry_policy_errors(policies: Any) -> list[CheckMessage]:

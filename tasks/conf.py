@@ -43,6 +43,10 @@ class TaskSettings:
     #: Retry policies per queue: queue name -> {"max_attempts", "retry_on" (exception paths),
     #: "backoff" (the path of a function (attempt, exception) -> seconds)}; see tasks/lifecycle/policy.py.
     RETRY_POLICIES: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Rate limits per queue: queue name -> "14/s", "100/min", "5/10s" or (count, seconds). Every task
+    #: of the queue without a rate key of its own shares the queue-wide key ``queue:<name>``: at most
+    #: that many starts in any sliding window on the database clock (tasks/lifecycle/ratelimits.py).
+    RATE_LIMITS: dict[str, Any] = field(default_factory=dict)
     #: Worker defaults (command-line options override them).
     CONCURRENCY: int = 4
     BATCH_SIZE: int = 16

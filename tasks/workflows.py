@@ -40,6 +40,7 @@ from tasks.compat import TaskResult, TaskResultStatus, normalize_json, task_enqu
 from tasks.conf import get_settings
 from tasks.lifecycle import prepared
 from tasks.lifecycle import workflows as wf_sql
+from tasks.lifecycle.ratelimits import rate_for_enqueue
 from tasks.lifecycle.routing import queue_database
 from tasks.lifecycle.values import validate_concurrency, validate_enqueue
 from tasks.lifecycle.workflows import ON_PARENT_FAILURE, WorkflowError, WorkflowKind, WorkflowStatus
@@ -75,10 +76,12 @@ class Step:
     timeout: float | None = None
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    rate_key: str | None = None
+    rate_limit: Any = None
 
     def options(self, **changes: Any) -> Step:
         """This step with other options (queue, priority, run_after, max_attempts, timeout,
-        concurrency_key, concurrency_limit)."""
+        concurrency_key, concurrency_limit, rate_key, rate_limit)."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)} - {"task"}
         if unknown or "task" in changes:
             raise TypeError(f"unknown step options: {', '.join(sorted(unknown | ({'task'} & set(changes))))}")
@@ -102,6 +105,7 @@ class Step:
             attempts = self.max_attempts
             backend_alias, backend, task, run_after = None, None, None, self.run_after
             key, limit, timeout = self.concurrency_key, self.concurrency_limit, self.timeout
+            rate_key, rate_limit = self.rate_key, self.rate_limit
             database = defaults.database(queue)
         elif isinstance(self.task, DjangoTask):
             task = self.task
@@ -128,6 +132,9 @@ class Step:
             key, limit = self.concurrency_key, self.concurrency_limit
             if key is None:
                 key, limit = backend.concurrency_of(task, args, kwargs)
+            rate_key, rate_limit = self.rate_key, self.rate_limit
+            if rate_key is None and rate_limit is None:
+                rate_key, rate_limit = backend.rate_of(task, args, kwargs)
             attempts = backend.max_attempts if self.max_attempts is None else self.max_attempts
             attempts = None if attempts is None else int(attempts)
             timeout = backend.timeout if self.timeout is None else self.timeout
@@ -143,6 +150,7 @@ class Step:
             validate_concurrency(key, limit)
             if checked is not None:
                 checked.add(options)
+        rated = rate_for_enqueue(rate_key, rate_limit)
         columns: dict[str, Any] = {
             "queue": queue,
             "priority": priority,
@@ -155,6 +163,9 @@ class Step:
             "backend_alias": backend_alias,
             "concurrency_key": key,
             "concurrency_limit": limit,
+            "rate_key": rated[0] if rated else None,
+            "rate_limit": rated[1].count if rated else None,
+            "rate_period": rated[1].period if rated else None,
         }
         return columns, database, task if backend_alias else None, backend
 

@@ -18,6 +18,11 @@ the call's arguments, so one task can be limited per customer, per account, ...:
 
 A task waiting for a slot (BLOCKED in this queue) is READY to django.tasks.
 
+Rate limits (tasks/lifecycle/ratelimits.py) are mapped the same way, the key a template too:
+
+    "OPTIONS": {"rate_limits": {"mail.tasks.send": {"key": "smtp", "limit": "14/s"},
+                                "api.tasks.call": {"key": "customer:{customer_id}", "limit": "100/min"}}}
+
 Tasks that take a context get a :class:`LeaseTaskContext`: ``context.attempt``, and this queue's
 ``context.checkpoint(progress)`` / ``context.progress`` / ``context.token``.
 
@@ -61,6 +66,7 @@ from tasks.compat import (
 )
 from tasks.compat import Task as DjangoTask
 from tasks.lifecycle import policy
+from tasks.lifecycle.ratelimits import parse_rate
 from tasks.lifecycle.routing import queue_database
 from tasks.models import MAX_CONCURRENCY_LIMIT, Task, TaskStatus
 from tasks.models.task import announce_enqueued
@@ -82,7 +88,7 @@ _STATUS = {
     TaskStatus.CANCELLED: TaskResultStatus.FAILED,
 }
 
-OPTIONS = frozenset({"database", "max_attempts", "timeout", "concurrency", "retry"})
+OPTIONS = frozenset({"database", "max_attempts", "timeout", "concurrency", "retry", "rate_limits"})
 
 
 def retry_problems(spec: Any) -> list[str]:
@@ -112,6 +118,27 @@ def concurrency_problems(spec: Any) -> list[str]:
             problems += [f"{path!r}: 'key' {problem}" for problem in _template_problems(key)]
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CONCURRENCY_LIMIT:
             problems.append(f"{path!r}: 'limit' must be a whole number from 1 to {MAX_CONCURRENCY_LIMIT}")
+    return problems
+
+
+def rate_limit_problems(spec: Any) -> list[str]:
+    """What is wrong with an OPTIONS["rate_limits"] mapping (task path -> {"key": ..., "limit": "14/s"})."""
+    if not isinstance(spec, dict):
+        return ["must be a mapping of task paths to {'key': ..., 'limit': '14/s'}"]
+    problems = []
+    for path, entry in spec.items():
+        if not isinstance(entry, dict) or set(entry) != {"key", "limit"}:
+            problems.append(f"{path!r}: give exactly 'key' (a str.format template) and 'limit' (e.g. '14/s')")
+            continue
+        key = entry["key"]
+        if not isinstance(key, str) or not key:
+            problems.append(f"{path!r}: 'key' must be a non-empty string")
+        else:
+            problems += [f"{path!r}: 'key' {problem}" for problem in _template_problems(key)]
+        try:
+            parse_rate(entry["limit"])
+        except ValueError as exc:
+            problems.append(f"{path!r}: 'limit': {exc}")
     return problems
 
 
@@ -212,13 +239,25 @@ class LeaseBackend(BaseTaskBackend):
         spec = self.options.get("concurrency") or {}
         # A malformed mapping is reported by the system check (tasks.E012); it limits nothing.
         self.concurrency: dict[str, dict[str, Any]] = spec if not concurrency_problems(spec) else {}
+        rates = self.options.get("rate_limits") or {}
+        # A malformed mapping is reported by the system check (tasks.E014); it limits nothing.
+        self.rate_limits: dict[str, dict[str, Any]] = rates if not rate_limit_problems(rates) else {}
         retry = self.options.get("retry") or {}
         # A malformed mapping is reported by the system check (tasks.E013); it applies nothing.
         self.retry: dict[str, dict[str, Any]] = retry if not retry_problems(retry) else {}
 
     def concurrency_of(self, task: DjangoTask, args: Any, kwargs: Any) -> tuple[str | None, int | None]:
         """The concurrency key (its template filled with the call's arguments) and limit of a call."""
-        entry = self.concurrency.get(task.module_path)
+        return self._keyed(self.concurrency, "concurrency", task, args, kwargs)
+
+    def rate_of(self, task: DjangoTask, args: Any, kwargs: Any) -> tuple[str | None, Any]:
+        """The rate key (its template filled with the call's arguments) and rate limit of a call."""
+        return self._keyed(self.rate_limits, "rate", task, args, kwargs)
+
+    def _keyed(
+        self, options: dict[str, dict[str, Any]], kind: str, task: DjangoTask, args: Any, kwargs: Any
+    ) -> tuple[str | None, Any]:
+        entry = options.get(task.module_path)
         if entry is None:
             return None, None
         try:
@@ -226,7 +265,7 @@ class LeaseBackend(BaseTaskBackend):
             key = str(entry["key"]).format(*args, **kwargs)
         except (KeyError, IndexError, ValueError, AttributeError, TypeError, OverflowError) as exc:
             raise ValueError(
-                f"the concurrency key template {entry['key']!r} of {task.module_path} does not fit the call's "
+                f"the {kind} key template {entry['key']!r} of {task.module_path} does not fit the call's "
                 f"arguments: {type(exc).__name__}: {exc}"
             ) from None
         return key, entry["limit"]
@@ -239,6 +278,7 @@ class LeaseBackend(BaseTaskBackend):
         args = normalize_json(args)
         kwargs = normalize_json(kwargs)
         concurrency_key, concurrency_limit = self.concurrency_of(task, args, kwargs)
+        rate_key, rate_limit = self.rate_of(task, args, kwargs)
         # task_enqueued is sent before the row is committed, so before any worker can start the
         # task: it always precedes task_started. (Inside the caller's transaction, the task and the
         # signal stand or fall with it: a rolled-back enqueue runs nothing, though it was signalled.)
@@ -259,6 +299,8 @@ class LeaseBackend(BaseTaskBackend):
                 backend_alias=self.alias,
                 concurrency_key=concurrency_key,
                 concurrency_limit=concurrency_limit,
+                rate_key=rate_key,
+                rate_limit=rate_limit,
             )
             # The result describes the task as enqueued (the insert returns what it needs).
             result: TaskResult = TaskResult(
@@ -310,6 +352,14 @@ class LeaseBackend(BaseTaskBackend):
             )
         for problem in concurrency_problems(self.options.get("concurrency", {})):
             errors.append(checks.Error(f"TASKS[{self.alias!r}]['OPTIONS']['concurrency'] {problem}", id="tasks.E012"))
+        for problem in rate_limit_problems(self.options.get("rate_limits", {})):
+            errors.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS']['rate_limits'] {problem}",
+                    hint="See docs/howto/rate-limits.md.",
+                    id="tasks.E014",
+                )
+            )
         for problem in retry_problems(self.options.get("retry", {})):
             errors.append(
                 checks.Error(

@@ -42,12 +42,17 @@ def _backoff_sql(exponent: str) -> str:
     )
 
 
+# A keyed task that backs off (or whose rate key refused its start) gives its concurrency slot up: it
+# waits BLOCKED and is admitted again once due (tasks/lifecycle/concurrency.py). Its slot goes to the
+# next waiting task in the same statement.
+_WAITING_STATUS = "CASE WHEN t.concurrency_key IS NULL THEN 'READY' ELSE 'BLOCKED' END"
+
 CLAIM_RETURNING = (
     "t.id, t.token, t.task_path, t.args, t.kwargs, t.attempts, t.max_attempts, t.progress, t.expires_at,"
     " t.timeout, t.queue, t.priority, t.enqueued_at, t.worker_ids,"
     " (t.crashes > 0 OR t.shared_crashes > 0 OR t.unstarted_returns > 0),"
     " t.shared_crashes >= %(isolate_after)s, t.backend_alias, t.task_run_after, t.api_origin, t.run_after,"
-    " t.retry_policy"
+    " t.retry_policy, t.rate_key"
 )
 
 INSERT_COLUMNS = (
@@ -62,13 +67,14 @@ INSERT_COLUMNS = (
 # BLOCKED and admits it when its key has a free slot (tasks/lifecycle/concurrency.py).
 _ENQUEUE_INSERT = f"""
 INSERT INTO tasks_task ({INSERT_COLUMNS}, backend_alias, task_run_after, concurrency_key, concurrency_limit,
-                        retry_policy)
+                        retry_policy, rate_key, rate_limit, rate_period)
 VALUES (%(queue)s::text, %(priority)s::smallint, %(task_path)s::text, %(args)s::jsonb, %(kwargs)s::jsonb, 'READY',
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), statement_timestamp(), 0, %(max_attempts)s::int,
         %(timeout)s::float8, %(dedup_key)s::text, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false,
         %(backend_alias)s::text,
         CASE WHEN %(backend_alias)s::text IS NULL THEN NULL ELSE %(run_after)s::timestamptz END,
-        %(concurrency_key)s::text, %(concurrency_limit)s::int, %(retry_policy)s::jsonb)"""
+        %(concurrency_key)s::text, %(concurrency_limit)s::int, %(retry_policy)s::jsonb,
+        %(rate_key)s::text, %(rate_limit)s::int, %(rate_period)s::float8)"""
 # A task without a dedup key cannot conflict: a plain insert. ON CONFLICT makes every insert a
 # speculative one (a speculative-insertion lock and its WAL record), a tenth of the statement's time.
 ENQUEUE_SQL = f"""{_ENQUEUE_INSERT}
@@ -83,10 +89,12 @@ RETURNING id, enqueued_at
 # One task kind per statement: everything but the kwargs is one scalar parameter, sent once (arrays
 # of a repeated value cost a quarter of the throughput to build, send and unpack).
 BULK_ENQUEUE_SQL = f"""
-INSERT INTO tasks_task ({INSERT_COLUMNS}, concurrency_key, concurrency_limit, retry_policy)
+INSERT INTO tasks_task ({INSERT_COLUMNS}, concurrency_key, concurrency_limit, retry_policy, rate_key, rate_limit,
+                        rate_period)
 SELECT d.queue, d.priority, d.task_path, d.args, d.kwargs, 'READY', COALESCE(d.run_after, statement_timestamp()),
        statement_timestamp(), 0, d.max_attempts, d.timeout, NULL, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false,
-       false, %(concurrency_key)s::text, %(concurrency_limit)s::int, %(retry_policy)s::jsonb
+       false, %(concurrency_key)s::text, %(concurrency_limit)s::int, %(retry_policy)s::jsonb, %(rate_key)s::text,
+       %(rate_limit)s::int, %(rate_period)s::float8
 FROM (
     SELECT %(queue)s::text AS queue, %(priority)s::smallint AS priority, %(task_path)s::text AS task_path,
            %(args)s::jsonb AS args, k AS kwargs, %(run_after)s::timestamptz AS run_after,
@@ -97,18 +105,20 @@ RETURNING id
 """
 
 # ``%(start)s`` is false for a worker's claim (the start marker follows when an executor begins the
-# task) and true for an HTTP client's claim, which begins the attempt as it returns.
+# task) and true for an HTTP client's claim, which begins the attempt as it returns; but not a task
+# with a rate key: its start must be granted by RATE_START_SQL, which the API sends next.
+_STARTS_NOW = "(%(start)s::boolean AND t.rate_key IS NULL)"
 _CLAIM_SET = f"""
     status = 'RUNNING',
     holder = %(worker)s::text,
     {GRANT_SET},
     transitions = t.transitions + 1,
-    attempt_started = %(start)s::boolean,
+    attempt_started = {_STARTS_NOW},
     attempt_isolated = false,
-    attempts = t.attempts + %(start)s::boolean::int,
-    started_at = CASE WHEN %(start)s::boolean THEN COALESCE(t.started_at, clock_timestamp()) ELSE t.started_at END,
-    last_attempted_at = CASE WHEN %(start)s::boolean THEN clock_timestamp() ELSE t.last_attempted_at END,
-    worker_ids = CASE WHEN %(start)s::boolean THEN t.worker_ids || jsonb_build_array(%(worker)s::text)
+    attempts = t.attempts + {_STARTS_NOW}::int,
+    started_at = CASE WHEN {_STARTS_NOW} THEN COALESCE(t.started_at, clock_timestamp()) ELSE t.started_at END,
+    last_attempted_at = CASE WHEN {_STARTS_NOW} THEN clock_timestamp() ELSE t.last_attempted_at END,
+    worker_ids = CASE WHEN {_STARTS_NOW} THEN t.worker_ids || jsonb_build_array(%(worker)s::text)
                       ELSE t.worker_ids END"""
 
 # The subquery picks and locks; SKIP LOCKED lets concurrent workers pick different rows without
@@ -343,6 +353,111 @@ WHERE t.id = d.id AND t.token = d.token AND {_HELD}
 RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
 """
 
+# A rate-limited attempt's start (tasks/lifecycle/ratelimits.py): ONE statement takes a start of its
+# rate key's sliding window and marks the attempt started at the grant's clock, or, when the window
+# is full, hands the attempt back uncharged (invariant 10: no attempt, no crash, no unstarted return)
+# with run_after pushed to when a start will be free. Sent by the executor right before the handler
+# runs (as START_SQL for a suspect), so a start is counted when a handler really begins, not when a
+# worker prefetches a claim; a claim that never started never took one.
+#
+# - ``mine`` locks the task row first (held by this worker, this token, a live lease): a lapsed claim
+#   takes nothing; one already started (the reply to the first copy was lost) takes nothing again.
+#   The lock order is always task row, then key row. A task without a rate key of its own takes its
+#   queue's (``key``, ``limit``, ``period``: LEASING_TASKS["RATE_LIMITS"] as the worker has it).
+# - ``slot`` is an upsert on the key's primary key (one row, one index probe; the first start of a
+#   key inserts it). The SET is one sub-SELECT so that one clock reading, taken under the key row's
+#   lock, decides and is recorded: grants of a key are serialised by that lock, so their times only
+#   grow, and a grant is given iff fewer than ``max_starts`` recorded grants are newer than now -
+#   period. Then every window [w, w + period) holds at most max_starts grants: the last of them to be
+#   granted counted all the others. ``starts`` keeps only the grants inside the window (at most
+#   max_starts, oldest first), so the row stays small and the cost is O(max_starts), whatever the
+#   number of keys or tasks. Strict by construction: no burst allowance (a token bucket with a burst
+#   of N lets 2N starts into one window).
+# - A refusal sends the attempt to a distinct future time, so that a backlog spreads out instead of
+#   coming due all at once and being refused again every window (a claim's range scan is ``run_after
+#   <= now``: deferred rows cost claims nothing): to ``next_due``, the key's reservation tail (at the
+#   earliest at ``frees``, when the oldest start that fills the window leaves it), which then moves on
+#   by period / max_starts. Reservations are spaced at exactly the limit's rate while the grants they
+#   lead to each come a little late (claim and round trip), so an attempt back at its reservation
+#   finds the window still full about half the time (its slot frees a few milliseconds later). Such
+#   a miss gets one quick retry at ``frees`` itself (before the next reservation comes due); a miss
+#   of the quick retry goes to the tail again. Sending every miss to ``frees`` made the misses pile
+#   up there (5.5 refusals per grant in the 3-process test); a tail for every miss cost a place in
+#   line for a few milliseconds of lateness. Refusals therefore alternate: an odd ``rate_refusals``
+#   means the last one took a reservation, and a miss within a period of it is a miss at it.
+# - A keyed task (concurrency) refused waits BLOCKED, giving its concurrency slot up while it waits.
+_RATE_WINDOW = "make_interval(secs => excluded.period)"
+_RATE_FULL = "(w.n >= excluded.max_starts)"
+_RATE_FREES = f"(w.kept[w.n - excluded.max_starts + 1] + {_RATE_WINDOW})"
+_RATE_STEP = "make_interval(secs => excluded.period / excluded.max_starts)"
+_RATE_REWAITS = f"(SELECT mod(m.rate_refusals, 2) = 1 AND m.run_after > c.now - {_RATE_WINDOW} FROM mine AS m)"
+RATE_START_SQL = f"""
+WITH mine AS MATERIALIZED (
+    SELECT t.id, COALESCE(t.rate_key, %(key)s::text) AS rate_key,
+           CASE WHEN t.rate_key IS NULL THEN %(limit)s::int ELSE t.rate_limit END AS rate_limit,
+           CASE WHEN t.rate_key IS NULL THEN %(period)s::float8 ELSE t.rate_period END AS rate_period,
+           t.rate_refusals, t.run_after, t.attempt_started
+    FROM tasks_task AS t
+    WHERE t.id = %(id)s::bigint AND t.token = %(token)s::bigint AND {_HELD} AND t.expires_at > clock_timestamp()
+      AND COALESCE(t.rate_key, %(key)s::text) IS NOT NULL
+    FOR NO KEY UPDATE OF t
+), slot AS (
+    INSERT INTO tasks_ratelimit AS k (key, max_starts, period, starts, next_due, grants, refusals, retry_at,
+                                      decided_at, granted)
+    SELECT m.rate_key, m.rate_limit, m.rate_period, ARRAY[c.now], c.now, 1, 0, NULL, c.now, true
+    FROM mine AS m, (SELECT clock_timestamp() AS now) AS c WHERE NOT m.attempt_started
+    ON CONFLICT (key) DO UPDATE SET (max_starts, period, starts, next_due, grants, refusals, retry_at, decided_at,
+                                     granted) = (
+        SELECT excluded.max_starts, excluded.period,
+               CASE WHEN {_RATE_FULL} THEN w.kept ELSE w.kept || c.now END,
+               CASE WHEN NOT {_RATE_FULL} OR {_RATE_REWAITS} THEN k.next_due
+                    ELSE GREATEST(k.next_due, {_RATE_FREES}) + {_RATE_STEP} END,
+               k.grants + (NOT {_RATE_FULL})::int,
+               k.refusals + {_RATE_FULL}::int,
+               CASE WHEN NOT {_RATE_FULL} THEN k.retry_at
+                    WHEN {_RATE_REWAITS} THEN {_RATE_FREES}
+                    ELSE GREATEST(k.next_due, {_RATE_FREES}) END,
+               c.now,
+               NOT {_RATE_FULL}
+        FROM (SELECT clock_timestamp() AS now) AS c
+        CROSS JOIN LATERAL (
+            SELECT COALESCE(array_agg(s.at ORDER BY s.at), '{{}}') AS kept, count(*)::int AS n
+            FROM unnest(k.starts) AS s(at) WHERE s.at > c.now - {_RATE_WINDOW}
+        ) AS w
+    )
+    RETURNING k.granted, k.decided_at, k.retry_at
+), started AS (
+    UPDATE tasks_task AS t SET
+        attempt_started = true,
+        attempt_isolated = %(isolated)s::boolean,
+        attempts = t.attempts + 1,
+        started_at = COALESCE(t.started_at, s.decided_at),
+        last_attempted_at = s.decided_at,
+        worker_ids = t.worker_ids || jsonb_build_array(t.holder)
+    FROM mine AS m, slot AS s
+    WHERE t.id = m.id AND s.granted
+    RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
+), refused AS (
+    UPDATE tasks_task AS t SET
+        status = {_WAITING_STATUS},
+        run_after = s.retry_at,
+        rate_refusals = t.rate_refusals + 1,
+        attempt_started = false,
+        attempt_isolated = false,
+        released_at = clock_timestamp(),
+        expires_at = LEAST(t.expires_at, clock_timestamp())
+    FROM mine AS m, slot AS s
+    WHERE t.id = m.id AND NOT s.granted
+    RETURNING t.id, t.token, t.run_after
+)
+SELECT true, id, token, attempts, started_at, last_attempted_at, NULL::float8 FROM started
+UNION ALL  -- with the seconds until it is due: the worker looks for it then (it was not NOTIFYed)
+SELECT false, id, token, NULL, NULL, run_after, EXTRACT(EPOCH FROM run_after - clock_timestamp())::float8 FROM refused
+UNION ALL  -- sent again after a lost reply: the first copy granted it (nothing else starts a rate-limited claim)
+SELECT true, t.id, t.token, t.attempts, t.started_at, t.last_attempted_at, NULL
+FROM tasks_task AS t JOIN mine AS m ON t.id = m.id WHERE m.attempt_started
+"""
+
 # One statement renews every task the worker still holds, and records the worker as alive. Each row
 # is a compare-and-set on holder + id + TOKEN: a stale client reusing a worker name renews nothing.
 # Only the worker process's own beat (``record_worker``) writes its row: an API client's heartbeat,
@@ -433,7 +548,7 @@ def _claimed_cte(pick: str) -> str:
 _CLAIMED_AND_FINISHED = """SELECT 'c', claimed.* FROM claimed
 UNION ALL
 SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM finished"""
 
 
@@ -456,7 +571,8 @@ WITH {_FINISHED_CTE}, started AS (
 {_CLAIMED_AND_FINISHED}
 UNION ALL
 SELECT 's', started.id, started.token, NULL, NULL, NULL, started.attempts, NULL, NULL,
-       started.started_at, NULL, NULL, NULL, started.last_attempted_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       started.started_at, NULL, NULL, NULL, started.last_attempted_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL
 FROM started
 """
 
@@ -518,9 +634,6 @@ _SNOOZE = "(d.kind = 'snooze')"
 _RETRYABLE = "(d.kind = 'fail' AND d.retry AND t.failures + 1 < COALESCE(d.max_attempts, t.max_attempts))"
 _WAITS = f"({_SNOOZE} OR {_RETRYABLE})"
 
-# A keyed task that backs off gives its concurrency slot up: it waits BLOCKED and is admitted again
-# once due (tasks/lifecycle/concurrency.py). Its slot goes to the next waiting task in the same statement.
-_WAITING_STATUS = "CASE WHEN t.concurrency_key IS NULL THEN 'READY' ELSE 'BLOCKED' END"
 
 # A failed attempt is the handler's own outcome: it costs one of ``max_attempts``. The error entry
 # carries the attempt's token so a worker whose reply was lost can tell that this write landed.

@@ -147,6 +147,16 @@ TRANSITIONS: tuple[Transition, ...] = (
         "the worker gives a claim back uncharged (shutdown, a claim it could not start, a lost lease)",
     ),
     Transition(
+        "refuse a rate-limited start",
+        (RUNNING,),
+        (READY, BLOCKED),
+        (_S + "RATE_START_SQL",),
+        "its rate key's window is full when the executor is about to start it: handed back uncharged in "
+        "the statement that would have granted the start, run_after pushed to a reserved later time "
+        "(a keyed task waits BLOCKED); a granted start marks the attempt started instead "
+        "(tasks/lifecycle/ratelimits.py)",
+    ),
+    Transition(
         "recover",
         (RUNNING,),
         (READY, BLOCKED, FAILED),

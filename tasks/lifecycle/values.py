@@ -44,6 +44,8 @@ class ClaimedTask:
     run_after: dt.datetime | None = None
     #: The retry policy given at enqueue (dotted paths; tasks/lifecycle/policy.py), None for none.
     retry_policy: dict[str, Any] | None = None
+    #: Its rate key (tasks/lifecycle/ratelimits.py): the attempt starts only once RATE_START_SQL grants it.
+    rate_key: str | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -60,6 +62,17 @@ class Started:
     attempt: int
     started_at: dt.datetime
     last_attempted_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RateRefused:
+    """A rate-limited start its key refused: the attempt went back uncharged, to run at ``run_after``."""
+
+    id: int
+    token: int
+    run_after: dt.datetime
+    #: Seconds from the refusal to ``run_after`` (the database's clock): when its worker looks again.
+    wait: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +238,7 @@ def claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
             bool(row[18]),
             row[19],
             json_value(row[20]) if len(row) > 20 else None,
+            row[21] if len(row) > 21 else None,
         ),
         strict=True,
     ):

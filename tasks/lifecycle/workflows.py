@@ -125,19 +125,20 @@ INSERT INTO tasks_task (id, queue, priority, task_path, args, kwargs, status, ru
                         max_attempts, timeout, dedup_key, errors, worker_ids, renewals, transitions, failures,
                         crashes, shared_crashes, unstarted_returns, attempt_started, attempt_isolated,
                         backend_alias, task_run_after, concurrency_key, concurrency_limit, workflow_id,
-                        waiting_on)
+                        waiting_on, rate_key, rate_limit, rate_period)
 SELECT (%(ids)s::bigint[])[m.n], t.queue, t.priority, t.task_path, m.item -> 2, m.item -> 3,
        CASE WHEN (m.item ->> 1)::int <> 0 THEN 'AWAITING' ELSE 'READY' END,
        COALESCE(t.run_after, statement_timestamp()), statement_timestamp(), 0, t.max_attempts, t.timeout, NULL,
        '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false, t.backend_alias,
        CASE WHEN t.backend_alias IS NULL THEN NULL ELSE t.run_after END,
-       t.concurrency_key, t.concurrency_limit, %(workflow)s::bigint, GREATEST((m.item ->> 1)::int, 0)
+       t.concurrency_key, t.concurrency_limit, %(workflow)s::bigint, GREATEST((m.item ->> 1)::int, 0),
+       t.rate_key, t.rate_limit, t.rate_period
 FROM jsonb_array_elements(%(members)s::jsonb) WITH ORDINALITY AS m(item, n)
 JOIN unnest(%(queues)s::text[], %(priorities)s::smallint[], %(paths)s::text[], %(run_afters)s::timestamptz[],
             %(max_attempts)s::int[], %(timeouts)s::float8[], %(backend_aliases)s::text[], %(keys)s::text[],
-            %(limits)s::int[])
+            %(limits)s::int[], %(rate_keys)s::text[], %(rate_limits)s::int[], %(rate_periods)s::float8[])
      WITH ORDINALITY AS t(queue, priority, task_path, run_after, max_attempts, timeout, backend_alias,
-                          concurrency_key, concurrency_limit, k)
+                          concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period, k)
   ON t.k = (m.item ->> 0)::int + 1
 ORDER BY m.n
 """
@@ -160,18 +161,22 @@ TEMPLATE_COLUMNS = {
     "backend_alias": "backend_aliases",
     "concurrency_key": "keys",
     "concurrency_limit": "limits",
+    "rate_key": "rate_keys",
+    "rate_limit": "rate_limits",
+    "rate_period": "rate_periods",
 }
 
 
 def member_params(workflow: int, ids: list[int], members: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """INSERT_MEMBERS_SQL's parameters for ``members`` (dicts of TEMPLATE_COLUMNS' keys, ``waiting_on``,
+    """INSERT_MEMBERS_SQL's parameters for ``members`` (dicts of TEMPLATE_COLUMNS' keys (the rate ones
+    optional), ``waiting_on``,
     and ``args`` / ``kwargs`` as Python values) with the ids reserved for them. Raises
     :class:`~tasks.exceptions.UnstorableResult` naming the first member whose arguments jsonb
     cannot hold."""
     templates: dict[tuple[Any, ...], int] = {}
     entries = []
     for member in members:
-        shared = tuple(member[key] for key in TEMPLATE_COLUMNS)
+        shared = tuple(member.get(key) if key.startswith("rate_") else member[key] for key in TEMPLATE_COLUMNS)
         index = templates.setdefault(shared, len(templates))
         entries.append([index, member["waiting_on"], member["args"], member["kwargs"]])
     try:

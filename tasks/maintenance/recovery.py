@@ -18,7 +18,7 @@ from leasing import clock
 from leasing.bounds import without_jit
 from leasing.election import LeaderElection, Term
 from tasks.conf import get_settings
-from tasks.lifecycle import activity, concurrency
+from tasks.lifecycle import activity, concurrency, ratelimits
 from tasks.maintenance.retention import AutoPruner
 from tasks.models import Recovered, Task
 from tasks.models import Worker as WorkerRow
@@ -148,6 +148,7 @@ def _recover_once(*, using: str, repair: bool, batch: int, window: RecoveryWindo
     # Keyed tasks whose deferral ended, or that an admission skipped, get their slots now.
     report.admitted = concurrency.admit_waiting(using=using)
     concurrency.prune_idle_keys(using=using)
+    ratelimits.prune_idle_keys(using=using)  # rate keys without a start for an hour: their windows are empty
     # Close the minutes of the activity chart as they end (one minute of rows each, once), so that
     # dashboards and scrapes only ever count the open minute.
     activity.roll_up(using=using)

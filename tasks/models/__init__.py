@@ -22,11 +22,19 @@ from tasks.lifecycle.values import (
     Enqueued,
     FailOutcome,
     Failure,
+    RateRefused,
     Recovered,
     Started,
     validate_concurrency,
 )
-from tasks.models.bookkeeping import ActivityMinute, ConcurrencyHold, ConcurrencyKey, ConcurrencyWake, GeneratorState
+from tasks.models.bookkeeping import (
+    ActivityMinute,
+    ConcurrencyHold,
+    ConcurrencyKey,
+    ConcurrencyWake,
+    GeneratorState,
+    RateLimit,
+)
 from tasks.models.queue_control import PAUSE_LOCK_TIMEOUT_MS, QueueControl, QueueControlQuerySet
 from tasks.models.schedule import Schedule, ScheduleRun
 from tasks.models.task import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING, Task, TaskQuerySet
@@ -56,6 +64,8 @@ __all__ = [
     "GeneratorState",
     "QueueControl",
     "QueueControlQuerySet",
+    "RateLimit",
+    "RateRefused",
     "Recovered",
     "Schedule",
     "ScheduleRun",

@@ -1,7 +1,9 @@
 """Rows the queue keeps for itself: the demo generator's state, concurrency keys (their counts,
-wakes and kept slots) and per-minute activity."""
+wakes and kept slots), rate keys (their windows) and per-minute activity."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.db import models
 from django.db.models import Q
@@ -115,6 +117,44 @@ class ConcurrencyHold(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}: slot kept for task {self.task_id} (token {self.token}) on {self.worker}"
+
+
+class GrantTimes(models.Field):
+    """A ``timestamptz[]`` column, read and written by SQL only (django.contrib.postgres's ArrayField
+    would make every project add that app to INSTALLED_APPS)."""
+
+    description = "an array of timestamps"
+
+    def db_type(self, connection: Any) -> str:
+        return "timestamptz[]"
+
+
+class RateLimit(models.Model):
+    """A rate key's sliding window: the grant times of the starts in the last ``period`` (at most
+    ``max_starts`` of them, oldest first), and the row whose lock serialises the key's grants. Written
+    only by the rate start (tasks/lifecycle/statements.py, RATE_START_SQL; tasks/lifecycle/ratelimits.py)."""
+
+    key = models.CharField(max_length=255, primary_key=True)
+    max_starts = models.PositiveIntegerField(help_text="Starts allowed in any window of ``period`` (the last start's).")
+    period = models.FloatField(help_text="The window, in seconds (the last start's).")
+    starts = GrantTimes(default=list, help_text="Grant times within the last period, oldest first.")
+    next_due = models.DateTimeField(
+        help_text="Where the next refused start is sent: refusals are spread period / max_starts apart."
+    )
+    grants = models.BigIntegerField(default=0, help_text="Starts granted (ever).")
+    refusals = models.BigIntegerField(default=0, help_text="Starts refused and handed back uncharged (ever).")
+    retry_at = models.DateTimeField(null=True, blank=True, help_text="Where the last refused start was sent.")
+    decided_at = models.DateTimeField(help_text="The database clock at the last grant or refusal.")
+    granted = models.BooleanField(help_text="Whether the last decision granted its start.")
+
+    class Meta:
+        indexes = [
+            # The recovery round forgets keys idle for a while, oldest first (tasks/lifecycle/ratelimits.py).
+            models.Index(fields=["decided_at"], name="tasks_ratelimit_idle_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"rate key {self.key}: at most {self.max_starts} per {self.period:g}s"
 
 
 class ActivityMinute(models.Model):

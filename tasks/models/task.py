@@ -25,7 +25,7 @@ from leasing.models import LeaseFields, LeaseStateQuerySet, seconds
 from leasing.routing import SelectedManager
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError
-from tasks.lifecycle import activity, policy, prepared
+from tasks.lifecycle import activity, policy, prepared, ratelimits
 from tasks.lifecycle import statements as sql
 from tasks.lifecycle import workflows as wf_sql
 from tasks.lifecycle.routing import queue_database
@@ -38,6 +38,7 @@ from tasks.lifecycle.values import (
     Enqueued,
     FailOutcome,
     Failure,
+    RateRefused,
     Recovered,
     Started,
     claimed_from_row,
@@ -141,6 +142,8 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         backoff: Any = None,
         default_max_attempts: int | None = None,
         retry_policy: dict[str, Any] | None = None,
+        rate_key: str | None = None,
+        rate_limit: Any = None,
     ) -> Enqueued:
         """Insert one task (one statement). With ``dedup_key``, an unfinished task with the same
         key is returned instead of a new one (``created`` is False). ``backend_alias``: the
@@ -158,7 +161,11 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         policy: they win over the handler's own and its queue's (tasks/lifecycle/policy.py).
         ``default_max_attempts``: the limit to store when ``max_attempts`` is not given, as a default
         (the handler's own policy still wins over it); ``retry_policy``: a stored policy mapping to
-        merge under the explicit arguments (a backend's OPTIONS["retry"])."""
+        merge under the explicit arguments (a backend's OPTIONS["retry"]).
+
+        With ``rate_key`` and ``rate_limit`` ("14/s", "100/min", "5/10s" or a (count, seconds) pair), at
+        most that many tasks of the key start in any sliding window of the database clock; a start
+        the key refuses goes back uncharged to run later (tasks/lifecycle/ratelimits.py)."""
         explicit = policy.stored(max_attempts=max_attempts, retry_on=retry_on, backoff=backoff)
         if retry_policy:
             problems = policy.policy_problems(retry_policy, paths_only=True)
@@ -168,6 +175,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         attempts = _max_attempts(queue, (explicit or {}).get("max_attempts"), default_max_attempts)
         validate_enqueue(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
         validate_concurrency(concurrency_key, concurrency_limit)
+        rated = ratelimits.rate_for_enqueue(rate_key, rate_limit)
         params: dict[str, Any] = {
             "queue": queue,
             "priority": priority,
@@ -182,6 +190,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "concurrency_key": concurrency_key,
             "concurrency_limit": concurrency_limit,
             "retry_policy": None if explicit is None else json.dumps(explicit),
+            **_rate_params(rated),
         }
         routed = self._routed(queue)
         parents = sorted({_task_id(parent) for parent in depends_on})
@@ -281,16 +290,19 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         concurrency_limit: int | None = None,
         retry_on: Iterable[Any] | None = None,
         backoff: Any = None,
+        rate_key: str | None = None,
+        rate_limit: Any = None,
     ) -> list[int]:
         """Insert many tasks of one kind: one multi-row statement per ``chunk_size`` tasks (all of
         them under ``concurrency_key``, if given), in the database holding ``queue`` (one queue, so
         one database; each chunk commits on its own unless the caller wraps the call in
-        ``transaction.atomic(using=...)``). The retry policy arguments are :meth:`enqueue`'s."""
+        ``transaction.atomic(using=...)``). The retry policy and rate limit arguments are :meth:`enqueue`'s."""
         routed = self._routed(queue)
         explicit = policy.stored(max_attempts=max_attempts, retry_on=retry_on, backoff=backoff)
         attempts = _max_attempts(queue, max_attempts, None)
         validate_enqueue(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
         validate_concurrency(concurrency_key, concurrency_limit)
+        rate = _rate_params(ratelimits.rate_for_enqueue(rate_key, rate_limit))
         ids: list[int] = []
         chunk: list[str] = []
 
@@ -307,6 +319,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
                 "concurrency_key": concurrency_key,
                 "concurrency_limit": concurrency_limit,
                 "retry_policy": None if explicit is None else json.dumps(explicit),
+                **rate,
             }
             ids.extend(row[0] for row in routed._rows(sql.BULK_ENQUEUE_SQL, params))
             chunk.clear()
@@ -389,6 +402,31 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         }
         rows = self._rows(sql.START_SQL, params)
         return Started(*rows[0]) if rows else None
+
+    def rate_start(
+        self, task_id: int, worker: str, token: int, *, isolated: bool = False, queue: str | None = None
+    ) -> Started | RateRefused | None:
+        """Take a start of the attempt's rate key and mark the attempt started (:class:`Started`), or,
+        when the key's window is full, hand it back uncharged to run later (:class:`RateRefused`); None
+        when the claim is no longer ours (RATE_START_SQL). A task without a rate key of its own uses
+        ``queue``'s queue-wide key (LEASING_TASKS["RATE_LIMITS"])."""
+        fallback = ratelimits.queue_rate(queue) if queue is not None else None
+        params = {
+            "worker": worker,
+            "id": task_id,
+            "token": token,
+            "isolated": isolated,
+            "key": fallback[0] if fallback else None,
+            "limit": fallback[1].count if fallback else None,
+            "period": fallback[1].period if fallback else None,
+        }
+        rows = self._rows(sql.RATE_START_SQL, params)
+        if not rows:
+            return None
+        granted, row_id, row_token, attempt, started_at, at, wait = rows[0]
+        if granted:
+            return Started(row_id, row_token, attempt, started_at, at)
+        return RateRefused(row_id, row_token, at, max(0.0, wait))
 
     def heartbeat(
         self,
@@ -647,6 +685,15 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         return self.filter(status__in=WAITING).update(run_after=Now())
 
 
+def _rate_params(rated: tuple[str, ratelimits.Rate] | None) -> dict[str, Any]:
+    key, rate = rated if rated is not None else (None, None)
+    return {
+        "rate_key": key,
+        "rate_limit": rate.count if rate else None,
+        "rate_period": rate.period if rate else None,
+    }
+
+
 def _max_attempts(queue: str, explicit: int | None, default: int | None) -> int:
     """The limit a new row stores: the enqueue's own, else the given default, else its queue's
     policy (LEASING_TASKS["RETRY_POLICIES"]), else MAX_ATTEMPTS."""
@@ -757,6 +804,19 @@ class Task(LeaseFields):
         null=True,
         blank=True,
         help_text="The key's limit as this task was enqueued with it (the latest enqueue sets it).",
+    )
+    rate_key = models.CharField(
+        max_length=255,
+        null=True,
+        blank=True,
+        help_text="Starts of tasks sharing this key are limited per sliding window (tasks/lifecycle/ratelimits.py).",
+    )
+    rate_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Starts of its rate key allowed per rate_period (as enqueued)."
+    )
+    rate_period = models.FloatField(null=True, blank=True, help_text="The rate limit's window, in seconds.")
+    rate_refusals = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="Starts its rate key refused (handed back uncharged, run_after pushed)."
     )
 
     workflow_id = models.BigIntegerField(

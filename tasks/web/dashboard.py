@@ -35,7 +35,7 @@ from leasing.views import state_counts as lease_counts
 from tasks.conf import get_settings
 from tasks.demo import generator
 from tasks.exceptions import TaskError
-from tasks.lifecycle import activity, concurrency
+from tasks.lifecycle import activity, concurrency, ratelimits
 from tasks.models import Task, Worker, Workflow
 from tasks.web import queries, workflows
 from tasks.web.queries import STATES, Count, state_counts
@@ -112,6 +112,8 @@ def overview(request: HttpRequest) -> HttpResponse:
             "queues": queue_stats(),
             # Keys at their limit first; at most concurrency.SHOWN_KEYS, each read from its indexes.
             "concurrency_keys": concurrency.key_states(),
+            # Rate keys started most recently (at most ratelimits.SHOWN_KEYS), those at their limit first.
+            "rate_keys": ratelimits.rate_key_states(),
             "workers": list(live_workers()),
             "chart": chart(activity_last_hour()),
             "generator": generator.status(),

@@ -9,7 +9,7 @@ from django.db import connections
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from leasing.routing import selected_database
-from tasks.lifecycle import activity, concurrency
+from tasks.lifecycle import activity, concurrency, ratelimits
 from tasks.lifecycle.workflows import WorkflowStatus
 from tasks.maintenance.recovery import RECOVERY_LEASE
 from tasks.maintenance.scheduler import SCHEDULER_LEASE
@@ -177,6 +177,31 @@ def task_metrics() -> Iterable[Metric]:
         "tasks_concurrency_keys_full",
         "Concurrency keys at their limit (of those shown).",
         value=sum(s.full for s in keys),
+    )
+    # Rate keys: at most ratelimits.SHOWN_KEYS, those started most recently (bounded cardinality).
+    rates = ratelimits.rate_key_states()
+    in_window = GaugeMetricFamily(
+        "tasks_rate_starts_in_window", "Starts of a rate key in the window ending now.", labels=["key"]
+    )
+    rate_limit = GaugeMetricFamily("tasks_rate_limit", "Starts a rate key allows per window.", labels=["key"])
+    rate_period = GaugeMetricFamily("tasks_rate_period_seconds", "A rate key's window.", labels=["key"])
+    granted = CounterMetricFamily("tasks_rate_granted", "Starts a rate key granted.", labels=["key"])
+    refused = CounterMetricFamily(
+        "tasks_rate_refused", "Starts a rate key refused (handed back uncharged, run later).", labels=["key"]
+    )
+    for rate_state in rates:
+        in_window.add_metric([rate_state.key], rate_state.in_window)
+        rate_limit.add_metric([rate_state.key], rate_state.count)
+        rate_period.add_metric([rate_state.key], rate_state.period)
+        granted.add_metric([rate_state.key], rate_state.grants)
+        refused.add_metric([rate_state.key], rate_state.refusals)
+    yield in_window
+    yield rate_limit
+    yield rate_period
+    yield granted
+    yield refused
+    yield GaugeMetricFamily(
+        "tasks_rate_keys_full", "Rate keys at their limit now (of those shown).", value=sum(s.full for s in rates)
     )
     alive = list(live_workers().values_list("queues", flat=True))
     yield GaugeMetricFamily("tasks_workers_alive", "Workers that heartbeated recently.", value=len(alive))

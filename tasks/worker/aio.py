@@ -48,6 +48,7 @@ from django.db import close_old_connections, connections
 
 from leasing import clock
 from tasks.exceptions import EventLoopBlocked
+from tasks.models import RateRefused
 from tasks.runtime import Execution, _current, _set_current
 from tasks.worker import handlers
 from tasks.worker.handlers import HandlerCache
@@ -55,7 +56,7 @@ from tasks.worker.isolation import IsolationGate
 from tasks.worker.ledger import Ledger, Outcome
 from tasks.worker.logs import log_attempt
 from tasks.worker.mailbox import Mailbox
-from tasks.worker.session import Session, retrying
+from tasks.worker.session import Session, rate_limited, retrying, take_start
 from tasks.worker.sizing import Pace
 from tasks.worker.slots import KeptSlots
 
@@ -340,19 +341,23 @@ class AsyncExecutor:
         return await sync_to_async(call, thread_sensitive=False)()
 
     async def _run_admitted(self, state: _Loop, execution: Execution) -> None:
-        if execution.task.suspect:
-            # As on a thread: the start is recorded before the handler runs (an async attempt never
-            # runs isolated: isolated tasks go to the threads).
+        rated = rate_limited(execution.task)
+        if execution.task.suspect or rated:
+            # As on a thread: the start is recorded (a rate-limited one taken or refused) before the
+            # handler runs (an async attempt never runs isolated: isolated tasks go to the threads).
             started = await self._db(
                 lambda: retrying(
-                    "recording a start",
+                    "taking a rate-limited start" if rated else "recording a start",
                     self.session,
-                    lambda: self.session.tasks().start(execution.id, self.session.id, execution.token),
+                    lambda: take_start(self.session, execution, rated=rated, isolated=False),
                 )
             )
             with state.lock:
                 if state.retired:
                     return  # the watchdog handed it back while the marker was on its way
+                if isinstance(started, RateRefused):
+                    self.mailbox.refused(execution, started)
+                    return
                 if started is None:
                     execution.mark_lost("the claim lapsed before it could start")
                     self.mailbox.give_back(execution)

@@ -10,6 +10,7 @@ last outcomes and hands back everything still held."""
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -116,6 +117,8 @@ class Dispatcher:
         self._scan_from_start_at = 0.0
         self._resume = False  # the last claim came back full
         self._resumed_short = False  # the last claim resumed and came back short: look again at once
+        # When (local clock) claims their rate key refused come due again, a heap (tasks/lifecycle/ratelimits.py).
+        self._rate_wakes: list[float] = []
 
     # -- sizing -------------------------------------------------------------------------------------
 
@@ -175,6 +178,11 @@ class Dispatcher:
             self._abandon(census.overdue)
             self.slots.release_returned()
             self.handbacks.take_returns()
+            for due in self.handbacks.take_refused():
+                heapq.heappush(self._rate_wakes, due)
+            while self._rate_wakes and self._rate_wakes[0] <= clock.monotonic():
+                heapq.heappop(self._rate_wakes)
+                may_have_work = True  # a claim its rate key refused comes due now
             self.handbacks.take_handbacks()
             outcomes = self.mailbox.take_outcomes() + self._due_deferred()
             starts = self._due_starts(outcomes)
@@ -246,6 +254,8 @@ class Dispatcher:
             wait = min(wait, max(0.0, census.next_deadline - now) + 0.001)
         for _e, _at, when in self._pending_starts.values():
             wait = min(wait, max(0.0, when - now) + 0.001)
+        if self._rate_wakes:
+            wait = min(wait, max(0.0, self._rate_wakes[0] - now) + 0.001)
         if census.unstarted:
             wait = min(wait, MARKER_DELAY)  # an executor may start one at any moment
         return wait
@@ -547,6 +557,7 @@ class Dispatcher:
         self._abandon(self.ledger.census(clock.monotonic()).overdue)
         self.slots.release_returned()  # handlers still running keep theirs: recovery frees them once we stop
         self.handbacks.take_returns()
+        self.handbacks.take_refused()
         self.handbacks.take_handbacks()
         # Outcomes may still arrive while the last rounds are in flight: write until none is left.
         pending = [o for _at, o in self._deferred]  # rows that were locked get one more try

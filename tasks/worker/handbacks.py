@@ -53,6 +53,19 @@ class HandBacks:
                     self.signals.ended(execution)
             self.ledger.remove(e.key for e in executions)
 
+    def take_refused(self) -> list[float]:
+        """Claims their rate key refused: the refusing statement handed them back already. Returns
+        when (local clock) each comes due again: deferred rows are not NOTIFYed, so the dispatcher
+        looks for work then rather than at its next poll (a poll interval longer than the key's
+        period would otherwise cut the key's rate)."""
+        refused = self.mailbox.take_refused()
+        for execution, _due, refusal in refused:
+            execution.mark_lost(f"its rate key refused the start; runs again at {refusal.run_after.isoformat()}")
+        self.session.stats["claimed"] -= len(refused)
+        self.session.stats["rate_refused"] += len(refused)
+        self.ledger.remove(e.key for e, _, _ in refused)
+        return [due for _, due, _ in refused]
+
     def take_returns(self) -> None:
         returns = self.mailbox.take_returns()
         if not returns:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import queue
 import threading
+from typing import Any
 
+from leasing import clock
 from tasks.runtime import Execution
 from tasks.worker.ledger import Outcome
 
@@ -30,6 +32,9 @@ class Mailbox:
         self._outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._starts: queue.SimpleQueue[tuple[Execution, float]] = queue.SimpleQueue()
         self._returns: queue.SimpleQueue[Execution] = queue.SimpleQueue()  # claims an executor could not begin
+        # Claims their rate key refused: already handed back by the refusing statement (RATE_START_SQL).
+        # With when (local clock) each comes due again: the dispatcher looks for work then.
+        self._refused: queue.SimpleQueue[tuple[Execution, float, Any]] = queue.SimpleQueue()
         # Started attempts to hand back with a reason (coroutines cancelled on lease loss, neighbours
         # of a coroutine that blocked the event loop): uncharged, the reason in their error entries.
         self._handbacks: queue.SimpleQueue[tuple[Execution, str]] = queue.SimpleQueue()
@@ -82,6 +87,13 @@ class Mailbox:
         self._wake.set()
         return False
 
+    def refused(self, execution: Execution, refusal: Any) -> bool:
+        """A claim whose rate key refused its start: the statement that refused it handed it back
+        (uncharged, to run at ``refusal.run_after``); the dispatcher only forgets it. Returns False."""
+        self._refused.put((execution, clock.monotonic() + refusal.wait, refusal))
+        self._wake.set()
+        return False
+
     def hand_back_later(self, execution: Execution, reason: str) -> None:
         """A started attempt the dispatcher hands back (uncharged) with ``reason`` recorded."""
         self._handbacks.put((execution, reason))
@@ -118,6 +130,9 @@ class Mailbox:
 
     def take_returns(self) -> list[Execution]:
         return _take(self._returns)
+
+    def take_refused(self) -> list[tuple[Execution, float, Any]]:
+        return _take(self._refused)
 
     def take_handbacks(self) -> list[tuple[Execution, str]]:
         return _take(self._handbacks)

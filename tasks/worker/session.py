@@ -18,7 +18,8 @@ from psycopg import errors as psycopg_errors
 
 from leasing import clock
 from leasing.bounds import bound
-from tasks.models import Task
+from tasks.lifecycle.ratelimits import queue_rate
+from tasks.models import ClaimedTask, RateRefused, Started, Task
 
 logger = logging.getLogger("tasks.worker")
 
@@ -39,6 +40,7 @@ STAT_NAMES = (
     "timed_out",
     "late_results_dropped",
     "claims_returned",
+    "rate_refused",
     "reconciled",
     "connection_errors",
     "heartbeats",
@@ -145,3 +147,20 @@ def retrying[T](what: str, session: Session, statement: Callable[[], T]) -> T | 
             ):
                 return None
             session.hurry.wait(0.2)
+
+
+def rate_limited(task: ClaimedTask) -> bool:
+    """The attempt starts only once its rate key grants it: a key of its own, or its queue's
+    (LEASING_TASKS["RATE_LIMITS"]; tasks/lifecycle/ratelimits.py)."""
+    return task.rate_key is not None or queue_rate(task.queue) is not None
+
+
+def take_start(session: Session, execution: Any, *, rated: bool, isolated: bool) -> Started | RateRefused | None:
+    """The start marker an executor sends before the handler runs: a suspect's (START_SQL) or a
+    rate-limited attempt's (RATE_START_SQL: granted, or refused and handed back). None: not ours."""
+    tasks = session.tasks()
+    if rated:
+        return tasks.rate_start(
+            execution.id, session.id, execution.token, isolated=isolated, queue=execution.task.queue
+        )
+    return tasks.start(execution.id, session.id, execution.token, isolated=isolated)

@@ -12,6 +12,7 @@ import time
 from django.db import close_old_connections, connections
 
 from leasing import clock
+from tasks.models import RateRefused
 from tasks.runtime import Execution, _set_current
 from tasks.worker import handlers
 from tasks.worker.handlers import HandlerCache
@@ -19,7 +20,7 @@ from tasks.worker.isolation import IsolationGate
 from tasks.worker.ledger import Ledger, Outcome
 from tasks.worker.logs import log_attempt
 from tasks.worker.mailbox import Mailbox
-from tasks.worker.session import Session, retrying
+from tasks.worker.session import Session, rate_limited, retrying, take_start
 from tasks.worker.sizing import Pace
 from tasks.worker.slots import KeptSlots
 
@@ -108,17 +109,21 @@ class ThreadExecutors:
 
     def _run_admitted(self, execution: Execution, isolated: bool) -> bool:
         session = self.session
-        if execution.task.suspect:
+        rated = rate_limited(execution.task)
+        if execution.task.suspect or rated:
             # An earlier worker vanished while holding this task: mark the start before the handler
-            # runs, so a poison pill is charged for every try after the first.
+            # runs, so a poison pill is charged for every try after the first. A rate-limited task
+            # takes its key's start in the same statement (or is handed back by it: RATE_START_SQL).
             # Idempotent, so a start whose reply was lost is simply sent again. An abandoned thread
             # still running in this process means the attempt does not run alone after all.
             alone = isolated and self.zombies == 0
             started = retrying(
-                "recording a start",
+                "taking a rate-limited start" if rated else "recording a start",
                 session,
-                lambda: session.tasks().start(execution.id, session.id, execution.token, isolated=alone),
+                lambda: take_start(session, execution, rated=rated, isolated=alone),
             )
+            if isinstance(started, RateRefused):
+                return self.mailbox.refused(execution, started)
             if started is None:
                 execution.mark_lost("the claim lapsed before it could start")
                 return self.mailbox.give_back(execution)

@@ -194,6 +194,17 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                             "description": "at most concurrency_limit tasks of this key run at once (give both)",
                         },
                         "concurrency_limit": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
+                        "rate_key": {
+                            **STRING,
+                            "description": "at most rate_limit starts of this key in any sliding window (give both)",
+                        },
+                        "rate_limit": {
+                            "description": "'14/s', '100/min', '5/10s', or [count, seconds]",
+                            "oneOf": [
+                                {"type": "string"},
+                                {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2},
+                            ],
+                        },
                     },
                     ["task_path"],
                 ),
@@ -338,6 +349,14 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                 ),
             ),
         },
+        "/rate-keys": {
+            "get": _op(
+                "Rate keys started most recently (at most 50), those at their limit first: starts in the window "
+                "ending now, the limit, and the starts granted and refused (handed back) so far",
+                200,
+                {"type": "object", "properties": {"rate_keys": {"type": "array"}}},
+            )
+        },
         "/schedules": {
             "get": _op(
                 "Periodic tasks: every schedule with its last and next run",
@@ -459,6 +478,9 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                         "stuck": {"type": "boolean"},
                         "concurrency_key": {"type": ["string", "null"]},
                         "concurrency_limit": {"type": ["integer", "null"]},
+                        "rate_key": {"type": ["string", "null"]},
+                        "rate_limit": {"type": ["array", "null"], "description": "[count, seconds]"},
+                        "rate_refusals": {"type": "integer"},
                         "args": {"type": "array"},
                         "kwargs": {"type": "object"},
                         "attempts": {"type": "integer"},

@@ -18,9 +18,10 @@ from tasks.backends import allowlist
 from tasks.conf import get_settings
 from tasks.demo import generator
 from tasks.exceptions import TaskError, TaskPathRefused
+from tasks.lifecycle.ratelimits import RateKeyState, parse_rate, queue_rate, rate_key_states
 from tasks.lifecycle.routing import queue_database, queues_by_database
 from tasks.lifecycle.storable import is_storable
-from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, Failure, Task, TaskStatus
+from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, ClaimedTask, Failure, Started, Task, TaskStatus
 from tasks.web import queue_pages as queue_views
 from tasks.web.api import schedules as schedule_api
 from tasks.web.api import workflows as workflow_api
@@ -70,6 +71,9 @@ def task_json(task: Task) -> dict[str, Any]:
         "dedup_key": task.dedup_key,
         "concurrency_key": task.concurrency_key,
         "concurrency_limit": task.concurrency_limit,
+        "rate_key": task.rate_key,
+        "rate_limit": None if task.rate_limit is None else [task.rate_limit, task.rate_period],
+        "rate_refusals": task.rate_refusals,
         "run_after": iso(task.run_after),
         "enqueued_at": iso(task.enqueued_at),
         "started_at": iso(task.started_at),
@@ -163,6 +167,8 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
         "dedup_key",
         "concurrency_key",
         "concurrency_limit",
+        "rate_key",
+        "rate_limit",
     )
     task_path = body.text("task_path")
     reason = allowlist.refusal(task_path)
@@ -193,6 +199,16 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
     if (options["concurrency_key"] is None) != (options["concurrency_limit"] is None):
         missing = "concurrency_limit" if options["concurrency_limit"] is None else "concurrency_key"
         raise ApiError(400, "concurrency_key and concurrency_limit go together: give both or neither", missing)
+    options["rate_key"] = body.text("rate_key", required=False)
+    options["rate_limit"] = body.data.get("rate_limit")
+    if (options["rate_key"] is None) != (options["rate_limit"] is None):
+        missing = "rate_limit" if options["rate_limit"] is None else "rate_key"
+        raise ApiError(400, "rate_key and rate_limit go together: give both or neither", missing)
+    if options["rate_limit"] is not None:
+        try:
+            parse_rate(options["rate_limit"])
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "rate_limit") from None
     queue = options["queue"]
     with routed(request, queue_database(queue), f"queue {queue!r}"):
         try:
@@ -217,17 +233,28 @@ def next_task(request: HttpRequest) -> tuple[int, Any]:
     if len(homes) > 1:
         spread = "; ".join(f"{alias}: {', '.join(names)}" for alias, names in homes.items())
         raise ApiError(400, f"queues live in several databases ({spread}): claim from one at a time", "queues")
+    limit = body.whole("limit", required=False, low=1, high=100, default=1)
+    ttl = body.number("ttl", required=False, low=0, high=MAX_TTL, default=get_settings().TTL)
     with routed(request, next(iter(homes)), f"queue {queues[0]!r}"):
-        claimed = Task.objects.claim(
-            worker,
-            limit=body.whole("limit", required=False, low=1, high=100, default=1),
-            queues=queues,
-            ttl=body.number("ttl", required=False, low=0, high=MAX_TTL, default=get_settings().TTL),
-            start=True,  # an HTTP client runs what it claims: the attempt begins (and is charged) now
-        )
+        # An HTTP client runs what it claims: the attempt begins (and is charged) now. A rate-limited
+        # one (a rate key of its own, or its queue's) begins only if its key grants the start now;
+        # one refused went back to the queue uncharged and is not returned.
+        queue_wide = any(queue_rate(name) is not None for name in queues)
+        claimed = Task.objects.claim(worker, limit=limit, queues=queues, ttl=ttl, start=not queue_wide)
+        claimed = [c for c in claimed if _started_now(c, worker, queue_wide)]
         rows = {task.pk: task for task in Task.objects.filter(pk__in=[c.id for c in claimed])}
         found = [task_json(rows[c.id]) for c in claimed if c.id in rows]
         return 200, {"task": found[0] if found else None, "tasks": found}
+
+
+def _started_now(claimed: ClaimedTask, worker: str, queue_wide: bool) -> bool:
+    """An API claim's attempt has begun: started by the claim, or granted by its rate key now."""
+    if claimed.rate_key is None and (not queue_wide or queue_rate(claimed.queue) is None):
+        if queue_wide:  # claimed unstarted beside rate-limited queues: it begins now
+            return Task.objects.start(claimed.id, worker, claimed.token) is not None
+        return True
+    started = Task.objects.rate_start(claimed.id, worker, claimed.token, queue=claimed.queue)
+    return isinstance(started, Started)
 
 
 @api_view(PUT=[CHANGE_TASK])
@@ -318,6 +345,24 @@ def requeue(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     return 200, {"task": task_json(task)}
 
 
+def rate_key_json(state: RateKeyState) -> dict[str, Any]:
+    return {
+        "key": state.key,
+        "limit": [state.count, state.period],
+        "starts_in_window": state.in_window,
+        "full": state.full,
+        "granted": state.grants,
+        "refused": state.refusals,
+        "last_refused_until": iso(state.retry_at),
+        "last_decided_at": iso(state.decided_at),
+    }
+
+
+@api_view(GET=[VIEW_TASK])
+def rate_keys(request: HttpRequest) -> tuple[int, Any]:
+    return 200, {"rate_keys": [rate_key_json(s) for s in rate_key_states()]}
+
+
 def _listing_view(name: str) -> Any:
     @api_view(GET=[VIEW_TASK])
     def view(request: HttpRequest) -> tuple[int, Any]:
@@ -379,6 +424,7 @@ urlpatterns = [
     path("tasks/<int:task_id>/cancel", cancel, name="api-task-cancel"),
     path("tasks/<int:task_id>/requeue", requeue, name="api-task-requeue"),
     path("generator", generator_state, name="api-generator"),
+    path("rate-keys", rate_keys, name="api-rate-keys"),
     *schedule_api.urlpatterns,
     *workflow_api.urlpatterns,
     *queue_views.api_urlpatterns,
