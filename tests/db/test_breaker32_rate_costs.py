@@ -87,3 +87,35 @@ def test_a_rate_start_costs_the_same_with_5000_keys() -> None:
         "period": None,
     }
     assert rows_read(sql.RATE_START_SQL, params) <= 2
+
+
+def test_a_rate_start_reads_the_task_by_its_primary_key_beside_20000_finished_tasks() -> None:
+    # The change's own plan test (test_the_take_reads_one_key_row_by_its_primary_key) sees a Seq Scan
+    # on tasks_task on PostgreSQL 15, with two rows in the table. With a table of real size (and its
+    # statistics), the rate start must read the task by its primary key, whatever the PostgreSQL.
+    Task.objects.bulk_enqueue(NOOP, [{}] * 20_000)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE tasks_task SET status = 'SUCCESSFUL', finished_at = clock_timestamp()")
+    Task.objects.bulk_enqueue(NOOP, [{}] * 2, rate_key="k-pk", rate_limit=(5, 1.0))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE tasks_task")
+        cursor.execute("ANALYZE tasks_ratelimit")
+    claimed = Task.objects.claim("b32", limit=2, ttl=30)
+    assert len(claimed) == 2
+    params: dict[str, Any] = {
+        "worker": "b32",
+        "id": claimed[0].id,
+        "token": claimed[0].token,
+        "isolated": False,
+        "key": None,
+        "limit": None,
+        "period": None,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+        try:
+            cursor.execute("EXPLAIN (ANALYZE, COSTS OFF) " + sql.RATE_START_SQL, params)
+            text = "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.execute("ROLLBACK")
+    assert "Seq Scan on tasks_task" not in text, text
