@@ -183,7 +183,11 @@ PRUNE_IDLE_KEYS_SQL = """
 DELETE FROM tasks_ratelimit AS k
 WHERE k.key = ANY(ARRAY(  -- run once (tasks/lifecycle/statements.py, _PICK_ONE, says why)
     SELECT i.key FROM tasks_ratelimit AS i
-    WHERE i.decided_at < clock_timestamp() - make_interval(secs => GREATEST(%(idle)s, i.period))
+    -- The bound the index can take (idle, on the statement's clock: a volatile clock_timestamp() is
+    -- no index bound), then each row's own (a whole period): a bound that depends on the row, or on
+    -- a volatile clock, is a filter, and read every live key of the index (breaker 32).
+    WHERE i.decided_at < statement_timestamp() - make_interval(secs => %(idle)s)
+      AND i.decided_at < clock_timestamp() - make_interval(secs => i.period)
     ORDER BY i.decided_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

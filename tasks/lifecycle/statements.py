@@ -391,12 +391,22 @@ _RATE_FULL = "(w.n >= excluded.max_starts)"
 _RATE_FREES = f"(w.kept[w.n - excluded.max_starts + 1] + {_RATE_WINDOW})"
 _RATE_STEP = "make_interval(secs => excluded.period / excluded.max_starts)"
 _RATE_REWAITS = f"(SELECT mod(m.rate_refusals, 2) = 1 AND m.run_after > c.now - {_RATE_WINDOW} FROM mine AS m)"
+# The line's tail: ``next_due``, but never more than a step after the latest live reservation of a task with this key
+# of its own (tasks_task_rate_line_idx, read backwards from the end: one entry while the line is
+# live). A backlog cancelled or deleted, or a limit raised, leaves ``next_due`` far ahead with nobody
+# in line; new refusals then queue after reservations nobody holds while the window stands empty
+# (breaker 32: 58 s instead of 2). Queue-wide keys (no rate key on the row) keep ``next_due``.
+_RATE_TAIL = f"""CASE WHEN (SELECT m.queue_wide FROM mine AS m) THEN k.next_due ELSE LEAST(k.next_due, COALESCE(
+                   (SELECT r.run_after FROM tasks_task AS r
+                    WHERE r.rate_key = excluded.key AND r.status IN ('READY', 'BLOCKED') AND r.run_after > c.now
+                    ORDER BY r.run_after DESC LIMIT 1) + {_RATE_STEP},
+                   '-infinity')) END"""
 RATE_START_SQL = f"""
 WITH mine AS MATERIALIZED (
     SELECT t.id, COALESCE(t.rate_key, %(key)s::text) AS rate_key,
            CASE WHEN t.rate_key IS NULL THEN %(limit)s::int ELSE t.rate_limit END AS rate_limit,
            CASE WHEN t.rate_key IS NULL THEN %(period)s::float8 ELSE t.rate_period END AS rate_period,
-           t.rate_refusals, t.run_after, t.attempt_started
+           t.rate_refusals, t.run_after, t.attempt_started, t.rate_key IS NULL AS queue_wide
     FROM tasks_task AS t
     WHERE t.id = %(id)s::bigint AND t.token = %(token)s::bigint AND {_HELD} AND t.expires_at > clock_timestamp()
       AND COALESCE(t.rate_key, %(key)s::text) IS NOT NULL
@@ -411,12 +421,12 @@ WITH mine AS MATERIALIZED (
         SELECT excluded.max_starts, excluded.period,
                CASE WHEN {_RATE_FULL} THEN w.kept ELSE w.kept || c.now END,
                CASE WHEN NOT {_RATE_FULL} OR {_RATE_REWAITS} THEN k.next_due
-                    ELSE GREATEST(k.next_due, {_RATE_FREES}) + {_RATE_STEP} END,
+                    ELSE GREATEST({_RATE_TAIL}, {_RATE_FREES}) + {_RATE_STEP} END,
                k.grants + (NOT {_RATE_FULL})::int,
                k.refusals + {_RATE_FULL}::int,
                CASE WHEN NOT {_RATE_FULL} THEN k.retry_at
                     WHEN {_RATE_REWAITS} THEN {_RATE_FREES}
-                    ELSE GREATEST(k.next_due, {_RATE_FREES}) END,
+                    ELSE GREATEST({_RATE_TAIL}, {_RATE_FREES}) END,
                c.now,
                NOT {_RATE_FULL}
         FROM (SELECT clock_timestamp() AS now) AS c

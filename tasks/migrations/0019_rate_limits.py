@@ -35,6 +35,10 @@ class Migration(migrations.Migration):
             name='rate_refusals',
             field=models.PositiveIntegerField(db_default=0, default=0, help_text='Starts its rate key refused (handed back uncharged, run_after pushed).'),
         ),
+        migrations.AddIndex(
+            model_name='task',
+            index=models.Index(condition=models.Q(('rate_key__isnull', False), ('status__in', ['READY', 'BLOCKED'])), fields=['rate_key', 'run_after'], name='tasks_task_rate_line_idx'),
+        ),
         migrations.CreateModel(
             name='RateLimit',
             fields=[

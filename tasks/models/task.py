@@ -855,6 +855,14 @@ class Task(LeaseFields):
             # Recovery and the stuck list: running rows by lease expiry.
             models.Index(fields=["expires_at"], name="tasks_task_running_exp_idx", condition=Q(status="RUNNING")),
             models.Index(fields=["holder"], name="tasks_task_running_holder_idx", condition=Q(status="RUNNING")),
+            # A rate key's live reservations (RATE_START_SQL: a refusal's place in line is after the
+            # latest of them, not after reservations of tasks since cancelled or deleted). Only rows
+            # with a rate key of their own, waiting: a plain task never enters it.
+            models.Index(
+                fields=["rate_key", "run_after"],
+                name="tasks_task_rate_line_idx",
+                condition=Q(rate_key__isnull=False, status__in=["READY", "BLOCKED"]),
+            ),
             # Dashboard lists and counts by state, newest first.
             models.Index(fields=["status", "-id"], name="tasks_task_status_idx"),
             models.Index(

@@ -270,8 +270,12 @@ def test_the_take_reads_one_key_row_by_its_primary_key() -> None:
         RateLimit.objects.create(
             key=f"other-{n}", max_starts=1, period=1, starts=[], next_due=db_now(), decided_at=db_now(), granted=True
         )
+    # A table of realistic size: with two rows PostgreSQL 15 rightly reads tasks_task whole (breaker 32).
+    Task.objects.bulk_enqueue(NOOP, [{}] * 5000, queue="finished")
+    Task.objects.filter(queue="finished").update(status=TaskStatus.SUCCESSFUL)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE tasks_ratelimit")
+        cursor.execute("ANALYZE tasks_task")
     params: dict[str, Any] = {
         "worker": W,
         "id": attempts[1][0],
