@@ -27,6 +27,7 @@ from tasks.lifecycle.values import (
     validate_concurrency,
 )
 from tasks.models.bookkeeping import ActivityMinute, ConcurrencyHold, ConcurrencyKey, ConcurrencyWake, GeneratorState
+from tasks.models.bulk import BulkOperation, BulkOperationQuerySet
 from tasks.models.queue_control import PAUSE_LOCK_TIMEOUT_MS, QueueControl, QueueControlQuerySet
 from tasks.models.schedule import Schedule, ScheduleRun
 from tasks.models.task import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING, Task, TaskQuerySet
@@ -46,6 +47,8 @@ __all__ = [
     "WAITING",
     "ActivityMinute",
     "AttemptFate",
+    "BulkOperation",
+    "BulkOperationQuerySet",
     "ClaimedTask",
     "ConcurrencyHold",
     "ConcurrencyKey",
