@@ -53,3 +53,6 @@ if os.environ.get("LEASING_TEST_QUEUE_DATABASES"):
 # Worker processes started by the async executor tests get a short event-loop block limit this way.
 if os.environ.get("TASKS_ASYNC_BLOCK_LIMIT"):
     LEASING_TASKS = {**LEASING_TASKS, "ASYNC_BLOCK_LIMIT": float(os.environ["TASKS_ASYNC_BLOCK_LIMIT"])}
+# ... and the bulk tests a small batch (tests/concurrency/test_bulk_processes.py).
+if os.environ.get("LEASING_TEST_BULK_BATCH_SIZE"):
+    LEASING_TASKS = {**LEASING_TASKS, "BULK_BATCH_SIZE": int(os.environ["LEASING_TEST_BULK_BATCH_SIZE"])}
