@@ -156,6 +156,9 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
             "queue": queue or "",
             "query": search or "",
             "now": timezone.now(),
+            # "All matching" goes to the bulk page with this status (and queue) filled in; a running
+            # task is never a bulk operation's.
+            "bulk_status": "" if STATES[state].status == "RUNNING" else STATES[state].status,
         },
     )
 
