@@ -123,7 +123,10 @@ class TaskAdmin(CheckedInputAdmin):
     list_filter = ("status", QueueFilter, StuckFilter, WorkflowFilter)
     # Search is exact on indexed columns (get_search_results): no LIKE '%…%' over the table.
     search_fields = ("=id", "=dedup_key", "=holder", "=task_path")
-    search_help_text = "Exact id, dedup key, worker id (holder) or task path."
+    search_help_text = (
+        'Exact id, dedup key, worker id (holder) or task path; kwargs:{"customer": 7} or args:[7] searches the'
+        " arguments (with the opt-in index: manage.py tasks_search_index create)."
+    )
     show_full_result_count = False  # no full-table COUNT on a large queue
     show_facets = admin.ShowFacets.NEVER  # facet counts would COUNT every filter choice over the table
     actions = ("requeue", "retry_now", "cancel", "retry_all_matching", "cancel_all_matching", "discard_all_matching")
@@ -165,7 +168,11 @@ class TaskAdmin(CheckedInputAdmin):
         # The paginator reads one branch per lookup from the queryset as it was before the search:
         # inside a branch the OR of every lookup would only mislead the planner.
         setattr(request, _UNSEARCHED, queryset)
-        lookups = queries.search_lookups(search_term)
+        try:
+            lookups = queries.search_lookups(search_term)
+        except InvalidInput as exc:  # an argument search without its index, or malformed
+            self.message_user(request, f"Search refused: {exc.message}.", messages.ERROR)
+            lookups = []
         return (queryset.filter(queries.any_of(lookups)) if lookups else queryset.none()), False
 
     def get_paginator(
@@ -186,7 +193,11 @@ class TaskAdmin(CheckedInputAdmin):
             # search is checked among them; the cost is the workflow's, not the history's.
             lookups = [Q(workflow_id=workflow)]
         elif search.strip():
-            lookups, base = queries.search_lookups(search), getattr(request, _UNSEARCHED, queryset)
+            try:
+                lookups = queries.search_lookups(search)
+            except InvalidInput:  # said by get_search_results
+                lookups = []
+            base = getattr(request, _UNSEARCHED, queryset)
         listing = queries.Listing(base, queries.ALL_STATUSES, lookups=lookups)
         return queries.ListingPaginator(listing, per_page, orphans, allow_empty_first_page)
 
