@@ -328,6 +328,15 @@ RETURNING b.status, b.cursor, b.matched, b.changed, b.skipped
 """
 
 
+# An operation whose statement the database refuses for good (a value out of range in a filter written
+# around the validation, say) ends FAILED with the reason, instead of holding up the operations after it.
+BULK_FAIL_SQL = """
+UPDATE tasks_bulkoperation SET status = 'FAILED', error = %(error)s, finished_at = clock_timestamp(),
+    updated_at = clock_timestamp()
+WHERE id = %(operation)s AND status IN ('PENDING', 'RUNNING')
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class BatchResult:
     """What one batch did, and where its operation stands after it."""

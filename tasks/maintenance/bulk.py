@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, DataError, ProgrammingError, connections
 
 from leasing.bounds import without_jit
 from tasks.conf import get_settings
-from tasks.lifecycle.bulk import BatchResult
+from tasks.lifecycle.bulk import BULK_FAIL_SQL, BatchResult
 from tasks.models import BulkOperation
 
 logger = logging.getLogger("tasks.bulk")
@@ -38,12 +38,20 @@ class BulkRunner:
         return BulkOperation.objects.db_manager(self.using).open().order_by("id").first()
 
     def run_batch(self) -> BatchResult | None:
-        """One batch of the oldest open operation; None when none is open."""
+        """One batch of the oldest open operation; None when none is open (or it just failed)."""
         operation = self.next_operation()
         if operation is None:
             return None
-        with without_jit():
-            result = operation.run_batch(batch=self.batch_size, span=self.span, using=self.using)
+        try:
+            with without_jit():
+                result = operation.run_batch(batch=self.batch_size, span=self.span, using=self.using)
+        except (DataError, ProgrammingError) as exc:
+            # Refused for good, not a passing failure (those propagate: the leader's next round tries
+            # again): it would fail every round and hold up every operation after it.
+            logger.warning("bulk %s #%d failed: %s", operation.kind, operation.pk, exc)
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(BULK_FAIL_SQL, {"operation": operation.pk, "error": str(exc)[:2000]})
+            return None
         if result is not None:
             self.changed += result.batch_changed
             if not result.open:

@@ -192,3 +192,16 @@ def test_the_batch_statement_reads_a_bounded_window(django_assert_max_num_querie
         BulkRunner(batch_size=1000, span=20).run_batch()
     operation = BulkOperation.objects.get()
     assert operation.matched == 20 and operation.status == "RUNNING"
+
+
+def test_an_operation_the_database_refuses_fails_and_the_next_one_runs() -> None:
+    rows = make("FAILED", 3)
+    # A filter written around the validation: its workflow id does not fit a bigint.
+    broken = BulkOperation.objects.create(
+        kind="retry", filter={"status": ["FAILED"], "workflow_id": 2**70}, last_id=max(rows)
+    )
+    BulkOperation.objects.request("retry", {})
+    assert BulkRunner().run_until_idle() == 3
+    broken.refresh_from_db()
+    assert broken.status == "FAILED" and "out of range" in broken.error and broken.finished_at is not None
+    assert statuses(rows) == {"READY": 3}
