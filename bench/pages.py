@@ -166,8 +166,38 @@ def build(n: int) -> dict[str, Any]:
         failed_id = cursor.fetchone()[0]
         cursor.execute("SELECT dedup_key FROM tasks_task WHERE dedup_key IS NOT NULL ORDER BY id LIMIT 1 OFFSET 7")
         dedup = cursor.fetchone()[0]
+    from tasks.models import BulkOperation
+
+    BulkOperation.objects.all().delete()
+    # A bulk retry half-way through the failed tasks (its pages; the batches are timed by bulk_batches).
+    bulk = BulkOperation.objects.request("retry", {"queue": "mail"}, requested_by="bench")
+    BulkOperation.objects.filter(pk=bulk.pk).update(status="RUNNING", cursor=(newest + oldest) // 2)
     print(f"# built {n:,} tasks in {time.perf_counter() - started:.1f} s", flush=True)
-    return {"newest": newest, "middle": (newest + oldest) // 2, "failed": failed_id, "dedup": dedup}
+    return {
+        "newest": newest,
+        "middle": (newest + oldest) // 2,
+        "failed": failed_id,
+        "dedup": dedup,
+        "bulk": bulk.pk,
+    }
+
+
+def bulk_batches(repeat: int) -> float:
+    """Median milliseconds of one batch of the build's bulk retry (queue mail, from the middle id: at
+    most 1,000 tasks changed and BULK_SPAN ids read), rolled back so that every sample does the same work."""
+    from django.db import connection, transaction
+
+    from tasks.maintenance.bulk import BulkRunner
+
+    samples = []
+    for _ in range(repeat + 1):
+        with transaction.atomic():
+            started = time.perf_counter()
+            BulkRunner().run_batch()
+            samples.append((time.perf_counter() - started) * 1000)
+            transaction.set_rollback(True)
+    connection.close()
+    return statistics.median(samples[1:])
 
 
 def pages(keys: dict[str, Any]) -> list[tuple[str, str]]:
@@ -224,6 +254,15 @@ def pages(keys: dict[str, Any]) -> list[tuple[str, str]]:
         ("argument search succeeded <60 rows>", '/dashboard/tasks/succeeded/?q=kwargs:{"customer":"rare"}'),
         ("argument search succeeded <0.1 %>", '/dashboard/tasks/succeeded/?q=kwargs:{"customer":7}'),
         ("argument search admin <60 rows>", f'{admin}?q=kwargs:{{"customer":"rare"}}'),
+        *(
+            [
+                ("dashboard bulk", "/dashboard/tasks/bulk/"),
+                ("dashboard bulk detail", f"/dashboard/tasks/bulk/{keys['bulk']}/"),
+                ("api bulk detail", f"/api/tasks/bulk/{keys['bulk']}"),
+            ]
+            if "bulk" in keys
+            else []
+        ),
         ("lease admin", "/admin/leasing/lease/"),
         ("lease admin search", "/admin/leasing/lease/?q=holder-3"),
     ]
@@ -289,6 +328,10 @@ def main() -> None:
             labels = [label for label, _ in urls]
             print(f"# {size:,} tasks: median of {args.repeat} (ms)", flush=True)
             results[size] = time_pages(client, urls, args.repeat)
+            if "bulk" in args.pages:
+                results[size]["bulk retry: one batch"] = bulk_batches(args.repeat)
+                print(f"  {'bulk retry: one batch':<44} {results[size]['bulk retry: one batch']:>9.1f} ms", flush=True)
+                labels = [*labels, "bulk retry: one batch"]
         base, *others = sizes
         print()
         header = " | ".join(f"{size:,} tasks" for size in sizes)
