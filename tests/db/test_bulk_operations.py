@@ -205,3 +205,32 @@ def test_an_operation_the_database_refuses_fails_and_the_next_one_runs() -> None
     broken.refresh_from_db()
     assert broken.status == "FAILED" and "out of range" in broken.error and broken.finished_at is not None
     assert statuses(rows) == {"READY": 3}
+
+
+def test_a_batch_reads_its_window_not_the_table() -> None:
+    from django.db import transaction
+
+    from tasks.lifecycle.bulk import BULK_SQL, filter_params
+    from tests.helpers.plans import explained, rows_read, seq_scans_of_tasks
+
+    with connection.cursor() as cursor:
+        # 60,000 tasks: half FAILED (a third of them in queue 'mail'), the rest SUCCESSFUL; none has the
+        # argument searched for, so that search would read every failed task but for the window.
+        cursor.execute(
+            "INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at,"
+            " finished_at, attempts, max_attempts, errors, worker_ids, renewals, transitions, failures, crashes,"
+            " shared_crashes, unstarted_returns, attempt_started, attempt_isolated, errors_dropped)"
+            " SELECT CASE WHEN g % 3 = 0 THEN 'mail' ELSE 'default' END, 0, 'app.x', '[]', '{}',"
+            " CASE WHEN g % 2 = 0 THEN 'FAILED' ELSE 'SUCCESSFUL' END, now(), now(), now(), 1, 1, '[]', '[]',"
+            " 0, 0, 0, 0, 0, 0, false, false, 0 FROM generate_series(1, 60000) AS g"
+        )
+        cursor.execute("VACUUM ANALYZE tasks_task")
+    for data in ({"queue": "mail"}, {}, {"kwargs_contains": {"customer": 7}}):
+        operation = BulkOperation.objects.request("retry", data)
+        params = {"operation": operation.pk, "batch": 100, "span": 5000, **filter_params(operation.filter)}
+        with transaction.atomic():
+            plan = explained(BULK_SQL["retry"], params)
+            transaction.set_rollback(True)
+        assert not seq_scans_of_tasks(plan), data
+        # The window's ids (5,000) at most, whatever the table holds or the filter matches.
+        assert max(n for _, n in rows_read(plan)) <= 5000 + 1, (data, rows_read(plan))
