@@ -19,7 +19,7 @@ from leasing.validation import MAX_BIGINT
 from tasks.lifecycle.bulk import FILTER_FIELDS, KIND_STATUSES, KINDS, BulkFilterError
 from tasks.models import BulkOperation
 
-#: Operations listed, newest first (the table keeps every one until it is deleted in the admin).
+#: Operations listed, newest first (the table keeps every one: retention does not prune it yet).
 SHOWN = 50
 _CONTAINS = ("args_contains", "kwargs_contains")
 
