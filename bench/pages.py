@@ -52,7 +52,10 @@ SELECT {QUEUES_SQL},
        0,
        CASE WHEN (g + 7) %% %(stride)s = 0 THEN 'app.jobs.rare' ELSE 'app.jobs.job_' || (r.p %% 10) END,
        '[]'::jsonb,
-       jsonb_build_object('n', g),
+       -- 'customer': 'rare' on 60 tasks at every size (like the rare queue), else one of 1,000 values (0.1 %%
+       -- of the table each): the argument search's two cases.
+       jsonb_build_object('n', g, 'customer',
+                          CASE WHEN (g + 3) %% %(stride)s = 0 THEN to_jsonb('rare'::text) ELSE to_jsonb(g %% 1000) END),
        s.status,
        CASE WHEN s.status = 'READY' AND r.s %% 100 < 5 THEN t.at + interval '1 day' ELSE t.at END,
        t.at,
@@ -163,8 +166,38 @@ def build(n: int) -> dict[str, Any]:
         failed_id = cursor.fetchone()[0]
         cursor.execute("SELECT dedup_key FROM tasks_task WHERE dedup_key IS NOT NULL ORDER BY id LIMIT 1 OFFSET 7")
         dedup = cursor.fetchone()[0]
+    from tasks.models import BulkOperation
+
+    BulkOperation.objects.all().delete()
+    # A bulk retry half-way through the failed tasks (its pages; the batches are timed by bulk_batches).
+    bulk = BulkOperation.objects.request("retry", {"queue": "mail"}, requested_by="bench")
+    BulkOperation.objects.filter(pk=bulk.pk).update(status="RUNNING", cursor=(newest + oldest) // 2)
     print(f"# built {n:,} tasks in {time.perf_counter() - started:.1f} s", flush=True)
-    return {"newest": newest, "middle": (newest + oldest) // 2, "failed": failed_id, "dedup": dedup}
+    return {
+        "newest": newest,
+        "middle": (newest + oldest) // 2,
+        "failed": failed_id,
+        "dedup": dedup,
+        "bulk": bulk.pk,
+    }
+
+
+def bulk_batches(repeat: int) -> float:
+    """Median milliseconds of one batch of the build's bulk retry (queue mail, from the middle id: at
+    most 1,000 tasks changed and BULK_SPAN ids read), rolled back so that every sample does the same work."""
+    from django.db import connection, transaction
+
+    from tasks.maintenance.bulk import BulkRunner
+
+    samples = []
+    for _ in range(repeat + 1):
+        with transaction.atomic():
+            started = time.perf_counter()
+            BulkRunner().run_batch()
+            samples.append((time.perf_counter() - started) * 1000)
+            transaction.set_rollback(True)
+    connection.close()
+    return statistics.median(samples[1:])
 
 
 def pages(keys: dict[str, Any]) -> list[tuple[str, str]]:
@@ -216,6 +249,20 @@ def pages(keys: dict[str, Any]) -> list[tuple[str, str]]:
         ("task admin search <holder>", f"{admin}?q=worker-3"),
         ("task admin search <dedup key>", f"{admin}?q={keys['dedup']}"),
         ("task admin change page", f"{admin}{keys['failed']}/change/"),
+        # Argument search (tasks/web/argument_search.py): refused without its opt-in index; with it
+        # (--argument-index), served by the GIN index: 60 matches at every size, then 0.1 % of the table.
+        ("argument search succeeded <60 rows>", '/dashboard/tasks/succeeded/?q=kwargs:{"customer":"rare"}'),
+        ("argument search succeeded <0.1 %>", '/dashboard/tasks/succeeded/?q=kwargs:{"customer":7}'),
+        ("argument search admin <60 rows>", f'{admin}?q=kwargs:{{"customer":"rare"}}'),
+        *(
+            [
+                ("dashboard bulk", "/dashboard/tasks/bulk/"),
+                ("dashboard bulk detail", f"/dashboard/tasks/bulk/{keys['bulk']}/"),
+                ("api bulk detail", f"/api/tasks/bulk/{keys['bulk']}"),
+            ]
+            if "bulk" in keys
+            else []
+        ),
         ("lease admin", "/admin/leasing/lease/"),
         ("lease admin search", "/admin/leasing/lease/?q=holder-3"),
     ]
@@ -250,6 +297,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,1000000", help="comma-separated task counts (first is the base)")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--pages", default="", help="time only the pages whose label contains this text")
+    parser.add_argument(
+        "--argument-index", action="store_true", help="build the opt-in argument search index after each fill"
+    )
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
     server = prepare_database()
@@ -265,12 +316,22 @@ def main() -> None:
         labels: list[str] = []
         for size in sizes:
             keys = build(size)
+            if args.argument_index:
+                from django.core.management import call_command
+
+                started = time.perf_counter()
+                call_command("tasks_search_index", "create")
+                print(f"# argument search index built in {time.perf_counter() - started:.1f}s", flush=True)
             client = Client()
             client.force_login(user)
-            urls = pages(keys)
+            urls = [(label, url) for label, url in pages(keys) if args.pages in label]
             labels = [label for label, _ in urls]
             print(f"# {size:,} tasks: median of {args.repeat} (ms)", flush=True)
             results[size] = time_pages(client, urls, args.repeat)
+            if "bulk" in args.pages:
+                results[size]["bulk retry: one batch"] = bulk_batches(args.repeat)
+                print(f"  {'bulk retry: one batch':<44} {results[size]['bulk retry: one batch']:>9.1f} ms", flush=True)
+                labels = [*labels, "bulk retry: one batch"]
         base, *others = sizes
         print()
         header = " | ".join(f"{size:,} tasks" for size in sizes)

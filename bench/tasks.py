@@ -27,6 +27,8 @@ Prints one figure per line:
 (refused starts) per task (tasks/lifecycle/ratelimits.py).
 ``--only-claim`` runs the claim cost alone (on DATABASE_URL's server when set: each PostgreSQL major
 has its own figure). ``--only-drain`` runs the two drains alone (unkeyed by 4 processes, keyed), for A/B comparisons.
+``--only-enqueue-drain`` runs the enqueues (single, bulk) and the drain by 4 processes; with
+``--argument-index`` the opt-in argument search indexes exist meanwhile (docs/howto/operations.md: their write cost).
 """
 
 from __future__ import annotations
@@ -436,8 +438,17 @@ def main() -> None:
     parser.add_argument(
         "--only-rate", action="store_true", help="run only the rate-limited backlog (one key, 4 processes)"
     )
+    parser.add_argument(
+        "--only-enqueue-drain", action="store_true", help="run only the enqueues and the drain by 4 processes"
+    )
+    parser.add_argument(
+        "--argument-index", action="store_true", help="with the opt-in argument search indexes (tasks_search_index)"
+    )
     args = parser.parse_args()
     server = prepare_database()
+    from django.core.management import call_command
+
+    call_command("tasks_search_index", "create" if args.argument_index else "drop")
     log_dir = Path(tempfile.mkdtemp(prefix="bench-tasks-"))
     worker_args = ["--concurrency", str(args.concurrency), "--batch-size", str(args.batch_size), "--no-recovery"]
     try:
@@ -451,6 +462,13 @@ def main() -> None:
                 figure(f"{name}.rate", rate, f"starts/s (limit {count / period:g})")
                 figure(f"{name}.fullest_window", most, f"starts (limit {count})")
                 figure(f"{name}.refusals_per_task", refusals, "hand-backs")
+        if args.only_enqueue_drain:
+            for round_no in range(1, args.rounds + 1):
+                figure(f"tasks.enqueue.single.round={round_no}", bench_enqueue_single(args.tasks), "tasks/s")
+                figure(f"tasks.enqueue.bulk.round={round_no}", bench_enqueue_bulk(args.tasks), "tasks/s")
+                figure(
+                    f"tasks.drain.procs=4.round={round_no}", bench_drain(args.tasks, 4, log_dir, worker_args), "tasks/s"
+                )
             return
         if args.only_drain:
             for round_no in range(1, args.rounds + 1):

@@ -88,6 +88,12 @@ class TaskSettings:
     #: Share of the time the automatic pruner may spend deleting: it rests between batches so that
     #: pruning a large backlog never takes more than this fraction of a database connection's time.
     RETENTION_BUSY_FRACTION: float = 0.25
+    #: Bulk operations (tasks/maintenance/bulk.py), worked by the recovery leader between rounds: tasks
+    #: changed per statement at most, task ids one statement may read at most, and the share of the
+    #: recovery interval the leader may spend on them.
+    BULK_BATCH_SIZE: int = 1000
+    BULK_SPAN: int = 20_000
+    BULK_BUSY_FRACTION: float = 0.5
     #: Periodic tasks (tasks/maintenance/scheduler.py): name -> {"task", "cron" or "interval", "args", "kwargs",
     #: "queue", "priority", "catch_up", "timezone", "grace", "max_attempts", "timeout", "enabled"}.
     SCHEDULES: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -1,5 +1,6 @@
 from django.urls import path
 
+from tasks.web import bulk_pages as bulk_views
 from tasks.web import dashboard as views
 from tasks.web import queue_pages as queue_views
 from tasks.web import schedule_pages as schedule_views
@@ -11,6 +12,9 @@ urlpatterns = [
     path("", views.overview, name="overview"),
     path("tasks/<int:task_id>/", views.task_detail, name="task-detail"),
     path("tasks/action/", views.task_action, name="task-action"),
+    path("tasks/bulk/", bulk_views.bulk_operations, name="bulk"),
+    path("tasks/bulk/<int:operation_id>/", bulk_views.bulk_detail, name="bulk-detail"),
+    path("tasks/bulk/<int:operation_id>/cancel/", bulk_views.bulk_cancel, name="bulk-cancel"),
     path("tasks/<slug:state>/", views.task_list, name="task-state"),
     path("workers/", views.workers, name="workers"),
     # Worker ids are free text (host:pid:random by default): any character may appear.

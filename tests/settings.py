@@ -59,3 +59,7 @@ if os.environ.get("LEASING_TEST_LOGGING"):
     import json
 
     LOGGING = json.loads(os.environ["LEASING_TEST_LOGGING"])
+
+# ... and the bulk tests a small batch (tests/concurrency/test_bulk_processes.py).
+if os.environ.get("LEASING_TEST_BULK_BATCH_SIZE"):
+    LEASING_TASKS = {**LEASING_TASKS, "BULK_BATCH_SIZE": int(os.environ["LEASING_TEST_BULK_BATCH_SIZE"])}

@@ -19,10 +19,11 @@ from leasing.routing import selected_database
 from leasing.validation import MAX_BIGINT, InvalidInput, parse_whole
 from tasks.backends.placement import misrouted, switch_database
 from tasks.exceptions import TaskError
+from tasks.lifecycle.bulk import BulkFilterError
 from tasks.lifecycle.routing import queue_database
 from tasks.lifecycle.states import UNFINISHED
 from tasks.lifecycle.workflows import WorkflowStatus
-from tasks.models import GeneratorState, QueueControl, Task, Worker
+from tasks.models import BulkOperation, GeneratorState, QueueControl, Task, Worker
 from tasks.web import queries
 from tasks.web.queries import ValueAmong
 from tasks.web.workflows import workflow_page
@@ -122,10 +123,13 @@ class TaskAdmin(CheckedInputAdmin):
     list_filter = ("status", QueueFilter, StuckFilter, WorkflowFilter)
     # Search is exact on indexed columns (get_search_results): no LIKE '%…%' over the table.
     search_fields = ("=id", "=dedup_key", "=holder", "=task_path")
-    search_help_text = "Exact id, dedup key, worker id (holder) or task path."
+    search_help_text = (
+        'Exact id, dedup key, worker id (holder) or task path; kwargs:{"customer": 7} or args:[7] searches the'
+        " arguments (with the opt-in index: manage.py tasks_search_index create)."
+    )
     show_full_result_count = False  # no full-table COUNT on a large queue
     show_facets = admin.ShowFacets.NEVER  # facet counts would COUNT every filter choice over the table
-    actions = ("requeue", "retry_now", "cancel")
+    actions = ("requeue", "retry_now", "cancel", "retry_all_matching", "cancel_all_matching", "discard_all_matching")
     readonly_fields = [
         field.name for field in Task._meta.get_fields() if field.concrete and field.name not in ("errors",)
     ] + ["errors_display"]
@@ -164,7 +168,11 @@ class TaskAdmin(CheckedInputAdmin):
         # The paginator reads one branch per lookup from the queryset as it was before the search:
         # inside a branch the OR of every lookup would only mislead the planner.
         setattr(request, _UNSEARCHED, queryset)
-        lookups = queries.search_lookups(search_term)
+        try:
+            lookups = queries.search_lookups(search_term)
+        except InvalidInput as exc:  # an argument search without its index, or malformed
+            self.message_user(request, f"Search refused: {exc.message}.", messages.ERROR)
+            lookups = []
         return (queryset.filter(queries.any_of(lookups)) if lookups else queryset.none()), False
 
     def get_paginator(
@@ -185,7 +193,11 @@ class TaskAdmin(CheckedInputAdmin):
             # search is checked among them; the cost is the workflow's, not the history's.
             lookups = [Q(workflow_id=workflow)]
         elif search.strip():
-            lookups, base = queries.search_lookups(search), getattr(request, _UNSEARCHED, queryset)
+            try:
+                lookups = queries.search_lookups(search)
+            except InvalidInput:  # said by get_search_results
+                lookups = []
+            base = getattr(request, _UNSEARCHED, queryset)
         listing = queries.Listing(base, queries.ALL_STATUSES, lookups=lookups)
         return queries.ListingPaginator(listing, per_page, orphans, allow_empty_first_page)
 
@@ -258,6 +270,59 @@ class TaskAdmin(CheckedInputAdmin):
     def cancel(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
         count = Task.objects.filter(pk__in=queryset.values("pk")).cancel()
         self.message_user(request, f"Cancelled {count} unfinished task(s).", messages.SUCCESS)
+
+    # "… all matching": a bulk operation (tasks/lifecycle/bulk.py) on the list's filters (status, queue,
+    # workflow), whatever is selected or shown, run in the background by the recovery leader; the
+    # request only inserts it. A filter a bulk operation cannot express (the lease filter, a search)
+    # is refused rather than widened.
+    def _request_bulk(self, request: HttpRequest, kind: str) -> None:
+        unsupported = sorted(name for name in (StuckFilter.parameter_name, SEARCH_VAR) if request.GET.get(name))
+        if unsupported:
+            self.message_user(
+                request,
+                f"Nothing requested: a bulk {kind} takes the status, queue and workflow filters,"
+                f" not {', '.join(unsupported)} (the dashboard's bulk page has every filter).",
+                messages.ERROR,
+            )
+            return
+        data: dict[str, Any] = {}
+        if status := request.GET.get("status__exact"):
+            data["status"] = status
+        if queue := request.GET.get(QueueFilter.parameter_name):
+            data["queue"] = queue
+        if (workflow := _workflow_param(request)) is not None:
+            data["workflow_id"] = workflow
+        try:
+            operation = BulkOperation.objects.request(kind, data, requested_by=request.user.get_username())
+        except BulkFilterError as exc:
+            self.message_user(request, f"Nothing requested: {exc}.", messages.ERROR)
+            return
+        url = reverse("tasks:bulk-detail", args=[operation.pk])
+        self.message_user(
+            request,
+            format_html(
+                'Bulk {} <a href="{}">#{}</a> requested for every task matching {}: it runs in the background.',
+                kind,
+                url,
+                operation.pk,
+                ", ".join(f"{k}={v}" for k, v in operation.filter.items()),
+            ),
+            messages.SUCCESS,
+        )
+
+    @admin.action(
+        permissions=["change"], description="Retry ALL failed/cancelled tasks matching the filters (background)"
+    )
+    def retry_all_matching(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        self._request_bulk(request, "retry")
+
+    @admin.action(permissions=["change"], description="Cancel ALL waiting tasks matching the filters (background)")
+    def cancel_all_matching(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        self._request_bulk(request, "cancel")
+
+    @admin.action(permissions=["change"], description="Discard ALL waiting tasks matching the filters (background)")
+    def discard_all_matching(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        self._request_bulk(request, "discard")
 
 
 @admin.register(Worker)

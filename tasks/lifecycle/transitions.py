@@ -30,6 +30,7 @@ FINISHED = (SUCCESSFUL, FAILED, CANCELLED)
 
 _S = "tasks.lifecycle.statements."
 _W = "tasks.lifecycle.workflows."
+_B = "tasks.lifecycle.bulk."
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +185,29 @@ TRANSITIONS: tuple[Transition, ...] = (
         (READY, BLOCKED),
         ("tasks.models.task.TaskQuerySet.requeue",),
         "an operator runs a finished task again with fresh attempts (BLOCKED when its key is full)",
+    ),
+    Transition(
+        "bulk retry",
+        FINISHED,
+        (READY, BLOCKED),
+        (_B + "BULK_RETRY_SQL", _B + "BULK_RETRY_ONE_SQL"),
+        "a bulk operation requeues the finished tasks matching its filter, a batch per statement, as requeue "
+        "does (SUCCESSFUL only when the filter names it); a row that moved meanwhile is skipped",
+    ),
+    Transition(
+        "bulk cancel",
+        (AWAITING, BLOCKED, READY),
+        (CANCELLED,),
+        (_B + "BULK_CANCEL_SQL",),
+        "a bulk operation cancels the waiting tasks matching its filter; never a RUNNING one",
+    ),
+    Transition(
+        "bulk discard",
+        (AWAITING, BLOCKED, READY),
+        (FAILED,),
+        (_B + "BULK_DISCARD_SQL",),
+        "a bulk operation fails the waiting tasks matching its filter for good, with an error entry naming it; "
+        "never a RUNNING one",
     ),
     Transition(
         "prune",

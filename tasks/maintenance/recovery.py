@@ -3,7 +3,8 @@
 It runs as a loop (``manage.py recover_tasks``), inside every worker, or once from a Celery beat
 task. Wherever it runs, it works only while it holds the ``tasks:recovery`` lease, so exactly one
 instance recovers at a time and a standby takes over when that one dies. Between rounds the leader
-also prunes what is past its retention (``tasks/maintenance/retention.py``), a slice at a time.
+also prunes what is past its retention (``tasks/maintenance/retention.py``) and runs the batches of
+bulk operations (``tasks/maintenance/bulk.py``), a slice at a time.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from leasing.bounds import without_jit
 from leasing.election import LeaderElection, Term
 from tasks.conf import get_settings
 from tasks.lifecycle import activity, concurrency, ratelimits
+from tasks.maintenance.bulk import BulkRunner
 from tasks.maintenance.retention import AutoPruner
 from tasks.models import Recovered, Task
 from tasks.models import Worker as WorkerRow
@@ -196,6 +198,9 @@ class RecoveryController:
         self.using = using
         # Retention runs on the recovery leader, a slice after each round (tasks/maintenance/retention.py).
         self.pruner = AutoPruner(using=using) if prune else None
+        # Bulk operations too (tasks/maintenance/bulk.py): their progress is on their rows, so a new
+        # leader resumes them where the last one stopped.
+        self.bulk = BulkRunner(using=using)
         # The controller's own lease: long enough to ride out a slow round, short enough to hand over fast.
         self.election = LeaderElection(
             RECOVERY_LEASE, ttl=ttl or max(1.0, self.interval * 3), retry_interval=self.interval, using=using
@@ -215,6 +220,8 @@ class RecoveryController:
                 if self.pruner is not None and not term.should_stop:
                     # Its share of the interval: recovery is held up by at most one slice.
                     self.pruner.run_for(self.interval * get_settings().RETENTION_BUSY_FRACTION)
+                if not term.should_stop:
+                    self.bulk.run_for(self.interval * get_settings().BULK_BUSY_FRACTION)
             except Error as exc:
                 logger.warning("recovery round failed: %s", exc)
                 if self.pruner is not None:

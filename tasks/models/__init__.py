@@ -35,6 +35,7 @@ from tasks.models.bookkeeping import (
     GeneratorState,
     RateLimit,
 )
+from tasks.models.bulk import BulkOperation, BulkOperationQuerySet
 from tasks.models.queue_control import PAUSE_LOCK_TIMEOUT_MS, QueueControl, QueueControlQuerySet
 from tasks.models.schedule import Schedule, ScheduleRun
 from tasks.models.task import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING, Task, TaskQuerySet
@@ -54,6 +55,8 @@ __all__ = [
     "WAITING",
     "ActivityMinute",
     "AttemptFate",
+    "BulkOperation",
+    "BulkOperationQuerySet",
     "ClaimedTask",
     "ConcurrencyHold",
     "ConcurrencyKey",

@@ -141,7 +141,11 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
     queue = filter_value(request, "queue", lambda v: clean_text(v, "queue", max_length=100))
     search = filter_value(request, "q", lambda v: clean_text(v, "search", max_length=255))
     before = filter_value(request, "before", lambda v: parse_whole(v, "before", low=1, high=MAX_BIGINT))
-    listing = queries.state_listing(state, queue=queue, search=(search or "").strip())
+    try:
+        listing = queries.state_listing(state, queue=queue, search=(search or "").strip())
+    except InvalidInput as exc:  # an argument search without its index, or malformed
+        messages.error(request, f"Search refused: {exc.message}.")
+        listing = queries.Listing(Task.objects.none(), (), lookups=[])
     page = listing.page(limit=PAGE_SIZE, before=before)
     return render(
         request,
@@ -158,6 +162,9 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
             "queue": queue or "",
             "query": search or "",
             "now": timezone.now(),
+            # "All matching" goes to the bulk page with this status (and queue) filled in; a running
+            # task is never a bulk operation's.
+            "bulk_status": "" if STATES[state].status == "RUNNING" else STATES[state].status,
         },
     )
 

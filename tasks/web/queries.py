@@ -14,7 +14,8 @@ one window and one merge, so splitting by page would copy them.
   bounded window of ``SCAN_WINDOW`` rows per branch: a page may then come back short, with a link to
   continue below the window (``Page.scanned_to``).
 - **Search** is exact: the id, a dedup key, a holder (worker id) or a task path, each an indexed
-  equality. No ``LIKE '%…%'``.
+  equality. No ``LIKE '%…%'``. Search by arguments (``kwargs:{"customer": 7}``) is jsonb containment
+  through an opt-in GIN index, refused while that index is absent (tasks/web/argument_search.py).
 - **Counts** stop at ``COUNT_CAP`` (shown as "10,000+"), each on the index of its state read in its
   own order (:func:`status_count`); pending is waiting minus retrying, a lower bound once more than
   ``COUNT_CAP`` tasks wait.
@@ -40,6 +41,7 @@ from django.db.models import BooleanField, ExpressionWrapper, F, Lookup, Q, Quer
 
 from leasing.routing import selected_database
 from tasks.models import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING_STATUSES, Task, TaskStatus
+from tasks.web.argument_search import argument_lookup
 
 COUNT_CAP = 10_000
 #: Pending: waiting, never failed, and not snoozed by its handler.
@@ -186,10 +188,16 @@ class Page:
 
 def search_lookups(term: str) -> list[Q]:
     """Exact lookups for a search term: the id, a dedup key, a holder (worker id), a task path.
-    Each is an equality on an indexed column; a term that fits none finds nothing."""
+    Each is an equality on an indexed column; a term that fits none finds nothing. An argument search
+    (``kwargs:{…}``, ``args:[…]``) is one containment lookup served by its opt-in GIN index
+    (tasks/web/argument_search.py); raises InvalidInput when that index is absent (or the term is
+    malformed) rather than scan the table."""
     term = term.strip()
     if not term or "\x00" in term:
         return []
+    argument = argument_lookup(term, selected_database())
+    if argument is not None:
+        return [argument]
     lookups = []
     if term.isascii() and term.isdigit() and len(term) <= 19 and 0 < int(term) <= _MAX_ID:
         lookups.append(Q(pk=int(term)))

@@ -346,7 +346,7 @@ def test_openapi_describes_every_route(api: Api) -> None:
     described = {path.replace("{id}", "<int>") for path in document["paths"]}
     for route in _api_routes():
         normalised = route.removeprefix("/api").replace("<int:lease_id>", "<int>").replace("<int:task_id>", "<int>")
-        normalised = normalised.replace("<int:workflow_id>", "<int>")
+        normalised = normalised.replace("<int:workflow_id>", "<int>").replace("<int:operation_id>", "<int>")
         normalised = normalised.replace("<str:name>", "{name}")
         assert normalised in described, route
 

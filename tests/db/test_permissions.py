@@ -38,6 +38,7 @@ class Route:
     def url(self, task_id: int, lease_id: int) -> str:
         url = self.template.replace("<int:task_id>", str(task_id)).replace("<int:lease_id>", str(lease_id))
         url = url.replace("<int:workflow_id>", str(task_id))  # no such workflow: refused first, else a 404
+        url = url.replace("<int:operation_id>", str(task_id))  # likewise: refused before its 404
         url = url.replace("<slug:state>", "active" if url.startswith("/leases/") else "running")
         return url.replace("<path:rest>", "nope").replace("^(?P<rest>.*)$", "nope")
 

@@ -27,6 +27,14 @@ def record(**kwargs: Any) -> int:
     return os.getpid()
 
 
+def record_then_discard(**kwargs: Any) -> None:
+    """One effect row per execution, then FAILED for good: a task run twice shows as two rows."""
+    from tasks.exceptions import Discard
+
+    _effect("done")
+    raise Discard("fails for good on purpose")
+
+
 def block(gate: str, **kwargs: Any) -> dict[str, Any]:
     """Record the start, wait until the test opens ``gate``, record the end."""
     from tests.testapp.models import Gate

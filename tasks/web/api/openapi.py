@@ -84,6 +84,27 @@ WORKFLOW_PROPERTIES: dict[str, Any] = {
 }
 ONE_WORKFLOW = {"type": "object", "properties": WORKFLOW_PROPERTIES}
 WORKER_TOKEN = {"worker": HOLDER, "token": TOKEN}
+ONE_BULK = {"type": "object", "properties": {"operation": _ref("BulkOperation")}}
+BULK_FILTER: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "every field optional; absent: any. status defaults to what the kind applies to"
+    " (retry: FAILED, CANCELLED; SUCCESSFUL only when named; cancel and discard: AWAITING, BLOCKED, READY;"
+    " never RUNNING)",
+    "properties": {
+        "status": {"oneOf": [{"enum": STATUSES}, {"type": "array", "items": {"enum": STATUSES}, "minItems": 1}]},
+        "queue": {"type": "string", "maxLength": 100},
+        "task_path": {"type": "string", "maxLength": 255},
+        "workflow_id": {"type": "integer", "minimum": 1},
+        "dedup_key": {"type": "string", "maxLength": 255},
+        **{
+            name: {"type": "string", "format": "date-time", "description": "with a time zone; after: >=, before: <"}
+            for name in ("enqueued_after", "enqueued_before", "finished_after", "finished_before")
+        },
+        "args_contains": {"type": "array", "minItems": 1, "description": "jsonb containment: args @> this"},
+        "kwargs_contains": {"type": "object", "minProperties": 1, "description": "jsonb containment: kwargs @> this"},
+    },
+}
 
 
 def document(server_url: str = "/api") -> dict[str, Any]:
@@ -303,6 +324,45 @@ def document(server_url: str = "/api") -> dict[str, Any]:
             "parameters": [ID],
             "post": _op("Run a finished or waiting task again now", 200, ONE_TASK, 404, 409),
         },
+        "/tasks/bulk": {
+            "get": _op(
+                "List bulk operations, newest first",
+                200,
+                {
+                    "type": "object",
+                    "properties": {"operations": {"type": "array", "items": _ref("BulkOperation")}, "next": {}},
+                },
+                400,
+                parameters=PAGE,
+            ),
+            "post": _op(
+                "Request a bulk retry, cancel or discard of every task matching a filter: 202 with the operation"
+                " to poll (the recovery leader works through it in batches); a refused request writes nothing",
+                202,
+                {"type": "object", "properties": {"operation": _ref("BulkOperation"), "poll": {"type": "string"}}},
+                400,
+                requestBody=_body({"kind": {"enum": ["retry", "cancel", "discard"]}, "filter": BULK_FILTER}, ["kind"]),
+            ),
+        },
+        "/tasks/bulk/{id}": {
+            "parameters": [ID],
+            "get": _op("One bulk operation: status, counts and progress", 200, ONE_BULK, 404),
+        },
+        "/tasks/bulk/{id}/cancel": {
+            "parameters": [ID],
+            "post": _op(
+                "Stop an open bulk operation (what it changed stays changed); 409 when it has ended",
+                200,
+                ONE_BULK,
+                400,
+                404,
+                409,
+                requestBody={
+                    "required": False,
+                    "content": {"application/json": {"schema": {"type": "object", "additionalProperties": False}}},
+                },
+            ),
+        },
         "/workflows": {
             "get": _op(
                 "List workflows, newest first (their members: GET /tasks?workflow_id=)",
@@ -510,6 +570,32 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                             "minimum": 0,
                             "description": "tasks it depends on that are not final yet (AWAITING until 0)",
                         },
+                    },
+                },
+                "BulkOperation": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "integer"},
+                        "kind": {"enum": ["retry", "cancel", "discard"]},
+                        "filter": BULK_FILTER,
+                        "status": {"enum": ["PENDING", "RUNNING", "DONE", "CANCELLED", "FAILED"]},
+                        "matched": {"type": "integer", "description": "tasks matching the filter so far"},
+                        "changed": {"type": "integer", "description": "tasks changed so far"},
+                        "skipped": {
+                            "type": "integer",
+                            "description": "matched but left alone: moved meanwhile, or a dedup key collision",
+                        },
+                        "batches": {"type": "integer"},
+                        "progress": {"type": "number", "minimum": 0, "maximum": 1},
+                        "cursor": {"type": "integer", "description": "the last task id gone through"},
+                        "last_id": {"type": "integer", "description": "the newest task id when requested"},
+                        "requested_by": {"type": "string"},
+                        "created_at": stamp,
+                        "started_at": stamp,
+                        "updated_at": stamp,
+                        "finished_at": stamp,
+                        "error": {"type": ["string", "null"]},
+                        "url": {"type": "string"},
                     },
                 },
                 "Workflow": {

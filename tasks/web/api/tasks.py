@@ -23,6 +23,7 @@ from tasks.lifecycle.routing import queue_database, queues_by_database
 from tasks.lifecycle.storable import is_storable
 from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, ClaimedTask, Failure, Started, Task, TaskStatus
 from tasks.web import queue_pages as queue_views
+from tasks.web.api import bulk as bulk_api
 from tasks.web.api import schedules as schedule_api
 from tasks.web.api import workflows as workflow_api
 from tasks.web.queries import ALL_STATUSES, Listing
@@ -416,6 +417,7 @@ def openapi(request: HttpRequest) -> JsonResponse:
 urlpatterns = [
     path("tasks", tasks, name="api-tasks"),
     path("tasks/next", next_task, name="api-task-next"),
+    *bulk_api.urlpatterns,
     *[path(f"tasks/{name}", _listing_view(name), name=f"api-tasks-{name}") for name in LISTINGS],
     path("tasks/<int:task_id>", task_detail, name="api-task-detail"),
     path("tasks/<int:task_id>/heartbeat", heartbeat, name="api-task-heartbeat"),

@@ -1,0 +1,354 @@
+"""Bulk operations: retry, cancel or discard every task matching a filter, in the background.
+
+A request only validates the filter (:func:`parse_filter`) and inserts a ``tasks_bulkoperation`` row;
+the recovery leader works through it a batch at a time (tasks/maintenance/bulk.py), each batch ONE
+statement (:data:`BULK_SQL`) that picks the next matching ids after the operation's cursor, changes
+those whose row still allows it, and advances the cursor and the counts on the operation's row, in
+the same transaction. Hence:
+
+- each task is changed at most once per operation: the cursor only grows, in id order, and it moves in
+  the statement that changed the rows (a leader that dies mid-batch changed nothing of that batch);
+- a RUNNING task is never taken from its worker: no kind applies to RUNNING;
+- a row that moved between the pick and the update (a worker finished, claimed or failed it, an
+  operator changed it) is re-checked by PostgreSQL on its newest version (the UPDATE's WHERE repeats
+  the pick's guard and filter) and counted as skipped, not changed;
+- a statement's work is bounded: it reads at most ``span`` ids of the primary key (or of the status
+  index) after the cursor, so a filter that matches little does not make one statement walk the table.
+
+What each kind does is what the single-task operations do (tasks/models/task.py): ``retry`` is
+``TaskQuerySet.requeue`` (finished tasks run again with fresh attempts), ``cancel`` is
+``TaskQuerySet.cancel`` without RUNNING, ``discard`` fails waiting tasks for good (FAILED, with an
+error entry naming the operation), as a handler's ``Discard`` does.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.lifecycle.states import TaskStatus
+from tasks.lifecycle.storable import is_storable
+
+#: The kinds of operation, and the statuses each applies to (a filter's ``status`` must be among them).
+KIND_STATUSES: dict[str, tuple[str, ...]] = {
+    "retry": (TaskStatus.FAILED.value, TaskStatus.CANCELLED.value, TaskStatus.SUCCESSFUL.value),
+    "cancel": (TaskStatus.AWAITING.value, TaskStatus.BLOCKED.value, TaskStatus.READY.value),
+    "discard": (TaskStatus.AWAITING.value, TaskStatus.BLOCKED.value, TaskStatus.READY.value),
+}
+#: The statuses a kind applies to when the filter names none: a retry never re-runs SUCCESSFUL tasks
+#: unless asked to by name.
+DEFAULT_STATUSES: dict[str, tuple[str, ...]] = {
+    "retry": (TaskStatus.FAILED.value, TaskStatus.CANCELLED.value),
+    "cancel": KIND_STATUSES["cancel"],
+    "discard": KIND_STATUSES["discard"],
+}
+KINDS = tuple(KIND_STATUSES)
+
+#: An operation's own statuses.
+PENDING, RUNNING, DONE, CANCELLED, FAILED = "PENDING", "RUNNING", "DONE", "CANCELLED", "FAILED"
+OPEN = (PENDING, RUNNING)
+
+FILTER_FIELDS = (
+    "status",
+    "queue",
+    "task_path",
+    "workflow_id",
+    "dedup_key",
+    "enqueued_after",
+    "enqueued_before",
+    "finished_after",
+    "finished_before",
+    "args_contains",
+    "kwargs_contains",
+)
+_TEXT_FIELDS = {"queue": 100, "task_path": 255, "dedup_key": 255}
+_TIME_FIELDS = ("enqueued_after", "enqueued_before", "finished_after", "finished_before")
+_MAX_ID = 2**63 - 1
+#: Bytes of a containment document: a search term, not a payload.
+MAX_CONTAINS_BYTES = 4096
+
+
+class BulkFilterError(ValueError):
+    """A bulk operation's kind or filter is not valid; ``field`` names the part at fault."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _when(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise BulkFilterError(f"{name} must be an ISO 8601 date-time string", name)
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise BulkFilterError(f"{name} is not an ISO 8601 date-time: {value!r}", name) from None
+    if when.tzinfo is None:
+        raise BulkFilterError(f"{name} needs a time zone (e.g. 2026-01-31T12:00:00+00:00)", name)
+    return when.isoformat()
+
+
+def parse_filter(kind: Any, data: Any) -> dict[str, Any]:
+    """The filter of an operation of ``kind`` as stored (JSON, every field checked; ``status`` always
+    set: the statuses it applies to). Raises :class:`BulkFilterError` and nothing is written."""
+    if kind not in KIND_STATUSES:
+        raise BulkFilterError(f"kind must be one of {', '.join(KINDS)}", "kind")
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise BulkFilterError("filter must be a JSON object", "filter")
+    unknown = sorted(set(data) - set(FILTER_FIELDS))
+    if unknown:
+        raise BulkFilterError(
+            f"unknown filter field(s): {', '.join(map(str, unknown))} (known: {', '.join(FILTER_FIELDS)})", "filter"
+        )
+    result: dict[str, Any] = {}
+    statuses = data.get("status")
+    if statuses is None:
+        result["status"] = sorted(DEFAULT_STATUSES[kind])
+    else:
+        if isinstance(statuses, str):
+            statuses = [statuses]
+        if not isinstance(statuses, list) or not statuses or not all(isinstance(s, str) for s in statuses):
+            raise BulkFilterError("filter.status must be a status or a non-empty list of statuses", "filter.status")
+        wrong = [s for s in statuses if s not in KIND_STATUSES[kind]]
+        if wrong:
+            raise BulkFilterError(
+                f"a {kind} applies to {', '.join(KIND_STATUSES[kind])} tasks, not {', '.join(wrong)}"
+                + (" (a RUNNING task is never taken from its worker)" if TaskStatus.RUNNING.value in wrong else ""),
+                "filter.status",
+            )
+        result["status"] = sorted(set(statuses))
+    for name, max_length in _TEXT_FIELDS.items():
+        value = data.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value or len(value) > max_length or "\x00" in value:
+            raise BulkFilterError(
+                f"filter.{name} must be a non-empty string of at most {max_length} characters", f"filter.{name}"
+            )
+        result[name] = value
+    workflow = data.get("workflow_id")
+    if workflow is not None:
+        if isinstance(workflow, bool) or not isinstance(workflow, int) or not 0 < workflow <= _MAX_ID:
+            raise BulkFilterError("filter.workflow_id must be a positive integer", "filter.workflow_id")
+        result["workflow_id"] = workflow
+    for name in _TIME_FIELDS:
+        if data.get(name) is not None:
+            result[name] = _when(f"filter.{name}", data[name])
+    for name, shape in (("args_contains", list), ("kwargs_contains", dict)):
+        value = data.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, shape) or not value:
+            what = "a non-empty JSON array" if shape is list else "a non-empty JSON object"
+            raise BulkFilterError(f"filter.{name} must be {what}", f"filter.{name}")
+        if not is_storable(value) or len(json.dumps(value)) > MAX_CONTAINS_BYTES:
+            raise BulkFilterError(
+                f"filter.{name} must be plain JSON of at most {MAX_CONTAINS_BYTES} bytes", f"filter.{name}"
+            )
+        result[name] = value
+    return result
+
+
+def filter_params(stored: dict[str, Any]) -> dict[str, Any]:
+    """The statement parameters of a stored filter (absent fields are NULL: their condition is true)."""
+    params: dict[str, Any] = {name: stored.get(name) for name in (*_TEXT_FIELDS, "workflow_id", *_TIME_FIELDS)}
+    params["statuses"] = list(stored["status"])
+    for name in ("args_contains", "kwargs_contains"):
+        params[name] = None if stored.get(name) is None else json.dumps(stored[name])
+    return params
+
+
+# -- the statement ---------------------------------------------------------------------------------
+#
+# The filter, written once for the pick and again for the update (which PostgreSQL re-checks on the
+# newest version of a row changed since the statement's snapshot). Every optional field is
+# ``(%(x)s IS NULL OR …)``: the values are sent inline (client-side binding), so the planner folds the
+# absent ones away and keeps the rest as index conditions.
+_FILTER = """t.status = ANY(%(statuses)s::text[])
+      AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
+      AND (%(task_path)s::text IS NULL OR t.task_path = %(task_path)s::text)
+      AND (%(dedup_key)s::text IS NULL OR t.dedup_key = %(dedup_key)s::text)
+      AND (%(workflow_id)s::bigint IS NULL OR t.workflow_id = %(workflow_id)s::bigint)
+      AND (%(enqueued_after)s::timestamptz IS NULL OR t.enqueued_at >= %(enqueued_after)s::timestamptz)
+      AND (%(enqueued_before)s::timestamptz IS NULL OR t.enqueued_at < %(enqueued_before)s::timestamptz)
+      AND (%(finished_after)s::timestamptz IS NULL OR t.finished_at >= %(finished_after)s::timestamptz)
+      AND (%(finished_before)s::timestamptz IS NULL OR t.finished_at < %(finished_before)s::timestamptz)
+      AND (%(args_contains)s::jsonb IS NULL OR t.args @> %(args_contains)s::jsonb)
+      AND (%(kwargs_contains)s::jsonb IS NULL OR t.kwargs @> %(kwargs_contains)s::jsonb)"""
+
+# What each kind writes: the single-task operations' SET lists (TaskQuerySet.requeue, .cancel) and
+# a discard's error entry, capped as every error list is (statements.py, MAX_ERRORS).
+_MAX_ERRORS = 10
+_SETS = {
+    "retry": """status = 'READY',
+    run_after = clock_timestamp(),
+    attempts = 0,
+    failures = 0,
+    crashes = 0,
+    shared_crashes = 0,
+    unstarted_returns = 0,
+    attempt_started = false,
+    finished_at = NULL,
+    snoozed_at = NULL""",
+    "cancel": """status = 'CANCELLED',
+    finished_at = clock_timestamp()""",
+    "discard": f"""status = 'FAILED',
+    finished_at = clock_timestamp(),
+    errors = CASE WHEN jsonb_array_length(t.errors) >= {_MAX_ERRORS} THEN (t.errors - 1) ELSE t.errors END
+        || jsonb_build_array(jsonb_build_object(
+            'type', 'tasks.Discarded', 'message', 'discarded by bulk operation ' || op.id,
+            'traceback', '', 'kind', 'discard', 'at', clock_timestamp())),
+    errors_dropped = t.errors_dropped + (jsonb_array_length(t.errors) >= {_MAX_ERRORS})::int""",
+}
+
+
+def _bulk_sql(kind: str) -> str:
+    # op: the operation's row, locked for the statement (FOR UPDATE re-reads its newest version, so a
+    #   cancel that committed meanwhile stops it, and two sessions never run one batch twice: the
+    #   second waits, then reads the cursor the first moved).
+    # window: the ids this statement may read: after the cursor, up to ``span`` past the next id that
+    #   exists (a gap left by retention is jumped in one probe of the primary key), never past the
+    #   last id that existed when the operation was requested.
+    # picked: the first ``batch`` matching ids of the window, in id order (MATERIALIZED: runs once).
+    # changed: the conditional update; a row that moved since the snapshot is re-checked against the
+    #   same guard on its newest version and left alone (skipped).
+    # The cursor becomes the last id picked when the batch is full (ids after it are still to read),
+    # else the window's end.
+    return f"""
+WITH op AS MATERIALIZED (
+    SELECT b.id, b.cursor, b.last_id FROM tasks_bulkoperation AS b
+    WHERE b.id = %(operation)s AND b.status IN ('PENDING', 'RUNNING')
+    FOR UPDATE
+),
+window_end AS MATERIALIZED (
+    SELECT LEAST(op.last_id,
+                 COALESCE((SELECT min(n.id) FROM tasks_task AS n WHERE n.id > op.cursor), op.last_id)
+                 + %(span)s - 1) AS hi
+    FROM op
+),
+picked AS MATERIALIZED (
+    SELECT t.id FROM tasks_task AS t, op, window_end AS w
+    WHERE t.id > op.cursor AND t.id <= w.hi
+      AND {_FILTER}
+    ORDER BY t.id
+    LIMIT %(batch)s
+),
+changed AS (
+    UPDATE tasks_task AS t SET
+    {_SETS[kind]}
+FROM picked, op
+WHERE t.id = picked.id
+      AND {_FILTER}
+    RETURNING t.id
+),
+counts AS MATERIALIZED (
+    SELECT (SELECT count(*) FROM picked) AS picked,
+           (SELECT count(*) FROM changed) AS changed,
+           (SELECT max(id) FROM picked) AS last_picked
+)
+UPDATE tasks_bulkoperation AS b SET
+    status = CASE WHEN (CASE WHEN c.picked >= %(batch)s THEN c.last_picked ELSE w.hi END) >= b.last_id
+                  THEN 'DONE' ELSE 'RUNNING' END,
+    cursor = CASE WHEN c.picked >= %(batch)s THEN c.last_picked ELSE w.hi END,
+    matched = b.matched + c.picked,
+    changed = b.changed + c.changed,
+    skipped = b.skipped + c.picked - c.changed,
+    batches = b.batches + 1,
+    started_at = COALESCE(b.started_at, clock_timestamp()),
+    updated_at = clock_timestamp(),
+    finished_at = CASE WHEN (CASE WHEN c.picked >= %(batch)s THEN c.last_picked ELSE w.hi END) >= b.last_id
+                       THEN clock_timestamp() END
+FROM op, window_end AS w, counts AS c
+WHERE b.id = op.id
+RETURNING b.status, b.cursor, b.matched, b.changed, b.skipped, c.picked, c.changed
+"""
+
+
+#: One batch of a bulk operation of each kind (see :func:`_bulk_sql`).
+BULK_RETRY_SQL = _bulk_sql("retry")
+BULK_CANCEL_SQL = _bulk_sql("cancel")
+BULK_DISCARD_SQL = _bulk_sql("discard")
+BULK_SQL = {"retry": BULK_RETRY_SQL, "cancel": BULK_CANCEL_SQL, "discard": BULK_DISCARD_SQL}
+
+# A retry of one row at a time, when a batch's retry collided with the unique dedup key of unfinished
+# tasks (tasks_task_dedup_unfinished: another task with the key is waiting or running, or two retried
+# rows share a key). The batch's statement rolled back whole; each row of it is tried alone under a
+# savepoint and a collision is counted as skipped. Same guard as the batch's.
+BULK_RETRY_ONE_SQL = f"""
+WITH op AS MATERIALIZED (
+    SELECT b.id FROM tasks_bulkoperation AS b
+    WHERE b.id = %(operation)s AND b.status IN ('PENDING', 'RUNNING')
+)
+UPDATE tasks_task AS t SET
+    {_SETS["retry"]}
+FROM op
+WHERE t.id = %(task)s
+      AND {_FILTER}
+RETURNING t.id
+"""
+
+# The ids a batch would pick, without changing anything (the one-row fallback's list).
+BULK_PICK_SQL = f"""
+WITH op AS MATERIALIZED (
+    SELECT b.id, b.cursor, b.last_id FROM tasks_bulkoperation AS b
+    WHERE b.id = %(operation)s AND b.status IN ('PENDING', 'RUNNING')
+    FOR UPDATE
+),
+window_end AS MATERIALIZED (
+    SELECT LEAST(op.last_id,
+                 COALESCE((SELECT min(n.id) FROM tasks_task AS n WHERE n.id > op.cursor), op.last_id)
+                 + %(span)s - 1) AS hi
+    FROM op
+)
+SELECT t.id, w.hi FROM tasks_task AS t, op, window_end AS w
+WHERE t.id > op.cursor AND t.id <= w.hi
+  AND {_FILTER}
+ORDER BY t.id
+LIMIT %(batch)s
+"""
+
+# Progress of a batch done one row at a time (the fallback above), in the same transaction.
+BULK_ADVANCE_SQL = """
+UPDATE tasks_bulkoperation AS b SET
+    status = CASE WHEN %(cursor)s >= b.last_id THEN 'DONE' ELSE 'RUNNING' END,
+    cursor = %(cursor)s,
+    matched = b.matched + %(picked)s,
+    changed = b.changed + %(changed)s,
+    skipped = b.skipped + %(picked)s - %(changed)s,
+    batches = b.batches + 1,
+    started_at = COALESCE(b.started_at, clock_timestamp()),
+    updated_at = clock_timestamp(),
+    finished_at = CASE WHEN %(cursor)s >= b.last_id THEN clock_timestamp() END
+WHERE b.id = %(operation)s AND b.status IN ('PENDING', 'RUNNING')
+RETURNING b.status, b.cursor, b.matched, b.changed, b.skipped
+"""
+
+
+# An operation whose statement the database refuses for good (a value out of range in a filter written
+# around the validation, say) ends FAILED with the reason, instead of holding up the operations after it.
+BULK_FAIL_SQL = """
+UPDATE tasks_bulkoperation SET status = 'FAILED', error = %(error)s, finished_at = clock_timestamp(),
+    updated_at = clock_timestamp()
+WHERE id = %(operation)s AND status IN ('PENDING', 'RUNNING')
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """What one batch did, and where its operation stands after it."""
+
+    status: str
+    cursor: int
+    matched: int
+    changed: int
+    skipped: int
+    batch_picked: int
+    batch_changed: int
+
+    @property
+    def open(self) -> bool:
+        return self.status in OPEN

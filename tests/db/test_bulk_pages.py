@@ -1,0 +1,110 @@
+"""The bulk operations of the dashboard and the admin: a form (or an admin action on the list's
+filters) inserts an operation and nothing else; its page shows the progress the leader makes; a
+refused form writes nothing; cancel is a POST."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from tasks.maintenance.bulk import BulkRunner
+from tasks.models import BulkOperation, Task
+from tests.factories import StaffFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOOP = "tests.testapp.handlers.noop"
+ADMIN = "/admin/tasks/task/"
+
+
+@pytest.fixture
+def staff(client: Client) -> Client:
+    client.force_login(StaffFactory.create())
+    return client
+
+
+def failed(count: int, queue: str = "default") -> list[int]:
+    ids = Task.objects.bulk_enqueue(NOOP, ({"customer": i % 2} for i in range(count)), queue=queue)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE tasks_task SET status = 'FAILED', finished_at = clock_timestamp() WHERE id = ANY(%s)", [ids]
+        )
+    return ids
+
+
+def test_the_form_requests_an_operation_whose_page_shows_its_progress(staff: Client) -> None:
+    ids = failed(10)
+    response = staff.post(
+        "/dashboard/tasks/bulk/",
+        {"kind": "retry", "status": ["FAILED"], "queue": "default", "kwargs_contains": '{"customer": 1}'},
+    )
+    operation = BulkOperation.objects.get()
+    assert response.status_code == 302 and response["Location"].endswith(f"/dashboard/tasks/bulk/{operation.pk}/")
+    assert operation.filter == {"status": ["FAILED"], "queue": "default", "kwargs_contains": {"customer": 1}}
+    page = staff.get(f"/dashboard/tasks/bulk/{operation.pk}/").content.decode()
+    assert 'id="bulk-status">PENDING' in page and 'id="bulk-cancel"' in page
+    BulkRunner().run_until_idle()
+    page = staff.get(f"/dashboard/tasks/bulk/{operation.pk}/").content.decode()
+    assert 'id="bulk-status">DONE' in page and 'id="bulk-changed">5<' in page and 'id="bulk-cancel"' not in page
+    assert Task.objects.filter(pk__in=ids, status="READY").count() == 5
+    listing = staff.get("/dashboard/tasks/bulk/").content.decode()
+    assert f'data-operation="{operation.pk}"' in listing
+
+
+def test_a_refused_form_writes_nothing(staff: Client) -> None:
+    for data in (
+        {"kind": "retry", "status": ["RUNNING"]},
+        {"kind": "explode"},
+        {"kind": "retry", "kwargs_contains": "{not json"},
+        {"kind": "cancel", "workflow_id": "x"},
+        {"kind": "retry", "finished_after": "yesterday"},
+    ):
+        response = staff.post("/dashboard/tasks/bulk/", data)
+        assert response.status_code == 200 and "Nothing requested" in response.content.decode(), data
+    assert not BulkOperation.objects.exists()
+
+
+def test_cancel_is_a_post_and_a_second_one_says_it_ended(staff: Client) -> None:
+    failed(3)
+    operation = BulkOperation.objects.request("retry", {})
+    assert staff.get(f"/dashboard/tasks/bulk/{operation.pk}/cancel/").status_code == 405
+    staff.post(f"/dashboard/tasks/bulk/{operation.pk}/cancel/")
+    operation.refresh_from_db()
+    assert operation.status == "CANCELLED"
+    page = staff.post(f"/dashboard/tasks/bulk/{operation.pk}/cancel/", follow=True).content.decode()
+    assert "is already cancelled" in page
+    assert staff.get("/dashboard/tasks/bulk/999999/").status_code == 404
+
+
+def test_a_task_list_links_to_a_bulk_action_on_all_matching(staff: Client) -> None:
+    failed(2, queue="mail")
+    page = staff.get("/dashboard/tasks/failed/", {"queue": "mail"}).content.decode()
+    assert 'id="bulk-all-matching" href="/dashboard/tasks/bulk/?status=FAILED&amp;queue=mail"' in page
+    assert 'id="bulk-all-matching"' not in staff.get("/dashboard/tasks/running/").content.decode()
+
+
+def test_the_admin_action_applies_to_the_lists_filters_not_the_selection(staff: Client) -> None:
+    mail = failed(4, queue="mail")
+    other = failed(3)
+    response = staff.post(
+        f"{ADMIN}?status__exact=FAILED&queue__exact=mail",
+        {"action": "retry_all_matching", "_selected_action": [mail[0]]},
+        follow=True,
+    )
+    assert "requested for every task matching" in response.content.decode()
+    operation = BulkOperation.objects.get()
+    assert operation.filter == {"status": ["FAILED"], "queue": "mail"}
+    BulkRunner().run_until_idle()
+    assert Task.objects.filter(pk__in=mail, status="READY").count() == 4
+    assert Task.objects.filter(pk__in=other, status="FAILED").count() == 3
+
+    refused = staff.post(
+        f"{ADMIN}?lease=stuck", {"action": "cancel_all_matching", "_selected_action": [mail[0]]}, follow=True
+    ).content.decode()
+    assert "Nothing requested" in refused
+    wrong = staff.post(
+        f"{ADMIN}?status__exact=RUNNING", {"action": "discard_all_matching", "_selected_action": [mail[0]]}, follow=True
+    ).content.decode()
+    assert "Nothing requested" in wrong
+    assert BulkOperation.objects.count() == 1
