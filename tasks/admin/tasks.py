@@ -160,6 +160,9 @@ class TaskAdmin(CheckedInputAdmin):
                 messages.WARNING,
             )
 
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return TaskChangeList
+
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Task], search_term: str
     ) -> tuple[QuerySet[Task], bool]:
