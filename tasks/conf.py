@@ -84,6 +84,9 @@ class TaskSettings:
     #: Share of the time the automatic pruner may spend deleting: it rests between batches so that
     #: pruning a large backlog never takes more than this fraction of a database connection's time.
     RETENTION_BUSY_FRACTION: float = 0.25
+    #: Hours of history (tasks/maintenance/history.py) the recovery leader keeps in its hourly rollup,
+    #: and the most the history page and ``/api/history`` show: 168 is 7 days.
+    HISTORY_HOURS: int = 168
     #: Periodic tasks (tasks/maintenance/scheduler.py): name -> {"task", "cron" or "interval", "args", "kwargs",
     #: "queue", "priority", "catch_up", "timezone", "grace", "max_attempts", "timeout", "enabled"}.
     SCHEDULES: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -3,7 +3,8 @@
 It runs as a loop (``manage.py recover_tasks``), inside every worker, or once from a Celery beat
 task. Wherever it runs, it works only while it holds the ``tasks:recovery`` lease, so exactly one
 instance recovers at a time and a standby takes over when that one dies. Between rounds the leader
-also prunes what is past its retention (``tasks/maintenance/retention.py``), a slice at a time.
+also prunes what is past its retention (``tasks/maintenance/retention.py``), a slice at a time, and
+rolls finished tasks up by hour for the history page (``tasks/maintenance/history.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from leasing.bounds import without_jit
 from leasing.election import LeaderElection, Term
 from tasks.conf import get_settings
 from tasks.lifecycle import activity, concurrency
+from tasks.maintenance.history import HistoryRollup
 from tasks.maintenance.retention import AutoPruner
 from tasks.models import Recovered, Task
 from tasks.models import Worker as WorkerRow
@@ -173,11 +175,14 @@ class RecoveryController:
         using: str = DEFAULT_DB_ALIAS,
         ttl: float | None = None,
         prune: bool = True,
+        history: bool = True,
     ) -> None:
         self.interval = interval or get_settings().RECOVERY_INTERVAL
         self.using = using
         # Retention runs on the recovery leader, a slice after each round (tasks/maintenance/retention.py).
         self.pruner = AutoPruner(using=using) if prune else None
+        # The hourly history rollup, also on the leader, within the same share of each interval.
+        self.history = HistoryRollup(using=using) if history else None
         # The controller's own lease: long enough to ride out a slow round, short enough to hand over fast.
         self.election = LeaderElection(
             RECOVERY_LEASE, ttl=ttl or max(1.0, self.interval * 3), retry_interval=self.interval, using=using
@@ -197,6 +202,8 @@ class RecoveryController:
                 if self.pruner is not None and not term.should_stop:
                     # Its share of the interval: recovery is held up by at most one slice.
                     self.pruner.run_for(self.interval * get_settings().RETENTION_BUSY_FRACTION)
+                if self.history is not None and not term.should_stop:
+                    self.history.run_for(self.interval * get_settings().RETENTION_BUSY_FRACTION)
             except Error as exc:
                 logger.warning("recovery round failed: %s", exc)
                 if self.pruner is not None:

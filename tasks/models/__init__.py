@@ -26,7 +26,15 @@ from tasks.lifecycle.values import (
     Started,
     validate_concurrency,
 )
-from tasks.models.bookkeeping import ActivityMinute, ConcurrencyHold, ConcurrencyKey, ConcurrencyWake, GeneratorState
+from tasks.models.bookkeeping import (
+    ActivityHour,
+    ActivityHourMark,
+    ActivityMinute,
+    ConcurrencyHold,
+    ConcurrencyKey,
+    ConcurrencyWake,
+    GeneratorState,
+)
 from tasks.models.queue_control import PAUSE_LOCK_TIMEOUT_MS, QueueControl, QueueControlQuerySet
 from tasks.models.schedule import Schedule, ScheduleRun
 from tasks.models.task import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING, Task, TaskQuerySet
@@ -44,6 +52,8 @@ __all__ = [
     "PAUSE_LOCK_TIMEOUT_MS",
     "UNFINISHED",
     "WAITING",
+    "ActivityHour",
+    "ActivityHourMark",
     "ActivityMinute",
     "AttemptFate",
     "ClaimedTask",
