@@ -21,6 +21,7 @@ from tasks.exceptions import TaskError, TaskPathRefused
 from tasks.lifecycle.routing import queue_database, queues_by_database
 from tasks.lifecycle.storable import is_storable
 from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, Failure, Task, TaskStatus
+from tasks.web import history as history_views
 from tasks.web import queue_pages as queue_views
 from tasks.web.api import schedules as schedule_api
 from tasks.web.api import workflows as workflow_api
@@ -382,6 +383,7 @@ urlpatterns = [
     *schedule_api.urlpatterns,
     *workflow_api.urlpatterns,
     *queue_views.api_urlpatterns,
+    *history_views.api_urlpatterns,
     path("openapi.json", openapi, name="api-openapi"),
 ]
 
