@@ -125,7 +125,11 @@ def build(n: int) -> dict[str, Any]:
     started = time.perf_counter()
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE tasks_task, tasks_worker, leasing_lease")
-        for table in ("tasks_activityminute",):  # the rollup, where it exists
+        for table in (
+            "tasks_activityminute",
+            "tasks_activityhour",
+            "tasks_activityhourmark",
+        ):  # rollups, where they exist
             cursor.execute("SELECT to_regclass(%s)", [table])
             if cursor.fetchone()[0]:
                 cursor.execute(f"TRUNCATE {table}")
@@ -164,7 +168,49 @@ def build(n: int) -> dict[str, Any]:
         cursor.execute("SELECT dedup_key FROM tasks_task WHERE dedup_key IS NOT NULL ORDER BY id LIMIT 1 OFFSET 7")
         dedup = cursor.fetchone()[0]
     print(f"# built {n:,} tasks in {time.perf_counter() - started:.1f} s", flush=True)
+    history_rollup()
     return {"newest": newest, "middle": (newest + oldest) // 2, "failed": failed_id, "dedup": dedup}
+
+
+# Seven days of history from the hour the build filled: its rows copied to the other hours of the
+# window (the page's cost depends on hours x keys, which this gives at every size, never on tasks).
+HISTORY_COPY_SQL = """
+INSERT INTO tasks_activityhour (hour, queue, task_path, succeeded, failed, cancelled, attempt_failures, timed,
+    wait_sum, wait_max, run_sum, run_max, wait_buckets, run_buckets)
+SELECT date_trunc('hour', statement_timestamp()) - make_interval(hours => k), queue, task_path, succeeded, failed,
+       cancelled, attempt_failures, timed, wait_sum, wait_max, run_sum, run_max, wait_buckets, run_buckets
+FROM tasks_activityhour CROSS JOIN generate_series(1, %(hours)s) AS k
+WHERE hour = %(source)s
+ON CONFLICT (hour, queue, task_path) DO NOTHING;
+INSERT INTO tasks_activityhourmark (hour, counted_at, keys, tasks)
+SELECT date_trunc('hour', statement_timestamp()) - make_interval(hours => k), statement_timestamp(), 0, 0
+FROM generate_series(1, %(hours)s) AS k
+ON CONFLICT (hour) DO NOTHING
+"""
+
+
+def history_rollup() -> None:
+    """The history rollup of the built table: the hours the build filled counted by the rollup's own
+    statement (timed: what a round costs for an hour of that many finishes), then copied to fill
+    the window."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from tasks.conf import get_settings
+    from tasks.maintenance.history import count_hour
+
+    current = timezone.now().replace(minute=0, second=0, microsecond=0)
+    counted = {}
+    for hour in (current - dt.timedelta(hours=1), current):
+        started = time.perf_counter()
+        counted[hour] = count_hour(hour)
+        print(f"# history: counted {hour:%H:00} ({counted[hour]:,} tasks) in {time.perf_counter() - started:.1f} s")
+    source = max(counted, key=lambda hour: counted[hour])
+    with connection.cursor() as cursor:
+        cursor.execute(HISTORY_COPY_SQL, {"source": source, "hours": get_settings().HISTORY_HOURS})
+        cursor.execute("ANALYZE tasks_activityhour")
+        cursor.execute("SELECT count(*) FROM tasks_activityhour")
+        print(f"# history: {cursor.fetchone()[0]:,} rollup rows", flush=True)
 
 
 def pages(keys: dict[str, Any]) -> list[tuple[str, str]]:
@@ -189,6 +235,9 @@ def pages(keys: dict[str, Any]) -> list[tuple[str, str]]:
         ("dashboard generator", "/dashboard/generator/"),
         ("dashboard queues", "/dashboard/queues/"),
         ("dashboard schedules", "/dashboard/schedules/"),
+        ("dashboard history", "/dashboard/history/"),
+        ("dashboard history ?queue=mail", "/dashboard/history/?queue=mail"),
+        ("dashboard history ?task_path=<rare>&hours=24", "/dashboard/history/?task_path=app.jobs.rare&hours=24"),
         ("dashboard worker detail", "/dashboard/workers/worker-7/"),
         ("lease pages", "/leases/"),
         ("lease pages expired", "/leases/expired/"),
@@ -204,6 +253,8 @@ def pages(keys: dict[str, Any]) -> list[tuple[str, str]]:
         ("api leases", "/api/leases"),
         ("api queues", "/api/queues"),
         ("api schedules", "/api/schedules"),
+        ("api history", "/api/history"),
+        ("api history ?queue=rare&hours=24", "/api/history?queue=rare&hours=24"),
         ("task admin", admin),
         ("task admin ?status=FAILED", f"{admin}?status__exact=FAILED"),
         ("task admin ?queue=rare", f"{admin}?queue__exact=rare"),
@@ -250,6 +301,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,1000000", help="comma-separated task counts (first is the base)")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--only", default="", help="time only the pages whose label contains this text")
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
     server = prepare_database()
@@ -267,7 +319,7 @@ def main() -> None:
             keys = build(size)
             client = Client()
             client.force_login(user)
-            urls = pages(keys)
+            urls = [(label, url) for label, url in pages(keys) if args.only in label]
             labels = [label for label, _ in urls]
             print(f"# {size:,} tasks: median of {args.repeat} (ms)", flush=True)
             results[size] = time_pages(client, urls, args.repeat)

@@ -18,6 +18,7 @@ from tasks.maintenance.recovery import RecoveryController
 from tasks.models import ActivityHour, ActivityHourMark, Task
 from tests.helpers import test_database_url as database_url  # not collected as a test
 from tests.helpers import wait_until
+from tests.helpers.plans import explained, rows_read, seq_scans_of_tasks
 
 PATH = "tests.testapp.handlers.noop"
 
@@ -253,3 +254,29 @@ def test_the_recovery_leader_rolls_the_hours_up() -> None:
         controller.stop()
         thread.join(30)
     assert_known(hour)
+
+
+@pytest.mark.django_db
+def test_counting_an_hour_reads_its_range_of_the_finished_index() -> None:
+    """Over 48 hours of finishes (60,000 tasks), an hour's count reads that hour's index range (about
+    1,250 entries), never the table."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at,
+                last_attempted_at, finished_at, attempts, max_attempts, errors, worker_ids, renewals, transitions,
+                failures, crashes, shared_crashes, unstarted_returns, attempt_started, attempt_isolated)
+            SELECT 'q' || (g % 3), 0, 'app.jobs.t' || (g % 7), '[]', '{}', 'SUCCESSFUL', at - interval '2 s',
+                   at - interval '2 s', at - interval '1 s', at, 1, 3, '[]', '[]', 0, 0, 0, 0, 0, 0, false, false
+            FROM generate_series(1, 60000) AS g
+            CROSS JOIN LATERAL (SELECT statement_timestamp() - make_interval(secs => g * 2.88) AS at) AS t
+            """
+        )
+        cursor.execute("ANALYZE tasks_task")
+    hour = hour_ago(5)
+    plan = explained(history.COUNT_HOUR_SQL, {"hour": hour})
+    assert seq_scans_of_tasks(plan) == []
+    reads = rows_read(plan)
+    assert reads and all("tasks_task_finished_idx" in node or "Bitmap Heap" in node for node, _ in reads), reads
+    assert max(read for _, read in reads) < 1500
+    assert count_hour(hour) == pytest.approx(1250, abs=2)
