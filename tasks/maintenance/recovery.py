@@ -4,13 +4,15 @@ It runs as a loop (``manage.py recover_tasks``), inside every worker, or once fr
 task. Wherever it runs, it works only while it holds the ``tasks:recovery`` lease, so exactly one
 instance recovers at a time and a standby takes over when that one dies. Between rounds the leader
 also prunes what is past its retention (``tasks/maintenance/retention.py``), a slice at a time, and
-rolls finished tasks up by hour for the history page (``tasks/maintenance/history.py``).
+rolls finished tasks up by hour for the history page (``tasks/maintenance/history.py``), on a thread
+of its own for as long as it leads.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 from dataclasses import dataclass, field
 
 from django.db import DEFAULT_DB_ALIAS, Error, connections
@@ -33,6 +35,9 @@ REPAIR_EVERY = 30
 #: Seconds between the leader's full scans of expired leases; between them it reads only the leases
 #: that expired since its last scan (RecoveryWindow).
 FULL_SCAN_INTERVAL = 30.0
+#: Seconds of counting per pass of the history thread (at least one hour), and between its passes.
+HISTORY_BUDGET = 5.0
+HISTORY_PAUSE = 1.0
 #: Seconds a windowed scan reaches back before the last scan's start: a lease whose expiry committed
 #: that late waits for the next full scan. A row another session held locked (skipped) does not: the
 #: next window starts at or before its expiry.
@@ -181,7 +186,8 @@ class RecoveryController:
         self.using = using
         # Retention runs on the recovery leader, a slice after each round (tasks/maintenance/retention.py).
         self.pruner = AutoPruner(using=using) if prune else None
-        # The hourly history rollup, also on the leader, within the same share of each interval.
+        # The hourly history rollup, also on the leader, on a thread of its own: counting an hour of
+        # a busy queue is one statement of seconds, which must not hold recovery up.
         self.history = HistoryRollup(using=using) if history else None
         # The controller's own lease: long enough to ride out a slow round, short enough to hand over fast.
         self.election = LeaderElection(
@@ -194,6 +200,31 @@ class RecoveryController:
     def _lead(self, term: Term) -> None:
         logger.info("recovery controller %s is active", self.election.holder)
         self.window = RecoveryWindow()  # a new term starts with a full scan
+        counting = None
+        if self.history is not None:
+            counting = threading.Thread(target=self._count_history, args=(term,), name="history", daemon=True)
+            counting.start()
+        try:
+            self._recover(term)
+        finally:
+            if counting is not None:
+                # A count in progress ends on its own (idempotent: a late write is the same numbers).
+                counting.join(self.interval)
+
+    def _count_history(self, term: Term) -> None:
+        assert self.history is not None
+        try:
+            while not term.should_stop:
+                try:
+                    self.history.run_for(HISTORY_BUDGET)
+                except Error as exc:
+                    logger.warning("history round failed: %s", exc)
+                    connections[self.using].close()
+                term.wait(HISTORY_PAUSE)
+        finally:
+            connections[self.using].close()  # this thread's own connection
+
+    def _recover(self, term: Term) -> None:
         while not term.should_stop:
             try:
                 report = recover_once(using=self.using, repair=self.rounds % REPAIR_EVERY == 0, window=self.window)
@@ -202,8 +233,6 @@ class RecoveryController:
                 if self.pruner is not None and not term.should_stop:
                     # Its share of the interval: recovery is held up by at most one slice.
                     self.pruner.run_for(self.interval * get_settings().RETENTION_BUSY_FRACTION)
-                if self.history is not None and not term.should_stop:
-                    self.history.run_for(self.interval * get_settings().RETENTION_BUSY_FRACTION)
             except Error as exc:
                 logger.warning("recovery round failed: %s", exc)
                 if self.pruner is not None:
