@@ -18,6 +18,11 @@ Every page is requested through Django's test client as a superuser (middleware,
 one warm-up request, then the median of ``--repeat``. The last column is the ratio of the medians
 (goal: at most 3x). The first request to the overview after the build also reports the one-time
 catch-up of the per-minute chart (minutes closed once, then read from the rollup).
+
+The history page and ``/api/history`` read the hourly rollup: after the build, the hours it filled
+are counted by the rollup's own statement (its time is printed: what the leader's round costs for an
+hour of that many finishes), and their rows are copied over the 7-day window, so both sizes have the
+same 168 hours x keys. ``--only history`` times those pages alone (e.g. ``--sizes 10000,10000000``).
 """
 
 from __future__ import annotations
