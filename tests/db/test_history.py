@@ -280,3 +280,13 @@ def test_counting_an_hour_reads_its_range_of_the_finished_index() -> None:
     assert reads and all("tasks_task_finished_idx" in node or "Bitmap Heap" in node for node, _ in reads), reads
     assert max(read for _, read in reads) < 1500
     assert count_hour(hour) == pytest.approx(1250, abs=2)
+
+
+@pytest.mark.parametrize("hours", [0, -1, 10_000, 2.5, "168", True])
+def test_a_bad_history_hours_setting_fails_the_checks(settings: Any, hours: Any) -> None:
+    from tasks.checks import check_task_settings
+
+    settings.LEASING_TASKS = {"HISTORY_HOURS": hours}
+    assert [error.id for error in check_task_settings()] == ["tasks.E110"]
+    settings.LEASING_TASKS = {"HISTORY_HOURS": 24}
+    assert check_task_settings() == []
