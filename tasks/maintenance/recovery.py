@@ -208,8 +208,9 @@ class RecoveryController:
             self._recover(term)
         finally:
             if counting is not None:
-                # A count in progress ends on its own (idempotent: a late write is the same numbers).
-                counting.join(self.interval)
+                # The term ends with its threads: a count in progress finishes first (one statement;
+                # were it to commit after a new leader's, it writes the same numbers).
+                counting.join()
 
     def _count_history(self, term: Term) -> None:
         assert self.history is not None
