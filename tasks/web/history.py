@@ -351,7 +351,8 @@ def _count(totals: Totals, name: str) -> int:
 
 
 def percentile_chart(series: list[Hour], which: str, *, title: str) -> dict[str, Any]:
-    """Lines of p50 / p95 / p99 per hour on a log scale (durations span milliseconds to hours)."""
+    """Lines of p50 / p95 / p99 per hour on a log scale (durations span milliseconds to hours); a value
+    below the scale's floor (a sub-millisecond run read as 0) is drawn on the floor."""
     values = {f"p{round(q * 100)}": [getattr(hour.totals, which).percentiles[q] for hour in series] for q in QUANTILES}
     seen = [v for line in values.values() for v in line if v is not None and v > 0]
     plot = HEIGHT - BOTTOM
@@ -370,7 +371,7 @@ def percentile_chart(series: list[Hour], which: str, *, title: str) -> dict[str,
         segments: list[list[str]] = [[]]
         dots = []
         for i, value in enumerate(line):
-            if value is None or value <= 0:
+            if value is None:  # no task timed that hour (a zero is drawn on the axis's floor)
                 if segments[-1]:
                     segments.append([])
                 continue

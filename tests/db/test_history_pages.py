@@ -3,6 +3,7 @@ they read the rollup only (never tasks_task), with plans that stay on its index.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
@@ -176,3 +177,18 @@ def test_the_statements_read_the_rollup_only() -> None:
             '"Seq Scan", "Parallel Aware": false, "Async Capable": false, "Relation Name": "tasks_activityhour"'
             not in plan
         )
+
+
+def test_a_zero_percentile_is_drawn_on_the_floor_of_the_scale() -> None:
+    start = hour_ago(2)
+    zero = views.Hour(
+        start,
+        True,
+        views.Totals.of((1, 0, 0, 0, 1, 0.0, 0.0, 0.0, 0.0, [1] + [0] * (BUCKETS - 1), [1] + [0] * (BUCKETS - 1))),
+    )
+    none = views.Hour(start + dt.timedelta(hours=1), True, views.Totals.of((0,) * 9 + ([0] * BUCKETS, [0] * BUCKETS)))
+    chart = views.percentile_chart([zero, none], "run", title="run")
+    assert not chart["empty"]
+    p50 = next(line for line in chart["lines"] if line["name"] == "p50")
+    assert [dot["title"] for dot in p50["dots"]] == [f"{start:%Y-%m-%d %H:00} p50: 0 ms"]
+    assert p50["dots"][0]["y"] == chart["plot"]  # the floor
