@@ -18,6 +18,11 @@ Every page is requested through Django's test client as a superuser (middleware,
 one warm-up request, then the median of ``--repeat``. The last column is the ratio of the medians
 (goal: at most 3x). The first request to the overview after the build also reports the one-time
 catch-up of the per-minute chart (minutes closed once, then read from the rollup).
+
+The history page and ``/api/history`` read the hourly rollup: after the build, the hours it filled
+are counted by the rollup's own statement (its time is printed: what the leader's round costs for an
+hour of that many finishes), and their rows are copied over the 7-day window, so both sizes have the
+same 168 hours x keys. ``--only history`` times those pages alone (e.g. ``--sizes 10000,10000000``).
 """
 
 from __future__ import annotations
@@ -128,7 +133,11 @@ def build(n: int) -> dict[str, Any]:
     started = time.perf_counter()
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE tasks_task, tasks_worker, leasing_lease")
-        for table in ("tasks_activityminute",):  # the rollup, where it exists
+        for table in (
+            "tasks_activityminute",
+            "tasks_activityhour",
+            "tasks_activityhourmark",
+        ):  # rollups, where they exist
             cursor.execute("SELECT to_regclass(%s)", [table])
             if cursor.fetchone()[0]:
                 cursor.execute(f"TRUNCATE {table}")
@@ -173,6 +182,7 @@ def build(n: int) -> dict[str, Any]:
     bulk = BulkOperation.objects.request("retry", {"queue": "mail"}, requested_by="bench")
     BulkOperation.objects.filter(pk=bulk.pk).update(status="RUNNING", cursor=(newest + oldest) // 2)
     print(f"# built {n:,} tasks in {time.perf_counter() - started:.1f} s", flush=True)
+    history_rollup()
     return {
         "newest": newest,
         "middle": (newest + oldest) // 2,
@@ -200,6 +210,47 @@ def bulk_batches(repeat: int) -> float:
     return statistics.median(samples[1:])
 
 
+# Seven days of history from the hour the build filled: its rows copied to the other hours of the
+# window (the page's cost depends on hours x keys, which this gives at every size, never on tasks).
+HISTORY_COPY_SQL = """
+INSERT INTO tasks_activityhour (hour, queue, task_path, succeeded, failed, cancelled, attempt_failures, timed,
+    wait_sum, wait_max, run_sum, run_max, wait_buckets, run_buckets)
+SELECT date_trunc('hour', statement_timestamp()) - make_interval(hours => k), queue, task_path, succeeded, failed,
+       cancelled, attempt_failures, timed, wait_sum, wait_max, run_sum, run_max, wait_buckets, run_buckets
+FROM tasks_activityhour CROSS JOIN generate_series(1, %(hours)s) AS k
+WHERE hour = %(source)s
+ON CONFLICT (hour, queue, task_path) DO NOTHING;
+INSERT INTO tasks_activityhourmark (hour, counted_at, keys, tasks)
+SELECT date_trunc('hour', statement_timestamp()) - make_interval(hours => k), statement_timestamp(), 0, 0
+FROM generate_series(1, %(hours)s) AS k
+ON CONFLICT (hour) DO NOTHING
+"""
+
+
+def history_rollup() -> None:
+    """The history rollup of the built table: the hours the build filled counted by the rollup's own
+    statement (timed: what a round costs for an hour of that many finishes), then copied to fill
+    the window."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from tasks.conf import get_settings
+    from tasks.maintenance.history import count_hour
+
+    current = timezone.now().replace(minute=0, second=0, microsecond=0)
+    counted = {}
+    for hour in (current - dt.timedelta(hours=1), current):
+        started = time.perf_counter()
+        counted[hour] = count_hour(hour)
+        print(f"# history: counted {hour:%H:00} ({counted[hour]:,} tasks) in {time.perf_counter() - started:.1f} s")
+    source = max(counted, key=lambda hour: counted[hour])
+    with connection.cursor() as cursor:
+        cursor.execute(HISTORY_COPY_SQL, {"source": source, "hours": get_settings().HISTORY_HOURS})
+        cursor.execute("ANALYZE tasks_activityhour")
+        cursor.execute("SELECT count(*) FROM tasks_activityhour")
+        print(f"# history: {cursor.fetchone()[0]:,} rollup rows", flush=True)
+
+
 def pages(keys: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, url) of every page, in the order they are timed (the chart pages first)."""
     admin = "/admin/tasks/task/"
@@ -222,6 +273,9 @@ def pages(keys: dict[str, Any]) -> list[tuple[str, str]]:
         ("dashboard generator", "/dashboard/generator/"),
         ("dashboard queues", "/dashboard/queues/"),
         ("dashboard schedules", "/dashboard/schedules/"),
+        ("dashboard history", "/dashboard/history/"),
+        ("dashboard history ?queue=mail", "/dashboard/history/?queue=mail"),
+        ("dashboard history ?task_path=<rare>&hours=24", "/dashboard/history/?task_path=app.jobs.rare&hours=24"),
         ("dashboard worker detail", "/dashboard/workers/worker-7/"),
         ("lease pages", "/leases/"),
         ("lease pages expired", "/leases/expired/"),
@@ -237,6 +291,8 @@ def pages(keys: dict[str, Any]) -> list[tuple[str, str]]:
         ("api leases", "/api/leases"),
         ("api queues", "/api/queues"),
         ("api schedules", "/api/schedules"),
+        ("api history", "/api/history"),
+        ("api history ?queue=rare&hours=24", "/api/history?queue=rare&hours=24"),
         ("task admin", admin),
         ("task admin ?status=FAILED", f"{admin}?status__exact=FAILED"),
         ("task admin ?queue=rare", f"{admin}?queue__exact=rare"),
@@ -297,7 +353,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,1000000", help="comma-separated task counts (first is the base)")
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--pages", default="", help="time only the pages whose label contains this text")
+    parser.add_argument("--pages", "--only", default="", help="time only the pages whose label contains this text")
     parser.add_argument(
         "--argument-index", action="store_true", help="build the opt-in argument search index after each fill"
     )

@@ -30,6 +30,16 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
         errors.append(Error(str(exc), hint="See docs/howto/recovery-and-retention.md, 'Retention'.", id="tasks.E102"))
     errors += retry_policy_errors(get_settings().RETRY_POLICIES)
     errors += rate_limit_errors(get_settings().RATE_LIMITS)
+    hours = get_settings().HISTORY_HOURS
+    if isinstance(hours, bool) or not isinstance(hours, int) or not 1 <= hours <= MAX_HISTORY_HOURS:
+        errors.append(
+            Error(
+                f"LEASING_TASKS['HISTORY_HOURS'] must be a whole number of hours from 1 to {MAX_HISTORY_HOURS},"
+                f" got {hours!r}",
+                hint="See docs/reference/dashboard.md, 'History'.",
+                id="tasks.E111",
+            )
+        )
     return errors
 
 
@@ -42,6 +52,10 @@ def rate_limit_errors(rates: Any) -> list[CheckMessage]:
     except ValueError as exc:
         return [Error(str(exc), hint="See docs/howto/rate-limits.md.", id="tasks.E110")]
     return []
+
+
+#: A year and a day: the rollup keeps hours x keys rows, and the page draws every hour.
+MAX_HISTORY_HOURS = 8784
 
 
 def retry_policy_errors(policies: Any) -> list[CheckMessage]:

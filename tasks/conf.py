@@ -94,6 +94,9 @@ class TaskSettings:
     BULK_BATCH_SIZE: int = 1000
     BULK_SPAN: int = 20_000
     BULK_BUSY_FRACTION: float = 0.5
+    #: Hours of history (tasks/maintenance/history.py) the recovery leader keeps in its hourly rollup,
+    #: and the most the history page and ``/api/history`` show: 168 is 7 days.
+    HISTORY_HOURS: int = 168
     #: Periodic tasks (tasks/maintenance/scheduler.py): name -> {"task", "cron" or "interval", "args", "kwargs",
     #: "queue", "priority", "catch_up", "timezone", "grace", "max_attempts", "timeout", "enabled"}.
     SCHEDULES: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -2,6 +2,7 @@ from django.urls import path
 
 from tasks.web import bulk_pages as bulk_views
 from tasks.web import dashboard as views
+from tasks.web import history as history_views
 from tasks.web import queue_pages as queue_views
 from tasks.web import schedule_pages as schedule_views
 from tasks.web import workflow_pages as workflow_views
@@ -21,6 +22,7 @@ urlpatterns = [
     path("workers/<path:worker_id>/", views.worker_detail, name="worker-detail"),
     path("generator/", views.generator_page, name="generator"),
     path("queues/", queue_views.queues_page, name="queues"),
+    path("history/", history_views.history_page, name="history"),
     path("schedules/", schedule_views.schedules, name="schedules"),
     path("schedules/<str:name>/", schedule_views.schedule_detail, name="schedule-detail"),
     path("workflows/", workflow_views.workflow_list, name="workflows"),

@@ -4,13 +4,16 @@ It runs as a loop (``manage.py recover_tasks``), inside every worker, or once fr
 task. Wherever it runs, it works only while it holds the ``tasks:recovery`` lease, so exactly one
 instance recovers at a time and a standby takes over when that one dies. Between rounds the leader
 also prunes what is past its retention (``tasks/maintenance/retention.py``) and runs the batches of
-bulk operations (``tasks/maintenance/bulk.py``), a slice at a time.
+bulk operations (``tasks/maintenance/bulk.py``), a slice at a time, and rolls finished tasks up by
+hour for the history page (``tasks/maintenance/history.py``), on a thread of its own for as long as it
+leads.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 from dataclasses import dataclass, field
 
 from django.db import DEFAULT_DB_ALIAS, Error, connections
@@ -21,6 +24,7 @@ from leasing.election import LeaderElection, Term
 from tasks.conf import get_settings
 from tasks.lifecycle import activity, concurrency, ratelimits
 from tasks.maintenance.bulk import BulkRunner
+from tasks.maintenance.history import HistoryRollup
 from tasks.maintenance.retention import AutoPruner
 from tasks.models import Recovered, Task
 from tasks.models import Worker as WorkerRow
@@ -34,6 +38,9 @@ REPAIR_EVERY = 30
 #: Seconds between the leader's full scans of expired leases; between them it reads only the leases
 #: that expired since its last scan (RecoveryWindow).
 FULL_SCAN_INTERVAL = 30.0
+#: Seconds of counting per pass of the history thread (at least one hour), and between its passes.
+HISTORY_BUDGET = 5.0
+HISTORY_PAUSE = 1.0
 #: Seconds a windowed scan reaches back before the last scan's start: a lease whose expiry committed
 #: that late waits for the next full scan. A row another session held locked (skipped) does not: the
 #: next window starts at or before its expiry.
@@ -193,6 +200,7 @@ class RecoveryController:
         using: str = DEFAULT_DB_ALIAS,
         ttl: float | None = None,
         prune: bool = True,
+        history: bool = True,
     ) -> None:
         self.interval = interval or get_settings().RECOVERY_INTERVAL
         self.using = using
@@ -201,6 +209,9 @@ class RecoveryController:
         # Bulk operations too (tasks/maintenance/bulk.py): their progress is on their rows, so a new
         # leader resumes them where the last one stopped.
         self.bulk = BulkRunner(using=using)
+        # The hourly history rollup, also on the leader, on a thread of its own: counting an hour of
+        # a busy queue is one statement of seconds, which must not hold recovery up.
+        self.history = HistoryRollup(using=using) if history else None
         # The controller's own lease: long enough to ride out a slow round, short enough to hand over fast.
         self.election = LeaderElection(
             RECOVERY_LEASE, ttl=ttl or max(1.0, self.interval * 3), retry_interval=self.interval, using=using
@@ -212,6 +223,32 @@ class RecoveryController:
     def _lead(self, term: Term) -> None:
         logger.info("recovery controller %s is active", self.election.holder)
         self.window = RecoveryWindow()  # a new term starts with a full scan
+        counting = None
+        if self.history is not None:
+            counting = threading.Thread(target=self._count_history, args=(term,), name="history", daemon=True)
+            counting.start()
+        try:
+            self._recover(term)
+        finally:
+            if counting is not None:
+                # The term ends with its threads: a count in progress finishes first (one statement;
+                # were it to commit after a new leader's, it writes the same numbers).
+                counting.join()
+
+    def _count_history(self, term: Term) -> None:
+        assert self.history is not None
+        try:
+            while not term.should_stop:
+                try:
+                    self.history.run_for(HISTORY_BUDGET)
+                except Error as exc:
+                    logger.warning("history round failed: %s", exc)
+                    connections[self.using].close()
+                term.wait(HISTORY_PAUSE)
+        finally:
+            connections[self.using].close()  # this thread's own connection
+
+    def _recover(self, term: Term) -> None:
         while not term.should_stop:
             try:
                 report = recover_once(using=self.using, repair=self.rounds % REPAIR_EVERY == 0, window=self.window)

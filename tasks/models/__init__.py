@@ -28,6 +28,8 @@ from tasks.lifecycle.values import (
     validate_concurrency,
 )
 from tasks.models.bookkeeping import (
+    ActivityHour,
+    ActivityHourMark,
     ActivityMinute,
     ConcurrencyHold,
     ConcurrencyKey,
@@ -53,6 +55,8 @@ __all__ = [
     "PAUSE_LOCK_TIMEOUT_MS",
     "UNFINISHED",
     "WAITING",
+    "ActivityHour",
+    "ActivityHourMark",
     "ActivityMinute",
     "AttemptFate",
     "BulkOperation",

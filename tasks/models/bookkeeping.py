@@ -184,3 +184,69 @@ class ActivityMinute(models.Model):
 
     def __str__(self) -> str:
         return f"{self.minute:%Y-%m-%d %H:%M}: {self.succeeded} succeeded, {self.failed} failed"
+
+
+class BucketCounts(models.Field):
+    """A ``bigint[]`` column: counts per histogram bucket, written and read by SQL only. Not
+    contrib.postgres's ArrayField, which would make every project add ``django.contrib.postgres``
+    to INSTALLED_APPS for two columns no ORM lookup reads (psycopg maps lists to arrays itself)."""
+
+    def db_type(self, connection: Any) -> str:
+        return "bigint[]"
+
+
+class ActivityHour(models.Model):
+    """One hour of finished tasks of one queue and task path: the rollup behind the history page.
+
+    Written by the recovery leader once the hour has been over for a few minutes, in one statement
+    that recomputes the whole hour from the finished-at index and overwrites the rows (a rerun or a
+    second leader writes the same numbers: nothing is counted twice). Wait and run times are kept as
+    fixed histograms (``tasks.maintenance.history.BOUNDS``) so that percentiles over any set of
+    hours and keys come from summed buckets. See tasks/maintenance/history.py.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    hour = models.DateTimeField()
+    queue = models.CharField(max_length=100)
+    task_path = models.CharField(max_length=255)
+    succeeded = models.BigIntegerField(default=0)
+    failed = models.BigIntegerField(default=0, help_text="Tasks that failed for good (FAILED).")
+    cancelled = models.BigIntegerField(default=0)
+    attempt_failures = models.BigIntegerField(
+        default=0, help_text="Attempts that failed (the handler's own failures) of the tasks finished in the hour."
+    )
+    timed = models.BigIntegerField(default=0, help_text="Tasks with a wait and run time (an attempt started).")
+    wait_sum = models.FloatField(default=0.0)
+    wait_max = models.FloatField(default=0.0)
+    run_sum = models.FloatField(default=0.0)
+    run_max = models.FloatField(default=0.0)
+    wait_buckets = BucketCounts(help_text="Tasks per wait-time bucket (seconds, BOUNDS).")
+    run_buckets = BucketCounts(help_text="Tasks per run-time bucket (seconds, BOUNDS).")
+
+    objects = SelectedManager()
+
+    class Meta:
+        constraints = [
+            # The upsert's conflict target, and the page's index: a range of hours, then the keys.
+            models.UniqueConstraint(fields=["hour", "queue", "task_path"], name="tasks_activityhour_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H:00} {self.queue} {self.task_path}: {self.succeeded} ok, {self.failed} failed"
+
+
+class ActivityHourMark(models.Model):
+    """An hour the history rollup has counted (zero tasks included): the rounds skip it."""
+
+    hour = models.DateTimeField(primary_key=True)
+    counted_at = models.DateTimeField()
+    keys = models.IntegerField(default=0, help_text="(queue, task path) rows written for the hour.")
+    tasks = models.BigIntegerField(default=0, help_text="Tasks finished in the hour.")
+
+    objects = SelectedManager()
+
+    class Meta:
+        ordering = ["-hour"]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H:00}: {self.tasks} tasks counted"

@@ -79,7 +79,9 @@ def test_a_lost_refusal_reply_charges_nothing_and_the_task_runs_at_its_reservati
         assert task.status == TaskStatus.SUCCESSFUL, (task.status, task.errors)
         assert charges(task) == (1, 0, 0, 0, 0), (task.id, charges(task))
     assert rows[second].rate_refusals >= 1
-    gap = rows[second].last_attempted_at - rows[first].last_attempted_at
+    second_at, first_at = rows[second].last_attempted_at, rows[first].last_attempted_at
+    assert second_at is not None and first_at is not None
+    gap = second_at - first_at
     assert gap >= dt.timedelta(seconds=period), gap
     key = RateLimit.objects.get(key="b32-refused")
     assert key.grants == 2

@@ -91,7 +91,7 @@ def test_six_processes_sync_async_retries_pooled_and_the_api_on_a_tiny_window(
     for n in range(3):
         workers.start(f"d{n}", "--concurrency", "4")
     for n in range(3):
-        workers.start(f"p{n}", "--concurrency", "4", DIRECT_DATABASE_URL=direct_url(), **pooled)
+        workers.start(f"p{n}", "--concurrency", "4", DIRECT_DATABASE_URL=direct_url(), **pooled)  # type: ignore[arg-type]
 
     # The backlog once every worker is up (a worker started first would take it all alone).
     ids: list[int] = []

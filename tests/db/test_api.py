@@ -72,6 +72,7 @@ ROUTES = [
     ("POST", "/api/tasks/1/requeue"),
     ("GET", "/api/generator"),
     ("PUT", "/api/generator"),
+    ("GET", "/api/history"),
 ]
 
 

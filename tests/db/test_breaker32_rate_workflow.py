@@ -37,9 +37,11 @@ def test_rate_limited_group_members_and_their_callback_keep_the_window() -> None
         (r.id, r.status, r.attempts) for r in rows
     ]
     assert all(r.rate_key == "b32-wf" for r in rows)
-    starts = sorted(r.last_attempted_at for r in rows)
+    starts = sorted(r.last_attempted_at for r in rows if r.last_attempted_at is not None)
+    assert len(starts) == len(rows)
     window = dt.timedelta(seconds=0.5)
     most = max(sum(1 for s in starts[i:] if s < at + window) for i, at in enumerate(starts))
     assert most <= 2, starts
     callback = max(rows, key=lambda r: r.id)
-    assert callback.last_attempted_at >= max(r.finished_at for r in rows if r.id != callback.id)
+    assert callback.last_attempted_at is not None
+    assert callback.last_attempted_at >= max(r.finished_at for r in rows if r.id != callback.id and r.finished_at)

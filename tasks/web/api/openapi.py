@@ -58,6 +58,46 @@ def _op(summary: str, ok: int, schema: dict[str, Any], *errors: int, **extra: An
 LEASE_LIST = {"type": "object", "properties": {"leases": {"type": "array", "items": _ref("Lease")}, "next": {}}}
 TASK_LIST = {"type": "object", "properties": {"tasks": {"type": "array", "items": _ref("Task")}, "next": {}}}
 ONE_TASK = {"type": "object", "properties": {"task": _ref("Task")}}
+_TIMES = {
+    "type": "object",
+    "description": "seconds; null when no task was timed",
+    "properties": {name: {"type": ["number", "null"]} for name in ("mean", "max", "p50", "p95", "p99")}
+    | {"count": {"type": "integer"}},
+}
+_HISTORY_COUNTS: dict[str, Any] = {
+    **{
+        name: {"type": "integer", "minimum": 0}
+        for name in ("succeeded", "failed", "cancelled", "finished", "attempt_failures")
+    },
+    "failure_ratio": {"type": ["number", "null"], "description": "failed / (succeeded + failed)"},
+    "wait_seconds": _TIMES,
+    "run_seconds": _TIMES,
+}
+HISTORY = {
+    "type": "object",
+    "properties": {
+        "hours": {"type": "integer"},
+        "queue": {"type": ["string", "null"]},
+        "task_path": {"type": ["string", "null"]},
+        "totals": {"type": "object", "properties": _HISTORY_COUNTS},
+        "series": {
+            "type": "array",
+            "description": "one entry per hour, oldest first; counted: false until the rollup has counted it",
+            "items": {
+                "type": "object",
+                "properties": {"hour": {"type": "string", "format": "date-time"}, "counted": {"type": "boolean"}}
+                | _HISTORY_COUNTS,
+            },
+        },
+        "keys": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"queue": {"type": "string"}, "task_path": {"type": "string"}} | _HISTORY_COUNTS,
+            },
+        },
+    },
+}
 WORKFLOW_LIST = {
     "type": "object",
     "properties": {"workflows": {"type": "array", "items": _ref("Workflow")}, "next": {}},
@@ -444,6 +484,33 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                 " at 10,000) and running tasks",
                 200,
                 {"type": "object", "properties": {"queues": {"type": "array"}}},
+            )
+        },
+        "/history": {
+            "get": _op(
+                "Finished tasks per hour over the last days, from the hourly rollup (never the tasks table):"
+                " succeeded, failed, cancelled and failed attempts, wait and run time percentiles (p50, p95, p99,"
+                " read from summed fixed buckets), for all tasks or one queue and / or task path; also the totals"
+                " and the busiest 50 (queue, task path) keys",
+                200,
+                HISTORY,
+                400,
+                parameters=[
+                    {"name": "queue", "in": "query", "required": False, "schema": {"type": "string", "maxLength": 100}},
+                    {
+                        "name": "task_path",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "maxLength": 255},
+                    },
+                    {
+                        "name": "hours",
+                        "in": "query",
+                        "required": False,
+                        "description": "whole hours before the current one; default and most: HISTORY_HOURS (168)",
+                        "schema": {"type": "integer", "minimum": 1},
+                    },
+                ],
             )
         },
         "/queues/{name}/pause": {

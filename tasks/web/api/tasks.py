@@ -22,6 +22,7 @@ from tasks.lifecycle.ratelimits import RateKeyState, parse_rate, queue_rate, rat
 from tasks.lifecycle.routing import queue_database, queues_by_database
 from tasks.lifecycle.storable import is_storable
 from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, ClaimedTask, Failure, Started, Task, TaskStatus
+from tasks.web import history as history_views
 from tasks.web import queue_pages as queue_views
 from tasks.web.api import bulk as bulk_api
 from tasks.web.api import schedules as schedule_api
@@ -430,6 +431,7 @@ urlpatterns = [
     *schedule_api.urlpatterns,
     *workflow_api.urlpatterns,
     *queue_views.api_urlpatterns,
+    *history_views.api_urlpatterns,
     path("openapi.json", openapi, name="api-openapi"),
 ]
 
