@@ -44,6 +44,9 @@ class ClaimedTask:
     run_after: dt.datetime | None = None
     #: The retry policy given at enqueue (dotted paths; tasks/lifecycle/policy.py), None for none.
     retry_policy: dict[str, Any] | None = None
+    #: The enqueuing span's context (what the propagator wrote: ``traceparent``, ``tracestate``), None
+    #: when it was enqueued with tracing off (tasks/tracing.py).
+    trace_context: dict[str, str] | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -216,6 +219,7 @@ def claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
             bool(row[18]),
             row[19],
             json_value(row[20]) if len(row) > 20 else None,
+            json_value(row[21]) if len(row) > 21 else None,  # NULL (None) unless enqueued traced
         ),
         strict=True,
     ):

@@ -47,6 +47,7 @@ from asgiref.sync import SyncToAsync, sync_to_async
 from django.db import close_old_connections, connections
 
 from leasing import clock
+from tasks import tracing
 from tasks.exceptions import EventLoopBlocked
 from tasks.runtime import Execution, _current, _set_current
 from tasks.worker import handlers
@@ -361,6 +362,7 @@ class AsyncExecutor:
                 self.ledger.begin(execution)
             self.mailbox.started(execution)
         self.session.stats["started"] += 1
+        tracing.start_attempt(execution, "async")
         try:
             outcome = await self._execute(state, execution)
         finally:
@@ -383,6 +385,7 @@ class AsyncExecutor:
         # Each asyncio task runs in a copy of the context: this attempt is what current_task() returns
         # in this coroutine (and in what it awaits or runs through sync_to_async), and only there.
         _set_current(execution)
+        traced = tracing.enter(execution) if execution.span is not None else None
         target = None
         try:
             target = self.resolve(execution.task.task_path, api_origin=execution.task.api_origin)
@@ -391,6 +394,8 @@ class AsyncExecutor:
             self._check_orm_connections(state)
             return handlers.failure_outcome(execution, exc, target)
         finally:
+            if traced is not None:
+                tracing.leave(traced)
             _set_current(None)
         return handlers.value_outcome(execution, value)
 

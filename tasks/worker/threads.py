@@ -12,6 +12,7 @@ import time
 from django.db import close_old_connections, connections
 
 from leasing import clock
+from tasks import tracing
 from tasks.runtime import Execution, _set_current
 from tasks.worker import handlers
 from tasks.worker.handlers import HandlerCache
@@ -123,6 +124,7 @@ class ThreadExecutors:
             self.ledger.begin(execution)
             self.mailbox.started(execution)
         session.stats["started"] += 1
+        tracing.start_attempt(execution, "isolated" if isolated else "thread")
         try:
             outcome = self._execute(execution)
         except BaseException as exc:  # the worker's own code around the handler; never lose the attempt
@@ -143,6 +145,7 @@ class ThreadExecutors:
     def _execute(self, execution: Execution) -> Outcome:
         task = execution.task
         _set_current(execution)
+        traced = tracing.enter(execution) if execution.span is not None else None
         target = None
         try:
             target = self.resolve(task.task_path, api_origin=task.api_origin)
@@ -150,6 +153,8 @@ class ThreadExecutors:
         except BaseException as exc:
             return handlers.failure_outcome(execution, exc, target)
         finally:
+            if traced is not None:
+                tracing.leave(traced)
             _set_current(None)
             try:
                 close_old_connections()
