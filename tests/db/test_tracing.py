@@ -5,6 +5,9 @@ a retry's attempt is linked to the enqueuing span, not its child; outcomes, attr
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,8 +20,10 @@ from opentelemetry.trace import SpanKind, StatusCode
 from tasks.conf import get_settings
 from tasks.models import FINISHED, Task, TaskStatus
 from tasks.worker.process import Worker
-from tests.helpers import wait_until, worker_in_thread
+from tasks.workflows import chain, step
+from tests.helpers import ROOT, child_env, wait_until, worker_in_thread
 from tests.helpers.tracing import by_name, global_provider, one
+from tests.testapp import traced_handlers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -279,3 +284,174 @@ def test_an_isolated_attempt_is_traced_like_any_other(spans: InMemorySpanExporte
     assert (attempt.attributes["leasing.task.attempt"], attempt.attributes["leasing.task.outcome"]) == (1, "success")
     assert parent_id(attempt) == enqueue.context.span_id
     assert parent_id(inner) == attempt.context.span_id
+
+
+# -- the enqueue variants: one span per call ---------------------------------------------------------
+
+
+def traceparent_of(span: ReadableSpan) -> str:
+    context = span.context
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
+def test_a_bulk_enqueue_is_one_span_whose_context_every_row_carries(spans: InMemorySpanExporter) -> None:
+    with request_tracer().start_as_current_span("POST /newsletter") as request:
+        ids = Task.objects.bulk_enqueue(H + "noop", [{"n": n} for n in range(5)], queue="mail", chunk_size=2)
+    (enqueue,) = by_name(spans.get_finished_spans(), f"enqueue {H}noop")  # 3 statements, one span
+    assert parent_id(enqueue) == request.get_span_context().span_id
+    assert enqueue.kind == SpanKind.PRODUCER
+    assert enqueue.attributes is not None
+    assert enqueue.attributes["messaging.batch.message_count"] == 5
+    assert enqueue.attributes["messaging.destination.name"] == "mail"
+    assert enqueue.attributes["leasing.task.path"] == H + "noop"
+    contexts = list(Task.objects.filter(pk__in=ids).values_list("trace_context", flat=True))
+    assert contexts == [{"traceparent": traceparent_of(enqueue)}] * 5
+
+
+def test_a_workflow_enqueue_is_one_span_and_each_step_runs_as_its_child(
+    spans: InMemorySpanExporter, worker: Worker
+) -> None:
+    flow = chain(step(H + "inner", label="first step"), step(H + "inner", label="second step"), pipe=False)
+    with request_tracer().start_as_current_span("POST /pipeline"):
+        enqueued = flow.enqueue()
+    for task_id in enqueued.task_ids:
+        assert finished(task_id).status == TaskStatus.SUCCESSFUL
+    (enqueue,) = by_name(spans.get_finished_spans(), "enqueue workflow chain")
+    assert enqueue.attributes is not None
+    assert enqueue.attributes["leasing.workflow.id"] == enqueued.id
+    assert enqueue.attributes["leasing.workflow.kind"] == "chain"
+    assert enqueue.attributes["messaging.batch.message_count"] == 2
+    attempts = ended(spans, f"run {H}inner", count=2)
+    assert {parent_id(a) for a in attempts} == {enqueue.context.span_id}
+    assert sorted(a.attributes["leasing.task.id"] for a in attempts if a.attributes) == enqueued.task_ids
+    # A dependant enqueued later, after an existing task, carries its own enqueue's context.
+    with request_tracer().start_as_current_span("POST /follow-up"):
+        later = Task.objects.enqueue(H + "noop", depends_on=[enqueued.task_ids[-1]])
+    (dependant,) = by_name(spans.get_finished_spans(), f"enqueue {H}noop")
+    assert row_context(later.id) == {"traceparent": traceparent_of(dependant)}
+
+
+def test_a_django_tasks_enqueue_through_the_backend_is_traced_with_its_alias(
+    spans: InMemorySpanExporter, worker: Worker
+) -> None:
+    with request_tracer().start_as_current_span("POST /signup"):
+        result = traced_handlers.dj_inner.enqueue("welcome mail")
+    task_id = int(result.id)
+    finished(task_id)
+    (attempt,) = ended(spans, f"run {H}dj_inner")
+    enqueue = one(spans.get_finished_spans(), f"enqueue {H}dj_inner")
+    inner = one(spans.get_finished_spans(), "welcome mail")
+    assert enqueue.attributes is not None and attempt.attributes is not None
+    assert enqueue.attributes["leasing.backend"] == attempt.attributes["leasing.backend"] == "default"
+    assert enqueue.attributes["leasing.task.id"] == task_id
+    assert parent_id(attempt) == enqueue.context.span_id
+    assert parent_id(inner) == attempt.context.span_id
+
+
+def test_a_deduplicated_enqueue_says_it_created_nothing(spans: InMemorySpanExporter) -> None:
+    first = Task.objects.enqueue(H + "noop", dedup_key="nightly")
+    again = Task.objects.enqueue(H + "noop", dedup_key="nightly")
+    assert (first.id, first.created, again.created) == (again.id, True, False)
+    made, kept = by_name(spans.get_finished_spans(), f"enqueue {H}noop")
+    assert made.attributes is not None and kept.attributes is not None
+    assert (made.attributes["leasing.task.created"], kept.attributes["leasing.task.created"]) == (True, False)
+    assert kept.attributes["leasing.task.id"] == first.id
+    assert row_context(first.id) == {"traceparent": traceparent_of(made)}  # the row keeps its first context
+
+
+def test_an_enqueue_that_fails_records_the_error_on_its_span(spans: InMemorySpanExporter) -> None:
+    with pytest.raises(ValueError, match="NUL character"):
+        Task.objects.enqueue(H + "noop", kwargs={"bad": "\x00"})
+    assert not by_name(spans.get_finished_spans(), f"enqueue {H}noop")  # refused before any span: bad input
+    with pytest.raises(Exception, match="depends_on names tasks not in database"):
+        Task.objects.enqueue(H + "noop", depends_on=[10**12])
+    (refused,) = by_name(spans.get_finished_spans(), f"enqueue {H}noop")
+    assert refused.status.status_code == StatusCode.ERROR
+    assert [event.name for event in refused.events] == ["exception"]
+    assert Task.objects.count() == 0
+
+
+# -- off: nothing stored, nothing imported ---------------------------------------------------------
+
+
+def test_with_tracing_off_nothing_is_stored_and_no_span_is_made(spans: InMemorySpanExporter, settings: Any) -> None:
+    settings.LEASING_TASKS = {"TRACING": False}
+    with request_tracer().start_as_current_span("GET /quiet"):
+        single = Task.objects.enqueue(H + "noop").id
+        bulk = Task.objects.bulk_enqueue(H + "noop", [{}, {}])
+        flow = chain(step(H + "noop"), step(H + "noop"), pipe=False).enqueue().task_ids
+    assert [s.name for s in spans.get_finished_spans()] == ["GET /quiet"]
+    assert set(Task.objects.values_list("trace_context", flat=True)) == {None}
+    assert Task.objects.count() == 1 + len(bulk) + len(flow) == 5
+    with worker_in_thread(new_worker()):
+        finished(single)
+        wait_until(lambda: Task.objects.filter(status=TaskStatus.SUCCESSFUL).count() == 5, 20, what="every task")
+    assert [s.name for s in spans.get_finished_spans()] == ["GET /quiet"]
+
+
+def test_by_default_tracing_is_off_until_a_tracer_provider_is_set(settings: Any) -> None:
+    settings.LEASING_TASKS = {}
+    plain = Task.objects.enqueue(H + "noop").id  # no provider: the API's proxy provider only
+    assert row_context(plain) is None
+    with global_provider() as exporter:
+        with trace.get_tracer("tests.request").start_as_current_span("GET /now"):
+            traced = Task.objects.enqueue(H + "noop").id
+        assert row_context(traced) is not None
+        assert len(by_name(exporter.get_finished_spans(), f"enqueue {H}noop")) == 1
+    settings.LEASING_TASKS = {"TRACING": True}  # on: the proxy provider makes spans that record nothing
+    forced = Task.objects.enqueue(H + "noop").id
+    assert row_context(forced) is None  # no valid context to carry
+
+
+def test_the_claim_returns_the_context_only_where_the_row_has_one(spans: InMemorySpanExporter) -> None:
+    with request_tracer().start_as_current_span("GET /mixed"):
+        traced = Task.objects.enqueue(H + "noop", priority=1).id
+    plain_settings = {"TRACING": False}
+    from django.test import override_settings
+
+    with override_settings(LEASING_TASKS=plain_settings):
+        plain = Task.objects.enqueue(H + "noop").id
+    enqueue = one(spans.get_finished_spans(), f"enqueue {H}noop")
+    claimed = {task.id: task for task in Task.objects.claim("w-claim", limit=2)}
+    assert claimed[traced].trace_context == {"traceparent": traceparent_of(enqueue)}
+    assert claimed[plain].trace_context is None
+    # ... and through the worker's round statement (finish + start + claim), whose rows are a UNION.
+    Task.objects.all().delete()
+    with request_tracer().start_as_current_span("GET /round"):
+        again = Task.objects.enqueue(H + "noop").id
+    _, _, round_claimed = Task.objects.finish_start_claim("w-claim", [], [(10**12, 1, None)], limit=1)
+    assert [(t.id, t.trace_context) for t in round_claimed] == [(again, row_context(again))]
+    assert round_claimed[0].trace_context is not None
+
+
+def test_a_process_with_tracing_off_never_imports_opentelemetry() -> None:
+    """A real process: Django set up, a task enqueued, a worker runs it; opentelemetry is installed
+    here but nobody configured a provider, so nothing of it is imported."""
+    script = """
+import json, sys, django
+django.setup()
+from tasks.models import Task
+from tasks.worker.process import Worker
+task_id = Task.objects.enqueue("tests.testapp.handlers.noop").id
+Worker(concurrency=1, ttl=5, poll_interval=0.05, install_signal_handlers=False, max_tasks=1, worker_id="plain").run()
+row = Task.objects.values("status", "trace_context").get(pk=task_id)
+print(json.dumps({"row": row, "otel": sorted(m for m in sys.modules if m.startswith("opentelemetry"))}))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"row": {"status": "SUCCESSFUL", "trace_context": None}, "otel": []}
+
+
+def test_a_tracing_setting_of_the_wrong_kind_is_refused(settings: Any) -> None:
+    from tasks.checks import check_task_settings
+
+    settings.LEASING_TASKS = {"TRACING": "yes"}
+    with pytest.raises(ValueError, match=r"LEASING_TASKS\['TRACING'\] must be True, False or None"):
+        get_settings()
+    assert [e.id for e in check_task_settings()] == ["tasks.E100"]
+    settings.LEASING_TASKS = {"TRACING": 1}  # 1 == True, but not a bool
+    with pytest.raises(ValueError, match="TRACING"):
+        get_settings()
