@@ -323,7 +323,7 @@ def test_a_workflow_enqueue_is_one_span_and_each_step_runs_as_its_child(
     assert enqueue.attributes["messaging.batch.message_count"] == 2
     attempts = ended(spans, f"run {H}inner", count=2)
     assert {parent_id(a) for a in attempts} == {enqueue.context.span_id}
-    assert sorted(a.attributes["leasing.task.id"] for a in attempts if a.attributes) == enqueued.task_ids
+    assert sorted(int(str(a.attributes["leasing.task.id"])) for a in attempts if a.attributes) == enqueued.task_ids
     # A dependant enqueued later, after an existing task, carries its own enqueue's context.
     with request_tracer().start_as_current_span("POST /follow-up"):
         later = Task.objects.enqueue(H + "noop", depends_on=[enqueued.task_ids[-1]])
