@@ -352,6 +352,8 @@ class AsyncExecutor:
                     self.mailbox.give_back(execution)
                     return
                 execution.begin(started)
+                # Before the ledger counts it running: from then on the dispatcher may end its span.
+                tracing.start_attempt(execution, "async")
                 self.ledger.begin(execution)
         else:
             with state.lock:
@@ -359,10 +361,10 @@ class AsyncExecutor:
                     return
                 now = time.time()
                 execution.begin_local(now)
+                tracing.start_attempt(execution, "async")
                 self.ledger.begin(execution)
             self.mailbox.started(execution)
         self.session.stats["started"] += 1
-        tracing.start_attempt(execution, "async")
         try:
             outcome = await self._execute(state, execution)
         finally:

@@ -117,14 +117,16 @@ class ThreadExecutors:
                 execution.mark_lost("the claim lapsed before it could start")
                 return self.mailbox.give_back(execution)
             execution.begin(started)
+            # Before the ledger counts it running: from then on the dispatcher may end its span (a timeout).
+            tracing.start_attempt(execution, "isolated" if isolated else "thread")
             self.ledger.begin(execution)
         else:
             now = time.time()
             execution.begin_local(now)
+            tracing.start_attempt(execution, "isolated" if isolated else "thread")
             self.ledger.begin(execution)
             self.mailbox.started(execution)
         session.stats["started"] += 1
-        tracing.start_attempt(execution, "isolated" if isolated else "thread")
         try:
             outcome = self._execute(execution)
         except BaseException as exc:  # the worker's own code around the handler; never lose the attempt

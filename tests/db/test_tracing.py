@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from tasks import tracing
 from tasks.conf import get_settings
 from tasks.models import FINISHED, Task, TaskStatus
 from tasks.worker.process import Worker
@@ -455,3 +456,33 @@ def test_a_tracing_setting_of_the_wrong_kind_is_refused(settings: Any) -> None:
     settings.LEASING_TASKS = {"TRACING": 1}  # 1 == True, but not a bool
     with pytest.raises(ValueError, match="TRACING"):
         get_settings()
+
+
+# -- docs/howto/tracing.md -------------------------------------------------------------------------
+
+
+def test_the_how_to_pages_configuration_block_turns_tracing_on(settings: Any) -> None:
+    import re
+
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from tests.helpers.tracing import reset_provider
+
+    page = (ROOT / "docs" / "howto" / "tracing.md").read_text()
+    (block,) = re.findall(r"<!-- tested[^>]*-->\n```python\n(.*?)```", page, re.S)
+    settings.LEASING_TASKS = {}
+    assert Task.objects.enqueue(H + "noop").id and tracing.tracer() is None
+    reset_provider()
+    namespace: dict[str, Any] = {}
+    try:
+        exec(compile(block, "docs/howto/tracing.md", "exec"), namespace)
+        assert tracing.tracer() is not None
+        seen = InMemorySpanExporter()  # beside the page's console exporter, to read what the provider made
+        namespace["provider"].add_span_processor(SimpleSpanProcessor(seen))
+        task_id = Task.objects.enqueue(H + "noop").id
+        (enqueue,) = seen.get_finished_spans()
+        assert row_context(task_id) == {"traceparent": traceparent_of(enqueue)}
+        assert enqueue.resource.attributes["service.name"] == "orders"
+        namespace["provider"].shutdown()
+    finally:
+        reset_provider()

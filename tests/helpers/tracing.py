@@ -23,16 +23,17 @@ def global_provider() -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    _reset()
+    reset_provider()
     trace.set_tracer_provider(provider)
     try:
         yield exporter
     finally:
         provider.shutdown()
-        _reset()
+        reset_provider()
 
 
-def _reset() -> None:
+def reset_provider() -> None:
+    """No tracer provider set, as in a process that never set one."""
     trace._TRACER_PROVIDER_SET_ONCE = Once()
     trace._TRACER_PROVIDER = None
 
