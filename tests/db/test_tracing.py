@@ -240,6 +240,22 @@ def test_an_attempt_that_fails_for_good_times_out_snoozes_or_cancels_says_so(
     assert event.attributes["exception.message"] == "order withdrawn"
 
 
+def test_an_attempt_handed_back_at_shutdown_ends_its_span_so(spans: InMemorySpanExporter) -> None:
+    task_id = Task.objects.enqueue(H + "sleeps", kwargs={"seconds": 2.0}).id
+    with worker_in_thread(new_worker()):
+        wait_until(
+            lambda: Task.objects.filter(pk=task_id, status=TaskStatus.RUNNING, attempts=1).exists(),
+            20,
+            what="the attempt to start",
+        )
+    # Stopped twice (no grace): the running attempt went back to the queue, uncharged.
+    assert Task.objects.get(pk=task_id).status == TaskStatus.READY
+    (attempt,) = ended(spans, f"run {H}sleeps")
+    assert attempt.attributes is not None
+    assert attempt.attributes["leasing.task.outcome"] == "handed_back"
+    assert attempt.status.status_code == StatusCode.UNSET
+
+
 # -- the event loop and the isolated path ---------------------------------------------------------
 
 
