@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -58,6 +59,8 @@ OUTCOMES = {
 }
 #: Outcomes that set the span's status to ERROR (a snooze or a cancel is the handler's own decision).
 _ERRORS = {"failed", "retried", "timeout"}
+
+logger = logging.getLogger("tasks.tracing")
 
 # (provider, tracer): a provider is set once per process, so this is the tracer from then on.
 _cached: tuple[Any, Any] = (None, None)
@@ -120,7 +123,11 @@ def enqueuing(
         f"enqueue {name}", kind=SpanKind.PRODUCER, attributes={**described, **(attributes or {})}
     ) as span:
         carrier: dict[str, str] = {}
-        propagate.inject(carrier)
+        try:
+            propagate.inject(carrier)
+        except Exception:  # a broken propagator of the application's must not stop the enqueue
+            logger.warning("the trace context could not be written; the task is enqueued without it", exc_info=True)
+            carrier = {}
         yield span, json.dumps(carrier) if carrier else None
 
 
@@ -129,17 +136,26 @@ def enqueuing(
 
 def start_attempt(execution: Execution, executor: str) -> None:
     """Open the attempt's span (``execution.span``) as its handler is about to run; ``executor``:
-    "thread", "async" or "isolated". Nothing when tracing is off."""
+    "thread", "async" or "isolated". Nothing when tracing is off. Never raises: it runs on an
+    executor outside the attempt's guard (invariant 9), so a failure only leaves the attempt untraced."""
     found = tracer()
     if found is None:
         return
+    try:
+        _start_attempt(found, execution, executor)
+    except Exception:
+        logger.warning("task %d: its attempt's span could not be started", execution.id, exc_info=True)
+        execution.span = None
+
+
+def _start_attempt(found: Tracer, execution: Execution, executor: str) -> None:
     from opentelemetry import propagate, trace
     from opentelemetry.context import Context
 
     task = execution.task
     parent = Context()  # a new trace unless this is the first attempt of a traced enqueue
     links: list[trace.Link] = []
-    if task.trace_context:
+    if isinstance(task.trace_context, dict) and task.trace_context:
         enqueued = propagate.extract(task.trace_context)
         if task.attempts == 0:
             parent = enqueued
@@ -170,16 +186,21 @@ def start_attempt(execution: Execution, executor: str) -> None:
 
 def enter(execution: Execution) -> object:
     """Make the attempt's span current in this thread or coroutine while its handler runs (only
-    called when it has one); :func:`leave` with what this returns."""
+    called when it has one); :func:`leave` with what this returns (None: it could not be made current)."""
     from opentelemetry import context, trace
 
-    return context.attach(trace.set_span_in_context(execution.span))
+    try:
+        return context.attach(trace.set_span_in_context(execution.span))
+    except Exception:
+        logger.warning("task %d: its attempt's span could not be made current", execution.id, exc_info=True)
+        return None
 
 
 def leave(token: object) -> None:
     from opentelemetry import context
 
-    context.detach(token)  # type: ignore[arg-type]
+    if token is not None:  # (the API logs a failed detach; it does not raise)
+        context.detach(token)  # type: ignore[arg-type]
 
 
 def end_attempt(execution: Execution, outcome: str, ended: Outcome | None = None, status: str | None = None) -> None:
@@ -190,6 +211,13 @@ def end_attempt(execution: Execution, outcome: str, ended: Outcome | None = None
     if span is None:
         return
     execution.span = None
+    try:
+        _end(span, execution, outcome, ended, status)
+    except Exception:  # on the dispatcher's thread: a tracing failure must not stop the worker
+        logger.warning("task %d: its attempt's span could not be ended", execution.id, exc_info=True)
+
+
+def _end(span: Span, execution: Execution, outcome: str, ended: Outcome | None, status: str | None) -> None:
     error = ended.error if ended is not None else None
     from opentelemetry.trace import Status, StatusCode
 

@@ -256,6 +256,41 @@ def test_an_attempt_handed_back_at_shutdown_ends_its_span_so(spans: InMemorySpan
     assert attempt.status.status_code == StatusCode.UNSET
 
 
+class BrokenPropagator:
+    """An application's propagator that fails (a bug of its own): tracing must not stop the queue."""
+
+    fields: set[str] = {"traceparent"}
+
+    def inject(self, carrier: Any, context: Any = None, setter: Any = None) -> None:
+        raise RuntimeError("propagator bug (inject)")
+
+    def extract(self, carrier: Any, context: Any = None, getter: Any = None) -> Any:
+        raise RuntimeError("propagator bug (extract)")
+
+
+def test_a_failing_propagator_leaves_tasks_untraced_but_enqueued_and_run(
+    spans: InMemorySpanExporter, caplog: Any
+) -> None:
+    from opentelemetry import propagate
+
+    traced = Task.objects.enqueue(H + "inner", kwargs={"label": "before"}).id  # a context on the row
+    assert row_context(traced) is not None
+    working = propagate.get_global_textmap()
+    propagate.set_global_textmap(BrokenPropagator())  # type: ignore[arg-type]
+    try:
+        plain = Task.objects.enqueue(H + "noop").id
+        assert row_context(plain) is None  # enqueued all the same, without a context
+        with worker_in_thread(new_worker()):
+            assert finished(traced).status == TaskStatus.SUCCESSFUL  # its extract failed: run untraced
+            assert finished(plain).status == TaskStatus.SUCCESSFUL
+    finally:
+        propagate.set_global_textmap(working)
+    assert "the trace context could not be written" in caplog.text
+    assert f"task {traced}: its attempt's span could not be started" in caplog.text
+    assert not by_name(spans.get_finished_spans(), f"run {H}inner")
+    assert len(by_name(spans.get_finished_spans(), f"run {H}noop")) == 1  # no context to extract: traced
+
+
 # -- the event loop and the isolated path ---------------------------------------------------------
 
 
