@@ -3,6 +3,7 @@ setting configures ``django.tasks`` backends, so ours has its own name)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -117,6 +118,11 @@ class TaskSettings:
     #: Run the hot paths' statements (enqueue, claim, start, finish, heartbeat) as server-side prepared
     #: statements on aliases not in POOLED_DATABASES (tasks/lifecycle/prepared.py).
     PREPARED_STATEMENTS: bool = True
+    #: OpenTelemetry spans for enqueues and attempts (tasks/tracing.py, the ``otel`` extra). None (the
+    #: default): on while a tracer provider is configured (the process imported opentelemetry and set
+    #: one); True: always (opentelemetry-api must be installed); False: never (nothing of
+    #: opentelemetry is imported, and a plain enqueue stores no trace context).
+    TRACING: bool | None = None
 
 
 # What get_settings() (and what is derived from it, e.g. the queue routes) built from the current
@@ -174,4 +180,11 @@ def _build_settings() -> TaskSettings:
             re.compile(pattern)
         except (re.error, TypeError) as exc:
             raise ValueError(f"LEASING_TASKS['API_TASK_PATTERNS']: {pattern!r} is not a regex: {exc}") from None
+    tracing = overrides.get("TRACING")
+    if not (tracing is None or isinstance(tracing, bool)):
+        raise ValueError("LEASING_TASKS['TRACING'] must be True, False or None (on while a tracer provider is set)")
+    if tracing is True and importlib.util.find_spec("opentelemetry") is None:
+        raise ValueError(
+            "LEASING_TASKS['TRACING'] is True but OpenTelemetry is not installed: pip install 'django-leasing[otel]'"
+        )
     return TaskSettings(**overrides)

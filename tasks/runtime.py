@@ -80,6 +80,9 @@ class Execution:
         self.is_async = False
         #: Why the worker cancelled this attempt's coroutine ("timeout", "lost", "shutdown", "blocked").
         self.cancelled_by_worker: str | None = None
+        #: The attempt's OpenTelemetry span while tracing is on (tasks/tracing.py): opened as the handler
+        #: begins, ended when the outcome is recorded (by the dispatcher's thread). None otherwise.
+        self.span: Any = None
 
     @property
     def started_epoch(self) -> float | None:

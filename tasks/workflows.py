@@ -29,11 +29,13 @@ import dataclasses
 import datetime as dt
 import json
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connections, transaction
 
+from tasks import tracing
 from tasks.backends.backend import LeaseBackend
 from tasks.compat import Task as DjangoTask
 from tasks.compat import TaskResult, TaskResultStatus, normalize_json, task_enqueued
@@ -270,6 +272,33 @@ class Workflow:
             assert self.callback is not None
             members[self.callback]["waiting_on"] = -1  # counted on the workflow row (lifecycle/workflows.py)
         connection = connections[database]
+        tracer = tracing.tracer()
+        with (
+            nullcontext((None, None))
+            if tracer is None
+            else tracing.enqueuing(
+                tracer,
+                f"workflow {self.name or self.kind}",
+                None,
+                {"leasing.workflow.kind": str(self.kind), "messaging.batch.message_count": len(members)},
+            )
+        ) as (span, trace_context):
+            workflow, ids, callback = self._insert(connection, database, members, rows, grouped, trace_context)
+            if span is not None:
+                span.set_attribute("leasing.workflow.id", workflow)
+        announce_enqueued(database, ids)
+        return EnqueuedWorkflow(workflow, ids, database, callback)
+
+    def _insert(
+        self,
+        connection: Any,
+        database: str,
+        members: list[dict[str, Any]],
+        rows: list[Any],
+        grouped: bool,
+        trace_context: str | None,
+    ) -> tuple[int, list[int], int | None]:
+        """The statements of :meth:`enqueue`, in one transaction: (workflow id, step ids, callback id)."""
         with transaction.atomic(using=database):
             # Server-side bound (and prepared where the connection allows: tasks/lifecycle/prepared.py):
             # Django's client-side binding would quote every element of the arrays in Python.
@@ -297,7 +326,9 @@ class Workflow:
                     ),
                 },
             )
-            prepared.rows(connection, wf_sql.INSERT_MEMBERS_SQL, wf_sql.member_params(workflow, ids, members))
+            prepared.rows(
+                connection, wf_sql.INSERT_MEMBERS_SQL, wf_sql.member_params(workflow, ids, members, trace_context)
+            )
             edges = [
                 (ids[i], node.on_failure, node.pipe, [ids[up] for up in node.after])
                 for i, node in enumerate(self._nodes)
@@ -309,8 +340,7 @@ class Workflow:
                 for task_id, (columns, _, task, backend) in zip(ids, rows, strict=True):
                     if task is not None and backend is not None:
                         _signal_enqueued(task, backend, task_id, database, columns, created_at)
-        announce_enqueued(database, ids)
-        return EnqueuedWorkflow(workflow, ids, database, callback)
+        return workflow, ids, callback
 
 
 def _signal_enqueued(

@@ -52,7 +52,7 @@ CLAIM_RETURNING = (
     " t.timeout, t.queue, t.priority, t.enqueued_at, t.worker_ids,"
     " (t.crashes > 0 OR t.shared_crashes > 0 OR t.unstarted_returns > 0),"
     " t.shared_crashes >= %(isolate_after)s, t.backend_alias, t.task_run_after, t.api_origin, t.run_after,"
-    " t.retry_policy, t.rate_key"
+    " t.retry_policy, t.rate_key, t.trace_context"
 )
 
 INSERT_COLUMNS = (
@@ -63,18 +63,20 @@ INSERT_COLUMNS = (
 
 # ``backend_alias`` and ``task_run_after`` are set for a django.tasks backend's rows only (the bulk
 # insert leaves them NULL): which backend enqueued it, and the Task's own run_after as enqueued.
+# ``trace_context``: the enqueuing span's context while tracing is on (tasks/tracing.py), else NULL:
+# a NULL parameter and a NULL column (one bit of the row's null bitmap) are all a plain enqueue pays.
 # A task with a ``concurrency_key`` is inserted READY like any other; the database's trigger turns it
 # BLOCKED and admits it when its key has a free slot (tasks/lifecycle/concurrency.py).
 _ENQUEUE_INSERT = f"""
 INSERT INTO tasks_task ({INSERT_COLUMNS}, backend_alias, task_run_after, concurrency_key, concurrency_limit,
-                        retry_policy, rate_key, rate_limit, rate_period)
+                        retry_policy, rate_key, rate_limit, rate_period, trace_context)
 VALUES (%(queue)s::text, %(priority)s::smallint, %(task_path)s::text, %(args)s::jsonb, %(kwargs)s::jsonb, 'READY',
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), statement_timestamp(), 0, %(max_attempts)s::int,
         %(timeout)s::float8, %(dedup_key)s::text, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false,
         %(backend_alias)s::text,
         CASE WHEN %(backend_alias)s::text IS NULL THEN NULL ELSE %(run_after)s::timestamptz END,
         %(concurrency_key)s::text, %(concurrency_limit)s::int, %(retry_policy)s::jsonb,
-        %(rate_key)s::text, %(rate_limit)s::int, %(rate_period)s::float8)"""
+        %(rate_key)s::text, %(rate_limit)s::int, %(rate_period)s::float8, %(trace_context)s::jsonb)"""
 # A task without a dedup key cannot conflict: a plain insert. ON CONFLICT makes every insert a
 # speculative one (a speculative-insertion lock and its WAL record), a tenth of the statement's time.
 ENQUEUE_SQL = f"""{_ENQUEUE_INSERT}
@@ -90,11 +92,11 @@ RETURNING id, enqueued_at
 # of a repeated value cost a quarter of the throughput to build, send and unpack).
 BULK_ENQUEUE_SQL = f"""
 INSERT INTO tasks_task ({INSERT_COLUMNS}, concurrency_key, concurrency_limit, retry_policy, rate_key, rate_limit,
-                        rate_period)
+                        rate_period, trace_context)
 SELECT d.queue, d.priority, d.task_path, d.args, d.kwargs, 'READY', COALESCE(d.run_after, statement_timestamp()),
        statement_timestamp(), 0, d.max_attempts, d.timeout, NULL, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false,
        false, %(concurrency_key)s::text, %(concurrency_limit)s::int, %(retry_policy)s::jsonb, %(rate_key)s::text,
-       %(rate_limit)s::int, %(rate_period)s::float8
+       %(rate_limit)s::int, %(rate_period)s::float8, %(trace_context)s::jsonb
 FROM (
     SELECT %(queue)s::text AS queue, %(priority)s::smallint AS priority, %(task_path)s::text AS task_path,
            %(args)s::jsonb AS args, k AS kwargs, %(run_after)s::timestamptz AS run_after,

@@ -46,6 +46,9 @@ class ClaimedTask:
     retry_policy: dict[str, Any] | None = None
     #: Its rate key (tasks/lifecycle/ratelimits.py): the attempt starts only once RATE_START_SQL grants it.
     rate_key: str | None = None
+    #: The enqueuing span's context (what the propagator wrote: ``traceparent``, ``tracestate``), None
+    #: when it was enqueued with tracing off (tasks/tracing.py).
+    trace_context: dict[str, str] | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -239,6 +242,7 @@ def claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
             row[19],
             json_value(row[20]) if len(row) > 20 else None,
             row[21] if len(row) > 21 else None,
+            json_value(row[22]) if len(row) > 22 else None,  # NULL (None) unless enqueued traced
         ),
         strict=True,
     ):

@@ -125,14 +125,14 @@ INSERT INTO tasks_task (id, queue, priority, task_path, args, kwargs, status, ru
                         max_attempts, timeout, dedup_key, errors, worker_ids, renewals, transitions, failures,
                         crashes, shared_crashes, unstarted_returns, attempt_started, attempt_isolated,
                         backend_alias, task_run_after, concurrency_key, concurrency_limit, workflow_id,
-                        waiting_on, rate_key, rate_limit, rate_period)
+                        waiting_on, rate_key, rate_limit, rate_period, trace_context)
 SELECT (%(ids)s::bigint[])[m.n], t.queue, t.priority, t.task_path, m.item -> 2, m.item -> 3,
        CASE WHEN (m.item ->> 1)::int <> 0 THEN 'AWAITING' ELSE 'READY' END,
        COALESCE(t.run_after, statement_timestamp()), statement_timestamp(), 0, t.max_attempts, t.timeout, NULL,
        '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false, t.backend_alias,
        CASE WHEN t.backend_alias IS NULL THEN NULL ELSE t.run_after END,
        t.concurrency_key, t.concurrency_limit, %(workflow)s::bigint, GREATEST((m.item ->> 1)::int, 0),
-       t.rate_key, t.rate_limit, t.rate_period
+       t.rate_key, t.rate_limit, t.rate_period, %(trace_context)s::jsonb
 FROM jsonb_array_elements(%(members)s::jsonb) WITH ORDINALITY AS m(item, n)
 JOIN unnest(%(queues)s::text[], %(priorities)s::smallint[], %(paths)s::text[], %(run_afters)s::timestamptz[],
             %(max_attempts)s::int[], %(timeouts)s::float8[], %(backend_aliases)s::text[], %(keys)s::text[],
@@ -167,10 +167,13 @@ TEMPLATE_COLUMNS = {
 }
 
 
-def member_params(workflow: int, ids: list[int], members: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def member_params(
+    workflow: int, ids: list[int], members: Sequence[Mapping[str, Any]], trace_context: str | None = None
+) -> dict[str, Any]:
     """INSERT_MEMBERS_SQL's parameters for ``members`` (dicts of TEMPLATE_COLUMNS' keys (the rate ones
     optional), ``waiting_on``,
-    and ``args`` / ``kwargs`` as Python values) with the ids reserved for them. Raises
+    and ``args`` / ``kwargs`` as Python values) with the ids reserved for them, every one carrying
+    ``trace_context`` (the enqueuing span's, as JSON text: tasks/tracing.py; None: tracing off). Raises
     :class:`~tasks.exceptions.UnstorableResult` naming the first member whose arguments jsonb
     cannot hold."""
     templates: dict[tuple[Any, ...], int] = {}
@@ -188,7 +191,7 @@ def member_params(workflow: int, ids: list[int], members: Sequence[Mapping[str, 
             except UnstorableResult as exc:
                 raise UnstorableResult(f"step {number}'s arguments: {exc}") from None
         raise
-    params: dict[str, Any] = {"workflow": workflow, "ids": ids, "members": payload}
+    params: dict[str, Any] = {"workflow": workflow, "ids": ids, "members": payload, "trace_context": trace_context}
     for position, name in enumerate(TEMPLATE_COLUMNS.values()):
         params[name] = [shared[position] for shared in templates]
     return params

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Self
 
@@ -23,6 +24,7 @@ from django.db.models.functions import Now
 
 from leasing.models import LeaseFields, LeaseStateQuerySet, seconds
 from leasing.routing import SelectedManager
+from tasks import tracing
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError
 from tasks.lifecycle import activity, policy, prepared, ratelimits
@@ -191,6 +193,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "concurrency_limit": concurrency_limit,
             "retry_policy": None if explicit is None else json.dumps(explicit),
             **_rate_params(rated),
+            "trace_context": None,
         }
         routed = self._routed(queue)
         parents = sorted({_task_id(parent) for parent in depends_on})
@@ -199,21 +202,43 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
                 raise WorkflowError("a task with depends_on cannot have a dedup_key")
             if on_parent_failure not in ON_PARENT_FAILURE:
                 raise WorkflowError(f"on_parent_failure must be one of {', '.join(ON_PARENT_FAILURE)}")
-            return _announced(routed._enqueue_dependant(params, parents, on_parent_failure, pipe), backend_alias)
+        tracer = tracing.tracer()
+        if tracer is None:
+            return _new_announced(routed._insert(params, parents, on_parent_failure, pipe), backend_alias)
+        traced = {"leasing.task.path": task_path}
+        if backend_alias is not None:
+            traced["leasing.backend"] = backend_alias
+        with tracing.enqueuing(tracer, task_path, queue, traced) as (span, context):
+            params["trace_context"] = context
+            enqueued = routed._insert(params, parents, on_parent_failure, pipe)
+            span.set_attributes(
+                {
+                    "leasing.task.id": enqueued.id,
+                    "messaging.message.id": str(enqueued.id),
+                    "leasing.task.created": enqueued.created,
+                }
+            )
+        return _new_announced(enqueued, backend_alias)
+
+    def _insert(self, params: dict[str, Any], parents: list[int], on_parent_failure: str, pipe: bool) -> Enqueued:
+        """The insert of :meth:`enqueue` (checked arguments in ``params``)."""
+        if parents:
+            return self._enqueue_dependant(params, parents, on_parent_failure, pipe)
+        dedup_key = params["dedup_key"]
+        if dedup_key is None:
+            rows = self._rows(sql.ENQUEUE_SQL, params)
+            return Enqueued(rows[0][0], True, rows[0][1], self.db)
         # The lookup of an existing task must not go through this queryset's filters (a filtered
         # queryset would never find it and the loop would spin): use the bare table.
-        table = self.model._base_manager.db_manager(routed.db)
-        if dedup_key is None:
-            rows = routed._rows(sql.ENQUEUE_SQL, params)
-            return _announced(Enqueued(rows[0][0], True, rows[0][1], routed.db), backend_alias)
+        table = self.model._base_manager.db_manager(self.db)
         for _ in range(100):
-            rows = routed._rows(sql.ENQUEUE_DEDUP_SQL, params)
+            rows = self._rows(sql.ENQUEUE_DEDUP_SQL, params)
             if rows:
-                return _announced(Enqueued(rows[0][0], True, rows[0][1], routed.db), backend_alias)
+                return Enqueued(rows[0][0], True, rows[0][1], self.db)
             # Only on a duplicate: the unfinished task that holds the key (unless it just finished).
             existing = table.filter(status__in=UNFINISHED, dedup_key=dedup_key).values_list("id", flat=True).first()
             if existing is not None:
-                return Enqueued(existing, False, database=routed.db)
+                return Enqueued(existing, False, database=self.db)
         raise TaskError(f"could not enqueue: the task holding dedup key {dedup_key!r} kept changing")
 
     def _enqueue_dependant(self, params: dict[str, Any], parents: list[int], on_failure: str, pipe: bool) -> Enqueued:
@@ -264,7 +289,9 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
                 "kwargs": json.loads(params["kwargs"]),
                 "waiting_on": len(unfinished) or int(doomed),
             }
-            cursor.execute(wf_sql.INSERT_MEMBERS_SQL, wf_sql.member_params(workflow, [task_id], [member]))
+            cursor.execute(
+                wf_sql.INSERT_MEMBERS_SQL, wf_sql.member_params(workflow, [task_id], [member], params["trace_context"])
+            )
             cursor.execute(wf_sql.INSERT_EDGES_SQL, wf_sql.edge_params([(task_id, on_failure, pipe, parents)]))
             cursor.execute(wf_sql.JOIN_WORKFLOW_SQL, {"workflow": workflow})
             if doomed:
@@ -320,16 +347,26 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
                 "concurrency_limit": concurrency_limit,
                 "retry_policy": None if explicit is None else json.dumps(explicit),
                 **rate,
+                "trace_context": trace_context,
             }
             ids.extend(row[0] for row in routed._rows(sql.BULK_ENQUEUE_SQL, params))
             chunk.clear()
 
-        for kwargs in kwargs_list:
-            chunk.append(storable_json(kwargs))
-            if len(chunk) >= chunk_size:
+        tracer = tracing.tracer()
+        # One span per call, however many rows and chunks: every row carries its context.
+        with (
+            nullcontext((None, None))
+            if tracer is None
+            else tracing.enqueuing(tracer, task_path, queue, {"leasing.task.path": task_path})
+        ) as (span, trace_context):
+            for kwargs in kwargs_list:
+                chunk.append(storable_json(kwargs))
+                if len(chunk) >= chunk_size:
+                    flush()
+            if chunk:
                 flush()
-        if chunk:
-            flush()
+            if span is not None:
+                span.set_attribute("messaging.batch.message_count", len(ids))
         announce_enqueued(routed.db, ids)
         return ids
 
@@ -717,6 +754,11 @@ def _announced(enqueued: Enqueued, backend_alias: str | None) -> Enqueued:
     return enqueued
 
 
+def _new_announced(enqueued: Enqueued, backend_alias: str | None) -> Enqueued:
+    """:func:`_announced` for a task created now; an existing one (a dedup key's) was announced already."""
+    return _announced(enqueued, backend_alias) if enqueued.created else enqueued
+
+
 def _task_id(task: int | Enqueued | Task) -> int:
     value = task.id if isinstance(task, Enqueued | Task) else task
     if isinstance(value, bool) or not isinstance(value, int):
@@ -771,6 +813,12 @@ class Task(LeaseFields):
         null=True,
         blank=True,
         help_text="The retry policy given at enqueue (max_attempts, retry_on, backoff as dotted paths).",
+    )
+    trace_context = models.JSONField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="The enqueuing span's context (traceparent, tracestate) when tracing was on (tasks/tracing.py).",
     )
     snoozes = models.PositiveIntegerField(
         default=0, db_default=0, help_text="Times its handler snoozed it (uncharged: not counted in attempts)."

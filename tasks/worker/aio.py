@@ -47,6 +47,7 @@ from asgiref.sync import SyncToAsync, sync_to_async
 from django.db import close_old_connections, connections
 
 from leasing import clock
+from tasks import tracing
 from tasks.exceptions import EventLoopBlocked
 from tasks.models import RateRefused
 from tasks.runtime import Execution, _current, _set_current
@@ -363,6 +364,8 @@ class AsyncExecutor:
                     self.mailbox.give_back(execution)
                     return
                 execution.begin(started)
+                # Before the ledger counts it running: from then on the dispatcher may end its span.
+                tracing.start_attempt(execution, "async")
                 self.ledger.begin(execution)
         else:
             with state.lock:
@@ -370,6 +373,7 @@ class AsyncExecutor:
                     return
                 now = time.time()
                 execution.begin_local(now)
+                tracing.start_attempt(execution, "async")
                 self.ledger.begin(execution)
             self.mailbox.started(execution)
         self.session.stats["started"] += 1
@@ -401,6 +405,7 @@ class AsyncExecutor:
         # Each asyncio task runs in a copy of the context: this attempt is what current_task() returns
         # in this coroutine (and in what it awaits or runs through sync_to_async), and only there.
         _set_current(execution)
+        traced = tracing.enter(execution) if execution.span is not None else None
         target = None
         try:
             target = self.resolve(execution.task.task_path, api_origin=execution.task.api_origin)
@@ -409,6 +414,8 @@ class AsyncExecutor:
             self._check_orm_connections(state)
             return handlers.failure_outcome(execution, exc, target)
         finally:
+            if traced is not None:
+                tracing.leave(traced)
             _set_current(None)
         return handlers.value_outcome(execution, value)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError
 
 from leasing import clock
+from tasks import tracing
 from tasks.exceptions import Discard, TaskTimeout
 from tasks.lifecycle.storable import storable_text
 from tasks.lifecycle.values import ClaimPosition
@@ -410,8 +411,14 @@ class Dispatcher:
 
     def _settle(self, successes: list[Outcome], accepted: set[Key], failures: list[Outcome], failed: set[Any]) -> None:
         for outcome in successes:
-            self._finish_log(outcome, "succeeded" if outcome.key in accepted else None)
-            self.signals.ended(outcome.execution, "SUCCESSFUL" if outcome.key in accepted else None, outcome)
+            state = "succeeded" if outcome.key in accepted else None
+            self._finish_log(outcome, state)
+            self.signals.ended(outcome.execution, "SUCCESSFUL" if state else None, outcome)
+            if outcome.execution.span is not None:
+                ok = state is not None
+                tracing.end_attempt(
+                    outcome.execution, "success" if ok else "rejected", outcome, "SUCCESSFUL" if ok else None
+                )
         for outcome in failures:
             result = self.writer.fail_results.pop(outcome.key, None)
             kind = outcome.failure.kind if outcome.failure is not None else "fail"
@@ -428,6 +435,9 @@ class Dispatcher:
             self._finish_log(outcome, state)
             stored = None if state is None else _STORED[state]
             self.signals.ended(outcome.execution, stored, outcome)
+            if outcome.execution.span is not None:
+                traced = "rejected" if state is None else tracing.OUTCOMES[state]
+                tracing.end_attempt(outcome.execution, traced, outcome, None if result is None else result.status)
         self.ledger.remove(o.key for o in successes + failures)
 
     def _finish_log(self, outcome: Outcome, state: str | None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from tasks import tracing
 from tasks.runtime import Execution
 from tasks.worker.ledger import Ledger
 from tasks.worker.logs import log_attempt
@@ -51,6 +52,8 @@ class HandBacks:
                 )
                 if execution.started is not None:
                     self.signals.ended(execution)
+                if execution.span is not None:
+                    tracing.end_attempt(execution, "handed_back")
             self.ledger.remove(e.key for e in executions)
 
     def take_refused(self) -> list[float]:
@@ -102,6 +105,8 @@ class HandBacks:
         for execution in unfinished:
             if execution.started is not None:
                 self.signals.ended(execution)  # handed back (or lapsing): the row says where it stands
+            if execution.span is not None:
+                tracing.end_attempt(execution, "handed_back")
         if handed is None:
             logger.warning("worker %s: hand-back failed (tasks return after their TTL)", session.id)
         else:

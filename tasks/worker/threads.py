@@ -12,6 +12,7 @@ import time
 from django.db import close_old_connections, connections
 
 from leasing import clock
+from tasks import tracing
 from tasks.models import RateRefused
 from tasks.runtime import Execution, _set_current
 from tasks.worker import handlers
@@ -128,10 +129,13 @@ class ThreadExecutors:
                 execution.mark_lost("the claim lapsed before it could start")
                 return self.mailbox.give_back(execution)
             execution.begin(started)
+            # Before the ledger counts it running: from then on the dispatcher may end its span (a timeout).
+            tracing.start_attempt(execution, "isolated" if isolated else "thread")
             self.ledger.begin(execution)
         else:
             now = time.time()
             execution.begin_local(now)
+            tracing.start_attempt(execution, "isolated" if isolated else "thread")
             self.ledger.begin(execution)
             self.mailbox.started(execution)
         session.stats["started"] += 1
@@ -157,6 +161,7 @@ class ThreadExecutors:
     def _execute(self, execution: Execution) -> Outcome:
         task = execution.task
         _set_current(execution)
+        traced = tracing.enter(execution) if execution.span is not None else None
         target = None
         try:
             target = self.resolve(task.task_path, api_origin=task.api_origin)
@@ -164,6 +169,8 @@ class ThreadExecutors:
         except BaseException as exc:
             return handlers.failure_outcome(execution, exc, target)
         finally:
+            if traced is not None:
+                tracing.leave(traced)
             _set_current(None)
             try:
                 close_old_connections()
