@@ -26,7 +26,14 @@ from tasks.lifecycle.values import (
     Started,
     validate_concurrency,
 )
-from tasks.models.bookkeeping import ActivityMinute, ConcurrencyHold, ConcurrencyKey, ConcurrencyWake, GeneratorState
+from tasks.models.bookkeeping import (
+    ActivityMinute,
+    ConcurrencyHold,
+    ConcurrencyKey,
+    ConcurrencyWake,
+    GeneratorState,
+    UniqueKey,
+)
 from tasks.models.queue_control import PAUSE_LOCK_TIMEOUT_MS, QueueControl, QueueControlQuerySet
 from tasks.models.schedule import Schedule, ScheduleRun
 from tasks.models.task import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING, Task, TaskQuerySet
@@ -64,6 +71,7 @@ __all__ = [
     "TaskDependency",
     "TaskQuerySet",
     "TaskStatus",
+    "UniqueKey",
     "Worker",
     "WorkerQuerySet",
     "Workflow",
