@@ -124,17 +124,19 @@ SELECT a.task_id, i.enqueued_at FROM accepted AS a LEFT JOIN inserted AS i ON i.
 """
 
 # Debounce (``debounce``, ``max_wait``; tasks/lifecycle/windows.py): one upsert whose arbiter is
-# tasks_task_debounce_waiting, a partial unique index over *waiting* rows (BLOCKED, READY) only. While
-# a task of the key waits, the insert becomes an update of it: its arguments replaced, its start pushed
-# to now + delay under its row lock (clock_timestamp(), read after any wait for the lock), never past
-# ``debounce_until`` (its first enqueue + max_wait; LEAST ignores a NULL: no cap). A worker's claim that
-# committed first has taken the row out of the index: PostgreSQL, finding the conflicting row changed,
-# checks the index again, finds no waiting row and inserts a new task; a claim that comes second waits
-# for this row lock and, re-checking its pick on the newest version, finds it not yet due. So a
-# debounce never changes the arguments of an attempt already claimed. The DO UPDATE's WHERE says it
-# again, as a compare-and-set on the status (no row: the caller tries again). ``debounces`` is 0 on a
-# row just inserted and counts the enqueues folded into it. The cost: one probe of a unique index
-# that holds only the waiting debounced rows.
+# tasks_task_debounce_waiting, a partial unique index on (task_path, debounce_key) over *waiting* rows
+# (BLOCKED, READY) only: a key is debounced per task path. While a task of the path and key waits, the
+# insert becomes an update of it: its arguments replaced, its start pushed to now + delay under its
+# row lock (clock_timestamp(), read after any wait for the lock), never past ``debounce_until`` (its
+# first enqueue + max_wait; LEAST ignores a NULL: no cap). Against a worker's claim: a claim that
+# committed first has taken the row out of the index, and PostgreSQL, finding the conflicting row
+# changed under its lock, checks the index again, finds no waiting row and inserts a new task; while
+# this statement holds the row lock, a claim skips the row (SKIP LOCKED); a claim whose pick saw the
+# row before this committed locks its newest version and re-checks the pick on it, finding it not yet
+# due. So a debounce never changes the arguments of an attempt already claimed. The DO UPDATE's WHERE
+# says it again, as a compare-and-set on the status (no row: the caller tries again). ``debounces`` is
+# 0 on a row just inserted and counts the enqueues folded into it. The cost: one probe of a unique
+# index that holds only the waiting debounced rows.
 ENQUEUE_DEBOUNCE_SQL = f"""
 INSERT INTO tasks_task ({_ENQUEUE_COLUMNS}, debounce_key, debounce_until, debounces)
 VALUES ({
@@ -143,7 +145,8 @@ VALUES ({
         " statement_timestamp() + make_interval(secs => %(max_wait)s::float8))"
     )
 }, %(debounce_key)s::text, statement_timestamp() + make_interval(secs => %(max_wait)s::float8), 0)
-ON CONFLICT (debounce_key) WHERE status IN ('BLOCKED', 'READY') AND debounce_key IS NOT NULL DO UPDATE
+ON CONFLICT (task_path, debounce_key) WHERE status IN ('BLOCKED', 'READY') AND debounce_key IS NOT NULL
+DO UPDATE
 SET args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
     run_after = LEAST(clock_timestamp() + make_interval(secs => %(debounce)s::float8), tasks_task.debounce_until),
     debounces = tasks_task.debounces + 1

@@ -53,6 +53,14 @@ DELETE FROM tasks_uniquekey WHERE key = %(key)s::text AND task_id = %(task_id)s:
 """
 
 
+class WindowError(ValueError):
+    """A window argument that cannot be: ``field`` names the argument to fix."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def seconds_of(name: str, value: Any) -> float | None:
     """A window's length in seconds (a number or a timedelta), or None; ValueError when malformed."""
     if value is None:
@@ -60,10 +68,10 @@ def seconds_of(name: str, value: Any) -> float | None:
     if isinstance(value, dt.timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number of seconds (or a timedelta)")
+        raise WindowError(f"{name} must be a number of seconds (or a timedelta)", name)
     value = float(value)
     if not math.isfinite(value) or not 0 < value <= MAX_WINDOW_SECONDS:
-        raise ValueError(f"{name} must be more than 0 and at most {MAX_WINDOW_SECONDS} seconds (ten years)")
+        raise WindowError(f"{name} must be more than 0 and at most {MAX_WINDOW_SECONDS} seconds (ten years)", name)
     return value
 
 
@@ -77,15 +85,20 @@ def validate_windows(
 ) -> None:
     """The combinations a window allows (lengths already checked by :func:`seconds_of`)."""
     if unique_for is not None and debounce is not None:
-        raise ValueError("give unique_for or debounce, not both: a key is either unique for a period or debounced")
+        raise WindowError(
+            "give unique_for or debounce, not both: a key is either unique for a period or debounced", "debounce"
+        )
     if max_wait is not None and debounce is None:
-        raise ValueError("max_wait bounds a debounce: give debounce too")
+        raise WindowError("max_wait bounds a debounce: give debounce too", "max_wait")
     if (unique_for is not None or debounce is not None) and dedup_key is None:
-        raise ValueError(f"{'unique_for' if unique_for is not None else 'debounce'} needs a dedup_key (the key)")
+        field = "unique_for" if unique_for is not None else "debounce"
+        raise WindowError(f"{field} needs a dedup_key (the key)", field)
     if debounce is not None and run_after is not None:
-        raise ValueError("a debounced task starts debounce seconds after the last enqueue: give no run_after")
+        raise WindowError(
+            "a debounced task starts debounce seconds after the last enqueue: give no run_after", "run_after"
+        )
     if debounce is not None and max_wait is not None and max_wait < debounce:
-        raise ValueError("max_wait must be at least debounce (it caps how far debounces push the start)")
+        raise WindowError("max_wait must be at least debounce (it caps how far debounces push the start)", "max_wait")
 
 
 def window_problems(entry: Any, kind: str) -> list[str]:

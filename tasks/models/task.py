@@ -45,6 +45,7 @@ from tasks.lifecycle.values import (
     validate_key,
 )
 from tasks.lifecycle.workflows import ON_PARENT_FAILURE, WorkflowError, WorkflowKind
+from tasks.models.bookkeeping import UniqueKey
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -915,10 +916,12 @@ class Task(LeaseFields):
                 condition=Q(status__in=["BLOCKED", "READY", "RUNNING"], dedup_key__isnull=False),
                 name="tasks_task_dedup_unfinished",
             ),
-            # At most one *waiting* task per debounce key: the arbiter of ENQUEUE_DEBOUNCE_SQL's upsert. A
-            # claimed (RUNNING) task has left it, so the next enqueue of the key inserts a new task.
+            # At most one *waiting* task per task path and debounce key: the arbiter of ENQUEUE_DEBOUNCE_SQL's
+            # upsert. A claimed (RUNNING) task has left it, so the next enqueue of the key inserts a new task.
+            # The task path is part of the key: an enqueue of one path never rewrites the arguments of
+            # another's task (a JSON API client could otherwise feed a path it may not enqueue).
             models.UniqueConstraint(
-                fields=["debounce_key"],
+                fields=["task_path", "debounce_key"],
                 condition=Q(status__in=["BLOCKED", "READY"], debounce_key__isnull=False),
                 name="tasks_task_debounce_waiting",
             ),
@@ -942,6 +945,17 @@ class Task(LeaseFields):
             cursor.execute(wf_sql.CALLBACK_WAITING_SQL, {"id": self.workflow_id, "task": self.id})
             row = cursor.fetchone()
         return int(row[0]) if row else 0
+
+    def unique_window(self) -> UniqueKey | None:
+        """The unique_for window this task opened, while it is open (tasks/lifecycle/windows.py): one
+        primary-key probe, none for a task without a dedup key."""
+        if self.dedup_key is None:
+            return None
+        return (
+            UniqueKey.objects.using(self._state.db or "default")
+            .filter(key=self.dedup_key, task_id=self.pk, expires_at__gt=Now())
+            .first()
+        )
 
     @property
     def is_snoozed(self) -> bool:

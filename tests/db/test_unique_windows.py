@@ -5,6 +5,7 @@ a plain dedup enqueue racing a window, concurrency keys, retention, and statemen
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import threading
 from typing import Any
@@ -325,3 +326,160 @@ def test_queryset_keeps_its_public_enqueue_signature() -> None:
 
     names = inspect.signature(TaskQuerySet.enqueue).parameters
     assert {"unique_for", "debounce", "max_wait", "dedup_key"} <= set(names)
+
+
+def test_a_debounce_key_is_per_task_path() -> None:
+    """An enqueue of one path never rewrites the arguments of another path's task with the same key."""
+    first = Task.objects.enqueue(NOOP, kwargs={"v": 1}, dedup_key="d", debounce=30)
+    other = Task.objects.enqueue("tests.testapp.handlers.record", kwargs={"v": 2}, dedup_key="d", debounce=30)
+    assert other.created and other.id != first.id
+    assert Task.objects.get(pk=first.id).kwargs == {"v": 1}
+
+
+# -- the JSON API -----------------------------------------------------------------------------
+
+API_TOKEN = "windows-test-token"
+
+
+@pytest.fixture
+def api(client: Any, settings: Any) -> Any:
+    settings.LEASING_API_TOKENS = [API_TOKEN]
+    settings.LEASING_TASKS = {"API_TASK_PATTERNS": ["tests.testapp.handlers.*"]}
+
+    def call(body: Any, method: str = "post", url: str = "/api/tasks") -> tuple[int, Any]:
+        response = getattr(client, method)(
+            url,
+            **({"data": json.dumps(body), "content_type": "application/json"} if method == "post" else {}),
+            headers={"Authorization": f"Bearer {API_TOKEN}"},
+        )
+        return response.status_code, json.loads(response.content)
+
+    return call
+
+
+def test_the_api_enqueues_under_a_window_and_shows_it(api: Any) -> None:
+    status, first = api({"task_path": NOOP, "dedup_key": "api:1", "unique_for": 60})
+    assert status == 201 and first["created"] and first["task_id"] == first["task"]["id"]
+    window = first["task"]["unique_window"]
+    assert window["key"] == "api:1" and window["expires_at"] > window["accepted_at"]
+    Task.objects.filter(pk=first["task_id"]).cancel()
+    status, again = api({"task_path": NOOP, "dedup_key": "api:1", "unique_for": 60, "kwargs": {"n": 2}})
+    assert (status, again["created"], again["task_id"]) == (200, False, first["task_id"])
+    status, detail = api(None, method="get", url=f"/api/tasks/{first['task_id']}")
+    assert status == 200 and detail["task"]["unique_window"]["key"] == "api:1"
+
+    status, d1 = api({"task_path": NOOP, "dedup_key": "api:d", "debounce": 30, "max_wait": 60, "kwargs": {"n": 1}})
+    status2, d2 = api({"task_path": NOOP, "dedup_key": "api:d", "debounce": 30, "max_wait": 60, "kwargs": {"n": 2}})
+    assert (status, status2, d2["created"], d2["task_id"]) == (201, 200, False, d1["task_id"])
+    assert d2["task"]["kwargs"] == {"n": 2} and d2["task"]["debounces"] == 1
+    assert d2["task"]["debounce_key"] == "api:d" and d2["task"]["debounce_until"] is not None
+
+
+def test_the_api_answers_a_window_whose_task_was_pruned_with_its_id(api: Any) -> None:
+    status, first = api({"task_path": NOOP, "dedup_key": "gone", "unique_for": 600})
+    Task.objects.filter(pk=first["task_id"]).delete()
+    status, again = api({"task_path": NOOP, "dedup_key": "gone", "unique_for": 600})
+    assert (status, again["task"], again["task_id"], again["created"]) == (200, None, first["task_id"], False)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"unique_for": 60}, "unique_for"),
+        ({"debounce": 5}, "debounce"),
+        ({"dedup_key": "k", "unique_for": 0}, "unique_for"),
+        ({"dedup_key": "k", "unique_for": -5}, "unique_for"),
+        ({"dedup_key": "k", "unique_for": "60"}, "unique_for"),
+        ({"dedup_key": "k", "unique_for": True}, "unique_for"),
+        ({"dedup_key": "k", "unique_for": windows.MAX_WINDOW_SECONDS + 1}, "unique_for"),
+        ({"dedup_key": "k", "debounce": 5, "unique_for": 60}, "debounce"),
+        ({"dedup_key": "k", "max_wait": 5}, "max_wait"),
+        ({"dedup_key": "k", "debounce": 10, "max_wait": 5}, "max_wait"),
+        ({"dedup_key": "k", "debounce": 5, "run_after": "2030-01-01T00:00:00Z"}, "run_after"),
+        ({"dedup_key": "k", "debounce": []}, "debounce"),
+    ],
+)
+def test_the_api_refuses_bad_windows_with_400_and_changes_nothing(api: Any, extra: dict[str, Any], field: str) -> None:
+    Task.objects.enqueue(NOOP, kwargs={"v": 1}, dedup_key="k", debounce=30)
+    before = list(Task.objects.values())
+    status, body = api({"task_path": NOOP, "kwargs": {"v": "changed"}, **extra})
+    assert status == 400, body
+    assert body["error"] and body.get("field") == field, body
+    assert list(Task.objects.values()) == before and not UniqueKey.objects.exists()
+
+
+def test_the_openapi_document_describes_the_window_fields(api: Any) -> None:
+    _status, document = api(None, method="get", url="/api/openapi.json")
+    fields = document["paths"]["/tasks"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    assert {"unique_for", "debounce", "max_wait"} <= set(fields)
+    assert fields["unique_for"]["maximum"] == windows.MAX_WINDOW_SECONDS
+
+
+# -- the django.tasks backend -----------------------------------------------------------------
+
+
+def backend_settings(settings: Any, **options: Any) -> Any:
+    from tasks.compat import task_backends
+
+    settings.TASKS = {"default": {"BACKEND": "tasks.backends.LeaseBackend", "OPTIONS": options}}
+    return task_backends["default"]
+
+
+def test_the_backend_maps_task_paths_to_a_unique_window(settings: Any) -> None:
+    from tests.conformance.tasks import noop_task
+
+    backend_settings(settings, unique={noop_task.module_path: {"key": "noop:{0}", "for": 60}})
+    first, again, other = noop_task.enqueue(1), noop_task.enqueue(1, 2), noop_task.enqueue(2)
+    assert again.id == first.id and other.id != first.id
+    assert again.args == [1]  # the result is the existing task's
+    assert Task.objects.count() == 2 and UniqueKey.objects.get(key="noop:1").task_id == int(first.id)
+    with pytest.raises(ValueError, match="unique key template"):
+        noop_task.enqueue()
+    assert Task.objects.count() == 2
+
+
+def test_the_backend_maps_task_paths_to_a_debounce(settings: Any) -> None:
+    from tests.conformance.tasks import noop_task
+
+    backend_settings(settings, debounce={noop_task.module_path: {"key": "noop", "delay": 30, "max_wait": 40}})
+    first, again = noop_task.enqueue(1), noop_task.enqueue(2)
+    assert again.id == first.id and again.args == [2]
+    task = Task.objects.get(pk=int(first.id))
+    assert (task.args, task.debounce_key, task.debounces) == ([2], "noop", 1)
+    assert task.debounce_until == task.enqueued_at + dt.timedelta(seconds=40)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"unique": []},
+        {"unique": {"a.b": {"key": "k"}}},
+        {"unique": {"a.b": {"key": "k", "for": 0}}},
+        {"unique": {"a.b": {"key": "k", "for": "1m"}}},
+        {"unique": {"a.b": {"key": "", "for": 5}}},
+        {"unique": {"a.b": {"key": "k:{0.__class__}", "for": 5}}},
+        {"unique": {"a.b": {"key": "k", "for": 5, "delay": 5}}},
+        {"debounce": {"a.b": {"key": "k"}}},
+        {"debounce": {"a.b": {"key": "k", "delay": 10, "max_wait": 5}}},
+        {"debounce": {"a.b": {"key": "k", "delay": math.nan}}},
+        {"debounce": {"a.b": {"key": "k:{0:>{1}}", "delay": 5}}},
+        {"unique": {"a.b": {"key": "k", "for": 5}}, "debounce": {"a.b": {"key": "k", "delay": 5}}},
+    ],
+)
+def test_the_backend_check_reports_malformed_windows(settings: Any, options: dict[str, Any]) -> None:
+    from tests.conformance.tasks import noop_task
+
+    backend = backend_settings(settings, **options)
+    assert {e.id for e in backend.check()} == {"tasks.E014"}
+    # A malformed mapping applies nothing: a plain task.
+    noop_task.enqueue(1)
+    assert not UniqueKey.objects.exists() and not Task.objects.filter(debounce_key__isnull=False).exists()
+
+
+def test_well_formed_windows_pass_the_check(settings: Any) -> None:
+    backend = backend_settings(
+        settings,
+        unique={"a.b": {"key": "report:{0}", "for": 3600}},
+        debounce={"c.d": {"key": "reindex:{id}", "delay": 2.5}, "e.f": {"key": "x", "delay": 1, "max_wait": 10}},
+    )
+    assert backend.check() == []
