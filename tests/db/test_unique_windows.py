@@ -483,3 +483,49 @@ def test_well_formed_windows_pass_the_check(settings: Any) -> None:
         debounce={"c.d": {"key": "reindex:{id}", "delay": 2.5}, "e.f": {"key": "x", "delay": 1, "max_wait": 10}},
     )
     assert backend.check() == []
+
+
+# -- where a user looks -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def staff(client: Any) -> Any:
+    from django.contrib.auth import get_user_model
+
+    client.force_login(get_user_model().objects.create_superuser("windows", "w@example.com", "pw"))
+    return client
+
+
+def test_the_task_page_and_the_admin_show_the_key_and_its_window(staff: Any) -> None:
+    unique = Task.objects.enqueue(NOOP, dedup_key="report:<7>", unique_for=90)
+    debounced = Task.objects.enqueue(NOOP, dedup_key="feed:<1>", debounce=5, max_wait=60)
+    Task.objects.enqueue(NOOP, dedup_key="feed:<1>", debounce=5, max_wait=60)
+    page = staff.get(f"/dashboard/tasks/{unique.id}/").content.decode()
+    assert 'id="task-unique-window"' in page and "a window of 90 s" in page
+    assert "report:&lt;7&gt;" in page  # escaped
+    page = staff.get(f"/dashboard/tasks/{debounced.id}/").content.decode()
+    assert 'id="task-debounce"' in page and "feed:&lt;1&gt;" in page and "1 later enqueue folded in" in page
+    assert "never pushed past" in page
+    admin = staff.get(f"/admin/tasks/task/{unique.id}/change/").content.decode()
+    assert "report:&lt;7&gt;: unique until" in admin and "(90 s window)" in admin
+    close_window("report:<7>")
+    page = staff.get(f"/dashboard/tasks/{unique.id}/").content.decode()
+    assert 'id="task-unique-window"' not in page  # a window that passed is not shown
+
+
+def test_metrics_count_open_windows_and_debounces(client: Any, settings: Any) -> None:
+    from leasing.metrics import scrape_values
+
+    settings.LEASING_METRICS_PUBLIC = True
+    Task.objects.enqueue(NOOP, dedup_key="open", unique_for=60)
+    Task.objects.enqueue(NOOP, dedup_key="passed", unique_for=60)
+    close_window("passed")
+    for _ in range(3):
+        Task.objects.enqueue(NOOP, dedup_key="d1", debounce=30)
+    Task.objects.enqueue(NOOP, dedup_key="d2", debounce=30)
+    claimed_key = Task.objects.enqueue(NOOP, dedup_key="d3", debounce=0.001)
+    Task.objects.filter(pk=claimed_key.id).update(status="CANCELLED")  # not waiting: not counted
+    values = scrape_values(client.get("/metrics").content.decode())
+    assert values['tasks_unique_windows_open{database="default"}'] == 1
+    assert values['tasks_debounced_waiting{database="default"}'] == 2
+    assert values['tasks_debounces_folded{database="default"}'] == 2
