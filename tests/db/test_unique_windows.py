@@ -529,3 +529,16 @@ def test_metrics_count_open_windows_and_debounces(client: Any, settings: Any) ->
     assert values['tasks_unique_windows_open{database="default"}'] == 1
     assert values['tasks_debounced_waiting{database="default"}'] == 2
     assert values['tasks_debounces_folded{database="default"}'] == 2
+
+
+def test_the_howto_page_runs_as_written() -> None:
+    """docs/howto/pausing-and-keys.md: the windows block marked "tested" runs as written."""
+    import re
+
+    from tests.helpers import ROOT
+
+    page = (ROOT / "docs" / "howto" / "pausing-and-keys.md").read_text()
+    blocks = re.findall(r"<!-- tested[^>]*-->\n```python\n(.*?)```", page, re.S)
+    assert len(blocks) == 1
+    exec(compile(blocks[0], "pausing-and-keys.md", "exec"), {})
+    assert Task.objects.count() == 2 and UniqueKey.objects.filter(key="report:7").exists()
