@@ -125,7 +125,9 @@ SELECT a.task_id, i.enqueued_at FROM accepted AS a LEFT JOIN inserted AS i ON i.
 
 # Debounce (``debounce``, ``max_wait``; tasks/lifecycle/windows.py): one upsert whose arbiter is
 # tasks_task_debounce_waiting, a partial unique index on (task_path, debounce_key) over *waiting* rows
-# (BLOCKED, READY) only: a key is debounced per task path. While a task of the path and key waits, the
+# (BLOCKED, READY) never claimed (``transitions`` 0: only a claim bumps it) only: a key is debounced
+# per task path, and a claimed task that waits again (retry, hand-back, recovery, requeue) is never
+# folded into nor meets the key's newer task. While a task of the path and key waits, the
 # insert becomes an update of it: its arguments replaced, its start pushed to now + delay under its
 # row lock (clock_timestamp(), read after any wait for the lock), never past ``debounce_until`` (its
 # first enqueue + max_wait; LEAST ignores a NULL: no cap). Against a worker's claim: a claim that
@@ -134,9 +136,9 @@ SELECT a.task_id, i.enqueued_at FROM accepted AS a LEFT JOIN inserted AS i ON i.
 # this statement holds the row lock, a claim skips the row (SKIP LOCKED); a claim whose pick saw the
 # row before this committed locks its newest version and re-checks the pick on it, finding it not yet
 # due. So a debounce never changes the arguments of an attempt already claimed. The DO UPDATE's WHERE
-# says it again, as a compare-and-set on the status (no row: the caller tries again). ``debounces`` is
-# 0 on a row just inserted and counts the enqueues folded into it. The cost: one probe of a unique
-# index that holds only the waiting debounced rows.
+# says it again, as a compare-and-set on the status and the claim count (no row: the caller tries
+# again). ``debounces`` is 0 on a row just inserted and counts the enqueues folded into it. The cost:
+# one probe of a unique index that holds only the waiting debounced rows.
 ENQUEUE_DEBOUNCE_SQL = f"""
 INSERT INTO tasks_task ({_ENQUEUE_COLUMNS}, debounce_key, debounce_until, debounces)
 VALUES ({
@@ -145,12 +147,13 @@ VALUES ({
         " statement_timestamp() + make_interval(secs => %(max_wait)s::float8))"
     )
 }, %(debounce_key)s::text, statement_timestamp() + make_interval(secs => %(max_wait)s::float8), 0)
-ON CONFLICT (task_path, debounce_key) WHERE status IN ('BLOCKED', 'READY') AND debounce_key IS NOT NULL
+ON CONFLICT (task_path, debounce_key)
+    WHERE status IN ('BLOCKED', 'READY') AND debounce_key IS NOT NULL AND transitions = 0
 DO UPDATE
 SET args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
     run_after = LEAST(clock_timestamp() + make_interval(secs => %(debounce)s::float8), tasks_task.debounce_until),
     debounces = tasks_task.debounces + 1
-WHERE tasks_task.status IN ('BLOCKED', 'READY')
+WHERE tasks_task.status IN ('BLOCKED', 'READY') AND tasks_task.transitions = 0
 RETURNING id, enqueued_at, debounces = 0
 """
 

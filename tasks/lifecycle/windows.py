@@ -16,8 +16,9 @@ backend's ``OPTIONS["unique"]`` / ``OPTIONS["debounce"]``) or per request (``POS
   claimed yet), another enqueue of the key replaces its arguments and pushes its start to now +
   ``debounce``, never past its first enqueue + ``max_wait``; once it is claimed (or finished), the
   next enqueue of the key inserts a new task. One upsert on the task table (ENQUEUE_DEBOUNCE_SQL)
-  whose arbiter, a partial unique index over waiting rows only, a claim leaves: a claimed attempt's
-  arguments never change.
+  whose arbiter, a partial unique index over waiting rows never claimed, a claim leaves for good: a
+  claimed attempt's arguments never change, and a claimed task that waits again (a retry, a
+  hand-back) runs with its own arguments beside the key's newer task.
 
 Both run in the caller's transaction (a rollback leaves no task and no window) and cost an index
 probe or two whatever the number of keys or finished rows. A plain enqueue, and a plain dedup

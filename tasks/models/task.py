@@ -916,13 +916,15 @@ class Task(LeaseFields):
                 condition=Q(status__in=["BLOCKED", "READY", "RUNNING"], dedup_key__isnull=False),
                 name="tasks_task_dedup_unfinished",
             ),
-            # At most one *waiting* task per task path and debounce key: the arbiter of ENQUEUE_DEBOUNCE_SQL's
-            # upsert. A claimed (RUNNING) task has left it, so the next enqueue of the key inserts a new task.
+            # At most one *waiting, never claimed* task per task path and debounce key: the arbiter of
+            # ENQUEUE_DEBOUNCE_SQL's upsert. A claim (the only statement that bumps ``transitions``) takes
+            # a task out for good, so the next enqueue of the key inserts a new task, and a claimed task
+            # that waits again (a retry, a hand-back, recovery, a requeue) never meets the key's newer one.
             # The task path is part of the key: an enqueue of one path never rewrites the arguments of
             # another's task (a JSON API client could otherwise feed a path it may not enqueue).
             models.UniqueConstraint(
                 fields=["task_path", "debounce_key"],
-                condition=Q(status__in=["BLOCKED", "READY"], debounce_key__isnull=False),
+                condition=Q(status__in=["BLOCKED", "READY"], debounce_key__isnull=False, transitions=0),
                 name="tasks_task_debounce_waiting",
             ),
             models.CheckConstraint(

@@ -170,7 +170,8 @@ def task_metrics() -> Iterable[Metric]:
 _DEBOUNCED_SQL = """
 SELECT count(*), COALESCE(sum(debounces), 0)
 FROM (SELECT debounces FROM tasks_task
-      WHERE status IN ('BLOCKED', 'READY') AND debounce_key IS NOT NULL LIMIT %(limit)s) AS waiting
+      WHERE status IN ('BLOCKED', 'READY') AND debounce_key IS NOT NULL AND transitions = 0
+      LIMIT %(limit)s) AS waiting
 """
 
 

@@ -16,7 +16,7 @@ from django.db import connection, connections, transaction
 from tasks.lifecycle import statements as sql
 from tasks.lifecycle import windows
 from tasks.maintenance.retention import prune
-from tasks.models import Task, TaskStatus, UniqueKey
+from tasks.models import Failure, Task, TaskStatus, UniqueKey
 from tasks.models.task import TaskQuerySet
 from tests.helpers import wait_until
 
@@ -193,6 +193,30 @@ def test_once_the_debounced_task_is_claimed_the_next_enqueue_is_a_new_task() -> 
     assert Task.objects.complete_many("w1", [(first.id, claimed[0].token, "null")]) == {(first.id, claimed[0].token)}
     third = Task.objects.enqueue(NOOP, kwargs={"v": 3}, dedup_key="d", debounce=30)
     assert (third.id, third.created) == (second.id, False)
+
+
+def test_a_claimed_debounced_task_going_back_to_wait_never_meets_the_newer_one() -> None:
+    """A claimed debounced task has left the key for good: its retry, hand-back or requeue puts it
+    back to waiting beside the key's newer waiting task (no unique violation), and later enqueues
+    fold into the newer one only."""
+    first = Task.objects.enqueue(NOOP, kwargs={"v": 1}, dedup_key="d", debounce=0.001)
+    wait_until(lambda: Task.objects.filter(pk=first.id, run_after__lte=db_now()).exists(), 5, what="due")
+    claimed = Task.objects.claim("w1", limit=1, start=True)[0]
+    newer = Task.objects.enqueue(NOOP, kwargs={"v": 2}, dedup_key="d", debounce=30)
+    assert newer.created
+    outcome = Task.objects.fail(Failure(first.id, claimed.token, "builtins.ValueError", "again", delay=0.001), "w1")
+    assert outcome is not None and outcome.status == TaskStatus.READY
+    folded = Task.objects.enqueue(NOOP, kwargs={"v": 3}, dedup_key="d", debounce=30)
+    assert (folded.id, folded.created) == (newer.id, False)
+    assert Task.objects.get(pk=first.id).kwargs == {"v": 1}
+    # Claimed again and handed back; cancelled and requeued: still beside the newer one.
+    wait_until(lambda: Task.objects.filter(pk=first.id, run_after__lte=db_now()).exists(), 5, what="due again")
+    again = Task.objects.claim("w1", limit=1)
+    assert [c.id for c in again] == [first.id]
+    assert Task.objects.hand_back("w1", [(first.id, again[0].token)])
+    Task.objects.filter(pk=first.id).cancel()
+    assert Task.objects.filter(pk=first.id).requeue() == 1
+    assert Task.objects.filter(debounce_key="d", status=TaskStatus.READY).count() == 2
 
 
 def test_a_rolled_back_debounce_leaves_the_waiting_task_as_it_was() -> None:
