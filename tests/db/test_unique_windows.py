@@ -566,3 +566,17 @@ def test_the_howto_page_runs_as_written() -> None:
     assert len(blocks) == 1
     exec(compile(blocks[0], "pausing-and-keys.md", "exec"), {})
     assert Task.objects.count() == 2 and UniqueKey.objects.filter(key="report:7").exists()
+
+
+def test_manage_py_check_refuses_malformed_windows_at_startup(settings: Any) -> None:
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "tasks.backends.LeaseBackend",
+            "OPTIONS": {"debounce": {"a.b": {"key": "k", "delay": 10, "max_wait": 5}}},
+        }
+    }
+    with pytest.raises(SystemCheckError, match=r"tasks\.E014.*'max_wait' must be at least 'delay'"):
+        call_command("check")
