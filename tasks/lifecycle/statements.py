@@ -137,7 +137,8 @@ SELECT a.task_id, i.enqueued_at FROM accepted AS a LEFT JOIN inserted AS i ON i.
 # row before this committed locks its newest version and re-checks the pick on it, finding it not yet
 # due. So a debounce never changes the arguments of an attempt already claimed. The DO UPDATE's WHERE
 # says it again, as a compare-and-set on the status and the claim count (no row: the caller tries
-# again). ``debounces`` is 0 on a row just inserted and counts the enqueues folded into it. The cost:
+# again). ``debounces`` is 0 on a row just inserted (NULL on every row not debounced) and counts the
+# enqueues folded into it. The cost:
 # one probe of a unique index that holds only the waiting debounced rows.
 ENQUEUE_DEBOUNCE_SQL = f"""
 INSERT INTO tasks_task ({_ENQUEUE_COLUMNS}, debounce_key, debounce_until, debounces)

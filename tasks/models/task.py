@@ -730,8 +730,10 @@ class Task(LeaseFields):
         blank=True,
         help_text="The latest start a debounce may push it to: its first enqueue plus max_wait (empty: no cap).",
     )
+    # NULL on a task that is not debounced: a plain row stores nothing for it (a NOT NULL default
+    # would widen every row of the queue by 4 bytes).
     debounces = models.PositiveIntegerField(
-        default=0, db_default=0, help_text="Later enqueues of its debounce key folded into it while it waited."
+        null=True, blank=True, help_text="Later enqueues of its debounce key folded into it while it waited."
     )
     return_value = models.JSONField(null=True, blank=True)
     errors = models.JSONField(

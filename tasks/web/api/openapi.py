@@ -498,7 +498,10 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                         },
                         "debounce_key": {"type": ["string", "null"]},
                         "debounce_until": {**stamp, "description": "debounces never push its start past this"},
-                        "debounces": {"type": "integer", "description": "enqueues folded into it while it waited"},
+                        "debounces": {
+                            "type": ["integer", "null"],
+                            "description": "enqueues folded into it while it waited (null: not debounced)",
+                        },
                         "args": {"type": "array"},
                         "kwargs": {"type": "object"},
                         "attempts": {"type": "integer"},
