@@ -100,8 +100,11 @@ RETURNING id, enqueued_at
 # window is left as it was. ``inserted`` runs only for a key row taken; its ON CONFLICT meets only a
 # plain dedup enqueue of the same key that committed after this statement's snapshot: the key row
 # then names a task that was never inserted, which the caller sees (``enqueued_at`` NULL) and undoes
-# (RELEASE_UNIQUE_KEY_SQL). Costs: one primary-key probe of tasks_uniquekey and one probe of
-# tasks_task_dedup_unfinished, whatever the number of keys or finished rows.
+# (RELEASE_UNIQUE_KEY_SQL). A refused duplicate still holds the key row's lock until its transaction
+# ends (ON CONFLICT DO UPDATE locks the row before it tests the WHERE): enqueues of one key inside long
+# transactions queue behind each other, as inserts of one unique value do; other keys never wait.
+# Costs: one primary-key probe of tasks_uniquekey and one probe of tasks_task_dedup_unfinished,
+# whatever the number of keys or finished rows.
 ENQUEUE_UNIQUE_SQL = f"""
 WITH accepted AS (
     INSERT INTO tasks_uniquekey AS k (key, task_id, accepted_at, expires_at)
