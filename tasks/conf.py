@@ -20,6 +20,8 @@ DEFAULT_RETENTION: dict[str, Any] = {
     "LEASES": "1d",
     "WORKERS": "7d",
     "SCHEDULE_RUNS": "7d",
+    # Windows of unique keys (unique_for) that passed: nothing needs them once they have.
+    "UNIQUE_KEYS": "0s",
 }
 
 

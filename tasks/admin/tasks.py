@@ -132,7 +132,7 @@ class TaskAdmin(CheckedInputAdmin):
     actions = ("requeue", "retry_now", "cancel", "retry_all_matching", "cancel_all_matching", "discard_all_matching")
     readonly_fields = [
         field.name for field in Task._meta.get_fields() if field.concrete and field.name not in ("errors",)
-    ] + ["errors_display"]
+    ] + ["errors_display", "unique_window_display"]
     exclude = ("errors",)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -228,6 +228,14 @@ class TaskAdmin(CheckedInputAdmin):
         if remaining <= dt.timedelta(0):
             return f"expired {-remaining.total_seconds():.0f} s ago"
         return f"in {remaining.total_seconds():.1f} s"
+
+    @admin.display(description="unique window")
+    def unique_window_display(self, obj: Task) -> str:
+        window = obj.unique_window()  # one primary-key probe, only for a task with a dedup key
+        if window is None:
+            return "-"
+        seconds = (window.expires_at - window.accepted_at).total_seconds()
+        return f"{window.key}: unique until {window.expires_at:%Y-%m-%d %H:%M:%S} ({seconds:g} s window)"
 
     @admin.display(description="errors (the first and the newest)")
     def errors_display(self, obj: Task) -> str:

@@ -68,6 +68,7 @@ from tasks.compat import Task as DjangoTask
 from tasks.lifecycle import policy
 from tasks.lifecycle.ratelimits import parse_rate
 from tasks.lifecycle.routing import queue_database
+from tasks.lifecycle.windows import window_problems
 from tasks.models import MAX_CONCURRENCY_LIMIT, Task, TaskStatus
 from tasks.models.task import announce_enqueued
 
@@ -88,7 +89,9 @@ _STATUS = {
     TaskStatus.CANCELLED: TaskResultStatus.FAILED,
 }
 
-OPTIONS = frozenset({"database", "max_attempts", "timeout", "concurrency", "retry", "rate_limits"})
+OPTIONS = frozenset(
+    {"database", "max_attempts", "timeout", "concurrency", "retry", "rate_limits", "unique", "debounce"}
+)
 
 
 def retry_problems(spec: Any) -> list[str]:
@@ -139,6 +142,23 @@ def rate_limit_problems(spec: Any) -> list[str]:
             parse_rate(entry["limit"])
         except ValueError as exc:
             problems.append(f"{path!r}: 'limit': {exc}")
+    return problems
+
+
+def window_spec_problems(spec: Any, kind: str) -> list[str]:
+    """What is wrong with an OPTIONS["unique"] mapping (task path -> {"key": ..., "for": seconds}) or
+    an OPTIONS["debounce"] one (task path -> {"key": ..., "delay": seconds, "max_wait": seconds})."""
+    shape = "{'key': ..., 'for': seconds}" if kind == "unique" else "{'key': ..., 'delay': seconds, 'max_wait': ...}"
+    if not isinstance(spec, dict):
+        return [f"must be a mapping of task paths to {shape}"]
+    problems = []
+    for path, entry in spec.items():
+        problems += [f"{path!r}: {problem}" for problem in window_problems(entry, kind)]
+        key = entry.get("key") if isinstance(entry, dict) else None
+        if isinstance(entry, dict) and (not isinstance(key, str) or not key):
+            problems.append(f"{path!r}: 'key' must be a non-empty string")
+        elif isinstance(key, str):
+            problems += [f"{path!r}: 'key' {problem}" for problem in _template_problems(key)]
     return problems
 
 
@@ -240,8 +260,16 @@ class LeaseBackend(BaseTaskBackend):
         # A malformed mapping is reported by the system check (tasks.E012); it limits nothing.
         self.concurrency: dict[str, dict[str, Any]] = spec if not concurrency_problems(spec) else {}
         rates = self.options.get("rate_limits") or {}
-        # A malformed mapping is reported by the system check (tasks.E014); it limits nothing.
+        # A malformed mapping is reported by the system check (tasks.E015); it limits nothing.
         self.rate_limits: dict[str, dict[str, Any]] = rates if not rate_limit_problems(rates) else {}
+        unique = self.options.get("unique") or {}
+        debounce = self.options.get("debounce") or {}
+        # A malformed mapping, or a path in both, is reported by the system check (tasks.E014); it applies
+        # nothing.
+        usable = not window_spec_problems(unique, "unique") and not window_spec_problems(debounce, "debounce")
+        usable = usable and not set(unique) & set(debounce)
+        self.unique: dict[str, dict[str, Any]] = unique if usable else {}
+        self.debounce: dict[str, dict[str, Any]] = debounce if usable else {}
         retry = self.options.get("retry") or {}
         # A malformed mapping is reported by the system check (tasks.E013); it applies nothing.
         self.retry: dict[str, dict[str, Any]] = retry if not retry_problems(retry) else {}
@@ -260,15 +288,21 @@ class LeaseBackend(BaseTaskBackend):
         entry = options.get(task.module_path)
         if entry is None:
             return None, None
-        try:
-            # OverflowError: a character past U+10FFFF ({0:c}), an integer no float holds ({0:e}).
-            key = str(entry["key"]).format(*args, **kwargs)
-        except (KeyError, IndexError, ValueError, AttributeError, TypeError, OverflowError) as exc:
-            raise ValueError(
-                f"the {kind} key template {entry['key']!r} of {task.module_path} does not fit the call's "
-                f"arguments: {type(exc).__name__}: {exc}"
-            ) from None
-        return key, entry["limit"]
+        return _filled(kind, entry["key"], task, args, kwargs), entry["limit"]
+
+    def windows_of(self, task: DjangoTask, args: Any, kwargs: Any) -> dict[str, Any]:
+        """The enqueue arguments of a call's window (OPTIONS["unique"] or ["debounce"]), its key
+        template filled with the call's arguments: ``dedup_key`` with ``unique_for``, or with
+        ``debounce`` and ``max_wait``; nothing for a path in neither."""
+        if (entry := self.unique.get(task.module_path)) is not None:
+            return {"dedup_key": _filled("unique", entry["key"], task, args, kwargs), "unique_for": entry["for"]}
+        if (entry := self.debounce.get(task.module_path)) is not None:
+            return {
+                "dedup_key": _filled("debounce", entry["key"], task, args, kwargs),
+                "debounce": entry["delay"],
+                "max_wait": entry.get("max_wait"),
+            }
+        return {}
 
     def enqueue(self, task: DjangoTask, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
@@ -279,6 +313,7 @@ class LeaseBackend(BaseTaskBackend):
         kwargs = normalize_json(kwargs)
         concurrency_key, concurrency_limit = self.concurrency_of(task, args, kwargs)
         rate_key, rate_limit = self.rate_of(task, args, kwargs)
+        window = self.windows_of(task, args, kwargs)
         # task_enqueued is sent before the row is committed, so before any worker can start the
         # task: it always precedes task_started. (Inside the caller's transaction, the task and the
         # signal stand or fall with it: a rolled-back enqueue runs nothing, though it was signalled.)
@@ -301,7 +336,14 @@ class LeaseBackend(BaseTaskBackend):
                 concurrency_limit=concurrency_limit,
                 rate_key=rate_key,
                 rate_limit=rate_limit,
+                **window,
             )
+            if not enqueued.created:
+                # A window's duplicate, or an enqueue folded into the key's waiting debounced task: the
+                # result is that task's, and nothing new was enqueued (no signal).
+                existing = Task.objects.db_manager(using).filter(pk=enqueued.id).first()
+                if existing is not None:
+                    return self.result_from_row(existing)
             # The result describes the task as enqueued (the insert returns what it needs).
             result: TaskResult = TaskResult(
                 task=task,
@@ -317,8 +359,10 @@ class LeaseBackend(BaseTaskBackend):
                 errors=[],
                 worker_ids=[],
             )
-            task_enqueued.send(type(self), task_result=result)
-        announce_enqueued(using, [enqueued.id])  # after task_enqueued, which precedes any start
+            if enqueued.created:
+                task_enqueued.send(type(self), task_result=result)
+        if enqueued.created:
+            announce_enqueued(using, [enqueued.id])  # after task_enqueued, which precedes any start
         return result
 
     def result_id(self, task_id: int, using: str) -> str:
@@ -357,6 +401,25 @@ class LeaseBackend(BaseTaskBackend):
                 checks.Error(
                     f"TASKS[{self.alias!r}]['OPTIONS']['rate_limits'] {problem}",
                     hint="See docs/howto/rate-limits.md.",
+                    id="tasks.E015",
+                )
+            )
+        for kind in ("unique", "debounce"):
+            for problem in window_spec_problems(self.options.get(kind, {}), kind):
+                errors.append(
+                    checks.Error(
+                        f"TASKS[{self.alias!r}]['OPTIONS'][{kind!r}] {problem}",
+                        hint="See docs/howto/pausing-and-keys.md (windows).",
+                        id="tasks.E014",
+                    )
+                )
+        both = set(self.options.get("unique") or {}) & set(self.options.get("debounce") or {})
+        if isinstance(self.options.get("unique"), dict) and isinstance(self.options.get("debounce"), dict) and both:
+            errors.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS'] names task paths in both 'unique' and 'debounce': "
+                    f"{', '.join(sorted(both))}",
+                    hint="A key is either unique for a period or debounced.",
                     id="tasks.E014",
                 )
             )
@@ -376,6 +439,18 @@ class LeaseBackend(BaseTaskBackend):
                 )
             )
         return errors
+
+
+def _filled(kind: str, template: str, task: DjangoTask, args: Any, kwargs: Any) -> str:
+    """A key template of OPTIONS[kind] filled with a call's arguments; ValueError when they do not fit."""
+    try:
+        # OverflowError: a character past U+10FFFF ({0:c}), an integer no float holds ({0:e}).
+        return str(template).format(*args, **kwargs)
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError, OverflowError) as exc:
+        raise ValueError(
+            f"the {kind} key template {template!r} of {task.module_path} does not fit the call's "
+            f"arguments: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def enqueued_task(

@@ -50,6 +50,8 @@ TRANSITIONS: tuple[Transition, ...] = (
         (
             _S + "ENQUEUE_SQL",
             _S + "ENQUEUE_DEDUP_SQL",
+            _S + "ENQUEUE_UNIQUE_SQL",
+            _S + "ENQUEUE_DEBOUNCE_SQL",
             _S + "BULK_ENQUEUE_SQL",
             _W + "INSERT_MEMBERS_SQL",
             "tasks.maintenance.scheduler.SLOT_SQL",
@@ -57,7 +59,10 @@ TRANSITIONS: tuple[Transition, ...] = (
         ),
         "a new row is READY; one whose concurrency key has no free slot is BLOCKED by the insert trigger; "
         "a workflow member that depends on others is AWAITING; "
-        "the scheduler enqueues a periodic task's slot in the statement that advances its schedule",
+        "the scheduler enqueues a periodic task's slot in the statement that advances its schedule; "
+        "a key's unique_for window admits a task only in the statement that opens the next window; a "
+        "debounced enqueue of a key whose task still waits updates that task instead (its arguments and "
+        "start, never its status)",
     ),
     Transition(
         "release",

@@ -119,7 +119,10 @@ class AttemptFate:
 @dataclass(frozen=True, slots=True)
 class Enqueued:
     id: int
-    created: bool  # False: an unfinished task with the same dedup key already existed
+    #: False: an unfinished task with the same dedup key already existed, the key's unique_for window
+    #: was open (``id`` is the task that opened it), or the enqueue was folded into the key's
+    #: waiting debounced task (``id``)
+    created: bool
     enqueued_at: dt.datetime | None = None  # of a task created now
     database: str = "default"  # the alias holding it: ids are unique per database only
 
@@ -288,6 +291,18 @@ def validate_enqueue(*, queue: str, priority: int, max_attempts: int, timeout: f
 
 #: The largest concurrency limit (the column is a PostgreSQL integer).
 MAX_CONCURRENCY_LIMIT = 2**31 - 1
+
+
+def validate_key(name: str, key: Any) -> None:
+    """A key column's value: a non-empty string of at most 255 characters that text can hold."""
+    if not isinstance(key, str) or not key or len(key) > 255:
+        raise ValueError(f"{name} must be a non-empty string of at most 255 characters")
+    if "\x00" in key:
+        raise ValueError(f"{name} must not contain NUL characters")
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} must be valid Unicode (no lone surrogates)") from None
 
 
 def validate_concurrency(key: str | None, limit: int | None) -> None:

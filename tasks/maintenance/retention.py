@@ -1,4 +1,5 @@
-"""Retention: delete finished tasks, ended leases, stopped workers and old schedule runs.
+"""Retention: delete finished tasks, ended leases, stopped workers, old schedule runs and the windows
+of unique keys that passed.
 
 Each delete is one short statement over at most ``batch`` rows, picked oldest first through an
 index and locked with ``FOR UPDATE SKIP LOCKED``: no long lock is held, a row another session is
@@ -41,7 +42,7 @@ logger = logging.getLogger("tasks.retention")
 
 FINISHED_STATUSES = ("SUCCESSFUL", "FAILED", "CANCELLED")
 #: Everything retention knows how to prune, in the order a pass goes through them.
-KINDS = (*FINISHED_STATUSES, "LEASES", "WORKERS", "SCHEDULE_RUNS")
+KINDS = (*FINISHED_STATUSES, "LEASES", "WORKERS", "SCHEDULE_RUNS", "UNIQUE_KEYS")
 assert set(KINDS) == set(DEFAULT_RETENTION)
 
 _UNITS = {"w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
@@ -150,11 +151,30 @@ PRUNE_WORKERS_SQL = _prune_sql(
 # tasks_schedulerun_prune_idx (enqueued_at, id).
 PRUNE_SCHEDULE_RUNS_SQL = _prune_sql("tasks_schedulerun", "enqueued_at", "true")
 
+# Windows of unique keys (tasks/lifecycle/windows.py) that passed before the cutoff, through
+# tasks_uniquekey_expires_idx (expires_at, key). An open window has expires_at in the future, and a
+# window reopened meanwhile has it on its newest version, which the row lock re-checks.
+PRUNE_UNIQUE_KEYS_SQL = """
+WITH picked AS MATERIALIZED (
+    SELECT key FROM tasks_uniquekey
+    WHERE expires_at < statement_timestamp() - make_interval(secs => %(age)s)
+      AND (expires_at, key) > (%(after_at)s, %(after_id)s::text)
+    ORDER BY expires_at, key
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM tasks_uniquekey AS doomed
+USING picked
+WHERE doomed.key = picked.key
+RETURNING doomed.expires_at, doomed.key
+"""
+
 _STATEMENTS = {
     **dict.fromkeys(FINISHED_STATUSES, PRUNE_TASKS_SQL),
     "LEASES": PRUNE_LEASES_SQL,
     "WORKERS": PRUNE_WORKERS_SQL,
     "SCHEDULE_RUNS": PRUNE_SCHEDULE_RUNS_SQL,
+    "UNIQUE_KEYS": PRUNE_UNIQUE_KEYS_SQL,
 }
 
 # What a prune would delete (``--dry-run``), through the same indexes.
@@ -169,6 +189,8 @@ _COUNT_SQL = {
     "SELECT 1 FROM tasks_task AS t WHERE t.status = 'RUNNING' AND t.holder = candidate.id)",
     "SCHEDULE_RUNS": "SELECT count(*) FROM tasks_schedulerun"
     " WHERE enqueued_at < statement_timestamp() - make_interval(secs => %(age)s)",
+    "UNIQUE_KEYS": "SELECT count(*) FROM tasks_uniquekey"
+    " WHERE expires_at < statement_timestamp() - make_interval(secs => %(age)s)",
 }
 
 
@@ -197,7 +219,7 @@ class PruneCursor:
     workflows_after: tuple[dt.datetime, int] = (_BEGINNING, 0)
 
     def __post_init__(self) -> None:
-        if self.kind == "WORKERS" and self.after == (_BEGINNING, 0):
+        if self.kind in ("WORKERS", "UNIQUE_KEYS") and self.after == (_BEGINNING, 0):
             self.after = (_BEGINNING, "")
 
 

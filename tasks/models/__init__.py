@@ -36,6 +36,7 @@ from tasks.models.bookkeeping import (
     ConcurrencyWake,
     GeneratorState,
     RateLimit,
+    UniqueKey,
 )
 from tasks.models.bulk import BulkOperation, BulkOperationQuerySet
 from tasks.models.queue_control import PAUSE_LOCK_TIMEOUT_MS, QueueControl, QueueControlQuerySet
@@ -81,6 +82,7 @@ __all__ = [
     "TaskDependency",
     "TaskQuerySet",
     "TaskStatus",
+    "UniqueKey",
     "Worker",
     "WorkerQuerySet",
     "Workflow",

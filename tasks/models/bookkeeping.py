@@ -250,3 +250,27 @@ class ActivityHourMark(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hour:%Y-%m-%d %H:00}: {self.tasks} tasks counted"
+
+
+class UniqueKey(models.Model):
+    """The window of a key enqueued with ``unique_for``: no second task of the key is accepted
+    before ``expires_at``, finished or not (see tasks/lifecycle/windows.py).
+
+    One row per key, replaced in place by the enqueue that opens the next window (an upsert whose
+    DO UPDATE fires only once this one has passed); retention deletes rows whose window has passed.
+    """
+
+    key = models.CharField(max_length=255, primary_key=True)
+    task_id = models.BigIntegerField(help_text="The task the window's enqueue created (it may since be pruned).")
+    accepted_at = models.DateTimeField(help_text="When the enqueue that opened the window was accepted.")
+    expires_at = models.DateTimeField(help_text="The window ends: the next enqueue of the key is accepted.")
+
+    class Meta:
+        ordering = ["key"]
+        indexes = [
+            # Retention deletes the rows whose window passed, oldest first (tasks/maintenance/retention.py).
+            models.Index(fields=["expires_at", "key"], name="tasks_uniquekey_expires_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"unique key {self.key}: task {self.task_id} until {self.expires_at:%Y-%m-%d %H:%M:%S}"

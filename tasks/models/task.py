@@ -27,7 +27,7 @@ from leasing.routing import SelectedManager
 from tasks import tracing
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError
-from tasks.lifecycle import activity, policy, prepared, ratelimits
+from tasks.lifecycle import activity, policy, prepared, ratelimits, windows
 from tasks.lifecycle import statements as sql
 from tasks.lifecycle import workflows as wf_sql
 from tasks.lifecycle.routing import queue_database
@@ -46,8 +46,10 @@ from tasks.lifecycle.values import (
     claimed_from_row,
     validate_concurrency,
     validate_enqueue,
+    validate_key,
 )
 from tasks.lifecycle.workflows import ON_PARENT_FAILURE, WorkflowError, WorkflowKind
+from tasks.models.bookkeeping import UniqueKey
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -146,10 +148,22 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         retry_policy: dict[str, Any] | None = None,
         rate_key: str | None = None,
         rate_limit: Any = None,
+        unique_for: float | dt.timedelta | None = None,
+        debounce: float | dt.timedelta | None = None,
+        max_wait: float | dt.timedelta | None = None,
     ) -> Enqueued:
         """Insert one task (one statement). With ``dedup_key``, an unfinished task with the same
-        key is returned instead of a new one (``created`` is False). ``backend_alias``: the
-        django.tasks backend enqueuing it (its worker then runs only a django.tasks Task).
+        key is returned instead of a new one (``created`` is False).
+
+        Windows over the dedup key (tasks/lifecycle/windows.py), seconds or timedeltas:
+        ``unique_for``: no second task of the key within that long of the last one accepted, finished
+        or not (a duplicate returns the task that opened the window, ``created`` False).
+        ``debounce``: the task starts that long after the key's *last* enqueue: while it waits, a
+        later enqueue of the key replaces its arguments and pushes its start (``created`` False),
+        never past its first enqueue + ``max_wait``; once claimed, the next enqueue is a new task.
+
+        ``backend_alias``: the django.tasks backend enqueuing it (its worker then runs only a
+        django.tasks Task).
         With ``concurrency_key`` and ``concurrency_limit``, at most that many tasks of the key are
         admitted (READY or RUNNING) at once; the rest wait BLOCKED (see tasks/lifecycle/concurrency.py).
 
@@ -178,6 +192,18 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         validate_enqueue(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
         validate_concurrency(concurrency_key, concurrency_limit)
         rated = ratelimits.rate_for_enqueue(rate_key, rate_limit)
+        unique_seconds = windows.seconds_of("unique_for", unique_for)
+        debounce_seconds = windows.seconds_of("debounce", debounce)
+        max_wait_seconds = windows.seconds_of("max_wait", max_wait)
+        windows.validate_windows(
+            dedup_key=dedup_key,
+            unique_for=unique_seconds,
+            debounce=debounce_seconds,
+            max_wait=max_wait_seconds,
+            run_after=run_after,
+        )
+        if unique_seconds is not None or debounce_seconds is not None:
+            validate_key("dedup_key", dedup_key)
         params: dict[str, Any] = {
             "queue": queue,
             "priority": priority,
@@ -199,18 +225,19 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         parents = sorted({_task_id(parent) for parent in depends_on})
         if parents:
             if dedup_key is not None:
-                raise WorkflowError("a task with depends_on cannot have a dedup_key")
+                raise WorkflowError("a task with depends_on cannot have a dedup_key (nor a window over one)")
             if on_parent_failure not in ON_PARENT_FAILURE:
                 raise WorkflowError(f"on_parent_failure must be one of {', '.join(ON_PARENT_FAILURE)}")
+        windowed = {"unique_for": unique_seconds, "debounce": debounce_seconds, "max_wait": max_wait_seconds}
         tracer = tracing.tracer()
         if tracer is None:
-            return _new_announced(routed._insert(params, parents, on_parent_failure, pipe), backend_alias)
+            return _new_announced(routed._insert(params, parents, on_parent_failure, pipe, **windowed), backend_alias)
         traced = {"leasing.task.path": task_path}
         if backend_alias is not None:
             traced["leasing.backend"] = backend_alias
         with tracing.enqueuing(tracer, task_path, queue, traced) as (span, context):
             params["trace_context"] = context
-            enqueued = routed._insert(params, parents, on_parent_failure, pipe)
+            enqueued = routed._insert(params, parents, on_parent_failure, pipe, **windowed)
             span.set_attributes(
                 {
                     "leasing.task.id": enqueued.id,
@@ -220,8 +247,18 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             )
         return _new_announced(enqueued, backend_alias)
 
-    def _insert(self, params: dict[str, Any], parents: list[int], on_parent_failure: str, pipe: bool) -> Enqueued:
-        """The insert of :meth:`enqueue` (checked arguments in ``params``)."""
+    def _insert(
+        self,
+        params: dict[str, Any],
+        parents: list[int],
+        on_parent_failure: str,
+        pipe: bool,
+        *,
+        unique_for: float | None = None,
+        debounce: float | None = None,
+        max_wait: float | None = None,
+    ) -> Enqueued:
+        """The insert of :meth:`enqueue` (checked arguments in ``params``; the windows in seconds)."""
         if parents:
             return self._enqueue_dependant(params, parents, on_parent_failure, pipe)
         dedup_key = params["dedup_key"]
@@ -231,6 +268,18 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         # The lookup of an existing task must not go through this queryset's filters (a filtered
         # queryset would never find it and the loop would spin): use the bare table.
         table = self.model._base_manager.db_manager(self.db)
+        if unique_for is not None:
+            return self._enqueue_unique(table, {**params, "unique_for": unique_for})
+        if debounce is not None:
+            params = {**params, "dedup_key": None, "debounce_key": dedup_key}
+            params.update(debounce=debounce, max_wait=max_wait)
+            for _ in range(100):
+                rows = self._rows(sql.ENQUEUE_DEBOUNCE_SQL, params)
+                if rows:
+                    return Enqueued(rows[0][0], rows[0][2], rows[0][1] if rows[0][2] else None, self.db)
+                # The compare-and-set on the status refused (the waiting task was claimed under
+                # the statement): the next try inserts a new task.
+            raise TaskError(f"could not enqueue: the task debounced under {dedup_key!r} kept changing")
         for _ in range(100):
             rows = self._rows(sql.ENQUEUE_DEDUP_SQL, params)
             if rows:
@@ -240,6 +289,26 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             if existing is not None:
                 return Enqueued(existing, False, database=self.db)
         raise TaskError(f"could not enqueue: the task holding dedup key {dedup_key!r} kept changing")
+
+    def _enqueue_unique(self, table: models.Manager[Task], params: dict[str, Any]) -> Enqueued:
+        """:meth:`enqueue` with ``unique_for`` (ENQUEUE_UNIQUE_SQL, tasks/lifecycle/windows.py)."""
+        key = params["dedup_key"]
+        for _ in range(100):
+            rows = self._rows(sql.ENQUEUE_UNIQUE_SQL, params)
+            if rows and rows[0][1] is not None:
+                return Enqueued(rows[0][0], True, rows[0][1], self.db)
+            with self._connection.cursor() as cursor:
+                if rows:  # the window was taken but a plain dedup enqueue of the key won the insert
+                    cursor.execute(windows.RELEASE_UNIQUE_KEY_SQL, {"key": key, "task_id": rows[0][0]})
+                cursor.execute(windows.OPEN_WINDOW_SQL, {"key": key})
+                found = cursor.fetchone()
+            if found is not None:
+                return Enqueued(found[0], False, database=self.db)
+            existing = table.filter(status__in=UNFINISHED, dedup_key=key).values_list("id", flat=True).first()
+            if existing is not None:
+                return Enqueued(existing, False, database=self.db)
+            # The window passed and its holder finished in between: try again.
+        raise TaskError(f"could not enqueue: the window of unique key {key!r} kept changing")
 
     def _enqueue_dependant(self, params: dict[str, Any], parents: list[int], on_failure: str, pipe: bool) -> Enqueued:
         """One task after existing ones (see :meth:`enqueue`): the parents are locked until the
@@ -797,6 +866,23 @@ class Task(LeaseFields):
     attempt_started = models.BooleanField(default=False, help_text="The current claim's attempt has begun.")
     timeout = models.FloatField(null=True, blank=True, help_text="Seconds an attempt may run.")
     dedup_key = models.CharField(max_length=255, null=True, blank=True)
+    debounce_key = models.CharField(
+        max_length=255,
+        null=True,
+        blank=True,
+        help_text="Debounced under this key: a later enqueue of the key replaces its arguments and pushes its "
+        "start while it waits (see tasks/lifecycle/windows.py).",
+    )
+    debounce_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="The latest start a debounce may push it to: its first enqueue plus max_wait (empty: no cap).",
+    )
+    # NULL on a task that is not debounced: a plain row stores nothing for it (a NOT NULL default
+    # would widen every row of the queue by 4 bytes).
+    debounces = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Later enqueues of its debounce key folded into it while it waited."
+    )
     return_value = models.JSONField(null=True, blank=True)
     errors = models.JSONField(
         default=list,
@@ -1007,6 +1093,17 @@ class Task(LeaseFields):
                 condition=Q(status__in=["BLOCKED", "READY", "RUNNING"], dedup_key__isnull=False),
                 name="tasks_task_dedup_unfinished",
             ),
+            # At most one *waiting, never claimed* task per task path and debounce key: the arbiter of
+            # ENQUEUE_DEBOUNCE_SQL's upsert. A claim (the only statement that bumps ``transitions``) takes
+            # a task out for good, so the next enqueue of the key inserts a new task, and a claimed task
+            # that waits again (a retry, a hand-back, recovery, a requeue) never meets the key's newer one.
+            # The task path is part of the key: an enqueue of one path never rewrites the arguments of
+            # another's task (a JSON API client could otherwise feed a path it may not enqueue).
+            models.UniqueConstraint(
+                fields=["task_path", "debounce_key"],
+                condition=Q(status__in=["BLOCKED", "READY"], debounce_key__isnull=False, transitions=0),
+                name="tasks_task_debounce_waiting",
+            ),
             models.CheckConstraint(
                 condition=Q(priority__gte=-100, priority__lte=100), name="tasks_task_priority_range"
             ),
@@ -1027,6 +1124,17 @@ class Task(LeaseFields):
             cursor.execute(wf_sql.CALLBACK_WAITING_SQL, {"id": self.workflow_id, "task": self.id})
             row = cursor.fetchone()
         return int(row[0]) if row else 0
+
+    def unique_window(self) -> UniqueKey | None:
+        """The unique_for window this task opened, while it is open (tasks/lifecycle/windows.py): one
+        primary-key probe, none for a task without a dedup key."""
+        if self.dedup_key is None:
+            return None
+        return (
+            UniqueKey.objects.using(self._state.db or "default")
+            .filter(key=self.dedup_key, task_id=self.pk, expires_at__gt=Now())
+            .first()
+        )
 
     @property
     def is_snoozed(self) -> bool:

@@ -191,6 +191,7 @@ def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
     # Only a workflow member has edges (an ad hoc depends_on makes a workflow too): a plain task's
     # page reads nothing more.
     member = task.workflow_id is not None
+    window = task.unique_window()  # one primary-key probe, only for a task with a dedup key
     return render(
         request,
         "tasks/dashboard/task_detail.html",
@@ -201,6 +202,8 @@ def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
             "counts": task_counts(),
             "workflow": Workflow.objects.filter(pk=task.workflow_id).first() if member else None,
             "edges": workflows.edges(task.pk) if member else None,
+            "window": window,
+            "window_seconds": (window.expires_at - window.accepted_at).total_seconds() if window else None,
         },
     )
 

@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterable
 
 from django.db import connections
+from django.db.models.functions import Now
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from leasing.routing import selected_database
@@ -13,7 +14,8 @@ from tasks.lifecycle import activity, concurrency, ratelimits
 from tasks.lifecycle.workflows import WorkflowStatus
 from tasks.maintenance.recovery import RECOVERY_LEASE
 from tasks.maintenance.scheduler import SCHEDULER_LEASE
-from tasks.models import Task
+from tasks.models import Task, UniqueKey
+from tasks.web.queries import COUNT_CAP, bounded_count
 from tasks.web.workflows import running_workflows
 
 # What holds back the cleanup of the queue's dead rows in this database (docs/howto/monitoring.md,
@@ -203,6 +205,7 @@ def task_metrics() -> Iterable[Metric]:
     yield GaugeMetricFamily(
         "tasks_rate_keys_full", "Rate keys at their limit now (of those shown).", value=sum(s.full for s in rates)
     )
+    yield from window_metrics()
     alive = list(live_workers().values_list("queues", flat=True))
     yield GaugeMetricFamily("tasks_workers_alive", "Workers that heartbeated recently.", value=len(alive))
     # Per queue with runnable tasks or a live worker: a queue with work and no worker is the one
@@ -263,6 +266,40 @@ def task_metrics() -> Iterable[Metric]:
         "tasks_expiry_to_requeue_seconds_max",
         "Longest expiry-to-requeue delay in the last hour.",
         value=recovered.delay_max,
+    )
+
+
+# The waiting debounced tasks, from the arbiter index's own partial predicate (tasks_task_debounce_waiting
+# holds those rows and no other), at most COUNT_CAP of them: the cost is the waiting ones, not the history.
+_DEBOUNCED_SQL = """
+SELECT count(*), COALESCE(sum(debounces), 0)
+FROM (SELECT debounces FROM tasks_task
+      WHERE status IN ('BLOCKED', 'READY') AND debounce_key IS NOT NULL AND transitions = 0
+      LIMIT %(limit)s) AS waiting
+"""
+
+
+def window_metrics() -> Iterable[Metric]:
+    """Open unique_for windows and waiting debounced tasks (tasks/lifecycle/windows.py), each counted
+    up to 10,000 through its own index. A refused duplicate writes nothing (that is its point), so
+    refusals are not counted cluster-wide; the enqueues folded into the tasks still waiting are."""
+    database = selected_database()
+    open_windows = bounded_count(UniqueKey.objects.using(database).filter(expires_at__gt=Now()))
+    with connections[database].cursor() as cursor:
+        cursor.execute(_DEBOUNCED_SQL, {"limit": COUNT_CAP})
+        waiting, folded = cursor.fetchone()
+    yield GaugeMetricFamily(
+        "tasks_unique_windows_open",
+        "Keys whose unique_for window is open: a second enqueue of one returns its task (counted up to 10,000).",
+        value=open_windows.value,
+    )
+    yield GaugeMetricFamily(
+        "tasks_debounced_waiting", "Debounced tasks waiting to start (counted up to 10,000).", value=int(waiting)
+    )
+    yield GaugeMetricFamily(
+        "tasks_debounces_folded",
+        "Later enqueues folded into the debounced tasks now waiting (their arguments replaced, start pushed).",
+        value=int(folded),
     )
 
 

@@ -332,7 +332,7 @@ def test_the_backend_check_reports_a_bad_rate_limit_mapping(settings: Any, spec:
     from tasks.compat import task_backends
 
     settings.TASKS = {"default": {"BACKEND": "tasks.backends.LeaseBackend", "OPTIONS": {"rate_limits": spec}}}
-    assert [e.id for e in task_backends["default"].check()] == ["tasks.E014"]
+    assert [e.id for e in task_backends["default"].check()] == ["tasks.E015"]
 
 
 def test_the_django_tasks_backend_maps_task_paths_to_rate_keys(settings: Any) -> None:

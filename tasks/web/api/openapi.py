@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks.lifecycle.windows import MAX_WINDOW_SECONDS
+
 STRING = {"type": "string", "minLength": 1, "maxLength": 255}
 HOLDER = {"type": "string", "minLength": 1, "maxLength": 200}
 TOKEN = {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
 TTL = {"type": "number", "exclusiveMinimum": 0, "maximum": 86400}
+WINDOW = {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WINDOW_SECONDS}
 ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 1}}
 PAGE = [
     {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}},
@@ -230,9 +233,20 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                 ],
             ),
             "post": _op(
-                "Enqueue a task (200 with created=false when an unfinished task has the dedup_key)",
+                "Enqueue a task (200 with created=false when an unfinished task has the dedup_key, its "
+                "unique_for window is open, or the enqueue was folded into its waiting debounced task)",
                 201,
-                {"type": "object", "properties": {"task": _ref("Task"), "created": {"type": "boolean"}}},
+                {
+                    "type": "object",
+                    "properties": {
+                        "task": {
+                            "oneOf": [_ref("Task"), {"type": "null"}],
+                            "description": "null only when a window's task was pruned before its window ended",
+                        },
+                        "task_id": {"type": "integer"},
+                        "created": {"type": "boolean"},
+                    },
+                },
                 400,
                 requestBody=_body(
                     {
@@ -265,6 +279,22 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                                 {"type": "string"},
                                 {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2},
                             ],
+                        },
+                        "unique_for": {
+                            **WINDOW,
+                            "description": "seconds: no second task of the dedup_key within this long of the last "
+                            "one accepted, finished or not (needs dedup_key)",
+                        },
+                        "debounce": {
+                            **WINDOW,
+                            "description": "seconds: start this long after the dedup_key's last enqueue; a later "
+                            "enqueue while it waits replaces its arguments and pushes its start (needs dedup_key; "
+                            "no run_after; not with unique_for)",
+                        },
+                        "max_wait": {
+                            **WINDOW,
+                            "description": "seconds: debounces never push the start past the first enqueue plus "
+                            "this (at least debounce)",
                         },
                     },
                     ["task_path"],
@@ -608,6 +638,19 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                         "rate_key": {"type": ["string", "null"]},
                         "rate_limit": {"type": ["array", "null"], "description": "[count, seconds]"},
                         "rate_refusals": {"type": "integer"},
+                        "dedup_key": {"type": ["string", "null"]},
+                        "unique_window": {
+                            "type": ["object", "null"],
+                            "description": "the unique_for window this task opened, while open (GET /tasks/{id} "
+                            "and the enqueue only)",
+                            "properties": {"key": {"type": "string"}, "accepted_at": stamp, "expires_at": stamp},
+                        },
+                        "debounce_key": {"type": ["string", "null"]},
+                        "debounce_until": {**stamp, "description": "debounces never push its start past this"},
+                        "debounces": {
+                            "type": ["integer", "null"],
+                            "description": "enqueues folded into it while it waited (null: not debounced)",
+                        },
                         "args": {"type": "array"},
                         "kwargs": {"type": "object"},
                         "attempts": {"type": "integer"},

@@ -21,6 +21,7 @@ from tasks.exceptions import TaskError, TaskPathRefused
 from tasks.lifecycle.ratelimits import RateKeyState, parse_rate, queue_rate, rate_key_states
 from tasks.lifecycle.routing import queue_database, queues_by_database
 from tasks.lifecycle.storable import is_storable
+from tasks.lifecycle.windows import MAX_WINDOW_SECONDS, WindowError, validate_windows
 from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, ClaimedTask, Failure, Started, Task, TaskStatus
 from tasks.web import history as history_views
 from tasks.web import queue_pages as queue_views
@@ -57,7 +58,9 @@ def task_summary_json(task: Task) -> dict[str, Any]:
     return data
 
 
-def task_json(task: Task) -> dict[str, Any]:
+def task_json(task: Task, *, window: bool = False) -> dict[str, Any]:
+    """A task as JSON; with ``window`` also its unique_for window (one primary-key probe of
+    tasks_uniquekey, only for a task with a dedup key): the task's own URL and the enqueue show it."""
     return {
         "id": task.pk,
         "task_path": task.task_path,
@@ -71,6 +74,10 @@ def task_json(task: Task) -> dict[str, Any]:
         "max_attempts": task.max_attempts,
         "timeout": task.timeout,
         "dedup_key": task.dedup_key,
+        **({"unique_window": unique_window_json(task)} if window else {}),
+        "debounce_key": task.debounce_key,
+        "debounce_until": iso(task.debounce_until),
+        "debounces": task.debounces,
         "concurrency_key": task.concurrency_key,
         "concurrency_limit": task.concurrency_limit,
         "rate_key": task.rate_key,
@@ -98,6 +105,14 @@ def task_json(task: Task) -> dict[str, Any]:
         "workflow_id": task.workflow_id,
         "waiting_on": task.parents_left if task.status == "AWAITING" else task.waiting_on,
     }
+
+
+def unique_window_json(task: Task) -> dict[str, Any] | None:
+    """The unique_for window this task opened, while it lasts (None: none, or it passed)."""
+    window = task.unique_window()
+    if window is None:
+        return None
+    return {"key": window.key, "accepted_at": iso(window.accepted_at), "expires_at": iso(window.expires_at)}
 
 
 def _task_or_404(task_id: int) -> Task:
@@ -171,6 +186,9 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
         "concurrency_limit",
         "rate_key",
         "rate_limit",
+        "unique_for",
+        "debounce",
+        "max_wait",
     )
     task_path = body.text("task_path")
     reason = allowlist.refusal(task_path)
@@ -197,6 +215,9 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
         "dedup_key": body.text("dedup_key", required=False),
         "concurrency_key": body.text("concurrency_key", required=False),
         "concurrency_limit": body.whole("concurrency_limit", required=False, low=1, high=MAX_CONCURRENCY_LIMIT),
+        "unique_for": body.number("unique_for", required=False, low=0, high=MAX_WINDOW_SECONDS),
+        "debounce": body.number("debounce", required=False, low=0, high=MAX_WINDOW_SECONDS),
+        "max_wait": body.number("max_wait", required=False, low=0, high=MAX_WINDOW_SECONDS),
     }
     if (options["concurrency_key"] is None) != (options["concurrency_limit"] is None):
         missing = "concurrency_limit" if options["concurrency_limit"] is None else "concurrency_key"
@@ -211,6 +232,12 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
             parse_rate(options["rate_limit"])
         except ValueError as exc:
             raise ApiError(400, str(exc), "rate_limit") from None
+    try:
+        validate_windows(
+            **{name: options[name] for name in ("dedup_key", "unique_for", "debounce", "max_wait", "run_after")}
+        )
+    except WindowError as exc:
+        raise ApiError(400, str(exc), exc.field) from None
     queue = options["queue"]
     with routed(request, queue_database(queue), f"queue {queue!r}"):
         try:
@@ -221,8 +248,10 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
             # Same transaction as the insert (the request's): no worker can claim the row before it is
             # marked, and a worker re-checks the path of every marked row before importing it.
             Task.objects.filter(pk=enqueued.id).update(api_origin=True)
-        task = Task.objects.get(pk=enqueued.id)
-        return (201 if enqueued.created else 200), {"task": task_json(task), "created": enqueued.created}
+        task = Task.objects.filter(pk=enqueued.id).first()
+        # A unique_for window outlives its task's row when retention pruned it first: the id alone.
+        found = task_json(task, window=True) if task is not None else None
+        return (201 if enqueued.created else 200), {"task": found, "task_id": enqueued.id, "created": enqueued.created}
 
 
 @api_view(POST=[CHANGE_TASK])
@@ -322,7 +351,7 @@ def fail(request: HttpRequest, task_id: int) -> tuple[int, Any]:
 
 @api_view(GET=[VIEW_TASK])
 def task_detail(request: HttpRequest, task_id: int) -> tuple[int, Any]:
-    return 200, {"task": task_json(_task_or_404(task_id))}
+    return 200, {"task": task_json(_task_or_404(task_id), window=True)}
 
 
 @api_view(POST=[CHANGE_TASK])
