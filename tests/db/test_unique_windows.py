@@ -332,6 +332,10 @@ def test_the_window_statements_read_indexes_whatever_the_number_of_keys() -> Non
         "concurrency_key": None,
         "concurrency_limit": None,
         "retry_policy": None,
+        "rate_key": None,
+        "rate_limit": None,
+        "rate_period": None,
+        "trace_context": None,
         "unique_for": 60.0,
     }
     for statement, extra in (
