@@ -40,6 +40,7 @@ from tasks.lifecycle.values import (
     Recovered,
     Started,
     claimed_from_row,
+    fair_key_for,
     validate_concurrency,
     validate_enqueue,
 )
@@ -125,6 +126,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         backoff: Any = None,
         default_max_attempts: int | None = None,
         retry_policy: dict[str, Any] | None = None,
+        fair_key: str | None = None,
     ) -> Enqueued:
         """Insert one task (one statement). With ``dedup_key``, an unfinished task with the same
         key is returned instead of a new one (``created`` is False). ``backend_alias``: the
@@ -142,7 +144,10 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         policy: they win over the handler's own and its queue's (tasks/lifecycle/policy.py).
         ``default_max_attempts``: the limit to store when ``max_attempts`` is not given, as a default
         (the handler's own policy still wins over it); ``retry_policy``: a stored policy mapping to
-        merge under the explicit arguments (a backend's OPTIONS["retry"])."""
+        merge under the explicit arguments (a backend's OPTIONS["retry"]).
+
+        ``fair_key`` (a tenant): in a fair queue (LEASING_TASKS["FAIR_QUEUES"]) claims take turns
+        between keys; a task of a fair queue enqueued without one gets the shared key ""."""
         explicit = policy.stored(max_attempts=max_attempts, retry_on=retry_on, backoff=backoff)
         if retry_policy:
             problems = policy.policy_problems(retry_policy, paths_only=True)
@@ -152,6 +157,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         attempts = _max_attempts(queue, (explicit or {}).get("max_attempts"), default_max_attempts)
         validate_enqueue(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
         validate_concurrency(concurrency_key, concurrency_limit)
+        fair = fair_key_for(queue, fair_key, get_settings().FAIR_QUEUES)
         params: dict[str, Any] = {
             "queue": queue,
             "priority": priority,
@@ -166,6 +172,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "concurrency_key": concurrency_key,
             "concurrency_limit": concurrency_limit,
             "retry_policy": None if explicit is None else json.dumps(explicit),
+            "fair_key": fair,
         }
         routed = self._routed(queue)
         parents = sorted({_task_id(parent) for parent in depends_on})
@@ -265,16 +272,19 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         concurrency_limit: int | None = None,
         retry_on: Iterable[Any] | None = None,
         backoff: Any = None,
+        fair_key: str | None = None,
     ) -> list[int]:
         """Insert many tasks of one kind: one multi-row statement per ``chunk_size`` tasks (all of
         them under ``concurrency_key``, if given), in the database holding ``queue`` (one queue, so
         one database; each chunk commits on its own unless the caller wraps the call in
-        ``transaction.atomic(using=...)``). The retry policy arguments are :meth:`enqueue`'s."""
+        ``transaction.atomic(using=...)``). The retry policy arguments and ``fair_key`` (all of
+        them under that key) are :meth:`enqueue`'s."""
         routed = self._routed(queue)
         explicit = policy.stored(max_attempts=max_attempts, retry_on=retry_on, backoff=backoff)
         attempts = _max_attempts(queue, max_attempts, None)
         validate_enqueue(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
         validate_concurrency(concurrency_key, concurrency_limit)
+        fair = fair_key_for(queue, fair_key, get_settings().FAIR_QUEUES)
         ids: list[int] = []
         chunk: list[str] = []
 
@@ -291,6 +301,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
                 "concurrency_key": concurrency_key,
                 "concurrency_limit": concurrency_limit,
                 "retry_policy": None if explicit is None else json.dumps(explicit),
+                "fair_key": fair,
             }
             ids.extend(row[0] for row in routed._rows(sql.BULK_ENQUEUE_SQL, params))
             chunk.clear()
@@ -315,6 +326,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         start: bool = False,
         take_isolated: bool = True,
         after: Sequence[ClaimPosition] = (),
+        fair_after: str | None = None,
     ) -> list[ClaimedTask]:
         """Claim up to ``limit`` runnable tasks for ``worker`` under a lease of ``ttl`` seconds.
 
@@ -323,7 +335,9 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         ``after`` (positions, at most one per priority; one queue only) the claim resumes after them
         instead of scanning each level from its front (tasks/lifecycle/statements.py, "Resuming
         where the last claims stopped").
-        """
+
+        From one fair queue (LEASING_TASKS["FAIR_QUEUES"]) the claim takes turns between the keys,
+        starting after ``fair_after`` (the last key the claimer served: ``fair_after_claim``)."""
         names = list(queues)
         isolate_after = get_settings().ISOLATE_AFTER
         params = {
@@ -334,7 +348,12 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "isolate_after": isolate_after,
             **sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after, after=after),
         }
-        claimed = [claimed_from_row(row) for row in self._rows(sql.CLAIM_SQL[len(names) > 1], params)]
+        statement = sql.CLAIM_SQL[len(names) > 1]
+        if is_fair_claim(names, limit):
+            statement = sql.FAIR_CLAIM_SQL
+            params.update(sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after))
+            params["fair_after"] = fair_after
+        claimed = [claimed_from_row(row) for row in self._rows(statement, params)]
         claimed.sort(key=lambda task: (-task.priority, task.id))
         return claimed
 
@@ -449,10 +468,12 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         isolate_after: int | None = None,
         take_isolated: bool = True,
         after: Sequence[ClaimPosition] = (),
+        fair_after: str | None = None,
     ) -> tuple[set[tuple[int, int]], dict[tuple[int, int], Started], list[ClaimedTask]]:
         """One statement: finish ``results`` (id, token, JSON), mark ``starts`` (id, token, start
         time) begun, claim up to ``limit`` more. Returns (finished, started, claimed); attempts
-        missing from the first two were refused by the compare-and-set: no longer ours."""
+        missing from the first two were refused by the compare-and-set: no longer ours. From one fair
+        queue the claim takes turns between keys after ``fair_after`` (see :meth:`claim`)."""
         names = list(queues)
         if isolate_after is None:
             isolate_after = get_settings().ISOLATE_AFTER
@@ -468,9 +489,13 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "isolate_after": isolate_after,
             **sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after, after=after),
         }
-        statement = sql.FINISH_AND_CLAIM_SQL[len(names) > 1]
+        fair = is_fair_claim(names, limit)
+        if fair:  # no positions: the fill of a fair claim scans each level from its front
+            params.update(sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after))
+            params["fair_after"] = fair_after
+        statement = sql.FAIR_FINISH_AND_CLAIM_SQL if fair else sql.FINISH_AND_CLAIM_SQL[len(names) > 1]
         if starts:  # the usual round has none: a short task's start rides on its finish
-            statement = sql.FINISH_START_CLAIM_SQL[len(names) > 1]
+            statement = sql.FAIR_FINISH_START_CLAIM_SQL if fair else sql.FINISH_START_CLAIM_SQL[len(names) > 1]
             params.update(
                 start_ids=[s[0] for s in starts], start_tokens=[s[1] for s in starts], start_at=[s[2] for s in starts]
             )
@@ -608,6 +633,12 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         return self.filter(status__in=WAITING).update(run_after=Now())
 
 
+def is_fair_claim(queues: Sequence[str], limit: int) -> bool:
+    """A claim of rows from one fair queue (LEASING_TASKS["FAIR_QUEUES"]) takes turns between keys.
+    A claim from several queues keeps the plain order (each queue's best rows, by priority)."""
+    return limit > 0 and len(queues) == 1 and queues[0] in get_settings().FAIR_QUEUES
+
+
 def _max_attempts(queue: str, explicit: int | None, default: int | None) -> int:
     """The limit a new row stores: the enqueue's own, else the given default, else its queue's
     policy (LEASING_TASKS["RETRY_POLICIES"]), else MAX_ATTEMPTS."""
@@ -712,6 +743,16 @@ class Task(LeaseFields):
         help_text="The key's limit as this task was enqueued with it (the latest enqueue sets it).",
     )
 
+    # Collation "C": keys are walked in byte order, which is Python's order of their code points (the
+    # worker tells the last key it served by comparing them), whatever the database's collation.
+    fair_key = models.CharField(
+        max_length=255,
+        db_collation="C",
+        null=True,
+        blank=True,
+        help_text="Its key (tenant) in a fair queue: claims take turns between keys (tasks/lifecycle/statements.py).",
+    )
+
     workflow_id = models.BigIntegerField(
         null=True, blank=True, help_text="The workflow this task belongs to (tasks/lifecycle/workflows.py)."
     )
@@ -737,6 +778,18 @@ class Task(LeaseFields):
                 fields=["queue", "-priority", "run_after", "id", "shared_crashes"],
                 name="tasks_task_claim_idx",
                 condition=Q(status="READY"),
+            ),
+            # Fair queues (LEASING_TASKS["FAIR_QUEUES"]): the keys with READY tasks, walked one index probe
+            # per key, and each key's tasks in its claim order (_PICK_FAIR in statements.py). Unkeyed
+            # rows are not in it: a plain queue's enqueue and claim never write to it.
+            models.Index(
+                "queue",
+                "fair_key",
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="tasks_task_fair_idx",
+                condition=Q(status="READY", fair_key__isnull=False),
             ),
             # The few READY tasks that crashed beside others: a busy worker's look for one that must run
             # isolated (ISOLATED_WAITING_SQL in statements.py); tiny whatever the backlog.
