@@ -322,7 +322,7 @@ WHERE t.id = ANY(ARRAY(
         UNION ALL
         SELECT (CASE WHEN s.k IS NOT NULL THEN s.k WHEN NOT w.wrapped THEN {_next_key(None)} END)::text COLLATE "C",
                w.wrapped OR s.k IS NULL, w.n + 1
-        FROM walk AS w CROSS JOIN LATERAL (SELECT {_next_key("w.fair_key")} AS k) AS s
+        FROM walk AS w CROSS JOIN LATERAL (SELECT {_next_key("w.fair_key")} AS k OFFSET 0) AS s  -- probed once
         WHERE w.fair_key IS NOT NULL AND w.n < %(limit)s
           AND NOT (w.wrapped AND COALESCE(w.fair_key >= {_FAIR_AFTER}, false))
     ), fair AS MATERIALIZED (

@@ -134,3 +134,75 @@ def test_two_claimers_on_separate_connections_skip_each_others_rows() -> None:
         other.close()
     assert len(mine) == 6 and len(theirs) == 6
     assert not {c.id for c in mine} & set(theirs)
+
+
+FAIR_ROWS_SQL = """
+INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, finished_at,
+    attempts, max_attempts, errors, worker_ids, renewals, transitions, failures, crashes, shared_crashes,
+    unstarted_returns, attempt_started, attempt_isolated, fair_key)
+SELECT %(queue)s, 0, %(path)s, '[]', '{}', %(status)s, now() - interval '1 minute', now(),
+       CASE WHEN %(status)s = 'SUCCESSFUL' THEN now() END, 0, 3, '[]', '[]', 0, 0, 0, 0, 0, 0, false, false,
+       'tenant-' || lpad((g %% %(keys)s)::text, 5, '0')
+FROM generate_series(1, %(n)s) AS g
+"""
+
+
+def _fair_claim_blocks(queue: str, after: str | None) -> tuple[int, int]:
+    """Blocks a fair claim of 10 touches (run under EXPLAIN (ANALYZE, BUFFERS), rolled back: the
+    second of two runs, as in a running system), and the rows it claims."""
+    from tasks.lifecycle import statements as sql
+
+    params = {
+        "worker": "plan",
+        "ttl": 30.0,
+        "limit": 10,
+        "start": False,
+        "isolate_after": 2,
+        **sql.claim_params([queue], busy=False, isolate_after=2, fair_after=after),
+    }
+    for _ in range(2):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.FAIR_CLAIM_SQL, params)
+            plan = cursor.fetchone()[0][0]["Plan"]
+            transaction.set_rollback(True)
+    # the pick: the ARRAY(...) InitPlan of the UPDATE (the rest is the update of the 10 rows claimed)
+    [pick] = [node for node in plan["Plans"] if node.get("Parent Relationship") == "InitPlan"]
+    return pick["Shared Hit Blocks"] + pick["Shared Read Blocks"], plan["Actual Rows"]
+
+
+def test_a_fair_claims_reads_do_not_grow_with_keys_or_rows() -> None:
+    """A claim of 10 over 10 keys of 100 tasks, then beside 100,000 tasks over 1,000 keys and
+    100,000 finished ones: about the same blocks (its walk visits at most 10 keys, one probe each,
+    and each key gives its first rows)."""
+    with connection.cursor() as cursor:
+        cursor.execute(FAIR_ROWS_SQL, {"queue": "few", "path": NOOP, "status": "READY", "keys": 10, "n": 1000})
+        cursor.execute("ANALYZE tasks_task")
+    small = [_fair_claim_blocks("few", after) for after in (None, "tenant-00004", "tenant-00009")]
+    with connection.cursor() as cursor:
+        for status in ("READY", "SUCCESSFUL"):
+            cursor.execute(FAIR_ROWS_SQL, {"queue": "many", "path": NOOP, "status": status, "keys": 1000, "n": 100_000})
+        cursor.execute("ANALYZE tasks_task")
+    large = [_fair_claim_blocks("many", after) for after in (None, "tenant-00500", "tenant-00995")]
+    assert all(rows == 10 for _blocks, rows in small + large), (small, large)
+    worst_small = max(blocks for blocks, _rows in small)
+    worst_large = max(blocks for blocks, _rows in large)
+    assert worst_large < 1.5 * worst_small + 20, (small, large)
+    assert worst_large < 150, large  # a few blocks per key visited
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_goes_round_the_keys_rather_than_starting_from_the_first_each_claim() -> None:
+    """The dispatcher passes the last key it served (its rotating cursor) to its next claim: with 50
+    keys and claims of at most 10, the first 50 starts cover (nearly) every key. Starting each claim
+    from the first key, they would cover the first few keys over and over."""
+    from tasks.worker.process import Worker
+    from tests.helpers import wait_until, worker_in_thread
+
+    for k in range(50):
+        Task.objects.bulk_enqueue(NOOP, [{}] * 6, queue="fair", fair_key=f"tenant-{k:02}")
+    worker = Worker(queues=["fair"], concurrency=2, batch_size=10, install_signal_handlers=False, worker_id="rr")
+    with worker_in_thread(worker):
+        wait_until(lambda: Task.objects.filter(queue="fair", status="SUCCESSFUL").count() >= 100, 30, what="100 done")
+    started = Task.objects.filter(queue="fair", started_at__isnull=False).order_by("started_at", "id")
+    first = list(started.values_list("fair_key", flat=True)[:50])
+    assert len(set(first)) >= 45, Counter(first)
