@@ -18,6 +18,11 @@ the call's arguments, so one task can be limited per customer, per account, ...:
 
 A task waiting for a slot (BLOCKED in this queue) is READY to django.tasks.
 
+Fair queues (``LEASING_TASKS["FAIR_QUEUES"]``): claims take turns between keys (tenants). The backend
+maps task paths to a key template the same way:
+
+    "OPTIONS": {"fair": {"billing.tasks.send_invoice": "{customer_id}"}}
+
 Tasks that take a context get a :class:`LeaseTaskContext`: ``context.attempt``, and this queue's
 ``context.checkpoint(progress)`` / ``context.progress`` / ``context.token``.
 
@@ -81,7 +86,7 @@ _STATUS = {
     TaskStatus.CANCELLED: TaskResultStatus.FAILED,
 }
 
-OPTIONS = frozenset({"database", "max_attempts", "timeout", "concurrency", "retry"})
+OPTIONS = frozenset({"database", "max_attempts", "timeout", "concurrency", "retry", "fair"})
 
 
 def retry_problems(spec: Any) -> list[str]:
@@ -111,6 +116,19 @@ def concurrency_problems(spec: Any) -> list[str]:
             problems += [f"{path!r}: 'key' {problem}" for problem in _template_problems(key)]
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CONCURRENCY_LIMIT:
             problems.append(f"{path!r}: 'limit' must be a whole number from 1 to {MAX_CONCURRENCY_LIMIT}")
+    return problems
+
+
+def fair_problems(spec: Any) -> list[str]:
+    """What is wrong with an OPTIONS["fair"] mapping (task path -> a key template)."""
+    if not isinstance(spec, dict):
+        return ["must be a mapping of task paths to key templates ('{customer_id}')"]
+    problems = []
+    for path, key in spec.items():
+        if not isinstance(key, str) or not key:
+            problems.append(f"{path!r}: the key template must be a non-empty string")
+        else:
+            problems += [f"{path!r}: the key template {problem}" for problem in _template_problems(key)]
     return problems
 
 
@@ -214,6 +232,9 @@ class LeaseBackend(BaseTaskBackend):
         retry = self.options.get("retry") or {}
         # A malformed mapping is reported by the system check (tasks.E013); it applies nothing.
         self.retry: dict[str, dict[str, Any]] = retry if not retry_problems(retry) else {}
+        fair = self.options.get("fair") or {}
+        # A malformed mapping is reported by the system check (tasks.E014); it keys nothing.
+        self.fair: dict[str, str] = fair if not fair_problems(fair) else {}
 
     def concurrency_of(self, task: DjangoTask, args: Any, kwargs: Any) -> tuple[str | None, int | None]:
         """The concurrency key (its template filled with the call's arguments) and limit of a call."""
@@ -230,6 +251,19 @@ class LeaseBackend(BaseTaskBackend):
             ) from None
         return key, entry["limit"]
 
+    def fair_key_of(self, task: DjangoTask, args: Any, kwargs: Any) -> str | None:
+        """The fair key (its template filled with the call's arguments) of a call, if the task has one."""
+        template = self.fair.get(task.module_path)
+        if template is None:
+            return None
+        try:
+            return template.format(*args, **kwargs)
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError, OverflowError) as exc:
+            raise ValueError(
+                f"the fair key template {template!r} of {task.module_path} does not fit the call's "
+                f"arguments: {type(exc).__name__}: {exc}"
+            ) from None
+
     def enqueue(self, task: DjangoTask, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
         # Django's own normalisation (what every django.tasks backend accepts, with its errors:
@@ -238,6 +272,7 @@ class LeaseBackend(BaseTaskBackend):
         args = normalize_json(args)
         kwargs = normalize_json(kwargs)
         concurrency_key, concurrency_limit = self.concurrency_of(task, args, kwargs)
+        fair_key = self.fair_key_of(task, args, kwargs)
         # task_enqueued is sent before the row is committed, so before any worker can start the
         # task: it always precedes task_started. (Inside the caller's transaction, the task and the
         # signal stand or fall with it: a rolled-back enqueue runs nothing, though it was signalled.)
@@ -258,6 +293,7 @@ class LeaseBackend(BaseTaskBackend):
                 backend_alias=self.alias,
                 concurrency_key=concurrency_key,
                 concurrency_limit=concurrency_limit,
+                fair_key=fair_key,
             )
             # The result describes the task as enqueued (the insert returns what it needs).
             result: TaskResult = TaskResult(
@@ -308,6 +344,14 @@ class LeaseBackend(BaseTaskBackend):
             )
         for problem in concurrency_problems(self.options.get("concurrency", {})):
             errors.append(checks.Error(f"TASKS[{self.alias!r}]['OPTIONS']['concurrency'] {problem}", id="tasks.E012"))
+        for problem in fair_problems(self.options.get("fair", {})):
+            errors.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS']['fair'] {problem}",
+                    hint="See docs/howto/pausing-and-keys.md, 'Fair queues'.",
+                    id="tasks.E014",
+                )
+            )
         for problem in retry_problems(self.options.get("retry", {})):
             errors.append(
                 checks.Error(

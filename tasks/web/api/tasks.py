@@ -20,6 +20,7 @@ from tasks.demo import generator
 from tasks.exceptions import TaskError, TaskPathRefused
 from tasks.lifecycle.routing import queue_database, queues_by_database
 from tasks.lifecycle.storable import is_storable
+from tasks.lifecycle.values import fair_after_claim
 from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, Failure, Task, TaskStatus
 from tasks.web import queue_pages as queue_views
 from tasks.web.api import schedules as schedule_api
@@ -69,6 +70,7 @@ def task_json(task: Task) -> dict[str, Any]:
         "timeout": task.timeout,
         "dedup_key": task.dedup_key,
         "concurrency_key": task.concurrency_key,
+        "fair_key": task.fair_key,
         "concurrency_limit": task.concurrency_limit,
         "run_after": iso(task.run_after),
         "enqueued_at": iso(task.enqueued_at),
@@ -163,6 +165,7 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
         "dedup_key",
         "concurrency_key",
         "concurrency_limit",
+        "fair_key",
     )
     task_path = body.text("task_path")
     reason = allowlist.refusal(task_path)
@@ -189,6 +192,7 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
         "dedup_key": body.text("dedup_key", required=False),
         "concurrency_key": body.text("concurrency_key", required=False),
         "concurrency_limit": body.whole("concurrency_limit", required=False, low=1, high=MAX_CONCURRENCY_LIMIT),
+        "fair_key": body.text("fair_key", required=False),
     }
     if (options["concurrency_key"] is None) != (options["concurrency_limit"] is None):
         missing = "concurrency_limit" if options["concurrency_limit"] is None else "concurrency_key"
@@ -207,16 +211,26 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
         return (201 if enqueued.created else 200), {"task": task_json(task), "created": enqueued.created}
 
 
+#: The last key this process's API claims served, per (database, fair queue): tasks/lifecycle/statements.py,
+#: _PICK_FAIR. Bounded by the fair queues named in settings (only a fair claim returns keys).
+_fair_cursors: dict[tuple[str, str], str | None] = {}
+
+
 @api_view(POST=[CHANGE_TASK])
 def next_task(request: HttpRequest) -> tuple[int, Any]:
     body = Body(request)
-    body.only("worker", "queues", "ttl", "limit")
+    body.only("worker", "queues", "ttl", "limit", "fair_after")
     worker = body.text("worker", max_length=200)
     queues = body.names("queues", default=["default"])
+    # From a fair queue, the turns start after the client's own cursor (the last key it served) or,
+    # without one, after the last key this process's claims of the queue served: a client claiming
+    # one at a time still goes round the keys.
+    fair_after = body.text("fair_after", required=False)
     homes = queues_by_database(queues)
     if len(homes) > 1:
         spread = "; ".join(f"{alias}: {', '.join(names)}" for alias, names in homes.items())
         raise ApiError(400, f"queues live in several databases ({spread}): claim from one at a time", "queues")
+    cursor_key = (next(iter(homes)), queues[0])
     with routed(request, next(iter(homes)), f"queue {queues[0]!r}"):
         claimed = Task.objects.claim(
             worker,
@@ -224,7 +238,10 @@ def next_task(request: HttpRequest) -> tuple[int, Any]:
             queues=queues,
             ttl=body.number("ttl", required=False, low=0, high=MAX_TTL, default=get_settings().TTL),
             start=True,  # an HTTP client runs what it claims: the attempt begins (and is charged) now
+            fair_after=fair_after if fair_after is not None else _fair_cursors.get(cursor_key),
         )
+        if any(c.fair_key is not None for c in claimed):  # a fair queue's claim (settings name them all)
+            _fair_cursors[cursor_key] = fair_after_claim(claimed, _fair_cursors.get(cursor_key))
         rows = {task.pk: task for task in Task.objects.filter(pk__in=[c.id for c in claimed])}
         found = [task_json(rows[c.id]) for c in claimed if c.id in rows]
         return 200, {"task": found[0] if found else None, "tasks": found}

@@ -1,0 +1,92 @@
+"""Where a fair key comes from and where fairness is configured: the JSON API (enqueue with a key,
+claims that take turns even one task at a time), the django.tasks backend's OPTIONS["fair"] key
+templates, and the system checks that refuse malformed settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tasks.checks import check_task_settings
+from tasks.models import Task
+from tests.db.test_api import TOKEN, Api
+
+pytestmark = pytest.mark.django_db
+
+NOOP = "tests.testapp.handlers.noop"
+
+
+@pytest.fixture(autouse=True)
+def fair_settings(settings: Any) -> None:
+    settings.LEASING_API_TOKENS = [TOKEN]
+    settings.LEASING_TASKS = {"API_TASK_PATTERNS": ["tests.testapp.handlers.*"], "FAIR_QUEUES": ["fair"]}
+    from tasks.web.api import tasks as api_tasks
+
+    api_tasks._fair_cursors.clear()  # this process's API cursors: from the first key
+
+
+@pytest.fixture
+def api(client: Any) -> Api:
+    return Api(client)
+
+
+def test_the_api_enqueues_with_a_key_and_its_claims_take_turns_one_at_a_time(api: Api) -> None:
+    for key in ("a", "a", "a", "b", "b", "c"):
+        status, body = api.call("POST", "/api/tasks", {"task_path": NOOP, "queue": "fair", "fair_key": key})
+        assert status == 201, body
+        assert body["task"]["fair_key"] == key
+    served = []
+    for _ in range(6):
+        status, body = api.call("POST", "/api/tasks/next", {"worker": "ext", "queues": ["fair"]})
+        assert status == 200, body
+        served.append(body["task"]["fair_key"])
+    assert served == ["a", "b", "c", "a", "b", "a"]  # without the process's cursor: a, a, a, b, b, c
+    # a client's own cursor wins
+    api.call("POST", "/api/tasks", {"task_path": NOOP, "queue": "fair", "fair_key": "x"})
+    api.call("POST", "/api/tasks", {"task_path": NOOP, "queue": "fair", "fair_key": "y"})
+    status, body = api.call("POST", "/api/tasks/next", {"worker": "ext", "queues": ["fair"], "fair_after": "x"})
+    assert body["task"]["fair_key"] == "y"
+
+
+def test_the_api_refuses_a_bad_key_and_creates_nothing(api: Api) -> None:
+    for key in (5, "k" * 256, "nul\x00"):
+        status, body = api.call("POST", "/api/tasks", {"task_path": NOOP, "queue": "fair", "fair_key": key})
+        assert status == 400, (key, body)
+    assert not Task.objects.exists()
+
+
+def test_the_backend_fills_a_key_template_per_call(settings: Any) -> None:
+    from tests.conformance.tasks import noop_task
+
+    settings.TASKS = {
+        "default": {"BACKEND": "tasks.backends.LeaseBackend", "OPTIONS": {"fair": {noop_task.module_path: "t:{0}"}}}
+    }
+    first, second = noop_task.enqueue(1), noop_task.enqueue(2)
+    assert Task.objects.get(pk=int(first.id)).fair_key == "t:1"
+    assert Task.objects.get(pk=int(second.id)).fair_key == "t:2"
+    with pytest.raises(ValueError, match="does not fit"):
+        noop_task.enqueue()
+    assert Task.objects.count() == 2
+
+
+@pytest.mark.parametrize("spec", [["a.b"], {"a.b": ""}, {"a.b": "{0.__class__}"}, {"a.b": 7}])
+def test_the_backend_check_reports_a_bad_fair_mapping(settings: Any, spec: Any) -> None:
+    from tasks.compat import task_backends
+
+    settings.TASKS = {"default": {"BACKEND": "tasks.backends.LeaseBackend", "OPTIONS": {"fair": spec}}}
+    assert "tasks.E014" in [e.id for e in task_backends["default"].check()]
+
+
+@pytest.mark.parametrize(
+    ("queues", "check"),
+    [("fair", "tasks.E100"), (["fair", ""], "tasks.E120"), ([3], "tasks.E120"), (["q" * 101], "tasks.E120")],
+)
+def test_malformed_fair_queues_fail_the_system_check(settings: Any, queues: Any, check: str) -> None:
+    settings.LEASING_TASKS = {"FAIR_QUEUES": queues}
+    assert check in [e.id for e in check_task_settings()]
+
+
+def test_well_formed_fair_queues_pass_the_system_check(settings: Any) -> None:
+    settings.LEASING_TASKS = {"FAIR_QUEUES": ["fair", "mail"]}
+    assert not [e for e in check_task_settings() if e.id in ("tasks.E100", "tasks.E120")]
