@@ -228,7 +228,7 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                         "limit": {"type": "integer", "minimum": 1, "maximum": 100},
                         "fair_after": {
                             **STRING,
-                            "description": "from a fair queue: start the turns after this key (the last one you served)",
+                            "description": "from a fair queue: start the turns after this key (the last you served)",
                         },
                     },
                     ["worker"],
