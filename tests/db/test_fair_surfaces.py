@@ -90,3 +90,37 @@ def test_malformed_fair_queues_fail_the_system_check(settings: Any, queues: Any,
 def test_well_formed_fair_queues_pass_the_system_check(settings: Any) -> None:
     settings.LEASING_TASKS = {"FAIR_QUEUES": ["fair", "mail"]}
     assert not [e for e in check_task_settings() if e.id in ("tasks.E100", "tasks.E120")]
+
+
+def test_the_queue_page_and_api_say_a_queue_is_fair_and_how_many_keys_wait(admin_client: Any, api: Api) -> None:
+    from tasks.web import queues
+
+    for key in ("a", "b", "c"):
+        Task.objects.bulk_enqueue(NOOP, [{}] * 3, queue="fair", fair_key=key)
+    Task.objects.enqueue(NOOP, queue="plain")
+    page = admin_client.get("/dashboard/queues/").content.decode()
+    assert "fair: 3 keys" in page and "not fair" in page
+    status, body = api.call("GET", "/api/queues")
+    entries = {e["name"]: e for e in body["queues"]}
+    assert (entries["fair"]["fair"], entries["fair"]["fair_keys"], entries["plain"]["fair"]) == (True, 3, False)
+    assert queues.fair_keys_waiting("fair") == 3
+
+
+def test_the_keys_count_stops_at_its_cap(monkeypatch: Any) -> None:
+    """Counting keys walks them one index probe each: it stops after KEY_CAP + 1, shown as "N+"."""
+    from django.db import connection
+
+    from tasks.web import queues
+
+    monkeypatch.setattr(queues, "KEY_CAP", 20)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at,"
+            " attempts, max_attempts, errors, worker_ids, renewals, transitions, failures, crashes, shared_crashes,"
+            " unstarted_returns, attempt_started, attempt_isolated, fair_key)"
+            " SELECT 'fair', 0, %s, '[]', '{}', 'READY', now(), now(), 0, 3, '[]', '[]', 0, 0, 0, 0, 0, 0, false,"
+            " false, 'k' || g FROM generate_series(1, 500) AS g",
+            [NOOP],
+        )
+    [entry] = [e for e in queues.queue_overview() if e["name"] == "fair"]
+    assert (entry["fair_keys"], entry["fair_keys_capped"]) == (20, True)
