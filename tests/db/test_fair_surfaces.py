@@ -100,7 +100,7 @@ def test_the_queue_page_and_api_say_a_queue_is_fair_and_how_many_keys_wait(admin
     Task.objects.enqueue(NOOP, queue="plain")
     page = admin_client.get("/dashboard/queues/").content.decode()
     assert "fair: 3 keys" in page and "not fair" in page
-    status, body = api.call("GET", "/api/queues")
+    _status, body = api.call("GET", "/api/queues")
     entries = {e["name"]: e for e in body["queues"]}
     assert (entries["fair"]["fair"], entries["fair"]["fair_keys"], entries["plain"]["fair"]) == (True, 3, False)
     assert queues.fair_keys_waiting("fair") == 3
