@@ -124,3 +124,15 @@ def test_the_keys_count_stops_at_its_cap(monkeypatch: Any) -> None:
         )
     [entry] = [e for e in queues.queue_overview() if e["name"] == "fair"]
     assert (entry["fair_keys"], entry["fair_keys_capped"]) == (20, True)
+
+
+def test_metrics_export_the_keys_waiting_per_fair_queue(client: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for key in ("a", "b"):
+        Task.objects.enqueue(NOOP, queue="fair", fair_key=key)
+    response = client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 200
+    families = {f.name: f for f in text_string_to_metric_families(response.content.decode())}
+    samples = {s.labels["queue"]: s.value for s in families["tasks_fair_keys_waiting"].samples}
+    assert samples == {"fair": 2}
