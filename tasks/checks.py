@@ -30,6 +30,7 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
         errors.append(Error(str(exc), hint="See docs/howto/recovery-and-retention.md, 'Retention'.", id="tasks.E102"))
     errors += retry_policy_errors(get_settings().RETRY_POLICIES)
     errors += rate_limit_errors(get_settings().RATE_LIMITS)
+    errors += fair_queue_errors(get_settings().FAIR_QUEUES)
     hours = get_settings().HISTORY_HOURS
     if isinstance(hours, bool) or not isinstance(hours, int) or not 1 <= hours <= MAX_HISTORY_HOURS:
         errors.append(
@@ -56,6 +57,20 @@ def rate_limit_errors(rates: Any) -> list[CheckMessage]:
 
 #: A year and a day: the rollup keeps hours x keys rows, and the page draws every hour.
 MAX_HISTORY_HOURS = 8784
+
+
+def fair_queue_errors(queues: Any) -> list[CheckMessage]:
+    """LEASING_TASKS["FAIR_QUEUES"]: queue names (tasks/lifecycle/statements.py, _PICK_FAIR)."""
+    hint = "See docs/howto/pausing-and-keys.md, 'Fair queues'."
+    return [
+        Error(
+            f"LEASING_TASKS['FAIR_QUEUES'] holds {name!r}: each must be a queue name of 1 to 100 characters",
+            hint=hint,
+            id="tasks.E120",
+        )
+        for name in queues
+        if not isinstance(name, str) or not 0 < len(name) <= 100
+    ]
 
 
 def retry_policy_errors(policies: Any) -> list[CheckMessage]:

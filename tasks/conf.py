@@ -50,6 +50,10 @@ class TaskSettings:
     #: of the queue without a rate key of its own shares the queue-wide key ``queue:<name>``: at most
     #: that many starts in any sliding window on the database clock (tasks/lifecycle/ratelimits.py).
     RATE_LIMITS: dict[str, Any] = field(default_factory=dict)
+    #: Fair queues: claims from one of these take turns between its tasks' keys (``fair_key``, a
+    #: tenant) instead of draining the oldest key first; a task enqueued into one without a key gets
+    #: the shared key "" (docs/howto/pausing-and-keys.md, "Fair queues").
+    FAIR_QUEUES: tuple[str, ...] = ()
     #: Worker defaults (command-line options override them).
     CONCURRENCY: int = 4
     BATCH_SIZE: int = 16
@@ -168,7 +172,7 @@ def _build_settings() -> TaskSettings:
         raise ValueError(f"unknown LEASING_TASKS settings: {', '.join(sorted(unknown))}")
     if isinstance(overrides.get("RETENTION"), dict):
         overrides["RETENTION"] = {**DEFAULT_RETENTION, **overrides["RETENTION"]}
-    for name in ("API_TASKS", "API_TASK_PATTERNS", "POOLED_DATABASES"):
+    for name in ("API_TASKS", "API_TASK_PATTERNS", "POOLED_DATABASES", "FAIR_QUEUES"):
         if name in overrides:
             if isinstance(overrides[name], str):
                 raise ValueError(f"LEASING_TASKS[{name!r}] must be a list of strings, not one string")

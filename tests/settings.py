@@ -50,6 +50,10 @@ if os.environ.get("LEASING_TEST_QUEUE_DATABASES"):
 
     LEASING_TASKS = {**LEASING_TASKS, "QUEUE_DATABASES": json.loads(os.environ["LEASING_TEST_QUEUE_DATABASES"])}
 
+# ... and their fair queues (tests/concurrency/test_fair_queue_processes.py).
+if os.environ.get("LEASING_TEST_FAIR_QUEUES"):
+    LEASING_TASKS = {**LEASING_TASKS, "FAIR_QUEUES": os.environ["LEASING_TEST_FAIR_QUEUES"].split(",")}
+
 # Worker processes started by the async executor tests get a short event-loop block limit this way.
 if os.environ.get("TASKS_ASYNC_BLOCK_LIMIT"):
     LEASING_TASKS = {**LEASING_TASKS, "ASYNC_BLOCK_LIMIT": float(os.environ["TASKS_ASYNC_BLOCK_LIMIT"])}

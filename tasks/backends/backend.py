@@ -23,6 +23,11 @@ Rate limits (tasks/lifecycle/ratelimits.py) are mapped the same way, the key a t
     "OPTIONS": {"rate_limits": {"mail.tasks.send": {"key": "smtp", "limit": "14/s"},
                                 "api.tasks.call": {"key": "customer:{customer_id}", "limit": "100/min"}}}
 
+Fair queues (``LEASING_TASKS["FAIR_QUEUES"]``): claims take turns between keys (tenants). The backend
+maps task paths to a key template the same way:
+
+    "OPTIONS": {"fair": {"billing.tasks.send_invoice": "{customer_id}"}}
+
 Tasks that take a context get a :class:`LeaseTaskContext`: ``context.attempt``, and this queue's
 ``context.checkpoint(progress)`` / ``context.progress`` / ``context.token``.
 
@@ -90,7 +95,7 @@ _STATUS = {
 }
 
 OPTIONS = frozenset(
-    {"database", "max_attempts", "timeout", "concurrency", "retry", "rate_limits", "unique", "debounce"}
+    {"database", "max_attempts", "timeout", "concurrency", "retry", "rate_limits", "unique", "debounce", "fair"}
 )
 
 
@@ -159,6 +164,19 @@ def window_spec_problems(spec: Any, kind: str) -> list[str]:
             problems.append(f"{path!r}: 'key' must be a non-empty string")
         elif isinstance(key, str):
             problems += [f"{path!r}: 'key' {problem}" for problem in _template_problems(key)]
+    return problems
+
+
+def fair_problems(spec: Any) -> list[str]:
+    """What is wrong with an OPTIONS["fair"] mapping (task path -> a key template)."""
+    if not isinstance(spec, dict):
+        return ["must be a mapping of task paths to key templates ('{customer_id}')"]
+    problems = []
+    for path, key in spec.items():
+        if not isinstance(key, str) or not key:
+            problems.append(f"{path!r}: the key template must be a non-empty string")
+        else:
+            problems += [f"{path!r}: the key template {problem}" for problem in _template_problems(key)]
     return problems
 
 
@@ -273,6 +291,9 @@ class LeaseBackend(BaseTaskBackend):
         retry = self.options.get("retry") or {}
         # A malformed mapping is reported by the system check (tasks.E013); it applies nothing.
         self.retry: dict[str, dict[str, Any]] = retry if not retry_problems(retry) else {}
+        fair = self.options.get("fair") or {}
+        # A malformed mapping is reported by the system check (tasks.E014); it keys nothing.
+        self.fair: dict[str, str] = fair if not fair_problems(fair) else {}
 
     def concurrency_of(self, task: DjangoTask, args: Any, kwargs: Any) -> tuple[str | None, int | None]:
         """The concurrency key (its template filled with the call's arguments) and limit of a call."""
@@ -304,6 +325,19 @@ class LeaseBackend(BaseTaskBackend):
             }
         return {}
 
+    def fair_key_of(self, task: DjangoTask, args: Any, kwargs: Any) -> str | None:
+        """The fair key (its template filled with the call's arguments) of a call, if the task has one."""
+        template = self.fair.get(task.module_path)
+        if template is None:
+            return None
+        try:
+            return template.format(*args, **kwargs)
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError, OverflowError) as exc:
+            raise ValueError(
+                f"the fair key template {template!r} of {task.module_path} does not fit the call's "
+                f"arguments: {type(exc).__name__}: {exc}"
+            ) from None
+
     def enqueue(self, task: DjangoTask, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
         # Django's own normalisation (what every django.tasks backend accepts, with its errors:
@@ -314,6 +348,7 @@ class LeaseBackend(BaseTaskBackend):
         concurrency_key, concurrency_limit = self.concurrency_of(task, args, kwargs)
         rate_key, rate_limit = self.rate_of(task, args, kwargs)
         window = self.windows_of(task, args, kwargs)
+        fair_key = self.fair_key_of(task, args, kwargs)
         # task_enqueued is sent before the row is committed, so before any worker can start the
         # task: it always precedes task_started. (Inside the caller's transaction, the task and the
         # signal stand or fall with it: a rolled-back enqueue runs nothing, though it was signalled.)
@@ -337,6 +372,7 @@ class LeaseBackend(BaseTaskBackend):
                 rate_key=rate_key,
                 rate_limit=rate_limit,
                 **window,
+                fair_key=fair_key,
             )
             if not enqueued.created:
                 # A window's duplicate, or an enqueue folded into the key's waiting debounced task: the
@@ -421,6 +457,14 @@ class LeaseBackend(BaseTaskBackend):
                     f"{', '.join(sorted(both))}",
                     hint="A key is either unique for a period or debounced.",
                     id="tasks.E014",
+                )
+            )
+        for problem in fair_problems(self.options.get("fair", {})):
+            errors.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS']['fair'] {problem}",
+                    hint="See docs/howto/pausing-and-keys.md, 'Fair queues'.",
+                    id="tasks.E016",
                 )
             )
         for problem in retry_problems(self.options.get("retry", {})):

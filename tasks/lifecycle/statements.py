@@ -68,7 +68,7 @@ INSERT_COLUMNS = (
 # A task with a ``concurrency_key`` is inserted READY like any other; the database's trigger turns it
 # BLOCKED and admits it when its key has a free slot (tasks/lifecycle/concurrency.py).
 _ENQUEUE_COLUMNS = f"""{INSERT_COLUMNS}, backend_alias, task_run_after, concurrency_key, concurrency_limit,
-                        retry_policy, rate_key, rate_limit, rate_period, trace_context"""
+                        retry_policy, rate_key, rate_limit, rate_period, trace_context, fair_key"""
 
 
 def _enqueue_values(run_after: str = "COALESCE(%(run_after)s::timestamptz, statement_timestamp())") -> str:
@@ -81,7 +81,8 @@ def _enqueue_values(run_after: str = "COALESCE(%(run_after)s::timestamptz, state
         %(backend_alias)s::text,
         CASE WHEN %(backend_alias)s::text IS NULL THEN NULL ELSE %(run_after)s::timestamptz END,
         %(concurrency_key)s::text, %(concurrency_limit)s::int, %(retry_policy)s::jsonb,
-        %(rate_key)s::text, %(rate_limit)s::int, %(rate_period)s::float8, %(trace_context)s::jsonb"""
+        %(rate_key)s::text, %(rate_limit)s::int, %(rate_period)s::float8, %(trace_context)s::jsonb,
+        %(fair_key)s::text"""
     )
 
 
@@ -173,11 +174,11 @@ RETURNING id, enqueued_at, debounces = 0
 # of a repeated value cost a quarter of the throughput to build, send and unpack).
 BULK_ENQUEUE_SQL = f"""
 INSERT INTO tasks_task ({INSERT_COLUMNS}, concurrency_key, concurrency_limit, retry_policy, rate_key, rate_limit,
-                        rate_period, trace_context)
+                        rate_period, trace_context, fair_key)
 SELECT d.queue, d.priority, d.task_path, d.args, d.kwargs, 'READY', COALESCE(d.run_after, statement_timestamp()),
        statement_timestamp(), 0, d.max_attempts, d.timeout, NULL, '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false,
        false, %(concurrency_key)s::text, %(concurrency_limit)s::int, %(retry_policy)s::jsonb, %(rate_key)s::text,
-       %(rate_limit)s::int, %(rate_period)s::float8, %(trace_context)s::jsonb
+       %(rate_limit)s::int, %(rate_period)s::float8, %(trace_context)s::jsonb, %(fair_key)s::text
 FROM (
     SELECT %(queue)s::text AS queue, %(priority)s::smallint AS priority, %(task_path)s::text AS task_path,
            %(args)s::jsonb AS args, k AS kwargs, %(run_after)s::timestamptz AS run_after,
@@ -360,6 +361,100 @@ WHERE t.id = ANY(ARRAY(
     LIMIT %(limit)s -- cuts nothing (the shares add up to at most this); tells the planner how few rows come
 ))"""
 
+# Fair queues (LEASING_TASKS["FAIR_QUEUES"]): a claim takes turns between the queue's keys (tenants,
+# ``fair_key``) instead of draining the oldest key first. Plain queues never send this pick (their
+# statements are the ones above, unchanged). It reads tasks_task_fair_idx (queue, fair_key, priority
+# DESC, run_after, id) WHERE status = 'READY' AND fair_key IS NOT NULL:
+#
+# - ``walk``: the keys with READY rows, in key order, starting after the last key this claimer served
+#   (``fair_after``, NULL: from the first key) and wrapping around once, at most ``limit`` of them:
+#   a loose index scan, one index probe per key (the next key above the last: ``ORDER BY fair_key
+#   LIMIT 1``, as the levels walk finds priorities), so its cost is bounded by the claim's limit,
+#   never by the number of keys or rows. ``wrapped``: past the last key, back from the first; the
+#   lap ends at ``fair_after`` itself (served last).
+# - ``fair``: each key of the walk, in walk order, gives its due rows in its own claim order
+#   (priority DESC, run_after, id), at most its turn's quota ceil(limit / keys walked), locking as
+#   it goes (SKIP LOCKED), up to ``limit``: two tenants share a claim half and half, a thousand take
+#   one each, ``limit`` at a time, the next claim going on after the last key served.
+#   Priorities order a key's own tasks; they do not let one key go before the others: a tenant that
+#   enqueues everything at a high priority cannot starve the rest (keys take turns whatever their
+#   priorities). A key whose higher-priority rows are deferred steps over them to its due ones (the
+#   key's own deferred rows, not other keys' or finished rows).
+# - the fill: a claim is never short while due rows are left. When the keys' turns leave room (fewer
+#   keys than the claim's limit, with fewer due rows than their quota; rows of the queue enqueued
+#   before it became fair, with no key), the rest comes from the plain pick over tasks_task_claim_idx
+#   (the levels walk of _PICK_ONE from each level's front), passing over the rows ``fair`` took.
+#   Its LIMIT is the room left: 0 when ``fair`` filled the claim, and a Limit of 0 reads nothing.
+#
+# ``fair`` is a MATERIALIZED CTE (locking rows, it must run exactly once: see above), bounded by
+# ``limit`` inside; the fill reads its ids once (an InitPlan). Beside an old snapshot the claimed rows'
+# entries stay in tasks_task_fair_idx (none can be removed): a probe for the next key, and a key's
+# range scan, step over the rows of that key claimed since the snapshot began, as a plain claim from
+# the start does (the plain claim's positions have no counterpart here; the cost grows with the rows
+# claimed since the snapshot, per key visited, not with the number of keys).
+_FAIR_ROWS = "status = 'READY' AND fair_key IS NOT NULL AND queue = %(queue)s"
+_FAIR_AFTER = "%(fair_after)s::text"
+
+
+def _next_key(after: str | None) -> str:
+    """The first key (above ``after``) of the queue's READY rows in a fair queue: one index probe."""
+    above = "" if after is None else f" AND f.fair_key > {after}"
+    return f"""(SELECT f.fair_key FROM tasks_task AS f
+            WHERE f.status = 'READY' AND f.fair_key IS NOT NULL AND f.queue = %(queue)s{above}
+            ORDER BY f.fair_key LIMIT 1)"""
+
+
+# A key of the walk that is still in its lap (not past ``fair_after`` after the wrap).
+_IN_LAP = f"w.fair_key IS NOT NULL AND NOT (w.wrapped AND COALESCE(w.fair_key > {_FAIR_AFTER}, false))"
+
+_PICK_FAIR = f"""
+WHERE t.id = ANY(ARRAY(
+    WITH RECURSIVE walk(fair_key, wrapped, n) AS (
+        SELECT COALESCE(s.k, {_next_key(None)})::text COLLATE "C", s.k IS NULL, 1
+        FROM (SELECT {_next_key(_FAIR_AFTER)} AS k) AS s
+        WHERE NOT EXISTS (SELECT 1 FROM tasks_queuecontrol WHERE name = %(queue)s AND paused)
+        UNION ALL
+        SELECT (CASE WHEN s.k IS NOT NULL THEN s.k WHEN NOT w.wrapped THEN {_next_key(None)} END)::text COLLATE "C",
+               w.wrapped OR s.k IS NULL, w.n + 1
+        FROM walk AS w CROSS JOIN LATERAL (SELECT {_next_key("w.fair_key")} AS k OFFSET 0) AS s  -- probed once
+        WHERE w.fair_key IS NOT NULL AND w.n < %(limit)s
+          AND NOT (w.wrapped AND COALESCE(w.fair_key >= {_FAIR_AFTER}, false))
+    ), fair AS MATERIALIZED (
+        SELECT due.id FROM walk AS w CROSS JOIN LATERAL (
+            SELECT id FROM tasks_task
+            WHERE {_FAIR_ROWS} AND fair_key = w.fair_key
+              AND run_after <= statement_timestamp() AND shared_crashes < %(isolation_bar)s
+            ORDER BY priority DESC, run_after, id
+            LIMIT (SELECT ceil(%(limit)s::float8 / GREATEST(count(*), 1))::int FROM walk AS w WHERE {_IN_LAP})
+            FOR UPDATE SKIP LOCKED
+        ) AS due
+        WHERE {_IN_LAP}
+        LIMIT %(limit)s
+    ), levels(priority) AS (
+        SELECT {_next_level("32767")}
+        WHERE NOT EXISTS (SELECT 1 FROM tasks_queuecontrol WHERE name = %(queue)s AND paused)
+        UNION ALL
+        SELECT {_next_level("levels.priority")}
+        FROM levels WHERE levels.priority IS NOT NULL
+    ), placed AS (
+        SELECT l.priority, {_start("%(queue)s")} FROM levels AS l
+    )
+    SELECT fair.id FROM fair
+    UNION ALL
+    (SELECT due.id FROM placed AS l
+    CROSS JOIN LATERAL (
+        SELECT id FROM tasks_task
+        WHERE status = 'READY' AND queue = %(queue)s AND priority = l.priority AND run_after <= statement_timestamp()
+          AND (run_after, id) > (l.run_after, l.id)
+          AND shared_crashes < %(isolation_bar)s
+          AND NOT id = ANY(ARRAY(SELECT fair.id FROM fair))
+        ORDER BY run_after, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS due
+    LIMIT %(limit)s - (SELECT count(*) FROM fair))
+))"""
+
 NO_ISOLATION_BAR = 2**31 - 1  # ``isolation_bar`` of an idle worker: it may take any task
 
 # Busy workers' claims pass over a task that must run isolated, so under a steady stream no worker is
@@ -378,12 +473,18 @@ LIMIT 1
 
 
 def claim_params(
-    queues: list[str], *, busy: bool, isolate_after: int, after: Sequence[ClaimPosition] = ()
+    queues: list[str],
+    *,
+    busy: bool,
+    isolate_after: int,
+    after: Sequence[ClaimPosition] = (),
+    fair_after: str | None = None,
 ) -> dict[str, Any]:
     """The queue, isolation and position parameters of every claim statement (positions: one per
-    queue and priority level at most)."""
+    queue and priority level at most; ``fair_after``: the last key a fair claim served)."""
     positions = [p for p in after if p.queue in queues]
     return {
+        "fair_after": fair_after,
         "queue": queues[0] if queues else "",
         "queues": queues,
         "isolation_bar": isolate_after if busy else NO_ISOLATION_BAR,
@@ -394,11 +495,15 @@ def claim_params(
     }
 
 
-def _claim_sql(pick: str) -> str:
+# A fair claim returns each row's key too (the claimer's next turn starts after the last one served).
+FAIR_CLAIM_RETURNING = f"{CLAIM_RETURNING}, t.fair_key"
+
+
+def _claim_sql(pick: str, returning: str = CLAIM_RETURNING) -> str:
     return f"""
 UPDATE tasks_task AS t SET {_CLAIM_SET}
 {pick}
-RETURNING {CLAIM_RETURNING}
+RETURNING {returning}
 """
 
 
@@ -630,42 +735,45 @@ _FINISHED_CTE = f"""finished AS (
 )"""
 
 
-def _claimed_cte(pick: str) -> str:
+def _claimed_cte(pick: str, returning: str = CLAIM_RETURNING) -> str:
     return f"""claimed AS (
     UPDATE tasks_task AS t SET {_CLAIM_SET}
     {pick}
-    RETURNING {CLAIM_RETURNING}
+    RETURNING {returning}
 )"""
 
 
-_CLAIMED_AND_FINISHED = """SELECT 'c', claimed.* FROM claimed
+def _claimed_and_finished(fair: bool) -> str:
+    return f"""SELECT 'c', claimed.* FROM claimed
 UNION ALL
 SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL{", NULL" if fair else ""}
 FROM finished"""
 
 
 # The usual round (a short task's start rides on its finish): no marker arrays to send.
-def _finish_and_claim_sql(pick: str) -> str:
+def _finish_and_claim_sql(pick: str, fair: bool = False) -> str:
+    returning = FAIR_CLAIM_RETURNING if fair else CLAIM_RETURNING
     return f"""
-WITH {_FINISHED_CTE}, {_claimed_cte(pick)}
-{_CLAIMED_AND_FINISHED}
+WITH {_FINISHED_CTE}, {_claimed_cte(pick, returning)}
+{_claimed_and_finished(fair)}
 """
 
 
-def _finish_start_claim_sql(pick: str) -> str:
+def _finish_start_claim_sql(pick: str, fair: bool = False) -> str:
+    returning = FAIR_CLAIM_RETURNING if fair else CLAIM_RETURNING
     return f"""
 WITH {_FINISHED_CTE}, started AS (
     UPDATE tasks_task AS t SET {_START_SET}
     FROM {_STARTS}
     WHERE {_OWNED} AND {_LIVE}
     RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
-), {_claimed_cte(pick)}
-{_CLAIMED_AND_FINISHED}
+), {_claimed_cte(pick, returning)}
+{_claimed_and_finished(fair)}
 UNION ALL
 SELECT 's', started.id, started.token, NULL, NULL, NULL, started.attempts, NULL, NULL,
        started.started_at, NULL, NULL, NULL, started.last_attempted_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL
+       NULL, NULL{", NULL" if fair else ""}
 FROM started
 """
 
@@ -694,6 +802,10 @@ RETURNING {CLAIM_RETURNING}
 CLAIM_SQL = (_claim_sql(_PICK_ONE), _claim_sql(_PICK_MANY))
 FINISH_AND_CLAIM_SQL = (_finish_and_claim_sql(_PICK_ONE), _finish_and_claim_sql(_PICK_MANY))
 FINISH_START_CLAIM_SQL = (_finish_start_claim_sql(_PICK_ONE), _finish_start_claim_sql(_PICK_MANY))
+# The same from one fair queue (_PICK_FAIR): each row's fair_key comes back last.
+FAIR_CLAIM_SQL = _claim_sql(_PICK_FAIR, FAIR_CLAIM_RETURNING)
+FAIR_FINISH_AND_CLAIM_SQL = _finish_and_claim_sql(_PICK_FAIR, fair=True)
+FAIR_FINISH_START_CLAIM_SQL = _finish_start_claim_sql(_PICK_FAIR, fair=True)
 
 # The error history is bounded: a task failing, crashing or being requeued forever must not grow a
 # row without end (40 requeues of a 100 KB traceback made a 4.4 MB row). The first entry (how it

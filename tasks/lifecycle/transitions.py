@@ -101,16 +101,31 @@ TRANSITIONS: tuple[Transition, ...] = (
         "claim",
         (READY,),
         (RUNNING,),
-        (_S + "CLAIM_SQL", _S + "FINISH_AND_CLAIM_SQL", _S + "FINISH_START_CLAIM_SQL", _S + "CLAIM_CHOSEN_SQL"),
+        (
+            _S + "CLAIM_SQL",
+            _S + "FINISH_AND_CLAIM_SQL",
+            _S + "FINISH_START_CLAIM_SQL",
+            _S + "FAIR_CLAIM_SQL",
+            _S + "FAIR_FINISH_AND_CLAIM_SQL",
+            _S + "FAIR_FINISH_START_CLAIM_SQL",
+            _S + "CLAIM_CHOSEN_SQL",
+        ),
         "a worker takes a due task of an unpaused queue under a lease (FOR UPDATE SKIP LOCKED); the "
-        "finish-and-claim statements also finish the worker's previous attempts; tasks.testing's eager "
-        "mode takes the tasks an enqueue just inserted, due or not",
+        "finish-and-claim statements also finish the worker's previous attempts; from a fair queue the "
+        "FAIR_ forms take turns between its keys; tasks.testing's eager mode takes the tasks an enqueue just "
+        "inserted, due or not",
     ),
     Transition(
         "complete",
         (RUNNING,),
         (SUCCESSFUL,),
-        (_S + "COMPLETE_SQL", _S + "FINISH_AND_CLAIM_SQL", _S + "FINISH_START_CLAIM_SQL"),
+        (
+            _S + "COMPLETE_SQL",
+            _S + "FINISH_AND_CLAIM_SQL",
+            _S + "FINISH_START_CLAIM_SQL",
+            _S + "FAIR_FINISH_AND_CLAIM_SQL",
+            _S + "FAIR_FINISH_START_CLAIM_SQL",
+        ),
         "the handler returned; compare-and-set on holder and token, so a stale worker cannot win",
     ),
     Transition(

@@ -49,6 +49,8 @@ class ClaimedTask:
     #: The enqueuing span's context (what the propagator wrote: ``traceparent``, ``tracestate``), None
     #: when it was enqueued with tracing off (tasks/tracing.py).
     trace_context: dict[str, str] | None = None
+    #: Its key in a fair queue (returned by a fair claim only): where the worker's next turn starts.
+    fair_key: str | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -246,6 +248,7 @@ def claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
             json_value(row[20]) if len(row) > 20 else None,
             row[21] if len(row) > 21 else None,
             json_value(row[22]) if len(row) > 22 else None,  # NULL (None) unless enqueued traced
+            row[23] if len(row) > 23 else None,  # a fair claim's rows only (FAIR_CLAIM_RETURNING)
         ),
         strict=True,
     ):
@@ -321,3 +324,29 @@ def validate_concurrency(key: str | None, limit: int | None) -> None:
         raise ValueError("concurrency_key must be valid Unicode (no lone surrogates)") from None
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CONCURRENCY_LIMIT:
         raise ValueError(f"concurrency_limit must be a whole number from 1 to {MAX_CONCURRENCY_LIMIT}")
+
+
+def fair_key_for(queue: str, key: str | None, fair_queues: Sequence[str]) -> str | None:
+    """The fair key to store for a task of ``queue``: the given one (checked), else the shared key
+    "" in a fair queue (so that the queue's every task takes part in the turns), else None."""
+    if key is None:
+        return "" if queue in fair_queues else None
+    if not isinstance(key, str) or len(key) > 255:
+        raise ValueError("fair_key must be a string of at most 255 characters")
+    if "\x00" in key:
+        raise ValueError("fair_key must not contain NUL characters")
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        raise ValueError("fair_key must be valid Unicode (no lone surrogates)") from None
+    return key
+
+
+def fair_after_claim(claimed: Sequence[ClaimedTask], before: str | None) -> str | None:
+    """Where the next fair claim's turns start: the last key this claim served in its walk's order
+    (the keys after ``before`` in key order, then from the first key up to it)."""
+    keys = {task.fair_key for task in claimed if task.fair_key is not None}
+    if not keys:
+        return before
+    later = [key for key in keys if before is None or key > before]
+    return max(later) if later else max(keys)

@@ -44,6 +44,7 @@ from tasks.lifecycle.values import (
     Recovered,
     Started,
     claimed_from_row,
+    fair_key_for,
     validate_concurrency,
     validate_enqueue,
     validate_key,
@@ -151,6 +152,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         unique_for: float | dt.timedelta | None = None,
         debounce: float | dt.timedelta | None = None,
         max_wait: float | dt.timedelta | None = None,
+        fair_key: str | None = None,
     ) -> Enqueued:
         """Insert one task (one statement). With ``dedup_key``, an unfinished task with the same
         key is returned instead of a new one (``created`` is False).
@@ -181,7 +183,9 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
 
         With ``rate_key`` and ``rate_limit`` ("14/s", "100/min", "5/10s" or a (count, seconds) pair), at
         most that many tasks of the key start in any sliding window of the database clock; a start
-        the key refuses goes back uncharged to run later (tasks/lifecycle/ratelimits.py)."""
+        the key refuses goes back uncharged to run later (tasks/lifecycle/ratelimits.py).
+        ``fair_key`` (a tenant): in a fair queue (LEASING_TASKS["FAIR_QUEUES"]) claims take turns
+        between keys; a task of a fair queue enqueued without one gets the shared key ""."""
         explicit = policy.stored(max_attempts=max_attempts, retry_on=retry_on, backoff=backoff)
         if retry_policy:
             problems = policy.policy_problems(retry_policy, paths_only=True)
@@ -204,6 +208,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         )
         if unique_seconds is not None or debounce_seconds is not None:
             validate_key("dedup_key", dedup_key)
+        fair = fair_key_for(queue, fair_key, get_settings().FAIR_QUEUES)
         params: dict[str, Any] = {
             "queue": queue,
             "priority": priority,
@@ -220,6 +225,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "retry_policy": None if explicit is None else json.dumps(explicit),
             **_rate_params(rated),
             "trace_context": None,
+            "fair_key": fair,
         }
         routed = self._routed(queue)
         parents = sorted({_task_id(parent) for parent in depends_on})
@@ -388,17 +394,20 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         backoff: Any = None,
         rate_key: str | None = None,
         rate_limit: Any = None,
+        fair_key: str | None = None,
     ) -> list[int]:
         """Insert many tasks of one kind: one multi-row statement per ``chunk_size`` tasks (all of
         them under ``concurrency_key``, if given), in the database holding ``queue`` (one queue, so
         one database; each chunk commits on its own unless the caller wraps the call in
-        ``transaction.atomic(using=...)``). The retry policy and rate limit arguments are :meth:`enqueue`'s."""
+        ``transaction.atomic(using=...)``). The retry policy and rate limit arguments and ``fair_key`` (all of
+        them under that key) are :meth:`enqueue`'s."""
         routed = self._routed(queue)
         explicit = policy.stored(max_attempts=max_attempts, retry_on=retry_on, backoff=backoff)
         attempts = _max_attempts(queue, max_attempts, None)
         validate_enqueue(queue=queue, priority=priority, max_attempts=attempts, timeout=timeout)
         validate_concurrency(concurrency_key, concurrency_limit)
         rate = _rate_params(ratelimits.rate_for_enqueue(rate_key, rate_limit))
+        fair = fair_key_for(queue, fair_key, get_settings().FAIR_QUEUES)
         ids: list[int] = []
         chunk: list[str] = []
 
@@ -417,6 +426,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
                 "retry_policy": None if explicit is None else json.dumps(explicit),
                 **rate,
                 "trace_context": trace_context,
+                "fair_key": fair,
             }
             ids.extend(row[0] for row in routed._rows(sql.BULK_ENQUEUE_SQL, params))
             chunk.clear()
@@ -451,6 +461,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         start: bool = False,
         take_isolated: bool = True,
         after: Sequence[ClaimPosition] = (),
+        fair_after: str | None = None,
     ) -> list[ClaimedTask]:
         """Claim up to ``limit`` runnable tasks for ``worker`` under a lease of ``ttl`` seconds.
 
@@ -459,7 +470,9 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         ``after`` (positions, at most one per priority; one queue only) the claim resumes after them
         instead of scanning each level from its front (tasks/lifecycle/statements.py, "Resuming
         where the last claims stopped").
-        """
+
+        From one fair queue (LEASING_TASKS["FAIR_QUEUES"]) the claim takes turns between the keys,
+        starting after ``fair_after`` (the last key the claimer served: ``fair_after_claim``)."""
         names = list(queues)
         isolate_after = get_settings().ISOLATE_AFTER
         params = {
@@ -470,7 +483,12 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "isolate_after": isolate_after,
             **sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after, after=after),
         }
-        claimed = [claimed_from_row(row) for row in self._rows(sql.CLAIM_SQL[len(names) > 1], params)]
+        statement = sql.CLAIM_SQL[len(names) > 1]
+        if is_fair_claim(names, limit):
+            statement = sql.FAIR_CLAIM_SQL
+            params.update(sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after))
+            params["fair_after"] = fair_after
+        claimed = [claimed_from_row(row) for row in self._rows(statement, params)]
         claimed.sort(key=lambda task: (-task.priority, task.id))
         return claimed
 
@@ -632,10 +650,12 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         isolate_after: int | None = None,
         take_isolated: bool = True,
         after: Sequence[ClaimPosition] = (),
+        fair_after: str | None = None,
     ) -> tuple[set[tuple[int, int]], dict[tuple[int, int], Started], list[ClaimedTask]]:
         """One statement: finish ``results`` (id, token, JSON), mark ``starts`` (id, token, start
         time) begun, claim up to ``limit`` more. Returns (finished, started, claimed); attempts
-        missing from the first two were refused by the compare-and-set: no longer ours."""
+        missing from the first two were refused by the compare-and-set: no longer ours. From one fair
+        queue the claim takes turns between keys after ``fair_after`` (see :meth:`claim`)."""
         names = list(queues)
         if isolate_after is None:
             isolate_after = get_settings().ISOLATE_AFTER
@@ -651,9 +671,13 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "isolate_after": isolate_after,
             **sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after, after=after),
         }
-        statement = sql.FINISH_AND_CLAIM_SQL[len(names) > 1]
+        fair = is_fair_claim(names, limit)
+        if fair:  # no positions: the fill of a fair claim scans each level from its front
+            params.update(sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after))
+            params["fair_after"] = fair_after
+        statement = sql.FAIR_FINISH_AND_CLAIM_SQL if fair else sql.FINISH_AND_CLAIM_SQL[len(names) > 1]
         if starts:  # the usual round has none: a short task's start rides on its finish
-            statement = sql.FINISH_START_CLAIM_SQL[len(names) > 1]
+            statement = sql.FAIR_FINISH_START_CLAIM_SQL if fair else sql.FINISH_START_CLAIM_SQL[len(names) > 1]
             params.update(
                 start_ids=[s[0] for s in starts], start_tokens=[s[1] for s in starts], start_at=[s[2] for s in starts]
             )
@@ -798,6 +822,12 @@ def _rate_params(rated: tuple[str, ratelimits.Rate] | None) -> dict[str, Any]:
         "rate_limit": rate.count if rate else None,
         "rate_period": rate.period if rate else None,
     }
+
+
+def is_fair_claim(queues: Sequence[str], limit: int) -> bool:
+    """A claim of rows from one fair queue (LEASING_TASKS["FAIR_QUEUES"]) takes turns between keys.
+    A claim from several queues keeps the plain order (each queue's best rows, by priority)."""
+    return limit > 0 and len(queues) == 1 and queues[0] in get_settings().FAIR_QUEUES
 
 
 def _max_attempts(queue: str, explicit: int | None, default: int | None) -> int:
@@ -953,6 +983,16 @@ class Task(LeaseFields):
         default=0, db_default=0, help_text="Starts its rate key refused (handed back uncharged, run_after pushed)."
     )
 
+    # Collation "C": keys are walked in byte order, which is Python's order of their code points (the
+    # worker tells the last key it served by comparing them), whatever the database's collation.
+    fair_key = models.CharField(
+        max_length=255,
+        db_collation="C",
+        null=True,
+        blank=True,
+        help_text="Its key (tenant) in a fair queue: claims take turns between keys (tasks/lifecycle/statements.py).",
+    )
+
     workflow_id = models.BigIntegerField(
         null=True, blank=True, help_text="The workflow this task belongs to (tasks/lifecycle/workflows.py)."
     )
@@ -978,6 +1018,18 @@ class Task(LeaseFields):
                 fields=["queue", "-priority", "run_after", "id", "shared_crashes"],
                 name="tasks_task_claim_idx",
                 condition=Q(status="READY"),
+            ),
+            # Fair queues (LEASING_TASKS["FAIR_QUEUES"]): the keys with READY tasks, walked one index probe
+            # per key, and each key's tasks in its claim order (_PICK_FAIR in statements.py). Unkeyed
+            # rows are not in it: a plain queue's enqueue and claim never write to it.
+            models.Index(
+                "queue",
+                "fair_key",
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="tasks_task_fair_idx",
+                condition=Q(status="READY", fair_key__isnull=False),
             ),
             # The few READY tasks that crashed beside others: a busy worker's look for one that must run
             # isolated (ISOLATED_WAITING_SQL in statements.py); tiny whatever the backlog.

@@ -10,12 +10,14 @@ from django.db.models.functions import Now
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from leasing.routing import selected_database
+from tasks.conf import get_settings
 from tasks.lifecycle import activity, concurrency, ratelimits
 from tasks.lifecycle.workflows import WorkflowStatus
 from tasks.maintenance.recovery import RECOVERY_LEASE
 from tasks.maintenance.scheduler import SCHEDULER_LEASE
 from tasks.models import Task, UniqueKey
 from tasks.web.queries import COUNT_CAP, bounded_count
+from tasks.web.queues import KEY_CAP, fair_keys_waiting
 from tasks.web.workflows import running_workflows
 
 # What holds back the cleanup of the queue's dead rows in this database (docs/howto/monitoring.md,
@@ -148,6 +150,16 @@ def task_metrics() -> Iterable[Metric]:
         age.add_metric([queue["queue"]], queue["oldest_age"])
     yield depth
     yield age
+
+    # One series per queue named in FAIR_QUEUES (bounded by the settings, never by the keys).
+    fair = GaugeMetricFamily(
+        "tasks_fair_keys_waiting",
+        f"Keys (tenants) with waiting tasks in a fair queue, counted up to {KEY_CAP:,}.",
+        labels=["queue"],
+    )
+    for name in get_settings().FAIR_QUEUES:
+        fair.add_metric([name], min(fair_keys_waiting(name), KEY_CAP))
+    yield fair
 
     # Bounded cardinality: at most concurrency.SHOWN_KEYS keys (those at their limit first), never one
     # series per key ever used.

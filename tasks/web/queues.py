@@ -2,7 +2,8 @@
 
 Every query here costs the same whatever the table holds: the queues with waiting tasks come from a
 loose index scan over the claim index and the blocked-page index (one probe per queue), running rows
-are few (bounded by the workers' capacity), and waiting counts stop at ``COUNT_CAP``.
+are few (bounded by the workers' capacity), and waiting counts stop at ``COUNT_CAP``. A fair queue's
+keys with waiting tasks are counted by a loose index scan too, stopped at ``KEY_CAP``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 from django.db import connections
 
 from leasing.routing import selected_database
+from tasks.conf import get_settings
 from tasks.models import QueueControl
 
 #: Waiting counts stop here (shown as "10,000+"): counting a backlog is a scan of it.
@@ -54,6 +56,32 @@ FROM unnest(%(names)s::text[]) AS n(name)
 """
 
 
+#: Keys with waiting tasks in a fair queue are counted up to here (shown as "1,000+").
+KEY_CAP = 1000
+
+#: The keys with READY tasks of a fair queue (LEASING_TASKS["FAIR_QUEUES"]), counted by the loose index
+#: scan a fair claim walks (tasks_task_fair_idx: one probe per key), stopped at ``cap`` keys.
+_FAIR_KEYS_SQL = """
+WITH RECURSIVE k(fair_key, n) AS (
+    (SELECT fair_key, 1 FROM tasks_task
+     WHERE status = 'READY' AND fair_key IS NOT NULL AND queue = %(queue)s ORDER BY fair_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.fair_key FROM tasks_task AS t
+            WHERE t.status = 'READY' AND t.fair_key IS NOT NULL AND t.queue = %(queue)s AND t.fair_key > k.fair_key
+            ORDER BY t.fair_key LIMIT 1), k.n + 1
+    FROM k WHERE k.fair_key IS NOT NULL AND k.n < %(cap)s
+)
+SELECT count(*) FROM k WHERE fair_key IS NOT NULL
+"""
+
+
+def fair_keys_waiting(queue: str, using: str | None = None) -> int:
+    """How many keys of a fair queue have READY tasks, up to KEY_CAP + 1."""
+    with connections[using or selected_database()].cursor() as cursor:
+        cursor.execute(_FAIR_KEYS_SQL, {"queue": queue, "cap": KEY_CAP + 1})
+        return int(cursor.fetchone()[0])
+
+
 def queue_overview(using: str | None = None) -> list[dict[str, Any]]:
     """One entry per known queue (waiting, waiting for a concurrency slot, running or with a
     control row), by name."""
@@ -70,10 +98,12 @@ def queue_overview(using: str | None = None) -> list[dict[str, Any]]:
         ordered = sorted(names)
         cursor.execute(_COUNTS_SQL, {"names": ordered, "cap": COUNT_CAP + 1})
         counts = {name: (waiting, blocked, running) for name, waiting, blocked, running in cursor.fetchall()}
+    fair_queues = set(get_settings().FAIR_QUEUES)
     entries = []
     for name in ordered:
         control = controls.get(name)
         waiting, blocked, running = counts.get(name, (0, 0, 0))
+        keys = fair_keys_waiting(name, using) if name in fair_queues else 0
         entries.append(
             {
                 "name": name,
@@ -84,6 +114,10 @@ def queue_overview(using: str | None = None) -> list[dict[str, Any]]:
                 "blocked": min(blocked, COUNT_CAP),
                 "blocked_capped": blocked > COUNT_CAP,
                 "running": running,
+                # A fair queue (claims take turns between keys) and its keys with waiting tasks.
+                "fair": name in fair_queues,
+                "fair_keys": min(keys, KEY_CAP),
+                "fair_keys_capped": keys > KEY_CAP,
                 "changed_at": control.changed_at if control else None,
                 "changed_by": control.changed_by if control else "",
                 "reason": control.reason if control else "",

@@ -21,7 +21,7 @@ from leasing import clock
 from tasks import tracing
 from tasks.exceptions import Discard, TaskTimeout
 from tasks.lifecycle.storable import storable_text
-from tasks.lifecycle.values import ClaimPosition
+from tasks.lifecycle.values import ClaimPosition, fair_after_claim
 from tasks.models import ClaimedTask
 from tasks.runtime import Execution
 from tasks.worker.handbacks import HandBacks
@@ -120,6 +120,10 @@ class Dispatcher:
         self._resumed_short = False  # the last claim resumed and came back short: look again at once
         # When (local clock) claims their rate key refused come due again, a heap (tasks/lifecycle/ratelimits.py).
         self._rate_wakes: list[float] = []
+        # A fair queue's claims take turns between its keys: the next turn starts after the last key
+        # this worker served (tasks/lifecycle/statements.py, _PICK_FAIR), so that each worker goes round
+        # them all rather than starting from the first key every time.
+        self._fair_after: str | None = None
 
     # -- sizing -------------------------------------------------------------------------------------
 
@@ -299,8 +303,10 @@ class Dispatcher:
                     # a task to run isolated goes only to a worker holding nothing else
                     take_isolated=idle and self.zombies() == 0,
                     after=after,
+                    fair_after=self._fair_after,
                 )
                 if claim:
+                    self._fair_after = fair_after_claim(claimed, self._fair_after)
                     self._remember(claimed, sent, resumed=resume)
                     self._resume = len(claimed) == claim
                     self._resumed_short = resume and len(claimed) < claim

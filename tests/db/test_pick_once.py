@@ -43,6 +43,20 @@ def test_a_claim_takes_at_most_its_limit(empty_looking_table: None, queues: list
     assert statuses(ids) == {"RUNNING": 5, "READY": 45}
 
 
+def test_a_fair_claim_takes_at_most_its_limit(empty_looking_table: None, settings) -> None:
+    """The fair pick (tasks/lifecycle/statements.py, ``_PICK_FAIR``) locks in a MATERIALIZED CTE and
+    its fill reads that CTE's ids once: its every form claims at most its limit."""
+    settings.LEASING_TASKS = {"FAIR_QUEUES": ["mail"]}
+    ids = [i for key in "abc" for i in Task.objects.bulk_enqueue(NOOP, [{}] * 20, queue="mail", fair_key=key)]
+    ids += Task.objects.bulk_enqueue(NOOP, [{}] * 10, queue="mail")  # the shared key ""
+    [first] = Task.objects.claim("w1", limit=1, queues=["mail"])
+    assert len(Task.objects.claim("w1", limit=5, queues=["mail"], fair_after="a")) == 5
+    for starts in ([], [(first.id, first.token, None)]):
+        _accepted, _marked, claimed = Task.objects.finish_start_claim("w1", [], starts, limit=3, queues=["mail"])
+        assert len(claimed) == 3
+    assert statuses(ids) == {"RUNNING": 12, "READY": 58}
+
+
 def test_the_workers_round_claims_at_most_its_limit(empty_looking_table: None) -> None:
     ids = Task.objects.bulk_enqueue(NOOP, [{}] * 50, queue="mail")
     [first] = Task.objects.claim("w1", limit=1, queues=["mail"])

@@ -336,6 +336,7 @@ def test_the_window_statements_read_indexes_whatever_the_number_of_keys() -> Non
         "rate_limit": None,
         "rate_period": None,
         "trace_context": None,
+        "fair_key": None,
         "unique_for": 60.0,
     }
     for statement, extra in (

@@ -296,6 +296,10 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                             "description": "seconds: debounces never push the start past the first enqueue plus "
                             "this (at least debounce)",
                         },
+                        "fair_key": {
+                            **STRING,
+                            "description": "its key (tenant) in a fair queue: claims take turns between keys",
+                        },
                     },
                     ["task_path"],
                 ),
@@ -324,6 +328,10 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                         },
                         "ttl": TTL,
                         "limit": {"type": "integer", "minimum": 1, "maximum": 100},
+                        "fair_after": {
+                            **STRING,
+                            "description": "from a fair queue: start the turns after this key (the last you served)",
+                        },
                     },
                     ["worker"],
                 ),
@@ -651,6 +659,7 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                             "type": ["integer", "null"],
                             "description": "enqueues folded into it while it waited (null: not debounced)",
                         },
+                        "fair_key": {"type": ["string", "null"]},
                         "args": {"type": "array"},
                         "kwargs": {"type": "object"},
                         "attempts": {"type": "integer"},

@@ -21,6 +21,7 @@ from tasks.exceptions import TaskError, TaskPathRefused
 from tasks.lifecycle.ratelimits import RateKeyState, parse_rate, queue_rate, rate_key_states
 from tasks.lifecycle.routing import queue_database, queues_by_database
 from tasks.lifecycle.storable import is_storable
+from tasks.lifecycle.values import fair_after_claim
 from tasks.lifecycle.windows import MAX_WINDOW_SECONDS, WindowError, validate_windows
 from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, ClaimedTask, Failure, Started, Task, TaskStatus
 from tasks.web import history as history_views
@@ -79,6 +80,7 @@ def task_json(task: Task, *, window: bool = False) -> dict[str, Any]:
         "debounce_until": iso(task.debounce_until),
         "debounces": task.debounces,
         "concurrency_key": task.concurrency_key,
+        "fair_key": task.fair_key,
         "concurrency_limit": task.concurrency_limit,
         "rate_key": task.rate_key,
         "rate_limit": None if task.rate_limit is None else [task.rate_limit, task.rate_period],
@@ -189,6 +191,7 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
         "unique_for",
         "debounce",
         "max_wait",
+        "fair_key",
     )
     task_path = body.text("task_path")
     reason = allowlist.refusal(task_path)
@@ -218,6 +221,7 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
         "unique_for": body.number("unique_for", required=False, low=0, high=MAX_WINDOW_SECONDS),
         "debounce": body.number("debounce", required=False, low=0, high=MAX_WINDOW_SECONDS),
         "max_wait": body.number("max_wait", required=False, low=0, high=MAX_WINDOW_SECONDS),
+        "fair_key": body.text("fair_key", required=False),
     }
     if (options["concurrency_key"] is None) != (options["concurrency_limit"] is None):
         missing = "concurrency_limit" if options["concurrency_limit"] is None else "concurrency_key"
@@ -254,24 +258,43 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
         return (201 if enqueued.created else 200), {"task": found, "task_id": enqueued.id, "created": enqueued.created}
 
 
+#: The last key this process's API claims served, per (database, fair queue): tasks/lifecycle/statements.py,
+#: _PICK_FAIR. Bounded by the fair queues named in settings (only a fair claim returns keys).
+_fair_cursors: dict[tuple[str, str], str | None] = {}
+
+
 @api_view(POST=[CHANGE_TASK])
 def next_task(request: HttpRequest) -> tuple[int, Any]:
     body = Body(request)
-    body.only("worker", "queues", "ttl", "limit")
+    body.only("worker", "queues", "ttl", "limit", "fair_after")
     worker = body.text("worker", max_length=200)
     queues = body.names("queues", default=["default"])
+    # From a fair queue, the turns start after the client's own cursor (the last key it served) or,
+    # without one, after the last key this process's claims of the queue served: a client claiming
+    # one at a time still goes round the keys.
+    fair_after = body.text("fair_after", required=False)
     homes = queues_by_database(queues)
     if len(homes) > 1:
         spread = "; ".join(f"{alias}: {', '.join(names)}" for alias, names in homes.items())
         raise ApiError(400, f"queues live in several databases ({spread}): claim from one at a time", "queues")
     limit = body.whole("limit", required=False, low=1, high=100, default=1)
     ttl = body.number("ttl", required=False, low=0, high=MAX_TTL, default=get_settings().TTL)
+    cursor_key = (next(iter(homes)), queues[0])
     with routed(request, next(iter(homes)), f"queue {queues[0]!r}"):
         # An HTTP client runs what it claims: the attempt begins (and is charged) now. A rate-limited
         # one (a rate key of its own, or its queue's) begins only if its key grants the start now;
         # one refused went back to the queue uncharged and is not returned.
         queue_wide = any(queue_rate(name) is not None for name in queues)
-        claimed = Task.objects.claim(worker, limit=limit, queues=queues, ttl=ttl, start=not queue_wide)
+        claimed = Task.objects.claim(
+            worker,
+            limit=limit,
+            queues=queues,
+            ttl=ttl,
+            start=not queue_wide,
+            fair_after=fair_after if fair_after is not None else _fair_cursors.get(cursor_key),
+        )
+        if any(c.fair_key is not None for c in claimed):  # a fair queue's claim (settings name them all)
+            _fair_cursors[cursor_key] = fair_after_claim(claimed, _fair_cursors.get(cursor_key))
         claimed = [c for c in claimed if _started_now(c, worker, queue_wide)]
         rows = {task.pk: task for task in Task.objects.filter(pk__in=[c.id for c in claimed])}
         found = [task_json(rows[c.id]) for c in claimed if c.id in rows]

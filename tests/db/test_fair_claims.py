@@ -1,0 +1,208 @@
+"""Fair queues (LEASING_TASKS["FAIR_QUEUES"]): a claim takes turns between the keys (tenants) of the
+queue instead of draining the oldest key first (tasks/lifecycle/statements.py, ``_PICK_FAIR``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+
+import pytest
+from django.db import connection, connections, transaction
+
+from tasks.lifecycle.values import ClaimedTask, fair_after_claim
+from tasks.models import Task
+
+pytestmark = pytest.mark.django_db
+
+NOOP = "tests.testapp.handlers.noop"
+
+
+@pytest.fixture(autouse=True)
+def fair_queues(settings) -> None:
+    settings.LEASING_TASKS = {**getattr(settings, "LEASING_TASKS", {}), "FAIR_QUEUES": ["fair"]}
+
+
+class Claimer:
+    """Claims as the dispatcher does: each claim's turns start after the last key the one before served."""
+
+    def __init__(self, name: str = "w", queue: str = "fair") -> None:
+        self.name, self.queue = name, queue
+        self.after: str | None = None
+
+    def claim(self, limit: int) -> list[ClaimedTask]:
+        claimed = Task.objects.claim(self.name, limit=limit, queues=[self.queue], fair_after=self.after)
+        self.after = fair_after_claim(claimed, self.after)
+        return claimed
+
+
+def keys(claimed: list[ClaimedTask]) -> Counter[str]:
+    return Counter(c.fair_key or "(none)" for c in claimed)
+
+
+def test_a_claim_interleaves_the_keys_instead_of_draining_the_oldest_first() -> None:
+    Task.objects.bulk_enqueue(NOOP, [{}] * 200, queue="fair", fair_key="big")
+    small = Task.objects.bulk_enqueue(NOOP, [{}] * 10, queue="fair", fair_key="small")
+    claimed = Claimer().claim(10)
+    assert keys(claimed) == {"big": 5, "small": 5}
+    # each key's own tasks in their order
+    assert sorted(c.id for c in claimed if c.fair_key == "small") == small[:5]
+
+
+def test_the_turns_rotate_over_many_keys() -> None:
+    for k in range(30):
+        Task.objects.bulk_enqueue(NOOP, [{}] * 3, queue="fair", fair_key=f"tenant-{k:02}")
+    claimer = Claimer()
+    served: list[str] = []
+    for _ in range(3):
+        claimed = claimer.claim(10)
+        assert len(claimed) == 10 and len(keys(claimed)) == 10  # one each, ten keys per claim
+        served += sorted(keys(claimed))
+    assert served == [f"tenant-{k:02}" for k in range(30)]  # every key once before any twice
+    claimed = claimer.claim(10)
+    assert sorted(keys(claimed)) == [f"tenant-{k:02}" for k in range(10)]  # wrapped around
+
+
+def test_a_lone_key_fills_the_claim_and_rows_without_a_key_are_taken() -> None:
+    ids = Task.objects.bulk_enqueue(NOOP, [{}] * 20, queue="fair", fair_key="only")
+    assert [c.id for c in Claimer().claim(8)] == ids[:8]
+    Task.objects.filter(pk__in=ids).delete()
+    # rows of the queue from before it was fair (no key): the fill takes them in the plain order
+    Task.objects.bulk_enqueue(NOOP, [{}] * 3, queue="fair", fair_key="k")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE tasks_task SET fair_key = NULL WHERE id = (SELECT max(id) FROM tasks_task)")
+    assert len(Claimer().claim(10)) == 3
+
+
+def test_a_task_of_a_fair_queue_without_a_key_gets_the_shared_key() -> None:
+    task = Task.objects.enqueue(NOOP, queue="fair")
+    plain = Task.objects.enqueue(NOOP, queue="plain")
+    assert Task.objects.get(pk=task.id).fair_key == ""
+    assert Task.objects.get(pk=plain.id).fair_key is None
+
+
+def test_priorities_order_a_keys_own_tasks_not_the_turns() -> None:
+    low = Task.objects.bulk_enqueue(NOOP, [{}] * 4, queue="fair", fair_key="a", priority=0)
+    high = Task.objects.bulk_enqueue(NOOP, [{}] * 4, queue="fair", fair_key="a", priority=9)
+    other = Task.objects.bulk_enqueue(NOOP, [{}] * 4, queue="fair", fair_key="b", priority=-5)
+    claimed = Claimer().claim(4)
+    assert sorted(c.id for c in claimed) == sorted(high[:2] + other[:2])
+    # three each: a gives its last high ones, then its low ones; b has two left; the fill takes the
+    # next in the plain order (low[2]: priority 0 before b's -5, which the claim already took)
+    claimed = Task.objects.claim("w", limit=6, queues=["fair"])
+    assert sorted(c.id for c in claimed) == sorted(high[2:] + low[:1] + other[2:] + low[1:2])
+
+
+def test_deferred_rows_are_not_taken_early() -> None:
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    Task.objects.bulk_enqueue(NOOP, [{}] * 5, queue="fair", fair_key="a", run_after=later)
+    Task.objects.bulk_enqueue(NOOP, [{}] * 5, queue="fair", fair_key="b", run_after=later, priority=5)
+    due = Task.objects.bulk_enqueue(NOOP, [{}] * 2, queue="fair", fair_key="b")
+    assert sorted(c.id for c in Claimer().claim(10)) == due
+
+
+def test_a_paused_fair_queue_gives_nothing() -> None:
+    from tasks.models import QueueControl
+
+    Task.objects.bulk_enqueue(NOOP, [{}] * 5, queue="fair", fair_key="a")
+    QueueControl.objects.create(name="fair", paused=True)
+    assert Claimer().claim(10) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_claimers_on_separate_connections_skip_each_others_rows() -> None:
+    Task.objects.bulk_enqueue(NOOP, [{}] * 20, queue="fair", fair_key="a")
+    Task.objects.bulk_enqueue(NOOP, [{}] * 20, queue="fair", fair_key="b")
+    other = connections.create_connection("default")
+    try:
+        with transaction.atomic():
+            mine = Claimer("w1").claim(6)  # locked until this transaction commits
+            with other.cursor() as cursor:
+                from tasks.lifecycle import statements as sql
+
+                params = {
+                    "worker": "w2",
+                    "ttl": 30.0,
+                    "limit": 6,
+                    "start": False,
+                    "isolate_after": 2,
+                    **sql.claim_params(["fair"], busy=False, isolate_after=2),
+                }
+                cursor.execute(sql.FAIR_CLAIM_SQL, params)
+                theirs = [row[0] for row in cursor.fetchall()]
+            other.commit()
+    finally:
+        other.close()
+    assert len(mine) == 6 and len(theirs) == 6
+    assert not {c.id for c in mine} & set(theirs)
+
+
+FAIR_ROWS_SQL = """
+INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, finished_at,
+    attempts, max_attempts, errors, worker_ids, renewals, transitions, failures, crashes, shared_crashes,
+    unstarted_returns, attempt_started, attempt_isolated, fair_key)
+SELECT %(queue)s, 0, %(path)s, '[]', '{}', %(status)s, now() - interval '1 minute', now(),
+       CASE WHEN %(status)s = 'SUCCESSFUL' THEN now() END, 0, 3, '[]', '[]', 0, 0, 0, 0, 0, 0, false, false,
+       'tenant-' || lpad((g %% %(keys)s)::text, 5, '0')
+FROM generate_series(1, %(n)s) AS g
+"""
+
+
+def _fair_claim_blocks(queue: str, after: str | None) -> tuple[int, int]:
+    """Blocks a fair claim of 10 touches (run under EXPLAIN (ANALYZE, BUFFERS), rolled back: the
+    second of two runs, as in a running system), and the rows it claims."""
+    from tasks.lifecycle import statements as sql
+
+    params = {
+        "worker": "plan",
+        "ttl": 30.0,
+        "limit": 10,
+        "start": False,
+        "isolate_after": 2,
+        **sql.claim_params([queue], busy=False, isolate_after=2, fair_after=after),
+    }
+    for _ in range(2):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.FAIR_CLAIM_SQL, params)
+            plan = cursor.fetchone()[0][0]["Plan"]
+            transaction.set_rollback(True)
+    # the pick: the ARRAY(...) InitPlan of the UPDATE (the rest is the update of the 10 rows claimed)
+    [pick] = [node for node in plan["Plans"] if node.get("Parent Relationship") == "InitPlan"]
+    return pick["Shared Hit Blocks"] + pick["Shared Read Blocks"], plan["Actual Rows"]
+
+
+def test_a_fair_claims_reads_do_not_grow_with_keys_or_rows() -> None:
+    """A claim of 10 over 10 keys of 100 tasks, then beside 100,000 tasks over 1,000 keys and
+    100,000 finished ones: about the same blocks (its walk visits at most 10 keys, one probe each,
+    and each key gives its first rows)."""
+    with connection.cursor() as cursor:
+        cursor.execute(FAIR_ROWS_SQL, {"queue": "few", "path": NOOP, "status": "READY", "keys": 10, "n": 1000})
+        cursor.execute("ANALYZE tasks_task")
+    small = [_fair_claim_blocks("few", after) for after in (None, "tenant-00004", "tenant-00009")]
+    with connection.cursor() as cursor:
+        for status in ("READY", "SUCCESSFUL"):
+            cursor.execute(FAIR_ROWS_SQL, {"queue": "many", "path": NOOP, "status": status, "keys": 1000, "n": 100_000})
+        cursor.execute("ANALYZE tasks_task")
+    large = [_fair_claim_blocks("many", after) for after in (None, "tenant-00500", "tenant-00995")]
+    assert all(rows == 10 for _blocks, rows in small + large), (small, large)
+    worst_small = max(blocks for blocks, _rows in small)
+    worst_large = max(blocks for blocks, _rows in large)
+    assert worst_large < 1.5 * worst_small + 20, (small, large)
+    assert worst_large < 150, large  # a few blocks per key visited
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_goes_round_the_keys_rather_than_starting_from_the_first_each_claim() -> None:
+    """The dispatcher passes the last key it served (its rotating cursor) to its next claim: with 50
+    keys and claims of at most 10, the first 50 starts cover (nearly) every key. Starting each claim
+    from the first key, they would cover the first few keys over and over."""
+    from tasks.worker.process import Worker
+    from tests.helpers import wait_until, worker_in_thread
+
+    for k in range(50):
+        Task.objects.bulk_enqueue(NOOP, [{}] * 6, queue="fair", fair_key=f"tenant-{k:02}")
+    worker = Worker(queues=["fair"], concurrency=2, batch_size=10, install_signal_handlers=False, worker_id="rr")
+    with worker_in_thread(worker):
+        wait_until(lambda: Task.objects.filter(queue="fair", status="SUCCESSFUL").count() >= 100, 30, what="100 done")
+    started = Task.objects.filter(queue="fair", started_at__isnull=False).order_by("started_at", "id")
+    first = list(started.values_list("fair_key", flat=True)[:50])
+    assert len(set(first)) >= 45, Counter(first)
