@@ -146,3 +146,27 @@ def test_an_argument_search_of_empty_containers_does_not_read_the_whole_table(te
         assert max(n for _, n in read) <= 100 + 10 * matches, (term, matches, read)
     finally:
         index("drop")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("workflow_id", "\u00b2"),  # str.isdigit() is true for a superscript two; int() refuses it
+        ("args_contains", "[" * 1500 + "]" * 1500),  # json.loads raises RecursionError, not ValueError
+        ("kwargs_contains", '{"a": ' + "[" * 1500 + "]" * 1500 + "}"),
+        ("enqueued_after", "2026-01-01T00:00:00+23:59"),
+    ],
+)
+def test_hostile_dashboard_bulk_forms_are_refused_and_store_nothing(field: str, value: str) -> None:
+    from tests.factories import StaffFactory
+
+    failed(3)
+    client = Client()
+    client.force_login(StaffFactory.create(is_superuser=True))
+    client.raise_request_exception = False
+    response = client.post("/dashboard/tasks/bulk/", {"kind": "retry", field: value})
+    stored = list(BulkOperation.objects.values_list("kind", "filter"))
+    # What happens: a superscript digit is a 500 (bulk_pages.py filter_from_form: isdigit() then
+    # int()); a time PostgreSQL cannot read is stored (302 to the operation, which then fails).
+    assert response.status_code in (200, 400) and stored == [], (response.status_code, stored)
+    assert Task.objects.filter(status="FAILED").count() == 3
