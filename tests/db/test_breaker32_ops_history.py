@@ -130,3 +130,15 @@ def test_an_hour_of_100k_tasks_counted_by_two_leaders_at_once(capsys: Any) -> No
     assert (mark.tasks, mark.keys) == (TASKS, 6)
     with capsys.disabled():
         print(f"\nhistory: an hour of {TASKS} tasks counted in {', '.join(f'{t:.2f}s' for _, t in results)}")
+
+
+@pytest.mark.parametrize("status", ["SUCCESSFUL", "CANCELLED", "FAILED"])
+def test_a_retention_shorter_than_the_rollups_delay_is_warned_about(settings: Any, status: str) -> None:
+    """history.py: "Finished tasks must be kept until their hour is counted" (an hour is counted
+    FINAL_AFTER, 5 minutes, after it ends: up to 65 minutes after a task finished). A retention of
+    30 minutes prunes them first and the history says those hours had nothing; no check says so."""
+    from django.core import checks
+
+    settings.LEASING_TASKS = {"RETENTION": {status: "30m"}}
+    found = [message for message in checks.run_checks() if "history" in message.msg.lower()]
+    assert found, "no system check warns that the history will miss the tasks retention prunes first"
