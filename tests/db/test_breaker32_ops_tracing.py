@@ -104,3 +104,47 @@ def worker_in_thread_default() -> Any:
             queues=["default"],
         )
     )
+
+
+def test_a_bulk_retried_tasks_run_is_linked_to_its_enqueue_not_a_child_of_it(spans: InMemorySpanExporter) -> None:
+    """tasks/tracing.py: a run after one that was charged "starts a trace of its own, LINKED to the
+    enqueuing span, so a request's trace shows its task and a retry storm does not grow that trace
+    forever". A bulk retry (or a requeue) resets ``attempts`` to 0 and keeps ``trace_context``: the
+    task's next run is taken for a first attempt and becomes a child of the original request's
+    enqueue span, however old; each further bulk retry adds another run to that trace."""
+    from opentelemetry import trace
+
+    from tasks.maintenance.bulk import BulkRunner
+    from tasks.models import BulkOperation
+    from tests.helpers.tracing import by_name, one
+
+    with trace.get_tracer("tests.request").start_as_current_span("POST /import"):
+        task_id = Task.objects.enqueue(H + "always_fails", kwargs={"message": "down"}, max_attempts=1).id
+    with worker_in_thread_default():
+        wait_until(lambda: Task.objects.filter(pk=task_id, status="FAILED").exists(), 20, what="the failure")
+        for _ in range(2):
+            BulkOperation.objects.request("retry", {"task_path": H + "always_fails"})
+            BulkRunner().run_until_idle()
+            wait_until(
+                lambda: (
+                    Task.objects.filter(pk=task_id, status="FAILED", attempts=1).exists()
+                    and len(by_name(spans.get_finished_spans(), f"run {H}always_fails")) >= 1
+                ),
+                20,
+                what="the retried run to fail again",
+            )
+        runs = wait_until(
+            lambda: found if len(found := by_name(spans.get_finished_spans(), f"run {H}always_fails")) >= 3 else None,
+            20,
+            what="three runs",
+        )
+    enqueue = one(spans.get_finished_spans(), f"enqueue {H}always_fails")
+    first, *retried = sorted(runs, key=lambda span: span.start_time or 0)
+    assert first.parent is not None and first.parent.span_id == enqueue.context.span_id
+    in_the_requests_trace = [span for span in retried if span.context.trace_id == enqueue.context.trace_id]
+    assert not in_the_requests_trace, (
+        f"{len(in_the_requests_trace)} bulk-retried run(s) joined the request's trace as children of its enqueue"
+    )
+    assert all(any(link.context.span_id == enqueue.context.span_id for link in span.links) for span in retried), (
+        "a bulk-retried run is not linked to its enqueue"
+    )
