@@ -142,3 +142,24 @@ def test_a_retention_shorter_than_the_rollups_delay_is_warned_about(settings: An
     settings.LEASING_TASKS = {"RETENTION": {status: "30m"}}
     found = [message for message in checks.run_checks() if "history" in message.msg.lower()]
     assert found, "no system check warns that the history will miss the tasks retention prunes first"
+
+
+def test_a_task_retried_then_discarded_without_running_is_not_timed_with_its_old_attempt() -> None:
+    """A bulk retry keeps the row's ``last_attempted_at`` (its previous run, two days ago here: it had
+    succeeded); a bulk discard then fails it for good before any worker ran it. The rollup times every FAILED row with a
+    ``last_attempted_at``: wait = that start - run_after (negative: 0), run = finished_at - that
+    start, two days, for a task that did not run in this hour at all."""
+    with connection.cursor() as cursor:
+        cursor.execute(FILL, {"hour": hour_ago(48), "n": 1})
+    (task_id,) = Task.objects.values_list("pk", flat=True)
+    BulkOperation.objects.request("retry", {"task_path": "app.jobs.p1", "status": "SUCCESSFUL"})
+    BulkRunner().run_until_idle()
+    assert Task.objects.get(pk=task_id).status == "READY"
+    BulkOperation.objects.request("discard", {"task_path": "app.jobs.p1"})
+    BulkRunner().run_until_idle()
+    row = Task.objects.get(pk=task_id)
+    assert row.status == "FAILED" and row.finished_at >= hour_ago(0)
+    count_hour(hour_ago(0))
+    (counted,) = ActivityHour.objects.filter(hour=hour_ago(0))
+    assert counted.failed == 1
+    assert (counted.timed, counted.run_max) == (0, 0), (counted.timed, counted.run_max, counted.run_buckets)
