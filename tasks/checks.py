@@ -25,9 +25,11 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     except ImproperlyConfigured as exc:
         errors.append(Error(str(exc), hint="See docs/howto/periodic-tasks.md.", id="tasks.E101"))
     try:
-        retention_policy()
+        retention = retention_policy()
     except ValueError as exc:
         errors.append(Error(str(exc), hint="See docs/howto/recovery-and-retention.md, 'Retention'.", id="tasks.E102"))
+    else:
+        errors += history_retention_warnings(retention)
     errors += retry_policy_errors(get_settings().RETRY_POLICIES)
     errors += rate_limit_errors(get_settings().RATE_LIMITS)
     errors += fair_queue_errors(get_settings().FAIR_QUEUES)
@@ -185,3 +187,24 @@ def check_task_framework(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
             )
         )
     return messages
+
+
+def history_retention_warnings(retention: dict[str, Any] | None) -> list[CheckMessage]:
+    """A finished task is counted into the history once its hour has been over for FINAL_AFTER
+    (tasks/maintenance/history.py): up to an hour and five minutes after it finished. A retention
+    shorter than that prunes it first, and the history shows its hour without it (breaker 32)."""
+    import datetime as dt
+
+    from tasks.maintenance.history import FINAL_AFTER
+
+    needed = dt.timedelta(hours=1, seconds=FINAL_AFTER)
+    return [
+        Warning(
+            f"LEASING_TASKS['RETENTION'][{kind!r}] keeps finished tasks {age}, less than the {needed} the history"
+            " rollup needs to count them: the history will miss them",
+            hint="Keep finished tasks at least 65 minutes (docs/reference/dashboard.md, 'History').",
+            id="tasks.W111",
+        )
+        for kind, age in (retention or {}).items()
+        if kind in ("SUCCESSFUL", "FAILED", "CANCELLED") and age is not None and age < needed
+    ]

@@ -87,13 +87,18 @@ def _when(name: str, value: Any) -> str:
         raise BulkFilterError(f"{name} is not an ISO 8601 date-time: {value!r}", name) from None
     if when.tzinfo is None:
         raise BulkFilterError(f"{name} needs a time zone (e.g. 2026-01-31T12:00:00+00:00)", name)
-    return when.isoformat()
+    try:
+        # Stored in UTC: Python reads offsets up to +-23:59 with seconds and fractions, PostgreSQL only
+        # up to +-15:59:59 in whole seconds (breaker 32: a filter the leader could not read was stored).
+        return when.astimezone(dt.UTC).isoformat()
+    except (OverflowError, ValueError):
+        raise BulkFilterError(f"{name} is out of range: {value!r}", name) from None
 
 
 def parse_filter(kind: Any, data: Any) -> dict[str, Any]:
     """The filter of an operation of ``kind`` as stored (JSON, every field checked; ``status`` always
     set: the statuses it applies to). Raises :class:`BulkFilterError` and nothing is written."""
-    if kind not in KIND_STATUSES:
+    if not isinstance(kind, str) or kind not in KIND_STATUSES:
         raise BulkFilterError(f"kind must be one of {', '.join(KINDS)}", "kind")
     if data is None:
         data = {}

@@ -16,12 +16,17 @@ from dataclasses import dataclass, field
 
 from django.db import DEFAULT_DB_ALIAS, DataError, ProgrammingError, connections
 
-from leasing.bounds import without_jit
+from leasing.bounds import StatementBounds, without_jit
 from tasks.conf import get_settings
 from tasks.lifecycle.bulk import BULK_FAIL_SQL, BatchResult
 from tasks.models import BulkOperation
 
 logger = logging.getLogger("tasks.bulk")
+
+#: A batch's statement and lock timeouts: a batch reads at most BULK_SPAN ids, and a lock held longer
+#: than this is a stopped session's (the next round tries again).
+BATCH_STATEMENT_MS = 60_000
+BATCH_LOCK_MS = 2_000
 
 
 @dataclass
@@ -43,7 +48,11 @@ class BulkRunner:
         if operation is None:
             return None
         try:
-            with without_jit():
+            # Bounded waits: a deposed leader stopped between its batch and its COMMIT holds the
+            # operation's row; waiting for it without end held the recovery round that runs this one
+            # (breaker 32). A lock timeout fails this round's batch, which the next round tries again.
+            bounds = StatementBounds(statement_ms=BATCH_STATEMENT_MS, lock_ms=BATCH_LOCK_MS)
+            with without_jit(), connections[self.using].execute_wrapper(bounds):
                 result = operation.run_batch(batch=self.batch_size, span=self.span, using=self.using)
         except (DataError, ProgrammingError) as exc:
             # Refused for good, not a passing failure (those propagate: the leader's next round tries

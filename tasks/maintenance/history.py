@@ -77,9 +77,12 @@ WITH finished AS MATERIALIZED (
            width_bucket(timed.run, {_BOUNDS_SQL}) AS run_bucket
     FROM tasks_task
     CROSS JOIN LATERAL (
-        SELECT CASE WHEN status IN ('SUCCESSFUL', 'FAILED') AND last_attempted_at IS NOT NULL
+        -- Timed: a task whose last attempt ran. ``attempts`` > 0 as well as ``last_attempted_at``: a
+        -- retry (bulk or an operator's) starts the count again but keeps the old attempt's time, and a
+        -- task discarded before it ran again was timed with it (breaker 32: a 48-hour "run").
+        SELECT CASE WHEN status IN ('SUCCESSFUL', 'FAILED') AND last_attempted_at IS NOT NULL AND attempts > 0
                     THEN GREATEST(EXTRACT(EPOCH FROM last_attempted_at - run_after)::float8, 0) END AS wait,
-               CASE WHEN status IN ('SUCCESSFUL', 'FAILED') AND last_attempted_at IS NOT NULL
+               CASE WHEN status IN ('SUCCESSFUL', 'FAILED') AND last_attempted_at IS NOT NULL AND attempts > 0
                     THEN GREATEST(EXTRACT(EPOCH FROM finished_at - last_attempted_at)::float8, 0) END AS run
     ) AS timed
     WHERE finished_at >= %(hour)s::timestamptz AND finished_at < %(hour)s::timestamptz + interval '1 hour'
@@ -112,9 +115,16 @@ WITH finished AS MATERIALIZED (
         run_sum = EXCLUDED.run_sum, run_max = EXCLUDED.run_max,
         wait_buckets = EXCLUDED.wait_buckets, run_buckets = EXCLUDED.run_buckets
     RETURNING 1
+), gone AS (
+    -- Overwritten whole: the keys of an earlier count with no task in the hour now (retried out of
+    -- it, pruned) go (breaker 32: their first counts stayed). Disjoint from ``stored``'s rows.
+    DELETE FROM tasks_activityhour AS g
+    WHERE g.hour = %(hour)s::timestamptz
+      AND NOT EXISTS (SELECT 1 FROM keyed AS k WHERE k.queue = g.queue AND k.task_path = g.task_path)
+    RETURNING 1
 )
 INSERT INTO tasks_activityhourmark AS m (hour, counted_at, keys, tasks)
-SELECT %(hour)s::timestamptz, clock_timestamp(), (SELECT count(*) FROM stored),
+SELECT %(hour)s::timestamptz, clock_timestamp(), (SELECT count(*) FROM stored) + 0 * (SELECT count(*) FROM gone),
        (SELECT COALESCE(sum(tasks), 0) FROM keyed)
 ON CONFLICT (hour) DO UPDATE SET counted_at = EXCLUDED.counted_at, keys = EXCLUDED.keys, tasks = EXCLUDED.tasks
 RETURNING m.tasks

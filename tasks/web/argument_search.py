@@ -45,6 +45,17 @@ def present(using: str = DEFAULT_DB_ALIAS) -> set[str]:
     return {column for column, index in INDEXES.items() if index in found}
 
 
+def _has_a_value(value: Any) -> bool:
+    """Whether ``value`` holds a scalar somewhere (null included). A jsonb_path_ops index has entries
+    for paths to scalars only: a term of empty objects and arrays gives the index nothing to look up,
+    and the search would read all of it, so every row (breaker 32)."""
+    if isinstance(value, dict):
+        return any(_has_a_value(item) for item in value.values())
+    if isinstance(value, list):
+        return any(_has_a_value(item) for item in value)
+    return True
+
+
 def parse_term(term: str) -> tuple[str, Any] | None:
     """(column, JSON value) of an argument search term, None when the term is not one. Raises
     InvalidInput for a term that is one but malformed."""
@@ -58,10 +69,10 @@ def parse_term(term: str) -> tuple[str, Any] | None:
         value = json.loads(text) if len(text) <= MAX_TERM else None
     except ValueError:
         value = None
-    if not isinstance(value, shape) or not value or not is_storable(value):
+    if not isinstance(value, shape) or not _has_a_value(value) or not is_storable(value):
         raise InvalidInput(
-            f"{column}: takes a non-empty JSON {shape.__name__.replace('dict', 'object').replace('list', 'array')}"
-            f" of at most {MAX_TERM} characters, e.g. {column}:{example}",
+            f"{column}: takes a JSON {shape.__name__.replace('dict', 'object').replace('list', 'array')}"
+            f" holding a value, of at most {MAX_TERM} characters, e.g. {column}:{example}",
             "q",
         )
     return column, value

@@ -38,7 +38,7 @@ def filter_from_form(data: Any) -> dict[str, Any]:
         if not value:
             continue
         if name == "workflow_id":
-            if not value.isdigit():
+            if not (value.isascii() and value.isdigit()):  # not '²', which int() refuses
                 raise BulkFilterError("workflow id must be a positive integer", f"filter.{name}")
             result[name] = int(value)
         elif name in _CONTAINS:
