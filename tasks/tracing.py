@@ -123,12 +123,34 @@ def enqueuing(
         f"enqueue {name}", kind=SpanKind.PRODUCER, attributes={**described, **(attributes or {})}
     ) as span:
         carrier: dict[str, str] = {}
+        written: str | None = None
         try:
             propagate.inject(carrier)
+            if carrier:
+                written = _storable_carrier(carrier)
         except Exception:  # a broken propagator of the application's must not stop the enqueue
             logger.warning("the trace context could not be written; the task is enqueued without it", exc_info=True)
-            carrier = {}
-        yield span, json.dumps(carrier) if carrier else None
+        yield span, written
+
+
+def _storable_carrier(carrier: dict[Any, Any]) -> str:
+    """The carrier as the JSON text the row keeps: text keys and values only, none that jsonb cannot
+    hold (NUL, lone surrogates). Raises ValueError otherwise (breaker 32: a propagator writing bytes,
+    NaN or NUL stopped the enqueue)."""
+    for key, value in carrier.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ValueError(f"the propagator wrote a {type(value).__name__} under {key!r}, not text")
+        for text in (key, value):
+            if "\x00" in text:
+                raise ValueError("the propagator wrote a NUL character")
+            text.encode()  # UnicodeEncodeError (a ValueError) for a lone surrogate
+    return json.dumps(carrier)
+
+
+#: A key of the stored context that marks a run again of a finished task (an operator's requeue, a
+#: bulk retry): its attempts start from 0 again, yet its runs are linked to the enqueue, not its
+#: children (TaskQuerySet.requeue and tasks/lifecycle/bulk.py write it).
+RERUN_KEY = "leasing-rerun"
 
 
 # -- the worker side ----------------------------------------------------------------------------------
@@ -157,7 +179,7 @@ def _start_attempt(found: Tracer, execution: Execution, executor: str) -> None:
     links: list[trace.Link] = []
     if isinstance(task.trace_context, dict) and task.trace_context:
         enqueued = propagate.extract(task.trace_context)
-        if task.attempts == 0:
+        if task.attempts == 0 and RERUN_KEY not in task.trace_context:
             parent = enqueued
         else:
             context = trace.get_current_span(enqueued).get_span_context()

@@ -198,7 +198,9 @@ _SETS = {
     unstarted_returns = 0,
     attempt_started = false,
     finished_at = NULL,
-    snoozed_at = NULL""",
+    snoozed_at = NULL,
+    -- A run again: linked to its enqueue's span, not its child (tasks/tracing.py, RERUN_KEY).
+    trace_context = t.trace_context || '{"leasing-rerun": "1"}'::jsonb""",
     "cancel": """status = 'CANCELLED',
     finished_at = clock_timestamp()""",
     "discard": f"""status = 'FAILED',

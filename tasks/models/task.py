@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Q
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
 from leasing.models import LeaseFields, LeaseStateQuerySet, seconds
@@ -804,6 +805,8 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
                 attempt_started=False,
                 finished_at=None,
                 snoozed_at=None,
+                # A run again: linked to its enqueue's span, not its child (NULL stays NULL).
+                trace_context=RawSQL("trace_context || %s::jsonb", [json.dumps({tracing.RERUN_KEY: "1"})]),
             )
         except IntegrityError as exc:
             raise TaskError("an unfinished task with the same dedup key already exists") from exc
