@@ -238,13 +238,14 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         windowed = {"unique_for": unique_seconds, "debounce": debounce_seconds, "max_wait": max_wait_seconds}
         tracer = tracing.tracer()
         if tracer is None:
-            return _new_announced(routed._insert(params, parents, on_parent_failure, pipe, **windowed), backend_alias)
+            enqueued = routed._enqueue_row(params, parents, on_parent_failure, pipe, **windowed)
+            return _new_announced(enqueued, backend_alias)
         traced = {"leasing.task.path": task_path}
         if backend_alias is not None:
             traced["leasing.backend"] = backend_alias
         with tracing.enqueuing(tracer, task_path, queue, traced) as (span, context):
             params["trace_context"] = context
-            enqueued = routed._insert(params, parents, on_parent_failure, pipe, **windowed)
+            enqueued = routed._enqueue_row(params, parents, on_parent_failure, pipe, **windowed)
             span.set_attributes(
                 {
                     "leasing.task.id": enqueued.id,
@@ -254,7 +255,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             )
         return _new_announced(enqueued, backend_alias)
 
-    def _insert(
+    def _enqueue_row(
         self,
         params: dict[str, Any],
         parents: list[int],
@@ -265,7 +266,8 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         debounce: float | None = None,
         max_wait: float | None = None,
     ) -> Enqueued:
-        """The insert of :meth:`enqueue` (checked arguments in ``params``; the windows in seconds)."""
+        """The insert of :meth:`enqueue` (checked arguments in ``params``; the windows in seconds). Not
+        ``_insert``: Django's QuerySet has one (bulk_create and save call it)."""
         if parents:
             return self._enqueue_dependant(params, parents, on_parent_failure, pipe)
         dedup_key = params["dedup_key"]
