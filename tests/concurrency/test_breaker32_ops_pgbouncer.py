@@ -83,13 +83,16 @@ def test_the_bulk_runner_and_history_leave_no_session_state_on_a_pooled_connecti
     url = bouncer.url(connection.settings_dict["NAME"])
     with psycopg.connect(url, autocommit=True, prepare_threshold=None) as probe:
         baseline = probe.execute(STATE).fetchone()
+        assert baseline is not None
     operation = BulkOperation.objects.request("retry", {"queue": "breaker32"})
     proc = leader(bouncer)
     seen: list[tuple[Any, ...]] = []
 
     def probe_state() -> bool:
         with psycopg.connect(url, autocommit=True, prepare_threshold=None) as probe:
-            seen.append(probe.execute(STATE).fetchone())
+            state = probe.execute(STATE).fetchone()
+            assert state is not None
+            seen.append(state)
         assert proc.poll() is None, leader.log.read_text()[-3000:]
         op = BulkOperation.objects.get(pk=operation.pk)
         hour = dt.datetime.now(dt.UTC).replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=3)
@@ -98,7 +101,9 @@ def test_the_bulk_runner_and_history_leave_no_session_state_on_a_pooled_connecti
     wait_until(probe_state, 120, interval=0.05, what="the bulk retry to end and the hour to be counted")
     stop_process(proc)
     with psycopg.connect(url, autocommit=True, prepare_threshold=None) as probe:
-        seen.append(probe.execute(STATE).fetchone())
+        last = probe.execute(STATE).fetchone()
+        assert last is not None
+        seen.append(last)
     differing = [state for state in seen if state[:-1] != baseline[:-1]]
     assert not differing, f"baseline {baseline}; left on the pooled connection: {differing[:5]}"
     assert len({state[-1] for state in seen}) == 1, "more than one server connection: the pool is not of one"

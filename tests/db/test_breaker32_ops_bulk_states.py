@@ -19,7 +19,7 @@ from tests.testapp import testing_handlers as h
 pytestmark = pytest.mark.django_db(transaction=True)
 
 P = h.PATH
-KEY = {"concurrency_key": "breaker32-bulk", "concurrency_limit": 1}
+KEY: dict[str, Any] = {"concurrency_key": "breaker32-bulk", "concurrency_limit": 1}
 
 
 def statuses(ids: list[int]) -> list[str]:

@@ -107,7 +107,9 @@ def test_an_hour_of_100k_tasks_counted_by_two_leaders_at_once(capsys: Any) -> No
             with psycopg.connect(url, autocommit=True) as conn:
                 barrier.wait(30)
                 started = time.monotonic()
-                (found,) = conn.execute(COUNT_HOUR_SQL, {"hour": hour}).fetchone()
+                row = conn.execute(COUNT_HOUR_SQL, {"hour": hour}).fetchone()
+                assert row is not None
+                (found,) = row
                 results.append((found, time.monotonic() - started))
         except BaseException as exc:
             errors.append(exc)

@@ -5,6 +5,8 @@ something that will never come (invariant 7), inside a test's transaction."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tasks.maintenance.bulk import BulkRunner
@@ -42,7 +44,7 @@ def test_eager_mode_records_a_base_exception_and_the_enqueue_returns(kind: str) 
 
 
 def test_eager_mode_runs_every_task_of_a_serial_concurrency_key() -> None:
-    options = {"concurrency_key": "breaker32-serial", "concurrency_limit": 1}
+    options: dict[str, Any] = {"concurrency_key": "breaker32-serial", "concurrency_limit": 1}
     with eager_tasks() as run:
         ids = Task.objects.bulk_enqueue(P + "record", [{"label": f"k{i}"} for i in range(3)], **options)
         single = Task.objects.enqueue(P + "record", args=["k-single"], **options).id
@@ -53,7 +55,7 @@ def test_eager_mode_runs_every_task_of_a_serial_concurrency_key() -> None:
 
 
 def test_run_until_empty_runs_every_task_of_a_serial_concurrency_key() -> None:
-    options = {"concurrency_key": "breaker32-serial", "concurrency_limit": 1}
+    options: dict[str, Any] = {"concurrency_key": "breaker32-serial", "concurrency_limit": 1}
     ids = [Task.objects.enqueue(P + "record", args=[f"k{i}"], **options).id for i in range(3)]
     drained = run_until_empty()
     statuses = dict(Task.objects.filter(pk__in=ids).values_list("pk", "status"))
