@@ -25,6 +25,9 @@ Prints one figure per line:
 ``--only-rate`` runs a rate-limited backlog alone: 10,000 tasks on one key of 200/s and 2,000 on one of
 20/s, by 4 processes: the rate achieved, the fullest window on the database clock, the hand-backs
 (refused starts) per task (tasks/lifecycle/ratelimits.py).
+``--only-keys`` runs drains of ``--key-tasks`` (100,000) tasks over 20 keys and over as many keys as
+tasks, for concurrency keys (limit 2), rate keys (a limit never reached) and fair keys, by 4 processes,
+and the cost ratio (time over many keys / time over 20; issue 24's goal: at most 2).
 ``--only-claim`` runs the claim cost alone (on DATABASE_URL's server when set: each PostgreSQL major
 has its own figure). ``--only-drain`` runs the two drains alone (unkeyed by 4 processes, keyed), for A/B comparisons.
 ``--only-enqueue-drain`` runs the enqueues (single, bulk) and the drain by 4 processes; with
@@ -61,7 +64,9 @@ def reset() -> None:
         cursor.execute("TRUNCATE tasks_task, tasks_worker")
 
 
-def start_workers(count: int, *args: str, log_dir: Path) -> list[subprocess.Popen[bytes]]:
+def start_workers(
+    count: int, *args: str, log_dir: Path, env: dict[str, str] | None = None
+) -> list[subprocess.Popen[bytes]]:
     from tasks.models import Worker
 
     procs = []
@@ -73,7 +78,7 @@ def start_workers(count: int, *args: str, log_dir: Path) -> list[subprocess.Pope
                 cwd=ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=os.environ.copy(),
+                env={**os.environ, **(env or {})},
             )
         )
         log.close()
@@ -149,6 +154,48 @@ def bench_drain_keyed(n: int, keys: int, limit: int, processes: int, log_dir: Pa
     if done != per_key * keys:
         raise RuntimeError(f"only {done} of {per_key * keys} tasks succeeded exactly once")
     return done / elapsed
+
+
+#: The keyed controls of issue 24 and the concurrency keys, as enqueue arguments for task ``i`` of ``keys``.
+KEYED: dict[str, Any] = {
+    "concurrency": lambda i, keys: {"concurrency_key": f"k{i % keys}", "concurrency_limit": 2},
+    # A limit no key reaches in this drain (every start is charged to its key's window all the same).
+    "rate": lambda i, keys: {"rate_key": f"k{i % keys}", "rate_limit": (10_000, 1.0)},
+    "fair": lambda i, keys: {"fair_key": f"k{i % keys}"},
+}
+
+
+def bench_drain_over_keys(kind: str, n: int, keys: int, processes: int, log_dir: Path, worker_args: list[str]) -> float:
+    """Drain of a backlog of ``n`` no-op tasks spread over ``keys`` keys of ``kind`` (KEYED), by
+    ``processes`` workers: timed from the resume of the paused queue (workers idle and the backlog in
+    place) to the last completion, so the figure is the claims' and finishes' cost alone. The issue's
+    goal: 100,000 distinct keys at most 2x the time of 20 keys."""
+    from django.db import connection, transaction
+
+    from tasks.models import QueueControl, Task
+
+    reset()
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE tasks_ratelimit, tasks_concurrencykey")
+    QueueControl.objects.pause("bench", by="bench")
+    arguments = KEYED[kind]
+    with transaction.atomic():
+        for i in range(n):
+            Task.objects.enqueue(NOOP, kwargs={"i": i}, queue="bench", **arguments(i, keys))
+    env = {"TASKS_FAIR_QUEUES": "bench"} if kind == "fair" else {}
+    procs = start_workers(processes, *worker_args, log_dir=log_dir, env=env)
+    try:
+        started = time.perf_counter()
+        QueueControl.objects.resume("bench", by="bench")
+        while Task.objects.filter(queue="bench", status__in=["BLOCKED", "READY", "RUNNING"]).exists():
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - started
+    finally:
+        stop_processes(procs)
+    done = Task.objects.filter(queue="bench", status="SUCCESSFUL", attempts=1).count()
+    if done != n:
+        raise RuntimeError(f"only {done} of {n} tasks succeeded exactly once")
+    return n / elapsed
 
 
 def bench_rate_limited(
@@ -442,6 +489,13 @@ def main() -> None:
         "--only-enqueue-drain", action="store_true", help="run only the enqueues and the drain by 4 processes"
     )
     parser.add_argument(
+        "--only-keys",
+        action="store_true",
+        help="run only the drains over 20 and over --key-tasks distinct keys (concurrency, rate, fair)",
+    )
+    parser.add_argument("--key-tasks", type=int, default=100_000, help="tasks (and most keys) of --only-keys")
+    parser.add_argument("--key-kinds", default="concurrency,rate,fair", help="kinds of keys for --only-keys")
+    parser.add_argument(
         "--argument-index", action="store_true", help="with the opt-in argument search indexes (tasks_search_index)"
     )
     args = parser.parse_args()
@@ -462,6 +516,16 @@ def main() -> None:
                 figure(f"{name}.rate", rate, f"starts/s (limit {count / period:g})")
                 figure(f"{name}.fullest_window", most, f"starts (limit {count})")
                 figure(f"{name}.refusals_per_task", refusals, "hand-backs")
+        if args.only_keys:
+            for round_no in range(1, args.rounds + 1):
+                for kind in args.key_kinds.split(","):
+                    few = bench_drain_over_keys(kind, args.key_tasks, 20, 4, log_dir, worker_args)
+                    figure(f"tasks.drain.{kind}_keys.{args.key_tasks}_over_20.procs=4.round={round_no}", few, "tasks/s")
+                    many = bench_drain_over_keys(kind, args.key_tasks, args.key_tasks, 4, log_dir, worker_args)
+                    name = f"tasks.drain.{kind}_keys.{args.key_tasks}_over_{args.key_tasks}.procs=4.round={round_no}"
+                    figure(name, many, "tasks/s")
+                    figure(f"tasks.drain.{kind}_keys.cost_ratio.round={round_no}", few / many, "x (goal <= 2)")
+            return
         if args.only_enqueue_drain:
             for round_no in range(1, args.rounds + 1):
                 figure(f"tasks.enqueue.single.round={round_no}", bench_enqueue_single(args.tasks), "tasks/s")

@@ -169,6 +169,8 @@ LEASING_TASKS = {
     # LISTEN only. docs/howto/pgbouncer.md.
     "POOLED_DATABASES": ["default"] if env.bool("DATABASE_POOLED", default=False) else [],
     "LISTEN_URLS": {"default": env("DIRECT_DATABASE_URL")} if env("DIRECT_DATABASE_URL", default="") else {},
+    # Queues whose claims take turns between tenants (fair_key=): docs/howto/pausing-and-keys.md.
+    "FAIR_QUEUES": env.list("TASKS_FAIR_QUEUES", default=[]),
 }
 
 # Bearer tokens for machine clients of the JSON API (comma-separated); none by default. An entry
