@@ -49,6 +49,7 @@ import _string
 import dataclasses
 import re
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -328,15 +329,7 @@ class LeaseBackend(BaseTaskBackend):
     def fair_key_of(self, task: DjangoTask, args: Any, kwargs: Any) -> str | None:
         """The fair key (its template filled with the call's arguments) of a call, if the task has one."""
         template = self.fair.get(task.module_path)
-        if template is None:
-            return None
-        try:
-            return template.format(*args, **kwargs)
-        except (KeyError, IndexError, ValueError, AttributeError, TypeError, OverflowError) as exc:
-            raise ValueError(
-                f"the fair key template {template!r} of {task.module_path} does not fit the call's "
-                f"arguments: {type(exc).__name__}: {exc}"
-            ) from None
+        return None if template is None else _filled("fair", template, task, args, kwargs)
 
     def enqueue(self, task: DjangoTask, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
@@ -430,25 +423,10 @@ class LeaseBackend(BaseTaskBackend):
                     id="tasks.E010",
                 )
             )
-        for problem in concurrency_problems(self.options.get("concurrency", {})):
-            errors.append(checks.Error(f"TASKS[{self.alias!r}]['OPTIONS']['concurrency'] {problem}", id="tasks.E012"))
-        for problem in rate_limit_problems(self.options.get("rate_limits", {})):
-            errors.append(
-                checks.Error(
-                    f"TASKS[{self.alias!r}]['OPTIONS']['rate_limits'] {problem}",
-                    hint="See docs/howto/rate-limits.md.",
-                    id="tasks.E015",
-                )
-            )
-        for kind in ("unique", "debounce"):
-            for problem in window_spec_problems(self.options.get(kind, {}), kind):
-                errors.append(
-                    checks.Error(
-                        f"TASKS[{self.alias!r}]['OPTIONS'][{kind!r}] {problem}",
-                        hint="See docs/howto/pausing-and-keys.md (windows).",
-                        id="tasks.E014",
-                    )
-                )
+        for option, problems_of, hint, check_id in _OPTION_CHECKS:
+            for problem in problems_of(self.options.get(option, {})):
+                message = f"TASKS[{self.alias!r}]['OPTIONS'][{option!r}] {problem}"
+                errors.append(checks.Error(message, hint=hint, id=check_id))
         both = set(self.options.get("unique") or {}) & set(self.options.get("debounce") or {})
         if isinstance(self.options.get("unique"), dict) and isinstance(self.options.get("debounce"), dict) and both:
             errors.append(
@@ -459,22 +437,6 @@ class LeaseBackend(BaseTaskBackend):
                     id="tasks.E014",
                 )
             )
-        for problem in fair_problems(self.options.get("fair", {})):
-            errors.append(
-                checks.Error(
-                    f"TASKS[{self.alias!r}]['OPTIONS']['fair'] {problem}",
-                    hint="See docs/howto/pausing-and-keys.md, 'Fair queues'.",
-                    id="tasks.E016",
-                )
-            )
-        for problem in retry_problems(self.options.get("retry", {})):
-            errors.append(
-                checks.Error(
-                    f"TASKS[{self.alias!r}]['OPTIONS']['retry'] {problem}",
-                    hint="See docs/howto/retries.md.",
-                    id="tasks.E013",
-                )
-            )
         if self.using not in connections:
             errors.append(
                 checks.Error(
@@ -483,6 +445,18 @@ class LeaseBackend(BaseTaskBackend):
                 )
             )
         return errors
+
+
+_WINDOWS_HINT = "See docs/howto/pausing-and-keys.md (windows)."
+#: The per-task-path mappings of OPTIONS and their checks: (option, its problems, hint, check id).
+_OPTION_CHECKS: tuple[tuple[str, Callable[[Any], list[str]], str, str], ...] = (
+    ("concurrency", concurrency_problems, "See docs/howto/pausing-and-keys.md.", "tasks.E012"),
+    ("rate_limits", rate_limit_problems, "See docs/howto/rate-limits.md.", "tasks.E015"),
+    ("unique", lambda spec: window_spec_problems(spec, "unique"), _WINDOWS_HINT, "tasks.E014"),
+    ("debounce", lambda spec: window_spec_problems(spec, "debounce"), _WINDOWS_HINT, "tasks.E014"),
+    ("fair", fair_problems, "See docs/howto/pausing-and-keys.md, 'Fair queues'.", "tasks.E016"),
+    ("retry", retry_problems, "See docs/howto/retries.md.", "tasks.E013"),
+)
 
 
 def _filled(kind: str, template: str, task: DjangoTask, args: Any, kwargs: Any) -> str:
