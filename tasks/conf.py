@@ -22,6 +22,8 @@ DEFAULT_RETENTION: dict[str, Any] = {
     "SCHEDULE_RUNS": "7d",
     # Windows of unique keys (unique_for) that passed: nothing needs them once they have.
     "UNIQUE_KEYS": "0s",
+    # Bulk operations (retry / cancel / discard on a filter) that ended: their record and counts.
+    "BULK_OPERATIONS": "30d",
 }
 
 

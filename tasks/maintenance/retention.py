@@ -42,7 +42,7 @@ logger = logging.getLogger("tasks.retention")
 
 FINISHED_STATUSES = ("SUCCESSFUL", "FAILED", "CANCELLED")
 #: Everything retention knows how to prune, in the order a pass goes through them.
-KINDS = (*FINISHED_STATUSES, "LEASES", "WORKERS", "SCHEDULE_RUNS", "UNIQUE_KEYS")
+KINDS = (*FINISHED_STATUSES, "LEASES", "WORKERS", "SCHEDULE_RUNS", "UNIQUE_KEYS", "BULK_OPERATIONS")
 assert set(KINDS) == set(DEFAULT_RETENTION)
 
 _UNITS = {"w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
@@ -169,12 +169,20 @@ WHERE doomed.key = picked.key
 RETURNING doomed.expires_at, doomed.key
 """
 
+# Bulk operations that ended (done, cancelled or failed: each sets finished_at as it ends; an open one
+# has none) before the cutoff, through tasks_bulkop_finished_idx (finished_at, id). An operator reading
+# one as it goes is not in the way: a delete takes no lock a reader waits for.
+PRUNE_BULK_OPERATIONS_SQL = _prune_sql(
+    "tasks_bulkoperation", "finished_at", "finished_at IS NOT NULL AND status IN ('DONE', 'CANCELLED', 'FAILED')"
+)
+
 _STATEMENTS = {
     **dict.fromkeys(FINISHED_STATUSES, PRUNE_TASKS_SQL),
     "LEASES": PRUNE_LEASES_SQL,
     "WORKERS": PRUNE_WORKERS_SQL,
     "SCHEDULE_RUNS": PRUNE_SCHEDULE_RUNS_SQL,
     "UNIQUE_KEYS": PRUNE_UNIQUE_KEYS_SQL,
+    "BULK_OPERATIONS": PRUNE_BULK_OPERATIONS_SQL,
 }
 
 # What a prune would delete (``--dry-run``), through the same indexes.
@@ -191,6 +199,9 @@ _COUNT_SQL = {
     " WHERE enqueued_at < statement_timestamp() - make_interval(secs => %(age)s)",
     "UNIQUE_KEYS": "SELECT count(*) FROM tasks_uniquekey"
     " WHERE expires_at < statement_timestamp() - make_interval(secs => %(age)s)",
+    "BULK_OPERATIONS": "SELECT count(*) FROM tasks_bulkoperation WHERE finished_at IS NOT NULL"
+    " AND status IN ('DONE', 'CANCELLED', 'FAILED')"
+    " AND finished_at < statement_timestamp() - make_interval(secs => %(age)s)",
 }
 
 

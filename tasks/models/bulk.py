@@ -92,6 +92,12 @@ class BulkOperation(models.Model):
         indexes = [
             # The leader's "next open operation": tiny, whatever the history kept.
             models.Index(fields=["id"], name="tasks_bulkop_open_idx", condition=models.Q(status__in=sql.OPEN)),
+            # Retention's range scan of the ended ones, oldest first (tasks/maintenance/retention.py).
+            models.Index(
+                fields=["finished_at", "id"],
+                name="tasks_bulkop_finished_idx",
+                condition=models.Q(finished_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -14,6 +14,7 @@ from leasing.exceptions import StaleTokenError
 from leasing.fencing import fenced_update
 from leasing.models import Lease
 from tasks.maintenance.retention import (
+    PRUNE_BULK_OPERATIONS_SQL,
     PRUNE_TASKS_SQL,
     AutoPruner,
     PruneCursor,
@@ -21,7 +22,7 @@ from tasks.maintenance.retention import (
     prune,
     prune_batch,
 )
-from tasks.models import Schedule, ScheduleRun, Task, Worker
+from tasks.models import BulkOperation, Schedule, ScheduleRun, Task, Worker
 from tests.testapp.models import FencedRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -171,6 +172,47 @@ def test_schedule_runs_are_pruned_and_the_schedule_row_stays() -> None:
     assert Schedule.objects.filter(name="tick", last_task_id=3).exists()
 
 
+def bulk_operation(status: str, *, days_ago: float | None) -> int:
+    """A bulk operation in ``status`` that ended ``days_ago`` days ago (None: has not ended)."""
+    operation = BulkOperation.objects.create(kind="retry", filter={}, status=status)
+    if days_ago is not None:
+        BulkOperation.objects.filter(pk=operation.pk).update(
+            finished_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=days_ago)
+        )
+    return operation.pk
+
+
+def test_ended_bulk_operations_are_pruned_never_an_open_one() -> None:
+    old = [bulk_operation(status, days_ago=40) for status in ("DONE", "CANCELLED", "FAILED")]
+    recent = bulk_operation("DONE", days_ago=2)
+    # Open operations, however old their request: a leader is still working them.
+    running = bulk_operation("RUNNING", days_ago=None)
+    pending = bulk_operation("PENDING", days_ago=None)
+    BulkOperation.objects.filter(pk__in=[running, pending]).update(
+        created_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=90)
+    )
+    assert count_prunable("BULK_OPERATIONS", 30 * DAY) == 3
+    assert prune({"BULK_OPERATIONS": 30 * DAY}) == {"BULK_OPERATIONS": 3}
+    assert set(BulkOperation.objects.values_list("pk", flat=True)) == {recent, running, pending}
+    assert not BulkOperation.objects.filter(pk__in=old).exists()
+
+
+def test_the_bulk_operation_prune_is_an_index_range_scan() -> None:
+    for status in ("DONE", "CANCELLED"):
+        for _ in range(20):
+            bulk_operation(status, days_ago=40)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("ANALYZE tasks_bulkoperation")
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        params = {"age": 86400, "after_at": dt.datetime(2000, 1, 1, tzinfo=dt.UTC), "after_id": 0, "limit": 10}
+        cursor.execute("EXPLAIN " + PRUNE_BULK_OPERATIONS_SQL, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)
+    scan = next(line for line in plan.splitlines() if "Index Scan using tasks_bulkop_finished_idx" in line)
+    condition = plan.splitlines()[plan.splitlines().index(scan) + 1]
+    assert "ROW(finished_at, id) >" in condition and "finished_at <" in condition, plan
+
+
 def test_auto_pruner_works_a_slice_at_a_time_and_passes_at_its_interval(settings: Any) -> None:
     settings.LEASING_TASKS = {"RETENTION": {"SUCCESSFUL": "1d", "FAILED": None}, "RETENTION_BATCH_SIZE": 10}
     finished("SUCCESSFUL", 45, days_ago=2)
@@ -247,5 +289,6 @@ def test_the_celery_beat_task_runs_one_paced_pass(settings: Any) -> None:
         "WORKERS": 0,
         "SCHEDULE_RUNS": 0,
         "UNIQUE_KEYS": 0,
+        "BULK_OPERATIONS": 0,
     }
     assert set(Task.objects.values_list("pk", flat=True)) == set(kept)

@@ -19,7 +19,7 @@ from tasks.maintenance.retention import (
 )
 from tasks.management.commands._common import configure_logging, database_alias, positive_int
 
-EXTRAS = ("leases", "workers", "schedule-runs", "unique-keys")
+EXTRAS = ("leases", "workers", "schedule-runs", "unique-keys", "bulk-operations")
 
 
 def duration(value: str) -> dt.timedelta:
@@ -61,7 +61,7 @@ class Command(BaseCommand):
     help = (
         "Delete finished tasks older than --older-than (default: LEASING_TASKS['RETENTION'] per status), "
         "in small batches; never a READY or RUNNING task. --include also prunes ended leases, stopped "
-        "workers, schedule runs and the windows of unique keys that passed."
+        "workers, schedule runs, the windows of unique keys that passed and ended bulk operations."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -72,9 +72,7 @@ class Command(BaseCommand):
             "--status", type=statuses, help="comma-separated: SUCCESSFUL, FAILED, CANCELLED (default: all)"
         )
         parser.add_argument("--queue", help="only tasks of this queue")
-        parser.add_argument(
-            "--include", type=extras, default=[], help="also prune: leases, workers, schedule-runs, unique-keys"
-        )
+        parser.add_argument("--include", type=extras, default=[], help=f"also prune: {', '.join(EXTRAS)}")
         parser.add_argument("--batch-size", type=positive_int, help="rows per statement (default RETENTION_BATCH_SIZE)")
         parser.add_argument(
             "--busy-fraction",
