@@ -204,7 +204,8 @@ def test_the_bulk_operation_prune_is_an_index_range_scan() -> None:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("ANALYZE tasks_bulkoperation")
         cursor.execute("SET LOCAL enable_seqscan = off")
-        params = {"age": 86400, "after_at": dt.datetime(2000, 1, 1, tzinfo=dt.UTC), "after_id": 0, "limit": 10}
+        params: dict[str, Any] = {"age": 86400, "after_at": dt.datetime(2000, 1, 1, tzinfo=dt.UTC), "after_id": 0}
+        params["limit"] = 10
         cursor.execute("EXPLAIN " + PRUNE_BULK_OPERATIONS_SQL, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
         transaction.set_rollback(True)
