@@ -172,7 +172,13 @@ SELECT a.task_id, i.enqueued_at FROM accepted AS a LEFT JOIN inserted AS i ON i.
 # due. So a debounce never changes the arguments of an attempt already claimed. The DO UPDATE's WHERE
 # says it again, as a compare-and-set on the status and the claim count (no row: the caller tries
 # again). ``debounces`` is 0 on a row just inserted (NULL on every row not debounced) and counts the
-# enqueues folded into it. The cost:
+# enqueues folded into it. A keyed task already admitted to its concurrency key's slots (READY) whose
+# start is pushed later gives its slot up in this statement: it waits BLOCKED, and the statement's
+# own admission (the AFTER UPDATE triggers of tasks/lifecycle/concurrency.py, which an upsert's DO
+# UPDATE fires) hands the slot to the key's next due waiting task; a READY task holds a slot, so one
+# that cannot run before its new start must not be READY (breaker 32: a debounce left the slot idle
+# while the key's other tasks waited). A start that stays due (``debounce_until``, the max_wait cap,
+# already passed: LEAST keeps it) keeps the slot. The cost:
 # one probe of a unique index that holds only the waiting debounced rows.
 ENQUEUE_DEBOUNCE_SQL = f"""
 INSERT INTO tasks_task ({_ENQUEUE_COLUMNS}, debounce_key, debounce_until, debounces)
@@ -187,6 +193,10 @@ ON CONFLICT (task_path, debounce_key)
 DO UPDATE
 SET args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
     run_after = LEAST(clock_timestamp() + make_interval(secs => %(debounce)s::float8), tasks_task.debounce_until),
+    -- The new start is later than now unless the cap has passed (the delay is more than 0).
+    status = CASE WHEN tasks_task.concurrency_key IS NOT NULL
+                       AND (tasks_task.debounce_until IS NULL OR tasks_task.debounce_until > clock_timestamp())
+                  THEN 'BLOCKED' ELSE tasks_task.status END,
     debounces = tasks_task.debounces + 1
 WHERE tasks_task.status IN ('BLOCKED', 'READY') AND tasks_task.transitions = 0
 RETURNING id, enqueued_at, debounces = 0

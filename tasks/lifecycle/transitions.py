@@ -62,7 +62,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         "the scheduler enqueues a periodic task's slot in the statement that advances its schedule; "
         "a key's unique_for window admits a task only in the statement that opens the next window; a "
         "debounced enqueue of a key whose task still waits updates that task instead (its arguments and "
-        "start, never its status)",
+        "start; a keyed one whose start moves later gives its slot up: wait for a slot)",
     ),
     Transition(
         "release",
@@ -94,8 +94,10 @@ TRANSITIONS: tuple[Transition, ...] = (
         "wait for a slot",
         (READY,),
         (BLOCKED,),
-        ("db:tasks_concurrency_changed",),
-        "an update made a keyed task READY (retry, hand-back, recovery, requeue) while its key is full",
+        ("db:tasks_concurrency_changed", _S + "ENQUEUE_DEBOUNCE_SQL"),
+        "an update made a keyed task READY (retry, hand-back, recovery, requeue) while its key is full; a "
+        "debounce pushed an admitted task's start later (its slot goes to the key's next due task in the same "
+        "statement)",
     ),
     Transition(
         "claim",
