@@ -255,6 +255,36 @@ STATUS_PRESERVING: tuple[str, ...] = (
 )
 
 
+#: "Run again", the one definition: what a finished task's requeue writes, whoever sends it
+#: (``tasks.models.task.TaskQuerySet.requeue``'s UPDATE and the bulk retry's BULK_RETRY_SQL and
+#: BULK_RETRY_ONE_SQL, tasks/lifecycle/bulk.py), so that a column added later is reset by both or by
+#: neither. Column -> SQL expression: waiting again now on the database clock (``clock_timestamp()``,
+#: as every write: docs/explanation/design.md), a fresh set of attempts and the counts that judge them
+#: (failures, crashes, suspect returns), no finish and no snooze; the trace context marked as a run
+#: again ("leasing-rerun", ``tasks.tracing.RERUN_KEY``: linked to its enqueue's span, not a child of
+#: it; a NULL context stays NULL). Columns are unqualified: each statement names the table its own way
+#: and none of its other FROM items has these columns. A keyed task's READY is the insert of its
+#: concurrency trigger's: BLOCKED until its key admits it (tasks/lifecycle/concurrency.py).
+RERUN_SET: dict[str, str] = {
+    "status": "'READY'",
+    "run_after": "clock_timestamp()",
+    "attempts": "0",
+    "failures": "0",
+    "crashes": "0",
+    "shared_crashes": "0",
+    "unstarted_returns": "0",
+    "attempt_started": "false",
+    "finished_at": "NULL",
+    "snoozed_at": "NULL",
+    "trace_context": """trace_context || '{"leasing-rerun": "1"}'::jsonb""",
+}
+
+
+def rerun_set_sql() -> str:
+    """:data:`RERUN_SET` as the body of a SET clause, one assignment a line."""
+    return ",\n    ".join(f"{column} = {expression}" for column, expression in RERUN_SET.items())
+
+
 def statements() -> set[str]:
     """Every statement the table names."""
     return {name for t in TRANSITIONS for name in t.statements}
