@@ -8,6 +8,7 @@ on what PostgreSQL shows (a backend waiting for a lock, the database clock), nev
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -302,3 +303,13 @@ def test_a_refused_requeue_leaves_the_callers_transaction_usable() -> None:
     assert Task.objects.get(pk=kept.id).status == TaskStatus.READY
     assert Task.objects.get(pk=old).status == TaskStatus.READY
     assert Task.objects.get(pk=newer).status == TaskStatus.CANCELLED
+
+
+def test_the_api_answers_a_refused_requeue_with_409_naming_the_key_and_its_task(client: Any, settings: Any) -> None:
+    settings.LEASING_API_TOKENS = ["races-token"]
+    old, newer = cancelled_beside_a_newer_debounced_task()
+    response = client.post(f"/api/tasks/{old}/requeue", headers={"Authorization": "Bearer races-token"})
+    body = json.loads(response.content)
+    assert response.status_code == 409, body
+    assert "debounce key 'feed:7'" in body["error"] and f"task {newer}" in body["error"]
+    assert Task.objects.get(pk=old).status == TaskStatus.CANCELLED
