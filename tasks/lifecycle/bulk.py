@@ -30,6 +30,7 @@ from typing import Any
 
 from tasks.lifecycle.states import TaskStatus
 from tasks.lifecycle.storable import is_storable
+from tasks.lifecycle.transitions import rerun_set_sql
 
 #: The kinds of operation, and the statuses each applies to (a filter's ``status`` must be among them).
 KIND_STATUSES: dict[str, tuple[str, ...]] = {
@@ -185,22 +186,12 @@ _FILTER = """t.status = ANY(%(statuses)s::text[])
       AND (%(args_contains)s::jsonb IS NULL OR t.args @> %(args_contains)s::jsonb)
       AND (%(kwargs_contains)s::jsonb IS NULL OR t.kwargs @> %(kwargs_contains)s::jsonb)"""
 
-# What each kind writes: the single-task operations' SET lists (TaskQuerySet.requeue, .cancel) and
+# What each kind writes: the single-task operations' SET lists (TaskQuerySet.requeue's is RERUN_SET, .cancel's) and
 # a discard's error entry, capped as every error list is (statements.py, MAX_ERRORS).
 _MAX_ERRORS = 10
 _SETS = {
-    "retry": """status = 'READY',
-    run_after = clock_timestamp(),
-    attempts = 0,
-    failures = 0,
-    crashes = 0,
-    shared_crashes = 0,
-    unstarted_returns = 0,
-    attempt_started = false,
-    finished_at = NULL,
-    snoozed_at = NULL,
-    -- A run again: linked to its enqueue's span, not its child (tasks/tracing.py, RERUN_KEY).
-    trace_context = t.trace_context || '{"leasing-rerun": "1"}'::jsonb""",
+    # "Run again" is defined once, for requeue and this alike (tasks/lifecycle/transitions.py).
+    "retry": rerun_set_sql(),
     "cancel": """status = 'CANCELLED',
     finished_at = clock_timestamp()""",
     "discard": f"""status = 'FAILED',

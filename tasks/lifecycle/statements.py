@@ -112,15 +112,37 @@ RETURNING id, enqueued_at
 # (RELEASE_UNIQUE_KEY_SQL). A refused duplicate still holds the key row's lock until its transaction
 # ends (ON CONFLICT DO UPDATE locks the row before it tests the WHERE): enqueues of one key inside long
 # transactions queue behind each other, as inserts of one unique value do; other keys never wait.
-# Costs: one primary-key probe of tasks_uniquekey and one probe of tasks_task_dedup_unfinished,
-# whatever the number of keys or finished rows.
+#
+# The window starts when the key is taken, never before. An INSERT computes its row (the clock in
+# its SELECT) before the arbiter index is checked, and that check waits for another transaction's
+# uncommitted insert of the key or delete of its row: when that one rolls back (or the delete, a
+# prune, commits), the insert goes on with the row computed before the wait, a window that may have
+# ended before the enqueue was accepted (breaker 32: 1 run in 6 through PgBouncer). So every wait
+# comes first, in ``taken``: the key's transaction-level advisory lock, which every enqueue of the key
+# through this statement takes before it inserts (an uncommitted first window of the key holds it),
+# then the lock of the key's row as the snapshot has it (a prune's uncommitted delete holds that one;
+# a row deleted meanwhile is simply not there). The clock is read after both, in ``accepted``'s
+# SELECT, whose only input is ``taken``. The lock's two halves: the table's oid (a namespace of
+# this table's own, resolved when the statement is parsed) and the key's hash, whose rare collisions
+# make two keys queue behind each other, never share a window. A transaction-level lock ends with the
+# transaction: no session state is left on a pooled connection (invariant 13). The DO UPDATE branch
+# reads its clock under the row lock already.
+# Costs: one primary-key probe of tasks_uniquekey (two with the lock) and one probe of
+# tasks_task_dedup_unfinished, whatever the number of keys or finished rows.
 ENQUEUE_UNIQUE_SQL = f"""
-WITH accepted AS (
+WITH proposed AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock('tasks_uniquekey'::regclass::oid::integer, hashtext(%(dedup_key)s::text))
+    WHERE NOT EXISTS (SELECT 1 FROM tasks_task AS held
+                      WHERE held.dedup_key = %(dedup_key)s::text AND held.status IN ('BLOCKED', 'READY', 'RUNNING'))
+), taken AS MATERIALIZED (
+    SELECT k.key FROM proposed LEFT JOIN (
+        SELECT k.key FROM tasks_uniquekey AS k WHERE k.key = %(dedup_key)s::text FOR UPDATE
+    ) AS k ON true
+), accepted AS (
     INSERT INTO tasks_uniquekey AS k (key, task_id, accepted_at, expires_at)
     SELECT %(dedup_key)s::text, nextval(pg_get_serial_sequence('tasks_task', 'id')), clock_timestamp(),
            clock_timestamp() + make_interval(secs => %(unique_for)s::float8)
-    WHERE NOT EXISTS (SELECT 1 FROM tasks_task AS held
-                      WHERE held.dedup_key = %(dedup_key)s::text AND held.status IN ('BLOCKED', 'READY', 'RUNNING'))
+    FROM taken
     ON CONFLICT (key) DO UPDATE
     SET task_id = EXCLUDED.task_id, accepted_at = clock_timestamp(),
         expires_at = clock_timestamp() + make_interval(secs => %(unique_for)s::float8)
@@ -150,7 +172,13 @@ SELECT a.task_id, i.enqueued_at FROM accepted AS a LEFT JOIN inserted AS i ON i.
 # due. So a debounce never changes the arguments of an attempt already claimed. The DO UPDATE's WHERE
 # says it again, as a compare-and-set on the status and the claim count (no row: the caller tries
 # again). ``debounces`` is 0 on a row just inserted (NULL on every row not debounced) and counts the
-# enqueues folded into it. The cost:
+# enqueues folded into it. A keyed task already admitted to its concurrency key's slots (READY) whose
+# start is pushed later gives its slot up in this statement: it waits BLOCKED, and the statement's
+# own admission (the AFTER UPDATE triggers of tasks/lifecycle/concurrency.py, which an upsert's DO
+# UPDATE fires) hands the slot to the key's next due waiting task; a READY task holds a slot, so one
+# that cannot run before its new start must not be READY (breaker 32: a debounce left the slot idle
+# while the key's other tasks waited). A start that stays due (``debounce_until``, the max_wait cap,
+# already passed: LEAST keeps it) keeps the slot. The cost:
 # one probe of a unique index that holds only the waiting debounced rows.
 ENQUEUE_DEBOUNCE_SQL = f"""
 INSERT INTO tasks_task ({_ENQUEUE_COLUMNS}, debounce_key, debounce_until, debounces)
@@ -165,6 +193,10 @@ ON CONFLICT (task_path, debounce_key)
 DO UPDATE
 SET args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,
     run_after = LEAST(clock_timestamp() + make_interval(secs => %(debounce)s::float8), tasks_task.debounce_until),
+    -- The new start is later than now unless the cap has passed (the delay is more than 0).
+    status = CASE WHEN tasks_task.concurrency_key IS NOT NULL
+                       AND (tasks_task.debounce_until IS NULL OR tasks_task.debounce_until > clock_timestamp())
+                  THEN 'BLOCKED' ELSE tasks_task.status END,
     debounces = tasks_task.debounces + 1
 WHERE tasks_task.status IN ('BLOCKED', 'READY') AND tasks_task.transitions = 0
 RETURNING id, enqueued_at, debounces = 0

@@ -62,7 +62,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         "the scheduler enqueues a periodic task's slot in the statement that advances its schedule; "
         "a key's unique_for window admits a task only in the statement that opens the next window; a "
         "debounced enqueue of a key whose task still waits updates that task instead (its arguments and "
-        "start, never its status)",
+        "start; a keyed one whose start moves later gives its slot up: wait for a slot)",
     ),
     Transition(
         "release",
@@ -94,8 +94,10 @@ TRANSITIONS: tuple[Transition, ...] = (
         "wait for a slot",
         (READY,),
         (BLOCKED,),
-        ("db:tasks_concurrency_changed",),
-        "an update made a keyed task READY (retry, hand-back, recovery, requeue) while its key is full",
+        ("db:tasks_concurrency_changed", _S + "ENQUEUE_DEBOUNCE_SQL"),
+        "an update made a keyed task READY (retry, hand-back, recovery, requeue) while its key is full; a "
+        "debounce pushed an admitted task's start later (its slot goes to the key's next due task in the same "
+        "statement)",
     ),
     Transition(
         "claim",
@@ -251,6 +253,36 @@ STATUS_PRESERVING: tuple[str, ...] = (
     "tasks.models.task.TaskQuerySet.retry_now",
     _W + "ADOPT_SQL",
 )
+
+
+#: "Run again", the one definition: what a finished task's requeue writes, whoever sends it
+#: (``tasks.models.task.TaskQuerySet.requeue``'s UPDATE and the bulk retry's BULK_RETRY_SQL and
+#: BULK_RETRY_ONE_SQL, tasks/lifecycle/bulk.py), so that a column added later is reset by both or by
+#: neither. Column -> SQL expression: waiting again now on the database clock (``clock_timestamp()``,
+#: as every write: docs/explanation/design.md), a fresh set of attempts and the counts that judge them
+#: (failures, crashes, suspect returns), no finish and no snooze; the trace context marked as a run
+#: again ("leasing-rerun", ``tasks.tracing.RERUN_KEY``: linked to its enqueue's span, not a child of
+#: it; a NULL context stays NULL). Columns are unqualified: each statement names the table its own way
+#: and none of its other FROM items has these columns. A keyed task's READY is the insert of its
+#: concurrency trigger's: BLOCKED until its key admits it (tasks/lifecycle/concurrency.py).
+RERUN_SET: dict[str, str] = {
+    "status": "'READY'",
+    "run_after": "clock_timestamp()",
+    "attempts": "0",
+    "failures": "0",
+    "crashes": "0",
+    "shared_crashes": "0",
+    "unstarted_returns": "0",
+    "attempt_started": "false",
+    "finished_at": "NULL",
+    "snoozed_at": "NULL",
+    "trace_context": """trace_context || '{"leasing-rerun": "1"}'::jsonb""",
+}
+
+
+def rerun_set_sql() -> str:
+    """:data:`RERUN_SET` as the body of a SET clause, one assignment a line."""
+    return ",\n    ".join(f"{column} = {expression}" for column, expression in RERUN_SET.items())
 
 
 def statements() -> set[str]:

@@ -9,7 +9,8 @@ backend's ``OPTIONS["unique"]`` / ``OPTIONS["debounce"]``) or per request (``POS
   inserts nothing and returns the task that opened the window (``created`` False). While an
   unfinished task holds the key the dedup promise still holds (a window extends it, never shortens
   it). The window is a row of ``tasks_uniquekey`` (ENQUEUE_UNIQUE_SQL): an upsert that fires only
-  once the key's window has passed, and the insert of the task only if it did, in one statement.
+  once the key's window has passed, and the insert of the task only if it did, in one statement. The
+  window starts when the enqueue is accepted: any wait for the key comes before the clock is read.
   Rows whose window passed are deleted by retention (``UNIQUE_KEYS``).
 - **debounce** (``debounce=seconds``, optionally ``max_wait=seconds``): the task starts ``debounce``
   seconds after the *last* enqueue of the key, not the first. While a task of the key waits (not
@@ -18,7 +19,9 @@ backend's ``OPTIONS["unique"]`` / ``OPTIONS["debounce"]``) or per request (``POS
   next enqueue of the key inserts a new task. One upsert on the task table (ENQUEUE_DEBOUNCE_SQL)
   whose arbiter, a partial unique index over waiting rows never claimed, a claim leaves for good: a
   claimed attempt's arguments never change, and a claimed task that waits again (a retry, a
-  hand-back) runs with its own arguments beside the key's newer task.
+  hand-back) runs with its own arguments beside the key's newer task. A keyed task already admitted
+  to its concurrency key's slots that a debounce pushes later gives its slot up (it waits BLOCKED) in
+  the same statement, so the key's other tasks are not held back by a task that cannot start yet.
 
 Both run in the caller's transaction (a rollback leaves no task and no window) and cost an index
 probe or two whatever the number of keys or finished rows. A plain enqueue, and a plain dedup

@@ -34,6 +34,7 @@ from tasks.lifecycle import workflows as wf_sql
 from tasks.lifecycle.routing import queue_database
 from tasks.lifecycle.states import FINISHED, NOT_RUNNING_STATUSES, UNFINISHED, WAITING, TaskStatus
 from tasks.lifecycle.storable import storable_json
+from tasks.lifecycle.transitions import RERUN_SET
 from tasks.lifecycle.values import (
     AttemptFate,
     ClaimedTask,
@@ -794,24 +795,71 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         )
 
     def requeue(self) -> int:
-        """Run finished (failed, cancelled, successful) tasks again now, with a fresh set of attempts."""
+        """Run finished (failed, cancelled, successful) tasks again now, with a fresh set of attempts:
+        one UPDATE writing RERUN_SET (tasks/lifecycle/transitions.py; the bulk retry writes the same).
+
+        A task whose key another task holds (an unfinished task of its dedup key; a waiting, never
+        claimed task of its debounce key, when it was never claimed either) refuses the whole requeue
+        with a TaskError naming the key and the task that holds it, and changes nothing. Inside the caller's
+        ``transaction.atomic()`` the UPDATE runs under a savepoint, so the transaction goes on."""
+        finished = self.filter(status__in=FINISHED)
+        rerun = {column: RawSQL(expression, ()) for column, expression in RERUN_SET.items()}
+        # Outside a transaction the UPDATE is its own: a failed one leaves nothing to roll back, and a
+        # savepoint would cost a BEGIN and a COMMIT round trip.
+        inside = connections[finished.db].in_atomic_block
         try:
-            return self.filter(status__in=FINISHED).update(
-                status=TaskStatus.READY,
-                run_after=Now(),
-                attempts=0,
-                failures=0,
-                crashes=0,
-                shared_crashes=0,
-                unstarted_returns=0,
-                attempt_started=False,
-                finished_at=None,
-                snoozed_at=None,
-                # A run again: linked to its enqueue's span, not its child (NULL stays NULL).
-                trace_context=RawSQL("trace_context || %s::jsonb", [json.dumps({tracing.RERUN_KEY: "1"})]),
-            )
+            with transaction.atomic(using=finished.db) if inside else nullcontext():
+                return finished.update(**rerun)
         except IntegrityError as exc:
-            raise TaskError("an unfinished task with the same dedup key already exists") from exc
+            raise finished._requeue_refused(exc) from exc
+
+    def _requeue_refused(self, exc: IntegrityError) -> TaskError:
+        """What a requeue of these finished tasks met (its statement rolled back to its savepoint): the
+        key and the task holding it, read from the bare table (a filtered queryset would hide it)."""
+        table = self.model._base_manager.db_manager(self.db)
+        constraint = getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None)
+        if constraint == "tasks_task_debounce_waiting":
+            same = {"task_path": models.OuterRef("task_path"), "debounce_key": models.OuterRef("debounce_key")}
+            waiting = (
+                table.filter(status__in=(TaskStatus.BLOCKED, TaskStatus.READY), transitions=0)
+                .filter(debounce_key__isnull=False)
+                .filter(models.Exists(self.filter(transitions=0, **same)))
+                .order_by("id")
+                .values_list("id", "task_path", "debounce_key")
+                .first()
+            )
+            if waiting is not None:
+                held_id, path, key = waiting
+                mine = self.filter(transitions=0, task_path=path, debounce_key=key).values_list("id", flat=True).first()
+                return TaskError(
+                    f"task {mine} cannot run again: task {held_id} of debounce key {key!r} ({path}) is waiting,"
+                    " not yet claimed, and a debounce key has one such task at a time (the key's enqueues fold into"
+                    f" it); cancel task {held_id} or let it be claimed first"
+                )
+            return TaskError(
+                "two of these tasks share a debounce key and were never claimed: only one of them can wait at a"
+                " time; requeue them one by one"
+            )
+        if constraint == "tasks_task_dedup_unfinished":
+            unfinished = (
+                table.filter(status__in=UNFINISHED, dedup_key__isnull=False)
+                .filter(models.Exists(self.filter(dedup_key=models.OuterRef("dedup_key"))))
+                .order_by("id")
+                .values_list("id", "dedup_key")
+                .first()
+            )
+            if unfinished is not None:
+                held_id, key = unfinished
+                mine = self.filter(dedup_key=key).values_list("id", flat=True).first()
+                return TaskError(
+                    f"an unfinished task with the same dedup key already exists: dedup key {key!r} is held by"
+                    f" task {held_id} (task {mine} cannot run again until it finishes)"
+                )
+            return TaskError(
+                "an unfinished task with the same dedup key already exists: two of these tasks share a dedup"
+                " key; requeue them one by one"
+            )
+        return TaskError(f"the requeue was refused: {exc}")
 
     def retry_now(self) -> int:
         """Run waiting (READY, backed off or deferred) tasks now. Waiting tasks of a concurrency key

@@ -1,0 +1,94 @@
+""" "Run again" has one definition (RERUN_SET, tasks/lifecycle/transitions.py): a requeue and a bulk
+retry leave a finished task the same, column for column, each in one UPDATE on the database clock."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from tasks import tracing
+from tasks.lifecycle import bulk
+from tasks.lifecycle.transitions import RERUN_SET, rerun_set_sql
+from tasks.maintenance.bulk import BulkRunner
+from tasks.models import BulkOperation, Task, TaskStatus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOOP = "tests.testapp.handlers.noop"
+
+# Every column RERUN_SET writes, each with a value a run again must not keep.
+WORN: dict[str, Any] = {
+    "status": TaskStatus.FAILED,
+    "attempts": 3,
+    "failures": 2,
+    "crashes": 1,
+    "shared_crashes": 1,
+    "unstarted_returns": 1,
+    "attempt_started": True,
+    "finished_at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+    "snoozed_at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+    "run_after": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+    "trace_context": {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+}
+
+
+def worn_task(queue: str) -> int:
+    task_id = int(Task.objects.enqueue(NOOP, queue=queue).id)
+    Task.objects.filter(pk=task_id).update(**WORN)
+    return task_id
+
+
+def written(task_id: int) -> dict[str, Any]:
+    return Task.objects.filter(pk=task_id).values(*RERUN_SET).get()
+
+
+def db_now() -> dt.datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def test_the_fragment_names_every_column_the_tests_wear_out() -> None:
+    assert set(RERUN_SET) == set(WORN)
+    assert f'"{tracing.RERUN_KEY}": "1"' in RERUN_SET["trace_context"]  # the key tasks/tracing.py reads
+
+
+def test_both_bulk_retry_statements_write_the_fragment() -> None:
+    assert rerun_set_sql() in bulk.BULK_RETRY_SQL and rerun_set_sql() in bulk.BULK_RETRY_ONE_SQL
+
+
+def test_a_requeue_and_a_bulk_retry_leave_a_finished_task_the_same(django_assert_num_queries: Any) -> None:
+    requeued, retried = worn_task("by-requeue"), worn_task("by-bulk")
+    before = db_now()
+    with django_assert_num_queries(1) as queries:  # autocommit: no savepoint, one UPDATE
+        assert Task.objects.filter(pk=requeued).requeue() == 1
+    assert queries.captured_queries[0]["sql"].startswith("UPDATE")
+    BulkOperation.objects.request("retry", {"queue": "by-bulk"}, requested_by="test")
+    assert BulkRunner(batch_size=10, span=25).run_until_idle() == 1
+    after = db_now()
+    mine, theirs = written(requeued), written(retried)
+    # Written now on the database clock, by both.
+    assert before <= mine.pop("run_after") <= after and before <= theirs.pop("run_after") <= after
+    assert mine == theirs
+    assert mine == {
+        "status": TaskStatus.READY,
+        "attempts": 0,
+        "failures": 0,
+        "crashes": 0,
+        "shared_crashes": 0,
+        "unstarted_returns": 0,
+        "attempt_started": False,
+        "finished_at": None,
+        "snoozed_at": None,
+        "trace_context": {**WORN["trace_context"], tracing.RERUN_KEY: "1"},
+    }
+
+
+def test_a_null_trace_context_stays_null() -> None:
+    task_id = worn_task("q")
+    Task.objects.filter(pk=task_id).update(trace_context=None)
+    Task.objects.filter(pk=task_id).requeue()
+    assert written(task_id)["trace_context"] is None
