@@ -251,6 +251,7 @@ STATUS_PRESERVING: tuple[str, ...] = (
     "tasks.models.task.TaskQuerySet.retry_now",
     _W + "ADOPT_SQL",
     "tasks.maintenance.keyless.ADOPT_KEYLESS_SQL",
+    "tasks.maintenance.keyless.ADOPT_NEW_KEYLESS_SQL",
 )
 
 

@@ -77,6 +77,22 @@ def test_a_pass_reads_a_batch_a_round_in_claim_order_and_leaves_keyed_and_plain_
     assert {keys[i] for i in plain} == {None}
 
 
+def test_rows_a_replica_on_older_code_inserts_now_are_adopted_at_the_next_round_not_a_pass_later() -> None:
+    """During a rolling deploy the keyless rows are the newest: at the end of their level, where the
+    pass reaches them last (here 100 rounds on). The tail (the rows inserted since the last round,
+    by primary key) adopts them at the next round."""
+    Task.objects.bulk_enqueue(NOOP, [{}] * 1000, queue="fair", fair_key="t")
+    adopter = KeylessAdopter(batch=10)
+    adopter.run_once()  # the pass reads the front; the tail starts at the newest row
+    new = keyless("fair", 4)
+    plain = keyless("plain", 2)
+    [round_] = adopter.run_once()
+    assert round_.adopted == 0  # the pass is still among the first keyed rows
+    keys = dict(Task.objects.filter(pk__in=new + plain).values_list("pk", "fair_key"))
+    assert [keys[i] for i in new] == [""] * 4
+    assert [keys[i] for i in plain] == [None, None]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_row_another_session_holds_is_passed_over_not_waited_for() -> None:
     from django.db import connections
