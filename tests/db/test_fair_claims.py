@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from typing import Any
 
 import pytest
 from django.db import connection, connections, transaction
@@ -280,3 +281,43 @@ def test_a_keys_deferred_higher_priority_rows_are_not_read_to_reach_its_due_ones
     front, rows = _fair_claim_blocks("front", None)
     assert rows == 10
     assert front < behind + 20, (behind, front)
+
+
+# sha256 of the plain claim statements (CLAIM_SQL, FINISH_AND_CLAIM_SQL, FINISH_START_CLAIM_SQL, both
+# forms each, joined by newlines) as they were before fair queues' fixes: a change to them must be
+# deliberate (their plans are pinned by tests/db/test_claim_plans.py), never a side effect of the
+# fair forms.
+PLAIN_CLAIMS_SHA256 = "930f77ff5c1c5c97c3f2970bb668b6c8b4c12e8ba9a1b8ec011228d46d8b4bb0"
+
+
+def test_plain_queues_send_the_plain_statements_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+
+    from tasks.lifecycle import prepared
+    from tasks.lifecycle import statements as sql
+
+    text = "\n".join([*sql.CLAIM_SQL, *sql.FINISH_AND_CLAIM_SQL, *sql.FINISH_START_CLAIM_SQL])
+    assert hashlib.sha256(text.encode()).hexdigest() == PLAIN_CLAIMS_SHA256
+    assert "fair" not in text
+    Task.objects.bulk_enqueue(NOOP, [{}] * 4, queue="plain")
+    Task.objects.bulk_enqueue(NOOP, [{}] * 4, queue="fair", fair_key="a")
+    sent: list[str] = []
+    rows = prepared.rows
+
+    def recorded(conn: Any, statement: str, params: dict[str, Any]) -> Any:
+        sent.append(statement)  # the statement still runs: the claims below really claim
+        return rows(conn, statement, params)
+
+    monkeypatch.setattr(prepared, "rows", recorded)
+    Task.objects.claim("w", limit=1, queues=["plain"])
+    Task.objects.claim("w", limit=1, queues=["fair", "plain"])  # several queues: the plain order
+    Task.objects.finish_start_claim("w", [], limit=1, queues=["plain"])
+    Task.objects.finish_start_claim("w", [], [(0, 0, None)], limit=1, queues=["plain"])
+    Task.objects.claim("w", limit=1, queues=["fair"])
+    assert sent == [
+        sql.CLAIM_SQL[0],
+        sql.CLAIM_SQL[1],
+        sql.FINISH_AND_CLAIM_SQL[0],
+        sql.FINISH_START_CLAIM_SQL[0],
+        sql.FAIR_CLAIM_SQL,
+    ]
