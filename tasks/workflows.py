@@ -44,7 +44,7 @@ from tasks.lifecycle import prepared
 from tasks.lifecycle import workflows as wf_sql
 from tasks.lifecycle.ratelimits import rate_for_enqueue
 from tasks.lifecycle.routing import queue_database
-from tasks.lifecycle.values import validate_concurrency, validate_enqueue
+from tasks.lifecycle.values import fair_key_for, validate_concurrency, validate_enqueue
 from tasks.lifecycle.workflows import ON_PARENT_FAILURE, WorkflowError, WorkflowKind, WorkflowStatus
 from tasks.models import Workflow as WorkflowRow
 from tasks.models.task import announce_enqueued
@@ -80,10 +80,11 @@ class Step:
     concurrency_limit: int | None = None
     rate_key: str | None = None
     rate_limit: Any = None
+    fair_key: str | None = None
 
     def options(self, **changes: Any) -> Step:
         """This step with other options (queue, priority, run_after, max_attempts, timeout,
-        concurrency_key, concurrency_limit, rate_key, rate_limit)."""
+        concurrency_key, concurrency_limit, rate_key, rate_limit, fair_key)."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)} - {"task"}
         if unknown or "task" in changes:
             raise TypeError(f"unknown step options: {', '.join(sorted(unknown | ({'task'} & set(changes))))}")
@@ -108,6 +109,7 @@ class Step:
             backend_alias, backend, task, run_after = None, None, None, self.run_after
             key, limit, timeout = self.concurrency_key, self.concurrency_limit, self.timeout
             rate_key, rate_limit = self.rate_key, self.rate_limit
+            fair_key = self.fair_key
             database = defaults.database(queue)
         elif isinstance(self.task, DjangoTask):
             task = self.task
@@ -137,6 +139,7 @@ class Step:
             rate_key, rate_limit = self.rate_key, self.rate_limit
             if rate_key is None and rate_limit is None:
                 rate_key, rate_limit = backend.rate_of(task, args, kwargs)
+            fair_key = self.fair_key if self.fair_key is not None else backend.fair_key_of(task, args, kwargs)
             attempts = backend.max_attempts if self.max_attempts is None else self.max_attempts
             attempts = None if attempts is None else int(attempts)
             timeout = backend.timeout if self.timeout is None else self.timeout
@@ -153,6 +156,8 @@ class Step:
             if checked is not None:
                 checked.add(options)
         rated = rate_for_enqueue(rate_key, rate_limit)
+        # in a fair queue a member takes its turn like any enqueue: its key, or the shared key ""
+        fair = fair_key_for(queue, fair_key, defaults.fair_queues)
         columns: dict[str, Any] = {
             "queue": queue,
             "priority": priority,
@@ -168,6 +173,7 @@ class Step:
             "rate_key": rated[0] if rated else None,
             "rate_limit": rated[1].count if rated else None,
             "rate_period": rated[1].period if rated else None,
+            "fair_key": fair,
         }
         return columns, database, task if backend_alias else None, backend
 
@@ -178,6 +184,7 @@ class Defaults:
     def __init__(self) -> None:
         self._databases: dict[str, str] = {}
         self.max_attempts = get_settings().MAX_ATTEMPTS
+        self.fair_queues = get_settings().FAIR_QUEUES
 
     def database(self, queue: str) -> str:
         database = self._databases.get(queue)

@@ -398,20 +398,30 @@ WHERE t.id = ANY(ARRAY(
 # statements are the ones above, unchanged). It reads tasks_task_fair_idx (queue, fair_key, priority
 # DESC, run_after, id) WHERE status = 'READY' AND fair_key IS NOT NULL:
 #
-# - ``walk``: the keys with READY rows, in key order, starting after the last key this claimer served
-#   (``fair_after``, NULL: from the first key) and wrapping around once, at most ``limit`` of them:
+# - ``walk``: the keys with READY rows, in key order, starting after the key that took this claimer's
+#   last turn (``fair_after``, FAIR_CURSOR; NULL: from the first key) and wrapping around once, at
+#   most ``limit`` of them:
 #   a loose index scan, one index probe per key (the next key above the last: ``ORDER BY fair_key
 #   LIMIT 1``, as the levels walk finds priorities), so its cost is bounded by the claim's limit,
 #   never by the number of keys or rows. ``wrapped``: past the last key, back from the first; the
 #   lap ends at ``fair_after`` itself (served last).
 # - ``fair``: each key of the walk, in walk order, gives its due rows in its own claim order
-#   (priority DESC, run_after, id), at most its turn's quota ceil(limit / keys walked), locking as
-#   it goes (SKIP LOCKED), up to ``limit``: two tenants share a claim half and half, a thousand take
-#   one each, ``limit`` at a time, the next claim going on after the last key served.
+#   (priority DESC, run_after, id), at most its turn's quota, locking as it goes (SKIP LOCKED): the
+#   claim's ``limit`` turns dealt one at a time round the lap's keys, so key number n of k takes
+#   (limit - n) / k + 1 and the quotas add up to ``limit`` exactly (none is cut short by the LIMIT):
+#   two tenants share a claim half and half, a thousand take one each, ``limit`` at a time, the
+#   next claim dealing on after the key that took the last turn (FAIR_CURSOR, returned on each row:
+#   the statement's walk says where it went, the client reasons about no key order). With 3 turns
+#   over keys a and b, a takes 2 and b 1, and the next claim starts at b (b 2, a 1).
 #   Priorities order a key's own tasks; they do not let one key go before the others: a tenant that
 #   enqueues everything at a high priority cannot starve the rest (keys take turns whatever their
-#   priorities). A key whose higher-priority rows are deferred steps over them to its due ones (the
-#   key's own deferred rows, not other keys' or finished rows).
+#   priorities). A key's turn walks its own priorities (``own``: one probe per level, for the level's
+#   first READY row, where that level's scan starts), and each level's scan ends at its first row not
+#   yet due (run_after is the next index column), so deferred rows of a higher priority in front of a
+#   key's due ones are passed over level by level, never read one by one (one range scan over the key
+#   in (priority DESC, run_after, id) order read every one of them: 3,056 blocks for a claim of 10
+#   behind 200,000 such rows on PostgreSQL 15, 164 now, bench/fair_claims.py; 18's skip scan did the
+#   same walk by itself). The walk is lazy: it stops at the level that fills the key's quota.
 # - the fill: a claim is never short while due rows are left. When the keys' turns leave room (fewer
 #   keys than the claim's limit, with fewer due rows than their quota; rows of the queue enqueued
 #   before it became fair, with no key), the rest comes from the plain pick over tasks_task_claim_idx
@@ -419,11 +429,17 @@ WHERE t.id = ANY(ARRAY(
 #   Its LIMIT is the room left: 0 when ``fair`` filled the claim, and a Limit of 0 reads nothing.
 #
 # ``fair`` is a MATERIALIZED CTE (locking rows, it must run exactly once: see above), bounded by
-# ``limit`` inside; the fill reads its ids once (an InitPlan). Beside an old snapshot the claimed rows'
+# ``limit`` inside; the fill reads its ids once (an InitPlan). The CTEs sit at the top of the claim
+# statement (WITH RECURSIVE: ``walk`` and ``levels`` recurse) so that RETURNING can read the walk;
+# the finish-and-claim forms put them after ``finished``. Beside an old snapshot the claimed rows'
 # entries stay in tasks_task_fair_idx (none can be removed): a probe for the next key, and a key's
 # range scan, step over the rows of that key claimed since the snapshot began, as a plain claim from
 # the start does (the plain claim's positions have no counterpart here; the cost grows with the rows
-# claimed since the snapshot, per key visited, not with the number of keys).
+# claimed since the snapshot, per key visited, not with the number of keys). ``own``'s probe hands
+# its level's scan the first live row, so those entries are stepped over once per key, not twice.
+# Measured (bench/fair_claims.py, PostgreSQL 15, 1,000,000 rows, 1,000 keys): a claim of 10 reads 158
+# blocks in its pick; beside a REPEATABLE READ snapshot held while 20,000 rows (20 per key) were
+# claimed, 584.
 _FAIR_ROWS = "status = 'READY' AND fair_key IS NOT NULL AND queue = %(queue)s"
 _FAIR_AFTER = "%(fair_after)s::text"
 
@@ -436,12 +452,28 @@ def _next_key(after: str | None) -> str:
             ORDER BY f.fair_key LIMIT 1)"""
 
 
-# A key of the walk that is still in its lap (not past ``fair_after`` after the wrap).
-_IN_LAP = f"w.fair_key IS NOT NULL AND NOT (w.wrapped AND COALESCE(w.fair_key > {_FAIR_AFTER}, false))"
+def _next_own_level(below: str | None) -> str:
+    """The first READY row (priority, run_after, id) of the walked key ``w``'s next priority level
+    (below ``below``; None: its highest): one index probe, whose row is where that level's scan
+    starts (the entries it stepped over are not read twice)."""
+    under = "" if below is None else f" AND f.priority < {below}"
+    return f"""(SELECT f.priority, f.run_after, f.id FROM tasks_task AS f
+                WHERE f.status = 'READY' AND f.fair_key IS NOT NULL AND f.queue = %(queue)s
+                  AND f.fair_key = w.fair_key{under}
+                ORDER BY f.priority DESC, f.run_after, f.id LIMIT 1)"""
 
-_PICK_FAIR = f"""
-WHERE t.id = ANY(ARRAY(
-    WITH RECURSIVE walk(fair_key, wrapped, n) AS (
+
+def _in_lap(walk: str) -> str:
+    """A key of the walk (alias ``walk``) that is still in its lap (not past ``fair_after`` after the wrap)."""
+    return f"{walk}.fair_key IS NOT NULL AND NOT ({walk}.wrapped AND COALESCE({walk}.fair_key > {_FAIR_AFTER}, false))"
+
+
+# How many keys the lap holds (at most ``limit``: the walk stops there), never 0 (a divisor).
+_LAP_KEYS = f"(SELECT GREATEST(count(*), 1) FROM walk AS v WHERE {_in_lap('v')})"
+
+# The fair pick's CTEs, at the top of the claim statement (so that its RETURNING can read the walk:
+# FAIR_CURSOR). ``walk`` and ``levels`` are recursive: the statement's WITH is WITH RECURSIVE.
+_FAIR_CTES = f"""walk(fair_key, wrapped, n) AS (
         SELECT COALESCE(s.k, {_next_key(None)})::text COLLATE "C", s.k IS NULL, 1
         FROM (SELECT {_next_key(_FAIR_AFTER)} AS k) AS s
         WHERE NOT EXISTS (SELECT 1 FROM tasks_queuecontrol WHERE name = %(queue)s AND paused)
@@ -453,14 +485,23 @@ WHERE t.id = ANY(ARRAY(
           AND NOT (w.wrapped AND COALESCE(w.fair_key >= {_FAIR_AFTER}, false))
     ), fair AS MATERIALIZED (
         SELECT due.id FROM walk AS w CROSS JOIN LATERAL (
-            SELECT id FROM tasks_task
-            WHERE {_FAIR_ROWS} AND fair_key = w.fair_key
-              AND run_after <= statement_timestamp() AND shared_crashes < %(isolation_bar)s
-            ORDER BY priority DESC, run_after, id
-            LIMIT (SELECT ceil(%(limit)s::float8 / GREATEST(count(*), 1))::int FROM walk AS w WHERE {_IN_LAP})
-            FOR UPDATE SKIP LOCKED
+            WITH RECURSIVE own(priority, run_after, id) AS (
+                {_next_own_level(None)}
+                UNION ALL
+                SELECT n.* FROM own AS o CROSS JOIN LATERAL {_next_own_level("o.priority")} AS n
+            )
+            SELECT r.id FROM own AS o CROSS JOIN LATERAL (
+                SELECT id FROM tasks_task
+                WHERE {_FAIR_ROWS} AND fair_key = w.fair_key AND priority = o.priority
+                  AND (run_after, id) >= (o.run_after, o.id)
+                  AND run_after <= statement_timestamp() AND shared_crashes < %(isolation_bar)s
+                ORDER BY run_after, id
+                LIMIT (%(limit)s::int - w.n) / {_LAP_KEYS} + 1
+                FOR UPDATE SKIP LOCKED
+            ) AS r
+            LIMIT (%(limit)s::int - w.n) / {_LAP_KEYS} + 1
         ) AS due
-        WHERE {_IN_LAP}
+        WHERE {_in_lap("w")}
         LIMIT %(limit)s
     ), levels(priority) AS (
         SELECT {_next_level("32767")}
@@ -470,7 +511,10 @@ WHERE t.id = ANY(ARRAY(
         FROM levels WHERE levels.priority IS NOT NULL
     ), placed AS (
         SELECT l.priority, {_start("%(queue)s")} FROM levels AS l
-    )
+    )"""
+
+_PICK_FAIR = """
+WHERE t.id = ANY(ARRAY(
     SELECT fair.id FROM fair
     UNION ALL
     (SELECT due.id FROM placed AS l
@@ -486,6 +530,18 @@ WHERE t.id = ANY(ARRAY(
     ) AS due
     LIMIT %(limit)s - (SELECT count(*) FROM fair))
 ))"""
+
+# Where the claimer's next turn starts (``fair_cursor``): the key that took the lap's last turn. The
+# turns are dealt one row at a time in lap order, ``limit`` of them, so the first ``limit`` mod
+# ``keys`` keys of the lap take one more than the rest (``fair``'s quota: (limit - n) / keys + 1),
+# and the last turn dealt falls to key number (limit - 1) mod keys + 1: the next claim deals on
+# from the key after it. A key's turn counts whether it gave rows or not (nothing due, all locked,
+# a rate-limited key's rows handed back): the cursor is where the walk went, never where the rows
+# came from, so the fill (the oldest keys' rows, when a key leaves room) cannot send the turns back
+# to the oldest key and starve the keys after one with nothing due. NULL: no keyed rows (the caller
+# keeps its cursor).
+FAIR_CURSOR = f"""(SELECT w.fair_key::text FROM walk AS w
+     WHERE {_in_lap("w")} AND w.n = (%(limit)s::int - 1) %% {_LAP_KEYS} + 1)"""
 
 NO_ISOLATION_BAR = 2**31 - 1  # ``isolation_bar`` of an idle worker: it may take any task
 
@@ -527,12 +583,13 @@ def claim_params(
     }
 
 
-# A fair claim returns each row's key too (the claimer's next turn starts after the last one served).
-FAIR_CLAIM_RETURNING = f"{CLAIM_RETURNING}, t.fair_key"
+# A fair claim returns each row's key too, and where the claimer's next turn starts (the same on
+# every row: FAIR_CURSOR).
+FAIR_CLAIM_RETURNING = f"{CLAIM_RETURNING}, t.fair_key, {FAIR_CURSOR}"
 
 
-def _claim_sql(pick: str, returning: str = CLAIM_RETURNING) -> str:
-    return f"""
+def _claim_sql(pick: str, returning: str = CLAIM_RETURNING, ctes: str = "") -> str:
+    return f"""{f"{chr(10)}WITH RECURSIVE {ctes}" if ctes else ""}
 UPDATE tasks_task AS t SET {_CLAIM_SET}
 {pick}
 RETURNING {returning}
@@ -775,19 +832,28 @@ def _claimed_cte(pick: str, returning: str = CLAIM_RETURNING) -> str:
 )"""
 
 
+# A fair claim's two more columns (its key, the cursor), NULL in the other rows.
+_FAIR_NULLS = ", NULL, NULL"
+
+
 def _claimed_and_finished(fair: bool) -> str:
     return f"""SELECT 'c', claimed.* FROM claimed
 UNION ALL
 SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL{", NULL" if fair else ""}
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL{_FAIR_NULLS if fair else ""}
 FROM finished"""
+
+
+def _with(fair: bool) -> str:
+    """The statement's WITH: a fair claim's CTEs (recursive) come first, after ``finished``."""
+    return f"WITH RECURSIVE {_FINISHED_CTE}, {_FAIR_CTES}," if fair else f"WITH {_FINISHED_CTE},"
 
 
 # The usual round (a short task's start rides on its finish): no marker arrays to send.
 def _finish_and_claim_sql(pick: str, fair: bool = False) -> str:
     returning = FAIR_CLAIM_RETURNING if fair else CLAIM_RETURNING
     return f"""
-WITH {_FINISHED_CTE}, {_claimed_cte(pick, returning)}
+{_with(fair)} {_claimed_cte(pick, returning)}
 {_claimed_and_finished(fair)}
 """
 
@@ -795,7 +861,7 @@ WITH {_FINISHED_CTE}, {_claimed_cte(pick, returning)}
 def _finish_start_claim_sql(pick: str, fair: bool = False) -> str:
     returning = FAIR_CLAIM_RETURNING if fair else CLAIM_RETURNING
     return f"""
-WITH {_FINISHED_CTE}, started AS (
+{_with(fair)} started AS (
     UPDATE tasks_task AS t SET {_START_SET}
     FROM {_STARTS}
     WHERE {_OWNED} AND {_LIVE}
@@ -805,7 +871,7 @@ WITH {_FINISHED_CTE}, started AS (
 UNION ALL
 SELECT 's', started.id, started.token, NULL, NULL, NULL, started.attempts, NULL, NULL,
        started.started_at, NULL, NULL, NULL, started.last_attempted_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL{", NULL" if fair else ""}
+       NULL, NULL{_FAIR_NULLS if fair else ""}
 FROM started
 """
 
@@ -834,8 +900,8 @@ RETURNING {CLAIM_RETURNING}
 CLAIM_SQL = (_claim_sql(_PICK_ONE), _claim_sql(_PICK_MANY))
 FINISH_AND_CLAIM_SQL = (_finish_and_claim_sql(_PICK_ONE), _finish_and_claim_sql(_PICK_MANY))
 FINISH_START_CLAIM_SQL = (_finish_start_claim_sql(_PICK_ONE), _finish_start_claim_sql(_PICK_MANY))
-# The same from one fair queue (_PICK_FAIR): each row's fair_key comes back last.
-FAIR_CLAIM_SQL = _claim_sql(_PICK_FAIR, FAIR_CLAIM_RETURNING)
+# The same from one fair queue (_FAIR_CTES, _PICK_FAIR): each row's fair_key and the cursor come back last.
+FAIR_CLAIM_SQL = _claim_sql(_PICK_FAIR, FAIR_CLAIM_RETURNING, _FAIR_CTES)
 FAIR_FINISH_AND_CLAIM_SQL = _finish_and_claim_sql(_PICK_FAIR, fair=True)
 FAIR_FINISH_START_CLAIM_SQL = _finish_start_claim_sql(_PICK_FAIR, fair=True)
 

@@ -243,7 +243,7 @@ TRANSITIONS: tuple[Transition, ...] = (
 
 #: Statements that change a task row without changing its status (named so that the tests can tell
 #: them from a forgotten transition): the lease and progress of a RUNNING task, run_after of a
-#: waiting one.
+#: waiting one, the shared fair key of a keyless READY one.
 STATUS_PRESERVING: tuple[str, ...] = (
     _S + "START_SQL",
     _S + "HEARTBEAT_SQL",
@@ -252,6 +252,8 @@ STATUS_PRESERVING: tuple[str, ...] = (
     _S + "EXPIRE_ORPHANS_SQL",
     "tasks.models.task.TaskQuerySet.retry_now",
     _W + "ADOPT_SQL",
+    "tasks.maintenance.keyless.ADOPT_KEYLESS_SQL",
+    "tasks.maintenance.keyless.ADOPT_NEW_KEYLESS_SQL",
 )
 
 

@@ -49,8 +49,11 @@ class ClaimedTask:
     #: The enqueuing span's context (what the propagator wrote: ``traceparent``, ``tracestate``), None
     #: when it was enqueued with tracing off (tasks/tracing.py).
     trace_context: dict[str, str] | None = None
-    #: Its key in a fair queue (returned by a fair claim only): where the worker's next turn starts.
+    #: Its key in a fair queue (returned by a fair claim only).
     fair_key: str | None = None
+    #: Where the claimer's next turn starts in a fair queue: the key that took its claim's last turn
+    #: (the same on every row of a fair claim, None for other claims; FAIR_CURSOR).
+    fair_cursor: str | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -249,6 +252,7 @@ def claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
             row[21] if len(row) > 21 else None,
             json_value(row[22]) if len(row) > 22 else None,  # NULL (None) unless enqueued traced
             row[23] if len(row) > 23 else None,  # a fair claim's rows only (FAIR_CLAIM_RETURNING)
+            row[24] if len(row) > 24 else None,
         ),
         strict=True,
     ):
@@ -343,10 +347,10 @@ def fair_key_for(queue: str, key: str | None, fair_queues: Sequence[str]) -> str
 
 
 def fair_after_claim(claimed: Sequence[ClaimedTask], before: str | None) -> str | None:
-    """Where the next fair claim's turns start: the last key this claim served in its walk's order
-    (the keys after ``before`` in key order, then from the first key up to it)."""
-    keys = {task.fair_key for task in claimed if task.fair_key is not None}
-    if not keys:
-        return before
-    later = [key for key in keys if before is None or key > before]
-    return max(later) if later else max(keys)
+    """Where the next fair claim's turns start: the key that took this claim's last turn, as the
+    claim statement returns it (FAIR_CURSOR: where its walk went, not which keys the rows came
+    from); ``before`` when the claim took nothing or found no keys."""
+    for task in claimed:
+        if task.fair_cursor is not None:
+            return task.fair_cursor
+    return before

@@ -125,20 +125,21 @@ INSERT INTO tasks_task (id, queue, priority, task_path, args, kwargs, status, ru
                         max_attempts, timeout, dedup_key, errors, worker_ids, renewals, transitions, failures,
                         crashes, shared_crashes, unstarted_returns, attempt_started, attempt_isolated,
                         backend_alias, task_run_after, concurrency_key, concurrency_limit, workflow_id,
-                        waiting_on, rate_key, rate_limit, rate_period, trace_context)
+                        waiting_on, rate_key, rate_limit, rate_period, trace_context, fair_key)
 SELECT (%(ids)s::bigint[])[m.n], t.queue, t.priority, t.task_path, m.item -> 2, m.item -> 3,
        CASE WHEN (m.item ->> 1)::int <> 0 THEN 'AWAITING' ELSE 'READY' END,
        COALESCE(t.run_after, statement_timestamp()), statement_timestamp(), 0, t.max_attempts, t.timeout, NULL,
        '[]'::jsonb, '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false, t.backend_alias,
        CASE WHEN t.backend_alias IS NULL THEN NULL ELSE t.run_after END,
        t.concurrency_key, t.concurrency_limit, %(workflow)s::bigint, GREATEST((m.item ->> 1)::int, 0),
-       t.rate_key, t.rate_limit, t.rate_period, %(trace_context)s::jsonb
+       t.rate_key, t.rate_limit, t.rate_period, %(trace_context)s::jsonb, t.fair_key
 FROM jsonb_array_elements(%(members)s::jsonb) WITH ORDINALITY AS m(item, n)
 JOIN unnest(%(queues)s::text[], %(priorities)s::smallint[], %(paths)s::text[], %(run_afters)s::timestamptz[],
             %(max_attempts)s::int[], %(timeouts)s::float8[], %(backend_aliases)s::text[], %(keys)s::text[],
-            %(limits)s::int[], %(rate_keys)s::text[], %(rate_limits)s::int[], %(rate_periods)s::float8[])
+            %(limits)s::int[], %(rate_keys)s::text[], %(rate_limits)s::int[], %(rate_periods)s::float8[],
+            %(fair_keys)s::text[])
      WITH ORDINALITY AS t(queue, priority, task_path, run_after, max_attempts, timeout, backend_alias,
-                          concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period, k)
+                          concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period, fair_key, k)
   ON t.k = (m.item ->> 0)::int + 1
 ORDER BY m.n
 """
@@ -164,14 +165,18 @@ TEMPLATE_COLUMNS = {
     "rate_key": "rate_keys",
     "rate_limit": "rate_limits",
     "rate_period": "rate_periods",
+    "fair_key": "fair_keys",  # a fair queue's member has one ("" when none was given), others None
 }
+
+#: The member keys a member may leave out (None).
+OPTIONAL_COLUMNS = frozenset({"rate_key", "rate_limit", "rate_period", "fair_key"})
 
 
 def member_params(
     workflow: int, ids: list[int], members: Sequence[Mapping[str, Any]], trace_context: str | None = None
 ) -> dict[str, Any]:
-    """INSERT_MEMBERS_SQL's parameters for ``members`` (dicts of TEMPLATE_COLUMNS' keys (the rate ones
-    optional), ``waiting_on``,
+    """INSERT_MEMBERS_SQL's parameters for ``members`` (dicts of TEMPLATE_COLUMNS' keys (the
+    OPTIONAL_COLUMNS may be left out), ``waiting_on``,
     and ``args`` / ``kwargs`` as Python values) with the ids reserved for them, every one carrying
     ``trace_context`` (the enqueuing span's, as JSON text: tasks/tracing.py; None: tracing off). Raises
     :class:`~tasks.exceptions.UnstorableResult` naming the first member whose arguments jsonb
@@ -179,7 +184,7 @@ def member_params(
     templates: dict[tuple[Any, ...], int] = {}
     entries = []
     for member in members:
-        shared = tuple(member.get(key) if key.startswith("rate_") else member[key] for key in TEMPLATE_COLUMNS)
+        shared = tuple(member.get(key) if key in OPTIONAL_COLUMNS else member[key] for key in TEMPLATE_COLUMNS)
         index = templates.setdefault(shared, len(templates))
         entries.append([index, member["waiting_on"], member["args"], member["kwargs"]])
     try:

@@ -6,7 +6,8 @@ instance recovers at a time and a standby takes over when that one dies. Between
 also prunes what is past its retention (``tasks/maintenance/retention.py``) and runs the batches of
 bulk operations (``tasks/maintenance/bulk.py``), a slice at a time, and rolls finished tasks up by
 hour for the history page (``tasks/maintenance/history.py``), on a thread of its own for as long as it
-leads.
+leads, and gives fair queues' keyless rows the shared key, a bounded batch a round
+(``tasks/maintenance/keyless.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tasks.conf import get_settings
 from tasks.lifecycle import activity, concurrency, ratelimits
 from tasks.maintenance.bulk import BulkRunner
 from tasks.maintenance.history import HistoryRollup
+from tasks.maintenance.keyless import KeylessAdopter
 from tasks.maintenance.retention import AutoPruner
 from tasks.models import Recovered, Task
 from tasks.models import Worker as WorkerRow
@@ -212,6 +214,8 @@ class RecoveryController:
         # The hourly history rollup, also on the leader, on a thread of its own: counting an hour of
         # a busy queue is one statement of seconds, which must not hold recovery up.
         self.history = HistoryRollup(using=using) if history else None
+        # Fair queues' rows without a key, adopted a batch per queue a round (tasks/maintenance/keyless.py).
+        self.keyless = KeylessAdopter(using=using)
         # The controller's own lease: long enough to ride out a slow round, short enough to hand over fast.
         self.election = LeaderElection(
             RECOVERY_LEASE, ttl=ttl or max(1.0, self.interval * 3), retry_interval=self.interval, using=using
@@ -223,6 +227,7 @@ class RecoveryController:
     def _lead(self, term: Term) -> None:
         logger.info("recovery controller %s is active", self.election.holder)
         self.window = RecoveryWindow()  # a new term starts with a full scan
+        self.keyless.reset()  # and its passes over fair queues from their front
         counting = None
         if self.history is not None:
             counting = threading.Thread(target=self._count_history, args=(term,), name="history", daemon=True)
@@ -259,6 +264,8 @@ class RecoveryController:
                     self.pruner.run_for(self.interval * get_settings().RETENTION_BUSY_FRACTION)
                 if not term.should_stop:
                     self.bulk.run_for(self.interval * get_settings().BULK_BUSY_FRACTION)
+                if not term.should_stop:
+                    self.keyless.run_once()
             except Error as exc:
                 logger.warning("recovery round failed: %s", exc)
                 if self.pruner is not None:

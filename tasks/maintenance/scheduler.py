@@ -47,6 +47,7 @@ from leasing.models import Lease
 from leasing.routing import selected_database
 from tasks.conf import get_settings
 from tasks.lifecycle.routing import queue_database
+from tasks.lifecycle.values import fair_key_for
 from tasks.maintenance.schedules import ScheduleSpec, load_schedules
 
 logger = logging.getLogger("tasks.scheduler")
@@ -105,10 +106,10 @@ task AS (
     INSERT INTO tasks_task (
         id, queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, attempts, max_attempts,
         timeout, dedup_key, errors, worker_ids, renewals, transitions, failures, crashes, shared_crashes,
-        unstarted_returns, attempt_started, attempt_isolated, errors_dropped)
+        unstarted_returns, attempt_started, attempt_isolated, errors_dropped, fair_key)
     SELECT run.task_id, %(queue)s, %(priority)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, 'READY',
            statement_timestamp(), statement_timestamp(), 0, %(max_attempts)s, %(timeout)s, NULL, '[]'::jsonb,
-           '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false, 0
+           '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false, 0, %(fair_key)s::text
     FROM run
     RETURNING id
 )
@@ -222,6 +223,8 @@ class SlotWriter:
             kwargs=json.dumps(spec.kwargs),
             max_attempts=spec.max_attempts or get_settings().MAX_ATTEMPTS,
             timeout=spec.timeout,
+            # in a fair queue a scheduled task takes its turn like any enqueue: its key, or the shared ""
+            fair_key=fair_key_for(spec.queue, spec.fair_key, get_settings().FAIR_QUEUES),
         )
         rows = self._rows(SLOT_SQL, params)
         if not rows:

@@ -25,6 +25,7 @@ from django.utils.module_loading import import_string
 from tasks.conf import get_settings
 from tasks.exceptions import UnstorableResult
 from tasks.lifecycle.storable import storable_json
+from tasks.lifecycle.values import fair_key_for
 
 CATCH_UP = ("skip", "last", "all")
 DEFAULT_CATCH_UP = "last"
@@ -47,6 +48,7 @@ _KEYS = {
     "max_attempts",
     "timeout",
     "enabled",
+    "fair_key",
 }
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MICROSECOND = dt.timedelta(microseconds=1)
@@ -74,6 +76,7 @@ class ScheduleSpec:
     max_attempts: int | None = None
     timeout: float | None = None
     enabled: bool = True
+    fair_key: str | None = None  # its tasks' key in a fair queue (None: the shared key "")
 
     @property
     def every(self) -> str:
@@ -107,6 +110,7 @@ class ScheduleSpec:
             "max_attempts": self.max_attempts,
             "timeout": self.timeout,
             "enabled": self.enabled,
+            **({"fair_key": self.fair_key} if self.fair_key is not None else {}),
         }
 
     # -- slots ---------------------------------------------------------------------------------
@@ -275,6 +279,12 @@ def build_spec(name: str, entry: Any) -> ScheduleSpec:
     enabled = entry.get("enabled", True)
     if not isinstance(enabled, bool):
         raise _fail(name, "enabled must be True or False")
+    fair_key = entry.get("fair_key")
+    if fair_key is not None:
+        try:
+            fair_key_for(queue, fair_key, ())
+        except ValueError as exc:
+            raise _fail(name, str(exc)) from None
     return ScheduleSpec(
         name=name,
         task_path=task_path,
@@ -290,6 +300,7 @@ def build_spec(name: str, entry: Any) -> ScheduleSpec:
         max_attempts=max_attempts,
         timeout=timeout,
         enabled=enabled,
+        fair_key=fair_key,
     )
 
 

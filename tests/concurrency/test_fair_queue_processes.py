@@ -5,7 +5,9 @@ are the rows' own (``started_at``, the attempts' start on the database clock).""
 
 from __future__ import annotations
 
+import datetime as dt
 import subprocess
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,9 +27,9 @@ BATCH = 16
 def workers(tmp_path: Path) -> Iterator[Any]:
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(worker_id: str, *, fair: bool) -> subprocess.Popen[bytes]:
+    def start(worker_id: str, *, fair: bool, batch: int = BATCH) -> subprocess.Popen[bytes]:
         env = {"LEASING_TEST_FAIR_QUEUES": "tenants" if fair else ""}
-        args = ["--queues", "tenants", "--concurrency", "4", "--batch-size", str(BATCH), "--poll-interval", "0.2"]
+        args = ["--queues", "tenants", "--concurrency", "4", "--batch-size", str(batch), "--poll-interval", "0.2"]
         proc = start_manage(tmp_path / f"{worker_id}.log", "run_worker", "--worker-id", worker_id, *args, **env)
         started.append(proc)
         return proc
@@ -69,3 +71,45 @@ def test_the_same_queue_not_fair_drains_the_first_tenant_first(workers: Any) -> 
     and the assertions above fail."""
     order, backlog = start_order(fair=False, workers=workers)
     assert order.index("small") > backlog - 4 * BATCH
+
+
+def starts() -> list[str | None]:
+    rows = Task.objects.filter(queue="tenants", started_at__isnull=False).order_by("started_at", "id")
+    return list(rows.values_list("fair_key", flat=True))
+
+
+def test_keys_after_one_with_nothing_due_are_served(workers: Any) -> None:
+    """Breaker 32's starvation with a real worker: tenant a (a backlog, oldest), eight tenants whose
+    tasks are all deferred, then tenant c. Claims of at most 4 visit deferred tenants that give
+    nothing, and the room they leave is filled from a; the turns must go on past them to c, not
+    back to a (c then waited for a's whole backlog)."""
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    Task.objects.bulk_enqueue(NOOP, [{}] * 2000, queue="tenants", fair_key="a")
+    for k in range(8):
+        Task.objects.bulk_enqueue(NOOP, [{}] * 3, queue="tenants", fair_key=f"b-{k}", run_after=later)
+    small = Task.objects.bulk_enqueue(NOOP, [{}] * 20, queue="tenants", fair_key="c")
+    workers("fair-1", fair=True, batch=4)
+    wait_until(lambda: Task.objects.filter(pk__in=small, status="SUCCESSFUL").count() == len(small), 180, what="c done")
+    order = starts()
+    last_c = len(order) - 1 - order[::-1].index("c")
+    # a claim every three turns or so reaches c: its 20 tasks among the first few hundred starts
+    assert last_c < 400, (last_c, len(order))
+    assert not {key for key in order if key and key.startswith("b-")}  # deferred: never taken early
+
+
+def test_equal_tenants_take_equal_turns_lap_after_lap(workers: Any) -> None:
+    """Breaker 32's wrap-around with a real worker: five equal tenants, claims of at most 4 (the
+    walk wraps every other claim) were served 50/50/50/25/25. After every lap of five starts each
+    tenant has started its lap count of tasks, give or take one (a claim's tasks start in any order
+    among themselves)."""
+    names = [f"tenant-{k}" for k in range(5)]
+    for name in names:
+        Task.objects.bulk_enqueue(NOOP, [{}] * 120, queue="tenants", fair_key=name)
+    workers("fair-1", fair=True, batch=4)
+    wait_until(lambda: Task.objects.filter(queue="tenants", status="SUCCESSFUL").count() >= 400, 180, what="400 done")
+    order = starts()[:400]
+    worst = 0
+    for lap in range(1, len(order) // 5 + 1):
+        counts = Counter(order[: 5 * lap])
+        worst = max(worst, *(abs(counts[name] - lap) for name in names))
+    assert worst <= 1, (worst, Counter(order))

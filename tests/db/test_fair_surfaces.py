@@ -4,6 +4,7 @@ templates, and the system checks that refuse malformed settings."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -136,3 +137,25 @@ def test_metrics_export_the_keys_waiting_per_fair_queue(client: Any) -> None:
     families = {f.name: f for f in text_string_to_metric_families(response.content.decode())}
     samples = {s.labels["queue"]: s.value for s in families["tasks_fair_keys_waiting"].samples}
     assert samples == {"fair": 2}
+
+
+def test_an_api_claim_returns_the_cursor_that_passes_a_key_with_nothing_due(api: Api) -> None:
+    """Breaker 32's starvation through the API: a client that sends back the key of the last task it
+    got goes back to the oldest key whenever a key with nothing due took a turn (the fill's rows are
+    that oldest key's). The reply's ``fair_after`` is where the turns went."""
+    later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).isoformat()
+    for key, run_after in (("a", None), ("a", None), ("a", None), ("b", later), ("c", None)):
+        body: dict[str, Any] = {"task_path": NOOP, "queue": "fair", "fair_key": key}
+        if run_after:
+            body["run_after"] = run_after
+        status, reply = api.call("POST", "/api/tasks", body)
+        assert status == 201, reply
+    served, claim = [], {"worker": "ext", "queues": ["fair"]}
+    for _ in range(3):
+        status, reply = api.call("POST", "/api/tasks/next", claim)
+        assert status == 200, reply
+        served.append(reply["task"]["fair_key"])
+        claim["fair_after"] = reply["fair_after"]
+    assert served == ["a", "a", "c"], served  # b's turn (nothing due) filled from a, then c's
+    status, reply = api.call("POST", "/api/tasks/next", {"worker": "ext", "queues": ["plain"]})
+    assert "fair_after" not in reply  # a plain queue's reply is as it was

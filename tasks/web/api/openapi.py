@@ -314,6 +314,10 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                     "properties": {
                         "task": {"oneOf": [_ref("Task"), {"type": "null"}]},
                         "tasks": {"type": "array", "items": _ref("Task")},
+                        "fair_after": {
+                            "type": ["string", "null"],
+                            "description": "from a fair queue only: send it back as fair_after (where the turns go on)",
+                        },
                     },
                 },
                 400,
@@ -330,7 +334,7 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                         "limit": {"type": "integer", "minimum": 1, "maximum": 100},
                         "fair_after": {
                             **STRING,
-                            "description": "from a fair queue: start the turns after this key (the last you served)",
+                            "description": "from a fair queue: where the turns go on (the last reply's fair_after)",
                         },
                     },
                     ["worker"],

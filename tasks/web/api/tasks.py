@@ -24,6 +24,7 @@ from tasks.lifecycle.storable import is_storable
 from tasks.lifecycle.values import fair_after_claim
 from tasks.lifecycle.windows import MAX_WINDOW_SECONDS, WindowError, validate_windows
 from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, ClaimedTask, Failure, Started, Task, TaskStatus
+from tasks.models.task import is_fair_claim
 from tasks.web import history as history_views
 from tasks.web import queue_pages as queue_views
 from tasks.web.api import bulk as bulk_api
@@ -293,12 +294,17 @@ def next_task(request: HttpRequest) -> tuple[int, Any]:
             start=not queue_wide,
             fair_after=fair_after if fair_after is not None else _fair_cursors.get(cursor_key),
         )
-        if any(c.fair_key is not None for c in claimed):  # a fair queue's claim (settings name them all)
-            _fair_cursors[cursor_key] = fair_after_claim(claimed, _fair_cursors.get(cursor_key))
+        reply: dict[str, Any] = {}
+        if is_fair_claim(queues, limit):
+            # where this claim's last turn went (not the key of the last task returned: a key with
+            # nothing due took its turn too): the cursor a client sends back as its next fair_after
+            cursor = fair_after_claim(claimed, fair_after if fair_after is not None else _fair_cursors.get(cursor_key))
+            _fair_cursors[cursor_key] = cursor
+            reply["fair_after"] = cursor
         claimed = [c for c in claimed if _started_now(c, worker, queue_wide)]
         rows = {task.pk: task for task in Task.objects.filter(pk__in=[c.id for c in claimed])}
         found = [task_json(rows[c.id]) for c in claimed if c.id in rows]
-        return 200, {"task": found[0] if found else None, "tasks": found}
+        return 200, {"task": found[0] if found else None, "tasks": found, **reply}
 
 
 def _started_now(claimed: ClaimedTask, worker: str, queue_wide: bool) -> bool:

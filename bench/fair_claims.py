@@ -1,0 +1,133 @@
+#!/usr/bin/env python
+"""What one fair claim (tasks/lifecycle/statements.py, FAIR_CLAIM_SQL) reads beside a million rows:
+EXPLAIN (ANALYZE, BUFFERS) of a claim of 10, rolled back, the second of two runs (warm, as in a
+running system). Against DATABASE_URL (e.g. Debian's PostgreSQL 15, as .ci/run starts it).
+
+    DATABASE_URL=postgres://... python bench/fair_claims.py [--deferred 200000] [--claimed 20000]
+
+The table: 600,000 finished rows, 200,000 due rows over 1,000 keys of the fair queue, and key
+``tenant-00000`` (the walk's first) with ``--deferred`` rows at priority 5 deferred an hour, in front
+of its own due rows at priority 0. Cases:
+
+- ``deferred``: a claim whose walk starts at that key (its turn steps over the deferred rows, or
+  walks its priorities past them);
+- ``fresh``: the same claim from a key with nothing deferred;
+- ``snapshot``: another session holds a REPEATABLE READ snapshot while ``--claimed`` rows are
+  claimed and committed (their index entries cannot be removed), then the claim from the first key.
+
+Prints the statement's shared buffers (hit + read), the pick's, and the time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__":  # run as a script: this folder would shadow the apps; import from the root
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+
+import django
+
+django.setup()
+
+from django.db import connection, connections, transaction  # noqa: E402
+
+from tasks.lifecycle import statements as sql  # noqa: E402
+
+QUEUE = "fair-bench"
+ROWS = """
+INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, finished_at,
+    attempts, max_attempts, errors, worker_ids, renewals, transitions, failures, crashes, shared_crashes,
+    unstarted_returns, attempt_started, attempt_isolated, fair_key)
+SELECT %(queue)s, %(priority)s, 'bench.handlers.noop', '[]', '{}', %(status)s,
+       now() + %(delay)s * interval '1 second' + g * interval '1 microsecond', now(),
+       CASE WHEN %(status)s = 'SUCCESSFUL' THEN now() END, 0, 3, '[]', '[]', 0, 0, 0, 0, 0, 0, false, false,
+       %(prefix)s || lpad((g %% %(keys)s)::text, 5, '0')
+FROM generate_series(1, %(n)s) AS g
+"""
+
+
+def build(deferred: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM tasks_task WHERE queue IN (%s, 'other')", [QUEUE])
+        layers: tuple[dict[str, Any], ...] = (
+            {"queue": "other", "priority": 0, "status": "SUCCESSFUL", "delay": -120, "keys": 1, "n": 600_000},
+            {"queue": QUEUE, "priority": 0, "status": "READY", "delay": -60, "keys": 1000, "n": 200_000},
+            {"queue": QUEUE, "priority": 5, "status": "READY", "delay": 3600, "keys": 1, "n": deferred},
+        )
+        for params in layers:
+            cursor.execute(ROWS, {"prefix": "tenant-", **params})
+        cursor.execute("VACUUM (ANALYZE) tasks_task")
+
+
+def claim_params(after: str | None) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "worker": "bench",
+        "ttl": 30.0,
+        "limit": 10,
+        "start": False,
+        "isolate_after": 2,
+    }
+    params.update(sql.claim_params([QUEUE], busy=False, isolate_after=2, fair_after=after))
+    return params
+
+
+def explain(after: str | None) -> tuple[int, int, float, int]:
+    """(statement's blocks, the pick's, ms, rows) of a claim of 10 after ``after``, rolled back."""
+    for _ in range(2):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.FAIR_CLAIM_SQL, claim_params(after))
+            top = cursor.fetchone()[0][0]
+            transaction.set_rollback(True)
+    plan = top["Plan"]
+    picks = [node for node in plan["Plans"] if node.get("Parent Relationship") == "InitPlan"]
+    pick = max(node["Shared Hit Blocks"] + node["Shared Read Blocks"] for node in picks)
+    total = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+    return total, pick, top["Execution Time"], plan["Actual Rows"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--deferred", type=int, default=200_000)
+    parser.add_argument("--claimed", type=int, default=20_000)
+    args = parser.parse_args()
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        print("PostgreSQL", cursor.fetchone()[0])
+    build(args.deferred)
+    cases: tuple[tuple[str, str | None], ...] = (
+        ("deferred (walk starts at tenant-00000)", "tenant-00999"),
+        ("fresh", "tenant-00500"),
+    )
+    for name, after in cases:
+        total, pick, ms, rows = explain(after)
+        print(f"{name:40} statement {total:7} blocks, pick {pick:7}, {ms:8.2f} ms, {rows:.0f} rows")
+    other = connections.create_connection("default")
+    other.set_autocommit(False)
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cursor.execute("SELECT count(*) FROM leasing_lease")  # the snapshot is taken
+        claimed, cursor_key = 0, None
+        with connection.cursor() as cursor:
+            while claimed < args.claimed:
+                cursor.execute(sql.FAIR_CLAIM_SQL, {**claim_params(cursor_key), "limit": 100})
+                claimed_rows = cursor.fetchall()
+                claimed += len(claimed_rows)
+                cursor_key = claimed_rows[0][24]  # FAIR_CURSOR
+        cases = (("snapshot: from the first key", None), ("snapshot: from tenant-00500", "tenant-00500"))
+        for name, after in cases:
+            total, pick, ms, rows = explain(after)
+            print(f"{name:40} statement {total:7} blocks, pick {pick:7}, {ms:8.2f} ms, {rows:.0f} rows")
+    finally:
+        other.rollback()
+        other.close()
+
+
+if __name__ == "__main__":
+    main()
