@@ -15,8 +15,9 @@ the front; no statement reads every READY row, and no index is added (a partial 
 keyless READY rows would be maintained by every enqueue of every plain queue, whose rows are all
 keyless). Rows it finds locked (a claim, a bulk operation) are passed over, not waited for: a claim
 takes them anyway, and the next pass sees the rest. Besides the pass, a tail reads the rows inserted
-since the last round (at most ``KEYLESS_BATCH``, by primary key, from the newest row when the term
-began): the keyless rows an older replica inserts during a rolling deploy are adopted at the next
+since the last round (by primary key, ``KEYLESS_BATCH`` a statement up to the newest row, at most
+``TAIL_BATCHES_PER_ROUND`` statements a round, from the newest row when the term began): the
+keyless rows an older replica inserts during a rolling deploy are adopted at the next
 round, not when the pass reaches the end of their level.
 """
 
@@ -35,6 +36,9 @@ logger = logging.getLogger("tasks.recovery")
 
 #: READY rows read per fair queue per round (the keyless among them are adopted).
 KEYLESS_BATCH = 1000
+#: The tail's statements per round at most: it keeps up with 20 x KEYLESS_BATCH inserts a round (10,000
+#: a second at the default RECOVERY_INTERVAL of 2 s), over every queue of the database.
+TAIL_BATCHES_PER_ROUND = 20
 
 # One batch of a queue's READY rows in claim order (priority DESC, run_after, id) after a position,
 # as two range scans of tasks_task_claim_idx: the rest of the position's level, then the levels
@@ -151,10 +155,18 @@ class KeylessAdopter:
                 cursor.execute(_NEWEST_SQL)
                 self.newest = cursor.fetchone()[0]
                 return 0
-            cursor.execute(ADOPT_NEW_KEYLESS_SQL, {"after": self.newest, "batch": self.batch, "queues": queues})
-            _read, adopted, last = cursor.fetchone()
-        if last is not None:
-            self.newest = last
+            adopted = 0
+            # Batch after batch until the newest row (a database taking more inserts a round than the
+            # batch would leave the tail further behind each round: breaker 33), at most
+            # TAIL_BATCHES_PER_ROUND statements a round (the rest is read the round after).
+            for _ in range(TAIL_BATCHES_PER_ROUND):
+                cursor.execute(ADOPT_NEW_KEYLESS_SQL, {"after": self.newest, "batch": self.batch, "queues": queues})
+                read, adopted_now, last = cursor.fetchone()
+                adopted += adopted_now
+                if last is not None:
+                    self.newest = last
+                if read < self.batch:
+                    break
         if adopted:
             logger.info("fair queues: %d new task(s) without a key given the shared key", adopted)
         return adopted
