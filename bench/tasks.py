@@ -90,6 +90,24 @@ def start_workers(
     return procs
 
 
+def wait_drained(interval: float = 0.02) -> None:
+    """Until no task of the bench queue waits or runs (BLOCKED, READY or RUNNING)."""
+    from tasks.models import Task
+
+    while Task.objects.filter(queue="bench", status__in=["BLOCKED", "READY", "RUNNING"]).exists():
+        time.sleep(interval)
+
+
+def check_ran_once(expected: int) -> int:
+    """How many bench tasks succeeded in one attempt; RuntimeError unless ``expected``."""
+    from tasks.models import Task
+
+    done = Task.objects.filter(queue="bench", status="SUCCESSFUL", attempts=1).count()
+    if done != expected:
+        raise RuntimeError(f"only {done} of {expected} tasks succeeded exactly once")
+    return done
+
+
 def bench_enqueue_single(n: int) -> float:
     from tasks.models import Task
 
@@ -117,14 +135,11 @@ def bench_drain(n: int, processes: int, log_dir: Path, worker_args: list[str]) -
     try:
         started = time.perf_counter()
         Task.objects.bulk_enqueue(NOOP, ({"i": i} for i in range(n)), queue="bench")
-        while Task.objects.filter(queue="bench", status__in=["READY", "RUNNING"]).exists():
-            time.sleep(0.02)
+        wait_drained()
         elapsed = time.perf_counter() - started
     finally:
         stop_processes(procs)
-    done = Task.objects.filter(queue="bench", status="SUCCESSFUL", attempts=1).count()
-    if done != n:
-        raise RuntimeError(f"only {done} of {n} tasks succeeded exactly once")
+    check_ran_once(n)
     return n / elapsed
 
 
@@ -145,15 +160,11 @@ def bench_drain_keyed(n: int, keys: int, limit: int, processes: int, log_dir: Pa
                 concurrency_key=f"k{key}",
                 concurrency_limit=limit,
             )
-        while Task.objects.filter(queue="bench", status__in=["BLOCKED", "READY", "RUNNING"]).exists():
-            time.sleep(0.02)
+        wait_drained()
         elapsed = time.perf_counter() - started
     finally:
         stop_processes(procs)
-    done = Task.objects.filter(queue="bench", status="SUCCESSFUL", attempts=1).count()
-    if done != per_key * keys:
-        raise RuntimeError(f"only {done} of {per_key * keys} tasks succeeded exactly once")
-    return done / elapsed
+    return check_ran_once(per_key * keys) / elapsed
 
 
 #: The keyed controls of issue 24 and the concurrency keys, as enqueue arguments for task ``i`` of ``keys``.
@@ -187,14 +198,11 @@ def bench_drain_over_keys(kind: str, n: int, keys: int, processes: int, log_dir:
     try:
         started = time.perf_counter()
         QueueControl.objects.resume("bench", by="bench")
-        while Task.objects.filter(queue="bench", status__in=["BLOCKED", "READY", "RUNNING"]).exists():
-            time.sleep(0.05)
+        wait_drained(0.05)
         elapsed = time.perf_counter() - started
     finally:
         stop_processes(procs)
-    done = Task.objects.filter(queue="bench", status="SUCCESSFUL", attempts=1).count()
-    if done != n:
-        raise RuntimeError(f"only {done} of {n} tasks succeeded exactly once")
+    check_ran_once(n)
     return n / elapsed
 
 
@@ -218,8 +226,7 @@ def bench_rate_limited(
     )
     procs = start_workers(processes, *worker_args, "--poll-interval", "2", log_dir=log_dir)
     try:
-        while Task.objects.filter(queue="bench", status__in=["BLOCKED", "READY", "RUNNING"]).exists():
-            time.sleep(0.05)
+        wait_drained(0.05)
     finally:
         stop_processes(procs)
     recorded = Task.objects.filter(queue="bench", status="SUCCESSFUL").values_list("last_attempted_at", flat=True)
@@ -453,8 +460,7 @@ def bench_drain_beside(n: int, processes: int, log_dir: Path, worker_args: list[
     try:
         started = time.perf_counter()
         ids = Task.objects.bulk_enqueue(NOOP, ({"i": i} for i in range(n)), queue="bench")
-        while Task.objects.filter(queue="bench", status__in=["READY", "RUNNING"]).exists():
-            time.sleep(0.02)
+        wait_drained()
         elapsed = time.perf_counter() - started
     finally:
         if keep:

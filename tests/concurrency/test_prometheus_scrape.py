@@ -8,9 +8,6 @@ exporter does not give), a rule whose evaluation errors, a panel whose query sel
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
 import subprocess
 import urllib.error
 import urllib.parse
@@ -23,28 +20,12 @@ import pytest
 
 from tasks.models import Task
 from tests.helpers import wait_until
-from tests.helpers.monitoring import RULES, dashboard_expressions, rules
+from tests.helpers.monitoring import RULES, dashboard_expressions, prometheus_command, rules
+from tests.helpers.pgbouncer import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 NOOP = "tests.testapp.handlers.noop"
-
-
-def prometheus_binary() -> str:
-    path = os.environ.get("PROMETHEUS") or shutil.which("prometheus")
-    if not path:
-        pytest.fail(
-            "this test needs Prometheus: `apt-get install --no-install-recommends prometheus` (what .ci/run does) "
-            "or set PROMETHEUS=/path",
-            pytrace=False,
-        )
-    return path
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Prometheus:
@@ -93,7 +74,7 @@ def prometheus(live_server: Any, settings: Any, tmp_path: Path) -> Iterator[Prom
     log = (tmp_path / "prometheus.log").open("wb")
     process = subprocess.Popen(
         [
-            prometheus_binary(),
+            prometheus_command("prometheus"),
             f"--config.file={config}",
             f"--storage.tsdb.path={tmp_path / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",

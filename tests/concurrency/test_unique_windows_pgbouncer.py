@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 
 from tasks.lifecycle import statements as sql
-from tests.helpers import wait_until
+from tests.helpers import enqueue_params, wait_until
 from tests.helpers.pgbouncer import Bouncer, pgbouncer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -31,27 +31,7 @@ def bouncer() -> Iterator[Bouncer]:
 
 
 def params(key: str) -> dict[str, Any]:
-    return {
-        "queue": "pooled",
-        "priority": 0,
-        "task_path": "tests.testapp.handlers.noop",
-        "args": "[]",
-        "kwargs": "{}",
-        "run_after": None,
-        "max_attempts": 3,
-        "timeout": None,
-        "dedup_key": key,
-        "backend_alias": None,
-        "concurrency_key": None,
-        "concurrency_limit": None,
-        "retry_policy": None,
-        "rate_key": None,
-        "rate_limit": None,
-        "rate_period": None,
-        "trace_context": None,
-        "fair_key": None,
-        "unique_for": WINDOW,
-    }
+    return enqueue_params(queue="pooled", dedup_key=key, unique_for=WINDOW)
 
 
 def let_the_clock_pass(seconds: float) -> None:

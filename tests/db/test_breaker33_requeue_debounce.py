@@ -14,8 +14,8 @@ from django.db import connections, transaction
 from tasks.exceptions import TaskError
 from tasks.lifecycle import statements as sql
 from tasks.models import Task
+from tests.helpers import enqueue_params, wait_until
 from tests.helpers import test_database_url as database_url  # not collected as a test
-from tests.helpers import wait_until
 
 NOOP = "tests.testapp.handlers.noop"
 QUEUE = "requeue33"
@@ -52,29 +52,14 @@ def test_a_requeue_that_waited_for_another_sessions_debounced_enqueue_is_refused
     Task.objects.filter(pk=first.id).cancel()
     holder = psycopg.connect(database_url())
     try:
-        params = {
-            "queue": QUEUE,
-            "priority": 0,
-            "task_path": NOOP,
-            "args": "[]",
-            "kwargs": '{"v": "other"}',
-            "run_after": None,
-            "max_attempts": 3,
-            "timeout": None,
-            "dedup_key": None,
-            "backend_alias": None,
-            "concurrency_key": None,
-            "concurrency_limit": None,
-            "retry_policy": None,
-            "rate_key": None,
-            "rate_limit": None,
-            "rate_period": None,
-            "trace_context": None,
-            "fair_key": None,
-            "debounce_key": "rq:b",
-            "debounce": 60.0,
-            "max_wait": None,
-        }
+        params = enqueue_params(
+            queue=QUEUE,
+            task_path=NOOP,
+            kwargs='{"v": "other"}',
+            debounce_key="rq:b",
+            debounce=60.0,
+            max_wait=None,
+        )
         row = holder.execute(sql.ENQUEUE_DEBOUNCE_SQL, params).fetchone()
         assert row is not None and row[2]  # inserted, not committed
         other_id = row[0]

@@ -18,7 +18,7 @@ from tasks.lifecycle import windows
 from tasks.maintenance.retention import prune
 from tasks.models import Failure, Task, TaskStatus, UniqueKey
 from tasks.models.task import TaskQuerySet
-from tests.helpers import wait_until
+from tests.helpers import enqueue_params, wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -318,27 +318,7 @@ def test_the_window_statements_read_indexes_whatever_the_number_of_keys() -> Non
             " SELECT 'k' || g, g, now(), now() + interval '1 hour' FROM generate_series(1, 20000) AS g"
         )
         cursor.execute("ANALYZE tasks_uniquekey")
-    params: dict[str, Any] = {
-        "queue": "default",
-        "priority": 0,
-        "task_path": NOOP,
-        "args": "[]",
-        "kwargs": "{}",
-        "run_after": None,
-        "max_attempts": 3,
-        "timeout": None,
-        "dedup_key": "k5",
-        "backend_alias": None,
-        "concurrency_key": None,
-        "concurrency_limit": None,
-        "retry_policy": None,
-        "rate_key": None,
-        "rate_limit": None,
-        "rate_period": None,
-        "trace_context": None,
-        "fair_key": None,
-        "unique_for": 60.0,
-    }
+    params = enqueue_params(task_path=NOOP, dedup_key="k5", unique_for=60.0)
     for statement, extra in (
         (sql.ENQUEUE_UNIQUE_SQL, {}),
         (sql.ENQUEUE_DEBOUNCE_SQL, {"dedup_key": None, "debounce_key": "d", "debounce": 5.0, "max_wait": None}),

@@ -185,3 +185,30 @@ def drain_one_by_one(worker: str = "w1") -> list[int]:
         assert Task.objects.complete_many(worker, [(task.id, task.token, json.dumps(None))])
         done.append(task.id)
     return done
+
+
+def enqueue_params(**overrides: Any) -> dict[str, Any]:
+    """The parameters of the enqueue statements (tasks/lifecycle/statements.py, ENQUEUE_SQL and its
+    window forms) for a plain no-op task of queue "default", for tests that send those statements
+    themselves (on a second connection, through a pooler); ``overrides`` set or add the rest."""
+    return {
+        "queue": "default",
+        "priority": 0,
+        "task_path": "tests.testapp.handlers.noop",
+        "args": "[]",
+        "kwargs": "{}",
+        "run_after": None,
+        "max_attempts": 3,
+        "timeout": None,
+        "dedup_key": None,
+        "backend_alias": None,
+        "concurrency_key": None,
+        "concurrency_limit": None,
+        "retry_policy": None,
+        "rate_key": None,
+        "rate_limit": None,
+        "rate_period": None,
+        "trace_context": None,
+        "fair_key": None,
+        **overrides,
+    }

@@ -5,10 +5,13 @@ tests/unit/test_alert_rules.py and tests/db/test_monitoring_names.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.helpers import ROOT
@@ -89,3 +92,16 @@ def dashboard_expressions() -> Iterator[tuple[str, str]]:
         if variable.get("type") == "query":
             query = variable["query"]
             yield f"variable {variable['name']!r}", query["query"] if isinstance(query, dict) else query
+
+
+def prometheus_command(name: str) -> str:
+    """The path of Debian's ``prometheus`` package's ``name`` (``promtool``, ``prometheus``), or the
+    one the environment variable ``name.upper()`` names; the test fails saying how to get it."""
+    path = os.environ.get(name.upper()) or shutil.which(name)
+    if not path:
+        pytest.fail(
+            f"this test needs {name}: `apt-get install --no-install-recommends prometheus` (what .ci/run does; "
+            f"Debian ships both programs in that package only) or set {name.upper()}=/path",
+            pytrace=False,
+        )
+    return path

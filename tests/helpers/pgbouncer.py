@@ -42,7 +42,7 @@ class Bouncer:
         return f"host=127.0.0.1 port={self.port} dbname={dbname} user={self.user}"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -75,7 +75,7 @@ def pgbouncer(settings_dict: dict[str, Any], *, pool_size: int = 4) -> Iterator[
     if settings_dict.get("PASSWORD"):
         server += f" password={settings_dict['PASSWORD']}"
     user = settings_dict.get("USER") or "postgres"
-    port = _free_port()
+    port = free_port()
     workdir = Path(tempfile.mkdtemp(prefix="leasing-pgbouncer-"))
     config = workdir / "pgbouncer.ini"
     users = workdir / "users.txt"

@@ -9,32 +9,20 @@ installs it."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.helpers import ROOT
-from tests.helpers.monitoring import DASHBOARD, RULE_TESTS, RULES, metric_names, rules
-
-
-def promtool() -> str:
-    path = os.environ.get("PROMTOOL") or shutil.which("promtool")
-    if not path:
-        pytest.fail(
-            "the alert rule tests need promtool: `apt-get install --no-install-recommends prometheus` (what .ci/run "
-            "does; Debian has promtool in that package only) or set PROMTOOL=/path",
-            pytrace=False,
-        )
-    return path
+from tests.helpers.monitoring import DASHBOARD, RULE_TESTS, RULES, metric_names, prometheus_command, rules
 
 
 def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [prometheus_command("promtool"), *args], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def test_promtool_finds_the_rules_valid() -> None:
