@@ -73,10 +73,11 @@ class SharedFairCursor:
 
     Read once, before the claimer's first claim from the queue (again at most once per ``interval``
     while the read fails); from then on each claim's FAIR_CURSOR moves it in memory (:meth:`advance`),
-    and it is written back when it moved, at most once per ``interval`` seconds (the first move at
-    once) and at :meth:`flush` (a clean stop). So the hot path sends no statement of its own: a
-    worker writes at most one upsert a second, whatever its claim rate, and a process killed loses
-    at most its last second of turns (the next life serves those keys again; it skips none).
+    and :meth:`sync` writes it back when it moved, at most once per ``interval`` seconds (the first
+    move at once), :meth:`flush` at a clean stop. So the hot path sends no statement of its own: a
+    worker writes at most one upsert a second, whatever its claim rate, after its claimed tasks went
+    to its executors; a process killed loses at most its last second of turns (the next life serves
+    those keys again; it skips none).
 
     The cursor is advisory: a read or write the database refuses (a lost connection, the table not
     migrated yet during a deploy) is logged and the claimer goes on with its own cursor, as before
@@ -110,15 +111,14 @@ class SharedFairCursor:
 
     def advance(self, fair_after: str | None) -> None:
         """A claim's turns went on to ``fair_after`` (``fair_after_claim``; None: the claim found no
-        keys, the cursor stays); written back if one is due."""
-        with self._lock:
-            if fair_after is not None:
+        keys, the cursor stays). In memory only: :meth:`sync` writes it back."""
+        if fair_after is not None:
+            with self._lock:
                 self._value = fair_after
                 self._known = True  # ours wins over a read that has not succeeded yet
-            self._write(force=False)
 
     def sync(self) -> None:
-        """Write a move back if the last write is ``interval`` old (an idle claimer's last claims)."""
+        """Write a move back, unless the last write is less than ``interval`` old (the first at once)."""
         with self._lock:
             self._write(force=False)
 

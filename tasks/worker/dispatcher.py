@@ -200,6 +200,8 @@ class Dispatcher:
             claim = wanted if may_have_work and wanted > 0 and (wanted >= self.batch_size or hungry) else 0
             if outcomes or starts or claim:
                 claimed = self.round(outcomes, starts, claim, idle=census.in_hand == 0)
+                if self.fair_cursor is not None:
+                    self.fair_cursor.sync()  # where the turns went, once the claimed tasks are in hand
                 if claim:
                     if claimed is not None and len(claimed) == claim:
                         continue  # there may be more; go round without waiting
@@ -207,7 +209,7 @@ class Dispatcher:
                     # behind its positions is looked for at once, from the start.
                     may_have_work = claimed is None or self._resumed_short
             if self.fair_cursor is not None:
-                self.fair_cursor.sync()  # the last claims' turns, once the last write is a second old
+                self.fair_cursor.sync()  # a move the last sync left (a write under a second before)
             if session.draining.is_set():
                 if self.drain():
                     return

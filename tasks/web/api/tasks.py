@@ -314,6 +314,7 @@ def next_task(request: HttpRequest) -> tuple[int, Any]:
             # nothing due took its turn too): the cursor a client sends back as its next fair_after
             cursor = fair_after_claim(claimed, start_after)
             shared.advance(cursor)
+            shared.sync()
             reply["fair_after"] = cursor
         claimed = [c for c in claimed if _started_now(c, worker, queue_wide)]
         rows = {task.pk: task for task in Task.objects.filter(pk__in=[c.id for c in claimed])}
