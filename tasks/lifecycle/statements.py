@@ -543,6 +543,30 @@ WHERE t.id = ANY(ARRAY(
 FAIR_CURSOR = f"""(SELECT w.fair_key::text FROM walk AS w
      WHERE {_in_lap("w")} AND w.n = (%(limit)s::int - 1) %% {_LAP_KEYS} + 1)"""
 
+# A fair queue's cursor shared by every claimer of the database (tasks_faircursor, tasks/models/
+# fair_cursor.py): where a new claimer's turns start, so that a worker recycled by --max-tasks, killed
+# and restarted, or deployed, deals on from where the fleet's turns went instead of from the first
+# key every life (breaker 33). Off the hot path: a claimer reads it once, when it starts claiming
+# from the queue, and keeps its own cursor in memory from then on (FAIR_CURSOR, from each claim);
+# it writes back at most once a second, and at a clean stop. One row per fair queue: a primary-key
+# probe.
+FAIR_CURSOR_READ_SQL = "SELECT fair_after FROM tasks_faircursor WHERE queue = %(queue)s"
+
+# Last writer wins: several claimers of one queue each go round the keys from their own cursor, and
+# the row only tells a claimer that starts where the others' turns have got to. Any start is as good
+# as any other for the bound (each claim's walk is bounded by its limit, and a claimer reaches every
+# key within a lap from wherever it starts); what starved tenants was every new life starting at the
+# same place. An older position written over a newer one makes a new claimer serve a few keys twice,
+# never skip one. The row changes only when the cursor does (``IS DISTINCT FROM``: a writer whose
+# value is already there leaves no dead row version); ``updated_at`` is when it last moved, on the
+# database clock.
+FAIR_CURSOR_WRITE_SQL = """
+INSERT INTO tasks_faircursor AS c (queue, fair_after, updated_at)
+VALUES (%(queue)s, %(fair_after)s, statement_timestamp())
+ON CONFLICT (queue) DO UPDATE SET fair_after = EXCLUDED.fair_after, updated_at = EXCLUDED.updated_at
+WHERE c.fair_after IS DISTINCT FROM EXCLUDED.fair_after
+"""
+
 NO_ISOLATION_BAR = 2**31 - 1  # ``isolation_bar`` of an idle worker: it may take any task
 
 # Busy workers' claims pass over a task that must run isolated, so under a steady stream no worker is

@@ -267,6 +267,13 @@ STATUS_PRESERVING: tuple[str, ...] = (
 #: it; a NULL context stays NULL). Columns are unqualified: each statement names the table its own way
 #: and none of its other FROM items has these columns. A keyed task's READY is the insert of its
 #: concurrency trigger's: BLOCKED until its key admits it (tasks/lifecycle/concurrency.py).
+#: A task without a fair key in a fair queue (enqueued before the queue was named in FAIR_QUEUES)
+#: takes the shared key "" as an enqueue into that queue would give it (``fair_key_for``): its old id
+#: is never read by the recovery leader's tail over new rows, and its start, the newest of its level,
+#: is the last the pass over the backlog reaches, so left keyless it waited a whole pass, served only
+#: by a fill (breaker 33). A key it has is kept; a plain queue's NULL stays NULL. The fragment's one
+#: parameter, ``fair_queues`` (RERUN_FAIR_QUEUES), is LEASING_TASKS["FAIR_QUEUES"] as a list.
+RERUN_FAIR_QUEUES = "%(fair_queues)s"
 RERUN_SET: dict[str, str] = {
     "status": "'READY'",
     "run_after": "clock_timestamp()",
@@ -279,6 +286,7 @@ RERUN_SET: dict[str, str] = {
     "finished_at": "NULL",
     "snoozed_at": "NULL",
     "trace_context": """trace_context || '{"leasing-rerun": "1"}'::jsonb""",
+    "fair_key": f"CASE WHEN fair_key IS NULL AND queue = ANY({RERUN_FAIR_QUEUES}::text[]) THEN '' ELSE fair_key END",
 }
 
 

@@ -39,6 +39,7 @@ from tasks.models.bookkeeping import (
     UniqueKey,
 )
 from tasks.models.bulk import BulkOperation, BulkOperationQuerySet
+from tasks.models.fair_cursor import FairCursor, FairCursorQuerySet, SharedFairCursor
 from tasks.models.queue_control import PAUSE_LOCK_TIMEOUT_MS, QueueControl, QueueControlQuerySet
 from tasks.models.schedule import Schedule, ScheduleRun
 from tasks.models.task import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING, Task, TaskQuerySet
@@ -69,6 +70,8 @@ __all__ = [
     "Enqueued",
     "FailOutcome",
     "Failure",
+    "FairCursor",
+    "FairCursorQuerySet",
     "GeneratorState",
     "QueueControl",
     "QueueControlQuerySet",
@@ -77,6 +80,7 @@ __all__ = [
     "Recovered",
     "Schedule",
     "ScheduleRun",
+    "SharedFairCursor",
     "Started",
     "Task",
     "TaskDependency",

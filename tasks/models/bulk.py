@@ -11,6 +11,7 @@ from django.db import IntegrityError, connections, models, transaction
 from django.db.models.functions import Now
 
 from leasing.routing import SelectedManager
+from tasks.conf import get_settings
 from tasks.lifecycle import bulk as sql
 from tasks.lifecycle import prepared
 
@@ -121,6 +122,8 @@ class BulkOperation(models.Model):
         savepoint; a collision is counted as skipped), progress in the same transaction."""
         alias = using or self._state.db or "default"
         params = {"operation": self.pk, "batch": batch, "span": span, **sql.filter_params(self.filter)}
+        if self.kind == "retry":  # RERUN_SET's parameter (tasks/lifecycle/transitions.py)
+            params["fair_queues"] = list(get_settings().FAIR_QUEUES)
         try:
             with transaction.atomic(using=alias):
                 rows = prepared.rows(connections[alias], sql.BULK_SQL[self.kind], params)

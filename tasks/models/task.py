@@ -34,7 +34,7 @@ from tasks.lifecycle import workflows as wf_sql
 from tasks.lifecycle.routing import queue_database
 from tasks.lifecycle.states import FINISHED, NOT_RUNNING_STATUSES, UNFINISHED, WAITING, TaskStatus
 from tasks.lifecycle.storable import storable_json
-from tasks.lifecycle.transitions import RERUN_SET
+from tasks.lifecycle.transitions import RERUN_FAIR_QUEUES, RERUN_SET
 from tasks.lifecycle.values import (
     AttemptFate,
     ClaimedTask,
@@ -803,7 +803,14 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         with a TaskError naming the key and the task that holds it, and changes nothing. Inside the caller's
         ``transaction.atomic()`` the UPDATE runs under a savepoint, so the transaction goes on."""
         finished = self.filter(status__in=FINISHED)
-        rerun = {column: RawSQL(expression, ()) for column, expression in RERUN_SET.items()}
+        # The fragment's one parameter (the fair queues) goes as Django's positional placeholder.
+        fair_queues = list(get_settings().FAIR_QUEUES)
+        rerun = {
+            column: RawSQL(
+                expression.replace(RERUN_FAIR_QUEUES, "%s"), [fair_queues] * expression.count(RERUN_FAIR_QUEUES)
+            )
+            for column, expression in RERUN_SET.items()
+        }
         # Outside a transaction the UPDATE is its own: a failed one leaves nothing to roll back, and a
         # savepoint would cost a BEGIN and a COMMIT round trip.
         inside = connections[finished.db].in_atomic_block

@@ -22,7 +22,7 @@ from tasks import tracing
 from tasks.exceptions import Discard, TaskTimeout
 from tasks.lifecycle.storable import storable_text
 from tasks.lifecycle.values import ClaimPosition, fair_after_claim
-from tasks.models import ClaimedTask
+from tasks.models import ClaimedTask, SharedFairCursor
 from tasks.runtime import Execution
 from tasks.worker.handbacks import HandBacks
 from tasks.worker.handlers import HandlerCache, failure_from, with_policy
@@ -83,6 +83,7 @@ class Dispatcher:
         resolve: HandlerCache,
         pace: Pace,
         request_stop: Callable[[], None],
+        fair_cursor: SharedFairCursor | None = None,
     ) -> None:
         self.session = session
         self.mailbox = mailbox
@@ -122,8 +123,10 @@ class Dispatcher:
         self._rate_wakes: list[float] = []
         # A fair queue's claims take turns between its keys: the next turn starts after the last key
         # this worker served (tasks/lifecycle/statements.py, _PICK_FAIR), so that each worker goes round
-        # them all rather than starting from the first key every time.
-        self._fair_after: str | None = None
+        # them all rather than starting from the first key every time; its first claim starts where
+        # the database's claimers left the turns (the shared cursor, written back at most once a
+        # second and at a clean stop: tasks/models/fair_cursor.py). None for any other claim.
+        self.fair_cursor = fair_cursor
 
     # -- sizing -------------------------------------------------------------------------------------
 
@@ -197,12 +200,16 @@ class Dispatcher:
             claim = wanted if may_have_work and wanted > 0 and (wanted >= self.batch_size or hungry) else 0
             if outcomes or starts or claim:
                 claimed = self.round(outcomes, starts, claim, idle=census.in_hand == 0)
+                if self.fair_cursor is not None:
+                    self.fair_cursor.sync()  # where the turns went, once the claimed tasks are in hand
                 if claim:
                     if claimed is not None and len(claimed) == claim:
                         continue  # there may be more; go round without waiting
                     # A failed claim is retried; a short one waits, unless it resumed: what lies
                     # behind its positions is looked for at once, from the start.
                     may_have_work = claimed is None or self._resumed_short
+            if self.fair_cursor is not None:
+                self.fair_cursor.sync()  # a move the last sync left (a write under a second before)
             if session.draining.is_set():
                 if self.drain():
                     return
@@ -289,6 +296,7 @@ class Dispatcher:
         sent = clock.monotonic()
         resume = bool(claim) and self._resume and sent < self._scan_from_start_at
         after = list(self._positions.values()) if resume else []
+        fair_after = self.fair_cursor.current() if claim and self.fair_cursor is not None else None
         try:
             session.bind()
             if markers or claim:
@@ -303,10 +311,11 @@ class Dispatcher:
                     # a task to run isolated goes only to a worker holding nothing else
                     take_isolated=idle and self.zombies() == 0,
                     after=after,
-                    fair_after=self._fair_after,
+                    fair_after=fair_after,
                 )
                 if claim:
-                    self._fair_after = fair_after_claim(claimed, self._fair_after)
+                    if self.fair_cursor is not None:
+                        self.fair_cursor.advance(fair_after_claim(claimed, fair_after))
                     self._remember(claimed, sent, resumed=resume)
                     self._resume = len(claimed) == claim
                     self._resumed_short = resume and len(claimed) < claim
@@ -590,3 +599,5 @@ class Dispatcher:
                 break
             self.round(outcomes, starts, 0)
         self.handbacks.everything()
+        if self.fair_cursor is not None:
+            self.fair_cursor.flush()  # the next worker's turns go on from this one's last

@@ -30,6 +30,8 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from leasing.bounds import unbound
 from tasks.conf import get_settings
 from tasks.maintenance.service import Services
+from tasks.models import SharedFairCursor
+from tasks.models.task import is_fair_claim
 from tasks.worker.aio import AsyncExecutor
 from tasks.worker.dispatcher import Dispatcher
 from tasks.worker.handlers import HandlerCache
@@ -157,6 +159,9 @@ class Worker:
             slots=slots,
             resolve=resolve,
             pace=pace,
+            # a fair queue's turns start where the claimers of the database left them, not at the
+            # first key every time this process starts (tasks/models/fair_cursor.py)
+            fair_cursor=SharedFairCursor(self.queues[0], using) if is_fair_claim(self.queues, 1) else None,
         )
         self.wakeup = wakeup_for(using, session.poll_interval)
         self.services = Services()

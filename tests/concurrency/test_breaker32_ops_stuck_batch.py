@@ -58,7 +58,13 @@ def test_a_stopped_leaders_open_batch_does_not_stop_recovery(processes: Any) -> 
     # The deposed leader's batch: run, not committed.
     stopped = psycopg.connect(database_url())
     try:
-        params = {"operation": operation.pk, "batch": 10, "span": 20, **filter_params(operation.filter)}
+        params = {
+            "operation": operation.pk,
+            "batch": 10,
+            "span": 20,
+            "fair_queues": [],
+            **filter_params(operation.filter),
+        }
         assert stopped.execute(BULK_RETRY_SQL, params).fetchone() is not None
         # The new leader, and a worker running a long task under a short lease.
         processes("recover_tasks", "--interval", str(INTERVAL), name="leader")

@@ -62,3 +62,20 @@ def test_below_the_batch_each_keyless_row_is_adopted_at_once() -> None:
     """The case shows what the test above measures: fewer inserts than the batch per round."""
     seen = rounds_with(busy_per_round=BATCH // 2)
     assert all(all(adopted) for adopted in seen), seen
+
+
+def test_a_keyless_task_requeued_in_a_fair_queue_is_adopted_within_a_round_or_two() -> None:
+    """A task of the queue from before it was fair (no key), finished, run again (requeue writes
+    RERUN_SET: READY, now; it used to keep its NULL key). Its id is old, so the tail never reads it,
+    and its start is the newest of its level, so the pass reaches it last: 20 rounds behind a fair
+    backlog of 20 batches. It must take part in the turns as a new enqueue of the queue would (the
+    shared key "") within a round or two: RERUN_SET now gives it that key itself."""
+    [old] = Task.objects.bulk_enqueue(NOOP, [{}], queue="fair33")
+    Task.objects.filter(pk=old).update(fair_key=None, status="SUCCESSFUL")
+    Task.objects.bulk_enqueue(NOOP, [{}] * (20 * BATCH), queue="fair33", fair_key="tenant")
+    adopter = KeylessAdopter(batch=BATCH)
+    adopter.run_once()
+    assert Task.objects.filter(pk=old).requeue() == 1
+    for _ in range(2):
+        adopter.run_once()
+    assert Task.objects.get(pk=old).fair_key is not None, "the requeued task is still keyless: only a fill serves it"

@@ -227,7 +227,13 @@ def test_a_batch_reads_its_window_not_the_table() -> None:
         cursor.execute("VACUUM ANALYZE tasks_task")
     for data in ({"queue": "mail"}, {}, {"kwargs_contains": {"customer": 7}}):
         operation = BulkOperation.objects.request("retry", data)
-        params = {"operation": operation.pk, "batch": 100, "span": 5000, **filter_params(operation.filter)}
+        params = {
+            "operation": operation.pk,
+            "batch": 100,
+            "span": 5000,
+            "fair_queues": [],
+            **filter_params(operation.filter),
+        }
         with transaction.atomic():
             plan = explained(BULK_SQL["retry"], params)
             transaction.set_rollback(True)

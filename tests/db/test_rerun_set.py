@@ -32,7 +32,14 @@ WORN: dict[str, Any] = {
     "snoozed_at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
     "run_after": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
     "trace_context": {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+    "fair_key": None,  # in a fair queue: enqueued before the queue was fair
 }
+FAIR = ["by-requeue", "by-bulk", "fair-keyed"]
+
+
+@pytest.fixture(autouse=True)
+def fair_queues(settings: Any) -> None:
+    settings.LEASING_TASKS = {**getattr(settings, "LEASING_TASKS", {}), "FAIR_QUEUES": FAIR}
 
 
 def worn_task(queue: str) -> int:
@@ -84,7 +91,30 @@ def test_a_requeue_and_a_bulk_retry_leave_a_finished_task_the_same(django_assert
         "finished_at": None,
         "snoozed_at": None,
         "trace_context": {**WORN["trace_context"], tracing.RERUN_KEY: "1"},
+        "fair_key": "",  # the shared key, as an enqueue into the fair queue gives
     }
+
+
+def test_a_fair_key_is_kept_and_a_plain_queues_null_stays_null() -> None:
+    """Only a keyless task of a fair queue takes the shared key; a tenant's key survives a run again,
+    and a plain queue's task stays out of the fair index (NULL), by requeue and by bulk retry alike."""
+    keyed = Task.objects.enqueue(NOOP, queue="fair-keyed", fair_key="tenant-7").id
+    plain = Task.objects.enqueue(NOOP, queue="plain").id
+    Task.objects.filter(pk__in=[keyed, plain]).update(status=TaskStatus.FAILED)
+    assert Task.objects.filter(pk__in=[keyed, plain]).requeue() == 2
+    assert dict(Task.objects.filter(pk__in=[keyed, plain]).values_list("pk", "fair_key")) == {
+        keyed: "tenant-7",
+        plain: None,
+    }
+    Task.objects.filter(pk__in=[keyed, plain]).update(status=TaskStatus.FAILED)
+    for queue in ("fair-keyed", "plain"):
+        BulkOperation.objects.request("retry", {"queue": queue}, requested_by="test")
+    assert BulkRunner(batch_size=10, span=25).run_until_idle() == 2
+    assert dict(Task.objects.filter(pk__in=[keyed, plain]).values_list("pk", "fair_key")) == {
+        keyed: "tenant-7",
+        plain: None,
+    }
+    assert Task.objects.filter(pk__in=[keyed, plain], status=TaskStatus.READY).count() == 2
 
 
 def test_a_null_trace_context_stays_null() -> None:

@@ -23,7 +23,16 @@ from tasks.lifecycle.routing import queue_database, queues_by_database
 from tasks.lifecycle.storable import is_storable
 from tasks.lifecycle.values import fair_after_claim
 from tasks.lifecycle.windows import MAX_WINDOW_SECONDS, WindowError, validate_windows
-from tasks.models import FINISHED, MAX_CONCURRENCY_LIMIT, ClaimedTask, Failure, Started, Task, TaskStatus
+from tasks.models import (
+    FINISHED,
+    MAX_CONCURRENCY_LIMIT,
+    ClaimedTask,
+    Failure,
+    SharedFairCursor,
+    Started,
+    Task,
+    TaskStatus,
+)
 from tasks.models.task import is_fair_claim
 from tasks.web import history as history_views
 from tasks.web import queue_pages as queue_views
@@ -259,9 +268,10 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
         return (201 if enqueued.created else 200), {"task": found, "task_id": enqueued.id, "created": enqueued.created}
 
 
-#: The last key this process's API claims served, per (database, fair queue): tasks/lifecycle/statements.py,
-#: _PICK_FAIR. Bounded by the fair queues named in settings (only a fair claim returns keys).
-_fair_cursors: dict[tuple[str, str], str | None] = {}
+#: Where this process's API claims' turns go on, per (database, fair queue): the queue's shared cursor
+#: (tasks/models/fair_cursor.py), read at the process's first claim of the queue and written back at
+#: most once a second. Bounded by the fair queues named in settings (only a fair claim makes one).
+_fair_cursors: dict[tuple[str, str], SharedFairCursor] = {}
 
 
 @api_view(POST=[CHANGE_TASK])
@@ -271,8 +281,9 @@ def next_task(request: HttpRequest) -> tuple[int, Any]:
     worker = body.text("worker", max_length=200)
     queues = body.names("queues", default=["default"])
     # From a fair queue, the turns start after the client's own cursor (the last key it served) or,
-    # without one, after the last key this process's claims of the queue served: a client claiming
-    # one at a time still goes round the keys.
+    # without one, after the last key this process's claims of the queue served, and at its first
+    # claim of the queue where the database's claimers left them (the shared cursor): a client
+    # claiming one at a time still goes round the keys, across restarts and replicas of the web tier.
     fair_after = body.text("fair_after", required=False)
     homes = queues_by_database(queues)
     if len(homes) > 1:
@@ -280,8 +291,11 @@ def next_task(request: HttpRequest) -> tuple[int, Any]:
         raise ApiError(400, f"queues live in several databases ({spread}): claim from one at a time", "queues")
     limit = body.whole("limit", required=False, low=1, high=100, default=1)
     ttl = body.number("ttl", required=False, low=0, high=MAX_TTL, default=get_settings().TTL)
-    cursor_key = (next(iter(homes)), queues[0])
-    with routed(request, next(iter(homes)), f"queue {queues[0]!r}"):
+    fair = is_fair_claim(queues, limit)
+    alias = next(iter(homes))
+    shared = _fair_cursors.setdefault((alias, queues[0]), SharedFairCursor(queues[0], alias)) if fair else None
+    with routed(request, alias, f"queue {queues[0]!r}"):
+        start_after = fair_after if fair_after is not None or shared is None else shared.current()
         # An HTTP client runs what it claims: the attempt begins (and is charged) now. A rate-limited
         # one (a rate key of its own, or its queue's) begins only if its key grants the start now;
         # one refused went back to the queue uncharged and is not returned.
@@ -292,14 +306,15 @@ def next_task(request: HttpRequest) -> tuple[int, Any]:
             queues=queues,
             ttl=ttl,
             start=not queue_wide,
-            fair_after=fair_after if fair_after is not None else _fair_cursors.get(cursor_key),
+            fair_after=start_after,
         )
         reply: dict[str, Any] = {}
-        if is_fair_claim(queues, limit):
+        if shared is not None:
             # where this claim's last turn went (not the key of the last task returned: a key with
             # nothing due took its turn too): the cursor a client sends back as its next fair_after
-            cursor = fair_after_claim(claimed, fair_after if fair_after is not None else _fair_cursors.get(cursor_key))
-            _fair_cursors[cursor_key] = cursor
+            cursor = fair_after_claim(claimed, start_after)
+            shared.advance(cursor)
+            shared.sync()
             reply["fair_after"] = cursor
         claimed = [c for c in claimed if _started_now(c, worker, queue_wide)]
         rows = {task.pk: task for task in Task.objects.filter(pk__in=[c.id for c in claimed])}

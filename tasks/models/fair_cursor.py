@@ -1,0 +1,143 @@
+"""A fair queue's turn cursor, shared by every claimer of its database (workers and API processes).
+
+A fair claim deals its turns on from the key that took the claimer's last turn (FAIR_CURSOR in
+tasks/lifecycle/statements.py). Kept only in a process's memory, that cursor died with the process:
+a worker recycled by ``--max-tasks``, killed and restarted, or deployed started from the first key
+every life, so with more tenants than one life's claims reach, the last ones never started a task
+(breaker 33). The row of ``tasks_faircursor`` is where a new claimer starts instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from contextlib import AbstractContextManager, nullcontext
+
+from django.db import DatabaseError, connections, models, transaction
+
+from leasing import clock
+from leasing.routing import SelectedManager
+from tasks.lifecycle import statements as sql
+
+logger = logging.getLogger("tasks.fair")
+
+#: A claimer writes its cursor back at most this often (seconds), and at a clean stop.
+WRITE_INTERVAL = 1.0
+
+
+def _guarded(using: str) -> AbstractContextManager[object]:
+    """Inside a caller's transaction (an API request under ATOMIC_REQUESTS), a savepoint: a refused
+    read or write of the cursor must not abort the caller's transaction. Otherwise (a worker's
+    autocommit connection) the statement is its own transaction and needs nothing around it."""
+    return transaction.atomic(using=using) if connections[using].in_atomic_block else nullcontext()
+
+
+class FairCursorQuerySet(models.QuerySet["FairCursor"]):
+    def read(self, queue: str) -> str | None:
+        """Where a new claimer of fair ``queue`` starts its turns (None: from the first key)."""
+        with _guarded(self.db), connections[self.db].cursor() as cursor:
+            cursor.execute(sql.FAIR_CURSOR_READ_SQL, {"queue": queue})
+            row = cursor.fetchone()
+        return None if row is None else row[0]
+
+    def write(self, queue: str, fair_after: str) -> None:
+        """Store where this claimer's turns have got to (last writer wins: FAIR_CURSOR_WRITE_SQL)."""
+        with _guarded(self.db), connections[self.db].cursor() as cursor:
+            cursor.execute(sql.FAIR_CURSOR_WRITE_SQL, {"queue": queue, "fair_after": fair_after})
+
+
+class FairCursor(models.Model):
+    """The shared turn cursor of one fair queue (LEASING_TASKS["FAIR_QUEUES"]) in this database."""
+
+    queue = models.CharField(max_length=100, primary_key=True)
+    fair_after = models.CharField(
+        max_length=255,
+        null=True,
+        blank=True,
+        db_collation="C",
+        help_text="The key that took the last turn a claimer wrote back: new claimers start after it.",
+    )
+    updated_at = models.DateTimeField(help_text="When the cursor last moved (the database clock).")
+
+    objects = SelectedManager.from_queryset(FairCursorQuerySet)()
+
+    class Meta:
+        ordering = ["queue"]
+
+    def __str__(self) -> str:
+        return f"fair queue {self.queue}: turns go on after {self.fair_after!r}"
+
+
+class SharedFairCursor:
+    """One claimer's cursor of one fair queue: kept in memory, shared through ``tasks_faircursor``.
+
+    Read once, before the claimer's first claim from the queue (again at most once per ``interval``
+    while the read fails); from then on each claim's FAIR_CURSOR moves it in memory (:meth:`advance`),
+    and :meth:`sync` writes it back when it moved, at most once per ``interval`` seconds (the first
+    move at once), :meth:`flush` at a clean stop. So the hot path sends no statement of its own: a
+    worker writes at most one upsert a second, whatever its claim rate, after its claimed tasks went
+    to its executors; a process killed loses at most its last second of turns (the next life serves
+    those keys again; it skips none).
+
+    The cursor is advisory: a read or write the database refuses (a lost connection, the table not
+    migrated yet during a deploy) is logged and the claimer goes on with its own cursor, as before
+    the table existed. Thread-safe (an API process serves claims from several threads)."""
+
+    def __init__(self, queue: str, using: str, *, interval: float = WRITE_INTERVAL) -> None:
+        self.queue = queue
+        self.using = using
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._value: str | None = None  # where this claimer's next turn starts after
+        self._known = False  # read from the table, or moved by a claim of ours before a read succeeded
+        self._stored: str | None = None  # the table's value as this claimer last read or wrote it
+        self._read_due = 0.0  # local clock: a failed read is tried again from then on
+        self._write_due = 0.0  # local clock: the next write may go from then on (the first at once)
+
+    def current(self) -> str | None:
+        """Where the next claim's turns start: the shared cursor on the first call, then this
+        claimer's own."""
+        with self._lock:
+            if not self._known and clock.monotonic() >= self._read_due:
+                try:
+                    stored = FairCursor.objects.db_manager(self.using).read(self.queue)
+                except DatabaseError as exc:
+                    self._read_due = clock.monotonic() + self.interval
+                    logger.warning("fair queue %s: its shared cursor could not be read: %s", self.queue, exc)
+                else:
+                    self._known = True
+                    self._value = self._stored = stored
+            return self._value
+
+    def advance(self, fair_after: str | None) -> None:
+        """A claim's turns went on to ``fair_after`` (``fair_after_claim``; None: the claim found no
+        keys, the cursor stays). In memory only: :meth:`sync` writes it back."""
+        if fair_after is not None:
+            with self._lock:
+                self._value = fair_after
+                self._known = True  # ours wins over a read that has not succeeded yet
+
+    def sync(self) -> None:
+        """Write a move back, unless the last write is less than ``interval`` old (the first at once)."""
+        with self._lock:
+            self._write(force=False)
+
+    def flush(self) -> None:
+        """Write a move back now (a clean stop)."""
+        with self._lock:
+            self._write(force=True)
+
+    def _write(self, *, force: bool) -> None:
+        value = self._value
+        if value is None or value == self._stored:
+            return
+        now = clock.monotonic()
+        if not force and now < self._write_due:
+            return
+        self._write_due = now + self.interval
+        try:
+            FairCursor.objects.db_manager(self.using).write(self.queue, value)
+        except DatabaseError as exc:
+            logger.warning("fair queue %s: its shared cursor could not be written: %s", self.queue, exc)
+        else:
+            self._stored = value
