@@ -826,47 +826,51 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         table = self.model._base_manager.db_manager(self.db)
         constraint = getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None)
         if constraint == "tasks_task_debounce_waiting":
-            same = {"task_path": models.OuterRef("task_path"), "debounce_key": models.OuterRef("debounce_key")}
-            waiting = (
-                table.filter(status__in=(TaskStatus.BLOCKED, TaskStatus.READY), transitions=0)
-                .filter(debounce_key__isnull=False)
-                .filter(models.Exists(self.filter(transitions=0, **same)))
-                .order_by("id")
-                .values_list("id", "task_path", "debounce_key")
-                .first()
-            )
-            if waiting is not None:
-                held_id, path, key = waiting
-                mine = self.filter(transitions=0, task_path=path, debounce_key=key).values_list("id", flat=True).first()
+            waiting = table.filter(status__in=(TaskStatus.BLOCKED, TaskStatus.READY), transitions=0)
+            held = self._key_holder(waiting, ("task_path", "debounce_key"), transitions=0)
+            if held is None:
                 return TaskError(
-                    f"task {mine} cannot run again: task {held_id} of debounce key {key!r} ({path}) is waiting,"
-                    " not yet claimed, and a debounce key has one such task at a time (the key's enqueues fold into"
-                    f" it); cancel task {held_id} or let it be claimed first"
+                    "two of these tasks share a debounce key and were never claimed: only one of them can wait at a"
+                    " time; requeue them one by one"
                 )
+            held_id, mine, (path, key) = held
             return TaskError(
-                "two of these tasks share a debounce key and were never claimed: only one of them can wait at a"
-                " time; requeue them one by one"
+                f"task {mine} cannot run again: task {held_id} of debounce key {key!r} ({path}) is waiting,"
+                " not yet claimed, and a debounce key has one such task at a time (the key's enqueues fold into"
+                f" it); cancel task {held_id} or let it be claimed first"
             )
         if constraint == "tasks_task_dedup_unfinished":
-            unfinished = (
-                table.filter(status__in=UNFINISHED, dedup_key__isnull=False)
-                .filter(models.Exists(self.filter(dedup_key=models.OuterRef("dedup_key"))))
-                .order_by("id")
-                .values_list("id", "dedup_key")
-                .first()
-            )
-            if unfinished is not None:
-                held_id, key = unfinished
-                mine = self.filter(dedup_key=key).values_list("id", flat=True).first()
+            held = self._key_holder(table.filter(status__in=UNFINISHED), ("dedup_key",))
+            if held is None:
                 return TaskError(
-                    f"an unfinished task with the same dedup key already exists: dedup key {key!r} is held by"
-                    f" task {held_id} (task {mine} cannot run again until it finishes)"
+                    "an unfinished task with the same dedup key already exists: two of these tasks share a dedup"
+                    " key; requeue them one by one"
                 )
+            held_id, mine, (key,) = held
             return TaskError(
-                "an unfinished task with the same dedup key already exists: two of these tasks share a dedup"
-                " key; requeue them one by one"
+                f"an unfinished task with the same dedup key already exists: dedup key {key!r} is held by"
+                f" task {held_id} (task {mine} cannot run again until it finishes)"
             )
         return TaskError(f"the requeue was refused: {exc}")
+
+    def _key_holder(
+        self, holders: models.QuerySet[Task], key: tuple[str, ...], **mine: Any
+    ) -> tuple[int, int | None, tuple[Any, ...]] | None:
+        """The first of ``holders`` whose ``key`` columns (the last one not NULL) one of these tasks
+        (narrowed by ``mine``) shares: its id, the id of the task of ours that shares it, and the key."""
+        same = {column: models.OuterRef(column) for column in key}
+        found = (
+            holders.filter(**{f"{key[-1]}__isnull": False})
+            .filter(models.Exists(self.filter(**mine, **same)))
+            .order_by("id")
+            .values_list("id", *key)
+            .first()
+        )
+        if found is None:
+            return None
+        held_id, *values = found
+        ours = self.filter(**mine, **dict(zip(key, values, strict=True))).values_list("id", flat=True).first()
+        return held_id, ours, tuple(values)
 
     def retry_now(self) -> int:
         """Run waiting (READY, backed off or deferred) tasks now. Waiting tasks of a concurrency key
