@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from leasing.models import GRANT_SET
-from tasks.lifecycle.values import ClaimPosition
+from tasks.lifecycle.values import ClaimPosition, FairPosition
 
 
 def _backoff_sql(exponent: str) -> str:
@@ -421,25 +421,44 @@ WHERE t.id = ANY(ARRAY(
 #   key's due ones are passed over level by level, never read one by one (one range scan over the key
 #   in (priority DESC, run_after, id) order read every one of them: 3,056 blocks for a claim of 10
 #   behind 200,000 such rows on PostgreSQL 15, 164 now, bench/fair_claims.py; 18's skip scan did the
-#   same walk by itself). The walk is lazy: it stops at the level that fills the key's quota.
+#   same walk by itself). The walk is lazy: it stops at the level that fills the key's quota. Its
+#   scans start after the claimer's positions in the key (below).
 # - the fill: a claim is never short while due rows are left. When the keys' turns leave room (fewer
 #   keys than the claim's limit, with fewer due rows than their quota; rows of the queue enqueued
 #   before it became fair, with no key), the rest comes from the plain pick over tasks_task_claim_idx
-#   (the levels walk of _PICK_ONE from each level's front), passing over the rows ``fair`` took.
+#   (the levels walk of _PICK_ONE, after the claimer's positions: below), passing over the rows
+#   ``fair`` took.
 #   Its LIMIT is the room left: 0 when ``fair`` filled the claim, and a Limit of 0 reads nothing.
 #
 # ``fair`` is a MATERIALIZED CTE (locking rows, it must run exactly once: see above), bounded by
 # ``limit`` inside; the fill reads its ids once (an InitPlan). The CTEs sit at the top of the claim
 # statement (WITH RECURSIVE: ``walk`` and ``levels`` recurse) so that RETURNING can read the walk;
-# the finish-and-claim forms put them after ``finished``. Beside an old snapshot the claimed rows'
-# entries stay in tasks_task_fair_idx (none can be removed): a probe for the next key, and a key's
-# range scan, step over the rows of that key claimed since the snapshot began, as a plain claim from
-# the start does (the plain claim's positions have no counterpart here; the cost grows with the rows
-# claimed since the snapshot, per key visited, not with the number of keys). ``own``'s probe hands
-# its level's scan the first live row, so those entries are stepped over once per key, not twice.
+# the finish-and-claim forms put them after ``finished``.
+#
+# Resuming beside an old snapshot (breaker 33): no claimed row's entry can be removed from either
+# index while the snapshot lives, and a scan from a key's front (or a level's, for the fill) steps
+# over every row of it claimed since the snapshot began, one heap visit each: under a noisy tenant
+# (the case fair queues exist for) each claim's cost grew with the rows claimed (368 -> 14,637 blocks
+# after 50,000 claims, 1,000,000 rows, PostgreSQL 15). So a fair claim resumes as a plain one does
+# ("Resuming where the last claims stopped" above, the same worker rules: positions only while its
+# claims come back full, dropped at each claim from the front, at least every RESCAN_INTERVAL):
+# - each key's turn starts after the claimer's last row of that key and level (``after_keys``, ...:
+#   ``mine``, the key's own, read once per turn): ``own`` walks the key's levels as _next_level walks
+#   a queue's, its probe bounded by the highest positioned level below (a new higher priority of the
+#   key, or a level between two positioned ones, is found at once; a positioned level is scanned
+#   after its position, never from its front). A worker keeps the positions of the keys it claimed
+#   from most recently (4 x its batch size: FairPositions); a key without one starts from its front.
+# - the fill starts each level after the claimer's plain positions (``placed``), which come from
+#   the rows the fill took only (FAIR_CLAIM_RETURNING says which): the rows a key's turn took are no
+#   place in the level's order (the other keys' rows before them are not claimed).
+# What a position passes over (a hand-back, a recovered row, an enqueue with run_after in the past,
+# behind the key's last claimed row) is taken by the key's first turn after the next claim from the
+# front: never skipped for good, as in a plain queue. A turn given positions takes the rows a turn
+# from the front takes otherwise (tests/db/test_fair_positions.py drains twin queues both ways).
 # Measured (bench/fair_claims.py, PostgreSQL 15, 1,000,000 rows, 1,000 keys): a claim of 10 reads 158
 # blocks in its pick; beside a REPEATABLE READ snapshot held while 20,000 rows (20 per key) were
-# claimed, 584.
+# claimed, 584 from the front. The walk's probe for the next key still starts at that key's front
+# (the walk has no positions yet).
 _FAIR_ROWS = "status = 'READY' AND fair_key IS NOT NULL AND queue = %(queue)s"
 _FAIR_AFTER = "%(fair_after)s::text"
 
@@ -452,15 +471,34 @@ def _next_key(after: str | None) -> str:
             ORDER BY f.fair_key LIMIT 1)"""
 
 
+# The claimer's positions in the keys it claimed from lately (``after_keys``, ``after_key_priorities``,
+# ``after_key_run_afters``, ``after_key_ids``: one per key and priority level at most, empty arrays: every
+# key from its front). A key's turn reads its own once (``mine``), whatever the number of keys sent.
+_KEY_POSITIONS = (
+    "unnest(%(after_keys)s::text[], %(after_key_priorities)s::smallint[], %(after_key_run_afters)s::timestamptz[],"
+    " %(after_key_ids)s::bigint[]) AS k(fair_key, priority, run_after, id)"
+)
+
+
 def _next_own_level(below: str | None) -> str:
-    """The first READY row (priority, run_after, id) of the walked key ``w``'s next priority level
-    (below ``below``; None: its highest): one index probe, whose row is where that level's scan
-    starts (the entries it stepped over are not read twice)."""
+    """Where the walked key ``w``'s next priority level (below ``below``; None: its highest) is
+    scanned from, exclusive: (priority, run_after, id). As _next_level walks a queue's levels: the
+    highest positioned level of the key below ``below`` (``known``, from ``mine``) bounds one index
+    probe for the first READY row of a level above it, whose row is where that level's scan starts
+    (id - 1: the row itself is the first one after it; the entries the probe stepped over are not
+    read twice); nothing between: ``known`` itself, after its position (never from its front)."""
     under = "" if below is None else f" AND f.priority < {below}"
-    return f"""(SELECT f.priority, f.run_after, f.id FROM tasks_task AS f
-                WHERE f.status = 'READY' AND f.fair_key IS NOT NULL AND f.queue = %(queue)s
-                  AND f.fair_key = w.fair_key{under}
-                ORDER BY f.priority DESC, f.run_after, f.id LIMIT 1)"""
+    mine_under = "" if below is None else f" WHERE m.priority < {below}"
+    return f"""(SELECT s.priority, s.run_after, s.id
+            FROM (SELECT max(m.priority) AS known FROM mine AS m{mine_under}) AS kn CROSS JOIN LATERAL (
+                (SELECT f.priority, f.run_after, f.id - 1 AS id FROM tasks_task AS f
+                 WHERE f.status = 'READY' AND f.fair_key IS NOT NULL AND f.queue = %(queue)s
+                   AND f.fair_key = w.fair_key{under} AND f.priority > COALESCE(kn.known, -32768)
+                 ORDER BY f.priority DESC, f.run_after, f.id LIMIT 1)
+                UNION ALL
+                (SELECT m.priority, m.run_after, m.id FROM mine AS m WHERE m.priority = kn.known)
+                LIMIT 1
+            ) AS s)"""
 
 
 def _in_lap(walk: str) -> str:
@@ -485,15 +523,17 @@ _FAIR_CTES = f"""walk(fair_key, wrapped, n) AS (
           AND NOT (w.wrapped AND COALESCE(w.fair_key >= {_FAIR_AFTER}, false))
     ), fair AS MATERIALIZED (
         SELECT due.id FROM walk AS w CROSS JOIN LATERAL (
-            WITH RECURSIVE own(priority, run_after, id) AS (
-                {_next_own_level(None)}
+            WITH RECURSIVE mine(priority, run_after, id) AS MATERIALIZED (
+                SELECT k.priority, k.run_after, k.id FROM {_KEY_POSITIONS} WHERE k.fair_key = w.fair_key
+            ), own(priority, run_after, id) AS (
+                SELECT n.* FROM {_next_own_level(None)} AS n
                 UNION ALL
                 SELECT n.* FROM own AS o CROSS JOIN LATERAL {_next_own_level("o.priority")} AS n
             )
             SELECT r.id FROM own AS o CROSS JOIN LATERAL (
                 SELECT id FROM tasks_task
                 WHERE {_FAIR_ROWS} AND fair_key = w.fair_key AND priority = o.priority
-                  AND (run_after, id) >= (o.run_after, o.id)
+                  AND (run_after, id) > (o.run_after, o.id)
                   AND run_after <= statement_timestamp() AND shared_crashes < %(isolation_bar)s
                 ORDER BY run_after, id
                 LIMIT (%(limit)s::int - w.n) / {_LAP_KEYS} + 1
@@ -591,12 +631,18 @@ def claim_params(
     isolate_after: int,
     after: Sequence[ClaimPosition] = (),
     fair_after: str | None = None,
+    fair_positions: Sequence[FairPosition] = (),
 ) -> dict[str, Any]:
     """The queue, isolation and position parameters of every claim statement (positions: one per
-    queue and priority level at most; ``fair_after``: the last key a fair claim served)."""
+    queue and priority level at most; ``fair_after``: the last key a fair claim served;
+    ``fair_positions``: one per fair key and priority level at most, read by a fair claim only)."""
     positions = [p for p in after if p.queue in queues]
     return {
         "fair_after": fair_after,
+        "after_keys": [p.fair_key for p in fair_positions],
+        "after_key_priorities": [p.priority for p in fair_positions],
+        "after_key_run_afters": [p.run_after for p in fair_positions],
+        "after_key_ids": [p.id for p in fair_positions],
         "queue": queues[0] if queues else "",
         "queues": queues,
         "isolation_bar": isolate_after if busy else NO_ISOLATION_BAR,
@@ -607,9 +653,11 @@ def claim_params(
     }
 
 
-# A fair claim returns each row's key too, and where the claimer's next turn starts (the same on
-# every row: FAIR_CURSOR).
-FAIR_CLAIM_RETURNING = f"{CLAIM_RETURNING}, t.fair_key, {FAIR_CURSOR}"
+# A fair claim returns each row's key too, where the claimer's next turn starts (the same on every
+# row: FAIR_CURSOR), and whether its key's turn took it (``fair``) or the fill: the claimer's
+# positions in the levels (where the next fill resumes) come from the fill's rows only, its positions
+# in the keys from both (ClaimPosition, FairPosition). ``fair``'s ids are read once (an InitPlan).
+FAIR_CLAIM_RETURNING = f"{CLAIM_RETURNING}, t.fair_key, {FAIR_CURSOR}, t.id = ANY(ARRAY(SELECT fair.id FROM fair))"
 
 
 def _claim_sql(pick: str, returning: str = CLAIM_RETURNING, ctes: str = "") -> str:
@@ -856,8 +904,8 @@ def _claimed_cte(pick: str, returning: str = CLAIM_RETURNING) -> str:
 )"""
 
 
-# A fair claim's two more columns (its key, the cursor), NULL in the other rows.
-_FAIR_NULLS = ", NULL, NULL"
+# A fair claim's three more columns (its key, the cursor, taken by its key's turn), NULL in the other rows.
+_FAIR_NULLS = ", NULL, NULL, NULL"
 
 
 def _claimed_and_finished(fair: bool) -> str:

@@ -54,6 +54,8 @@ class ClaimedTask:
     #: Where the claimer's next turn starts in a fair queue: the key that took its claim's last turn
     #: (the same on every row of a fair claim, None for other claims; FAIR_CURSOR).
     fair_cursor: str | None = None
+    #: A fair claim's row its key's turn took (False: the claim's fill took it, or not a fair claim).
+    fair_turn: bool = False
 
     @property
     def key(self) -> tuple[int, int]:
@@ -253,6 +255,7 @@ def claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
             json_value(row[22]) if len(row) > 22 else None,  # NULL (None) unless enqueued traced
             row[23] if len(row) > 23 else None,  # a fair claim's rows only (FAIR_CLAIM_RETURNING)
             row[24] if len(row) > 24 else None,
+            bool(row[25]) if len(row) > 25 else False,
         ),
         strict=True,
     ):
@@ -273,15 +276,44 @@ class ClaimPosition:
 
     @classmethod
     def last_per_level(cls, claimed: Sequence[ClaimedTask]) -> dict[tuple[str, int], ClaimPosition]:
-        """The furthest position among ``claimed`` in each queue and priority level they came from."""
+        """The furthest position among ``claimed`` in each queue and priority level they came from
+        in the claim order: a fair claim's rows its keys' turns took are no such place (the rows
+        before them in the level are other keys', not claimed), only those its fill took."""
         last: dict[tuple[str, int], ClaimPosition] = {}
         for task in claimed:
-            if task.run_after is None:
+            if task.run_after is None or task.fair_turn:
                 continue
             here = cls(task.queue, task.priority, task.run_after, task.id)
             seen = last.get((task.queue, task.priority))
             if seen is None or (seen.run_after, seen.id) < (here.run_after, here.id):
                 last[task.queue, task.priority] = here
+        return last
+
+
+@dataclass(frozen=True, slots=True)
+class FairPosition:
+    """A place in one fair key's claim order (priority high to low, then run_after, then id): the
+    key's turn in a fair claim given one starts after it in that priority level of the key
+    (tasks/lifecycle/statements.py, ``mine``)."""
+
+    fair_key: str
+    priority: int
+    run_after: dt.datetime
+    id: int
+
+    @classmethod
+    def last_per_key_level(cls, claimed: Sequence[ClaimedTask]) -> dict[tuple[str, int], FairPosition]:
+        """The furthest position among ``claimed`` in each fair key and priority level they came from
+        (rows of a fair claim only: the others have no key), whether the key's turn or the fill took
+        them (either way the key's rows before it in the level are claimed)."""
+        last: dict[tuple[str, int], FairPosition] = {}
+        for task in claimed:
+            if task.run_after is None or task.fair_key is None:
+                continue
+            here = cls(task.fair_key, task.priority, task.run_after, task.id)
+            seen = last.get((task.fair_key, task.priority))
+            if seen is None or (seen.run_after, seen.id) < (here.run_after, here.id):
+                last[task.fair_key, task.priority] = here
         return last
 
 

@@ -42,6 +42,7 @@ from tasks.lifecycle.values import (
     Enqueued,
     FailOutcome,
     Failure,
+    FairPosition,
     RateRefused,
     Recovered,
     Started,
@@ -466,6 +467,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         take_isolated: bool = True,
         after: Sequence[ClaimPosition] = (),
         fair_after: str | None = None,
+        fair_positions: Sequence[FairPosition] = (),
     ) -> list[ClaimedTask]:
         """Claim up to ``limit`` runnable tasks for ``worker`` under a lease of ``ttl`` seconds.
 
@@ -476,7 +478,9 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         where the last claims stopped").
 
         From one fair queue (LEASING_TASKS["FAIR_QUEUES"]) the claim takes turns between the keys,
-        starting after ``fair_after`` (the last key the claimer served: ``fair_after_claim``)."""
+        starting after ``fair_after`` (the last key the claimer served: ``fair_after_claim``); with
+        ``fair_positions`` (at most one per key and priority) each of those keys' turns resumes after
+        its position, and the fill of the claim after ``after``."""
         names = list(queues)
         isolate_after = get_settings().ISOLATE_AFTER
         params = {
@@ -485,13 +489,18 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "limit": limit,
             "start": start,
             "isolate_after": isolate_after,
-            **sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after, after=after),
+            **sql.claim_params(
+                names,
+                busy=not take_isolated,
+                isolate_after=isolate_after,
+                after=after,
+                fair_after=fair_after,
+                fair_positions=fair_positions,
+            ),
         }
         statement = sql.CLAIM_SQL[len(names) > 1]
-        if is_fair_claim(names, limit):
+        if is_fair_claim(names, limit):  # the keys' turns resume after ``fair_positions``, the fill after ``after``
             statement = sql.FAIR_CLAIM_SQL
-            params.update(sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after))
-            params["fair_after"] = fair_after
         claimed = [claimed_from_row(row) for row in self._rows(statement, params)]
         claimed.sort(key=lambda task: (-task.priority, task.id))
         return claimed
@@ -655,11 +664,13 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         take_isolated: bool = True,
         after: Sequence[ClaimPosition] = (),
         fair_after: str | None = None,
+        fair_positions: Sequence[FairPosition] = (),
     ) -> tuple[set[tuple[int, int]], dict[tuple[int, int], Started], list[ClaimedTask]]:
         """One statement: finish ``results`` (id, token, JSON), mark ``starts`` (id, token, start
         time) begun, claim up to ``limit`` more. Returns (finished, started, claimed); attempts
         missing from the first two were refused by the compare-and-set: no longer ours. From one fair
-        queue the claim takes turns between keys after ``fair_after`` (see :meth:`claim`)."""
+        queue the claim takes turns between keys after ``fair_after``, resuming each key after its
+        ``fair_positions`` (see :meth:`claim`)."""
         names = list(queues)
         if isolate_after is None:
             isolate_after = get_settings().ISOLATE_AFTER
@@ -673,12 +684,16 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "limit": limit,
             "start": False,
             "isolate_after": isolate_after,
-            **sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after, after=after),
+            **sql.claim_params(
+                names,
+                busy=not take_isolated,
+                isolate_after=isolate_after,
+                after=after,
+                fair_after=fair_after,
+                fair_positions=fair_positions,
+            ),
         }
-        fair = is_fair_claim(names, limit)
-        if fair:  # no positions: the fill of a fair claim scans each level from its front
-            params.update(sql.claim_params(names, busy=not take_isolated, isolate_after=isolate_after))
-            params["fair_after"] = fair_after
+        fair = is_fair_claim(names, limit)  # its keys' turns resume after ``fair_positions``, its fill after ``after``
         statement = sql.FAIR_FINISH_AND_CLAIM_SQL if fair else sql.FINISH_AND_CLAIM_SQL[len(names) > 1]
         if starts:  # the usual round has none: a short task's start rides on its finish
             statement = sql.FAIR_FINISH_START_CLAIM_SQL if fair else sql.FINISH_START_CLAIM_SQL[len(names) > 1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ from leasing import clock
 from tasks import tracing
 from tasks.exceptions import Discard, TaskTimeout
 from tasks.lifecycle.storable import storable_text
-from tasks.lifecycle.values import ClaimPosition, fair_after_claim
+from tasks.lifecycle.values import ClaimPosition, FairPosition, fair_after_claim
 from tasks.models import ClaimedTask, SharedFairCursor
 from tasks.runtime import Execution
 from tasks.worker.handbacks import HandBacks
@@ -58,6 +59,32 @@ MARKER_DELAY = 0.02
 # stopped): how long a READY row behind those positions (a hand-back keeping its place) may wait, and
 # how often a claim pays for the dead entries an old snapshot keeps (one pass over them per interval).
 RESCAN_INTERVAL = 1.0
+# Positions in a fair queue's keys a worker keeps, per row of its batch size (a claim visits at most
+# its limit of keys, so four claims' worth: a few hundred, each claim sending them all).
+FAIR_POSITIONS_PER_BATCH = 4
+
+
+class FairPositions:
+    """A fair claimer's positions in the keys it took rows from lately, one per key and priority
+    level, the most recent ``bound`` only (every claim sends them all: its cost stays bounded by the
+    batch size, never by the number of keys). A key left out is scanned from its front by its next
+    turn, as before positions: correct, only slower beside an old snapshot."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self._kept: OrderedDict[tuple[str, int], FairPosition] = OrderedDict()
+
+    def remember(self, claimed: list[ClaimedTask]) -> None:
+        """Where ``claimed`` stopped in each key and level it came from, the most recent last."""
+        kept = self._kept
+        for level, position in FairPosition.last_per_key_level(claimed).items():
+            kept.pop(level, None)
+            kept[level] = position
+        while len(kept) > self.bound:
+            kept.popitem(last=False)
+
+    def values(self) -> list[FairPosition]:
+        return list(self._kept.values())
 
 
 class Dispatcher:
@@ -116,6 +143,10 @@ class Dispatcher:
         # pass them over until the next scan from the start (a keyed drain fell from 2,100 to 150
         # tasks/s).
         self._positions: dict[tuple[str, int], ClaimPosition] = {}
+        # The same for a fair queue's keys: where its last claims stopped in each key (and level) they
+        # took rows from, so that a key's next turn resumes there (tasks/lifecycle/statements.py,
+        # ``mine``), kept and dropped with the positions above; the most recent few only (FairPositions).
+        self._fair_positions = FairPositions(FAIR_POSITIONS_PER_BATCH * batch_size)
         self._scan_from_start_at = 0.0
         self._resume = False  # the last claim came back full
         self._resumed_short = False  # the last claim resumed and came back short: look again at once
@@ -296,6 +327,7 @@ class Dispatcher:
         sent = clock.monotonic()
         resume = bool(claim) and self._resume and sent < self._scan_from_start_at
         after = list(self._positions.values()) if resume else []
+        fair_positions = self._fair_positions.values() if resume and self.fair_cursor is not None else []
         fair_after = self.fair_cursor.current() if claim and self.fair_cursor is not None else None
         try:
             session.bind()
@@ -312,6 +344,7 @@ class Dispatcher:
                     take_isolated=idle and self.zombies() == 0,
                     after=after,
                     fair_after=fair_after,
+                    fair_positions=fair_positions,
                 )
                 if claim:
                     if self.fair_cursor is not None:
@@ -376,8 +409,11 @@ class Dispatcher:
         every position (a level it found empty has none now) and sets when the next one is due."""
         if not resumed:
             self._positions = {}
+            self._fair_positions = FairPositions(FAIR_POSITIONS_PER_BATCH * self.batch_size)
             self._scan_from_start_at = sent + RESCAN_INTERVAL
         self._positions.update(ClaimPosition.last_per_level(claimed))
+        if self.fair_cursor is not None:
+            self._fair_positions.remember(claimed)
 
     def _route(self, executions: list[Execution]) -> None:
         """Claimed attempts to the threads or the event loop; what no slot of its kind will start
