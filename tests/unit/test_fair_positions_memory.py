@@ -1,0 +1,32 @@
+"""A fair claimer's memory of its positions in the keys (tasks/worker/dispatcher.py, FairPositions):
+one per key and level, the furthest in the key's order, the most recent ``bound`` only."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from tasks.lifecycle.values import ClaimedTask, ClaimPosition, FairPosition
+from tasks.worker.dispatcher import FairPositions
+
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def row(id: int, key: str | None, *, priority: int = 0, turn: bool = True) -> ClaimedTask:
+    at = NOW + dt.timedelta(seconds=id)
+    return ClaimedTask(
+        id, 1, "p", [], {}, 0, 3, None, NOW, None, "q", priority, NOW, run_after=at, fair_key=key, fair_turn=turn
+    )
+
+
+def test_the_furthest_row_of_each_key_and_level_the_most_recent_keys_only() -> None:
+    memory = FairPositions(3)
+    memory.remember([row(2, "a"), row(1, "a"), row(3, "b"), row(4, "b", priority=5), row(9, None, turn=False)])
+    assert [(p.fair_key, p.priority, p.id) for p in memory.values()] == [("a", 0, 2), ("b", 0, 3), ("b", 5, 4)]
+    memory.remember([row(7, "c"), row(8, "a")])  # a moves to the most recent end; the oldest goes
+    assert [(p.fair_key, p.priority, p.id) for p in memory.values()] == [("b", 5, 4), ("c", 0, 7), ("a", 0, 8)]
+    assert all(isinstance(p, FairPosition) for p in memory.values())
+
+
+def test_the_fills_positions_come_from_the_rows_the_fill_took() -> None:
+    claimed = [row(5, "a"), row(2, "b", turn=False), row(3, None, turn=False)]
+    assert ClaimPosition.last_per_level(claimed) == {("q", 0): ClaimPosition("q", 0, NOW + dt.timedelta(seconds=3), 3)}
