@@ -14,6 +14,11 @@ of its own due rows at priority 0. Cases:
 - ``fresh``: the same claim from a key with nothing deferred;
 - ``snapshot``: another session holds a REPEATABLE READ snapshot while ``--claimed`` rows are
   claimed and committed (their index entries cannot be removed), then the claim from the first key.
+- ``noisy``: the fair queue rebuilt with a noisy tenant (``--noisy-rows`` due rows), 3 quiet ones
+  (20,000 each) and one with only deferred rows (so the fill takes part in every claim); beside a
+  snapshot, ``--noisy-claimed`` rows claimed by claims of 100 that resume as a worker's do (its
+  positions in the levels and the keys, tasks/worker/dispatcher.py), then a claim of 10 that resumes
+  and one from the front (no positions: every claim before breaker 33's fix).
 
 Prints the statement's shared buffers (hit + read), the pick's, and the time.
 """
@@ -38,6 +43,8 @@ django.setup()
 from django.db import connection, connections, transaction  # noqa: E402
 
 from tasks.lifecycle import statements as sql  # noqa: E402
+from tasks.lifecycle.values import ClaimedTask, ClaimPosition, claimed_from_row, fair_after_claim  # noqa: E402
+from tasks.worker.dispatcher import FairPositions  # noqa: E402
 
 QUEUE = "fair-bench"
 ROWS = """
@@ -65,7 +72,21 @@ def build(deferred: int) -> None:
         cursor.execute("VACUUM (ANALYZE) tasks_task")
 
 
-def claim_params(after: str | None) -> dict[str, Any]:
+class Memory:
+    """A worker's memory of its fair claims: the cursor, its positions in the levels and the keys."""
+
+    def __init__(self, after: str | None = None) -> None:
+        self.after = after
+        self.positions: dict[tuple[str, int], ClaimPosition] = {}
+        self.keys = FairPositions(4 * 100)
+
+    def remember(self, claimed: list[ClaimedTask]) -> None:
+        self.after = fair_after_claim(claimed, self.after)
+        self.positions.update(ClaimPosition.last_per_level(claimed))
+        self.keys.remember(claimed)
+
+
+def claim_params(after: str | None, memory: Memory | None = None) -> dict[str, Any]:
     params: dict[str, Any] = {
         "worker": "bench",
         "ttl": 30.0,
@@ -73,15 +94,25 @@ def claim_params(after: str | None) -> dict[str, Any]:
         "start": False,
         "isolate_after": 2,
     }
-    params.update(sql.claim_params([QUEUE], busy=False, isolate_after=2, fair_after=after))
+    memory = memory or Memory()  # none: every level and key from its front
+    params.update(
+        sql.claim_params(
+            [QUEUE],
+            busy=False,
+            isolate_after=2,
+            after=list(memory.positions.values()),
+            fair_after=after,
+            fair_positions=memory.keys.values(),
+        )
+    )
     return params
 
 
-def explain(after: str | None) -> tuple[int, int, float, int]:
+def explain(after: str | None, memory: Memory | None = None) -> tuple[int, int, float, int]:
     """(statement's blocks, the pick's, ms, rows) of a claim of 10 after ``after``, rolled back."""
     for _ in range(2):
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.FAIR_CLAIM_SQL, claim_params(after))
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.FAIR_CLAIM_SQL, claim_params(after, memory))
             top = cursor.fetchone()[0][0]
             transaction.set_rollback(True)
     plan = top["Plan"]
@@ -91,14 +122,63 @@ def explain(after: str | None) -> tuple[int, int, float, int]:
     return total, pick, top["Execution Time"], plan["Actual Rows"]
 
 
+def build_noisy(noisy: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM tasks_task WHERE queue = %s", [QUEUE])
+        layers: tuple[dict[str, Any], ...] = (
+            {"prefix": "noisy-", "priority": 0, "status": "READY", "delay": -60, "keys": 1, "n": noisy},
+            {"prefix": "quiet-", "priority": 0, "status": "READY", "delay": -60, "keys": 3, "n": 60_000},
+            {"prefix": "later-", "priority": 0, "status": "READY", "delay": 3600, "keys": 1, "n": 100},
+        )
+        for params in layers:
+            cursor.execute(ROWS, {"queue": QUEUE, **params})
+        cursor.execute("VACUUM (ANALYZE) tasks_task")
+
+
+def print_case(name: str, figures: tuple[int, int, float, int]) -> None:
+    total, pick, ms, rows = figures
+    print(f"{name:40} statement {total:7} blocks, pick {pick:7}, {ms:8.2f} ms, {rows:.0f} rows")
+
+
+def noisy_case(noisy: int, claimed_rows: int) -> None:
+    build_noisy(noisy)
+    print_case("noisy: no snapshot, from the front", explain(None))
+    other = connections.create_connection("default")
+    other.set_autocommit(False)
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cursor.execute("SELECT count(*) FROM leasing_lease")  # the snapshot is taken
+        memory, claimed = Memory(), 0
+        with connection.cursor() as cursor:
+            while claimed < claimed_rows:
+                cursor.execute(sql.FAIR_CLAIM_SQL, {**claim_params(memory.after, memory), "limit": 100})
+                got = [claimed_from_row(row) for row in cursor.fetchall()]
+                if len(got) < 100:
+                    raise RuntimeError(f"a resumed claim of 100 took {len(got)} after {claimed}")
+                claimed += len(got)
+                memory.remember(got)
+        print_case(f"noisy: snapshot, {claimed} claimed, resumed", explain(memory.after, memory))
+        print_case(f"noisy: snapshot, {claimed} claimed, front", explain(memory.after))
+    finally:
+        other.rollback()
+        other.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--deferred", type=int, default=200_000)
     parser.add_argument("--claimed", type=int, default=20_000)
+    parser.add_argument("--noisy-rows", type=int, default=140_000)
+    parser.add_argument("--noisy-claimed", type=int, default=50_000)
+    parser.add_argument("--only-noisy", action="store_true", help="only the noisy tenant's case")
     args = parser.parse_args()
     with connection.cursor() as cursor:
         cursor.execute("SHOW server_version")
         print("PostgreSQL", cursor.fetchone()[0])
+    if args.only_noisy:
+        noisy_case(args.noisy_rows, args.noisy_claimed)
+        return
     build(args.deferred)
     cases: tuple[tuple[str, str | None], ...] = (
         ("deferred (walk starts at tenant-00000)", "tenant-00999"),
@@ -127,6 +207,7 @@ def main() -> None:
     finally:
         other.rollback()
         other.close()
+    noisy_case(args.noisy_rows, args.noisy_claimed)
 
 
 if __name__ == "__main__":

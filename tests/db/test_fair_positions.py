@@ -98,8 +98,10 @@ def test_a_keys_higher_priority_is_taken_at_once_and_a_level_between_its_positio
     assert tags(claimer.claim(4)) == ["a-between", "a3", "b4", "b5"]  # between two positioned levels
 
 
-def test_a_row_behind_a_keys_position_waits_for_the_next_claim_from_the_front() -> None:
-    Task.objects.bulk_enqueue(NOOP, [{"tag": f"a{n}"} for n in range(6)], queue="fair", fair_key="a")
+@pytest.mark.parametrize("a", ["a", 'a "\\ \u00e9\u6f22 \U0001f600'], ids=["plain", "quotes, backslash, non-ASCII"])
+def test_a_row_behind_a_keys_position_waits_for_the_next_claim_from_the_front(a: str) -> None:
+    """(The position is found whatever the key's name: the resumed claim passes over the row.)"""
+    Task.objects.bulk_enqueue(NOOP, [{"tag": f"a{n}"} for n in range(6)], queue="fair", fair_key=a)
     Task.objects.bulk_enqueue(NOOP, [{"tag": f"b{n}"} for n in range(6)], queue="fair", fair_key="b")
     claimer = Claimer()
     first = claimer.claim(4, from_start=True)
