@@ -72,6 +72,32 @@ def build(deferred: int) -> None:
         cursor.execute("VACUUM (ANALYZE) tasks_task")
 
 
+def claim_params(after: str | None) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "worker": "bench",
+        "ttl": 30.0,
+        "limit": 10,
+        "start": False,
+        "isolate_after": 2,
+    }
+    params.update(sql.claim_params([QUEUE], busy=False, isolate_after=2, fair_after=after))
+    return params
+
+
+def explain(after: str | None) -> tuple[int, int, float, int]:
+    """(statement's blocks, the pick's, ms, rows) of a claim of 10 after ``after``, rolled back."""
+    for _ in range(2):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.FAIR_CLAIM_SQL, claim_params(after))
+            top = cursor.fetchone()[0][0]
+            transaction.set_rollback(True)
+    plan = top["Plan"]
+    picks = [node for node in plan["Plans"] if node.get("Parent Relationship") == "InitPlan"]
+    pick = max(node["Shared Hit Blocks"] + node["Shared Read Blocks"] for node in picks)
+    total = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+    return total, pick, top["Execution Time"], plan["Actual Rows"]
+
+
 class Memory:
     """A worker's memory of its fair claims: the cursor, its positions in the levels and the keys."""
 
@@ -86,33 +112,11 @@ class Memory:
         self.keys.remember(claimed)
 
 
-def claim_params(after: str | None, memory: Memory | None = None) -> dict[str, Any]:
-    params: dict[str, Any] = {
-        "worker": "bench",
-        "ttl": 30.0,
-        "limit": 10,
-        "start": False,
-        "isolate_after": 2,
-    }
-    memory = memory or Memory()  # none: every level and key from its front
-    params.update(
-        sql.claim_params(
-            [QUEUE],
-            busy=False,
-            isolate_after=2,
-            after=list(memory.positions.values()),
-            fair_after=after,
-            fair_positions=memory.keys.values(),
-        )
-    )
-    return params
-
-
-def explain(after: str | None, memory: Memory | None = None) -> tuple[int, int, float, int]:
-    """(statement's blocks, the pick's, ms, rows) of a claim of 10 after ``after``, rolled back."""
+def explained(params: dict[str, Any]) -> tuple[int, int, float, int]:
+    """(statement's blocks, the pick's, ms, rows) of a fair claim with ``params``, rolled back."""
     for _ in range(2):
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.FAIR_CLAIM_SQL, claim_params(after, memory))
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.FAIR_CLAIM_SQL, params)
             top = cursor.fetchone()[0][0]
             transaction.set_rollback(True)
     plan = top["Plan"]
@@ -120,6 +124,22 @@ def explain(after: str | None, memory: Memory | None = None) -> tuple[int, int, 
     pick = max(node["Shared Hit Blocks"] + node["Shared Read Blocks"] for node in picks)
     total = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
     return total, pick, top["Execution Time"], plan["Actual Rows"]
+
+
+def resumed_params(memory: Memory, limit: int = 10) -> dict[str, Any]:
+    """A fair claim's parameters as a worker sends them: its cursor and its positions."""
+    return {
+        **claim_params(memory.after),
+        "limit": limit,
+        **sql.claim_params(
+            [QUEUE],
+            busy=False,
+            isolate_after=2,
+            after=list(memory.positions.values()),
+            fair_after=memory.after,
+            fair_positions=memory.keys.values(),
+        ),
+    }
 
 
 def build_noisy(noisy: int) -> None:
@@ -152,13 +172,13 @@ def noisy_case(noisy: int, claimed_rows: int) -> None:
         memory, claimed = Memory(), 0
         with connection.cursor() as cursor:
             while claimed < claimed_rows:
-                cursor.execute(sql.FAIR_CLAIM_SQL, {**claim_params(memory.after, memory), "limit": 100})
+                cursor.execute(sql.FAIR_CLAIM_SQL, resumed_params(memory, 100))
                 got = [claimed_from_row(row) for row in cursor.fetchall()]
                 if len(got) < 100:
                     raise RuntimeError(f"a resumed claim of 100 took {len(got)} after {claimed}")
                 claimed += len(got)
                 memory.remember(got)
-        print_case(f"noisy: snapshot, {claimed} claimed, resumed", explain(memory.after, memory))
+        print_case(f"noisy: snapshot, {claimed} claimed, resumed", explained(resumed_params(memory)))
         print_case(f"noisy: snapshot, {claimed} claimed, front", explain(memory.after))
     finally:
         other.rollback()
@@ -167,18 +187,21 @@ def noisy_case(noisy: int, claimed_rows: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--deferred", type=int, default=200_000)
-    parser.add_argument("--claimed", type=int, default=20_000)
     parser.add_argument("--noisy-rows", type=int, default=140_000)
     parser.add_argument("--noisy-claimed", type=int, default=50_000)
     parser.add_argument("--only-noisy", action="store_true", help="only the noisy tenant's case")
+    parser.add_argument("--deferred", type=int, default=200_000)
+    parser.add_argument("--claimed", type=int, default=20_000)
     args = parser.parse_args()
+    if args.only_noisy:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW server_version")
+            print("PostgreSQL", cursor.fetchone()[0])
+        noisy_case(args.noisy_rows, args.noisy_claimed)
+        return
     with connection.cursor() as cursor:
         cursor.execute("SHOW server_version")
         print("PostgreSQL", cursor.fetchone()[0])
-    if args.only_noisy:
-        noisy_case(args.noisy_rows, args.noisy_claimed)
-        return
     build(args.deferred)
     cases: tuple[tuple[str, str | None], ...] = (
         ("deferred (walk starts at tenant-00000)", "tenant-00999"),

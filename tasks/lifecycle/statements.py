@@ -456,10 +456,11 @@ WHERE t.id = ANY(ARRAY(
 # behind the key's last claimed row) is taken by the key's first turn after the next claim from the
 # front: never skipped for good, as in a plain queue. A turn given positions takes the rows a turn
 # from the front takes otherwise (tests/db/test_fair_positions.py drains twin queues both ways).
+# The walk's probe for the next key still starts at that key's front (the walk has no positions
+# yet): under a noisy tenant beside a snapshot that probe is most of what a claim still reads.
 # Measured (bench/fair_claims.py, PostgreSQL 15, 1,000,000 rows, 1,000 keys): a claim of 10 reads 158
 # blocks in its pick; beside a REPEATABLE READ snapshot held while 20,000 rows (20 per key) were
-# claimed, 584 from the front. The walk's probe for the next key still starts at that key's front
-# (the walk has no positions yet).
+# claimed, 584.
 _FAIR_ROWS = "status = 'READY' AND fair_key IS NOT NULL AND queue = %(queue)s"
 _FAIR_AFTER = "%(fair_after)s::text"
 
