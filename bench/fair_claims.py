@@ -98,6 +98,54 @@ def explain(after: str | None) -> tuple[int, int, float, int]:
     return total, pick, top["Execution Time"], plan["Actual Rows"]
 
 
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--noisy-rows", type=int, default=140_000)
+    parser.add_argument("--noisy-claimed", type=int, default=50_000)
+    parser.add_argument("--only-noisy", action="store_true", help="only the noisy tenant's case")
+    parser.add_argument("--deferred", type=int, default=200_000)
+    parser.add_argument("--claimed", type=int, default=20_000)
+    args = parser.parse_args()
+    if args.only_noisy:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW server_version")
+            print("PostgreSQL", cursor.fetchone()[0])
+        noisy_case(args.noisy_rows, args.noisy_claimed)
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        print("PostgreSQL", cursor.fetchone()[0])
+    build(args.deferred)
+    cases: tuple[tuple[str, str | None], ...] = (
+        ("deferred (walk starts at tenant-00000)", "tenant-00999"),
+        ("fresh", "tenant-00500"),
+    )
+    for name, after in cases:
+        total, pick, ms, rows = explain(after)
+        print(f"{name:40} statement {total:7} blocks, pick {pick:7}, {ms:8.2f} ms, {rows:.0f} rows")
+    other = connections.create_connection("default")
+    other.set_autocommit(False)
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cursor.execute("SELECT count(*) FROM leasing_lease")  # the snapshot is taken
+        claimed, cursor_key = 0, None
+        with connection.cursor() as cursor:
+            while claimed < args.claimed:
+                cursor.execute(sql.FAIR_CLAIM_SQL, {**claim_params(cursor_key), "limit": 100})
+                claimed_rows = cursor.fetchall()
+                claimed += len(claimed_rows)
+                cursor_key = claimed_rows[0][24]  # FAIR_CURSOR
+        cases = (("snapshot: from the first key", None), ("snapshot: from tenant-00500", "tenant-00500"))
+        for name, after in cases:
+            total, pick, ms, rows = explain(after)
+            print(f"{name:40} statement {total:7} blocks, pick {pick:7}, {ms:8.2f} ms, {rows:.0f} rows")
+    finally:
+        other.rollback()
+        other.close()
+    noisy_case(args.noisy_rows, args.noisy_claimed)
+
+
 class Memory:
     """A worker's memory of its fair claims: the cursor, its positions in the levels and the keys."""
 
@@ -183,54 +231,6 @@ def noisy_case(noisy: int, claimed_rows: int) -> None:
     finally:
         other.rollback()
         other.close()
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--noisy-rows", type=int, default=140_000)
-    parser.add_argument("--noisy-claimed", type=int, default=50_000)
-    parser.add_argument("--only-noisy", action="store_true", help="only the noisy tenant's case")
-    parser.add_argument("--deferred", type=int, default=200_000)
-    parser.add_argument("--claimed", type=int, default=20_000)
-    args = parser.parse_args()
-    if args.only_noisy:
-        with connection.cursor() as cursor:
-            cursor.execute("SHOW server_version")
-            print("PostgreSQL", cursor.fetchone()[0])
-        noisy_case(args.noisy_rows, args.noisy_claimed)
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW server_version")
-        print("PostgreSQL", cursor.fetchone()[0])
-    build(args.deferred)
-    cases: tuple[tuple[str, str | None], ...] = (
-        ("deferred (walk starts at tenant-00000)", "tenant-00999"),
-        ("fresh", "tenant-00500"),
-    )
-    for name, after in cases:
-        total, pick, ms, rows = explain(after)
-        print(f"{name:40} statement {total:7} blocks, pick {pick:7}, {ms:8.2f} ms, {rows:.0f} rows")
-    other = connections.create_connection("default")
-    other.set_autocommit(False)
-    try:
-        with other.cursor() as cursor:
-            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            cursor.execute("SELECT count(*) FROM leasing_lease")  # the snapshot is taken
-        claimed, cursor_key = 0, None
-        with connection.cursor() as cursor:
-            while claimed < args.claimed:
-                cursor.execute(sql.FAIR_CLAIM_SQL, {**claim_params(cursor_key), "limit": 100})
-                claimed_rows = cursor.fetchall()
-                claimed += len(claimed_rows)
-                cursor_key = claimed_rows[0][24]  # FAIR_CURSOR
-        cases = (("snapshot: from the first key", None), ("snapshot: from tenant-00500", "tenant-00500"))
-        for name, after in cases:
-            total, pick, ms, rows = explain(after)
-            print(f"{name:40} statement {total:7} blocks, pick {pick:7}, {ms:8.2f} ms, {rows:.0f} rows")
-    finally:
-        other.rollback()
-        other.close()
-    noisy_case(args.noisy_rows, args.noisy_claimed)
 
 
 if __name__ == "__main__":
