@@ -156,8 +156,9 @@ def _keys_and_fill_blocks(claimer: Claimer | None) -> int:
 
 @pytest.mark.django_db(transaction=True)  # claims commit, as a worker's do, beside the other session's snapshot
 def test_beside_an_old_snapshot_the_keys_scans_and_the_fill_resume_after_their_positions(old_snapshot: None) -> None:
-    """A noisy tenant and a quiet one (5,000 due rows each) and a key with only deferred rows (so the
-    fill takes part in every claim); 9,000 claimed beside the snapshot by claims of 100 that resume."""
+    """A noisy tenant and a quiet one (5,000 due rows each) and a key with only deferred rows (where
+    such a key takes a turn, the fill takes its room); 9,000 claimed beside the snapshot by claims of
+    100 that resume."""
     Task.objects.bulk_enqueue(NOOP, [{}] * 5000, queue=QUEUE, fair_key="noisy")
     Task.objects.bulk_enqueue(NOOP, [{}] * 5000, queue=QUEUE, fair_key="quiet")
     later = Task.objects.enqueue(NOOP, queue=QUEUE, fair_key="deferred").enqueued_at
@@ -179,5 +180,5 @@ def test_beside_an_old_snapshot_the_keys_scans_and_the_fill_resume_after_their_p
             claimer.keys.remember(got)
     from_front = _keys_and_fill_blocks(None)
     resumed = _keys_and_fill_blocks(claimer)
-    assert from_front > 300, (from_front, fresh)  # the case shows the cost: scans from the front step over 9,000
+    assert from_front > 200, (from_front, fresh)  # the case shows the cost: scans from the front step over 9,000
     assert resumed < max(60, 3 * fresh), (resumed, fresh, from_front)
