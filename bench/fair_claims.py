@@ -43,8 +43,13 @@ django.setup()
 from django.db import connection, connections, transaction  # noqa: E402
 
 from tasks.lifecycle import statements as sql  # noqa: E402
-from tasks.lifecycle.values import ClaimedTask, ClaimPosition, claimed_from_row, fair_after_claim  # noqa: E402
-from tasks.worker.dispatcher import FairPositions  # noqa: E402
+from tasks.lifecycle.values import (  # noqa: E402
+    ClaimedTask,
+    ClaimPosition,
+    FairPositions,
+    claimed_from_row,
+    fair_after_claim,
+)
 
 QUEUE = "fair-bench"
 ROWS = """

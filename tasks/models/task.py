@@ -43,6 +43,7 @@ from tasks.lifecycle.values import (
     FailOutcome,
     Failure,
     FairPosition,
+    FairPositions,
     RateRefused,
     Recovered,
     Started,
@@ -467,7 +468,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         take_isolated: bool = True,
         after: Sequence[ClaimPosition] = (),
         fair_after: str | None = None,
-        fair_positions: Sequence[FairPosition] = (),
+        fair_positions: FairPositions | Sequence[FairPosition] = (),
     ) -> list[ClaimedTask]:
         """Claim up to ``limit`` runnable tasks for ``worker`` under a lease of ``ttl`` seconds.
 
@@ -664,7 +665,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         take_isolated: bool = True,
         after: Sequence[ClaimPosition] = (),
         fair_after: str | None = None,
-        fair_positions: Sequence[FairPosition] = (),
+        fair_positions: FairPositions | Sequence[FairPosition] = (),
     ) -> tuple[set[tuple[int, int]], dict[tuple[int, int], Started], list[ClaimedTask]]:
         """One statement: finish ``results`` (id, token, JSON), mark ``starts`` (id, token, start
         time) begun, claim up to ``limit`` more. Returns (finished, started, claimed); attempts

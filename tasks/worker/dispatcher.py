@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +21,7 @@ from leasing import clock
 from tasks import tracing
 from tasks.exceptions import Discard, TaskTimeout
 from tasks.lifecycle.storable import storable_text
-from tasks.lifecycle.values import ClaimPosition, FairPosition, fair_after_claim
+from tasks.lifecycle.values import ClaimPosition, FairPositions, fair_after_claim
 from tasks.models import ClaimedTask, SharedFairCursor
 from tasks.runtime import Execution
 from tasks.worker.handbacks import HandBacks
@@ -62,29 +61,6 @@ RESCAN_INTERVAL = 1.0
 # Positions in a fair queue's keys a worker keeps, per row of its batch size (a claim visits at most
 # its limit of keys, so four claims' worth: a few hundred, each claim sending them all).
 FAIR_POSITIONS_PER_BATCH = 4
-
-
-class FairPositions:
-    """A fair claimer's positions in the keys it took rows from lately, one per key and priority
-    level, the most recent ``bound`` only (every claim sends them all: its cost stays bounded by the
-    batch size, never by the number of keys). A key left out is scanned from its front by its next
-    turn, as before positions: correct, only slower beside an old snapshot."""
-
-    def __init__(self, bound: int) -> None:
-        self.bound = bound
-        self._kept: OrderedDict[tuple[str, int], FairPosition] = OrderedDict()
-
-    def remember(self, claimed: list[ClaimedTask]) -> None:
-        """Where ``claimed`` stopped in each key and level it came from, the most recent last."""
-        kept = self._kept
-        for level, position in FairPosition.last_per_key_level(claimed).items():
-            kept.pop(level, None)
-            kept[level] = position
-        while len(kept) > self.bound:
-            kept.popitem(last=False)
-
-    def values(self) -> list[FairPosition]:
-        return list(self._kept.values())
 
 
 class Dispatcher:
@@ -327,7 +303,7 @@ class Dispatcher:
         sent = clock.monotonic()
         resume = bool(claim) and self._resume and sent < self._scan_from_start_at
         after = list(self._positions.values()) if resume else []
-        fair_positions = self._fair_positions.values() if resume and self.fair_cursor is not None else []
+        fair_positions = self._fair_positions if resume and self.fair_cursor is not None else ()
         fair_after = self.fair_cursor.current() if claim and self.fair_cursor is not None else None
         try:
             session.bind()

@@ -13,9 +13,8 @@ import pytest
 from django.db import connection, transaction
 
 from tasks.lifecycle import statements as sql
-from tasks.lifecycle.values import ClaimedTask, ClaimPosition, claimed_from_row, fair_after_claim
+from tasks.lifecycle.values import ClaimedTask, ClaimPosition, FairPositions, claimed_from_row, fair_after_claim
 from tasks.models import Task
-from tasks.worker.dispatcher import FairPositions
 
 pytestmark = pytest.mark.django_db
 
@@ -45,7 +44,7 @@ class Claimer:
             queues=[self.queue],
             fair_after=self.after,
             after=[] if from_start else list(self.positions.values()),
-            fair_positions=[] if from_start else self.keys.values(),
+            fair_positions=() if from_start else self.keys,  # as the worker sends them
         )
         self.after = fair_after_claim(claimed, self.after)
         if from_start:

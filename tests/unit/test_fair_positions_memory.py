@@ -1,12 +1,12 @@
-"""A fair claimer's memory of its positions in the keys (tasks/worker/dispatcher.py, FairPositions):
+"""A fair claimer's memory of its positions in the keys (tasks/lifecycle/values.py, FairPositions):
 one per key and level, the furthest in the key's order, the most recent ``bound`` only."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 
-from tasks.lifecycle.values import ClaimedTask, ClaimPosition, FairPosition
-from tasks.worker.dispatcher import FairPositions
+from tasks.lifecycle.values import ClaimedTask, ClaimPosition, FairPosition, FairPositions, fair_positions_json
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -19,12 +19,26 @@ def row(id: int, key: str | None, *, priority: int = 0, turn: bool = True) -> Cl
 
 
 def test_the_furthest_row_of_each_key_and_level_the_most_recent_keys_only() -> None:
-    memory = FairPositions(3)
+    memory = FairPositions(2)
     memory.remember([row(2, "a"), row(1, "a"), row(3, "b"), row(4, "b", priority=5), row(9, None, turn=False)])
     assert [(p.fair_key, p.priority, p.id) for p in memory.values()] == [("a", 0, 2), ("b", 0, 3), ("b", 5, 4)]
-    memory.remember([row(7, "c"), row(8, "a")])  # a moves to the most recent end; the oldest goes
-    assert [(p.fair_key, p.priority, p.id) for p in memory.values()] == [("b", 5, 4), ("c", 0, 7), ("a", 0, 8)]
+    memory.remember([row(7, "c"), row(8, "a")])  # a moves to the most recent end; b, the oldest, goes
+    assert [(p.fair_key, p.priority, p.id) for p in memory.values()] == [("c", 0, 7), ("a", 0, 8)]
     assert all(isinstance(p, FairPosition) for p in memory.values())
+
+
+def test_the_json_a_claim_takes_is_each_keys_positions_under_its_name() -> None:
+    memory = FairPositions(2)
+    memory.remember([row(1, 'a "\\ \u00e9'), row(2, "b", priority=-5), row(3, "b", priority=7)])
+    memory.remember([row(4, "b", priority=7), row(5, "c")])  # a goes: the least recent of three keys
+    at = {n: (NOW + dt.timedelta(seconds=n)).isoformat() for n in (2, 4, 5)}
+    expected = {
+        "b": [{"priority": -5, "run_after": at[2], "id": 2}, {"priority": 7, "run_after": at[4], "id": 4}],
+        "c": [{"priority": 0, "run_after": at[5], "id": 5}],
+    }
+    assert json.loads(memory.json()) == expected == json.loads(fair_positions_json(memory.values()))
+    assert fair_positions_json(memory) == memory.json()
+    assert json.loads(fair_positions_json([])) == {}
 
 
 def test_the_fills_positions_come_from_the_rows_the_fill_took() -> None:
