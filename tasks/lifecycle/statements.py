@@ -426,8 +426,7 @@ WHERE t.id = ANY(ARRAY(
 # - the fill: a claim is never short while due rows are left. When the keys' turns leave room (fewer
 #   keys than the claim's limit, with fewer due rows than their quota; rows of the queue enqueued
 #   before it became fair, with no key), the rest comes from the plain pick over tasks_task_claim_idx
-#   (the levels walk of _PICK_ONE, after the claimer's positions: below), passing over the rows
-#   ``fair`` took.
+#   (the levels walk of _PICK_ONE from each level's front), passing over the rows ``fair`` took.
 #   Its LIMIT is the room left: 0 when ``fair`` filled the claim, and a Limit of 0 reads nothing.
 #
 # ``fair`` is a MATERIALIZED CTE (locking rows, it must run exactly once: see above), bounded by
@@ -448,9 +447,10 @@ WHERE t.id = ANY(ARRAY(
 #   key, or a level between two positioned ones, is found at once; a positioned level is scanned
 #   after its position, never from its front). A worker keeps the positions of the keys it claimed
 #   from most recently (4 x its batch size: FairPositions); a key without one starts from its front.
-# - the fill starts each level after the claimer's plain positions (``placed``), which come from
-#   the rows the fill took only (FAIR_CLAIM_RETURNING says which): the rows a key's turn took are no
-#   place in the level's order (the other keys' rows before them are not claimed).
+# - the fill starts each level after the claimer's plain positions (``placed``; from its front
+#   without one), which come from the rows the fill took only (FAIR_CLAIM_RETURNING says which): the
+#   rows a key's turn took are no place in the level's order (the other keys' rows before them are
+#   not claimed).
 # What a position passes over (a hand-back, a recovered row, an enqueue with run_after in the past,
 # behind the key's last claimed row) is taken by the key's first turn after the next claim from the
 # front: never skipped for good, as in a plain queue. A turn given positions takes the rows a turn
