@@ -1,0 +1,130 @@
+"""Breaker 34: a fair queue's turns across real ``run_worker`` lives (``--max-tasks`` recycling), with
+the shared cursor (tasks_faircursor) in between: through PgBouncer in transaction pooling, in a second
+database (LEASING_TASKS["QUEUE_DATABASES"]), with the cursor on a key that has no rows any more or
+past the last key, and with the queue made plain and fair again between lives.
+
+Each life claims one batch of 4 and exits cleanly (its flush writes where its turns went): the next
+life must deal on from the keys after it, never from the first key again, never skipping one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+
+from tasks.models import FairCursor, Task
+from tests.helpers.pgbouncer import Bouncer, pgbouncer
+from tests.helpers.workers import Workers
+
+pytestmark = [pytest.mark.slow]
+
+NOOP = "tests.testapp.handlers.noop"
+QUEUE = "fair34lives"
+KEYS = [f"t{n:02d}" for n in range(12)]
+CLAIM = 4
+ARGS = ("--queues", QUEUE, "--concurrency", str(CLAIM), "--batch-size", str(CLAIM), "--no-scheduler")
+
+
+def enqueue(using: str = "default", per_key: int = 3) -> None:
+    for key in KEYS:
+        Task.objects.db_manager(using).bulk_enqueue(NOOP, [{}] * per_key, queue=QUEUE, fair_key=key)
+
+
+def started(using: str = "default") -> Counter[str]:
+    rows = Task.objects.using(using).filter(queue=QUEUE, started_at__isnull=False)
+    return Counter(key or "" for key in rows.values_list("fair_key", flat=True))
+
+
+def cursor(using: str = "default") -> str | None:
+    return FairCursor.objects.using(using).filter(queue=QUEUE).values_list("fair_after", flat=True).first()
+
+
+def life(workers: Workers, name: str, using: str = "default", *, fair: bool = True, **env: str) -> list[str]:
+    """One worker life of one claim; the keys it started, in order."""
+    before = started(using)
+    if fair:
+        env["LEASING_TEST_FAIR_QUEUES"] = QUEUE
+    extra = ("--database", using) if using != "default" else ()
+    proc = workers.start(name, *ARGS, *extra, "--max-tasks", str(CLAIM), may_die=True, **env)
+    proc.wait(60)
+    assert proc.returncode == 0, workers.log(name)
+    return sorted((started(using) - before).elements())
+
+
+def next_keys(after: str | None) -> list[str]:
+    start = 0 if after is None else next((i for i, k in enumerate(KEYS) if k > after), 0)
+    return [KEYS[(start + i) % len(KEYS)] for i in range(CLAIM)]
+
+
+@pytest.fixture
+def bouncer(db: Any) -> Iterator[Bouncer]:
+    with pgbouncer(connection.settings_dict, pool_size=2) as running:
+        yield running
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lives_through_pgbouncer_deal_on_from_each_others_cursor(bouncer: Bouncer, workers: Workers) -> None:
+    enqueue()
+    pooled = {"DATABASE_URL": bouncer.url(connection.settings_dict["NAME"]), "DATABASE_POOLED": "true"}
+    expected_after: str | None = None
+    for n in range(6):  # two laps; every other life direct, the rest through the pooler
+        env = pooled if n % 2 == 0 else {}
+        keys = life(workers, f"life-{n}", **env)
+        assert keys == next_keys(expected_after), (n, keys, expected_after)
+        expected_after = keys[-1]
+        assert cursor() == keys[-1], (n, cursor())
+    # nothing the workers set on the pooler's server connections outlives their transactions
+    with connections["default"].cursor() as c:
+        c.execute("SELECT 1")
+    import psycopg
+
+    with psycopg.connect(bouncer.conninfo(connection.settings_dict["NAME"]), autocommit=True) as raw:
+        for _ in range(4):
+            settings_seen = raw.execute("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')")
+            assert settings_seen.fetchone() == ("0", "0")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("stored", "first"), [("t05", "t06"), ("zzz", "t00"), ("", "t00")])
+def test_a_cursor_on_a_key_without_rows_deals_on_from_the_next_one(workers: Workers, stored: str, first: str) -> None:
+    """t05 has no rows left (all done and pruned); "zzz" is past every key; "" is the shared key of
+    keyless rows, none of which is due."""
+    enqueue()
+    Task.objects.filter(queue=QUEUE, fair_key="t05").delete()
+    FairCursor.objects.create(queue=QUEUE, fair_after=stored, updated_at="2026-01-01T00:00:00Z")
+    keys = life(workers, "after-gone")
+    want = [k for k in KEYS if k != "t05"]
+    start = want.index(first)
+    assert keys == sorted(want[start : start + CLAIM]), keys
+    assert cursor() == want[start + CLAIM - 1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_queue_made_plain_and_fair_again_between_lives(workers: Workers) -> None:
+    enqueue()
+    assert life(workers, "fair-1") == ["t00", "t01", "t02", "t03"]
+    assert cursor() == "t03"
+    plain = life(workers, "plain", fair=False)
+    assert len(plain) == CLAIM and cursor() == "t03"  # a plain life leaves the cursor alone
+    assert life(workers, "fair-2") == ["t04", "t05", "t06", "t07"]
+    assert cursor() == "t07"
+
+
+@pytest.mark.django_db(databases=["default", "second"], transaction=True)
+def test_lives_of_a_fair_queue_in_a_second_database(settings: Any, workers: Workers) -> None:
+    routes = {QUEUE: "second"}
+    settings.LEASING_TASKS = {"QUEUE_DATABASES": routes, "FAIR_QUEUES": [QUEUE]}
+    env = {
+        "LEASING_TEST_SECOND_DATABASE": connections["second"].settings_dict["NAME"],
+        "LEASING_TEST_QUEUE_DATABASES": json.dumps(routes),
+    }
+    enqueue("second")
+    assert life(workers, "second-1", "second", **env) == ["t00", "t01", "t02", "t03"]
+    assert cursor("second") == "t03" and cursor("default") is None
+    assert life(workers, "second-2", "second", **env) == ["t04", "t05", "t06", "t07"]
+    assert cursor("second") == "t07" and cursor("default") is None
