@@ -128,3 +128,47 @@ def test_lives_of_a_fair_queue_in_a_second_database(settings: Any, workers: Work
     assert cursor("second") == "t03" and cursor("default") is None
     assert life(workers, "second-2", "second", **env) == ["t04", "t05", "t06", "t07"]
     assert cursor("second") == "t07" and cursor("default") is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_life_of_several_claims_within_the_interval_leaves_its_last_turn(workers: Workers) -> None:
+    """Three claims inside one second: the first move is written at once, the next two only by the
+    flush at the clean stop that --max-tasks makes."""
+    enqueue()
+    proc = workers.start("three", *ARGS, "--max-tasks", "12", may_die=True, LEASING_TEST_FAIR_QUEUES=QUEUE)
+    proc.wait(60)
+    assert proc.returncode == 0, workers.log("three")
+    assert sorted(started().elements()) == KEYS and cursor() == "t11"
+    assert life(workers, "after-three") == ["t00", "t01", "t02", "t03"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_life_stopped_by_sigterm_mid_stream_leaves_its_last_turn(workers: Workers) -> None:
+    many = [f"k{n:02d}" for n in range(40)]
+    for key in many:
+        Task.objects.bulk_enqueue("tests.testapp.handlers.work", [{"seconds": 0.2}] * 2, queue=QUEUE, fair_key=key)
+    proc = workers.start("drained", *ARGS, LEASING_TEST_FAIR_QUEUES=QUEUE)
+    from tests.helpers import wait_until
+
+    wait_until(lambda: sum(started().values()) >= 8, 60, what="two claims started")
+    proc.send_signal(15)
+    proc.wait(30)
+    assert proc.returncode == 0, workers.log("drained")
+    served = started()
+    last = max(served)
+    assert len(served) < len(many) and all(v == 1 for v in served.values()), served
+    stored = cursor()
+    touched = list(
+        Task.objects.filter(queue=QUEUE)
+        .exclude(status="READY", attempts=0, worker_ids=[])
+        .order_by("fair_key", "pk")
+        .values_list("fair_key", "status", "attempts", "worker_ids")
+    )
+    proc = workers.start("next", *ARGS, "--max-tasks", str(CLAIM), may_die=True, LEASING_TEST_FAIR_QUEUES=QUEUE)
+    proc.wait(60)
+    after = started() - served
+    at = many.index(last)
+    assert sorted(after.elements()) == many[at + 1 : at + 1 + CLAIM], (
+        f"the first life started {sorted(served)} and left the cursor at {stored!r}; the next life started "
+        f"{sorted(after)}: the tenants after {last} with due tasks were passed over for a lap; rows touched: {touched}"
+    )

@@ -76,3 +76,17 @@ def test_a_requeued_keyless_row_is_claimed_by_a_fair_claim() -> None:
     Task.objects.filter(pk__in=[rows["fair-keyless"], rows["fair-keyed"]]).requeue()
     claimed = Task.objects.claim("w", limit=5, queues=["fair34"])
     assert sorted(c.id for c in claimed) == sorted([rows["fair-keyless"], rows["fair-keyed"]])
+
+
+@pytest.mark.parametrize("kind", ["requeue", "retry"])
+def test_no_fair_queue_at_all_leaves_every_key_as_it_was(settings: Any, kind: str) -> None:
+    """FAIR_QUEUES empty (the default): the fragment's array parameter is empty, no key changes."""
+    rows = finished_rows()
+    before = {name: key for name, (_status, key) in keys(rows).items()}
+    settings.LEASING_TASKS = {**settings.LEASING_TASKS, "FAIR_QUEUES": []}
+    if kind == "requeue":
+        assert Task.objects.filter(pk__in=rows.values()).requeue() == 4
+    else:
+        BulkOperation.objects.request("retry", {"task_path": NOOP})
+        BulkRunner(batch_size=3, span=10).run_until_idle()
+    assert keys(rows) == {name: ("READY", key) for name, key in before.items()}
