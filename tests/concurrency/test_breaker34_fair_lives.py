@@ -172,3 +172,30 @@ def test_a_life_stopped_by_sigterm_mid_stream_leaves_its_last_turn(workers: Work
         f"the first life started {sorted(served)} and left the cursor at {stored!r}; the next life started "
         f"{sorted(after)}: the tenants after {last} with due tasks were passed over for a lap; rows touched: {touched}"
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tenants_get_turns_when_workers_are_stopped_cleanly_again_and_again(workers: Workers) -> None:
+    """A rolling deploy: each life is SIGTERMed once it has started two claims' worth. A life claims
+    ahead of its slots, hands the unstarted claims back at its drain, and flushes a cursor past them,
+    so the next life starts beyond tenants that got no start. After starts enough for two laps of
+    the keys, every tenant must have started a task (the breaker 33 promise, across clean stops)."""
+    many = [f"k{n:02d}" for n in range(40)]
+    for key in many:
+        Task.objects.bulk_enqueue("tests.testapp.handlers.work", [{"seconds": 0.2}] * 4, queue=QUEUE, fair_key=key)
+    from tests.helpers import wait_until
+
+    lives = 0
+    while sum(started().values()) < 2 * len(many) and lives < 30:
+        before = sum(started().values())
+        proc = workers.start(f"deploy-{lives}", *ARGS, LEASING_TEST_FAIR_QUEUES=QUEUE)
+        wait_until(lambda: sum(started().values()) >= before + 2 * CLAIM, 60, what="two claims started")  # noqa: B023
+        proc.send_signal(15)
+        proc.wait(30)
+        lives += 1
+    starts = started()
+    starved = [key for key in many if starts[key] == 0]
+    assert not starved, (
+        f"{len(starved)} of {len(many)} tenants never started a task in {lives} lives "
+        f"({sum(starts.values())} starts): {starved}"
+    )
