@@ -175,7 +175,8 @@ def test_a_life_stopped_by_sigterm_mid_stream_leaves_its_last_turn(workers: Work
 
 
 @pytest.mark.django_db(transaction=True)
-def test_tenants_get_turns_when_workers_are_stopped_cleanly_again_and_again(workers: Workers) -> None:
+@pytest.mark.parametrize("stop", ["sigterm", "max-tasks"])
+def test_tenants_get_turns_when_workers_are_stopped_cleanly_again_and_again(workers: Workers, stop: str) -> None:
     """A rolling deploy: each life is SIGTERMed once it has started two claims' worth. A life claims
     ahead of its slots, hands the unstarted claims back at its drain, and flushes a cursor past them,
     so the next life starts beyond tenants that got no start. After starts enough for two laps of
@@ -188,9 +189,11 @@ def test_tenants_get_turns_when_workers_are_stopped_cleanly_again_and_again(work
     lives = 0
     while sum(started().values()) < 2 * len(many) and lives < 30:
         before = sum(started().values())
-        proc = workers.start(f"deploy-{lives}", *ARGS, LEASING_TEST_FAIR_QUEUES=QUEUE)
+        recycle = ("--max-tasks", str(2 * CLAIM)) if stop == "max-tasks" else ()
+        proc = workers.start(f"deploy-{lives}", *ARGS, *recycle, may_die=True, LEASING_TEST_FAIR_QUEUES=QUEUE)
         wait_until(lambda: sum(started().values()) >= before + 2 * CLAIM, 60, what="two claims started")  # noqa: B023
-        proc.send_signal(15)
+        if stop == "sigterm":
+            proc.send_signal(15)
         proc.wait(30)
         lives += 1
     starts = started()
