@@ -560,11 +560,29 @@ FAIR_CURSOR_READ_SQL = "SELECT fair_after FROM tasks_faircursor WHERE queue = %(
 # never skip one. The row changes only when the cursor does (``IS DISTINCT FROM``: a writer whose
 # value is already there leaves no dead row version); ``updated_at`` is when it last moved, on the
 # database clock.
+#
+# The write never waits (breaker 34). An API claim writes inside its request's transaction and holds
+# the row's lock until the request commits, or longer if the request stalls; an upsert behind it
+# waited for that lock (a worker's dispatcher for its lock_timeout every round, an API request with
+# no bound at all, its claimed rows locked meanwhile). The cursor is advisory, so a writer that finds
+# the row locked leaves it (SKIP LOCKED: someone is writing a position as good as ours). The first
+# write of a queue inserts the row; two first writers would wait on each other's uncommitted insert,
+# so an insert goes only with the queue's transaction-level advisory lock taken without waiting
+# (the loser leaves it; a later write updates the row). Data-modifying CTEs run whether or not the
+# INSERT reads them.
 FAIR_CURSOR_WRITE_SQL = """
-INSERT INTO tasks_faircursor AS c (queue, fair_after, updated_at)
-VALUES (%(queue)s, %(fair_after)s, statement_timestamp())
-ON CONFLICT (queue) DO UPDATE SET fair_after = EXCLUDED.fair_after, updated_at = EXCLUDED.updated_at
-WHERE c.fair_after IS DISTINCT FROM EXCLUDED.fair_after
+WITH held AS (
+    SELECT c.queue FROM tasks_faircursor AS c WHERE c.queue = %(queue)s FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE tasks_faircursor AS c SET fair_after = %(fair_after)s, updated_at = statement_timestamp()
+    FROM held WHERE c.queue = held.queue AND c.fair_after IS DISTINCT FROM %(fair_after)s
+    RETURNING c.queue
+)
+INSERT INTO tasks_faircursor (queue, fair_after, updated_at)
+SELECT %(queue)s, %(fair_after)s, statement_timestamp()
+WHERE NOT EXISTS (SELECT 1 FROM tasks_faircursor AS c WHERE c.queue = %(queue)s)
+  AND pg_try_advisory_xact_lock('tasks_faircursor'::regclass::oid::integer, hashtext(%(queue)s::text))
+ON CONFLICT (queue) DO NOTHING
 """
 
 NO_ISOLATION_BAR = 2**31 - 1  # ``isolation_bar`` of an idle worker: it may take any task

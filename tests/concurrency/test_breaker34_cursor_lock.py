@@ -3,10 +3,12 @@ claim of the queue that wrote it and has not committed yet (the write is inside 
 transaction, routed()), stalled (a paused process, a slow client), or an operator's open
 transaction. The cursor is advisory (tasks/models/fair_cursor.py), so its row must not gate claims:
 
-- a real ``run_worker`` process of the fair queue must drain it at its usual pace; each write the
-  dispatcher sends waits its ``lock_timeout`` on the dispatcher's own thread, between rounds;
-- an API claim of the queue must return; its write has no lock_timeout, so it waits for the holder
-  while its own claimed rows stay locked in its open transaction.
+- a real ``run_worker`` process of the fair queue must drain it at its usual pace (each write the
+  dispatcher sent waited its ``lock_timeout`` on the dispatcher's own thread, between rounds);
+- an API claim of the queue must return (its write had no lock_timeout: it waited for the holder
+  while its own claimed rows stayed locked in its open transaction).
+
+FAIR_CURSOR_WRITE_SQL now leaves a locked row alone (SKIP LOCKED).
 """
 
 from __future__ import annotations

@@ -44,9 +44,12 @@ def cursor(using: str = "default") -> str | None:
     return FairCursor.objects.using(using).filter(queue=QUEUE).values_list("fair_after", flat=True).first()
 
 
-def life(workers: Workers, name: str, using: str = "default", *, fair: bool = True, **env: str) -> list[str]:
+def life(
+    workers: Workers, name: str, using: str = "default", *, fair: bool = True, env: dict[str, str] | None = None
+) -> list[str]:
     """One worker life of one claim; the keys it started, in order."""
     before = started(using)
+    env = dict(env or {})
     if fair:
         env["LEASING_TEST_FAIR_QUEUES"] = QUEUE
     extra = ("--database", using) if using != "default" else ()
@@ -70,11 +73,11 @@ def bouncer(db: Any) -> Iterator[Bouncer]:
 @pytest.mark.django_db(transaction=True)
 def test_lives_through_pgbouncer_deal_on_from_each_others_cursor(bouncer: Bouncer, workers: Workers) -> None:
     enqueue()
-    pooled = {"DATABASE_URL": bouncer.url(connection.settings_dict["NAME"]), "DATABASE_POOLED": "true"}
+    pooled: dict[str, str] = {"DATABASE_URL": bouncer.url(connection.settings_dict["NAME"]), "DATABASE_POOLED": "true"}
     expected_after: str | None = None
     for n in range(6):  # two laps; every other life direct, the rest through the pooler
-        env = pooled if n % 2 == 0 else {}
-        keys = life(workers, f"life-{n}", **env)
+        env: dict[str, str] = pooled if n % 2 == 0 else {}
+        keys = life(workers, f"life-{n}", env=env)
         assert keys == next_keys(expected_after), (n, keys, expected_after)
         expected_after = keys[-1]
         assert cursor() == keys[-1], (n, cursor())
@@ -124,9 +127,9 @@ def test_lives_of_a_fair_queue_in_a_second_database(settings: Any, workers: Work
         "LEASING_TEST_QUEUE_DATABASES": json.dumps(routes),
     }
     enqueue("second")
-    assert life(workers, "second-1", "second", **env) == ["t00", "t01", "t02", "t03"]
+    assert life(workers, "second-1", "second", env=env) == ["t00", "t01", "t02", "t03"]
     assert cursor("second") == "t03" and cursor("default") is None
-    assert life(workers, "second-2", "second", **env) == ["t04", "t05", "t06", "t07"]
+    assert life(workers, "second-2", "second", env=env) == ["t04", "t05", "t06", "t07"]
     assert cursor("second") == "t07" and cursor("default") is None
 
 
