@@ -17,6 +17,10 @@ of its own due rows at priority 0. Cases:
   hour (tenants with only snoozed or scheduled tasks), then 5 keys with due rows after them in key
   order: a claim from the first key (its walk passes over keys with nothing due, up to its bound,
   and the fill takes the rest), and one from just before the due keys;
+- ``shares``: a tenant with a backlog of 4,000 (first in key order), ``--shares-deferred`` keys
+  with nothing due (one row each, deferred an hour) and four tenants with 10 due rows each (last):
+  claims of 16 (a worker's BATCH_SIZE), each committed, until the four are done; prints how many
+  the backlog tenant started meanwhile (fair: about 10 each, 16 to 24 with the last claims' room);
 - ``snapshot``: another session holds a REPEATABLE READ snapshot while ``--claimed`` rows are
   claimed and committed (their index entries cannot be removed), then the claim from the first key.
 
@@ -46,6 +50,7 @@ from tasks.lifecycle import statements as sql  # noqa: E402
 
 QUEUE = "fair-bench"
 KEYS_QUEUE = "fair-bench-keys"
+SHARES_QUEUE = "fair-bench-shares"
 ROWS = """
 INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, finished_at,
     attempts, max_attempts, errors, worker_ids, renewals, transitions, failures, crashes, shared_crashes,
@@ -116,11 +121,36 @@ def explain(after: str | None, queue: str = QUEUE) -> tuple[int, int, float, int
     return total, pick, top["Execution Time"], plan["Actual Rows"]
 
 
+def shares(deferred_keys: int) -> tuple[int, int]:
+    """(tasks the backlog tenant started before the four small ones were done, claims it took)."""
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM tasks_task WHERE queue = %s", [SHARES_QUEUE])
+        layers: tuple[dict[str, Any], ...] = (
+            {"prefix": "a-backlog-", "delay": -60, "keys": 1, "n": 4000},
+            {"prefix": "d-", "delay": 3600, "keys": max(deferred_keys, 1), "n": deferred_keys},
+            {"prefix": "s-", "delay": -60, "keys": 4, "n": 40},
+        )
+        for params in layers:
+            cursor.execute(ROWS, {"queue": SHARES_QUEUE, "priority": 0, "status": "READY", **params})
+        cursor.execute("ANALYZE tasks_task")
+        backlog, claims, small_left, after = 0, 0, 40, None
+        while small_left:
+            cursor.execute(sql.FAIR_CLAIM_SQL, {**claim_params(after, SHARES_QUEUE), "limit": 16})
+            rows = cursor.fetchall()
+            claims += 1
+            after = next((row[24] for row in rows if row[24] is not None), after)  # FAIR_CURSOR
+            backlog += sum(1 for row in rows if row[23].startswith("a-"))
+            small_left -= sum(1 for row in rows if row[23].startswith("s-"))
+        cursor.execute("DELETE FROM tasks_task WHERE queue = %s", [SHARES_QUEUE])
+    return backlog, claims
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--deferred", type=int, default=200_000)
     parser.add_argument("--claimed", type=int, default=20_000)
     parser.add_argument("--deferred-keys", type=int, default=100_000)
+    parser.add_argument("--shares-deferred", type=lambda v: [int(n) for n in v.split(",")], default=[0, 100, 1000])
     args = parser.parse_args()
     with connection.cursor() as cursor:
         cursor.execute("SHOW server_version")
@@ -135,6 +165,10 @@ def main() -> None:
     for name, after, queue in cases:
         total, pick, ms, rows = explain(after, queue)
         print(f"{name:40} statement {total:7} blocks, pick {pick:7}, {ms:8.2f} ms, {rows:.0f} rows")
+    for deferred_keys in args.shares_deferred:
+        backlog, claims = shares(deferred_keys)
+        print(f"shares beside {deferred_keys:6} keys with nothing due: the backlog tenant started {backlog:5}", end="")
+        print(f" while the four started their 40 ({claims} claims of 16)")
     other = connections.create_connection("default")
     other.set_autocommit(False)
     try:
