@@ -442,9 +442,9 @@ WHERE t.id = ANY(ARRAY(
 #   same walk by itself). The walk is lazy: it stops at the level that fills the key's quota.
 # - the fill: a claim is never short while due rows are left. When the keys' turns leave room (fewer
 #   keys with due rows within the walk's reach than the claim's limit, with fewer due rows than
-#   their quota, or locked; rows of the queue enqueued
-#   before it became fair, with no key), the rest comes from the plain pick over tasks_task_claim_idx
-#   (the levels walk of _PICK_ONE from each level's front), passing over the rows ``fair`` took.
+#   their quota, or locked; rows of the queue enqueued before it became fair, with no key), the
+#   rest comes from the plain pick over tasks_task_claim_idx (the levels walk of _PICK_ONE from
+#   each level's front), passing over the rows ``fair`` took.
 #   Its LIMIT is the room left: 0 when ``fair`` filled the claim, and a Limit of 0 reads nothing.
 #
 # ``fair`` is a MATERIALIZED CTE (locking rows, it must run exactly once: see above), bounded by
@@ -529,7 +529,7 @@ def _in_lap(walk: str) -> str:
 # included (each costs two index probes: its entry, and the level below it). Literals in the
 # statement (its text stays constant: prepared once per connection). The constant part keeps small
 # claims (an API client's one task, a worker's last free slot) from crawling over the keys with
-# nothing due a few at a time; 4 per turn lets a worker's claim of 16 pass over 96 keys. Costs
+# nothing due a few at a time; 4 per turn lets a worker's claim of 16 visit 96 keys. Costs
 # (bench/fair_claims.py, PostgreSQL 15): a claim of 10 among 100,000 keys with nothing due reads 459
 # blocks in its pick (8 per turn and 64: 893); breaker 33's 100 such tenants beside a backlog and
 # four small tenants: the backlog tenant started 28 tasks while the four started their 40 (8 and
