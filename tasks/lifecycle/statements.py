@@ -398,13 +398,31 @@ WHERE t.id = ANY(ARRAY(
 # statements are the ones above, unchanged). It reads tasks_task_fair_idx (queue, fair_key, priority
 # DESC, run_after, id) WHERE status = 'READY' AND fair_key IS NOT NULL:
 #
-# - ``walk``: the keys with READY rows, in key order, starting after the key that took this claimer's
-#   last turn (``fair_after``, FAIR_CURSOR; NULL: from the first key) and wrapping around once, at
-#   most ``limit`` of them:
-#   a loose index scan, one index probe per key (the next key above the last: ``ORDER BY fair_key
-#   LIMIT 1``, as the levels walk finds priorities), so its cost is bounded by the claim's limit,
-#   never by the number of keys or rows. ``wrapped``: past the last key, back from the first; the
-#   lap ends at ``fair_after`` itself (served last).
+# - ``walk``: the keys with due rows, in key order, starting after ``fair_after`` (where this
+#   claimer's last walk went: FAIR_CURSOR; NULL: from the first key) and wrapping around once, at
+#   most ``limit`` of them: a loose index scan, one index probe per key (the first entry above the
+#   last key in the index's own order, ``ORDER BY fair_key, priority DESC, run_after, id LIMIT 1``,
+#   as the levels walk finds priorities). That entry is the first READY row of the key's highest
+#   priority level, and a level's first row is its earliest (run_after is the next index column), so
+#   the same probe says whether that level is due; when it is not, the key's lower levels are probed
+#   one at a time until one is (``_due``: lazy, the ``own`` walk's probes). ``wrapped``: past the
+#   last key, back from the first; the lap ends at ``fair_after`` itself (served last).
+#   A key with nothing due (every READY row of it deferred: run_after in the future, snoozed,
+#   scheduled) takes no turn: the walk passes over it. When it took one (breaker 33), 100 tenants
+#   with only deferred tasks took nearly every turn of every claim, and the room they left went to
+#   the fill, the oldest tenant's backlog: a noisy tenant started 1,020 tasks while four small ones
+#   started their 40. A fair fill (the room dealt again to the walked keys with due rows) could not
+#   mend that: when the walk's ``limit`` keys have nothing due there is no such key to deal to. The
+#   walk has to reach further, and once it does, the quotas below deal the whole ``limit`` between
+#   the keys it found. So that 100,000 keys with nothing due still cost a bounded claim, the walk
+#   visits at most _WALK_KEYS keys in all (FAIR_WALK_KEYS_PER_TURN * limit + FAIR_WALK_KEYS_EXTRA,
+#   72 for a claim of 10), those it passes over included (two probes each: its entry, and the level
+#   below it that is not there): its cost is bounded by the claim's limit, never by the number of
+#   keys or rows. When it stops there, the next claim goes on from the last key it visited
+#   (FAIR_CURSOR), so every key with due rows is reached within keys / _WALK_KEYS claims; during
+#   such a lap, claims whose walk finds fewer than ``limit`` keys with due rows leave the room to the
+#   fill. A key whose due rows are all locked by other claimers (or wait for an idle worker: the
+#   isolation bar) still takes its turn; SKIP LOCKED decides what its turn gives.
 # - ``fair``: each key of the walk, in walk order, gives its due rows in its own claim order
 #   (priority DESC, run_after, id), at most its turn's quota, locking as it goes (SKIP LOCKED): the
 #   claim's ``limit`` turns dealt one at a time round the lap's keys, so key number n of k takes
@@ -424,9 +442,10 @@ WHERE t.id = ANY(ARRAY(
 #   same walk by itself). The walk is lazy: it stops at the level that fills the key's quota. Its
 #   scans start after the claimer's positions in the key (below).
 # - the fill: a claim is never short while due rows are left. When the keys' turns leave room (fewer
-#   keys than the claim's limit, with fewer due rows than their quota; rows of the queue enqueued
-#   before it became fair, with no key), the rest comes from the plain pick over tasks_task_claim_idx
-#   (the levels walk of _PICK_ONE from each level's front), passing over the rows ``fair`` took.
+#   keys with due rows within the walk's reach than the claim's limit, with fewer due rows than
+#   their quota, or locked; rows of the queue enqueued before it became fair, with no key), the
+#   rest comes from the plain pick over tasks_task_claim_idx (the levels walk of _PICK_ONE from
+#   each level's front), passing over the rows ``fair`` took.
 #   Its LIMIT is the room left: 0 when ``fair`` filled the claim, and a Limit of 0 reads nothing.
 #
 # ``fair`` is a MATERIALIZED CTE (locking rows, it must run exactly once: see above), bounded by
@@ -459,17 +478,49 @@ WHERE t.id = ANY(ARRAY(
 # yet): under a noisy tenant beside a snapshot that probe is most of what a claim still reads.
 # Measured (bench/fair_claims.py, PostgreSQL 15, 1,000,000 rows, 1,000 keys): a claim of 10 reads 158
 # blocks in its pick; beside a REPEATABLE READ snapshot held while 20,000 rows (20 per key) were
-# claimed, 584.
+# claimed, 584. A claim of 10 whose walk starts among 100,000 keys with nothing due reads 459 (its 72
+# keys), where the walk that gave them turns read 148 and gave the claim to the fill.
 _FAIR_ROWS = "status = 'READY' AND fair_key IS NOT NULL AND queue = %(queue)s"
 _FAIR_AFTER = "%(fair_after)s::text"
 
 
-def _next_key(after: str | None) -> str:
-    """The first key (above ``after``) of the queue's READY rows in a fair queue: one index probe."""
+def _key_entry(after: str | None) -> str:
+    """The first entry of the next key (above ``after``) of the queue's READY rows in a fair queue:
+    its key, and its highest priority level's first READY row (priority, run_after): one index probe
+    (tasks_task_fair_idx's own order), which also tells whether that level is due."""
     above = "" if after is None else f" AND f.fair_key > {after}"
-    return f"""(SELECT f.fair_key FROM tasks_task AS f
+    return f"""(SELECT f.fair_key, f.priority, f.run_after FROM tasks_task AS f
             WHERE f.status = 'READY' AND f.fair_key IS NOT NULL AND f.queue = %(queue)s{above}
-            ORDER BY f.fair_key LIMIT 1)"""
+            ORDER BY f.fair_key, f.priority DESC, f.run_after, f.id LIMIT 1)"""
+
+
+def _next_entry(after: str, wrapped: str) -> str:
+    """The walk's next key: the first entry above ``after``, else (``wrapped`` false: not yet back
+    from the first key) the first entry of all, wrapped. Lazy: the wrap is probed only when the
+    first probe finds nothing (Append under LIMIT 1)."""
+    return f"""(SELECT a.*, {wrapped} AS wrapped FROM {_key_entry(after)} AS a
+            UNION ALL
+            SELECT b.*, true FROM {_key_entry(None)} AS b WHERE NOT {wrapped}
+            LIMIT 1)"""
+
+
+def _due(entry: str) -> str:
+    """Whether the walked key ``entry`` has a due row: the first READY row of one of its priority
+    levels is due (run_after is the index column after priority, so a level's first row is its
+    earliest). Its highest level is the walk's probe already; the levels below are probed one at a
+    time, and only while none is due (lazy: EXISTS stops at the first due level)."""
+    return f"""EXISTS (
+            WITH RECURSIVE level(priority, run_after) AS (
+                SELECT {entry}.priority, {entry}.run_after
+                UNION ALL
+                SELECT b.priority, b.run_after FROM level AS l CROSS JOIN LATERAL (
+                    SELECT f.priority, f.run_after FROM tasks_task AS f
+                    WHERE f.status = 'READY' AND f.fair_key IS NOT NULL AND f.queue = %(queue)s
+                      AND f.fair_key = {entry}.fair_key AND f.priority < l.priority
+                    ORDER BY f.priority DESC, f.run_after, f.id LIMIT 1) AS b
+                WHERE l.run_after > statement_timestamp()
+            )
+            SELECT FROM level WHERE level.run_after <= statement_timestamp())"""
 
 
 # The claimer's positions in the keys it claimed from lately (``after_key_positions``: a JSON object,
@@ -505,25 +556,45 @@ def _next_own_level(below: str | None) -> str:
             ) AS s)"""
 
 
+def _past_lap(walk: str) -> str:
+    """A key of the walk (alias ``walk``) past its lap: beyond ``fair_after`` after the wrap."""
+    return f"({walk}.wrapped AND COALESCE({walk}.fair_key > {_FAIR_AFTER}, false))"
+
+
 def _in_lap(walk: str) -> str:
-    """A key of the walk (alias ``walk``) that is still in its lap (not past ``fair_after`` after the wrap)."""
-    return f"{walk}.fair_key IS NOT NULL AND NOT ({walk}.wrapped AND COALESCE({walk}.fair_key > {_FAIR_AFTER}, false))"
+    """A key of the walk (alias ``walk``) that takes a turn: it has due rows and is still in its lap."""
+    return f"{walk}.due AND NOT {_past_lap(walk)}"
 
 
-# How many keys the lap holds (at most ``limit``: the walk stops there), never 0 (a divisor).
+# How many keys the walk visits at most: ``limit`` keys with due rows, and up to
+# FAIR_WALK_KEYS_PER_TURN * limit + FAIR_WALK_KEYS_EXTRA keys in all, those with nothing due
+# included (each costs two index probes: its entry, and the level below it). Literals in the
+# statement (its text stays constant: prepared once per connection). The constant part keeps small
+# claims (an API client's one task, a worker's last free slot) from crawling over the keys with
+# nothing due a few at a time; 4 per turn lets a worker's claim of 16 visit 96 keys. Costs
+# (bench/fair_claims.py, PostgreSQL 15): a claim of 10 among 100,000 keys with nothing due reads 459
+# blocks in its pick (8 per turn and 64: 893); breaker 33's 100 such tenants beside a backlog and
+# four small tenants: the backlog tenant started 28 tasks while the four started their 40 (8 and
+# 64: 28 too; 2 and 16: 76).
+FAIR_WALK_KEYS_PER_TURN = 4
+FAIR_WALK_KEYS_EXTRA = 32
+_WALK_KEYS = f"(%(limit)s::int * {FAIR_WALK_KEYS_PER_TURN} + {FAIR_WALK_KEYS_EXTRA})"
+
+# How many keys take a turn (at most ``limit``: the walk stops there), never 0 (a divisor).
 _LAP_KEYS = f"(SELECT GREATEST(count(*), 1) FROM walk AS v WHERE {_in_lap('v')})"
 
 # The fair pick's CTEs, at the top of the claim statement (so that its RETURNING can read the walk:
 # FAIR_CURSOR). ``walk`` and ``levels`` are recursive: the statement's WITH is WITH RECURSIVE.
-_FAIR_CTES = f"""walk(fair_key, wrapped, n) AS (
-        SELECT COALESCE(s.k, {_next_key(None)})::text COLLATE "C", s.k IS NULL, 1
-        FROM (SELECT {_next_key(_FAIR_AFTER)} AS k) AS s
+_FAIR_CTES = f"""walk(fair_key, due, wrapped, n, keys) AS (
+        SELECT e.fair_key::text COLLATE "C", d.due, e.wrapped, d.due::int, 1
+        FROM {_next_entry(_FAIR_AFTER, "false")} AS e
+        CROSS JOIN LATERAL (SELECT {_due("e")} AS due OFFSET 0) AS d
         WHERE NOT EXISTS (SELECT 1 FROM tasks_queuecontrol WHERE name = %(queue)s AND paused)
         UNION ALL
-        SELECT (CASE WHEN s.k IS NOT NULL THEN s.k WHEN NOT w.wrapped THEN {_next_key(None)} END)::text COLLATE "C",
-               w.wrapped OR s.k IS NULL, w.n + 1
-        FROM walk AS w CROSS JOIN LATERAL (SELECT {_next_key("w.fair_key")} AS k OFFSET 0) AS s  -- probed once
-        WHERE w.fair_key IS NOT NULL AND w.n < %(limit)s
+        SELECT e.fair_key::text COLLATE "C", d.due, e.wrapped, w.n + d.due::int, w.keys + 1
+        FROM walk AS w CROSS JOIN LATERAL {_next_entry("w.fair_key", "w.wrapped")} AS e
+        CROSS JOIN LATERAL (SELECT {_due("e")} AS due OFFSET 0) AS d
+        WHERE w.n < %(limit)s AND w.keys < {_WALK_KEYS}
           AND NOT (w.wrapped AND COALESCE(w.fair_key >= {_FAIR_AFTER}, false))
     ), fair AS MATERIALIZED (
         SELECT due.id FROM walk AS w CROSS JOIN LATERAL (
@@ -579,13 +650,18 @@ WHERE t.id = ANY(ARRAY(
 # turns are dealt one row at a time in lap order, ``limit`` of them, so the first ``limit`` mod
 # ``keys`` keys of the lap take one more than the rest (``fair``'s quota: (limit - n) / keys + 1),
 # and the last turn dealt falls to key number (limit - 1) mod keys + 1: the next claim deals on
-# from the key after it. A key's turn counts whether it gave rows or not (nothing due, all locked,
-# a rate-limited key's rows handed back): the cursor is where the walk went, never where the rows
-# came from, so the fill (the oldest keys' rows, when a key leaves room) cannot send the turns back
-# to the oldest key and starve the keys after one with nothing due. NULL: no keyed rows (the caller
-# keeps its cursor).
-FAIR_CURSOR = f"""(SELECT w.fair_key::text FROM walk AS w
-     WHERE {_in_lap("w")} AND w.n = (%(limit)s::int - 1) %% {_LAP_KEYS} + 1)"""
+# from the key after it. A key's turn counts whether it gave rows or not (all locked, a rate-limited
+# key's rows handed back): the cursor is where the walk went, never where the rows came from, so the
+# fill (the oldest keys' rows, when a key leaves room) cannot send the turns back to the oldest key.
+# A walk that stopped at its bound (_WALK_KEYS keys visited) before its lap's end returns the last
+# key it visited instead, whether it took a turn or was passed over (nothing due): every turn went
+# to a key before it, and the keys after it are the next claim's, which would otherwise probe the
+# same keys with nothing due again and never get past them. NULL: no keyed rows, or none due in a
+# whole lap (the caller keeps its cursor).
+FAIR_CURSOR = f"""COALESCE(
+     (SELECT w.fair_key::text FROM walk AS w WHERE w.keys = {_WALK_KEYS} AND NOT {_past_lap("w")}),
+     (SELECT w.fair_key::text FROM walk AS w
+      WHERE {_in_lap("w")} AND w.n = (%(limit)s::int - 1) %% {_LAP_KEYS} + 1))"""
 
 # A fair queue's cursor shared by every claimer of the database (tasks_faircursor, tasks/models/
 # fair_cursor.py): where a new claimer's turns start, so that a worker recycled by --max-tasks, killed
@@ -604,11 +680,29 @@ FAIR_CURSOR_READ_SQL = "SELECT fair_after FROM tasks_faircursor WHERE queue = %(
 # never skip one. The row changes only when the cursor does (``IS DISTINCT FROM``: a writer whose
 # value is already there leaves no dead row version); ``updated_at`` is when it last moved, on the
 # database clock.
+#
+# The write never waits (breaker 34). An API claim writes inside its request's transaction and holds
+# the row's lock until the request commits, or longer if the request stalls; an upsert behind it
+# waited for that lock (a worker's dispatcher for its lock_timeout every round, an API request with
+# no bound at all, its claimed rows locked meanwhile). The cursor is advisory, so a writer that finds
+# the row locked leaves it (SKIP LOCKED: someone is writing a position as good as ours). The first
+# write of a queue inserts the row; two first writers would wait on each other's uncommitted insert,
+# so an insert goes only with the queue's transaction-level advisory lock taken without waiting
+# (the loser leaves it; a later write updates the row). Data-modifying CTEs run whether or not the
+# INSERT reads them.
 FAIR_CURSOR_WRITE_SQL = """
-INSERT INTO tasks_faircursor AS c (queue, fair_after, updated_at)
-VALUES (%(queue)s, %(fair_after)s, statement_timestamp())
-ON CONFLICT (queue) DO UPDATE SET fair_after = EXCLUDED.fair_after, updated_at = EXCLUDED.updated_at
-WHERE c.fair_after IS DISTINCT FROM EXCLUDED.fair_after
+WITH held AS (
+    SELECT c.queue FROM tasks_faircursor AS c WHERE c.queue = %(queue)s FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE tasks_faircursor AS c SET fair_after = %(fair_after)s, updated_at = statement_timestamp()
+    FROM held WHERE c.queue = held.queue AND c.fair_after IS DISTINCT FROM %(fair_after)s
+    RETURNING c.queue
+)
+INSERT INTO tasks_faircursor (queue, fair_after, updated_at)
+SELECT %(queue)s, %(fair_after)s, statement_timestamp()
+WHERE NOT EXISTS (SELECT 1 FROM tasks_faircursor AS c WHERE c.queue = %(queue)s)
+  AND pg_try_advisory_xact_lock('tasks_faircursor'::regclass::oid::integer, hashtext(%(queue)s::text))
+ON CONFLICT (queue) DO NOTHING
 """
 
 NO_ISOLATION_BAR = 2**31 - 1  # ``isolation_bar`` of an idle worker: it may take any task

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
+from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 
 from django.db import DatabaseError, connections, models, transaction
@@ -23,6 +25,9 @@ logger = logging.getLogger("tasks.fair")
 
 #: A claimer writes its cursor back at most this often (seconds), and at a clean stop.
 WRITE_INTERVAL = 1.0
+#: The recent claims whose starting cursor a claimer remembers, to go back to it when their tasks are
+#: handed back unstarted (a worker holds the tasks of a few claims at most: its prefetch is bounded).
+REMEMBERED_CLAIMS = 64
 
 
 def _guarded(using: str) -> AbstractContextManager[object]:
@@ -40,7 +45,7 @@ class FairCursorQuerySet(models.QuerySet["FairCursor"]):
             row = cursor.fetchone()
         return None if row is None else row[0]
 
-    def write(self, queue: str, fair_after: str) -> None:
+    def write(self, queue: str, fair_after: str | None) -> None:
         """Store where this claimer's turns have got to (last writer wins: FAIR_CURSOR_WRITE_SQL)."""
         with _guarded(self.db), connections[self.db].cursor() as cursor:
             cursor.execute(sql.FAIR_CURSOR_WRITE_SQL, {"queue": queue, "fair_after": fair_after})
@@ -93,6 +98,8 @@ class SharedFairCursor:
         self._stored: str | None = None  # the table's value as this claimer last read or wrote it
         self._read_due = 0.0  # local clock: a failed read is tried again from then on
         self._write_due = 0.0  # local clock: the next write may go from then on (the first at once)
+        # (claim sent at, the cursor its turns started after), oldest first: see rewind()
+        self._claims: deque[tuple[float, str | None]] = deque(maxlen=REMEMBERED_CLAIMS)
 
     def current(self) -> str | None:
         """Where the next claim's turns start: the shared cursor on the first call, then this
@@ -109,13 +116,36 @@ class SharedFairCursor:
                     self._value = self._stored = stored
             return self._value
 
-    def advance(self, fair_after: str | None) -> None:
+    def advance(self, fair_after: str | None, *, claim: float | None = None) -> None:
         """A claim's turns went on to ``fair_after`` (``fair_after_claim``; None: the claim found no
-        keys, the cursor stays). In memory only: :meth:`sync` writes it back."""
+        keys, the cursor stays). In memory only: :meth:`sync` writes it back. ``claim``: when the
+        claim was sent (its tasks' ``claimed_at``), remembered with where its turns started, for
+        :meth:`rewind`."""
         if fair_after is not None:
             with self._lock:
+                if claim is not None:
+                    self._claims.append((claim, self._value))
                 self._value = fair_after
                 self._known = True  # ours wins over a read that has not succeeded yet
+
+    def rewind(self, claims: Iterable[float]) -> None:
+        """Tasks of these claims (when each was sent) go back to the queue unstarted (a worker's
+        drain): the cursor goes back to where the earliest of them started its turns, so the keys
+        whose turns those tasks were are served again by the next claimer, not passed over. Each stop
+        of a rolling deploy moved the shared cursor past the keys of the claims it handed back
+        (breaker 34), so the same keys went without a start life after life. The keys of those claims
+        whose tasks did start are served twice at worst. A claim older than what is remembered goes
+        back as far as is remembered."""
+        earliest = min(claims, default=None)
+        if earliest is None:
+            return
+        with self._lock:
+            while self._claims:  # newest first, back to the earliest handed back (as far as remembered)
+                at, before = self._claims.pop()
+                if at < earliest:
+                    break
+                self._value = before
+            self._claims.clear()
 
     def sync(self) -> None:
         """Write a move back, unless the last write is less than ``interval`` old (the first at once)."""
@@ -129,15 +159,16 @@ class SharedFairCursor:
 
     def _write(self, *, force: bool) -> None:
         value = self._value
-        if value is None or value == self._stored:
+        if not self._known or value == self._stored:
             return
-        now = clock.monotonic()
-        if not force and now < self._write_due:
+        if not force and clock.monotonic() < self._write_due:
             return
-        self._write_due = now + self.interval
         try:
             FairCursor.objects.db_manager(self.using).write(self.queue, value)
         except DatabaseError as exc:
             logger.warning("fair queue %s: its shared cursor could not be written: %s", self.queue, exc)
         else:
+            # A write that found the row locked by another writer left it (FAIR_CURSOR_WRITE_SQL): it
+            # counts as written, the next move goes in the next interval.
             self._stored = value
+        self._write_due = clock.monotonic() + self.interval  # from the write's end: a slow one never runs back to back

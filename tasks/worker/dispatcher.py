@@ -238,7 +238,7 @@ class Dispatcher:
             logger.info(
                 "worker %s draining: %d attempt(s) held", session.id, len(self.ledger), extra={"worker_id": session.id}
             )
-            self.handbacks.unstarted()
+            self._rewind_fair_cursor(self.handbacks.unstarted())
         running = self.ledger.census(clock.monotonic()).running
         if not running or session.hurry.is_set() or clock.monotonic() >= session.drain_deadline:
             return True
@@ -324,7 +324,7 @@ class Dispatcher:
                 )
                 if claim:
                     if self.fair_cursor is not None:
-                        self.fair_cursor.advance(fair_after_claim(claimed, fair_after))
+                        self.fair_cursor.advance(fair_after_claim(claimed, fair_after), claim=sent)
                     self._remember(claimed, sent, resumed=resume)
                     self._resume = len(claimed) == claim
                     self._resumed_short = resume and len(claimed) < claim
@@ -588,6 +588,13 @@ class Dispatcher:
 
     # -- the end ------------------------------------------------------------------------------------
 
+    def _rewind_fair_cursor(self, handed_back: list[Execution]) -> None:
+        """Claims handed back at a stop without having started: a fair queue's turns go back to
+        where the earliest of their claims began (SharedFairCursor.rewind), so the next worker serves
+        those keys instead of passing over them."""
+        if self.fair_cursor is not None:
+            self.fair_cursor.rewind(e.claimed_at for e in handed_back if e.started is None)
+
     def close(self) -> None:
         """After the drain: write what has ended, and hand back everything still held."""
         self.reservation.release()
@@ -610,6 +617,6 @@ class Dispatcher:
             if not outcomes and not starts:
                 break
             self.round(outcomes, starts, 0)
-        self.handbacks.everything()
+        self._rewind_fair_cursor(self.handbacks.everything())
         if self.fair_cursor is not None:
             self.fair_cursor.flush()  # the next worker's turns go on from this one's last

@@ -81,26 +81,27 @@ class HandBacks:
         self.session.stats["claimed"] -= len(returns)
         self.ledger.remove(e.key for e in returns)
 
-    def unstarted(self) -> None:
-        """On drain, claims not yet begun go back to the queue at once, uncharged."""
+    def unstarted(self) -> list[Execution]:
+        """On drain, claims not yet begun go back to the queue at once, uncharged; returns them."""
         unstarted = self.mailbox.take_unstarted()
         if not unstarted:
-            return
+            return []
         for execution in unstarted:
             execution.mark_lost("handed back unstarted at shutdown")
         self._send("handing back unstarted claims", [e.key for e in unstarted])
         self.ledger.remove(e.key for e in unstarted)
+        return unstarted
 
-    def everything(self) -> None:
+    def everything(self) -> list[Execution]:
         """At the end: everything still held goes back (unstarted and running attempts, and finished
         ones whose outcome could not be written: their compare-and-set protects the rows they no
-        longer own)."""
+        longer own); returns them."""
         session = self.session
         unfinished = [e for e in self.ledger.snapshot() if not e.abandoned]
         for execution in unfinished:
             execution.mark_lost("handed back at shutdown")
         if not unfinished:
-            return
+            return []
         handed = self._send("handing back at shutdown", [e.key for e in unfinished])
         for execution in unfinished:
             if execution.started is not None:
@@ -117,3 +118,4 @@ class HandBacks:
                 sorted(k[0] for k in handed),
                 extra={"worker_id": session.id},
             )
+        return unfinished

@@ -261,6 +261,83 @@ def test_equal_keys_get_equal_shares_when_the_walk_wraps_around(
         assert max(served.values()) - min(served[name] for name in names) <= 1, (n, served)
 
 
+def _deferred_keys(n: int, *, prefix: str = "d-") -> None:
+    """``n`` keys whose one READY row each is deferred an hour (tenants with only snoozed or
+    scheduled tasks), inserted in one statement."""
+    deferred = FAIR_ROWS_SQL.replace("now() - interval '1 minute'", "now() + interval '1 hour'")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            deferred.replace("'tenant-' ||", "%(prefix)s ||"),
+            {"queue": "fair", "path": NOOP, "status": "READY", "keys": n, "n": n, "prefix": prefix},
+        )
+
+
+@pytest.mark.parametrize("claimer", [Claimer, FinishClaimer])
+def test_keys_with_nothing_due_take_no_turn(claimer: type[Claimer]) -> None:
+    """Breaker 33: a backlog key, 30 keys with nothing due, then three keys with due rows. Each claim
+    of 4 gives the four keys with due rows one turn each; a walk that gave the deferred keys their
+    turns spent them on keys a-big, d-…, d-…, d-…, and the fill gave the room to a-big's backlog."""
+    Task.objects.bulk_enqueue(NOOP, [{}] * 100, queue="fair", fair_key="a-big")
+    _deferred_keys(30)
+    for k in range(3):
+        Task.objects.bulk_enqueue(NOOP, [{}] * 5, queue="fair", fair_key=f"s-{k}")
+    claim = claimer()
+    for _ in range(4):
+        assert keys(claim.claim(4)) == {"a-big": 1, "s-0": 1, "s-1": 1, "s-2": 1}
+
+
+@pytest.mark.parametrize("claimer", [Claimer, FinishClaimer])
+def test_keys_with_due_rows_are_reached_behind_more_keys_with_nothing_due_than_a_walk_visits(
+    claimer: type[Claimer],
+) -> None:
+    """1,000 keys with nothing due between a backlog key and three keys with due rows: more than a
+    claim's walk visits (statements.py, _WALK_KEYS: 40 for a claim of 2). The walk stops at its
+    bound, the cursor moves past the keys it passed over, and the next claims go on from there: the
+    three are served within a lap of about 1,000 / 40 claims (a walk of 2 keys a claim, giving the
+    keys with nothing due their turns, took 500), and the walk keeps going round."""
+    from tasks.lifecycle import statements as sql
+
+    Task.objects.bulk_enqueue(NOOP, [{}] * 200, queue="fair", fair_key="a-big")
+    _deferred_keys(1000)
+    for k in range(3):
+        Task.objects.bulk_enqueue(NOOP, [{}] * 5, queue="fair", fair_key=f"s-{k}")
+    walk = 2 * sql.FAIR_WALK_KEYS_PER_TURN + sql.FAIR_WALK_KEYS_EXTRA
+    # claims whose walks cover every key once: 1,004 keys, ``walk`` a claim, and the claims whose walk
+    # stops early at 2 keys with due rows (s-0 and s-1; s-2 and a-big)
+    lap = -(-1004 // walk) + 2
+    claim = claimer()
+    served: Counter[str] = Counter()
+    for _ in range(lap):
+        claimed = claim.claim(2)
+        assert len(claimed) == 2  # never short: the fill takes a-big's rows when the walk found none
+        served += keys(claimed)
+    assert all(served[f"s-{k}"] >= 1 for k in range(3)), served
+    for _ in range(lap):
+        served += keys(claim.claim(2))
+    assert all(served[f"s-{k}"] >= 2 for k in range(3)), served  # and again the next lap
+
+
+def test_a_claim_passing_over_100000_keys_with_nothing_due_reads_a_bounded_walk() -> None:
+    """A claim of 10 whose walk starts among 100,000 keys with nothing due: it visits at most
+    FAIR_WALK_KEYS_PER_TURN * 10 + FAIR_WALK_KEYS_EXTRA keys (two probes each: the key's entry, the
+    level below it), and reads about what it reads among 1,000 such keys; the fill gives the claim
+    its 10 rows (a key with due rows sorts after them)."""
+    _deferred_keys(1000, prefix="d-")
+    Task.objects.bulk_enqueue(NOOP, [{}] * 20, queue="fair", fair_key="z-due")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE tasks_task")
+    few = [_fair_claim_blocks("fair", after) for after in (None, "d-00500")]
+    _deferred_keys(100_000, prefix="e-")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE tasks_task")
+    many = [_fair_claim_blocks("fair", after) for after in ("d-00999", "e-50000")]
+    assert all(rows == 10 for _blocks, rows in few + many), (few, many)
+    worst_few = max(blocks for blocks, _rows in few)
+    worst_many = max(blocks for blocks, _rows in many)
+    assert worst_many < 1.5 * worst_few + 20, (few, many)
+    assert worst_many < 800, many  # 72 keys of a few blocks each (100,000 keys: about 600,000)
+
+
 def test_a_keys_deferred_higher_priority_rows_are_not_read_to_reach_its_due_ones() -> None:
     """Breaker 32's cost finding: a key whose 20,000 priority-5 rows are deferred, in front of its
     due priority-0 ones. Its turn walks its own priorities (one probe per level), so the claim reads

@@ -8,9 +8,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection
 
+from tasks.lifecycle import statements as sql
 from tasks.models import FairCursor, SharedFairCursor, Task
 from tests.db.test_api import TOKEN, Api
 from tests.helpers import wait_until, worker_in_thread
@@ -172,3 +174,53 @@ def test_a_cursor_the_database_refuses_leaves_the_claims_going(caplog: Any) -> N
         "fair queue fair",
     ]
     assert Task.objects.filter(queue="fair", status="RUNNING").count() == 2  # the transaction goes on
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_first_writers_of_a_queue_never_wait_for_each_other() -> None:
+    """The first write of a queue inserts its row. Another session's first write, not committed yet
+    (an API claim's, inside its request), must not hold this one up: the insert goes only with the
+    queue's advisory lock taken without waiting, and the row found locked is left (breaker 34)."""
+    other = psycopg.connect(**connection.get_connection_params())
+    try:
+        other.execute(sql.FAIR_CURSOR_WRITE_SQL, {"queue": "fresh", "fair_after": "a"})  # its transaction stays open
+        with connection.cursor() as cursor:
+            cursor.execute("SET statement_timeout = '5s'")  # a wait fails the test instead of hanging it
+            try:
+                FairCursor.objects.write("fresh", "b")
+                assert stored("fresh") is None  # nothing of ours; theirs is not committed
+            finally:
+                cursor.execute("RESET statement_timeout")
+        other.commit()
+        assert stored("fresh") == "a"
+        other.execute(sql.FAIR_CURSOR_WRITE_SQL, {"queue": "fresh", "fair_after": "c"})  # holds the row now
+        FairCursor.objects.write("fresh", "b")  # an update of a locked row: left alone, at once
+        other.commit()
+        assert stored("fresh") == "c"
+        FairCursor.objects.write("fresh", "d")
+        assert stored("fresh") == "d"
+    finally:
+        other.close()
+
+
+def test_a_stop_handing_back_unstarted_claims_rewinds_to_where_the_earliest_began() -> None:
+    """A worker's drain hands back the tasks of its last claims unstarted: its cursor goes back to
+    where the earliest of those claims started its turns, so the next life serves those keys
+    (breaker 34: a rolling deploy starved the same tenants every life)."""
+    cursor = SharedFairCursor("fair", "default", interval=3600)
+    cursor.advance("t02", claim=1.0)
+    cursor.advance("t05", claim=2.0)
+    cursor.advance("t08", claim=3.0)
+    cursor.advance("t11", claim=4.0)
+    cursor.rewind([])  # nothing handed back: the cursor stays
+    assert cursor.current() == "t11"
+    cursor.rewind([4.0, 3.0])  # the last two claims' tasks never started
+    assert cursor.current() == "t05"
+    cursor.advance("t07", claim=5.0)
+    cursor.rewind([4.5])  # a claim not remembered (it found no keys): back to the next one's start
+    assert cursor.current() == "t05"
+    cursor.advance("t09", claim=6.0)
+    cursor.rewind([0.5])  # older than anything remembered: as far back as is remembered
+    assert cursor.current() == "t05"
+    cursor.rewind([6.0])  # nothing remembered any more: the cursor stays
+    assert cursor.current() == "t05"

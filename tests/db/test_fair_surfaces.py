@@ -141,8 +141,9 @@ def test_metrics_export_the_keys_waiting_per_fair_queue(client: Any) -> None:
 
 def test_an_api_claim_returns_the_cursor_that_passes_a_key_with_nothing_due(api: Api) -> None:
     """Breaker 32's starvation through the API: a client that sends back the key of the last task it
-    got goes back to the oldest key whenever a key with nothing due took a turn (the fill's rows are
-    that oldest key's). The reply's ``fair_after`` is where the turns went."""
+    got went back to the oldest key whenever a key with nothing due took a turn (the fill's rows are
+    that oldest key's). The reply's ``fair_after`` is where the turns went; a key with nothing due
+    takes no turn (breaker 33), so the walk passes b on to c."""
     later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).isoformat()
     for key, run_after in (("a", None), ("a", None), ("a", None), ("b", later), ("c", None)):
         body: dict[str, Any] = {"task_path": NOOP, "queue": "fair", "fair_key": key}
@@ -156,6 +157,6 @@ def test_an_api_claim_returns_the_cursor_that_passes_a_key_with_nothing_due(api:
         assert status == 200, reply
         served.append(reply["task"]["fair_key"])
         claim["fair_after"] = reply["fair_after"]
-    assert served == ["a", "a", "c"], served  # b's turn (nothing due) filled from a, then c's
+    assert served == ["a", "c", "a"], served  # b (nothing due) passed over: c's turn comes next
     status, reply = api.call("POST", "/api/tasks/next", {"worker": "ext", "queues": ["plain"]})
     assert "fair_after" not in reply  # a plain queue's reply is as it was
