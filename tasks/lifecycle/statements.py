@@ -445,7 +445,8 @@ WHERE t.id = ANY(ARRAY(
 #   keys with due rows within the walk's reach than the claim's limit, with fewer due rows than
 #   their quota, or locked; rows of the queue enqueued before it became fair, with no key), the
 #   rest comes from the plain pick over tasks_task_claim_idx (the levels walk of _PICK_ONE from
-#   each level's front), passing over the rows ``fair`` took.
+#   each level's front, or after the claimer's positions: below), passing over the rows ``fair``
+#   took.
 #   Its LIMIT is the room left: 0 when ``fair`` filled the claim, and a Limit of 0 reads nothing.
 #
 # ``fair`` is a MATERIALIZED CTE (locking rows, it must run exactly once: see above), bounded by
@@ -470,12 +471,19 @@ WHERE t.id = ANY(ARRAY(
 #   without one), which come from the rows the fill took only (FAIR_CLAIM_RETURNING says which): the
 #   rows a key's turn took are no place in the level's order (the other keys' rows before them are
 #   not claimed).
+# - the walk never probes across a key the claimer has positions in (the next one above the last
+#   key, found in their sorted names: ``_positioned_after``): its probe for the next key stops short
+#   of it, and when nothing lies between, that key is the next one, its due rows looked for after
+#   its positions (``_due_after_positions``: its turn's own levels, each probed for a due row after
+#   where its scan starts). A probe from the key's front stepped over every row of it claimed since
+#   the snapshot began: under a noisy tenant, most of what a claim still read (3,511 of 3,773 blocks
+#   beside 50,000 claimed, bench/fair_claims.py --only-noisy, PostgreSQL 15; 93 now, 86 without the
+#   snapshot, 7,650 from the front). A positioned key with nothing due after its positions takes no
+#   turn, as any key with nothing due.
 # What a position passes over (a hand-back, a recovered row, an enqueue with run_after in the past,
 # behind the key's last claimed row) is taken by the key's first turn after the next claim from the
 # front: never skipped for good, as in a plain queue. A turn given positions takes the rows a turn
 # from the front takes otherwise (tests/db/test_fair_positions.py drains twin queues both ways).
-# The walk's probe for the next key still starts at that key's front (the walk has no positions
-# yet): under a noisy tenant beside a snapshot that probe is most of what a claim still reads.
 # Measured (bench/fair_claims.py, PostgreSQL 15, 1,000,000 rows, 1,000 keys): a claim of 10 reads 158
 # blocks in its pick; beside a REPEATABLE READ snapshot held while 20,000 rows (20 per key) were
 # claimed, 584. A claim of 10 whose walk starts among 100,000 keys with nothing due reads 459 (its 72
@@ -487,11 +495,24 @@ _FAIR_AFTER = "%(fair_after)s::text"
 def _key_entry(after: str | None) -> str:
     """The first entry of the next key (above ``after``) of the queue's READY rows in a fair queue:
     its key, and its highest priority level's first READY row (priority, run_after): one index probe
-    (tasks_task_fair_idx's own order), which also tells whether that level is due."""
+    (tasks_task_fair_idx's own order), which also tells whether that level is due. The probe stops
+    short of the next key the claimer has positions in (its front holds the rows the claimer took
+    from it, which an old snapshot keeps in the index); nothing before it: that key is the entry,
+    ``positioned``, with no row (_due reads it after its positions)."""
     above = "" if after is None else f" AND f.fair_key > {after}"
-    return f"""(SELECT f.fair_key, f.priority, f.run_after FROM tasks_task AS f
-            WHERE f.status = 'READY' AND f.fair_key IS NOT NULL AND f.queue = %(queue)s{above}
-            ORDER BY f.fair_key, f.priority DESC, f.run_after, f.id LIMIT 1)"""
+
+    def probe(below: str) -> str:
+        return f"""SELECT f.fair_key::text, f.priority, f.run_after, false AS positioned FROM tasks_task AS f
+                WHERE f.status = 'READY' AND f.fair_key IS NOT NULL AND f.queue = %(queue)s{above}{below}
+                ORDER BY f.fair_key, f.priority DESC, f.run_after, f.id LIMIT 1"""
+
+    return f"""(SELECT e.* FROM (SELECT {_positioned_after(after)} AS next) AS p CROSS JOIN LATERAL (
+            ({probe(" AND f.fair_key < p.next")})
+            UNION ALL
+            (SELECT u.* FROM ({probe("")}) AS u WHERE p.next IS NULL)
+            UNION ALL
+            SELECT p.next, NULL::smallint, NULL::timestamptz, true WHERE p.next IS NOT NULL
+            LIMIT 1) AS e)"""
 
 
 def _next_entry(after: str, wrapped: str) -> str:
@@ -509,7 +530,7 @@ def _due(entry: str) -> str:
     levels is due (run_after is the index column after priority, so a level's first row is its
     earliest). Its highest level is the walk's probe already; the levels below are probed one at a
     time, and only while none is due (lazy: EXISTS stops at the first due level)."""
-    return f"""EXISTS (
+    return f"""CASE WHEN {entry}.positioned THEN {_due_after_positions(entry)} ELSE EXISTS (
             WITH RECURSIVE level(priority, run_after) AS (
                 SELECT {entry}.priority, {entry}.run_after
                 UNION ALL
@@ -520,7 +541,22 @@ def _due(entry: str) -> str:
                     ORDER BY f.priority DESC, f.run_after, f.id LIMIT 1) AS b
                 WHERE l.run_after > statement_timestamp()
             )
-            SELECT FROM level WHERE level.run_after <= statement_timestamp())"""
+            SELECT FROM level WHERE level.run_after <= statement_timestamp()) END"""
+
+
+def _due_after_positions(entry: str) -> str:
+    """Whether the walked key ``entry``, which the claimer has positions in, has a due row after
+    them: its own levels as its turn walks them (``own``), each probed for its first due row after
+    where its scan starts (a LATERAL probe, LIMIT 1: as an EXISTS the planner may join the key's
+    every due row instead, 10,771 blocks beside a snapshot), lazily (EXISTS stops at the first)."""
+    return f"""EXISTS (
+            {_own_levels(f"{entry}.fair_key")}
+            SELECT FROM own AS o CROSS JOIN LATERAL (
+                SELECT FROM tasks_task AS f
+                WHERE f.status = 'READY' AND f.fair_key IS NOT NULL AND f.queue = %(queue)s
+                  AND f.fair_key = {entry}.fair_key AND f.priority = o.priority
+                  AND (f.run_after, f.id) > (o.run_after, o.id) AND f.run_after <= statement_timestamp()
+                ORDER BY f.run_after, f.id LIMIT 1) AS d)"""
 
 
 # The claimer's positions in the keys it claimed from lately (``after_key_positions``: a JSON object,
@@ -529,13 +565,28 @@ def _due(entry: str) -> str:
 # statement (an InitPlan), and a key found in it by a binary search over its sorted names, so a
 # claim's cost does not grow with the number of positions sent (arrays, filtered per key, cost
 # 1.7 ms more for a claim of 64 over 64 keys with 256 positions sent, PostgreSQL 15).
-_KEY_POSITIONS = (
-    "jsonb_to_recordset((SELECT %(after_key_positions)s::jsonb) -> w.fair_key)"
-    " AS k(priority smallint, run_after timestamptz, id bigint)"
-)
+def _key_positions(key: str) -> str:
+    """The claimer's positions in ``key`` (none: the key from its front)."""
+    return (
+        f"jsonb_to_recordset((SELECT %(after_key_positions)s::jsonb) -> {key})"
+        " AS k(priority smallint, run_after timestamptz, id bigint)"
+    )
 
 
-def _next_own_level(below: str | None) -> str:
+# The keys the claimer has positions in, in key order (``positioned``, a CTE: sorted once per
+# statement): the walk finds the next one above a key by a binary search (width_bucket), and never
+# probes across one.
+_POSITIONED_KEYS = "(SELECT p.keys FROM positioned AS p)"
+
+
+def _positioned_after(after: str | None) -> str:
+    """The first key above ``after`` (None: the first of all) that the claimer has positions in."""
+    if after is None:
+        return f"{_POSITIONED_KEYS}[1]"
+    return f"""{_POSITIONED_KEYS}[width_bucket(({after})::text COLLATE "C", {_POSITIONED_KEYS}) + 1]"""
+
+
+def _next_own_level(below: str | None, key: str = "w.fair_key") -> str:
     """Where the walked key ``w``'s next priority level (below ``below``; None: its highest) is
     scanned from, exclusive: (priority, run_after, id). As _next_level walks a queue's levels: the
     highest positioned level of the key below ``below`` (``known``, from ``mine``) bounds one index
@@ -548,12 +599,24 @@ def _next_own_level(below: str | None) -> str:
             FROM (SELECT max(m.priority) AS known FROM mine AS m{mine_under}) AS kn CROSS JOIN LATERAL (
                 (SELECT f.priority, f.run_after, f.id - 1 AS id FROM tasks_task AS f
                  WHERE f.status = 'READY' AND f.fair_key IS NOT NULL AND f.queue = %(queue)s
-                   AND f.fair_key = w.fair_key{under} AND f.priority > COALESCE(kn.known, -32768)
+                   AND f.fair_key = {key}{under} AND f.priority > COALESCE(kn.known, -32768)
                  ORDER BY f.priority DESC, f.run_after, f.id LIMIT 1)
                 UNION ALL
                 (SELECT m.priority, m.run_after, m.id FROM mine AS m WHERE m.priority = kn.known)
                 LIMIT 1
             ) AS s)"""
+
+
+def _own_levels(key: str) -> str:
+    """The WITH of a key's own levels (``own``: where each of its priority levels is scanned from,
+    exclusive, highest first), after the claimer's positions in it (``mine``)."""
+    return f"""WITH RECURSIVE mine(priority, run_after, id) AS MATERIALIZED (
+                SELECT k.priority, k.run_after, k.id FROM {_key_positions(key)}
+            ), own(priority, run_after, id) AS (
+                SELECT n.* FROM {_next_own_level(None, key)} AS n
+                UNION ALL
+                SELECT n.* FROM own AS o CROSS JOIN LATERAL {_next_own_level("o.priority", key)} AS n
+            )"""
 
 
 def _past_lap(walk: str) -> str:
@@ -596,15 +659,12 @@ _FAIR_CTES = f"""walk(fair_key, due, wrapped, n, keys) AS (
         CROSS JOIN LATERAL (SELECT {_due("e")} AS due OFFSET 0) AS d
         WHERE w.n < %(limit)s AND w.keys < {_WALK_KEYS}
           AND NOT (w.wrapped AND COALESCE(w.fair_key >= {_FAIR_AFTER}, false))
+    ), positioned(keys) AS MATERIALIZED (
+        SELECT array_agg(p.k ORDER BY p.k) FROM (
+            SELECT k COLLATE "C" AS k FROM jsonb_object_keys(%(after_key_positions)s::jsonb) AS k) AS p
     ), fair AS MATERIALIZED (
         SELECT due.id FROM walk AS w CROSS JOIN LATERAL (
-            WITH RECURSIVE mine(priority, run_after, id) AS MATERIALIZED (
-                SELECT k.priority, k.run_after, k.id FROM {_KEY_POSITIONS}
-            ), own(priority, run_after, id) AS (
-                SELECT n.* FROM {_next_own_level(None)} AS n
-                UNION ALL
-                SELECT n.* FROM own AS o CROSS JOIN LATERAL {_next_own_level("o.priority")} AS n
-            )
+            {_own_levels("w.fair_key")}
             SELECT r.id FROM own AS o CROSS JOIN LATERAL (
                 SELECT id FROM tasks_task
                 WHERE {_FAIR_ROWS} AND fair_key = w.fair_key AND priority = o.priority

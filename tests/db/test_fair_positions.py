@@ -111,6 +111,34 @@ def test_a_row_behind_a_keys_position_waits_for_the_next_claim_from_the_front(a:
     assert tags(claimer.claim(4, from_start=True)) == ["a0", "a4", "b4", "b5"]
 
 
+def test_the_walk_finds_a_key_between_two_positioned_ones_and_passes_over_a_drained_one() -> None:
+    """The walk's probe for the next key stops short of the next key the claimer has positions in
+    (whose front holds the rows it took): a new key between two such keys still takes its turn, and
+    a positioned key with nothing left after its positions takes none."""
+    Task.objects.bulk_enqueue(NOOP, [{"tag": f"a{n}"} for n in range(5)], queue="fair", fair_key="a")
+    Task.objects.bulk_enqueue(NOOP, [{"tag": f"c{n}"} for n in range(6)], queue="fair", fair_key="c")
+    claimer = Claimer()
+    assert tags(claimer.claim(4, from_start=True)) == ["a0", "a1", "c0", "c1"]
+    Task.objects.bulk_enqueue(NOOP, [{"tag": f"b{n}"} for n in range(3)], queue="fair", fair_key="b")
+    assert tags(claimer.claim(4)) == ["a2", "a3", "b0", "c2"]  # the turns go on from c: a 2, b 1, c 1
+    assert tags(claimer.claim(4)) == ["a4", "b1", "b2", "c3"]  # from a: b 2, c 1, a 1
+    assert {p.fair_key for p in claimer.keys.values()} == {"a", "b", "c"}
+    # a and b have nothing left after their positions: c takes every turn
+    assert tags(claimer.claim(4)) == ["c4", "c5"]
+
+
+def test_a_positioned_key_with_a_new_higher_priority_task_takes_its_turn_at_once() -> None:
+    """(c's tasks are the oldest: what the fill would take in the plain order.)"""
+    Task.objects.bulk_enqueue(NOOP, [{"tag": f"c{n}"} for n in range(9)], queue="fair", fair_key="c")
+    Task.objects.bulk_enqueue(NOOP, [{"tag": f"a{n}"} for n in range(2)], queue="fair", fair_key="a")
+    Task.objects.bulk_enqueue(NOOP, [{"tag": f"b{n}"} for n in range(9)], queue="fair", fair_key="b")
+    claimer = Claimer()
+    assert tags(claimer.claim(6, from_start=True)) == ["a0", "a1", "b0", "b1", "c0", "c1"]  # a has nothing left
+    Task.objects.enqueue(NOOP, queue="fair", fair_key="a", priority=5, kwargs={"tag": "a-urgent"})
+    # turns of 2 each: a gives its 1, the fill the oldest
+    assert tags(claimer.claim(6)) == ["a-urgent", "b2", "b3", "c2", "c3", "c4"]
+
+
 QUEUE = "fair-snapshot"
 
 
