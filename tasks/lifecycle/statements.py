@@ -562,13 +562,13 @@ def _due_after_positions(entry: str) -> str:
 # The claimer's positions in the keys it claimed from lately (``after_key_positions``: a JSON object,
 # each key's positions under its name, one per priority level, ``{}``: every key from its front;
 # fair_positions_json). A key's turn reads its own once (``mine``): the object is parsed once per
-# statement (an InitPlan), and a key found in it by a binary search over its sorted names, so a
+# statement (``positions``, a CTE), and a key found in it by a binary search over its sorted names, so a
 # claim's cost does not grow with the number of positions sent (arrays, filtered per key, cost
 # 1.7 ms more for a claim of 64 over 64 keys with 256 positions sent, PostgreSQL 15).
 def _key_positions(key: str) -> str:
     """The claimer's positions in ``key`` (none: the key from its front)."""
     return (
-        f"jsonb_to_recordset((SELECT %(after_key_positions)s::jsonb) -> {key})"
+        f"jsonb_to_recordset((SELECT p.map FROM positions AS p) -> {key})"
         " AS k(priority smallint, run_after timestamptz, id bigint)"
     )
 
@@ -587,8 +587,9 @@ def _positioned_after(after: str | None) -> str:
 
 
 def _next_own_level(below: str | None, key: str = "w.fair_key") -> str:
-    """Where the walked key ``w``'s next priority level (below ``below``; None: its highest) is
-    scanned from, exclusive: (priority, run_after, id). As _next_level walks a queue's levels: the
+    """Where ``key``'s next priority level (below ``below``; None: its highest) is scanned from,
+    exclusive: (priority, run_after, id) (``key``: the walked key, ``w``'s in its turn, the walk
+    entry's in _due_after_positions). As _next_level walks a queue's levels: the
     highest positioned level of the key below ``below`` (``known``, from ``mine``) bounds one index
     probe for the first READY row of a level above it, whose row is where that level's scan starts
     (id - 1: the row itself is the first one after it; the entries the probe stepped over are not
@@ -659,9 +660,11 @@ _FAIR_CTES = f"""walk(fair_key, due, wrapped, n, keys) AS (
         CROSS JOIN LATERAL (SELECT {_due("e")} AS due OFFSET 0) AS d
         WHERE w.n < %(limit)s AND w.keys < {_WALK_KEYS}
           AND NOT (w.wrapped AND COALESCE(w.fair_key >= {_FAIR_AFTER}, false))
+    ), positions(map) AS MATERIALIZED (
+        SELECT %(after_key_positions)s::jsonb
     ), positioned(keys) AS MATERIALIZED (
         SELECT array_agg(p.k ORDER BY p.k) FROM (
-            SELECT k COLLATE "C" AS k FROM jsonb_object_keys(%(after_key_positions)s::jsonb) AS k) AS p
+            SELECT k COLLATE "C" AS k FROM positions AS m, jsonb_object_keys(m.map) AS k) AS p
     ), fair AS MATERIALIZED (
         SELECT due.id FROM walk AS w CROSS JOIN LATERAL (
             {_own_levels("w.fair_key")}

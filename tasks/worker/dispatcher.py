@@ -303,7 +303,9 @@ class Dispatcher:
         sent = clock.monotonic()
         resume = bool(claim) and self._resume and sent < self._scan_from_start_at
         after = list(self._positions.values()) if resume else []
-        fair_positions = self._fair_positions if resume and self.fair_cursor is not None else ()
+        # (a worker that goes round more keys than it keeps positions in would send them for nothing)
+        send_keys = resume and self.fair_cursor is not None and self._fair_positions.revisits
+        fair_positions = self._fair_positions if send_keys else ()
         fair_after = self.fair_cursor.current() if claim and self.fair_cursor is not None else None
         try:
             session.bind()
@@ -385,7 +387,7 @@ class Dispatcher:
         every position (a level it found empty has none now) and sets when the next one is due."""
         if not resumed:
             self._positions = {}
-            self._fair_positions = FairPositions(FAIR_POSITIONS_PER_BATCH * self.batch_size)
+            self._fair_positions.clear()
             self._scan_from_start_at = sent + RESCAN_INTERVAL
         self._positions.update(ClaimPosition.last_per_level(claimed))
         if self.fair_cursor is not None:

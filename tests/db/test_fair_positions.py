@@ -15,6 +15,9 @@ from django.db import connection, transaction
 from tasks.lifecycle import statements as sql
 from tasks.lifecycle.values import ClaimedTask, ClaimPosition, FairPositions, claimed_from_row, fair_after_claim
 from tasks.models import Task
+from tasks.models.task import TaskQuerySet
+from tasks.worker.process import Worker
+from tests.helpers import wait_until, worker_in_thread
 
 pytestmark = pytest.mark.django_db
 
@@ -137,6 +140,36 @@ def test_a_positioned_key_with_a_new_higher_priority_task_takes_its_turn_at_once
     Task.objects.enqueue(NOOP, queue="fair", fair_key="a", priority=5, kwargs={"tag": "a-urgent"})
     # turns of 2 each: a gives its 1, the fill the oldest
     assert tags(claimer.claim(6)) == ["a-urgent", "b2", "b3", "c2", "c3", "c4"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("keys", "sent"), [(3, True), (400, False)], ids=["3 keys", "400 keys"])
+def test_a_worker_sends_its_key_positions_only_when_it_comes_back_to_its_keys(
+    settings, monkeypatch: pytest.MonkeyPatch, keys: int, sent: bool
+) -> None:
+    """A worker of BATCH_SIZE 16 keeps positions in 64 keys: going round 3 keys it comes back to
+    them and sends them; going round 400 it never comes back to one before it is pushed out, and
+    sends none (they would cost every claim for nothing)."""
+    settings.LEASING_TASKS = {**settings.LEASING_TASKS, "FAIR_QUEUES": ["fair-worker"]}
+    for key in range(keys):
+        Task.objects.bulk_enqueue(NOOP, [{}] * (1200 // keys), queue="fair-worker", fair_key=f"k{key:03}")
+    sends: list[bool] = []
+    claim = TaskQuerySet.finish_start_claim
+
+    def spy(self: TaskQuerySet, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("limit"):
+            sends.append(bool(kwargs.get("fair_positions")))
+        return claim(self, *args, **kwargs)
+
+    monkeypatch.setattr(TaskQuerySet, "finish_start_claim", spy)
+    worker = Worker(queues=["fair-worker"], concurrency=4, batch_size=16, install_signal_handlers=False, worker_id="fp")
+    with worker_in_thread(worker):
+        wait_until(
+            lambda: not Task.objects.filter(queue="fair-worker").exclude(status="SUCCESSFUL").exists(),
+            60,
+            what="the drain",
+        )
+    assert any(sends) is sent, sends
 
 
 QUEUE = "fair-snapshot"

@@ -44,3 +44,19 @@ def test_the_json_a_claim_takes_is_each_keys_positions_under_its_name() -> None:
 def test_the_fills_positions_come_from_the_rows_the_fill_took() -> None:
     claimed = [row(5, "a"), row(2, "b", turn=False), row(3, None, turn=False)]
     assert ClaimPosition.last_per_level(claimed) == {("q", 0): ClaimPosition("q", 0, NOW + dt.timedelta(seconds=3), 3)}
+
+
+def test_revisits_says_whether_the_last_claim_came_back_to_a_remembered_key() -> None:
+    memory = FairPositions(2)
+    memory.remember([row(1, "a"), row(2, "b")])
+    assert not memory.revisits  # nothing remembered before
+    memory.remember([row(3, "c"), row(4, "d")])
+    assert not memory.revisits  # going round more keys than it keeps: positions would be sent for nothing
+    memory.remember([row(5, "d"), row(6, "e")])
+    assert memory.revisits
+    memory.clear()  # a claim from the front: the positions go, the keys are still known as recent
+    assert memory.values() == [] and memory.json() == "{}"
+    memory.remember([row(7, "e")])
+    assert memory.revisits
+    memory.remember([row(8, "f")])
+    assert not memory.revisits
