@@ -466,7 +466,9 @@ WHERE t.id = ANY(ARRAY(
 #   a queue's, its probe bounded by the highest positioned level below (a new higher priority of the
 #   key, or a level between two positioned ones, is found at once; a positioned level is scanned
 #   after its position, never from its front). A worker keeps the positions of the keys it claimed
-#   from most recently (4 x its batch size: FairPositions); a key without one starts from its front.
+#   from most recently (4 x its batch size: FairPositions), and sends them only while its claims come
+#   back to those keys (going round more keys, it would send them for nothing); a key without one
+#   starts from its front.
 # - the fill starts each level after the claimer's plain positions (``placed``; from its front
 #   without one), which come from the rows the fill took only (FAIR_CLAIM_RETURNING says which): the
 #   rows a key's turn took are no place in the level's order (the other keys' rows before them are
