@@ -169,7 +169,7 @@ class Dispatcher:
             self.pace.next_probe = now + session.poll_interval
         wanted = min(self.batch_size, sized.claim)
         if self.max_tasks is not None:
-            wanted = min(wanted, self.max_tasks - session.stats["claimed"])
+            wanted = min(wanted, self.max_tasks - session.kept())
         return max(0, wanted), sized.probe
 
     # -- the loop -----------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ class Dispatcher:
                 if self.drain():
                     return
                 continue
-            if self.max_tasks is not None and session.stats["claimed"] >= self.max_tasks:
+            if self.max_tasks is not None and session.kept() >= self.max_tasks:
                 if not self.ledger.census(clock.monotonic()).in_hand:
                     return
                 self.mailbox.wait(0.1)

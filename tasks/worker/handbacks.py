@@ -64,7 +64,7 @@ class HandBacks:
         refused = self.mailbox.take_refused()
         for execution, _due, refusal in refused:
             execution.mark_lost(f"its rate key refused the start; runs again at {refusal.run_after.isoformat()}")
-        self.session.stats["claimed"] -= len(refused)
+        self.session.handed_back += len(refused)
         self.session.stats["rate_refused"] += len(refused)
         self.ledger.remove(e.key for e, _, _ in refused)
         return [due for _, due, _ in refused]
@@ -78,7 +78,7 @@ class HandBacks:
         self._send(
             "handing back claims", [e.key for e in returns], reason="handed back by its worker before it could run"
         )
-        self.session.stats["claimed"] -= len(returns)
+        self.session.handed_back += len(returns)
         self.ledger.remove(e.key for e in returns)
 
     def unstarted(self) -> list[Execution]:

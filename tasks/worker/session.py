@@ -73,6 +73,10 @@ class Session:
     drain_deadline: float | None = None
     #: Threads whose statements are the worker's own (dispatcher, heartbeat): bounded by :meth:`bind`.
     own_threads: set[int] = field(default_factory=set)
+    #: Claims handed back before they ran (refused by their rate key, returned by an executor): not
+    #: counted against ``--max-tasks``. A count of its own, so that ``stats["claimed"]`` (a counter
+    #: on /metrics) only ever grows.
+    handed_back: int = 0
 
     def __post_init__(self) -> None:
         # The worker's own statements never wait long on a row lock or a slow server: another session
@@ -80,6 +84,10 @@ class Session:
         # Handler code runs on other connections and is not bounded.
         self.lock_timeout_ms = int(max(100, min(2000, self.ttl * 1000 / 6)))
         self.statement_timeout_ms = int(max(1000, self.ttl * 1000 / 3))
+
+    def kept(self) -> int:
+        """Claims this worker kept (claimed and not handed back): what ``--max-tasks`` counts."""
+        return self.stats["claimed"] - self.handed_back
 
     def own_thread(self) -> None:
         """The calling thread sends the worker's own statements from now on."""

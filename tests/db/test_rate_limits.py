@@ -499,6 +499,27 @@ def test_a_worker_runs_a_rate_limited_backlog_at_the_rate_waking_for_its_refused
     window = dt.timedelta(seconds=0.5)
     assert max(sum(1 for s in starts[i:] if s < at + window) for i, at in enumerate(starts)) <= 3
     assert worker.session.stats["rate_refused"] == sum(r.rate_refusals for r in rows) > 0
+    # Every claim counts, the refused ones too: the counter behind tasks_worker_events_total never
+    # goes down (Prometheus would read a fall as a restart and its rate() as a burst of claims).
+    # (what was handed back, refused or returned unstarted, is kept apart for --max-tasks).
+    assert worker.session.stats["claimed"] == 12 + worker.session.handed_back
+    assert worker.session.handed_back >= worker.session.stats["rate_refused"]
+
+
+def test_max_tasks_counts_the_claims_a_worker_kept_not_those_its_rate_key_refused() -> None:
+    from tasks.models import FINISHED
+    from tasks.worker.process import Worker
+
+    ids = Task.objects.bulk_enqueue(NOOP, [{}] * 9, rate_key="capped", rate_limit=(2, 0.3))
+    worker = Worker(
+        concurrency=4, ttl=10, poll_interval=5, max_tasks=5, install_signal_handlers=False, worker_id="capped"
+    )
+    worker.run()  # returns once 5 attempts ended
+    assert worker.session.stats["rate_refused"] > 0
+    assert worker.session.stats["claimed"] == 5 + worker.session.handed_back
+    assert worker.session.handed_back >= worker.session.stats["rate_refused"]
+    assert Task.objects.filter(pk__in=ids, status__in=FINISHED).count() == 5
+    assert Task.objects.filter(pk__in=ids, status=TaskStatus.READY).count() == 4
 
 
 def test_workflow_members_and_dependants_carry_their_rate_keys(settings: Any) -> None:
