@@ -490,7 +490,14 @@ WHERE t.id = ANY(ARRAY(
 # blocks in its pick; beside a REPEATABLE READ snapshot held while 20,000 rows (20 per key) were
 # claimed, 584. A claim of 10 whose walk starts among 100,000 keys with nothing due reads 459 (its 72
 # keys), where the walk that gave them turns read 148 and gave the claim to the fill.
-_FAIR_ROWS = "status = 'READY' AND fair_key IS NOT NULL AND queue = %(queue)s"
+_FAIR_ROWS = "status = 'READY' AND queue = %(queue)s"
+# The scans of one key's rows (``fair_key = ...``, a strict comparison, implies tasks_task_fair_idx's
+# ``fair_key IS NOT NULL``) do not repeat that predicate: written out, it is one more index condition
+# of that index only, and where the table has no statistics yet (a fresh table, a burst of new keys
+# before autovacuum's ANALYZE) both indexes are estimated at one row, so that one condition's cost
+# gave the scan to tasks_task_claim_idx, which reads the whole queue for the key's row: a 4-process
+# drain of 100,000 tasks over 100,000 keys ran at 2,900 tasks/s (77,266 rows filtered per turn,
+# PostgreSQL 15), 7,600 with statistics (tests/db/test_fair_plans_without_statistics.py).
 _FAIR_AFTER = "%(fair_after)s::text"
 
 
@@ -538,7 +545,7 @@ def _due(entry: str) -> str:
                 UNION ALL
                 SELECT b.priority, b.run_after FROM level AS l CROSS JOIN LATERAL (
                     SELECT f.priority, f.run_after FROM tasks_task AS f
-                    WHERE f.status = 'READY' AND f.fair_key IS NOT NULL AND f.queue = %(queue)s
+                    WHERE f.status = 'READY' AND f.queue = %(queue)s
                       AND f.fair_key = {entry}.fair_key AND f.priority < l.priority
                     ORDER BY f.priority DESC, f.run_after, f.id LIMIT 1) AS b
                 WHERE l.run_after > statement_timestamp()
@@ -555,7 +562,7 @@ def _due_after_positions(entry: str) -> str:
             {_own_levels(f"{entry}.fair_key")}
             SELECT FROM own AS o CROSS JOIN LATERAL (
                 SELECT FROM tasks_task AS f
-                WHERE f.status = 'READY' AND f.fair_key IS NOT NULL AND f.queue = %(queue)s
+                WHERE f.status = 'READY' AND f.queue = %(queue)s
                   AND f.fair_key = {entry}.fair_key AND f.priority = o.priority
                   AND (f.run_after, f.id) > (o.run_after, o.id) AND f.run_after <= statement_timestamp()
                 ORDER BY f.run_after, f.id LIMIT 1) AS d)"""
@@ -601,7 +608,7 @@ def _next_own_level(below: str | None, key: str = "w.fair_key") -> str:
     return f"""(SELECT s.priority, s.run_after, s.id
             FROM (SELECT max(m.priority) AS known FROM mine AS m{mine_under}) AS kn CROSS JOIN LATERAL (
                 (SELECT f.priority, f.run_after, f.id - 1 AS id FROM tasks_task AS f
-                 WHERE f.status = 'READY' AND f.fair_key IS NOT NULL AND f.queue = %(queue)s
+                 WHERE f.status = 'READY' AND f.queue = %(queue)s
                    AND f.fair_key = {key}{under} AND f.priority > COALESCE(kn.known, -32768)
                  ORDER BY f.priority DESC, f.run_after, f.id LIMIT 1)
                 UNION ALL
