@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from tasks.compat import task
@@ -148,3 +149,28 @@ async def async_outcome(outcome: str, **kwargs: Any) -> str:
     if outcome == "transient":
         raise Transient("async")
     return f"woke after {snoozes} snooze(s)"
+
+
+def quick_backoff(attempt: int, exc: BaseException) -> float:
+    """A retry due a fifth of a second later: it comes back behind a claimer's positions."""
+    return 0.2
+
+
+def fair_mix(mode: str, **kwargs: Any) -> str:
+    """One effect row per execution (its phase: what it did). ``retry``: the first attempt raises
+    (retried after quick_backoff); ``snooze``: the first run snoozes 0.2 s; ``plain``: succeeds."""
+    from tests.testapp.models import Effect
+
+    run = current_task()
+    first = not Effect.objects.filter(task_id=run.id).exists()
+    phase = "done"
+    if first and mode == "retry":
+        phase = "failed"
+    elif first and mode == "snooze":
+        phase = "snoozed"
+    Effect.objects.create(task_id=run.id, token=run.token, attempt=run.attempt, phase=phase, pid=os.getpid())
+    if phase == "failed":
+        raise Transient(f"attempt {run.attempt} fails on purpose")
+    if phase == "snoozed":
+        raise Snooze(0.2)
+    return mode
