@@ -59,7 +59,8 @@ def test_four_workers_start_every_small_tenant_before_the_backlog_tenant_takes_m
         firsts.setdefault(key, index)
     last_first = max(index for key, index in firsts.items() if key != "backlog")
     backlog_before = order[:last_first].count("backlog")
-    # Measured: every small tenant had started within 239 starts, 7 of them the backlog tenant's (a
-    # plain queue would run the 5,000 first).
-    assert last_first < 400, (last_first, backlog_before)
-    assert backlog_before < 50, (last_first, backlog_before)
+    # Measured: every small tenant had started within 239 to 349 starts, 7 to 52 of them the backlog
+    # tenant's (PostgreSQL 18 and 15): a collided claim's room goes to the fill. A plain queue runs the
+    # 5,000 first.
+    assert last_first < 600, (last_first, backlog_before)
+    assert backlog_before < 150, (last_first, backlog_before)
