@@ -54,7 +54,7 @@ def test_four_workers_start_every_small_tenant_before_the_backlog_tenant_takes_m
     wait_until(lambda: Task.objects.filter(pk__in=small, status="SUCCESSFUL").count() == len(small), 120, what="small")
     rows = Task.objects.filter(queue="tenants", started_at__isnull=False).order_by("started_at", "id")
     order = list(rows.values_list("fair_key", flat=True))
-    firsts = {}
+    firsts: dict[str | None, int] = {}
     for index, key in enumerate(order):
         firsts.setdefault(key, index)
     last_first = max(index for key, index in firsts.items() if key != "backlog")
