@@ -301,7 +301,9 @@ def test_a_crash_beside_other_attempts_is_shared_and_after_isolate_after_the_tas
     task_id = enqueue(max_attempts=1, priority=1)
     for n in range(2):
         enqueue()  # the neighbour it runs beside
-        claimed, neighbour = Task.objects.claim(f"w{n}", limit=2, ttl=0.05)
+        # A lease long enough for the two starts below on a loaded machine (0.05 s lapsed between them
+        # once, beside CI), short enough that the expiry the test waits for comes soon.
+        claimed, neighbour = Task.objects.claim(f"w{n}", limit=2, ttl=0.5)
         assert claimed.id == task_id and not claimed.isolate
         assert Task.objects.start(claimed.id, f"w{n}", claimed.token) is not None
         assert Task.objects.start(neighbour.id, f"w{n}", neighbour.token) is not None
@@ -349,7 +351,7 @@ def test_a_poison_pill_running_isolated_ends_failed_after_max_crashes(settings: 
     statuses = []
     for n in range(3):
         Task.objects.filter(pk=task_id).update(run_after=timezone.now())
-        claimed = Task.objects.claim(f"w{n}", limit=1, ttl=0.05)[0]
+        claimed = Task.objects.claim(f"w{n}", limit=1, ttl=0.5)[0]  # a start comes before it lapses
         assert Task.objects.start(claimed.id, f"w{n}", claimed.token, isolated=True) is not None
         statuses += [r.status for r in expire_and_recover(task_id)]
     assert statuses == ["READY", "READY", "FAILED"]
