@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from tasks.compat import task
@@ -162,6 +163,8 @@ def fair_mix(mode: str, **kwargs: Any) -> str:
     from tests.testapp.models import Effect
 
     run = current_task()
+    if kwargs.get("seconds"):
+        time.sleep(kwargs["seconds"])  # the work itself: a kill may land here, before any effect
     first = not Effect.objects.filter(task_id=run.id).exists()
     phase = "done"
     if first and mode == "retry":
