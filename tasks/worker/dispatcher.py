@@ -139,14 +139,18 @@ class Dispatcher:
 
     def capacity(self) -> Capacity:
         aio = self.aio
-        window, batch = self.prefetch_window, self.batch_size
+        window, batch, backlog = self.prefetch_window, self.batch_size, self._resume
         return Capacity(
             slots=self.threads.concurrency,
-            prefetch=prefetch(self.threads.concurrency, batch_size=batch, window=window, duration=self.pace.duration),
+            prefetch=prefetch(
+                self.threads.concurrency, batch_size=batch, window=window, duration=self.pace.duration, backlog=backlog
+            ),
             async_slots=0 if aio is None else aio.capacity,
             async_prefetch=0
             if aio is None
-            else prefetch(aio.capacity, batch_size=batch, window=window, duration=self.pace.async_duration),
+            else prefetch(
+                aio.capacity, batch_size=batch, window=window, duration=self.pace.async_duration, backlog=backlog
+            ),
         )
 
     def zombies(self) -> int:

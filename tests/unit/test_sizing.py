@@ -27,6 +27,15 @@ def test_no_prefetch_before_a_task_has_run_then_what_starts_within_the_window_at
     assert prefetch(0, batch_size=100, window=0.5, duration=0.1) == 0  # no event loop, no async prefetch
 
 
+def test_a_backlog_doubles_the_prefetch_of_short_tasks_only() -> None:
+    # Draining a backlog: the next batch is claimed while the last one runs.
+    assert prefetch(8, batch_size=64, window=0.25, duration=0.0001, backlog=True) == 128
+    assert prefetch(8, batch_size=64, window=0.25, duration=0.0001) == 64
+    # The window still bounds it: tasks of 50 ms, 8 executors start 40 within 0.25 s.
+    assert prefetch(8, batch_size=64, window=0.25, duration=0.05, backlog=True) == 40
+    assert prefetch(8, batch_size=64, window=0.25, duration=None, backlog=True) == 0
+
+
 def test_threads_only_room_is_the_free_slots_plus_prefetch() -> None:
     capacity = Capacity(slots=4, prefetch=2)
     assert room(Census(), capacity, share=0.0, probe_due=True).claim == 6
