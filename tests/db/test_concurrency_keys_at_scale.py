@@ -125,7 +125,10 @@ def test_a_sweep_reads_the_keys_due_not_the_keys_waiting() -> None:
     wait_until(lambda: due_now(late), 10, 0.05, what="the deferred task to come due")
     one_due = sweep_blocks()
     assert idle <= empty + 5, (empty, idle)
-    assert one_due <= empty + 150, (empty, one_due)  # the admission itself: an UPDATE through every index
+    # The admission itself, an UPDATE through every index: 123 blocks alone, 188 once within the full
+    # suite (the session's caches and earlier tests' dead entries). The filter this guards against
+    # adds about 190 to both sweeps (docs/explanation/benchmarks.md); the idle bound above is the sharp one.
+    assert one_due <= empty + 230, (empty, one_due)
     assert concurrency.admit_waiting() == 1
     assert status(late) == TaskStatus.READY
 
