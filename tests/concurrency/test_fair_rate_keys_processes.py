@@ -13,6 +13,7 @@ its backlog still waits); no concurrency key ever runs more than its limit at on
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import signal
 from collections import Counter
@@ -70,7 +71,7 @@ def starts() -> Iterator[None]:
         cursor.execute(DROP)
 
 
-def _mail_starts() -> list:
+def _mail_starts() -> list[dt.datetime]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT granted FROM test_fair_rate_starts WHERE rate_key = 'mail' ORDER BY granted")
         return [row[0] for row in cursor.fetchall()]
@@ -115,7 +116,10 @@ def test_rate_and_concurrency_keys_inside_a_fair_queue(
     workers.start("fr-4", *args, "--recovery-interval", "0.2", may_die=False, **env)
     wait_until(lambda: Effect.objects.filter(task_id__in=others).count() >= len(others) // 2, 60, what="a half")
     QueueControl.objects.pause("tenants", by="test", reason="mid-drain")
+    # Paused: no claim takes more, so what the workers hold runs out (a backlog waits all along).
+    wait_until(lambda: not Task.objects.filter(queue="tenants", status="RUNNING").exists(), 30, 0.05, what="the pause")
     paused_at = Effect.objects.filter(task_id__in=every).count()
+    assert Task.objects.filter(queue="tenants", status="READY").exists()
     QueueControl.objects.resume("tenants", by="test")
     wait_until(
         lambda: not Task.objects.filter(pk__in=others).exclude(status="SUCCESSFUL").exists(),

@@ -164,7 +164,7 @@ def fair_mix(mode: str, **kwargs: Any) -> str:
 
     run = current_task()
     if kwargs.get("seconds"):
-        time.sleep(kwargs["seconds"])  # the work itself: a kill may land here, before any effect
+        time.sleep(kwargs["seconds"])  # simulated work, not a wait: a kill may land here, before any effect
     first = not Effect.objects.filter(task_id=run.id).exists()
     phase = "done"
     if first and mode == "retry":
