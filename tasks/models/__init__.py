@@ -36,6 +36,7 @@ from tasks.models.bookkeeping import (
     ConcurrencyWake,
     GeneratorState,
     RateLimit,
+    Repair,
     UniqueKey,
 )
 from tasks.models.bulk import BulkOperation, BulkOperationQuerySet
@@ -78,6 +79,7 @@ __all__ = [
     "RateLimit",
     "RateRefused",
     "Recovered",
+    "Repair",
     "Schedule",
     "ScheduleRun",
     "SharedFairCursor",

@@ -274,3 +274,20 @@ class UniqueKey(models.Model):
 
     def __str__(self) -> str:
         return f"unique key {self.key}: task {self.task_id} until {self.expires_at:%Y-%m-%d %H:%M:%S}"
+
+
+class Repair(models.Model):
+    """What the recovery round's repair sweep found stranded and set right, by kind: a count that
+    should stay zero (every repair is a bug report: docs/monitoring/alerts.yml fires on one), and the
+    last task repaired, to start from (tasks/maintenance/repair.py)."""
+
+    kind = models.CharField(max_length=50, primary_key=True)
+    count = models.BigIntegerField(default=0, help_text="Rows repaired (ever).")
+    last_at = models.DateTimeField(help_text="When the last repair of this kind was made.")
+    last_task_id = models.BigIntegerField(null=True, blank=True, help_text="The last task repaired.")
+
+    class Meta:
+        ordering = ["kind"]
+
+    def __str__(self) -> str:
+        return f"repair {self.kind}: {self.count} (last: task {self.last_task_id})"
