@@ -16,18 +16,26 @@ from typing import Any
 from celery import shared_task
 
 from tasks.conf import get_settings
-from tasks.maintenance.recovery import recover_once
+from tasks.maintenance.recovery import maintain_once
 from tasks.maintenance.retention import AutoPruner
 
 
 @shared_task(name="tasks.recover_expired", ignore_result=True)
-def recover_expired() -> dict[str, Any]:
-    report = recover_once()
+def recover_expired(max_seconds: float = 30.0) -> dict[str, Any]:
+    """Every duty of the recovery leader but retention (``tasks.prune_retained``, paced, does that):
+    a recovery round with its repairs, then bulk operations' batches and the history hours due, within
+    ``max_seconds`` (tasks/maintenance/recovery.py, ``maintain_once``)."""
+    done = maintain_once(budget=max_seconds, prune=False)
+    report = done.recovery
     return {
         "requeued": len(report.requeued),
         "failed": len(report.failed),
         "orphans_expired": len(report.orphans_expired),
         "stray_leases_released": len(report.stray_leases_released),
+        "repaired": len(report.repairs.dependants) + len(report.repairs.workflows),
+        "bulk_changed": done.bulk_changed,
+        "history_hours": len(done.history.counted) if done.history else 0,
+        "keyless_adopted": done.keyless_adopted,
     }
 
 

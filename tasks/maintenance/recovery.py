@@ -25,8 +25,9 @@ from leasing.election import LeaderElection, Term
 from tasks.conf import get_settings
 from tasks.lifecycle import activity, concurrency, ratelimits
 from tasks.maintenance.bulk import BulkRunner
-from tasks.maintenance.history import HistoryRollup
+from tasks.maintenance.history import HistoryRollup, RollupRound, roll_up_hours
 from tasks.maintenance.keyless import KeylessAdopter
+from tasks.maintenance.repair import RepairReport, repair_stranded
 from tasks.maintenance.retention import AutoPruner
 from tasks.models import Recovered, Task
 from tasks.models import Worker as WorkerRow
@@ -102,6 +103,8 @@ class RecoveryReport:
     delays: list[float] = field(default_factory=list)
     #: The round read every expired lease (not only those expired since its last scan: RecoveryWindow).
     full_scan: bool = True
+    #: What the repair sweep set right (tasks/maintenance/repair.py): nothing, unless a settle was lost.
+    repairs: RepairReport = field(default_factory=RepairReport)
 
     @property
     def empty(self) -> bool:
@@ -112,6 +115,7 @@ class RecoveryReport:
             or self.stray_leases_released
             or self.workers_dead
             or self.slots_released
+            or not self.repairs.empty
         )
 
 
@@ -154,6 +158,9 @@ def _recover_once(*, using: str, repair: bool, batch: int, window: RecoveryWindo
         window.scanned(began, full=after is None, left_behind=left_behind)
     if repair:
         report.stray_leases_released = manager.release_stray_leases()
+        # Workflow members and workflows left waiting for what will never happen (a second line of
+        # defence: each repair is counted, logged as an error and alerted on).
+        report.repairs = repair_stranded(using=using)
     # Slots kept for handlers that outlived their rows, in processes known dead now (admits for their keys).
     report.slots_released = concurrency.release_dead(using=using)
     # Keyed tasks whose deferral ended, or that an admission skipped, get their slots now.
@@ -192,6 +199,40 @@ def _log_recovered(recovered: list[Recovered]) -> None:
             "FAILED for good" if item.status == "FAILED" else f"{item.status} again",
             extra=task_log_fields(item.id, item.queue, item.attempt, item.worker, item.outcome),
         )
+
+
+#: Seconds ``maintain_once`` gives the duties after recovery (bulk operations, history, retention),
+#: shared between them: a cron line or a beat entry every minute goes on where the last one stopped.
+ONCE_BUDGET = 30.0
+
+
+@dataclass
+class MaintenanceReport:
+    """What one ``maintain_once`` did: recovery's round, and each duty of the leader beside it."""
+
+    recovery: RecoveryReport
+    bulk_changed: int = 0
+    history: RollupRound | None = None
+    pruned: int = 0
+    keyless_adopted: int = 0
+
+
+def maintain_once(
+    *, using: str = DEFAULT_DB_ALIAS, budget: float = ONCE_BUDGET, prune: bool = True
+) -> MaintenanceReport:
+    """Every duty of the recovery leader, once, without its lease: a recovery round with its repairs,
+    then, within ``budget`` seconds in all, the open bulk operations' batches, the history hours due,
+    a retention slice (``prune``), and a keyless adoption round. What ``recover_tasks --once`` (a cron
+    line) and Celery beat's ``tasks.recover_expired`` run; each duty's statements are safe beside a
+    leader's or another run's (row locks, SKIP LOCKED, upserts of the same numbers)."""
+    report = MaintenanceReport(recovery=recover_once(using=using))
+    share = budget / (3 if prune else 2)
+    report.bulk_changed = BulkRunner(using=using).run_for(share)
+    report.history = roll_up_hours(using=using, budget=share)
+    if prune:
+        report.pruned = AutoPruner(using=using, interval=0.0).run_for(share)
+    report.keyless_adopted = sum(r.adopted for r in KeylessAdopter(using=using).run_once())
+    return report
 
 
 class RecoveryController:

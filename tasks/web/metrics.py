@@ -14,8 +14,9 @@ from tasks.conf import get_settings
 from tasks.lifecycle import activity, concurrency, ratelimits
 from tasks.lifecycle.workflows import WorkflowStatus
 from tasks.maintenance.recovery import RECOVERY_LEASE
+from tasks.maintenance.repair import REPAIR_KINDS
 from tasks.maintenance.scheduler import SCHEDULER_LEASE
-from tasks.models import Task, UniqueKey
+from tasks.models import Repair, Task, UniqueKey
 from tasks.web.queries import COUNT_CAP, bounded_count
 from tasks.web.queues import KEY_CAP, fair_keys_waiting
 from tasks.web.workflows import running_workflows
@@ -139,6 +140,18 @@ def task_metrics() -> Iterable[Metric]:
     )
     workflows.add_metric([WorkflowStatus.RUNNING.value], running_workflows().value)
     yield workflows
+    # The repair sweep's counts (tasks/maintenance/repair.py): a row per kind, zero unless a settle was lost.
+    repaired = dict.fromkeys(REPAIR_KINDS, 0) | dict(
+        Repair.objects.using(selected_database()).values_list("kind", "count")
+    )
+    repairs = CounterMetricFamily(
+        "tasks_repairs",
+        "Workflow members and workflows the recovery round found stranded and set right (each is a bug: report it).",
+        labels=["kind"],
+    )
+    for kind, made in sorted(repaired.items()):
+        repairs.add_metric([kind], made)
+    yield repairs
 
     depth = GaugeMetricFamily(
         "tasks_queue_depth", "Runnable tasks waiting, per queue (counted up to 10,000).", labels=["queue"]

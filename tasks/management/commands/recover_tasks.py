@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from tasks.maintenance.recovery import RecoveryController, recover_once
+from tasks.maintenance.recovery import ONCE_BUDGET, RecoveryController, maintain_once
 from tasks.management.commands._common import (
     LongRunningCommand,
     configure_logging,
@@ -18,20 +18,38 @@ class Command(LongRunningCommand):
     help = "Requeue tasks whose lease expired and repair impossible states (leader-elected loop, or --once)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--once", action="store_true", help="one round, without the recovery lease")
+        parser.add_argument(
+            "--once",
+            action="store_true",
+            help="one round of every duty of the recovery leader (recovery and its repairs, bulk operations,"
+            " history, retention, keyless adoption), without the recovery lease: for a cron line",
+        )
+        parser.add_argument(
+            "--budget",
+            type=positive_float,
+            default=ONCE_BUDGET,
+            help=f"with --once: seconds shared by the duties after recovery (default {ONCE_BUDGET:g})",
+        )
         parser.add_argument("--interval", type=positive_float, help="seconds between rounds")
         parser.add_argument(
             "--database", type=database_alias, default="default", help="the database to recover (its own lease)"
         )
 
-    def handle(self, *, once: bool, interval: float | None, database: str, verbosity: int, **options: Any) -> None:
+    def handle(
+        self, *, once: bool, budget: float, interval: float | None, database: str, verbosity: int, **options: Any
+    ) -> None:
         configure_logging(verbosity)
         if once:
-            report = recover_once(using=database)
+            done = maintain_once(using=database, budget=budget)
+            report = done.recovery
             self.stdout.write(
                 f"requeued {len(report.requeued)}, failed {len(report.failed)}, "
                 f"orphans expired {len(report.orphans_expired)}, "
-                f"stray leases released {len(report.stray_leases_released)}"
+                f"stray leases released {len(report.stray_leases_released)}, "
+                f"repaired {len(report.repairs.dependants) + len(report.repairs.workflows)}; "
+                f"bulk operations changed {done.bulk_changed} tasks, "
+                f"history hours counted {len(done.history.counted) if done.history else 0}, "
+                f"pruned {done.pruned}, keyless rows adopted {done.keyless_adopted}"
             )
             return
         controller = RecoveryController(interval=interval, using=database)
