@@ -14,6 +14,21 @@ class TaskError(LeasingError):
     """A task queue operation failed."""
 
 
+class TaskNotFinished(TaskError):
+    """A delete named a task that has not finished (AWAITING, BLOCKED, READY or RUNNING): only a
+    finished task (SUCCESSFUL, FAILED, CANCELLED) is deleted, and nothing was. ``unfinished`` holds
+    (id, status) of those found, in id order."""
+
+    def __init__(self, unfinished: list[tuple[int, str]]) -> None:
+        self.unfinished = unfinished
+        shown = ", ".join(f"task {task_id} is {status}" for task_id, status in unfinished[:10])
+        more = f" and {len(unfinished) - 10} more" if len(unfinished) > 10 else ""
+        super().__init__(
+            f"{shown}{more}: only finished tasks (SUCCESSFUL, FAILED or CANCELLED) are deleted; cancel"
+            f" {'it' if len(unfinished) == 1 else 'them'} first"
+        )
+
+
 class TaskLeaseLost(TaskError):
     """This worker no longer holds the task: it expired, was recovered, cancelled or taken over."""
 

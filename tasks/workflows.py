@@ -102,7 +102,8 @@ class Step:
         attempts: int | None
         backend: LeaseBackend | None
         if isinstance(self.task, str):
-            path, queue = self.task, self.queue or "default"
+            # "" is refused below (validate_enqueue), as Task.objects.enqueue refuses it: not taken for "default".
+            path, queue = self.task, "default" if self.queue is None else self.queue
             priority = 0 if self.priority is None else self.priority
             args, kwargs = list(self.args), dict(self.kwargs)
             attempts = self.max_attempts

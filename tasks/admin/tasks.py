@@ -5,9 +5,11 @@ import json
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import SEARCH_VAR, ChangeList
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import F, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
@@ -18,7 +20,7 @@ from leasing.admin import CheckedInputAdmin
 from leasing.routing import selected_database
 from leasing.validation import MAX_BIGINT, InvalidInput, parse_whole
 from tasks.backends.placement import misrouted, switch_database
-from tasks.exceptions import TaskError
+from tasks.exceptions import TaskError, TaskNotFinished
 from tasks.lifecycle.bulk import BulkFilterError
 from tasks.lifecycle.routing import queue_database
 from tasks.lifecycle.states import UNFINISHED
@@ -93,6 +95,7 @@ def _workflow_param(request: HttpRequest) -> int | None:
 
 
 _UNSEARCHED = "_tasks_unsearched_queryset"
+_UNFINISHED_DELETE = "_tasks_unfinished_delete"
 
 
 class TaskChangeList(ChangeList):
@@ -129,7 +132,15 @@ class TaskAdmin(CheckedInputAdmin):
     )
     show_full_result_count = False  # no full-table COUNT on a large queue
     show_facets = admin.ShowFacets.NEVER  # facet counts would COUNT every filter choice over the table
-    actions = ("requeue", "retry_now", "cancel", "retry_all_matching", "cancel_all_matching", "discard_all_matching")
+    actions = (
+        "delete_selected",
+        "requeue",
+        "retry_now",
+        "cancel",
+        "retry_all_matching",
+        "cancel_all_matching",
+        "discard_all_matching",
+    )
     readonly_fields = [
         field.name for field in Task._meta.get_fields() if field.concrete and field.name not in ("errors",)
     ] + ["errors_display", "unique_window_display"]
@@ -138,27 +149,56 @@ class TaskAdmin(CheckedInputAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # enqueue through the API or Task.objects.enqueue
 
+    # Only a finished task is deleted (the "delete" transition, tasks/lifecycle/transitions.py). A
+    # running attempt deleted would leave its worker renewing nothing and its key slot unaccounted; a
+    # waiting workflow member's dependants would wait for it forever. Cancel first: the cancel is a
+    # transition every one of them knows. Each delete is one conditional statement
+    # (TaskQuerySet.delete_finished), so a task requeued while the operator confirmed is not deleted
+    # either, and a refused request leaves no row and no "deleted" log entry behind (invariant 12).
+
     def has_delete_permission(self, request: HttpRequest, obj: Task | None = None) -> bool:
-        # An unfinished workflow member is settled by the statement that makes it final; deleted,
-        # it would never be, and its dependants would wait forever (tasks/lifecycle/workflows.py).
-        if obj is not None and obj.workflow_id is not None and obj.status in UNFINISHED:
+        if obj is not None and obj.status in UNFINISHED:
+            setattr(request, _UNFINISHED_DELETE, obj)  # delete_view says why instead of a bare 403
             return False
         return super().has_delete_permission(request, obj)
 
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None) -> Any:
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except PermissionDenied:
+            refused = getattr(request, _UNFINISHED_DELETE, None)
+            if refused is None:
+                raise  # no delete permission at all
+            error = TaskNotFinished([(refused.pk, refused.status)])
+        except TaskNotFinished as exc:  # requeued between the page and the confirmation: rolled back
+            error = exc
+        self.message_user(request, f"Nothing deleted: {error}.", messages.ERROR)
+        url = reverse("admin:tasks_task_change", args=[object_id])
+        return HttpResponseRedirect(f"{url}?{request.GET.urlencode()}" if request.GET else url)
+
+    def delete_model(self, request: HttpRequest, obj: Task) -> None:
+        Task.objects.filter(pk=obj.pk).delete_finished()
+
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
-        """Delete the selected tasks but unfinished workflow members (cancel those, or their
-        workflow, first). One conditional DELETE: a member requeued while the operator confirmed is
-        kept too."""
-        deletable = Q(workflow_id__isnull=True) | ~Q(status__in=UNFINISHED)
-        selected = queryset.count()
-        deleted, _ = queryset.filter(deletable).delete()
-        if deleted < selected:
-            self.message_user(
-                request,
-                f"{selected - deleted} unfinished workflow member(s) kept: their dependants wait for them to end."
-                " Cancel them (or their workflow) first.",
-                messages.WARNING,
-            )
+        Task.objects.filter(pk__in=queryset.values("pk")).delete_finished()
+
+    @admin.action(permissions=["delete"], description="Delete selected finished tasks")
+    def delete_selected(self, request: HttpRequest, queryset: QuerySet[Task]) -> Any:
+        """Django's delete (its confirmation page, then the delete) of a selection whose every task is
+        finished. A selection with an unfinished task is refused whole, naming the unfinished ones:
+        what the operator confirms is what is deleted, and a retry after cancelling them is one
+        click, where a partial delete would leave them to work out which rows went."""
+        unfinished = list(queryset.filter(status__in=UNFINISHED).order_by("pk").values_list("pk", "status")[:11])
+        if unfinished:
+            self.message_user(request, f"Nothing deleted: {TaskNotFinished(unfinished)}.", messages.ERROR)
+            return None
+        try:
+            # The "deleted" log entries (the default database) and the delete go together.
+            with transaction.atomic(using=DEFAULT_DB_ALIAS), transaction.atomic(using=queryset.db):
+                return django_delete_selected(self, request, queryset)
+        except TaskNotFinished as exc:  # one was requeued while the operator confirmed
+            self.message_user(request, f"Nothing deleted: {exc}.", messages.ERROR)
+            return None
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return TaskChangeList

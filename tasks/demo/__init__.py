@@ -5,7 +5,8 @@ resumes where the last attempt stopped. Two injected faults, as the seed describ
 
 - ``LEASING_TASKS["DEMO_CRASH_RATE"]`` (about 5 % in the demo): the handler kills its own worker
   process outright (SIGKILL), like an unexpected crash. Every attempt that process was running is
-  recovered after the lease TTL; attempts it had claimed but not begun go back uncharged.
+  recovered after the lease TTL (charged as crashes: they may have run); claims it had not handed
+  to an executor go back uncharged.
 - ``DEMO_STALL_RATE`` (about 10 %): a latency spike in *this task only*. The attempt stops being
   heartbeated and blocks for 1.5 x TTL, so its lease expires and another worker takes the task over;
   when it wakes, its check and its late result are refused. The rest of the process carries on.

@@ -16,12 +16,14 @@ invariant 10) with ``run_after`` pushed to a reserved time when a start will be 
 - **Claimed is not started.** A worker's claims (prefetched, maybe handed back) take nothing; a
   SIGKILLed worker's grants are spent (its handlers may have run) and simply leave the window one
   period later: nothing leaks beyond the period.
-- **Backlogs spread out.** A refused attempt is sent to the key's reservation tail, which moves on by
-  period / count per refusal, so a backlog of N waits at distinct times ~count per period apart and
-  is not claimed again until its turn (a claim's range scan is ``run_after <= now``: deferred rows
-  cost claims nothing). Each task of a backlog is typically refused once; one that comes back at
-  its reservation and still finds the window full (the grants before it ran late) is sent to the
-  moment the oldest grant leaves the window.
+- **Backlogs wait in line.** A refused attempt is sent to the key's reservation tail, which moves on
+  by period / count per refusal, so a backlog of N waits at distinct times ~count per period apart, in
+  the order it was first refused, and is not claimed again until its turn (a claim's range scan is
+  ``run_after <= now``: deferred rows cost claims nothing). Nothing passes the line: a task never
+  refused takes a free start only while nobody waits, and one that comes back before its start is
+  free (the grants before it ran late) keeps its place, promised the next start the window frees
+  (never the back of the line again). A backlog's task is typically refused once when the backlog is
+  first claimed and, while the line runs late, once more when it comes back early.
 - **Costs.** One key row read by its primary key per rate-limited start (O(count) to rewrite its
   window); tasks without a rate key, and keys not being started, cost nothing.
 

@@ -4,14 +4,18 @@ Why one module of ~600 lines: these statements share their fragments (the claim'
 compare-and-set guards, the recovery CTEs) and are the ones the state machine's table names
 (tasks/lifecycle/transitions.py); in one file a reader sees every write to a task row at once.
 
-Attempt accounting (invariant 10): a claim does not charge an attempt; a *start marker* does. It
+Attempt accounting (invariants 10 and 14): a claim does not charge an attempt; a *start marker* does. It
 sets ``attempt_started``, bumps ``attempts`` and appends the worker to ``worker_ids``, so
-``attempts`` counts attempts that really began. The marker rides on the dispatcher's next round
-statement (``FINISH_START_CLAIM_SQL``: no extra round trip on the hot path), so an attempt runs for
-about one round trip before its marker commits. A worker that vanishes inside that window leaves
-the attempt looking unstarted: it goes back uncharged but ``unstarted_returns`` + 1 makes the task a
-*suspect*, and a suspect's later attempts are marked by ``START_SQL`` *before* the handler runs. A
-poison pill therefore costs at most one uncharged try before every further try is charged.
+``attempts`` counts attempts that began. The marker rides on the statement that records the
+attempt's end, or on the dispatcher's next round for a longer one (``FINISH_START_CLAIM_SQL``: no extra
+round trip on the hot path), so an attempt runs for about one round trip before its marker commits.
+So that a worker vanishing inside that window does not leave an attempt that ran looking unstarted,
+an executor is handed an attempt only once a committed round statement named it on the worker's own
+row (``tasks_worker.handed``, ``_HANDING_CTE``: one row per round, whatever the batch), and recovery
+counts a named attempt as begun: charged, recorded as the crash of an attempt. Only a claim the
+worker had not handed over goes back uncharged as unstarted; ``unstarted_returns`` + 1 makes the task
+a *suspect*, and a suspect (never named: its start is its own) is marked by ``START_SQL`` *before*
+its handler runs.
 How an attempt ends decides what it costs:
 
 - the handler's own outcome (an exception, a timeout, an unstorable result): ``failures`` + 1;
@@ -50,7 +54,7 @@ _WAITING_STATUS = "CASE WHEN t.concurrency_key IS NULL THEN 'READY' ELSE 'BLOCKE
 CLAIM_RETURNING = (
     "t.id, t.token, t.task_path, t.args, t.kwargs, t.attempts, t.max_attempts, t.progress, t.expires_at,"
     " t.timeout, t.queue, t.priority, t.enqueued_at, t.worker_ids,"
-    " (t.crashes > 0 OR t.shared_crashes > 0 OR t.unstarted_returns > 0),"
+    " (t.crashes > 0 OR t.shared_crashes > 0 OR t.unstarted_returns > 0) AS suspect,"
     " t.shared_crashes >= %(isolate_after)s, t.backend_alias, t.task_run_after, t.api_origin, t.run_after,"
     " t.retry_policy, t.rate_key, t.trace_context"
 )
@@ -872,9 +876,9 @@ RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
 """
 
 # A rate-limited attempt's start (tasks/lifecycle/ratelimits.py): ONE statement takes a start of its
-# rate key's sliding window and marks the attempt started at the grant's clock, or, when the window
-# is full, hands the attempt back uncharged (invariant 10: no attempt, no crash, no unstarted return)
-# with run_after pushed to when a start will be free. Sent by the executor right before the handler
+# rate key's sliding window and marks the attempt started at the grant's clock, or, when the key cannot
+# give it a start now, hands the attempt back uncharged (invariant 10: no attempt, no crash, no unstarted
+# return) with run_after pushed to when its start is due. Sent by the executor right before the handler
 # runs (as START_SQL for a suspect), so a start is counted when a handler really begins, not when a
 # worker prefetches a claim; a claim that never started never took one.
 #
@@ -885,73 +889,89 @@ RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
 # - ``slot`` is an upsert on the key's primary key (one row, one index probe; the first start of a
 #   key inserts it). The SET is one sub-SELECT so that one clock reading, taken under the key row's
 #   lock, decides and is recorded: grants of a key are serialised by that lock, so their times only
-#   grow, and a grant is given iff fewer than ``max_starts`` recorded grants are newer than now -
-#   period. Then every window [w, w + period) holds at most max_starts grants: the last of them to be
-#   granted counted all the others. ``starts`` keeps only the grants inside the window (at most
-#   max_starts, oldest first), so the row stays small and the cost is O(max_starts), whatever the
-#   number of keys or tasks. Strict by construction: no burst allowance (a token bucket with a burst
-#   of N lets 2N starts into one window).
-# - A refusal sends the attempt to a distinct future time, so that a backlog spreads out instead of
-#   coming due all at once and being refused again every window (a claim's range scan is ``run_after
-#   <= now``: deferred rows cost claims nothing): to ``next_due``, the key's reservation tail (at the
-#   earliest at ``frees``, when the oldest start that fills the window leaves it), which then moves on
-#   by period / max_starts. Reservations are spaced at exactly the limit's rate while the grants they
-#   lead to each come a little late (claim and round trip), so an attempt back at its reservation
-#   finds the window still full about half the time (its slot frees a few milliseconds later). Such
-#   a miss gets one quick retry at ``frees`` itself (before the next reservation comes due); a miss
-#   of the quick retry goes to the tail again. Sending every miss to ``frees`` made the misses pile
-#   up there (5.5 refusals per grant in the 3-process test); a tail for every miss cost a place in
-#   line for a few milliseconds of lateness. Refusals therefore alternate: an odd ``rate_refusals``
-#   means the last one took a reservation, and a miss within a period of it is a miss at it.
+#   grow, and a grant needs fewer than ``max_starts`` recorded grants newer than now - period. Then
+#   every window [w, w + period) holds at most max_starts grants: the last of them to be granted
+#   counted all the others. ``starts`` keeps only the grants inside the window (at most max_starts,
+#   oldest first), so the row stays small and the cost is O(max_starts), whatever the number of keys
+#   or tasks. Strict by construction: no burst allowance (a token bucket with a burst of N lets 2N
+#   starts into one window).
+# - The key's refused tasks wait in line, in the order they were first refused, and nothing passes
+#   them (issue 38: a backlog's first hundred tasks started in the last seconds of its drain).
+#   * A task never refused (``rate_refusals`` 0) takes a free start only while nobody waits
+#     (``line_open``): else it joins the back of the line, ``next_due``, the key's reservation tail,
+#     which moves on by period / max_starts per refusal, so a backlog waits at distinct times at the
+#     key's rate instead of coming due all at once (a claim's range scan is ``run_after <= now``:
+#     deferred rows cost claims nothing).
+#   * A task back from the line takes a free start. If none is free yet (its reservation came early:
+#     the grants before it ran late), it keeps its place: it is given the next start the window frees
+#     after the last one promised to a task back from the line (``promised_until``), exact while the
+#     window holds the grant that frees it, else a step after the last promise. Sending such a task to
+#     the back of the line again (once a quick retry missed) reshuffled the line: 4.97 refusals per
+#     start, and a backlog's first tasks started last.
+# - The tail is ``next_due``, but not far past the latest live reservation of a task with this key of its
+#   own (tasks_task_rate_line_idx, read backwards from the end: one entry while the line is live): a
+#   backlog cancelled or deleted, or a limit raised, leaves ``next_due`` far ahead with nobody in line,
+#   and new refusals would queue after reservations nobody holds while the window stands empty (breaker
+#   32: 58 s instead of 2). That read is the statement's snapshot, taken before it waited for the key
+#   row: the refusals committed meanwhile (one per start in flight, under a window's worth) are not in
+#   it, so the bound leaves them a period; a bound of one step gave several refusals of a burst the
+#   same reservation, and their tasks came back together to one free start. Queue-wide keys (no rate
+#   key on the row) keep ``next_due``.
 # - A keyed task (concurrency) refused waits BLOCKED, giving its concurrency slot up while it waits.
 _RATE_WINDOW = "make_interval(secs => excluded.period)"
-_RATE_FULL = "(w.n >= excluded.max_starts)"
-_RATE_FREES = f"(w.kept[w.n - excluded.max_starts + 1] + {_RATE_WINDOW})"
 _RATE_STEP = "make_interval(secs => excluded.period / excluded.max_starts)"
-_RATE_REWAITS = f"(SELECT mod(m.rate_refusals, 2) = 1 AND m.run_after > c.now - {_RATE_WINDOW} FROM mine AS m)"
-# The line's tail: ``next_due``, but never more than a step after the latest live reservation of a task with this key
-# of its own (tasks_task_rate_line_idx, read backwards from the end: one entry while the line is
-# live). A backlog cancelled or deleted, or a limit raised, leaves ``next_due`` far ahead with nobody
-# in line; new refusals then queue after reservations nobody holds while the window stands empty
-# (breaker 32: 58 s instead of 2). Queue-wide keys (no rate key on the row) keep ``next_due``.
 _RATE_TAIL = f"""CASE WHEN (SELECT m.queue_wide FROM mine AS m) THEN k.next_due ELSE LEAST(k.next_due, COALESCE(
                    (SELECT r.run_after FROM tasks_task AS r
                     WHERE r.rate_key = excluded.key AND r.status IN ('READY', 'BLOCKED') AND r.run_after > c.now
-                    ORDER BY r.run_after DESC LIMIT 1) + {_RATE_STEP},
+                    ORDER BY r.run_after DESC LIMIT 1) + {_RATE_WINDOW} + {_RATE_STEP},
                    '-infinity')) END"""
 RATE_START_SQL = f"""
 WITH mine AS MATERIALIZED (
     SELECT t.id, COALESCE(t.rate_key, %(key)s::text) AS rate_key,
            CASE WHEN t.rate_key IS NULL THEN %(limit)s::int ELSE t.rate_limit END AS rate_limit,
            CASE WHEN t.rate_key IS NULL THEN %(period)s::float8 ELSE t.rate_period END AS rate_period,
-           t.rate_refusals, t.run_after, t.attempt_started, t.rate_key IS NULL AS queue_wide
+           t.rate_refusals > 0 AS in_line, t.attempt_started, t.rate_key IS NULL AS queue_wide
     FROM tasks_task AS t
     WHERE t.id = %(id)s::bigint AND t.token = %(token)s::bigint AND {_HELD} AND t.expires_at > clock_timestamp()
       AND COALESCE(t.rate_key, %(key)s::text) IS NOT NULL
     FOR NO KEY UPDATE OF t
 ), slot AS (
     INSERT INTO tasks_ratelimit AS k (key, max_starts, period, starts, next_due, grants, refusals, retry_at,
-                                      decided_at, granted)
-    SELECT m.rate_key, m.rate_limit, m.rate_period, ARRAY[c.now], c.now, 1, 0, NULL, c.now, true
+                                      promised_until, decided_at, granted)
+    SELECT m.rate_key, m.rate_limit, m.rate_period, ARRAY[c.now], c.now, 1, 0, NULL, NULL, c.now, true
     FROM mine AS m, (SELECT clock_timestamp() AS now) AS c WHERE NOT m.attempt_started
-    ON CONFLICT (key) DO UPDATE SET (max_starts, period, starts, next_due, grants, refusals, retry_at, decided_at,
-                                     granted) = (
+    ON CONFLICT (key) DO UPDATE SET (max_starts, period, starts, next_due, grants, refusals, retry_at,
+                                     promised_until, decided_at, granted) = (
         SELECT excluded.max_starts, excluded.period,
-               CASE WHEN {_RATE_FULL} THEN w.kept ELSE w.kept || c.now END,
-               CASE WHEN NOT {_RATE_FULL} OR {_RATE_REWAITS} THEN k.next_due
-                    ELSE GREATEST({_RATE_TAIL}, {_RATE_FREES}) + {_RATE_STEP} END,
-               k.grants + (NOT {_RATE_FULL})::int,
-               k.refusals + {_RATE_FULL}::int,
-               CASE WHEN NOT {_RATE_FULL} THEN k.retry_at
-                    WHEN {_RATE_REWAITS} THEN {_RATE_FREES}
-                    ELSE GREATEST({_RATE_TAIL}, {_RATE_FREES}) END,
+               CASE WHEN d.granted THEN w.kept || c.now ELSE w.kept END,
+               CASE WHEN d.granted OR l.in_line THEN k.next_due ELSE d.sent_to + {_RATE_STEP} END,
+               k.grants + d.granted::int,
+               k.refusals + (NOT d.granted)::int,
+               CASE WHEN d.granted THEN k.retry_at ELSE d.sent_to END,
+               CASE WHEN NOT d.granted AND l.in_line THEN d.sent_to ELSE k.promised_until END,
                c.now,
-               NOT {_RATE_FULL}
+               d.granted
         FROM (SELECT clock_timestamp() AS now) AS c
         CROSS JOIN LATERAL (
             SELECT COALESCE(array_agg(s.at ORDER BY s.at), '{{}}') AS kept, count(*)::int AS n
             FROM unnest(k.starts) AS s(at) WHERE s.at > c.now - {_RATE_WINDOW}
         ) AS w
+        CROSS JOIN LATERAL (
+            SELECT w.n >= excluded.max_starts AS full,
+                   w.kept[w.n - excluded.max_starts + 1] + {_RATE_WINDOW} AS frees,
+                   (SELECT m.in_line FROM mine AS m) AS in_line,
+                   {_RATE_TAIL} AS tail,
+                   GREATEST(c.now, k.promised_until) AS promised
+        ) AS l
+        CROSS JOIN LATERAL (
+            SELECT NOT l.full AND (l.in_line OR (l.tail <= c.now AND l.promised <= c.now)) AS granted,
+                   CASE WHEN l.in_line
+                        THEN COALESCE((SELECT min(s.at) + {_RATE_WINDOW} FROM unnest(w.kept) AS s(at)
+                                       WHERE s.at + {_RATE_WINDOW} > l.promised),
+                                      l.promised + {_RATE_STEP})
+                        ELSE GREATEST(l.tail, CASE WHEN l.full THEN l.frees END, l.promised + {_RATE_STEP}) END
+                       AS sent_to
+        ) AS d
     )
     RETURNING k.granted, k.decided_at, k.retry_at
 ), started AS (
@@ -1090,11 +1110,31 @@ def _with(fair: bool) -> str:
     return f"WITH RECURSIVE {_FINISHED_CTE}, {_FAIR_CTES}," if fair else f"WITH {_FINISHED_CTE},"
 
 
+# What the worker hands to its executors with this round (tasks/worker/handoff.py), named on its own
+# row before any of it can start: ``handed``, the attempts handed earlier whose start is not on their
+# row yet and those handed now, followed by the first ``release`` of this claim's rows whose start is
+# lazy (in the order the worker routes them: priority, id). A suspect's or a rate-limited task's start
+# is its own statement, sent before its handler runs (START_SQL, RATE_START_SQL): never named.
+# Recovery counts a RUNNING attempt whose token its holder's row names as one that may have run
+# (invariant 14, _HANDED). One primary-key update of one row per round (``hand`` false: no write),
+# not one per task: the marker of a short task still rides on its finish. ``handed`` is sent as the
+# array's text ('{1,2}'): psycopg's dump of a list of a hundred ints costs the dispatcher 0.1 ms a
+# round (the thread a one-process drain waits on), joining them 0.02 ms.
+_HANDING_CTE = """handing AS (
+    UPDATE tasks_worker SET handed = %(handed)s::text::bigint[] || ARRAY(
+        SELECT c.token FROM claimed AS c
+        WHERE NOT c.suspect AND c.rate_key IS NULL AND c.queue <> ALL(%(rated_queues)s::text[])
+        ORDER BY c.priority DESC, c.id
+        LIMIT %(release)s)
+    WHERE id = %(worker)s::text AND %(hand)s::boolean
+)"""
+
+
 # The usual round (a short task's start rides on its finish): no marker arrays to send.
 def _finish_and_claim_sql(pick: str, fair: bool = False) -> str:
     returning = FAIR_CLAIM_RETURNING if fair else CLAIM_RETURNING
     return f"""
-{_with(fair)} {_claimed_cte(pick, returning)}
+{_with(fair)} {_claimed_cte(pick, returning)}, {_HANDING_CTE}
 {_claimed_and_finished(fair)}
 """
 
@@ -1107,7 +1147,7 @@ def _finish_start_claim_sql(pick: str, fair: bool = False) -> str:
     FROM {_STARTS}
     WHERE {_OWNED} AND {_LIVE}
     RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
-), {_claimed_cte(pick, returning)}
+), {_claimed_cte(pick, returning)}, {_HANDING_CTE}
 {_claimed_and_finished(fair)}
 UNION ALL
 SELECT 's', started.id, started.token, NULL, NULL, NULL, started.attempts, NULL, NULL,
@@ -1213,7 +1253,9 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(errors)s::jsonb[], %(retr
             %(delays)s::float8[], %(max_attempts)s::int[])
      AS d(id, token, error, retry, kind, delay, max_attempts)
 WHERE {_OWNED} AND {_LIVE}
-RETURNING t.id, t.status, t.run_after
+RETURNING t.id, t.status, t.run_after,
+          -- how long until it is due again, on the database clock (the worker's log says it)
+          EXTRACT(EPOCH FROM t.run_after - clock_timestamp())::float8
 """
 
 # Hand-back (graceful shutdown, or claims the worker cannot run): runnable again at once, keeping its
@@ -1239,8 +1281,34 @@ WHERE {_OWNED}
 RETURNING t.id, t.token
 """
 
+# An operator's delete (the admin; TaskQuerySet.delete_finished): the rows named go only if every one
+# of them is finished. One that is not (a RUNNING attempt, a task still waiting) refuses the whole
+# delete and changes nothing (invariant 12): no transition deletes an unfinished row, whose worker, key
+# slot or dependants would wait for it. ``picked`` locks the rows first, in id order (FOR UPDATE: a
+# requeue or claim committing meanwhile is read as it committed), so the check and the DELETE see the
+# same statuses; the refused rows come back with their statuses, for the message.
+DELETE_FINISHED_SQL = """
+WITH picked AS MATERIALIZED (
+    SELECT t.id, t.status FROM tasks_task AS t
+    WHERE t.id = ANY(%(ids)s::bigint[])
+    ORDER BY t.id
+    FOR UPDATE
+), deleted AS (
+    DELETE FROM tasks_task AS t USING picked AS p
+    WHERE t.id = p.id
+      AND NOT EXISTS (SELECT 1 FROM picked AS u WHERE u.status NOT IN ('SUCCESSFUL', 'FAILED', 'CANCELLED'))
+    RETURNING t.id
+)
+SELECT true, id, NULL::text FROM deleted
+UNION ALL
+SELECT false, id, status FROM picked WHERE status NOT IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
+"""
+
 _NO_LEASE = "(t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)"
-_STARTED = f"(t.attempt_started AND NOT {_NO_LEASE})"
+# Handed to an executor by its worker (the ``handed`` CTE of RECOVER_CTES: its holder's row names its
+# token) while its start marker had not committed: it may have run, so it counts as begun (invariant 14).
+_HANDED = f"(handed.id IS NOT NULL AND NOT t.attempt_started AND NOT {_NO_LEASE})"
+_STARTED = f"((t.attempt_started OR {_HANDED}) AND NOT {_NO_LEASE})"
 # Whose fault was it? The worker's heartbeat renews every attempt it holds and stamps its own row
 # (last_seen_at, and the beat before it in previous_seen_at) in the same statement. If the SAME
 # incarnation of the worker (started before this claim) stamped its row between this attempt's last
@@ -1281,7 +1349,7 @@ _KEEPS_SLOT = (
 )
 
 _RECOVERY_ENTRY = f"""jsonb_build_object(
-        'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'at', clock_timestamp(),
+        'attempt', t.attempts + {_HANDED}::int, 'worker', t.holder, 'token', t.token, 'at', clock_timestamp(),
         'kind', CASE WHEN {_CRASHED} THEN 'crash' WHEN {_SHARED} THEN 'vanished' WHEN {_NO_LEASE} THEN 'orphan'
                      ELSE 'returned' END,
         'exception_class_path', 'tasks.exceptions.TaskLeaseLost',
@@ -1308,6 +1376,15 @@ _RECOVERY_ENTRY = f"""jsonb_build_object(
 # The statement's CTEs apart, so that activity.py's recording statement can add its own beside them
 # (a data-modifying CTE must be at the top level of a statement).
 #
+# An attempt its worker had handed to an executor counts as started even if its marker never
+# committed (invariant 14; tasks/worker/handoff.py): its start is charged here (``attempts``,
+# ``worker_ids``; its times no earlier than its claim) and its end is a crash like any started
+# attempt's. ``handed`` reads the holder's row with a lock (FOR KEY SHARE: it waits for no update of
+# the worker's, which take no key lock), so it reads the newest committed names rather than the
+# statement's snapshot: a round committed after that snapshot may have handed the attempt over. A
+# round not committed yet has handed nothing: once it commits, the executor finds the lease gone (the
+# worker's local deadline comes before the expiry recovery saw) and gives the claim back.
+#
 # Two picks. The full one reads every entry of tasks_task_running_exp_idx up to now, and finds the
 # impossible states (no lease, no holder). Beside an old snapshot every RUNNING version a task ever
 # had keeps its entry there (its expires_at long past), so that scan steps over the whole history
@@ -1327,9 +1404,13 @@ _PICK_EXPIRED_SINCE = """
 def _recover_ctes(pick: str) -> str:
     return f"""
 picked AS MATERIALIZED (
-    SELECT id, expires_at FROM tasks_task{pick}
+    SELECT id, expires_at, holder, token FROM tasks_task{pick}
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), handed AS MATERIALIZED (
+    SELECT p.id FROM picked AS p JOIN tasks_worker AS w ON w.id = p.holder
+    WHERE p.token = ANY(w.handed)
+    FOR KEY SHARE OF w
 ), recovered AS (
 UPDATE tasks_task AS t SET
     status = CASE WHEN NOT {_STILL_ALLOWED} THEN 'FAILED'
@@ -1342,13 +1423,17 @@ UPDATE tasks_task AS t SET
     finished_at = CASE WHEN {_STILL_ALLOWED} THEN NULL ELSE clock_timestamp() END,
     crashes = t.crashes + {_CRASHED}::int,
     shared_crashes = t.shared_crashes + {_SHARED}::int,
-    unstarted_returns = t.unstarted_returns + (NOT t.attempt_started AND NOT {_NO_LEASE})::int,
+    unstarted_returns = t.unstarted_returns + (NOT {_STARTED} AND NOT {_NO_LEASE})::int,
+    attempts = t.attempts + {_HANDED}::int,
+    worker_ids = CASE WHEN {_HANDED} THEN t.worker_ids || jsonb_build_array(t.holder) ELSE t.worker_ids END,
+    started_at = CASE WHEN {_HANDED} THEN COALESCE(t.started_at, t.acquired_at) ELSE t.started_at END,
+    last_attempted_at = CASE WHEN {_HANDED} THEN t.acquired_at ELSE t.last_attempted_at END,
     attempt_started = false,
     attempt_isolated = false,
     {_append_error(_RECOVERY_ENTRY)},
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())
-FROM picked
+FROM picked LEFT JOIN handed ON handed.id = picked.id
 WHERE t.id = picked.id
 RETURNING t.id, t.status, EXTRACT(EPOCH FROM clock_timestamp() - picked.expires_at)::float8 AS expired_for,
           -- a grant is recovered at most once: a last error entry with this token was just added

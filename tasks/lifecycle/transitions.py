@@ -174,10 +174,10 @@ TRANSITIONS: tuple[Transition, ...] = (
         (RUNNING,),
         (READY, BLOCKED),
         (_S + "RATE_START_SQL",),
-        "its rate key's window is full when the executor is about to start it: handed back uncharged in "
-        "the statement that would have granted the start, run_after pushed to a reserved later time "
-        "(a keyed task waits BLOCKED); a granted start marks the attempt started instead "
-        "(tasks/lifecycle/ratelimits.py)",
+        "its rate key's window is full, or earlier tasks of the key wait in its line, when the executor is about "
+        "to start it: handed back uncharged in the statement that would have granted the start, run_after pushed "
+        "to its place in the key's line (a keyed task waits BLOCKED); a granted start marks the attempt started "
+        "instead (tasks/lifecycle/ratelimits.py)",
     ),
     Transition(
         "recover",
@@ -238,6 +238,14 @@ TRANSITIONS: tuple[Transition, ...] = (
         ("tasks.maintenance.retention.PRUNE_TASKS_SQL", _W + "PRUNE_WORKFLOWS_SQL"),
         "retention deletes finished rows older than their status's age; a workflow's members go with "
         "their workflow, once it is finished and older than its status's age",
+    ),
+    Transition(
+        "delete",
+        FINISHED,
+        (NO_ROW,),
+        ("tasks.models.task.TaskQuerySet.delete_finished", _S + "DELETE_FINISHED_SQL"),
+        "an operator deletes finished tasks (the admin's delete and its bulk action); one that is not finished "
+        "refuses the whole delete, which changes nothing: cancel it first",
     ),
 )
 

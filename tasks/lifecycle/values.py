@@ -143,6 +143,10 @@ class FailOutcome:
     #: gave its concurrency slot up while it waits) or FAILED / CANCELLED (terminal)
     status: str
     run_after: dt.datetime
+    #: Seconds from the fail statement to ``run_after`` on the database clock: when a retried or
+    #: snoozed task is due again (the delay its retry policy or the default backoff chose). None when
+    #: not read from the statement (an outcome found by reconciliation after a lost reply).
+    retry_in: float | None = None
 
     @property
     def retried(self) -> bool:
@@ -415,9 +419,22 @@ def fair_positions_json(positions: FairPositions | Sequence[FairPosition]) -> st
     return "{" + ",".join(_member(key, levels) for key, levels in keys.items()) + "}"
 
 
-def validate_enqueue(*, queue: str, priority: int, max_attempts: int, timeout: float | None) -> None:
-    if not queue or len(queue) > 100:
+def validate_queue(queue: Any) -> None:
+    """A queue name: a non-empty string of at most 100 characters that text can hold (no NUL, no lone
+    surrogate). Every enqueue checks it before anything is written (Task.objects.enqueue and
+    bulk_enqueue, a workflow's steps, the django.tasks backend), as do pause and resume."""
+    if not isinstance(queue, str) or not queue or len(queue) > 100:
         raise ValueError("queue must be a non-empty name of at most 100 characters")
+    if "\x00" in queue:
+        raise ValueError("queue must not contain NUL characters")
+    try:
+        queue.encode()
+    except UnicodeEncodeError:
+        raise ValueError("queue must be valid Unicode (no lone surrogates)") from None
+
+
+def validate_enqueue(*, queue: str, priority: int, max_attempts: int, timeout: float | None) -> None:
+    validate_queue(queue)
     if not -100 <= priority <= 100:
         raise ValueError("priority must be between -100 and 100")
     if max_attempts < 1:

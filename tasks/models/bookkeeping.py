@@ -144,6 +144,12 @@ class RateLimit(models.Model):
     grants = models.BigIntegerField(default=0, help_text="Starts granted (ever).")
     refusals = models.BigIntegerField(default=0, help_text="Starts refused and handed back uncharged (ever).")
     retry_at = models.DateTimeField(null=True, blank=True, help_text="Where the last refused start was sent.")
+    promised_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="The latest start promised to a task back from the line whose start was not free yet: the next"
+        " such task is given the start after it (its place in line kept).",
+    )
     decided_at = models.DateTimeField(help_text="The database clock at the last grant or refusal.")
     granted = models.BooleanField(help_text="Whether the last decision granted its start.")
 

@@ -27,7 +27,7 @@ from leasing.models import LeaseFields, LeaseStateQuerySet, seconds
 from leasing.routing import SelectedManager
 from tasks import tracing
 from tasks.conf import get_settings
-from tasks.exceptions import TaskError
+from tasks.exceptions import TaskError, TaskNotFinished
 from tasks.lifecycle import activity, policy, prepared, ratelimits, windows
 from tasks.lifecycle import statements as sql
 from tasks.lifecycle import workflows as wf_sql
@@ -666,12 +666,20 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         after: Sequence[ClaimPosition] = (),
         fair_after: str | None = None,
         fair_positions: FairPositions | Sequence[FairPosition] = (),
+        handed: Sequence[int] | None = None,
+        release: int = 0,
+        rated_queues: Sequence[str] = (),
     ) -> tuple[set[tuple[int, int]], dict[tuple[int, int], Started], list[ClaimedTask]]:
         """One statement: finish ``results`` (id, token, JSON), mark ``starts`` (id, token, start
         time) begun, claim up to ``limit`` more. Returns (finished, started, claimed); attempts
         missing from the first two were refused by the compare-and-set: no longer ours. From one fair
         queue the claim takes turns between keys after ``fair_after``, resuming each key after its
-        ``fair_positions`` (see :meth:`claim`)."""
+        ``fair_positions`` (see :meth:`claim`).
+
+        ``handed`` (tokens; None: left as it is) replaces what the worker's row names as handed to
+        its executors, followed by the first ``release`` claimed rows whose start is not their own
+        (not suspects, no rate key, not of ``rated_queues``) in the order returned here
+        (tasks/worker/handoff.py)."""
         names = list(queues)
         if isolate_after is None:
             isolate_after = get_settings().ISOLATE_AFTER
@@ -685,6 +693,10 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
             "limit": limit,
             "start": False,
             "isolate_after": isolate_after,
+            "hand": handed is not None,
+            "handed": "{" + ",".join(map(str, handed or ())) + "}",
+            "release": release if handed is not None else 0,
+            "rated_queues": list(rated_queues),
             **sql.claim_params(
                 names,
                 busy=not take_isolated,
@@ -738,7 +750,8 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         }
         tokens = {f.id: f.token for f in failures}
         return {
-            (row[0], tokens[row[0]]): FailOutcome(row[0], row[1], row[2]) for row in self._rows(sql.FAIL_SQL, params)
+            (row[0], tokens[row[0]]): FailOutcome(row[0], row[1], row[2], row[3])
+            for row in self._rows(sql.FAIL_SQL, params)
         }
 
     def fail(self, failure: Failure, worker: str) -> FailOutcome | None:
@@ -887,6 +900,20 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         held_id, *values = found
         ours = self.filter(**mine, **dict(zip(key, values, strict=True))).values_list("id", flat=True).first()
         return held_id, ours, tuple(values)
+
+    def delete_finished(self) -> int:
+        """Delete the tasks of this queryset if every one of them is finished (SUCCESSFUL, FAILED,
+        CANCELLED), in one statement (DELETE_FINISHED_SQL); returns how many were deleted. One that
+        is not (waiting or running) refuses the whole delete with :class:`TaskNotFinished` naming it,
+        and nothing is deleted: cancel it first. Read on this queryset's database."""
+        ids = list(self.values_list("pk", flat=True))
+        if not ids:
+            return 0
+        rows = self._rows(sql.DELETE_FINISHED_SQL, {"ids": ids})
+        unfinished = sorted((row[1], row[2]) for row in rows if not row[0])
+        if unfinished:
+            raise TaskNotFinished(unfinished)
+        return len(rows)
 
     def retry_now(self) -> int:
         """Run waiting (READY, backed off or deferred) tasks now. Waiting tasks of a concurrency key

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import connections, models
 from django.db.models import Q
 from django.db.models.functions import Now
 
 from leasing.routing import SelectedManager
 from tasks.lifecycle import statements as sql
+
+
+class Tokens(models.Field):
+    """A ``bigint[]`` column of fencing tokens, written and read by SQL only (not contrib.postgres's
+    ArrayField, which would make every project add ``django.contrib.postgres`` to INSTALLED_APPS)."""
+
+    description = "an array of fencing tokens"
+
+    def db_type(self, connection: Any) -> str:
+        return "bigint[]"
 
 
 class WorkerQuerySet(models.QuerySet["Worker"]):
@@ -39,6 +51,13 @@ class Worker(models.Model):
     stats = models.JSONField(default=dict, blank=True, help_text="Counters: succeeded, failed, rejected, lost.")
     ttl = models.FloatField(default=30.0, help_text="Lease TTL of its tasks; silent for 2 x TTL means dead.")
     stop_reason = models.CharField(max_length=200, blank=True, default="")
+    handed = Tokens(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="Tokens of the attempts it handed to its executors whose start is not recorded on their row yet:"
+        " recovery counts them as attempts that may have run (tasks/worker/handoff.py).",
+    )
 
     objects = SelectedManager.from_queryset(WorkerQuerySet)()
 

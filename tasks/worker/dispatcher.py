@@ -1,8 +1,9 @@
 """The dispatcher: the one thread that writes. Each round it counts what the worker holds, abandons
 attempts past their timeout, gives back kept key slots and unusable claims, then sends one statement
-that records the outcomes that arrived, marks the attempts that began and claims the next batch
-(:mod:`tasks.lifecycle.statements`, FINISH_START_CLAIM_SQL), and routes the claimed attempts to the
-threads or the event loop. Between rounds it sleeps until the mailbox wakes it or a deadline is due.
+that records the outcomes that arrived, marks the attempts that began, claims the next batch and
+names on the worker's row what it hands to the executors (:mod:`tasks.lifecycle.statements`,
+FINISH_START_CLAIM_SQL; :mod:`tasks.worker.handoff`), and routes the handed attempts to the threads or
+the event loop. Between rounds it sleeps until the mailbox wakes it or a deadline is due.
 
 At a stop it drains: claims nothing more, hands back what has not started, and waits for the running
 attempts up to the grace period (:meth:`Dispatcher.drain`); :meth:`Dispatcher.close` then writes the
@@ -26,6 +27,7 @@ from tasks.models import ClaimedTask, SharedFairCursor
 from tasks.runtime import Execution
 from tasks.worker.handbacks import HandBacks
 from tasks.worker.handlers import HandlerCache, failure_from, with_policy
+from tasks.worker.handoff import HandOff, Plan
 from tasks.worker.heartbeat import Heartbeat
 from tasks.worker.isolation import IsolationGate, IsolationReservation
 from tasks.worker.ledger import Census, Ledger, Outcome
@@ -45,7 +47,7 @@ logger = logging.getLogger("tasks.worker")
 
 #: What the fail statement stored, by how the dispatcher counts the attempt's end (the signals' status).
 _STORED = {"retried": "READY", "snoozed": "READY", "failed": "FAILED", "discarded": "FAILED", "cancelled": "CANCELLED"}
-_LOGGED = {"retried": "failed, will retry", "discarded": "discarded (FAILED for good)", "cancelled": "CANCELLED"}
+_LOGGED = {"retried": "failed", "discarded": "discarded (FAILED for good)", "cancelled": "CANCELLED"}
 
 Key = tuple[int, int]
 
@@ -108,6 +110,7 @@ class Dispatcher:
         self.pace = pace
         self.request_stop = request_stop
         self.handbacks = HandBacks(session, mailbox, ledger, signals)
+        self.handoff = HandOff(ledger, queues=queues)
         self._pending_starts: dict[Key, tuple[Execution, float, float]] = {}
         self._deferred: list[tuple[float, Outcome]] = []  # outcomes whose row was locked: (retry at, outcome)
         # Where the last claims stopped, per priority level: the next claims resume there instead of
@@ -209,8 +212,11 @@ class Dispatcher:
             wanted, probing = self._wanted(census, capacity)
             hungry = probing or starving(census, capacity, share=self.pace.async_share)
             claim = wanted if may_have_work and wanted > 0 and (wanted >= self.batch_size or hungry) else 0
-            if outcomes or starts or claim:
-                claimed = self.round(outcomes, starts, claim, idle=census.in_hand == 0)
+            to_hand = self.handoff.room(
+                census, capacity, duration=self.pace.duration, async_duration=self.pace.async_duration
+            )
+            if outcomes or starts or claim or self.handoff.can_release(to_hand):
+                claimed = self.round(outcomes, starts, claim, idle=census.in_hand == 0, to_hand=to_hand)
                 if self.fair_cursor is not None:
                     self.fair_cursor.sync()  # where the turns went, once the claimed tasks are in hand
                 if claim:
@@ -242,7 +248,7 @@ class Dispatcher:
             logger.info(
                 "worker %s draining: %d attempt(s) held", session.id, len(self.ledger), extra={"worker_id": session.id}
             )
-            self._rewind_fair_cursor(self.handbacks.unstarted())
+            self._rewind_fair_cursor(self.handbacks.unstarted(self.handoff.take_waiting()))
         running = self.ledger.census(clock.monotonic()).running
         if not running or session.hurry.is_set() or clock.monotonic() >= session.drain_deadline:
             return True
@@ -286,9 +292,15 @@ class Dispatcher:
     # -- one round ----------------------------------------------------------------------------------
 
     def round(
-        self, outcomes: list[Outcome], starts: list[tuple[Execution, float]], claim: int, idle: bool = False
+        self,
+        outcomes: list[Outcome],
+        starts: list[tuple[Execution, float]],
+        claim: int,
+        idle: bool = False,
+        to_hand: dict[bool, int] | None = None,
     ) -> list[ClaimedTask] | None:
-        """Write outcomes and start markers, claim ``claim`` more: one statement in the steady state."""
+        """Write outcomes and start markers, claim ``claim`` more, hand the executors as many attempts
+        as ``to_hand`` allows per kind (none at the end): one statement in the steady state."""
         session = self.session
         manager = session.tasks()
         failures = [o for o in outcomes if not o.ok]
@@ -311,9 +323,14 @@ class Dispatcher:
         send_keys = resume and self.fair_cursor is not None and self._fair_positions.revisits
         fair_positions = self._fair_positions if send_keys else ()
         fair_after = self.fair_cursor.current() if claim and self.fair_cursor is not None else None
+        handoff = self.handoff
+        plan = Plan()
+        if to_hand is not None:
+            plan = handoff.plan(to_hand, claim=claim, async_share=self.pace.async_share, has_loop=self.aio is not None)
+        committed = False
         try:
             session.bind()
-            if markers or claim:
+            if markers or claim or plan.names is not None:
                 accepted, marked, claimed = manager.finish_start_claim(
                     session.id,
                     results,
@@ -327,7 +344,11 @@ class Dispatcher:
                     after=after,
                     fair_after=fair_after,
                     fair_positions=fair_positions,
+                    handed=plan.names,
+                    release=plan.release,
+                    rated_queues=sorted(plan.rated_queues),
                 )
+                handoff.timed(clock.monotonic() - sent)
                 if claim:
                     if self.fair_cursor is not None:
                         self.fair_cursor.advance(fair_after_claim(claimed, fair_after), claim=sent)
@@ -336,6 +357,7 @@ class Dispatcher:
                     self._resumed_short = resume and len(claimed) < claim
             else:  # only results: the plain finish statement is lighter to send
                 accepted, marked = (manager.complete_many(session.id, results) if results else set()), {}
+            committed = True
         except CONNECTION_ERRORS as exc:
             claimed = None
             if is_lock_wait(exc):
@@ -362,10 +384,13 @@ class Dispatcher:
             if started is not None:
                 if started is not LOCKED:
                     execution.attempt = started.attempt
+                    handoff.on_row([execution.key])
                 else:  # its row is locked right now: send the marker again a little later
                     self._pending_starts[execution.key] = (execution, at, clock.monotonic() + 0.5)
-            elif not execution.lost:
-                execution.mark_lost("its start could not be recorded: the claim is no longer ours")
+            else:
+                handoff.refused([execution.key])
+                if not execution.lost:
+                    execution.mark_lost("its start could not be recorded: the claim is no longer ours")
         deferred = self.writer.deferred
         if deferred:
             self.writer.deferred = []
@@ -381,9 +406,12 @@ class Dispatcher:
             failed |= self.writer.fail(refused)
             failures += refused
             successes = [o for o in successes if o.ok]
+        if not committed:
+            handoff.not_sent(plan)
         self._settle(successes, accepted, failures, failed)
-        if claimed:
-            self._route([Execution(task, session.id, session.ttl, sent, session.using) for task in claimed])
+        if committed and (claimed or plan.releasing):
+            tasks = claimed or []
+            self._route(plan, tasks, [Execution(task, session.id, session.ttl, sent, session.using) for task in tasks])
         return claimed
 
     def _remember(self, claimed: list[ClaimedTask], sent: float, *, resumed: bool) -> None:
@@ -397,9 +425,11 @@ class Dispatcher:
         if self.fair_cursor is not None:
             self._fair_positions.remember(claimed)
 
-    def _route(self, executions: list[Execution]) -> None:
-        """Claimed attempts to the threads or the event loop; what no slot of its kind will start
-        within the prefetch window goes back at once, uncharged."""
+    def _route(self, plan: Plan, claimed: list[ClaimedTask], executions: list[Execution]) -> None:
+        """Claimed attempts to the threads or the event loop, once the round that names them
+        committed (:mod:`tasks.worker.handoff`; the rest wait there, with what the last rounds could
+        not hand over yet); what no slot of its kind will start within the prefetch window goes back
+        at once, uncharged."""
         aio = self.aio
         for execution in executions:
             # Isolated attempts run on a thread, alone in the process.
@@ -413,7 +443,7 @@ class Dispatcher:
             executions = [e for e, k in zip(executions, keep, strict=True) if k]
         self.ledger.add(executions + excess)  # before any executor can see them
         self.session.stats["claimed"] += len(executions) + len(excess)
-        for execution in executions:
+        for execution in self.handoff.hand(plan, claimed, executions):
             if execution.is_async:
                 assert aio is not None
                 aio.submit(execution)
@@ -443,6 +473,11 @@ class Dispatcher:
         return marked
 
     def _settle(self, successes: list[Outcome], accepted: set[Key], failures: list[Outcome], failed: set[Any]) -> None:
+        ended = [o.key for o in successes] + [o.key for o in failures]
+        refused = [key for key in ended if key not in accepted and key not in failed]
+        if refused:  # its row may still wait for recovery, which must see its name
+            self.handoff.refused(refused)
+        self.handoff.on_row(ended)
         for outcome in successes:
             state = "succeeded" if outcome.key in accepted else None
             self._finish_log(outcome, state)
@@ -465,7 +500,7 @@ class Dispatcher:
                 state = "retried"
             else:
                 state = "discarded" if isinstance(outcome.error, Discard) else "failed"
-            self._finish_log(outcome, state)
+            self._finish_log(outcome, state, None if result is None else result.retry_in)
             stored = None if state is None else _STORED[state]
             self.signals.ended(outcome.execution, stored, outcome)
             if outcome.execution.span is not None:
@@ -473,7 +508,7 @@ class Dispatcher:
                 tracing.end_attempt(outcome.execution, traced, outcome, None if result is None else result.status)
         self.ledger.remove(o.key for o in successes + failures)
 
-    def _finish_log(self, outcome: Outcome, state: str | None) -> None:
+    def _finish_log(self, outcome: Outcome, state: str | None, retry_in: float | None = None) -> None:
         execution = outcome.execution
         elapsed = clock.monotonic() - (execution.started or execution.claimed_at)
         task = execution.task
@@ -520,16 +555,20 @@ class Dispatcher:
             )
         elif logger.isEnabledFor(logging.WARNING):
             failure = outcome.failure
+            # The attempt's run time, then the retry's delay: until the run_after the fail statement set,
+            # on the database clock (unknown when the outcome was found by reconciliation).
+            retry = "" if state != "retried" else ", will retry" + ("" if retry_in is None else f" in {retry_in:.3f}s")
             log_attempt(
                 logger,
                 logging.WARNING,
                 execution,
-                "task %d %s %s in %.3fs (attempt %d): %s: %s",
+                "task %d %s %s in %.3fs (attempt %d)%s: %s: %s",
                 task.id,
                 task.task_path,
                 _LOGGED.get(state, "FAILED for good"),
                 elapsed,
                 execution.attempt,
+                retry,
                 failure.exception_class_path if failure else "?",
                 storable_text(failure.message, 500) if failure else "",
                 outcome=state,

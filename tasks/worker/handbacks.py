@@ -81,9 +81,11 @@ class HandBacks:
         self.session.handed_back += len(returns)
         self.ledger.remove(e.key for e in returns)
 
-    def unstarted(self) -> list[Execution]:
-        """On drain, claims not yet begun go back to the queue at once, uncharged; returns them."""
-        unstarted = self.mailbox.take_unstarted()
+    def unstarted(self, waiting: list[Execution] | None = None) -> list[Execution]:
+        """On drain, claims not yet begun go back to the queue at once, uncharged: those the executors
+        have not taken, and ``waiting``, those never handed to them (tasks/worker/handoff.py);
+        returns them."""
+        unstarted = (waiting or []) + self.mailbox.take_unstarted()
         if not unstarted:
             return []
         for execution in unstarted:

@@ -136,6 +136,11 @@ class Ledger:
         with self._lock:
             return len(self._entries)
 
+    def keys(self) -> set[tuple[int, int]]:
+        """The attempts held, read under one lock."""
+        with self._lock:
+            return set(self._entries)
+
     def snapshot(self) -> list[Execution]:
         with self._lock:
             return list(self._entries.values())

@@ -37,12 +37,14 @@ def test_injected_crash_kills_the_worker_and_the_task_is_recovered(spawn: Any) -
     assert crasher.wait(30) == -9  # killed by its own injected SIGKILL
     spawn("healthy")
     done = wait_until(lambda: Task.objects.filter(pk=task_id, status="SUCCESSFUL").first(), 30, what="recovery")
-    # The crash came within milliseconds of the start, before the start marker: the try is recorded
-    # (kind "returned", the crashed worker named) but not charged; the task became a suspect, so the
-    # healthy worker marked its attempt before running it.
-    assert (done.attempts, done.unstarted_returns, done.crashes, done.failures) == (1, 1, 0, 0)
-    assert worker_names(done.worker_ids) == ["healthy"]
-    assert [(e["kind"], *worker_names([e["worker"]])) for e in done.errors] == [("returned", "crasher")]
+    # The crash came within milliseconds of the start, before the start marker, but the worker had
+    # named the attempt on its row before handing it to an executor: recovery records the crash of an
+    # attempt that ran (invariant 14), counted in attempts and charged to no one (a shared crash: the
+    # process died with the attempt in it, nothing says the attempt stalled); the task is a suspect,
+    # so the healthy worker marked its attempt before running it.
+    assert (done.attempts, done.unstarted_returns, done.shared_crashes, done.crashes, done.failures) == (2, 0, 1, 0, 0)
+    assert worker_names(done.worker_ids) == ["crasher", "healthy"]
+    assert [(e["kind"], *worker_names([e["worker"]])) for e in done.errors] == [("vanished", "crasher")]
 
 
 def test_injected_stall_makes_only_that_task_miss_its_heartbeats(spawn: Any) -> None:

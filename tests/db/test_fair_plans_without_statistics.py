@@ -61,6 +61,10 @@ def test_each_keys_scans_use_the_fair_index_before_the_table_has_statistics(stat
         "tokens": [],
         "values": [],
         "started": [],
+        "hand": False,
+        "handed": "{}",
+        "release": 0,
+        "rated_queues": [],
         **sql.claim_params(["fair"], busy=False, isolate_after=2, fair_after="k5000"),
     }
     text = sql.FAIR_CLAIM_SQL if statement == "claim" else sql.FAIR_FINISH_AND_CLAIM_SQL

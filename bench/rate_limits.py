@@ -1,0 +1,152 @@
+#!/usr/bin/env python
+"""A rate-limited backlog drained by worker processes (issue 38, item 6): does it wait in line, and
+what do the refused starts cost?
+
+    python bench/rate_limits.py [--backlogs 600,1500] [--limit 20] [--processes 3] [--concurrency 4]
+        [--rounds 1]
+
+Each case: a backlog of N no-op tasks on one rate key of ``--limit`` starts per second, enqueued in
+one statement (ids in enqueue order), then ``--processes`` worker processes (``manage.py run_worker``
+at the default 2 s poll interval) drain it. From the rows afterwards (each task ran once, so its
+``last_attempted_at`` is its one grant, on the database clock):
+
+- refusals per start: each task's ``rate_refusals`` (mean, max, how many were refused 3+ times) and
+  the key's total refusals per grant (tasks_ratelimit);
+- the order: the latest start among the first 100 tasks enqueued, in seconds after the first start
+  (in line: about 100 / limit), and how far a task's start rank strays from its enqueue rank (p95,
+  max);
+- the rate held: starts per second from the first to the last start, and the fullest sliding
+  one-period window (never more than the limit);
+- the drain, from the first start to the last.
+
+Against the embedded PostgreSQL (or DATABASE_URL), each case on an emptied table. Timing goals belong
+here; tests/concurrency/test_rate_limit_order.py checks the order and the refusals with counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+if __name__ == "__main__":  # run as a script: this folder would shadow the apps; import from the root
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.common import figure, prepare_database, stop_processes
+from bench.tasks import NOOP, reset, start_workers
+
+KEY = "bench-rate"
+
+
+@dataclass(frozen=True)
+class Drain:
+    backlog: int
+    refusals_mean: float
+    refusals_max: int
+    refused_3_plus: int
+    refusals_per_grant: float
+    first_100_latest: float
+    rank_stray_p95: int
+    rank_stray_max: int
+    rate: float
+    fullest_window: int
+    drain_seconds: float
+
+
+def fullest_window(times: list[dt.datetime], period: float) -> int:
+    """The most starts in any half-open window [t, t + period) of the database clock."""
+    width, most, j = dt.timedelta(seconds=period), 0, 0
+    for i, at in enumerate(times):
+        j = max(j, i)
+        while j < len(times) and times[j] < at + width:
+            j += 1
+        most = max(most, j - i)
+    return most
+
+
+def drain(backlog: int, limit: int, processes: int, concurrency: int, log_dir: Path) -> Drain:
+    from django.db import connection
+
+    from tasks.models import RateLimit, Task
+
+    reset()
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE tasks_ratelimit")
+    Task.objects.bulk_enqueue(NOOP, [{}] * backlog, queue="bench", rate_key=KEY, rate_limit=(limit, 1.0))
+    procs = start_workers(processes, "--concurrency", str(concurrency), log_dir=log_dir)
+    try:
+        while Task.objects.filter(queue="bench", status__in=["BLOCKED", "READY", "RUNNING"]).exists():
+            time.sleep(0.1)
+    finally:
+        stop_processes(procs)
+    rows = list(
+        Task.objects.filter(queue="bench")
+        .order_by("id")
+        .values_list("id", "status", "attempts", "rate_refusals", "last_attempted_at")
+    )
+    if any(status != "SUCCESSFUL" or attempts != 1 for _, status, attempts, _, _ in rows) or len(rows) != backlog:
+        raise RuntimeError(f"not every task succeeded in one attempt; see {log_dir}")
+    refusals = [refused for _, _, _, refused, _ in rows]
+    starts: list[dt.datetime] = [at for _, _, _, _, at in rows if at is not None]  # in enqueue (id) order
+    if len(starts) != backlog:
+        raise RuntimeError(f"a task succeeded without a start time; see {log_dir}")
+    first = min(starts)
+    by_start = sorted(range(backlog), key=lambda i: (starts[i], i))
+    stray = sorted(abs(rank - i) for rank, i in enumerate(by_start))
+    key = RateLimit.objects.get(key=KEY)
+    ordered = sorted(starts)
+    span = (ordered[-1] - ordered[0]).total_seconds()
+    return Drain(
+        backlog=backlog,
+        refusals_mean=statistics.fmean(refusals),
+        refusals_max=max(refusals),
+        refused_3_plus=sum(1 for r in refusals if r >= 3),
+        refusals_per_grant=key.refusals / max(key.grants, 1),
+        first_100_latest=max((at - first).total_seconds() for at in starts[:100]),
+        rank_stray_p95=stray[int(len(stray) * 0.95)],
+        rank_stray_max=stray[-1],
+        rate=(backlog - 1) / span,
+        fullest_window=fullest_window(ordered, 1.0),
+        drain_seconds=span,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backlogs", default="600,1500", help="comma-separated backlog sizes")
+    parser.add_argument("--limit", type=int, default=20, help="starts per second of the key")
+    parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=4, help="executor threads per process")
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    server = prepare_database()
+    log_dir = Path(tempfile.mkdtemp(prefix="leasing-bench-rate-"))
+    try:
+        for _ in range(args.rounds):
+            for backlog in (int(n) for n in args.backlogs.split(",")):
+                d = drain(backlog, args.limit, args.processes, args.concurrency, log_dir)
+                name = f"rate.{backlog}_at_{args.limit}_per_s.procs={args.processes}"
+                figure(f"{name}.refusals_per_start_mean", d.refusals_mean, "refusals")
+                figure(f"{name}.refusals_per_start_max", d.refusals_max, "refusals")
+                figure(f"{name}.refused_3_or_more_times", d.refused_3_plus, "tasks")
+                figure(f"{name}.key_refusals_per_grant", d.refusals_per_grant, "refusals")
+                figure(f"{name}.first_100_latest_start", d.first_100_latest, "s")
+                figure(f"{name}.start_rank_stray_p95", d.rank_stray_p95, "ranks")
+                figure(f"{name}.start_rank_stray_max", d.rank_stray_max, "ranks")
+                figure(f"{name}.rate", d.rate, "starts/s")
+                figure(f"{name}.fullest_window", d.fullest_window, "starts")
+                figure(f"{name}.drain", d.drain_seconds, "s")
+    finally:
+        if server is not None:
+            from leasing.embedded import discard
+
+            discard(server)
+
+
+if __name__ == "__main__":
+    main()
