@@ -4,11 +4,13 @@ task that enqueues itself forever."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 
 from tasks.compat import task_enqueued, task_finished, task_started
 from tasks.exceptions import TaskTimeout
@@ -104,6 +106,7 @@ def test_run_until_empty_runs_inside_the_test_transaction_and_counts_the_ends(se
     # The retry waits for its backoff, as on a worker; the error entry is the worker's.
     assert rows[flaky].status == TaskStatus.READY and rows[flaky].failures == 1
     assert rows[flaky].errors[0]["message"] == "attempt 1 fails on purpose"
+    assert Task.objects.filter(pk=flaky, run_after__gt=Now() + dt.timedelta(seconds=25)).exists()
     assert rows[dead].status == TaskStatus.FAILED
     assert rows[dead].errors[0]["exception_class_path"] == "builtins.ValueError"
     result.refresh()
