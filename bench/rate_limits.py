@@ -80,7 +80,12 @@ def drain(backlog: int, limit: int, processes: int, concurrency: int, log_dir: P
     Task.objects.bulk_enqueue(NOOP, [{}] * backlog, queue="bench", rate_key=KEY, rate_limit=(limit, 1.0))
     procs = start_workers(processes, "--concurrency", str(concurrency), log_dir=log_dir)
     try:
+        # A drain at the key's rate, with a generous deadline: a stuck backlog ends the bench, not the machine.
+        budget = 3 * backlog / limit + 120
+        deadline = time.monotonic() + budget
         while Task.objects.filter(queue="bench", status__in=["BLOCKED", "READY", "RUNNING"]).exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the backlog did not drain within {budget:.0f} s; see {log_dir}")
             time.sleep(0.1)
     finally:
         stop_processes(procs)

@@ -10,17 +10,17 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 
 from tasks.exceptions import TaskError
 from tasks.lifecycle import concurrency
 from tasks.maintenance.retention import prune
 from tasks.models import Task, TaskStatus, UniqueKey
 from tests.helpers import wait_until
+from tests.helpers.connections import OnItsOwnConnection, waits_for_a_lock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,42 +31,6 @@ def db_now() -> dt.datetime:
     with connection.cursor() as cursor:
         cursor.execute("SELECT clock_timestamp()")
         return cursor.fetchone()[0]
-
-
-class OnItsOwnConnection(threading.Thread):
-    """``work()`` on a thread, hence on a connection of its own; its backend pid, result or error kept."""
-
-    def __init__(self, work: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self.work = work
-        self.pid: int | None = None
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_backend_pid()")
-                self.pid = cursor.fetchone()[0]
-            self.result = self.work()
-        except BaseException as exc:  # handed to the test, which raises it
-            self.error = exc
-        finally:
-            connections.close_all()
-
-    def outcome(self, timeout: float = 60.0) -> Any:
-        self.join(timeout)
-        assert not self.is_alive(), "the thread did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-def waits_for_a_lock(pid: int | None) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", [pid])
-        row = cursor.fetchone()
-    return bool(row and row[0])
 
 
 def let_the_clock_pass(seconds: float) -> None:

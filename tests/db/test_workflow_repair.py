@@ -23,7 +23,8 @@ from tasks.models import ActivityHourMark, BulkOperation, Repair, Task
 from tasks.models import Workflow as WorkflowRow
 from tasks.workflows import chain, step
 from tests.db.test_history import finished, hour_ago
-from tests.db.test_workflow_settle_races import OnItsOwnConnection, claim_one, finish, run_all, state
+from tests.db.test_workflow_settle_races import claim_one, finish, run_all, state
+from tests.helpers.connections import OnItsOwnConnection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
