@@ -3,20 +3,101 @@
 # loop (statistics that say tasks_task is empty lead there), the pick ran again for every row and
 # admitted every waiting task of the key past its limit. The pick is now an ARRAY(...) InitPlan, run
 # once (tasks/lifecycle/statements.py, _PICK_ONE, says why; tests/db/test_pick_once.py). Only that statement of
-# the function changes; the rest is 0009's text.
-
-import importlib
+# the function changes; the rest is 0009's text. Each way the function is written out whole: a migration
+# carries the text it runs and imports no other (tasks/sql/schema.sql shows what is live now).
 
 from django.db import migrations
 
-_0009 = importlib.import_module("tasks.migrations.0009_concurrency_keys")
+# 0009's function, its pick now an ARRAY(...) InitPlan.
+FORWARD_SQL = """\
+CREATE OR REPLACE FUNCTION tasks_concurrency_admit(k text, lim integer, sets_limit boolean) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    cap integer;
+    held integer;
+    admitted integer;
+    previous_timeout text := current_setting('lock_timeout');
+BEGIN
+    -- The key's row lock serialises admissions (held until the transaction ends). ON CONFLICT DO
+    -- UPDATE locks and returns the row's latest version. The wait is bounded: a transaction that
+    -- enqueued a task of this key and has not committed yet (an application's long transaction)
+    -- holds the lock, and a worker's finishing statement must not wait for it. Giving up here admits
+    -- nothing now; the recovery round's sweep (tasks/lifecycle/concurrency.py) admits for the key later.
+    -- (The block is a subtransaction: a timeout rolls the setting back with it.)
+    BEGIN
+        PERFORM set_config('lock_timeout', '200ms', true);
+        INSERT INTO tasks_concurrencykey AS c (key, max_running, updated_at)
+        VALUES (k, COALESCE(lim, (SELECT concurrency_limit FROM tasks_task
+                                  WHERE status = 'BLOCKED' AND concurrency_key = k LIMIT 1), 1), clock_timestamp())
+        ON CONFLICT (key) DO UPDATE SET
+            max_running = CASE WHEN sets_limit THEN EXCLUDED.max_running ELSE c.max_running END,
+            updated_at = CASE WHEN sets_limit THEN EXCLUDED.updated_at ELSE c.updated_at END
+        RETURNING c.max_running INTO cap;
+        PERFORM set_config('lock_timeout', previous_timeout, true);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN 0;
+    END;
+    -- A new snapshot (each query of a VOLATILE function takes one): what holds the key's slots now.
+    SELECT count(*) INTO held FROM tasks_task WHERE concurrency_key = k AND status IN ('READY', 'RUNNING');
+    IF held >= cap THEN
+        RETURN 0;
+    END IF;
+    PERFORM set_config('leasing.concurrency_admitting', k, true);
+    -- SKIP LOCKED: a blocked row locked by someone else is being cancelled, deleted or edited;
+    -- waiting for it could deadlock (they wait for this key's lock). The next admission, or the
+    -- recovery round, takes it if it is still blocked.
+    UPDATE tasks_task AS t SET status = 'READY'
+    WHERE t.id = ANY(ARRAY(
+        SELECT id FROM tasks_task
+        WHERE status = 'BLOCKED' AND concurrency_key = k AND run_after <= clock_timestamp()
+        ORDER BY priority DESC, run_after, id
+        LIMIT cap - held
+        FOR UPDATE SKIP LOCKED
+    ));
+    GET DIAGNOSTICS admitted = ROW_COUNT;
+    PERFORM set_config('leasing.concurrency_admitting', '', true);
+    RETURN admitted;
+END $$;"""
 
-_START = "CREATE FUNCTION tasks_concurrency_admit("
-_END = "END $$;"
-_begin = _0009.TRIGGERS_SQL.index(_START)
-ADMIT_0009 = _0009.TRIGGERS_SQL[_begin : _0009.TRIGGERS_SQL.index(_END, _begin) + len(_END)]
-
-JOINED_PICK = """    UPDATE tasks_task AS t SET status = 'READY'
+# Back to the function as 0009 created it.
+BACKWARD_SQL = """\
+CREATE OR REPLACE FUNCTION tasks_concurrency_admit(k text, lim integer, sets_limit boolean) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    cap integer;
+    held integer;
+    admitted integer;
+    previous_timeout text := current_setting('lock_timeout');
+BEGIN
+    -- The key's row lock serialises admissions (held until the transaction ends). ON CONFLICT DO
+    -- UPDATE locks and returns the row's latest version. The wait is bounded: a transaction that
+    -- enqueued a task of this key and has not committed yet (an application's long transaction)
+    -- holds the lock, and a worker's finishing statement must not wait for it. Giving up here admits
+    -- nothing now; the recovery round's sweep (tasks/lifecycle/concurrency.py) admits for the key later.
+    -- (The block is a subtransaction: a timeout rolls the setting back with it.)
+    BEGIN
+        PERFORM set_config('lock_timeout', '200ms', true);
+        INSERT INTO tasks_concurrencykey AS c (key, max_running, updated_at)
+        VALUES (k, COALESCE(lim, (SELECT concurrency_limit FROM tasks_task
+                                  WHERE status = 'BLOCKED' AND concurrency_key = k LIMIT 1), 1), clock_timestamp())
+        ON CONFLICT (key) DO UPDATE SET
+            max_running = CASE WHEN sets_limit THEN EXCLUDED.max_running ELSE c.max_running END,
+            updated_at = CASE WHEN sets_limit THEN EXCLUDED.updated_at ELSE c.updated_at END
+        RETURNING c.max_running INTO cap;
+        PERFORM set_config('lock_timeout', previous_timeout, true);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN 0;
+    END;
+    -- A new snapshot (each query of a VOLATILE function takes one): what holds the key's slots now.
+    SELECT count(*) INTO held FROM tasks_task WHERE concurrency_key = k AND status IN ('READY', 'RUNNING');
+    IF held >= cap THEN
+        RETURN 0;
+    END IF;
+    PERFORM set_config('leasing.concurrency_admitting', k, true);
+    -- SKIP LOCKED: a blocked row locked by someone else is being cancelled, deleted or edited;
+    -- waiting for it could deadlock (they wait for this key's lock). The next admission, or the
+    -- recovery round, takes it if it is still blocked.
+    UPDATE tasks_task AS t SET status = 'READY'
     FROM (
         SELECT id FROM tasks_task
         WHERE status = 'BLOCKED' AND concurrency_key = k AND run_after <= clock_timestamp()
@@ -24,19 +105,11 @@ JOINED_PICK = """    UPDATE tasks_task AS t SET status = 'READY'
         LIMIT cap - held
         FOR UPDATE SKIP LOCKED
     ) AS picked
-    WHERE t.id = picked.id;"""
-PICK_ONCE = """    UPDATE tasks_task AS t SET status = 'READY'
-    WHERE t.id = ANY(ARRAY(
-        SELECT id FROM tasks_task
-        WHERE status = 'BLOCKED' AND concurrency_key = k AND run_after <= clock_timestamp()
-        ORDER BY priority DESC, run_after, id
-        LIMIT cap - held
-        FOR UPDATE SKIP LOCKED
-    ));"""
-assert ADMIT_0009.count(JOINED_PICK) == 1, "0009's admission statement is not the one this migration replaces"
-
-FORWARD = ADMIT_0009.replace(JOINED_PICK, PICK_ONCE).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-BACKWARD = ADMIT_0009.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+    WHERE t.id = picked.id;
+    GET DIAGNOSTICS admitted = ROW_COUNT;
+    PERFORM set_config('leasing.concurrency_admitting', '', true);
+    RETURN admitted;
+END $$;"""
 
 
 class Migration(migrations.Migration):
@@ -44,4 +117,4 @@ class Migration(migrations.Migration):
         ("tasks", "0009_concurrency_keys"),
     ]
 
-    operations = [migrations.RunSQL(FORWARD, BACKWARD)]
+    operations = [migrations.RunSQL(FORWARD_SQL, BACKWARD_SQL)]

@@ -22,13 +22,8 @@
 #   while a slot is free (NULL when full: a release admits), and the sweep reads the keys due now
 #   through an index, plus the keys whose admission was skipped: its cost is the work there is.
 
-import importlib
-
 import django.db.models.functions.datetime
 from django.db import migrations, models
-
-_0009 = importlib.import_module("tasks.migrations.0009_concurrency_keys")
-_0011 = importlib.import_module("tasks.migrations.0011_admission_walks_priorities")
 
 FORWARD_SQL = r"""
 DROP TRIGGER tasks_concurrency_admit ON tasks_task;
@@ -341,8 +336,9 @@ CREATE TRIGGER tasks_concurrency_deleted_rows AFTER DELETE ON tasks_task
 UPDATE tasks_concurrencykey SET wake_at = clock_timestamp();
 """
 
-BACKWARD_SQL = (
-    """
+# Going back: this migration's triggers and functions dropped, then 0009's recreated as 0009 ran them
+# and its admission replaced by 0011's, as 0011 ran it (the text those two migrations ran, in order).
+BACKWARD_SQL = """
 DROP TRIGGER tasks_concurrency_inserted_rows ON tasks_task;
 DROP TRIGGER tasks_concurrency_updated_rows ON tasks_task;
 DROP TRIGGER tasks_concurrency_deleted_rows ON tasks_task;
@@ -357,10 +353,215 @@ DROP FUNCTION tasks_concurrency_changed();
 DROP FUNCTION tasks_concurrency_inserted();
 DROP FUNCTION tasks_concurrency_flag();
 DROP FUNCTION tasks_concurrency_admit(text, integer, bigint);
-"""
-    + _0009.TRIGGERS_SQL
-    + _0011.FORWARD
-)
+
+CREATE FUNCTION tasks_concurrency_note(k text, lim integer, sets_limit boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    pending jsonb := COALESCE(NULLIF(current_setting('leasing.concurrency_keys', true), ''), '{}')::jsonb;
+    previous jsonb := pending -> k;
+BEGIN
+    -- One entry per key (a bulk insert of 5,000 rows of one key notes it once): the latest enqueue's
+    -- limit wins; a release never changes the limit.
+    IF previous IS NOT NULL AND NOT sets_limit THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('leasing.concurrency_keys',
+                       jsonb_set(pending, ARRAY[k], jsonb_build_object('l', lim, 's', sets_limit))::text, true);
+END $$;
+
+CREATE FUNCTION tasks_concurrency_admit(k text, lim integer, sets_limit boolean) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    cap integer;
+    held integer;
+    admitted integer;
+    previous_timeout text := current_setting('lock_timeout');
+BEGIN
+    -- The key's row lock serialises admissions (held until the transaction ends). ON CONFLICT DO
+    -- UPDATE locks and returns the row's latest version. The wait is bounded: a transaction that
+    -- enqueued a task of this key and has not committed yet (an application's long transaction)
+    -- holds the lock, and a worker's finishing statement must not wait for it. Giving up here admits
+    -- nothing now; the recovery round's sweep (tasks/lifecycle/concurrency.py) admits for the key later.
+    -- (The block is a subtransaction: a timeout rolls the setting back with it.)
+    BEGIN
+        PERFORM set_config('lock_timeout', '200ms', true);
+        INSERT INTO tasks_concurrencykey AS c (key, max_running, updated_at)
+        VALUES (k, COALESCE(lim, (SELECT concurrency_limit FROM tasks_task
+                                  WHERE status = 'BLOCKED' AND concurrency_key = k LIMIT 1), 1), clock_timestamp())
+        ON CONFLICT (key) DO UPDATE SET
+            max_running = CASE WHEN sets_limit THEN EXCLUDED.max_running ELSE c.max_running END,
+            updated_at = CASE WHEN sets_limit THEN EXCLUDED.updated_at ELSE c.updated_at END
+        RETURNING c.max_running INTO cap;
+        PERFORM set_config('lock_timeout', previous_timeout, true);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN 0;
+    END;
+    -- A new snapshot (each query of a VOLATILE function takes one): what holds the key's slots now.
+    SELECT count(*) INTO held FROM tasks_task WHERE concurrency_key = k AND status IN ('READY', 'RUNNING');
+    IF held >= cap THEN
+        RETURN 0;
+    END IF;
+    PERFORM set_config('leasing.concurrency_admitting', k, true);
+    -- SKIP LOCKED: a blocked row locked by someone else is being cancelled, deleted or edited;
+    -- waiting for it could deadlock (they wait for this key's lock). The next admission, or the
+    -- recovery round, takes it if it is still blocked.
+    UPDATE tasks_task AS t SET status = 'READY'
+    FROM (
+        SELECT id FROM tasks_task
+        WHERE status = 'BLOCKED' AND concurrency_key = k AND run_after <= clock_timestamp()
+        ORDER BY priority DESC, run_after, id
+        LIMIT cap - held
+        FOR UPDATE SKIP LOCKED
+    ) AS picked
+    WHERE t.id = picked.id;
+    GET DIAGNOSTICS admitted = ROW_COUNT;
+    PERFORM set_config('leasing.concurrency_admitting', '', true);
+    RETURN admitted;
+END $$;
+
+-- BEFORE INSERT: a keyed task enters BLOCKED; the statement's admission decides.
+CREATE FUNCTION tasks_concurrency_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.concurrency_limit IS NULL OR NEW.concurrency_limit < 1 THEN
+        RAISE EXCEPTION 'a task with a concurrency_key needs a concurrency_limit of at least 1'
+            USING ERRCODE = 'check_violation';
+    END IF;
+    IF NEW.status = 'READY' THEN
+        NEW.status := 'BLOCKED';
+    ELSIF NEW.status = 'RUNNING' THEN
+        -- As for an update: a keyed task runs only once admitted (a restore of RUNNING rows
+        -- loads them with triggers disabled, as pg_restore --disable-triggers does).
+        RAISE EXCEPTION 'a task with a concurrency key runs only once admitted' USING ERRCODE = 'check_violation';
+    END IF;
+    PERFORM tasks_concurrency_note(NEW.concurrency_key, NEW.concurrency_limit, true);
+    RETURN NEW;
+END $$;
+
+-- AFTER UPDATE / DELETE (an AFTER row trigger reads the old row without locking it again, and its
+-- WHEN clause keeps unkeyed rows, claims and hand-backs out: the hot path pays nothing).
+CREATE FUNCTION tasks_concurrency_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM tasks_concurrency_note(OLD.concurrency_key, OLD.concurrency_limit, false);
+        RETURN NULL;
+    END IF;
+    IF NEW.concurrency_key IS DISTINCT FROM OLD.concurrency_key
+       OR NEW.concurrency_limit IS DISTINCT FROM OLD.concurrency_limit THEN
+        RAISE EXCEPTION 'the concurrency key and limit of a task cannot change' USING ERRCODE = 'check_violation';
+    END IF;
+    IF NEW.status = 'READY' THEN
+        IF OLD.status = 'BLOCKED' AND current_setting('leasing.concurrency_admitting', true) = OLD.concurrency_key THEN
+            RETURN NULL;  -- the admission itself
+        END IF;
+        -- Into the queue from outside the key (a requeue of a finished task, an edit): back to
+        -- waiting (nobody else can have seen it READY: not committed), and the admission decides.
+        UPDATE tasks_task SET status = 'BLOCKED' WHERE id = NEW.id AND status = 'READY';
+        RETURN NULL;
+    ELSIF NEW.status = 'RUNNING' THEN
+        RAISE EXCEPTION 'a task with a concurrency key runs only once admitted' USING ERRCODE = 'check_violation';
+    END IF;
+    -- It left READY/RUNNING (a slot may be free) or it waits now.
+    PERFORM tasks_concurrency_note(OLD.concurrency_key, OLD.concurrency_limit, false);
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION tasks_concurrency_statement() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    pending text := current_setting('leasing.concurrency_keys', true);
+    item record;
+BEGIN
+    IF pending IS NULL OR pending = '' THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('leasing.concurrency_keys', '', true);
+    FOR item IN
+        SELECT e.key, (e.value ->> 'l')::integer AS lim, (e.value ->> 's')::boolean AS sets_limit
+        FROM jsonb_each(pending::jsonb) AS e ORDER BY e.key
+    LOOP
+        PERFORM tasks_concurrency_admit(item.key, item.lim, item.sets_limit);
+    END LOOP;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER tasks_concurrency_insert BEFORE INSERT ON tasks_task
+    FOR EACH ROW WHEN (NEW.concurrency_key IS NOT NULL) EXECUTE FUNCTION tasks_concurrency_inserted();
+CREATE TRIGGER tasks_concurrency_update AFTER UPDATE ON tasks_task
+    FOR EACH ROW
+    WHEN ((OLD.concurrency_key IS NOT NULL OR NEW.concurrency_key IS NOT NULL)
+          AND (OLD.concurrency_key IS DISTINCT FROM NEW.concurrency_key
+               OR OLD.concurrency_limit IS DISTINCT FROM NEW.concurrency_limit
+               OR OLD.status IS DISTINCT FROM NEW.status
+                  AND NOT (OLD.status IN ('READY', 'RUNNING') AND NEW.status IN ('READY', 'RUNNING'))))
+    EXECUTE FUNCTION tasks_concurrency_changed();
+CREATE TRIGGER tasks_concurrency_delete AFTER DELETE ON tasks_task
+    FOR EACH ROW WHEN (OLD.concurrency_key IS NOT NULL AND OLD.status IN ('READY', 'RUNNING'))
+    EXECUTE FUNCTION tasks_concurrency_changed();
+CREATE TRIGGER tasks_concurrency_admit AFTER INSERT OR UPDATE OR DELETE ON tasks_task
+    FOR EACH STATEMENT EXECUTE FUNCTION tasks_concurrency_statement();
+CREATE OR REPLACE FUNCTION tasks_concurrency_admit(k text, lim integer, sets_limit boolean) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    cap integer;
+    held integer;
+    admitted integer;
+    due_by timestamptz;
+    previous_timeout text := current_setting('lock_timeout');
+BEGIN
+    -- The key's row lock serialises admissions (held until the transaction ends). ON CONFLICT DO
+    -- UPDATE locks and returns the row's latest version. The wait is bounded: a transaction that
+    -- enqueued a task of this key and has not committed yet (an application's long transaction)
+    -- holds the lock, and a worker's finishing statement must not wait for it. Giving up here admits
+    -- nothing now; the recovery round's sweep (tasks/lifecycle/concurrency.py) admits for the key later.
+    -- (The block is a subtransaction: a timeout rolls the setting back with it.)
+    BEGIN
+        PERFORM set_config('lock_timeout', '200ms', true);
+        INSERT INTO tasks_concurrencykey AS c (key, max_running, updated_at)
+        VALUES (k, COALESCE(lim, (SELECT concurrency_limit FROM tasks_task
+                                  WHERE status = 'BLOCKED' AND concurrency_key = k LIMIT 1), 1), clock_timestamp())
+        ON CONFLICT (key) DO UPDATE SET
+            max_running = CASE WHEN sets_limit THEN EXCLUDED.max_running ELSE c.max_running END,
+            updated_at = CASE WHEN sets_limit THEN EXCLUDED.updated_at ELSE c.updated_at END
+        RETURNING c.max_running INTO cap;
+        PERFORM set_config('lock_timeout', previous_timeout, true);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN 0;
+    END;
+    -- A new snapshot (each query of a VOLATILE function takes one): what holds the key's slots now.
+    SELECT count(*) INTO held FROM tasks_task WHERE concurrency_key = k AND status IN ('READY', 'RUNNING');
+    IF held >= cap THEN
+        RETURN 0;
+    END IF;
+    PERFORM set_config('leasing.concurrency_admitting', k, true);
+    -- SKIP LOCKED: a blocked row locked by someone else is being cancelled, deleted or edited;
+    -- waiting for it could deadlock (they wait for this key's lock). The next admission, or the
+    -- recovery round, takes it if it is still blocked.
+    due_by := clock_timestamp();
+    UPDATE tasks_task AS t SET status = 'READY'
+    WHERE t.id = ANY(ARRAY(
+        WITH RECURSIVE levels(priority) AS (
+            (SELECT b.priority FROM tasks_task AS b
+             WHERE b.status = 'BLOCKED' AND b.concurrency_key = k
+             ORDER BY b.priority DESC LIMIT 1)
+            UNION ALL
+            SELECT (SELECT b.priority FROM tasks_task AS b
+                    WHERE b.status = 'BLOCKED' AND b.concurrency_key = k AND b.priority < levels.priority
+                    ORDER BY b.priority DESC LIMIT 1)
+            FROM levels WHERE levels.priority IS NOT NULL
+        )
+        SELECT due.id FROM levels CROSS JOIN LATERAL (
+            SELECT b.id FROM tasks_task AS b
+            WHERE b.status = 'BLOCKED' AND b.concurrency_key = k AND b.priority = levels.priority
+              AND b.run_after <= due_by
+            ORDER BY b.run_after, b.id
+            LIMIT cap - held
+            FOR UPDATE SKIP LOCKED
+        ) AS due
+        LIMIT cap - held
+    ));
+    GET DIAGNOSTICS admitted = ROW_COUNT;
+    PERFORM set_config('leasing.concurrency_admitting', '', true);
+    RETURN admitted;
+END $$;"""
 
 
 class Migration(migrations.Migration):

@@ -8,28 +8,130 @@
 # returns; recovery keeps one for an attempt whose lease lapsed while its worker lived on, and frees
 # the slots of workers that stopped or were presumed dead (tasks/lifecycle/concurrency.py).
 
-import importlib
-
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
-_0012 = importlib.import_module("tasks.migrations.0012_concurrency_without_waits")
-
-_COUNT_ROWS = "SELECT count(*) INTO held FROM tasks_task WHERE concurrency_key = k AND status IN ('READY', 'RUNNING');"
-_COUNT_ROWS_AND_HOLDS = """SELECT count(*) INTO held FROM tasks_task WHERE concurrency_key = k AND status IN ('READY', 'RUNNING');
+# 0012's admission, counting kept slots too; and the trigger that admits when a slot is given back.
+FORWARD_SQL = """\
+CREATE OR REPLACE FUNCTION tasks_concurrency_admit(k text, lim integer, limit_id bigint) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    cap integer;
+    set_by bigint;
+    woken timestamptz;
+    pending_limit integer;
+    pending_id bigint;
+    held integer;
+    admitted integer := 0;
+    due_by timestamptz;
+    next_due timestamptz;
+BEGIN
+    -- The key's row lock serialises admissions to the key (held until the transaction ends).
+    SELECT c.max_running, c.limit_task_id, c.wake_at INTO cap, set_by, woken
+    FROM tasks_concurrencykey AS c WHERE c.key = k
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        -- A row someone else holds (an insert would wait for their uncommitted version: noted
+        -- instead), or no row yet: the key's first enqueue inserts it. That insert waits only for
+        -- another transaction's uncommitted first insert of the same key (two first enqueues of one
+        -- new key); keys are taken in key order by every statement, so that cannot deadlock.
+        PERFORM 1 FROM tasks_concurrencykey AS c WHERE c.key = k;
+        IF FOUND THEN
+            INSERT INTO tasks_concurrencywake (key, max_running, limit_task_id, noted_at)
+            VALUES (k, lim, limit_id, clock_timestamp());
+            RETURN -1;
+        END IF;
+        INSERT INTO tasks_concurrencykey AS c (key, max_running, limit_task_id, updated_at)
+        VALUES (k, COALESCE(lim, (SELECT b.concurrency_limit FROM tasks_task AS b
+                                  WHERE b.status = 'BLOCKED' AND b.concurrency_key = k LIMIT 1), 1),
+                limit_id, clock_timestamp())
+        ON CONFLICT (key) DO NOTHING
+        RETURNING c.max_running, c.limit_task_id INTO cap, set_by;
+        IF NOT FOUND THEN
+            INSERT INTO tasks_concurrencywake (key, max_running, limit_task_id, noted_at)
+            VALUES (k, lim, limit_id, clock_timestamp());
+            RETURN -1;
+        END IF;
+    END IF;
+    -- Admissions skipped while the row was held are this one's now (before the count below, so a
+    -- release noted after this snapshot keeps its note for the next admission or the sweep); the
+    -- latest limit they carry competes with ours.
+    WITH g AS (DELETE FROM tasks_concurrencywake AS w WHERE w.key = k RETURNING w.max_running, w.limit_task_id)
+    SELECT g.max_running, g.limit_task_id INTO pending_limit, pending_id
+    FROM g WHERE g.limit_task_id IS NOT NULL
+    ORDER BY g.limit_task_id DESC LIMIT 1;
+    IF pending_id IS NOT NULL AND (limit_id IS NULL OR pending_id > limit_id) THEN
+        lim := pending_limit;
+        limit_id := pending_id;
+    END IF;
+    IF lim IS NOT NULL AND limit_id IS NOT NULL AND (set_by IS NULL OR limit_id > set_by) THEN
+        UPDATE tasks_concurrencykey SET max_running = lim, limit_task_id = limit_id, updated_at = clock_timestamp()
+        WHERE key = k;
+        cap := lim;
+    END IF;
+    -- A new snapshot (each query of a VOLATILE function takes one), taken after the lock: every
+    -- admission to the key committed before is visible, and none can commit while we hold it.
+    SELECT count(*) INTO held FROM tasks_task WHERE concurrency_key = k AND status IN ('READY', 'RUNNING');
     -- Handlers still running after their row stopped counting keep their slots (this migration).
-    held := held + (SELECT count(*) FROM tasks_concurrencyhold AS h WHERE h.key = k);"""
+    held := held + (SELECT count(*) FROM tasks_concurrencyhold AS h WHERE h.key = k);
+    due_by := clock_timestamp();
+    IF held < cap THEN
+        PERFORM set_config('leasing.concurrency_admitting', k, true);
+        -- The key's priorities walked one index probe each (0011 says why), the due rows of each.
+        -- SKIP LOCKED: a waiting row locked by someone else is being cancelled, deleted or edited;
+        -- their statement admits for the key when it is done.
+        UPDATE tasks_task AS t SET status = 'READY'
+        WHERE t.id = ANY(ARRAY(
+            WITH RECURSIVE levels(priority) AS (
+                (SELECT b.priority FROM tasks_task AS b
+                 WHERE b.status = 'BLOCKED' AND b.concurrency_key = k
+                 ORDER BY b.priority DESC LIMIT 1)
+                UNION ALL
+                SELECT (SELECT b.priority FROM tasks_task AS b
+                        WHERE b.status = 'BLOCKED' AND b.concurrency_key = k AND b.priority < levels.priority
+                        ORDER BY b.priority DESC LIMIT 1)
+                FROM levels WHERE levels.priority IS NOT NULL
+            )
+            SELECT due.id FROM levels CROSS JOIN LATERAL (
+                SELECT b.id FROM tasks_task AS b
+                WHERE b.status = 'BLOCKED' AND b.concurrency_key = k AND b.priority = levels.priority
+                  AND b.run_after <= due_by
+                ORDER BY b.run_after, b.id
+                LIMIT cap - held
+                FOR UPDATE SKIP LOCKED
+            ) AS due
+            LIMIT cap - held
+        ));
+        GET DIAGNOSTICS admitted = ROW_COUNT;
+        PERFORM set_config('leasing.concurrency_admitting', '', true);
+    END IF;
+    -- When must the sweep come back? Only if a slot is still free: when the first waiting task
+    -- that is not due yet comes due (per priority, the first entry past due_by; the smallest).
+    -- A full key needs no sweep: the statement that frees a slot admits for it.
+    IF held + admitted < cap THEN
+        WITH RECURSIVE levels(priority) AS (
+            (SELECT b.priority FROM tasks_task AS b
+             WHERE b.status = 'BLOCKED' AND b.concurrency_key = k
+             ORDER BY b.priority DESC LIMIT 1)
+            UNION ALL
+            SELECT (SELECT b.priority FROM tasks_task AS b
+                    WHERE b.status = 'BLOCKED' AND b.concurrency_key = k AND b.priority < levels.priority
+                    ORDER BY b.priority DESC LIMIT 1)
+            FROM levels WHERE levels.priority IS NOT NULL
+        )
+        SELECT min((SELECT b.run_after FROM tasks_task AS b
+                    WHERE b.status = 'BLOCKED' AND b.concurrency_key = k AND b.priority = levels.priority
+                      AND b.run_after > due_by
+                    ORDER BY b.run_after LIMIT 1))
+        INTO next_due
+        FROM levels WHERE levels.priority IS NOT NULL;
+    END IF;
+    IF next_due IS DISTINCT FROM woken THEN
+        UPDATE tasks_concurrencykey SET wake_at = next_due WHERE key = k;
+    END IF;
+    RETURN admitted;
+END $$;
 
-
-def _admit(count: str) -> str:
-    start = _0012.FORWARD_SQL.index("CREATE FUNCTION tasks_concurrency_admit(")
-    end = _0012.FORWARD_SQL.index("END $$;", start) + len("END $$;")
-    body = _0012.FORWARD_SQL[start:end]
-    assert body.count(_COUNT_ROWS) == 1
-    return body.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1).replace(_COUNT_ROWS, count) + "\n"
-
-
-FORWARD_SQL = _admit(_COUNT_ROWS_AND_HOLDS) + """
 -- A slot given back (the handler returned, or its worker is known dead): admit for its key, in key
 -- order as every statement does (no deadlock between two releases).
 CREATE FUNCTION tasks_concurrency_after_release() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -47,10 +149,127 @@ CREATE TRIGGER tasks_concurrency_released AFTER DELETE ON tasks_concurrencyhold
     FOR EACH STATEMENT EXECUTE FUNCTION tasks_concurrency_after_release();
 """
 
+# Going back: the trigger dropped, and the admission as 0012 created it.
 BACKWARD_SQL = """
 DROP TRIGGER tasks_concurrency_released ON tasks_concurrencyhold;
 DROP FUNCTION tasks_concurrency_after_release();
-""" + _admit(_COUNT_ROWS)
+CREATE OR REPLACE FUNCTION tasks_concurrency_admit(k text, lim integer, limit_id bigint) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    cap integer;
+    set_by bigint;
+    woken timestamptz;
+    pending_limit integer;
+    pending_id bigint;
+    held integer;
+    admitted integer := 0;
+    due_by timestamptz;
+    next_due timestamptz;
+BEGIN
+    -- The key's row lock serialises admissions to the key (held until the transaction ends).
+    SELECT c.max_running, c.limit_task_id, c.wake_at INTO cap, set_by, woken
+    FROM tasks_concurrencykey AS c WHERE c.key = k
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        -- A row someone else holds (an insert would wait for their uncommitted version: noted
+        -- instead), or no row yet: the key's first enqueue inserts it. That insert waits only for
+        -- another transaction's uncommitted first insert of the same key (two first enqueues of one
+        -- new key); keys are taken in key order by every statement, so that cannot deadlock.
+        PERFORM 1 FROM tasks_concurrencykey AS c WHERE c.key = k;
+        IF FOUND THEN
+            INSERT INTO tasks_concurrencywake (key, max_running, limit_task_id, noted_at)
+            VALUES (k, lim, limit_id, clock_timestamp());
+            RETURN -1;
+        END IF;
+        INSERT INTO tasks_concurrencykey AS c (key, max_running, limit_task_id, updated_at)
+        VALUES (k, COALESCE(lim, (SELECT b.concurrency_limit FROM tasks_task AS b
+                                  WHERE b.status = 'BLOCKED' AND b.concurrency_key = k LIMIT 1), 1),
+                limit_id, clock_timestamp())
+        ON CONFLICT (key) DO NOTHING
+        RETURNING c.max_running, c.limit_task_id INTO cap, set_by;
+        IF NOT FOUND THEN
+            INSERT INTO tasks_concurrencywake (key, max_running, limit_task_id, noted_at)
+            VALUES (k, lim, limit_id, clock_timestamp());
+            RETURN -1;
+        END IF;
+    END IF;
+    -- Admissions skipped while the row was held are this one's now (before the count below, so a
+    -- release noted after this snapshot keeps its note for the next admission or the sweep); the
+    -- latest limit they carry competes with ours.
+    WITH g AS (DELETE FROM tasks_concurrencywake AS w WHERE w.key = k RETURNING w.max_running, w.limit_task_id)
+    SELECT g.max_running, g.limit_task_id INTO pending_limit, pending_id
+    FROM g WHERE g.limit_task_id IS NOT NULL
+    ORDER BY g.limit_task_id DESC LIMIT 1;
+    IF pending_id IS NOT NULL AND (limit_id IS NULL OR pending_id > limit_id) THEN
+        lim := pending_limit;
+        limit_id := pending_id;
+    END IF;
+    IF lim IS NOT NULL AND limit_id IS NOT NULL AND (set_by IS NULL OR limit_id > set_by) THEN
+        UPDATE tasks_concurrencykey SET max_running = lim, limit_task_id = limit_id, updated_at = clock_timestamp()
+        WHERE key = k;
+        cap := lim;
+    END IF;
+    -- A new snapshot (each query of a VOLATILE function takes one), taken after the lock: every
+    -- admission to the key committed before is visible, and none can commit while we hold it.
+    SELECT count(*) INTO held FROM tasks_task WHERE concurrency_key = k AND status IN ('READY', 'RUNNING');
+    due_by := clock_timestamp();
+    IF held < cap THEN
+        PERFORM set_config('leasing.concurrency_admitting', k, true);
+        -- The key's priorities walked one index probe each (0011 says why), the due rows of each.
+        -- SKIP LOCKED: a waiting row locked by someone else is being cancelled, deleted or edited;
+        -- their statement admits for the key when it is done.
+        UPDATE tasks_task AS t SET status = 'READY'
+        WHERE t.id = ANY(ARRAY(
+            WITH RECURSIVE levels(priority) AS (
+                (SELECT b.priority FROM tasks_task AS b
+                 WHERE b.status = 'BLOCKED' AND b.concurrency_key = k
+                 ORDER BY b.priority DESC LIMIT 1)
+                UNION ALL
+                SELECT (SELECT b.priority FROM tasks_task AS b
+                        WHERE b.status = 'BLOCKED' AND b.concurrency_key = k AND b.priority < levels.priority
+                        ORDER BY b.priority DESC LIMIT 1)
+                FROM levels WHERE levels.priority IS NOT NULL
+            )
+            SELECT due.id FROM levels CROSS JOIN LATERAL (
+                SELECT b.id FROM tasks_task AS b
+                WHERE b.status = 'BLOCKED' AND b.concurrency_key = k AND b.priority = levels.priority
+                  AND b.run_after <= due_by
+                ORDER BY b.run_after, b.id
+                LIMIT cap - held
+                FOR UPDATE SKIP LOCKED
+            ) AS due
+            LIMIT cap - held
+        ));
+        GET DIAGNOSTICS admitted = ROW_COUNT;
+        PERFORM set_config('leasing.concurrency_admitting', '', true);
+    END IF;
+    -- When must the sweep come back? Only if a slot is still free: when the first waiting task
+    -- that is not due yet comes due (per priority, the first entry past due_by; the smallest).
+    -- A full key needs no sweep: the statement that frees a slot admits for it.
+    IF held + admitted < cap THEN
+        WITH RECURSIVE levels(priority) AS (
+            (SELECT b.priority FROM tasks_task AS b
+             WHERE b.status = 'BLOCKED' AND b.concurrency_key = k
+             ORDER BY b.priority DESC LIMIT 1)
+            UNION ALL
+            SELECT (SELECT b.priority FROM tasks_task AS b
+                    WHERE b.status = 'BLOCKED' AND b.concurrency_key = k AND b.priority < levels.priority
+                    ORDER BY b.priority DESC LIMIT 1)
+            FROM levels WHERE levels.priority IS NOT NULL
+        )
+        SELECT min((SELECT b.run_after FROM tasks_task AS b
+                    WHERE b.status = 'BLOCKED' AND b.concurrency_key = k AND b.priority = levels.priority
+                      AND b.run_after > due_by
+                    ORDER BY b.run_after LIMIT 1))
+        INTO next_due
+        FROM levels WHERE levels.priority IS NOT NULL;
+    END IF;
+    IF next_due IS DISTINCT FROM woken THEN
+        UPDATE tasks_concurrencykey SET wake_at = next_due WHERE key = k;
+    END IF;
+    RETURN admitted;
+END $$;
+"""
 
 
 class Migration(migrations.Migration):

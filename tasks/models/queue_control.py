@@ -16,7 +16,9 @@ PAUSE_LOCK_TIMEOUT_MS = 5000
 class QueueControlQuerySet(models.QuerySet["QueueControl"]):
     def pause(self, name: str, *, by: str = "", reason: str = "") -> QueueControl:
         """Stop every worker and client from claiming ``name`` (from their next claim); running tasks
-        go on and finish. Enqueueing into a paused queue still works."""
+        go on and finish. Enqueueing into a paused queue still works. Inside the caller's transaction the
+        lock it takes on the switches lasts until that transaction ends, holding every claim back: call it
+        from a short one."""
         validate_enqueue(queue=name, priority=0, max_attempts=1, timeout=None)
         with transaction.atomic(using=self.db):
             # A claim reads this table under ACCESS SHARE until its transaction ends, and takes its

@@ -395,7 +395,7 @@ async def async_context_task(context: Any, label: str) -> dict[str, Any]:
     }
 
 
-# -- breaker handlers (tests/concurrency/test_breaker_async.py) ---------------------------------------
+# -- hostile async handlers (tests/concurrency/test_async_hostile_handlers.py) ------------------------
 
 
 async def _aeffect_for(task_id: int, token: int, phase: str) -> None:
@@ -604,3 +604,26 @@ def _span_mark_for(task_id: int, token: int, attempt: int, phase: str) -> None:
             [task_id, token, attempt, phase, os.getpid()],
         )
     connection.close()
+
+
+# -- composition matrix (tests/concurrency/test_composition_matrix.py) -----------------------------
+
+
+def composed(fail_first: bool = False, snooze_first: bool = False, **kwargs: Any) -> int:
+    """Records its start and end as effects around a short piece of work (long enough for an operator's
+    action to find it RUNNING). ``snooze_first``: the task's first execution snoozes for a second before
+    any work; ``fail_first``: its first execution that does the work fails for good (Discard) after it."""
+    from tasks.exceptions import Discard, Snooze
+    from tests.testapp.models import Effect
+
+    run = current_task()
+    if snooze_first and not Effect.objects.filter(task_id=run.id, phase="snoozed").exists():
+        _effect("snoozed")
+        raise Snooze(1.0)
+    ran_before = Effect.objects.filter(task_id=run.id, phase="done").exists()
+    _effect("started")
+    time.sleep(0.05)  # the work itself, not a synchronisation
+    _effect("done")
+    if fail_first and not ran_before:
+        raise Discard("the first execution fails on purpose")
+    return run.attempt
