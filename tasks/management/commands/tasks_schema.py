@@ -1,5 +1,6 @@
 """The functions and triggers of tasks and leasing as a migrated database holds them: printed, written to
-tasks/sql/schema.sql, or checked against it."""
+tasks/sql/schema.sql, or checked against it; with --write, also every statement constant as the text
+that runs (tasks/management/sql_files.py: tasks/sql/<package>/<module>.sql, leasing/sql/)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from tasks.management import sql_files
 from tasks.management.commands._common import database_alias
 
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "sql" / "schema.sql"
@@ -63,7 +65,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         mode = parser.add_mutually_exclusive_group()
-        mode.add_argument("--write", action="store_true", help=f"write {SCHEMA_FILE}")
+        mode.add_argument("--write", action="store_true", help=f"write {SCHEMA_FILE} and the statement files beside it")
         mode.add_argument("--check", action="store_true", help=f"exit 1 when {SCHEMA_FILE.name} differs")
         parser.add_argument("--database", type=database_alias, default="default", help="the database alias")
 
@@ -72,6 +74,15 @@ class Command(BaseCommand):
         if write:
             SCHEMA_FILE.write_text(text)
             self.stdout.write(f"wrote {SCHEMA_FILE}")
+            statements = sql_files.render()
+            for path in sql_files.stale(statements):
+                path.unlink()
+                self.stdout.write(f"removed {path} (no module defines its statements any more)")
+            for path, body in statements.items():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if not path.exists() or path.read_text() != body:
+                    path.write_text(body)
+                    self.stdout.write(f"wrote {path}")
         elif check:
             if SCHEMA_FILE.read_text() != text:
                 raise CommandError(

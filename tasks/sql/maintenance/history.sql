@@ -1,0 +1,86 @@
+-- tasks.maintenance.history: every statement of this module, as the text psycopg sends (its %(name)s parameters
+-- included). Generated from the module's constants by `python manage.py tasks_schema --write`; do
+-- not edit: change the module, then regenerate (tests/unit/test_sql_files.py compares them).
+
+-- name: COUNT_HOUR_SQL
+-- Count one hour and store it: every (queue, task path) that finished in it, overwritten whole, and
+-- the hour's mark, in one statement (one transaction: all or nothing). The finished CTE is the range
+-- [hour, hour + 1 h) of tasks_task_finished_idx; the times use the database's own timestamps.
+WITH finished AS MATERIALIZED (
+    SELECT queue, task_path, status, failures, timed.wait, timed.run,
+           width_bucket(timed.wait, ARRAY[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0]::float8[]) AS wait_bucket,
+           width_bucket(timed.run, ARRAY[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0]::float8[]) AS run_bucket
+    FROM tasks_task
+    CROSS JOIN LATERAL (
+        -- Timed: a task whose last attempt ran. ``attempts`` > 0 as well as ``last_attempted_at``: a
+        -- retry (bulk or an operator's) starts the count again but keeps the old attempt's time, and a
+        -- task discarded before it ran again was timed with it (breaker 32: a 48-hour "run").
+        SELECT CASE WHEN status IN ('SUCCESSFUL', 'FAILED') AND last_attempted_at IS NOT NULL AND attempts > 0
+                    THEN GREATEST(EXTRACT(EPOCH FROM last_attempted_at - run_after)::float8, 0) END AS wait,
+               CASE WHEN status IN ('SUCCESSFUL', 'FAILED') AND last_attempted_at IS NOT NULL AND attempts > 0
+                    THEN GREATEST(EXTRACT(EPOCH FROM finished_at - last_attempted_at)::float8, 0) END AS run
+    ) AS timed
+    WHERE finished_at >= %(hour)s::timestamptz AND finished_at < %(hour)s::timestamptz + interval '1 hour'
+), keyed AS (
+    SELECT queue, task_path,
+           count(*) FILTER (WHERE status = 'SUCCESSFUL') AS succeeded,
+           count(*) FILTER (WHERE status = 'FAILED') AS failed,
+           count(*) FILTER (WHERE status = 'CANCELLED') AS cancelled,
+           COALESCE(sum(failures), 0) AS attempt_failures,
+           count(wait) AS timed,
+           COALESCE(sum(wait), 0) AS wait_sum, COALESCE(max(wait), 0) AS wait_max,
+           COALESCE(sum(run), 0) AS run_sum, COALESCE(max(run), 0) AS run_max,
+           ARRAY[count(*) FILTER (WHERE wait_bucket = 0), count(*) FILTER (WHERE wait_bucket = 1), count(*) FILTER (WHERE wait_bucket = 2), count(*) FILTER (WHERE wait_bucket = 3), count(*) FILTER (WHERE wait_bucket = 4), count(*) FILTER (WHERE wait_bucket = 5), count(*) FILTER (WHERE wait_bucket = 6), count(*) FILTER (WHERE wait_bucket = 7), count(*) FILTER (WHERE wait_bucket = 8), count(*) FILTER (WHERE wait_bucket = 9), count(*) FILTER (WHERE wait_bucket = 10), count(*) FILTER (WHERE wait_bucket = 11), count(*) FILTER (WHERE wait_bucket = 12), count(*) FILTER (WHERE wait_bucket = 13), count(*) FILTER (WHERE wait_bucket = 14), count(*) FILTER (WHERE wait_bucket = 15), count(*) FILTER (WHERE wait_bucket = 16), count(*) FILTER (WHERE wait_bucket = 17), count(*) FILTER (WHERE wait_bucket = 18), count(*) FILTER (WHERE wait_bucket = 19), count(*) FILTER (WHERE wait_bucket = 20), count(*) FILTER (WHERE wait_bucket = 21), count(*) FILTER (WHERE wait_bucket = 22)]::bigint[] AS wait_buckets,
+           ARRAY[count(*) FILTER (WHERE run_bucket = 0), count(*) FILTER (WHERE run_bucket = 1), count(*) FILTER (WHERE run_bucket = 2), count(*) FILTER (WHERE run_bucket = 3), count(*) FILTER (WHERE run_bucket = 4), count(*) FILTER (WHERE run_bucket = 5), count(*) FILTER (WHERE run_bucket = 6), count(*) FILTER (WHERE run_bucket = 7), count(*) FILTER (WHERE run_bucket = 8), count(*) FILTER (WHERE run_bucket = 9), count(*) FILTER (WHERE run_bucket = 10), count(*) FILTER (WHERE run_bucket = 11), count(*) FILTER (WHERE run_bucket = 12), count(*) FILTER (WHERE run_bucket = 13), count(*) FILTER (WHERE run_bucket = 14), count(*) FILTER (WHERE run_bucket = 15), count(*) FILTER (WHERE run_bucket = 16), count(*) FILTER (WHERE run_bucket = 17), count(*) FILTER (WHERE run_bucket = 18), count(*) FILTER (WHERE run_bucket = 19), count(*) FILTER (WHERE run_bucket = 20), count(*) FILTER (WHERE run_bucket = 21), count(*) FILTER (WHERE run_bucket = 22)]::bigint[] AS run_buckets,
+           count(*) AS tasks
+    FROM finished
+    GROUP BY queue, task_path
+), stored AS (
+    INSERT INTO tasks_activityhour AS h
+        (hour, queue, task_path, succeeded, failed, cancelled, attempt_failures, timed,
+         wait_sum, wait_max, run_sum, run_max, wait_buckets, run_buckets)
+    SELECT %(hour)s::timestamptz, queue, task_path, succeeded, failed, cancelled, attempt_failures, timed,
+           wait_sum, wait_max, run_sum, run_max, wait_buckets, run_buckets
+    FROM keyed
+    ORDER BY queue, task_path
+    ON CONFLICT (hour, queue, task_path) DO UPDATE SET
+        succeeded = EXCLUDED.succeeded, failed = EXCLUDED.failed, cancelled = EXCLUDED.cancelled,
+        attempt_failures = EXCLUDED.attempt_failures, timed = EXCLUDED.timed,
+        wait_sum = EXCLUDED.wait_sum, wait_max = EXCLUDED.wait_max,
+        run_sum = EXCLUDED.run_sum, run_max = EXCLUDED.run_max,
+        wait_buckets = EXCLUDED.wait_buckets, run_buckets = EXCLUDED.run_buckets
+    RETURNING 1
+), gone AS (
+    -- Overwritten whole: the keys of an earlier count with no task in the hour now (retried out of
+    -- it, pruned) go (breaker 32: their first counts stayed). Disjoint from ``stored``'s rows.
+    DELETE FROM tasks_activityhour AS g
+    WHERE g.hour = %(hour)s::timestamptz
+      AND NOT EXISTS (SELECT 1 FROM keyed AS k WHERE k.queue = g.queue AND k.task_path = g.task_path)
+    RETURNING 1
+)
+INSERT INTO tasks_activityhourmark AS m (hour, counted_at, keys, tasks)
+SELECT %(hour)s::timestamptz, clock_timestamp(), (SELECT count(*) FROM stored) + 0 * (SELECT count(*) FROM gone),
+       (SELECT COALESCE(sum(tasks), 0) FROM keyed)
+ON CONFLICT (hour) DO UPDATE SET counted_at = EXCLUDED.counted_at, keys = EXCLUDED.keys, tasks = EXCLUDED.tasks
+RETURNING m.tasks;
+
+-- name: DUE_HOURS_SQL
+-- The hours of the kept window that are over (by FINAL_AFTER) and not counted yet, newest first: the
+-- recent past shows first after a long pause. At most HISTORY_HOURS rows of generate_series, each a
+-- primary-key probe of the marks.
+SELECT h.hour
+FROM generate_series(
+    date_trunc('hour', statement_timestamp()) - make_interval(hours => %(hours)s),
+    date_trunc('hour', statement_timestamp() - make_interval(secs => %(final_after)s)) - interval '1 hour',
+    interval '1 hour') AS h(hour)
+WHERE NOT EXISTS (SELECT 1 FROM tasks_activityhourmark AS m WHERE m.hour = h.hour)
+ORDER BY h.hour DESC;
+
+-- name: PRUNE_HOURS_SQL
+-- Hours past the kept window (the unique index's leading column; the marks' primary key).
+DELETE FROM tasks_activityhour
+WHERE hour < date_trunc('hour', statement_timestamp()) - make_interval(hours => %(hours)s);
+
+-- name: PRUNE_MARKS_SQL
+DELETE FROM tasks_activityhourmark
+WHERE hour < date_trunc('hour', statement_timestamp()) - make_interval(hours => %(hours)s);

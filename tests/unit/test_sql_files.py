@@ -1,0 +1,40 @@
+"""The statement files (tasks/sql/<package>/<module>.sql, leasing/sql/) hold exactly the text each
+module's statement constants send: a reviewer reads what runs (tasks/management/sql_files.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.management import sql_files
+
+REGENERATE = "python manage.py tasks_schema --write"
+
+
+def test_every_statement_file_holds_the_text_its_module_sends() -> None:
+    rendered = sql_files.render()
+    assert rendered, "no statement constant found"
+    differ = [str(path) for path, text in rendered.items() if not path.exists() or path.read_text() != text]
+    assert not differ, f"statement files out of date with their modules: {differ}; regenerate: {REGENERATE}"
+    assert not sql_files.stale(rendered), f"statement files no module renders: regenerate: {REGENERATE}"
+
+
+def test_the_state_machine_s_statements_are_all_in_the_files() -> None:
+    from tasks.lifecycle import transitions
+
+    text = "\n".join(sql_files.render().values())
+    constants = {
+        name.rsplit(".", 1)[1]
+        for name in (*transitions.statements(), *transitions.STATUS_PRESERVING)
+        if not name.startswith("db:") and name.rsplit(".", 1)[1].isupper()
+    }
+    missing = sorted(c for c in constants if f"-- name: {c}\n" not in text and f"-- name: {c}[" not in text)
+    assert not missing, f"statements of the state machine with no file: {missing}"
+
+
+def test_a_changed_constant_fails_the_comparison(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks.lifecycle import statements
+
+    monkeypatch.setattr(statements, "HEARTBEAT_SQL", statements.HEARTBEAT_SQL + " -- changed")
+    rendered = sql_files.render()
+    changed = [path for path, text in rendered.items() if path.read_text() != text]
+    assert [p.name for p in changed] == ["statements.sql"]
