@@ -62,7 +62,7 @@ MAX_HISTORY_HOURS = 8784
 
 
 def fair_queue_errors(queues: Any) -> list[CheckMessage]:
-    """LEASING_TASKS["FAIR_QUEUES"]: queue names (tasks/lifecycle/statements.py, _PICK_FAIR)."""
+    """LEASING_TASKS["FAIR_QUEUES"]: queue names (tasks/lifecycle/claim.py, PICK_FAIR)."""
     hint = "See docs/howto/pausing-and-keys.md, 'Fair queues'."
     return [
         Error(

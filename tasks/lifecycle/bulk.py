@@ -187,7 +187,7 @@ _FILTER = """t.status = ANY(%(statuses)s::text[])
       AND (%(kwargs_contains)s::jsonb IS NULL OR t.kwargs @> %(kwargs_contains)s::jsonb)"""
 
 # What each kind writes: the single-task operations' SET lists (TaskQuerySet.requeue's is RERUN_SET, .cancel's) and
-# a discard's error entry, capped as every error list is (statements.py, MAX_ERRORS).
+# a discard's error entry, capped as every error list is (tasks/lifecycle/fragments.py, MAX_ERRORS).
 _MAX_ERRORS = 10
 _SETS = {
     # "Run again" is defined once, for requeue and this alike (tasks/lifecycle/transitions.py).

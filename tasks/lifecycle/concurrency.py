@@ -133,7 +133,7 @@ ORDER BY keys.key
 # (SKIP LOCKED: a key being admitted right now is left for the next round).
 PRUNE_IDLE_KEYS_SQL = """
 DELETE FROM tasks_concurrencykey AS c
-WHERE c.key = ANY(ARRAY(  -- run once (tasks/lifecycle/statements.py, _PICK_ONE, says why)
+WHERE c.key = ANY(ARRAY(  -- run once (tasks/lifecycle/claim.py, PICK_ONE, says why)
     SELECT i.key FROM tasks_concurrencykey AS i
     WHERE i.updated_at < clock_timestamp() - make_interval(secs => %(idle)s)
       AND NOT EXISTS (SELECT 1 FROM tasks_task AS t

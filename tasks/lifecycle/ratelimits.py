@@ -3,7 +3,7 @@ seconds on the database clock, across every worker and process ("at most 14 call
 this mail provider", "at most 100 per minute per customer").
 
 A concurrency limit (tasks/lifecycle/concurrency.py) caps attempts in flight; a rate limit caps
-*starts*. A start is the grant taken by RATE_START_SQL (tasks/lifecycle/statements.py), which the
+*starts*. A start is the grant taken by RATE_START_SQL (tasks/lifecycle/finish.py), which the
 executor sends immediately before the handler runs, in place of the ordinary start marker: in one
 statement it takes a start of the key's window and marks the attempt started at the grant's clock,
 or, when the window is full, hands the attempt back uncharged (READY, not an attempt, not a crash:
@@ -183,7 +183,7 @@ FROM (SELECT * FROM tasks_ratelimit ORDER BY decided_at DESC LIMIT %(limit)s) AS
 # nothing but the totals; a later start inserts the row again. Locked rows are left for the next round.
 PRUNE_IDLE_KEYS_SQL = """
 DELETE FROM tasks_ratelimit AS k
-WHERE k.key = ANY(ARRAY(  -- run once (tasks/lifecycle/statements.py, _PICK_ONE, says why)
+WHERE k.key = ANY(ARRAY(  -- run once (tasks/lifecycle/claim.py, PICK_ONE, says why)
     SELECT i.key FROM tasks_ratelimit AS i
     -- The bound the index can take (idle, on the statement's clock: a volatile clock_timestamp() is
     -- no index bound), then each row's own (a whole period): a bound that depends on the row, or on

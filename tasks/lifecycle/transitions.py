@@ -3,10 +3,11 @@ do it.
 
 A statement is named by where it lives:
 
-- ``tasks.lifecycle.statements.CLAIM_SQL``: a SQL constant (a module attribute);
+- ``tasks.lifecycle.claim.CLAIM_SQL``: a SQL constant (a module attribute: the module of its transition
+  family, tasks/lifecycle/statements.py lists them; its text as it runs is in tasks/sql/);
 - ``tasks.models.task.TaskQuerySet.cancel``: an ORM operation (a method);
 - ``db:tasks_concurrency_admit``: a function the migrations create in the database (trigger
-  functions and the admission; migrations 0009, 0012 and 0015 hold their text).
+  functions and the admission; tasks/sql/schema.sql holds their current text).
 
 ``tests/unit/test_transitions.py`` and ``tests/db/test_transitions.py`` hold the code to this table:
 each name resolves, and every constant, ORM update and database function that writes a task's
@@ -28,7 +29,6 @@ BLOCKED, READY, RUNNING = TaskStatus.BLOCKED.value, TaskStatus.READY.value, Task
 SUCCESSFUL, FAILED, CANCELLED = TaskStatus.SUCCESSFUL.value, TaskStatus.FAILED.value, TaskStatus.CANCELLED.value
 FINISHED = (SUCCESSFUL, FAILED, CANCELLED)
 
-_S = "tasks.lifecycle.statements."
 _W = "tasks.lifecycle.workflows."
 _B = "tasks.lifecycle.bulk."
 
@@ -48,11 +48,11 @@ TRANSITIONS: tuple[Transition, ...] = (
         (NO_ROW,),
         (READY, BLOCKED, AWAITING),
         (
-            _S + "ENQUEUE_SQL",
-            _S + "ENQUEUE_DEDUP_SQL",
-            _S + "ENQUEUE_UNIQUE_SQL",
-            _S + "ENQUEUE_DEBOUNCE_SQL",
-            _S + "BULK_ENQUEUE_SQL",
+            "tasks.lifecycle.enqueue.ENQUEUE_SQL",
+            "tasks.lifecycle.enqueue.ENQUEUE_DEDUP_SQL",
+            "tasks.lifecycle.enqueue.ENQUEUE_UNIQUE_SQL",
+            "tasks.lifecycle.enqueue.ENQUEUE_DEBOUNCE_SQL",
+            "tasks.lifecycle.enqueue.BULK_ENQUEUE_SQL",
             _W + "INSERT_MEMBERS_SQL",
             "tasks.maintenance.scheduler.SLOT_SQL",
             "db:tasks_concurrency_inserted",
@@ -94,7 +94,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         "wait for a slot",
         (READY,),
         (BLOCKED,),
-        ("db:tasks_concurrency_changed", _S + "ENQUEUE_DEBOUNCE_SQL"),
+        ("db:tasks_concurrency_changed", "tasks.lifecycle.enqueue.ENQUEUE_DEBOUNCE_SQL"),
         "an update made a keyed task READY (retry, hand-back, recovery, requeue) while its key is full; a "
         "debounce pushed an admitted task's start later (its slot goes to the key's next due task in the same "
         "statement)",
@@ -104,13 +104,13 @@ TRANSITIONS: tuple[Transition, ...] = (
         (READY,),
         (RUNNING,),
         (
-            _S + "CLAIM_SQL",
-            _S + "FINISH_AND_CLAIM_SQL",
-            _S + "FINISH_START_CLAIM_SQL",
-            _S + "FAIR_CLAIM_SQL",
-            _S + "FAIR_FINISH_AND_CLAIM_SQL",
-            _S + "FAIR_FINISH_START_CLAIM_SQL",
-            _S + "CLAIM_CHOSEN_SQL",
+            "tasks.lifecycle.claim.CLAIM_SQL",
+            "tasks.lifecycle.rounds.FINISH_AND_CLAIM_SQL",
+            "tasks.lifecycle.rounds.FINISH_START_CLAIM_SQL",
+            "tasks.lifecycle.claim.FAIR_CLAIM_SQL",
+            "tasks.lifecycle.rounds.FAIR_FINISH_AND_CLAIM_SQL",
+            "tasks.lifecycle.rounds.FAIR_FINISH_START_CLAIM_SQL",
+            "tasks.lifecycle.claim.CLAIM_CHOSEN_SQL",
         ),
         "a worker takes a due task of an unpaused queue under a lease (FOR UPDATE SKIP LOCKED); the "
         "finish-and-claim statements also finish the worker's previous attempts; from a fair queue the "
@@ -122,11 +122,11 @@ TRANSITIONS: tuple[Transition, ...] = (
         (RUNNING,),
         (SUCCESSFUL,),
         (
-            _S + "COMPLETE_SQL",
-            _S + "FINISH_AND_CLAIM_SQL",
-            _S + "FINISH_START_CLAIM_SQL",
-            _S + "FAIR_FINISH_AND_CLAIM_SQL",
-            _S + "FAIR_FINISH_START_CLAIM_SQL",
+            "tasks.lifecycle.finish.COMPLETE_SQL",
+            "tasks.lifecycle.rounds.FINISH_AND_CLAIM_SQL",
+            "tasks.lifecycle.rounds.FINISH_START_CLAIM_SQL",
+            "tasks.lifecycle.rounds.FAIR_FINISH_AND_CLAIM_SQL",
+            "tasks.lifecycle.rounds.FAIR_FINISH_START_CLAIM_SQL",
         ),
         "the handler returned; compare-and-set on holder and token, so a stale worker cannot win",
     ),
@@ -134,7 +134,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         "fail",
         (RUNNING,),
         (READY, BLOCKED, FAILED),
-        (_S + "FAIL_SQL",),
+        ("tasks.lifecycle.finish.FAIL_SQL",),
         "the handler raised: back to waiting (after the default backoff, or its retry policy's) while "
         "attempts remain and its retry policy retries the exception, else FAILED for good; compare-and-set "
         "like complete",
@@ -143,14 +143,14 @@ TRANSITIONS: tuple[Transition, ...] = (
         "discard",
         (RUNNING,),
         (FAILED,),
-        (_S + "FAIL_SQL",),
+        ("tasks.lifecycle.finish.FAIL_SQL",),
         "the handler raised Discard: FAILED for good now, attempts left or not (a failure with retry off)",
     ),
     Transition(
         "snooze",
         (RUNNING,),
         (READY, BLOCKED),
-        (_S + "FAIL_SQL",),
+        ("tasks.lifecycle.finish.FAIL_SQL",),
         "the handler raised Snooze(seconds): waiting again until the database clock plus that long, the "
         "attempt uncharged (a keyed task gives its slot up); compare-and-set like complete",
     ),
@@ -158,7 +158,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         "cancel by handler",
         (RUNNING,),
         (CANCELLED,),
-        (_S + "FAIL_SQL",),
+        ("tasks.lifecycle.finish.FAIL_SQL",),
         "the handler raised Cancel(reason): CANCELLED, the reason its last error entry; its workflow "
         "dependants settle as for any cancel; compare-and-set like complete",
     ),
@@ -166,14 +166,14 @@ TRANSITIONS: tuple[Transition, ...] = (
         "hand back",
         (RUNNING,),
         (READY, BLOCKED),
-        (_S + "HAND_BACK_SQL",),
+        ("tasks.lifecycle.finish.HAND_BACK_SQL",),
         "the worker gives a claim back uncharged (shutdown, a claim it could not start, a lost lease)",
     ),
     Transition(
         "refuse a rate-limited start",
         (RUNNING,),
         (READY, BLOCKED),
-        (_S + "RATE_START_SQL",),
+        ("tasks.lifecycle.finish.RATE_START_SQL",),
         "its rate key's window is full, or earlier tasks of the key wait in its line, when the executor is about "
         "to start it: handed back uncharged in the statement that would have granted the start, run_after pushed "
         "to its place in the key's line (a keyed task waits BLOCKED); a granted start marks the attempt started "
@@ -184,9 +184,9 @@ TRANSITIONS: tuple[Transition, ...] = (
         (RUNNING,),
         (READY, BLOCKED, FAILED),
         (
-            _S + "RECOVER_CTES",
-            _S + "RECOVER_SINCE_CTES",
-            _S + "RECOVER_SQL",
+            "tasks.lifecycle.recover.RECOVER_CTES",
+            "tasks.lifecycle.recover.RECOVER_SINCE_CTES",
+            "tasks.lifecycle.recover.RECOVER_SQL",
             "tasks.lifecycle.activity.RECOVER_AND_RECORD_SQL",
             "tasks.lifecycle.activity.RECOVER_SINCE_AND_RECORD_SQL",
         ),
@@ -243,7 +243,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         "delete",
         FINISHED,
         (NO_ROW,),
-        ("tasks.models.task.TaskQuerySet.delete_finished", _S + "DELETE_FINISHED_SQL"),
+        ("tasks.models.task.TaskQuerySet.delete_finished", "tasks.lifecycle.operations.DELETE_FINISHED_SQL"),
         "an operator deletes finished tasks (the admin's delete and its bulk action); one that is not finished "
         "refuses the whole delete, which changes nothing: cancel it first",
     ),
@@ -253,11 +253,11 @@ TRANSITIONS: tuple[Transition, ...] = (
 #: them from a forgotten transition): the lease and progress of a RUNNING task, run_after of a
 #: waiting one, the shared fair key of a keyless READY one.
 STATUS_PRESERVING: tuple[str, ...] = (
-    _S + "START_SQL",
-    _S + "HEARTBEAT_SQL",
-    _S + "CHECKPOINT_SQL",
-    _S + "RELEASE_STRAY_LEASES_SQL",
-    _S + "EXPIRE_ORPHANS_SQL",
+    "tasks.lifecycle.finish.START_SQL",
+    "tasks.lifecycle.finish.HEARTBEAT_SQL",
+    "tasks.lifecycle.finish.CHECKPOINT_SQL",
+    "tasks.lifecycle.recover.RELEASE_STRAY_LEASES_SQL",
+    "tasks.lifecycle.recover.EXPIRE_ORPHANS_SQL",
     "tasks.models.task.TaskQuerySet.retry_now",
     _W + "ADOPT_SQL",
     "tasks.maintenance.keyless.ADOPT_KEYLESS_SQL",

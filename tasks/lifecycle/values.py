@@ -272,7 +272,7 @@ def claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
 @dataclass(frozen=True, slots=True)
 class ClaimPosition:
     """A place in a queue's claim order (priority high to low, then run_after, then id): a claim
-    given one starts after it in that queue and level (tasks/lifecycle/statements.py, "Resuming
+    given one starts after it in that queue and level (tasks/lifecycle/claim.py, "Resuming
     where the last claims stopped")."""
 
     queue: str
@@ -300,7 +300,7 @@ class ClaimPosition:
 class FairPosition:
     """A place in one fair key's claim order (priority high to low, then run_after, then id): the
     key's turn in a fair claim given one starts after it in that priority level of the key
-    (tasks/lifecycle/statements.py, ``mine``)."""
+    (tasks/lifecycle/claim.py, ``mine``)."""
 
     fair_key: str
     priority: int
@@ -337,7 +337,7 @@ class FairPositions:
     of 64 over 6,000 keys 1.4 ms more (PostgreSQL 15, its prepared generic plan).
 
     The claim takes them as one JSON object, each key's positions under its name (``mine`` in
-    tasks/lifecycle/statements.py); each key's member is written when it is sent after its
+    tasks/lifecycle/claim.py); each key's member is written when it is sent after its
     positions changed (all 256 of a worker of BATCH_SIZE 64, written anew for each claim, took
     465 us of the dispatcher's thread; the bookkeeping of a claim of 64 now takes 70 us over 20
     keys, 180 us over 64 when sent)."""

@@ -1,6 +1,6 @@
 """Keyless rows of fair queues, given the shared key on the recovery leader.
 
-A fair claim (tasks/lifecycle/statements.py, ``_PICK_FAIR``) walks tasks_task_fair_idx, whose
+A fair claim (tasks/lifecycle/claim.py, ``PICK_FAIR``) walks tasks_task_fair_idx, whose
 entries are the READY rows *with* a key. A row of a fair queue without one (``fair_key`` NULL:
 enqueued before the queue was named in FAIR_QUEUES, or by a replica on older code during a rolling
 deploy) is reached only by the claim's fill, which runs when the keys' turns leave room: in a busy

@@ -105,7 +105,7 @@ def retention_policy(setting: Any = ...) -> dict[str, dt.timedelta | None] | Non
 
 
 def _prune_sql(table: str, at: str, condition: str) -> str:
-    # MATERIALIZED: the pick runs once (tasks/lifecycle/statements.py, _PICK_ONE, says why).
+    # MATERIALIZED: the pick runs once (tasks/lifecycle/claim.py, PICK_ONE, says why).
     return f"""
 WITH picked AS MATERIALIZED (
     SELECT id FROM {table} AS candidate

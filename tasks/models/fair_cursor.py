@@ -1,7 +1,7 @@
 """A fair queue's turn cursor, shared by every claimer of its database (workers and API processes).
 
 A fair claim deals its turns on from the key that took the claimer's last turn (FAIR_CURSOR in
-tasks/lifecycle/statements.py). Kept only in a process's memory, that cursor died with the process:
+tasks/lifecycle/claim.py). Kept only in a process's memory, that cursor died with the process:
 a worker recycled by ``--max-tasks``, killed and restarted, or deployed started from the first key
 every life, so with more tenants than one life's claims reach, the last ones never started a task
 (breaker 33). The row of ``tasks_faircursor`` is where a new claimer starts instead.

@@ -475,7 +475,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         With ``start`` the attempts begin (and are charged) at once, as for an HTTP client; a
         worker claims without it and sends :meth:`start` when an executor begins the task. With
         ``after`` (positions, at most one per priority; one queue only) the claim resumes after them
-        instead of scanning each level from its front (tasks/lifecycle/statements.py, "Resuming
+        instead of scanning each level from its front (tasks/lifecycle/claim.py, "Resuming
         where the last claims stopped").
 
         From one fair queue (LEASING_TASKS["FAIR_QUEUES"]) the claim takes turns between the keys,
@@ -792,7 +792,7 @@ class TaskQuerySet(LeaseStateQuerySet["Task"]):
         """Requeue (or fail, after MAX_CRASHES) running tasks whose lease expired, and running rows
         without a lease. Returns what it recovered, with seconds from expiry to requeue. With
         ``after`` (database time), only leases that expired since then, and no repair of running
-        rows without one (tasks/lifecycle/statements.py, RECOVER_SINCE_CTES)."""
+        rows without one (tasks/lifecycle/recover.py, RECOVER_SINCE_CTES)."""
         conf = get_settings()
         params = {
             "limit": limit,
@@ -1120,14 +1120,14 @@ class Task(LeaseFields):
     class Meta:
         ordering = ["-id"]
         indexes = [
-            # Exactly the claim's WHERE + ORDER BY, per queue (see _PICK_ONE in statements.py).
+            # Exactly the claim's WHERE + ORDER BY, per queue (see PICK_ONE in tasks/lifecycle/claim.py).
             models.Index(
                 fields=["queue", "-priority", "run_after", "id", "shared_crashes"],
                 name="tasks_task_claim_idx",
                 condition=Q(status="READY"),
             ),
             # Fair queues (LEASING_TASKS["FAIR_QUEUES"]): the keys with READY tasks, walked one index probe
-            # per key, and each key's tasks in its claim order (_PICK_FAIR in statements.py). Unkeyed
+            # per key, and each key's tasks in its claim order (PICK_FAIR in tasks/lifecycle/claim.py). Unkeyed
             # rows are not in it: a plain queue's enqueue and claim never write to it.
             models.Index(
                 "queue",
@@ -1139,7 +1139,7 @@ class Task(LeaseFields):
                 condition=Q(status="READY", fair_key__isnull=False),
             ),
             # The few READY tasks that crashed beside others: a busy worker's look for one that must run
-            # isolated (ISOLATED_WAITING_SQL in statements.py); tiny whatever the backlog.
+            # isolated (ISOLATED_WAITING_SQL in tasks/lifecycle/claim.py); tiny whatever the backlog.
             models.Index(
                 fields=["queue", "run_after"],
                 name="tasks_task_isolation_idx",

@@ -114,7 +114,7 @@ class Dispatcher:
         self._pending_starts: dict[Key, tuple[Execution, float, float]] = {}
         self._deferred: list[tuple[float, Outcome]] = []  # outcomes whose row was locked: (retry at, outcome)
         # Where the last claims stopped, per priority level: the next claims resume there instead of
-        # stepping over every row claimed since an old snapshot began (tasks/lifecycle/statements.py,
+        # stepping over every row claimed since an old snapshot began (tasks/lifecycle/claim.py,
         # "Resuming where the last claims stopped"). Until the next scan from the start is due.
         # Only while claims come back full (a backlog is being drained): after a short one the next
         # scans from the start. Rows become READY behind the positions all the time where a queue
@@ -123,7 +123,7 @@ class Dispatcher:
         # tasks/s).
         self._positions: dict[tuple[str, int], ClaimPosition] = {}
         # The same for a fair queue's keys: where its last claims stopped in each key (and level) they
-        # took rows from, so that a key's next turn resumes there (tasks/lifecycle/statements.py,
+        # took rows from, so that a key's next turn resumes there (tasks/lifecycle/claim.py,
         # ``mine``), kept and dropped with the positions above; the most recent few only (FairPositions).
         self._fair_positions = FairPositions(FAIR_POSITIONS_PER_BATCH * batch_size)
         self._scan_from_start_at = 0.0
@@ -132,7 +132,7 @@ class Dispatcher:
         # When (local clock) claims their rate key refused come due again, a heap (tasks/lifecycle/ratelimits.py).
         self._rate_wakes: list[float] = []
         # A fair queue's claims take turns between its keys: the next turn starts after the last key
-        # this worker served (tasks/lifecycle/statements.py, _PICK_FAIR), so that each worker goes round
+        # this worker served (tasks/lifecycle/claim.py, PICK_FAIR), so that each worker goes round
         # them all rather than starting from the first key every time; its first claim starts where
         # the database's claimers left the turns (the shared cursor, written back at most once a
         # second and at a clean stop: tasks/models/fair_cursor.py). None for any other claim.

@@ -5,7 +5,7 @@ not two), and a longer one's on the dispatcher's next round. A worker killed bef
 commits left attempts that had run, side effects committed, looking as if they had never started:
 recovery returned them uncharged as unstarted claims and they ran again uncharged (issue 38). So an
 attempt whose start is lazy goes to an executor only once a committed round statement has named it
-on the worker's own row (``tasks_worker.handed``: tasks/lifecycle/statements.py, ``_HANDING_CTE``;
+on the worker's own row (``tasks_worker.handed``: tasks/lifecycle/rounds.py, ``_HANDING_CTE``;
 one row per round, whatever the batch), and recovery counts an attempt named there as one that may
 have run: charged, recorded as the crash of an attempt (invariant 14). What the worker had not
 handed over goes back uncharged (invariant 10). An attempt whose start is its own statement, sent

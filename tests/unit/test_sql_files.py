@@ -32,9 +32,9 @@ def test_the_state_machine_s_statements_are_all_in_the_files() -> None:
 
 
 def test_a_changed_constant_fails_the_comparison(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tasks.lifecycle import statements
+    from tasks.lifecycle import finish
 
-    monkeypatch.setattr(statements, "HEARTBEAT_SQL", statements.HEARTBEAT_SQL + " -- changed")
+    monkeypatch.setattr(finish, "HEARTBEAT_SQL", finish.HEARTBEAT_SQL + " -- changed")
     rendered = sql_files.render()
     changed = [path for path, text in rendered.items() if path.read_text() != text]
-    assert [p.name for p in changed] == ["statements.sql"]
+    assert [p.name for p in changed] == ["finish.sql"]

@@ -16,7 +16,7 @@ FROM (SELECT * FROM tasks_ratelimit ORDER BY decided_at DESC LIMIT %(limit)s) AS
 -- Key rows without a start for IDLE_KEY_SECONDS: their window is empty, so deleting them forgets
 -- nothing but the totals; a later start inserts the row again. Locked rows are left for the next round.
 DELETE FROM tasks_ratelimit AS k
-WHERE k.key = ANY(ARRAY(  -- run once (tasks/lifecycle/statements.py, _PICK_ONE, says why)
+WHERE k.key = ANY(ARRAY(  -- run once (tasks/lifecycle/claim.py, PICK_ONE, says why)
     SELECT i.key FROM tasks_ratelimit AS i
     -- The bound the index can take (idle, on the statement's clock: a volatile clock_timestamp() is
     -- no index bound), then each row's own (a whole period): a bound that depends on the row, or on

@@ -1,0 +1,317 @@
+"""Start, heartbeat, checkpoint and finish of an attempt: the start marker of a suspect (``START_SQL``)
+and of a rate-limited task (``RATE_START_SQL``, the grant), the heartbeat, the checkpoint, the
+completion, the failure / retry / snooze / cancel by the handler (``FAIL_SQL``) and the hand-back.
+
+Attempt accounting (invariants 10 and 14): a claim does not charge an attempt; a *start marker* does. It
+sets ``attempt_started``, bumps ``attempts`` and appends the worker to ``worker_ids``, so
+``attempts`` counts attempts that began. The marker rides on the statement that records the
+attempt's end, or on the dispatcher's next round for a longer one (``FINISH_START_CLAIM_SQL``: no extra
+round trip on the hot path), so an attempt runs for about one round trip before its marker commits.
+So that a worker vanishing inside that window does not leave an attempt that ran looking unstarted,
+an executor is handed an attempt only once a committed round statement named it on the worker's own
+row (``tasks_worker.handed``, ``_HANDING_CTE``: one row per round, whatever the batch), and recovery
+counts a named attempt as begun: charged, recorded as the crash of an attempt. Only a claim the
+worker had not handed over goes back uncharged as unstarted; ``unstarted_returns`` + 1 makes the task
+a *suspect*, and a suspect (never named: its start is its own) is marked by ``START_SQL`` *before*
+its handler runs.
+How an attempt ends decides what it costs:
+
+- the handler's own outcome (an exception, a timeout, an unstorable result): ``failures`` + 1;
+  ``max_attempts`` bounds failures;
+- the worker vanished while the attempt ran (its lease expired after START): ``crashes`` + 1;
+  ``MAX_CRASHES`` bounds crashes, so a poison pill that kills every worker it lands on still ends
+  FAILED, while a task that merely ran beside it is not charged a *failure*;
+- the lease expired before START (prefetched, never begun), or a graceful hand-back: nothing.
+
+Every statement reads ``clock_timestamp()`` (the clock under the row lock, not the transaction's
+start) and every write to a held row is a compare-and-set on id + holder + token + RUNNING.
+"""
+
+from __future__ import annotations
+
+from tasks.lifecycle.fragments import ERRORS_FULL, HELD, LIVE, OWNED, START_SET, STARTS, WAITING_STATUS, backoff_sql
+
+# A suspect's attempt is marked before its handler runs (one statement, by the executor).
+START_SQL = f"""
+UPDATE tasks_task AS t SET {START_SET},
+    attempt_isolated = %(isolated)s::boolean
+FROM {STARTS}
+WHERE t.id = d.id AND t.token = d.token AND {HELD}
+  AND t.expires_at > clock_timestamp()
+RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
+"""
+
+# A rate-limited attempt's start (tasks/lifecycle/ratelimits.py): ONE statement takes a start of its
+# rate key's sliding window and marks the attempt started at the grant's clock, or, when the key cannot
+# give it a start now, hands the attempt back uncharged (invariant 10: no attempt, no crash, no unstarted
+# return) with run_after pushed to when its start is due. Sent by the executor right before the handler
+# runs (as START_SQL for a suspect), so a start is counted when a handler really begins, not when a
+# worker prefetches a claim; a claim that never started never took one.
+#
+# - ``mine`` locks the task row first (held by this worker, this token, a live lease): a lapsed claim
+#   takes nothing; one already started (the reply to the first copy was lost) takes nothing again.
+#   The lock order is always task row, then key row. A task without a rate key of its own takes its
+#   queue's (``key``, ``limit``, ``period``: LEASING_TASKS["RATE_LIMITS"] as the worker has it).
+# - ``slot`` is an upsert on the key's primary key (one row, one index probe; the first start of a
+#   key inserts it). The SET is one sub-SELECT so that one clock reading, taken under the key row's
+#   lock, decides and is recorded: grants of a key are serialised by that lock, so their times only
+#   grow, and a grant needs fewer than ``max_starts`` recorded grants newer than now - period. Then
+#   every window [w, w + period) holds at most max_starts grants: the last of them to be granted
+#   counted all the others. ``starts`` keeps only the grants inside the window (at most max_starts,
+#   oldest first), so the row stays small and the cost is O(max_starts), whatever the number of keys
+#   or tasks. Strict by construction: no burst allowance (a token bucket with a burst of N lets 2N
+#   starts into one window).
+# - The key's refused tasks wait in line, in the order they were first refused, and nothing passes
+#   them (issue 38: a backlog's first hundred tasks started in the last seconds of its drain).
+#   * A task never refused (``rate_refusals`` 0) takes a free start only while nobody waits
+#     (``line_open``): else it joins the back of the line, ``next_due``, the key's reservation tail,
+#     which moves on by period / max_starts per refusal, so a backlog waits at distinct times at the
+#     key's rate instead of coming due all at once (a claim's range scan is ``run_after <= now``:
+#     deferred rows cost claims nothing).
+#   * A task back from the line takes a free start. If none is free yet (its reservation came early:
+#     the grants before it ran late), it keeps its place: it is given the next start the window frees
+#     after the last one promised to a task back from the line (``promised_until``), exact while the
+#     window holds the grant that frees it, else a step after the last promise. Sending such a task to
+#     the back of the line again (once a quick retry missed) reshuffled the line: 4.97 refusals per
+#     start, and a backlog's first tasks started last.
+# - The tail is ``next_due``, but not far past the latest live reservation of a task with this key of its
+#   own (tasks_task_rate_line_idx, read backwards from the end: one entry while the line is live): a
+#   backlog cancelled or deleted, or a limit raised, leaves ``next_due`` far ahead with nobody in line,
+#   and new refusals would queue after reservations nobody holds while the window stands empty (breaker
+#   32: 58 s instead of 2). That read is the statement's snapshot, taken before it waited for the key
+#   row: the refusals committed meanwhile (one per start in flight, under a window's worth) are not in
+#   it, so the bound leaves them a period; a bound of one step gave several refusals of a burst the
+#   same reservation, and their tasks came back together to one free start. Queue-wide keys (no rate
+#   key on the row) keep ``next_due``.
+# - A keyed task (concurrency) refused waits BLOCKED, giving its concurrency slot up while it waits.
+_RATE_WINDOW = "make_interval(secs => excluded.period)"
+_RATE_STEP = "make_interval(secs => excluded.period / excluded.max_starts)"
+_RATE_TAIL = f"""CASE WHEN (SELECT m.queue_wide FROM mine AS m) THEN k.next_due ELSE LEAST(k.next_due, COALESCE(
+                   (SELECT r.run_after FROM tasks_task AS r
+                    WHERE r.rate_key = excluded.key AND r.status IN ('READY', 'BLOCKED') AND r.run_after > c.now
+                    ORDER BY r.run_after DESC LIMIT 1) + {_RATE_WINDOW} + {_RATE_STEP},
+                   '-infinity')) END"""
+RATE_START_SQL = f"""
+WITH mine AS MATERIALIZED (
+    SELECT t.id, COALESCE(t.rate_key, %(key)s::text) AS rate_key,
+           CASE WHEN t.rate_key IS NULL THEN %(limit)s::int ELSE t.rate_limit END AS rate_limit,
+           CASE WHEN t.rate_key IS NULL THEN %(period)s::float8 ELSE t.rate_period END AS rate_period,
+           t.rate_refusals > 0 AS in_line, t.attempt_started, t.rate_key IS NULL AS queue_wide
+    FROM tasks_task AS t
+    WHERE t.id = %(id)s::bigint AND t.token = %(token)s::bigint AND {HELD} AND t.expires_at > clock_timestamp()
+      AND COALESCE(t.rate_key, %(key)s::text) IS NOT NULL
+    FOR NO KEY UPDATE OF t
+), slot AS (
+    INSERT INTO tasks_ratelimit AS k (key, max_starts, period, starts, next_due, grants, refusals, retry_at,
+                                      promised_until, decided_at, granted)
+    SELECT m.rate_key, m.rate_limit, m.rate_period, ARRAY[c.now], c.now, 1, 0, NULL, NULL, c.now, true
+    FROM mine AS m, (SELECT clock_timestamp() AS now) AS c WHERE NOT m.attempt_started
+    ON CONFLICT (key) DO UPDATE SET (max_starts, period, starts, next_due, grants, refusals, retry_at,
+                                     promised_until, decided_at, granted) = (
+        SELECT excluded.max_starts, excluded.period,
+               CASE WHEN d.granted THEN w.kept || c.now ELSE w.kept END,
+               CASE WHEN d.granted OR l.in_line THEN k.next_due ELSE d.sent_to + {_RATE_STEP} END,
+               k.grants + d.granted::int,
+               k.refusals + (NOT d.granted)::int,
+               CASE WHEN d.granted THEN k.retry_at ELSE d.sent_to END,
+               CASE WHEN NOT d.granted AND l.in_line THEN d.sent_to ELSE k.promised_until END,
+               c.now,
+               d.granted
+        FROM (SELECT clock_timestamp() AS now) AS c
+        CROSS JOIN LATERAL (
+            SELECT COALESCE(array_agg(s.at ORDER BY s.at), '{{}}') AS kept, count(*)::int AS n
+            FROM unnest(k.starts) AS s(at) WHERE s.at > c.now - {_RATE_WINDOW}
+        ) AS w
+        CROSS JOIN LATERAL (
+            SELECT w.n >= excluded.max_starts AS full,
+                   w.kept[w.n - excluded.max_starts + 1] + {_RATE_WINDOW} AS frees,
+                   (SELECT m.in_line FROM mine AS m) AS in_line,
+                   {_RATE_TAIL} AS tail,
+                   GREATEST(c.now, k.promised_until) AS promised
+        ) AS l
+        CROSS JOIN LATERAL (
+            SELECT NOT l.full AND (l.in_line OR (l.tail <= c.now AND l.promised <= c.now)) AS granted,
+                   CASE WHEN l.in_line
+                        THEN COALESCE((SELECT min(s.at) + {_RATE_WINDOW} FROM unnest(w.kept) AS s(at)
+                                       WHERE s.at + {_RATE_WINDOW} > l.promised),
+                                      l.promised + {_RATE_STEP})
+                        ELSE GREATEST(l.tail, CASE WHEN l.full THEN l.frees END, l.promised + {_RATE_STEP}) END
+                       AS sent_to
+        ) AS d
+    )
+    RETURNING k.granted, k.decided_at, k.retry_at
+), started AS (
+    UPDATE tasks_task AS t SET
+        attempt_started = true,
+        attempt_isolated = %(isolated)s::boolean,
+        attempts = t.attempts + 1,
+        started_at = COALESCE(t.started_at, s.decided_at),
+        last_attempted_at = s.decided_at,
+        worker_ids = t.worker_ids || jsonb_build_array(t.holder)
+    FROM mine AS m, slot AS s
+    WHERE t.id = m.id AND s.granted
+    RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
+), refused AS (
+    UPDATE tasks_task AS t SET
+        status = {WAITING_STATUS},
+        run_after = s.retry_at,
+        rate_refusals = t.rate_refusals + 1,
+        attempt_started = false,
+        attempt_isolated = false,
+        released_at = clock_timestamp(),
+        expires_at = LEAST(t.expires_at, clock_timestamp())
+    FROM mine AS m, slot AS s
+    WHERE t.id = m.id AND NOT s.granted
+    RETURNING t.id, t.token, t.run_after
+)
+SELECT true, id, token, attempts, started_at, last_attempted_at, NULL::float8 FROM started
+UNION ALL  -- with the seconds until it is due: the worker looks for it then (it was not NOTIFYed)
+SELECT false, id, token, NULL, NULL, run_after, EXTRACT(EPOCH FROM run_after - clock_timestamp())::float8 FROM refused
+UNION ALL  -- sent again after a lost reply: the first copy granted it (nothing else starts a rate-limited claim)
+SELECT true, t.id, t.token, t.attempts, t.started_at, t.last_attempted_at, NULL
+FROM tasks_task AS t JOIN mine AS m ON t.id = m.id WHERE m.attempt_started
+"""
+
+# One statement renews every task the worker still holds, and records the worker as alive. Each row
+# is a compare-and-set on holder + id + TOKEN: a stale client reusing a worker name renews nothing.
+# Only the worker process's own beat (``record_worker``) writes its row: an API client's heartbeat,
+# refused or not, must not wipe the worker's stats or revive a worker recorded as stopped.
+HEARTBEAT_SQL = f"""
+WITH mine AS (
+    SELECT t.id FROM tasks_task AS t
+    JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token) ON t.id = d.id AND t.token = d.token
+    WHERE {HELD} AND t.expires_at > clock_timestamp()
+    FOR UPDATE OF t SKIP LOCKED
+), renewed AS (
+    UPDATE tasks_task AS t
+    SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
+        renewed_at = clock_timestamp(),
+        renewals = t.renewals + 1
+    FROM mine WHERE t.id = mine.id
+    RETURNING t.id, t.token
+), busy AS (
+    SELECT t.id, t.token FROM tasks_task AS t
+    JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token) ON t.id = d.id AND t.token = d.token
+    WHERE {HELD} AND t.expires_at > clock_timestamp()
+      AND t.id NOT IN (SELECT id FROM mine)
+), unkept AS (
+    -- Slots kept for this worker's handlers (tasks/lifecycle/concurrency.py) whose handler is no longer running
+    -- (``live``: the attempts with a handler or a thread of theirs running in the process now): one
+    -- that recovery kept after the handler had returned, or one whose release was lost. A tiny table.
+    DELETE FROM tasks_concurrencyhold AS h
+    WHERE h.worker = %(worker)s AND %(record_worker)s::boolean AND %(reconcile)s::boolean
+      AND NOT EXISTS (SELECT 1 FROM unnest(%(live_ids)s::bigint[], %(live_tokens)s::bigint[]) AS l(id, token)
+                      WHERE l.id = h.task_id AND l.token = h.token)
+), seen AS (
+    UPDATE tasks_worker SET previous_seen_at = last_seen_at, last_seen_at = clock_timestamp(),
+                            running = %(running)s, stats = %(stats)s::jsonb, stopped_at = NULL, stop_reason = ''
+    WHERE id = %(worker)s AND %(record_worker)s::boolean
+    RETURNING 1
+)
+SELECT true, id, token FROM renewed
+UNION ALL
+SELECT false, id, token FROM busy
+"""
+
+CHECKPOINT_SQL = """
+UPDATE tasks_task SET progress = %(progress)s::jsonb, progress_at = clock_timestamp()
+WHERE id = %(id)s AND holder = %(worker)s AND token = %(token)s AND status = 'RUNNING'
+  AND expires_at > clock_timestamp()
+"""
+
+
+COMPLETE_SET = f"""{START_SET},
+    status = 'SUCCESSFUL',
+    return_value = d.return_value,
+    finished_at = clock_timestamp(),
+    released_at = clock_timestamp(),
+    expires_at = LEAST(t.expires_at, clock_timestamp())"""
+
+COMPLETE_SQL = f"""
+UPDATE tasks_task AS t SET {COMPLETE_SET}
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[], %(started)s::float8[])
+         AS d(id, token, return_value, at)
+WHERE {OWNED} AND {LIVE}
+RETURNING t.id, t.token
+"""
+
+
+# How an attempt the handler ended other than by returning is recorded (``d.kind``, per row):
+# - 'fail': the handler raised (or timed out, or returned what cannot be stored): one of
+#   ``max_attempts`` spent; back to waiting after the backoff while retryable, else FAILED. ``d.retry``
+#   false (a discard, an exception outside the policy's ``retry_on``) fails it for good at once.
+#   ``d.delay``: the policy's backoff in seconds (NULL: the default exponential backoff), added to the
+#   database clock here; ``d.max_attempts``: the policy's limit when the row's is not the one that
+#   applies (tasks/lifecycle/policy.py; written to the row, so that it shows the limit applied).
+# - 'snooze': waiting again at clock + ``d.delay``, not charged: the start marker's charge is undone
+#   (``attempts``, and the worker it appended to ``worker_ids``: django.tasks counts attempts by
+#   worker_ids), no error entry; ``snoozes`` + 1 and ``snoozed_at`` (the dashboard's "snoozed").
+# - 'cancel': CANCELLED with the reason as the last error entry (kind 'cancel'); the workflow
+#   triggers settle its dependants as for any move into a final status (migration 0016).
+# One statement whatever the mix, each row a compare-and-set on id + holder + token + live lease.
+_SNOOZE = "(d.kind = 'snooze')"
+_RETRYABLE = "(d.kind = 'fail' AND d.retry AND t.failures + 1 < COALESCE(d.max_attempts, t.max_attempts))"
+_WAITS = f"({_SNOOZE} OR {_RETRYABLE})"
+
+
+# A failed attempt is the handler's own outcome: it costs one of ``max_attempts``. The error entry
+# carries the attempt's token so a worker whose reply was lost can tell that this write landed.
+FAIL_SQL = f"""
+UPDATE tasks_task AS t SET
+    status = CASE WHEN {_WAITS} THEN {WAITING_STATUS} WHEN d.kind = 'cancel' THEN 'CANCELLED' ELSE 'FAILED' END,
+    run_after = CASE WHEN {_SNOOZE} THEN clock_timestamp() + make_interval(secs => COALESCE(d.delay, 0))
+                     WHEN {_RETRYABLE} THEN clock_timestamp()
+                          + COALESCE(make_interval(secs => d.delay), {backoff_sql("t.failures")})
+                     ELSE t.run_after END,
+    finished_at = CASE WHEN {_WAITS} THEN NULL ELSE clock_timestamp() END,
+    failures = t.failures + (d.kind = 'fail')::int,
+    max_attempts = COALESCE(d.max_attempts, t.max_attempts),
+    snoozes = t.snoozes + {_SNOOZE}::int,
+    snoozed_at = CASE WHEN {_SNOOZE} THEN clock_timestamp() END,
+    attempt_started = false,
+    attempt_isolated = false,
+    attempts = CASE WHEN {_SNOOZE} THEN t.attempts - t.attempt_started::int
+                    ELSE t.attempts + (NOT t.attempt_started)::int END,
+    started_at = COALESCE(t.started_at, clock_timestamp()),
+    last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
+    worker_ids = CASE WHEN {_SNOOZE} THEN (CASE WHEN t.attempt_started THEN t.worker_ids - (-1) ELSE t.worker_ids END)
+                      WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
+    errors = CASE WHEN {_SNOOZE} THEN t.errors
+                  ELSE CASE WHEN {ERRORS_FULL} THEN (t.errors - 1) ELSE t.errors END || jsonb_build_array(
+        d.error || jsonb_build_object(
+        'attempt', t.attempts + (NOT t.attempt_started)::int, 'worker', t.holder, 'token', t.token,
+        'kind', CASE WHEN d.kind = 'cancel' THEN 'cancel' ELSE 'failure' END, 'at', clock_timestamp())) END,
+    errors_dropped = t.errors_dropped + (NOT {_SNOOZE} AND {ERRORS_FULL})::int,
+    released_at = clock_timestamp(),
+    expires_at = LEAST(t.expires_at, clock_timestamp())
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(errors)s::jsonb[], %(retry)s::boolean[], %(kinds)s::text[],
+            %(delays)s::float8[], %(max_attempts)s::int[])
+     AS d(id, token, error, retry, kind, delay, max_attempts)
+WHERE {OWNED} AND {LIVE}
+RETURNING t.id, t.status, t.run_after,
+          -- how long until it is due again, on the database clock (the worker's log says it)
+          EXTRACT(EPOCH FROM t.run_after - clock_timestamp())::float8
+"""
+
+# Hand-back (graceful shutdown, or claims the worker cannot run): runnable again at once, keeping its
+# place. Nothing is charged. An interrupted attempt that had started stays counted in ``attempts``
+# (it did begin; ``worker_ids`` names it) and gets an error entry saying why it ended.
+HAND_BACK_SQL = f"""
+UPDATE tasks_task AS t SET
+    status = 'READY',
+    run_after = LEAST(t.run_after, clock_timestamp()),
+    attempt_started = false,
+    attempt_isolated = false,
+    errors = CASE WHEN NOT t.attempt_started THEN t.errors
+                  WHEN {ERRORS_FULL} THEN t.errors - 1 ELSE t.errors END
+        || CASE WHEN t.attempt_started THEN jsonb_build_array(jsonb_build_object(
+        'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'kind', 'shutdown', 'at', clock_timestamp(),
+        'exception_class_path', 'tasks.exceptions.WorkerShutdown',
+        'message', %(reason)s::text, 'traceback', '')) ELSE '[]'::jsonb END,
+    errors_dropped = t.errors_dropped + (t.attempt_started AND {ERRORS_FULL})::int,
+    released_at = clock_timestamp(),
+    expires_at = LEAST(t.expires_at, clock_timestamp())
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token)
+WHERE {OWNED}
+RETURNING t.id, t.token
+"""

@@ -1,0 +1,71 @@
+"""The pieces several task statements share, spliced into them when their modules load: the claim's
+RETURNING, the start marker (``START_SET``), the compare-and-set guards (``HELD``, ``OWNED``, ``LIVE``),
+the backoff and the capped error history. Each statement reads whole in ``tasks/sql/lifecycle/``."""
+
+from __future__ import annotations
+
+
+def backoff_sql(exponent: str) -> str:
+    """Capped exponential backoff with 50-100 % jitter, as an interval (computed in the database)."""
+    return (
+        "make_interval(secs => LEAST(%(backoff_max)s, %(backoff_base)s * power(2, GREATEST(" + exponent + ", 0)))"
+        " * (0.5 + random() / 2))"
+    )
+
+
+# A keyed task that backs off (or whose rate key refused its start) gives its concurrency slot up: it
+# waits BLOCKED and is admitted again once due (tasks/lifecycle/concurrency.py). Its slot goes to the
+# next waiting task in the same statement.
+WAITING_STATUS = "CASE WHEN t.concurrency_key IS NULL THEN 'READY' ELSE 'BLOCKED' END"
+
+CLAIM_RETURNING = (
+    "t.id, t.token, t.task_path, t.args, t.kwargs, t.attempts, t.max_attempts, t.progress, t.expires_at,"
+    " t.timeout, t.queue, t.priority, t.enqueued_at, t.worker_ids,"
+    " (t.crashes > 0 OR t.shared_crashes > 0 OR t.unstarted_returns > 0) AS suspect,"
+    " t.shared_crashes >= %(isolate_after)s, t.backend_alias, t.task_run_after, t.api_origin, t.run_after,"
+    " t.retry_policy, t.rate_key, t.trace_context"
+)
+
+
+# The start marker. Idempotent (a resent marker whose first copy committed changes nothing and still
+# matches), so a worker that lost the reply may simply send it again. ``at`` is the executor's own
+# start time (what the handler was told) in epoch seconds (cheaper to send than timestamps); NULL
+# means "now" on the database clock (the statement's timestamp: one value for both columns).
+# An attempt that ended before its marker was sent is marked by the statement that records its end
+# (finish or fail: a row may be changed only once per statement, so the marker never goes beside it).
+START_SET = """
+    attempt_started = true,
+    attempts = t.attempts + (NOT t.attempt_started)::int,
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), statement_timestamp()),
+    last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
+                             ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
+    worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END"""
+STARTS = "unnest(%(start_ids)s::bigint[], %(start_tokens)s::bigint[], %(start_at)s::float8[]) AS d(id, token, at)"
+
+# "This worker holds the row", written so that no index but the primary key can serve it. The
+# rows an attempt names are found by id (one primary-key probe each). Written plainly, ``holder = w
+# AND status = 'RUNNING'`` lets the planner read tasks_task_running_holder_idx instead (it estimates a
+# handful of rows there), whose entries include every row version this worker ever held RUNNING
+# until vacuum removes them: beside an old snapshot (a forgotten transaction) none can be removed,
+# and each finish and heartbeat read all of them (2,600 blocks after 60,000 tasks, growing). Inside
+# COALESCE neither the partial indexes' predicate nor the holder column is visible to the planner.
+HELD = "COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false)"
+
+
+# The error history is bounded: a task failing, crashing or being requeued forever must not grow a
+# row without end (40 requeues of a 100 KB traceback made a 4.4 MB row). The first entry (how it
+# started to go wrong) and the newest MAX_ERRORS - 1 are kept; each entry dropped to make room is
+# counted in ``errors_dropped``. The newest entry stays last (``errors -> -1`` is how a worker whose
+# reply was lost tells that its write landed).
+MAX_ERRORS = 10
+ERRORS_FULL = f"(jsonb_array_length(t.errors) >= {MAX_ERRORS})"
+
+
+def append_error(entry: str) -> str:
+    """SET items appending ``entry`` (a jsonb object expression) to ``errors``, capped."""
+    return f"""errors = CASE WHEN {ERRORS_FULL} THEN (t.errors - 1) ELSE t.errors END || jsonb_build_array({entry}),
+    errors_dropped = t.errors_dropped + {ERRORS_FULL}::int"""
+
+
+OWNED = f"t.id = d.id AND t.token = d.token AND {HELD}"
+LIVE = "t.expires_at > clock_timestamp()"
