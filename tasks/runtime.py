@@ -60,6 +60,9 @@ class Execution:
         self.lost_reason: str | None = None
         self.abandoned = False
         self.finished = False  # the handler returned; its outcome waits for the writer
+        # Its outcome's write waits for a lock another session holds (a row, or a workflow's settle lock
+        # held by an operator's open transaction): heartbeated until written, however long that takes.
+        self.write_waits = False
         # For a key slot kept past the row (tasks/lifecycle/concurrency.py): the handler function or coroutine
         # has returned, and the threads a coroutine handed work to that still run (tasks/worker/aio.py).
         self.handler_done = False

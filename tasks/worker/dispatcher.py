@@ -206,7 +206,12 @@ class Dispatcher:
                 heapq.heappop(self._rate_wakes)
                 may_have_work = True  # a claim its rate key refused comes due now
             self.handbacks.take_handbacks()
-            outcomes = self.mailbox.take_outcomes() + self._due_deferred()
+            deferred = self._due_deferred()
+            if deferred:
+                # Outcomes whose rows were locked go in a round of their own: should the lock still be
+                # held, only that round waits out its lock_timeout, and the next claims nothing less.
+                self.round(deferred, [], 0)
+            outcomes = self.mailbox.take_outcomes()
             starts = self._due_starts(outcomes)
             capacity = self.capacity()
             wanted, probing = self._wanted(census, capacity)
@@ -363,7 +368,12 @@ class Dispatcher:
             if is_lock_wait(exc):
                 # A row of ours is locked by another session: nothing committed, the connection is
                 # fine. Write the rest one by one now; the locked one waits for a later round.
-                logger.warning("worker %s: a row it is finishing is locked by another session: %s", session.id, exc)
+                logger.warning(
+                    "worker %s: what it is finishing waits for a lock another session holds (a row, or a workflow's"
+                    " settle while an operator's transaction requeues a member): %s",
+                    session.id,
+                    exc,
+                )
                 accepted, refused = self.writer.complete(successes)
                 marked = self._resend_markers(starts)
             else:
@@ -397,8 +407,14 @@ class Dispatcher:
             keys = {o.key for o in deferred}
             successes = [o for o in successes if o.key not in keys]
             failures = [o for o in failures if o.key not in keys]
-            retry_at = clock.monotonic() + 0.5
-            self._deferred += [(retry_at, o) for o in deferred]
+            now = clock.monotonic()
+            for outcome in deferred:
+                # Each retry waits its lock_timeout when the lock is still held: back off, up to a
+                # third of the TTL (the heartbeat keeps the lease meanwhile: write_waits).
+                outcome.execution.write_waits = True
+                tries = outcome.extra.get("deferrals", 0)
+                outcome.extra["deferrals"] = tries + 1
+                self._deferred.append((now + min(0.5 * 2**tries, max(0.5, session.ttl / 3)), outcome))
         if refused:
             for outcome in refused:
                 outcome.failure = minimal_failure(outcome, "the database refused the result")

@@ -165,12 +165,16 @@ class Ledger:
 
     def to_heartbeat(self, now: float, ttl: float) -> list[Execution]:
         """Attempts whose lease this worker still keeps alive: finished ones too, until written, but
-        not for more than a TTL (a write stuck that long must not keep a task RUNNING forever)."""
+        not for more than a TTL (a write stuck that long must not keep a task RUNNING forever), unless
+        the write waits for a lock another session holds: the database is there and the outcome is
+        ours to write once that session commits (an operator's requeue of a workflow member inside
+        a transaction holds its workflow's settle until then). Given up, the lease would lapse and
+        recovery would charge a completed attempt as a crash and run it again."""
         return [
             e
             for e in self.snapshot()
             if not e.abandoned
             and not e.lost
             and not e.heartbeat_paused
-            and not (e.finished and now - e.finished_at > ttl)
+            and not (e.finished and not e.write_waits and now - e.finished_at > ttl)
         ]

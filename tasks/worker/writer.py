@@ -142,7 +142,8 @@ class OutcomeWriter:
                         logger,
                         logging.WARNING,
                         items[0].execution,
-                        "task %d: its row is locked by another session; writing later",
+                        "task %d: its outcome waits for a lock another session holds (its row, or its workflow's"
+                        " settle while an operator's transaction requeues a member); writing later",
                         items[0].execution.id,
                     )
                     self.deferred.append(items[0])
