@@ -154,7 +154,9 @@ class DeadlineWatchdog:
 
 _watchdog = DeadlineWatchdog()
 # A forked child has no watchdog thread, and the parent may have held the lock while forking.
-os.register_at_fork(after_in_child=_watchdog._reset)
+# (Windows has no fork, nor os.register_at_fork: importing the package there must not fail.)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_watchdog._reset)
 
 
 def bound_statements(connection: BaseDatabaseWrapper, timeout: float) -> float:

@@ -61,10 +61,12 @@ def _run_as(server_host: str) -> pwd.struct_passwd | None:
 
 
 @contextmanager
-def pgbouncer(settings_dict: dict[str, Any], *, pool_size: int = 4) -> Iterator[Bouncer]:
+def pgbouncer(settings_dict: dict[str, Any], *, pool_size: int = 4, settings: str = "") -> Iterator[Bouncer]:
     """PgBouncer in front of the server of ``settings_dict`` (a Django DATABASES entry). Its files
     live in a directory of their own under /tmp, which the user it runs as can reach (a pytest
-    ``tmp_path`` under root's private directory is not)."""
+    ``tmp_path`` under root's private directory is not). ``settings``: lines of a ``[pgbouncer]``
+    section (a user's, e.g. a documented pgbouncer.ini), written as they are after the helper's own
+    (where they name the same setting, PgBouncer takes the later line)."""
     binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
     if not Path(binary).exists():
         raise RuntimeError(INSTALL_HINT)
@@ -99,6 +101,7 @@ def pgbouncer(settings_dict: dict[str, Any], *, pool_size: int = 4) -> Iterator[
                 # Django's psycopg connections send no startup options; keep the server's defaults.
                 "ignore_startup_parameters = extra_float_digits,options",
                 f"logfile = {log}",
+                settings,
                 "",
             ]
         )
