@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +19,7 @@ from django.db import connection
 from django.db.models import Count
 
 from tasks.models import BulkOperation, Task
-from tests.helpers import start_manage, stop_process, wait_until
+from tests.helpers import wait_until
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -40,21 +37,6 @@ SELECT 'default', 0, %s, '[]', jsonb_build_object('n', i), 'FAILED', now() - int
 FROM generate_series(1, %s) AS i
 RETURNING id
 """
-
-
-@pytest.fixture
-def processes(tmp_path: Path) -> Iterator[Any]:
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(command: str, *args: str, name: str, **env: str) -> subprocess.Popen[bytes]:
-        proc = start_manage(tmp_path / f"{name}.log", command, *args, **env)
-        started.append(proc)
-        return proc
-
-    start.logs = tmp_path  # type: ignore[attr-defined]
-    yield start
-    for proc in started:
-        stop_process(proc)
 
 
 def failed_tasks(count: int) -> list[int]:

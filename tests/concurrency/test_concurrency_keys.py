@@ -6,38 +6,21 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connections
 
-from tasks.models import Task, TaskStatus, Worker
-from tests.helpers import start_manage, stop_process, wait_until
+from tasks.models import Task, TaskStatus
+from tests.helpers import stop_process, wait_until
+from tests.helpers.workers import Workers
 from tests.testapp.models import Effect, Gate
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 FAST = ["--ttl", "1", "--recovery-interval", "0.2", "--poll-interval", "0.2"]
 SPAN = "tests.testapp.handlers.span"
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Any]:
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(*args: str, worker_id: str) -> subprocess.Popen[bytes]:
-        proc = start_manage(tmp_path / f"{worker_id}.log", "run_worker", "--worker-id", worker_id, *FAST, *args)
-        started.append(proc)
-        wait_until(lambda: Worker.objects.filter(name=worker_id).exists(), 30, what=f"{worker_id} up")
-        return proc
-
-    yield start
-    for proc in started:
-        stop_process(proc)
 
 
 class Sampler(threading.Thread):
@@ -103,7 +86,7 @@ def all_finished(ids: list[int]) -> bool:
     return not Task.objects.filter(pk__in=ids).exclude(status__in=["SUCCESSFUL", "FAILED", "CANCELLED"]).exists()
 
 
-def test_two_hundred_tasks_on_a_key_of_two_never_run_more_than_two_while_other_work_flows(workers: Any) -> None:
+def test_two_hundred_tasks_on_a_key_of_two_never_run_more_than_two_while_other_work_flows(workers: Workers) -> None:
     limited = keyed(200, "limited", 2, seconds=0.01)
     others = [
         *Task.objects.bulk_enqueue(SPAN, [{"seconds": 0.01}] * 40),
@@ -117,7 +100,7 @@ def test_two_hundred_tasks_on_a_key_of_two_never_run_more_than_two_while_other_w
     ]
     with Sampler("limited") as sampler:
         for i in range(3):
-            workers("--concurrency", "4", worker_id=f"w{i}")
+            workers.start(f"w{i}", *FAST, "--concurrency", "4")
         wait_until(lambda: all_finished(limited + others), 180, 0.2, what="the keyed backlog to drain")
     assert Task.objects.filter(pk__in=limited + others, status=TaskStatus.SUCCESSFUL).count() == 280
     assert Effect.objects.filter(task_id__in=limited, phase="ended").count() == 200
@@ -134,16 +117,16 @@ def test_two_hundred_tasks_on_a_key_of_two_never_run_more_than_two_while_other_w
     assert Effect.objects.filter(task_id__in=limited, phase="started", created_at__gt=last_other).count() > 50
 
 
-def test_a_sigkilled_worker_gives_its_slots_back_through_recovery(workers: Any) -> None:
+def test_a_sigkilled_worker_gives_its_slots_back_through_recovery(workers: Workers) -> None:
     Gate.objects.create(key="g")
     ids = keyed(10, "k", 2, gate="g")
     with Sampler("k") as sampler:
-        doomed = workers("--concurrency", "4", "--no-recovery", worker_id="doomed")
+        doomed = workers.start("doomed", *FAST, "--concurrency", "4", "--no-recovery")
         wait_until(lambda: Effect.objects.filter(phase="started").count() == 2, 30, what="two attempts to start")
         held = set(Task.objects.filter(status="RUNNING").values_list("id", flat=True))
         os.kill(doomed.pid, signal.SIGKILL)
         doomed.wait(10)
-        workers("--concurrency", "4", worker_id="rescuer")
+        workers.start("rescuer", *FAST, "--concurrency", "4")
         # Recovery requeues the two (their slots stay with them: runnable at once) and the rescuer
         # runs them; nothing else of the key starts meanwhile.
         wait_until(
@@ -157,7 +140,7 @@ def test_a_sigkilled_worker_gives_its_slots_back_through_recovery(workers: Any) 
     assert not Task.objects.filter(concurrency_key="k", status__in=["BLOCKED", "READY", "RUNNING"]).exists()
 
 
-def test_failures_cancels_and_hand_backs_keep_the_bookkeeping_right(workers: Any) -> None:
+def test_failures_cancels_and_hand_backs_keep_the_bookkeeping_right(workers: Workers) -> None:
     Gate.objects.create(key="hold")
     gated = keyed(2, "k", 2, gate="hold")  # admitted first (enqueued first, same priority)
     failing = keyed(12, "k", 2, fail_first=True, seconds=0.01)
@@ -165,7 +148,7 @@ def test_failures_cancels_and_hand_backs_keep_the_bookkeeping_right(workers: Any
     Task.objects.filter(pk=waiting_gated[0]).cancel()  # a waiting task: frees nothing
     assert Task.objects.get(pk=waiting_gated[0]).status == TaskStatus.CANCELLED
     with Sampler("k") as sampler:
-        first = workers("--concurrency", "4", "--shutdown-grace", "0.3", worker_id="first")
+        first = workers.start("first", *FAST, "--concurrency", "4", "--shutdown-grace", "0.3")
         wait_until(lambda: Effect.objects.filter(phase="started", task_id__in=gated).count() == 2, 30, what="gated")
         Task.objects.filter(pk=gated[0]).cancel()  # a running task: its slot goes to the next one
         # Each failing task fails once (giving its slot up while it backs off); then the second
@@ -179,7 +162,7 @@ def test_failures_cancels_and_hand_backs_keep_the_bookkeeping_right(workers: Any
             "READY",
             "READY",
         ]
-        workers("--concurrency", "4", worker_id="second")
+        workers.start("second", *FAST, "--concurrency", "4")
         Gate.objects.filter(key="hold").update(open=True)
         wait_until(lambda: all_finished(gated + failing + waiting_gated), 120, 0.1, what="the key to drain")
     final = dict(Task.objects.filter(concurrency_key="k").values_list("id", "status"))

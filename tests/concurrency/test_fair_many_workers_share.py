@@ -6,50 +6,24 @@ the starts meanwhile."""
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tasks.models import Task, Worker
-from tests.helpers import start_manage, stop_process, wait_until
+from tests.helpers import wait_until
+from tests.helpers.task_paths import NOOP
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-NOOP = "tests.testapp.handlers.noop"
 
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Any]:
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(worker_id: str) -> None:
-        args = ["--queues", "tenants", "--concurrency", "4", "--batch-size", "16", "--poll-interval", "0.2"]
-        started.append(
-            start_manage(
-                tmp_path / f"{worker_id}.log",
-                "run_worker",
-                "--worker-id",
-                worker_id,
-                *args,
-                LEASING_TEST_FAIR_QUEUES="tenants",
-            )
-        )
-
-    yield start
-    for proc in started:
-        stop_process(proc)
-
-
-def test_four_workers_start_every_small_tenant_before_the_backlog_tenant_takes_most_starts(workers: Any) -> None:
+def test_four_workers_start_every_small_tenant_before_the_backlog_tenant_takes_most_starts(tenant_workers: Any) -> None:
     Task.objects.bulk_enqueue(NOOP, [{}] * 5_000, queue="tenants", fair_key="backlog")
     small: list[int] = []
     for tenant in range(100):
         small += Task.objects.bulk_enqueue(NOOP, [{}] * 3, queue="tenants", fair_key=f"t-{tenant:03d}")
     for name in ("share-1", "share-2", "share-3", "share-4"):
-        workers(name)
+        tenant_workers(name, batch=16)
     wait_until(lambda: Worker.objects.filter(name__startswith="share-").count() == 4, 30, what="the workers up")
     wait_until(lambda: Task.objects.filter(pk__in=small, status="SUCCESSFUL").count() == len(small), 120, what="small")
     rows = Task.objects.filter(queue="tenants", started_at__isnull=False).order_by("started_at", "id")

@@ -6,37 +6,18 @@ are the rows' own (``started_at``, the attempts' start on the database clock).""
 from __future__ import annotations
 
 import datetime as dt
-import subprocess
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tasks.models import Task, Worker
-from tests.helpers import start_manage, stop_process, wait_until
+from tests.helpers import wait_until
+from tests.helpers.task_paths import NOOP
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-NOOP = "tests.testapp.handlers.noop"
 BATCH = 16
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Any]:
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(worker_id: str, *, fair: bool, batch: int = BATCH) -> subprocess.Popen[bytes]:
-        env = {"LEASING_TEST_FAIR_QUEUES": "tenants" if fair else ""}
-        args = ["--queues", "tenants", "--concurrency", "4", "--batch-size", str(batch), "--poll-interval", "0.2"]
-        proc = start_manage(tmp_path / f"{worker_id}.log", "run_worker", "--worker-id", worker_id, *args, **env)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        stop_process(proc)
 
 
 def start_order(fair: bool, workers: Any) -> tuple[list[str | None], int]:
@@ -46,7 +27,7 @@ def start_order(fair: bool, workers: Any) -> tuple[list[str | None], int]:
     big = Task.objects.bulk_enqueue(NOOP, [{}] * 10_000, queue="tenants", fair_key="big")
     small = Task.objects.bulk_enqueue(NOOP, [{}] * 100, queue="tenants", fair_key="small")
     for name in ("fair-1", "fair-2"):
-        workers(name, fair=fair)
+        workers(name, fair=fair, batch=BATCH)
     wait_until(lambda: Worker.objects.filter(name__startswith="fair-").count() == 2, 30, what="the workers up")
     wait_until(
         lambda: Task.objects.filter(pk__in=small, status="SUCCESSFUL").count() == len(small), 180, what="small done"
@@ -55,8 +36,10 @@ def start_order(fair: bool, workers: Any) -> tuple[list[str | None], int]:
     return list(rows.values_list("fair_key", flat=True)), len(big)
 
 
-def test_a_second_tenant_starts_within_the_first_claims_not_after_the_first_tenants_backlog(workers: Any) -> None:
-    order, backlog = start_order(fair=True, workers=workers)
+def test_a_second_tenant_starts_within_the_first_claims_not_after_the_first_tenants_backlog(
+    tenant_workers: Any,
+) -> None:
+    order, backlog = start_order(fair=True, workers=tenant_workers)
     first_small = order.index("small")
     last_small = len(order) - 1 - order[::-1].index("small")
     # The first claims of the two workers take turns between the tenants: half of each claim.
@@ -66,10 +49,10 @@ def test_a_second_tenant_starts_within_the_first_claims_not_after_the_first_tena
     assert last_small < 200 + 4 * BATCH, (last_small, backlog)
 
 
-def test_the_same_queue_not_fair_drains_the_first_tenant_first(workers: Any) -> None:
+def test_the_same_queue_not_fair_drains_the_first_tenant_first(tenant_workers: Any) -> None:
     """The case shows what it measures: without FAIR_QUEUES the same rows are claimed oldest first,
     and the assertions above fail."""
-    order, backlog = start_order(fair=False, workers=workers)
+    order, backlog = start_order(fair=False, workers=tenant_workers)
     assert order.index("small") > backlog - 4 * BATCH
 
 
@@ -78,7 +61,7 @@ def starts() -> list[str | None]:
     return list(rows.values_list("fair_key", flat=True))
 
 
-def test_keys_after_one_with_nothing_due_are_served(workers: Any) -> None:
+def test_keys_after_one_with_nothing_due_are_served(tenant_workers: Any) -> None:
     """Breaker 32's starvation with a real worker: tenant a (a backlog, oldest), eight tenants whose
     tasks are all deferred, then tenant c. Claims of at most 4 visit deferred tenants that give
     nothing, and the room they leave is filled from a; the turns must go on past them to c, not
@@ -88,7 +71,7 @@ def test_keys_after_one_with_nothing_due_are_served(workers: Any) -> None:
     for k in range(8):
         Task.objects.bulk_enqueue(NOOP, [{}] * 3, queue="tenants", fair_key=f"b-{k}", run_after=later)
     small = Task.objects.bulk_enqueue(NOOP, [{}] * 20, queue="tenants", fair_key="c")
-    workers("fair-1", fair=True, batch=4)
+    tenant_workers("fair-1", fair=True, batch=4)
     wait_until(lambda: Task.objects.filter(pk__in=small, status="SUCCESSFUL").count() == len(small), 180, what="c done")
     order = starts()
     last_c = len(order) - 1 - order[::-1].index("c")
@@ -97,7 +80,7 @@ def test_keys_after_one_with_nothing_due_are_served(workers: Any) -> None:
     assert not {key for key in order if key and key.startswith("b-")}  # deferred: never taken early
 
 
-def test_equal_tenants_take_equal_turns_lap_after_lap(workers: Any) -> None:
+def test_equal_tenants_take_equal_turns_lap_after_lap(tenant_workers: Any) -> None:
     """Breaker 32's wrap-around with a real worker: five equal tenants, claims of at most 4 (the
     walk wraps every other claim) were served 50/50/50/25/25. After every lap of five starts each
     tenant has started its lap count of tasks, give or take one (a claim's tasks start in any order
@@ -105,7 +88,7 @@ def test_equal_tenants_take_equal_turns_lap_after_lap(workers: Any) -> None:
     names = [f"tenant-{k}" for k in range(5)]
     for name in names:
         Task.objects.bulk_enqueue(NOOP, [{}] * 120, queue="tenants", fair_key=name)
-    workers("fair-1", fair=True, batch=4)
+    tenant_workers("fair-1", fair=True, batch=4)
     wait_until(lambda: Task.objects.filter(queue="tenants", status="SUCCESSFUL").count() >= 400, 180, what="400 done")
     order = starts()[:400]
     worst = 0

@@ -25,7 +25,7 @@ from django.db import connection
 
 from tasks.models import QueueControl, Task
 from tests.concurrency.test_rate_limit_processes import fullest_window
-from tests.helpers import wait_until
+from tests.helpers import sql_installed, wait_until
 from tests.helpers.pgbouncer import pgbouncer
 from tests.helpers.workers import Workers
 from tests.testapp.models import Effect
@@ -63,12 +63,8 @@ DROP TABLE IF EXISTS test_fair_rate_starts;
 
 @pytest.fixture
 def starts() -> Iterator[None]:
-    with connection.cursor() as cursor:
-        cursor.execute(DROP)
-        cursor.execute(STARTS)
-    yield
-    with connection.cursor() as cursor:
-        cursor.execute(DROP)
+    with sql_installed(STARTS, DROP):
+        yield
 
 
 def _mail_starts() -> list[dt.datetime]:
@@ -78,7 +74,7 @@ def _mail_starts() -> list[dt.datetime]:
 
 
 @pytest.fixture(params=["direct", "pgbouncer"])
-def worker_env(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+def direct_or_pooled_env(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
     env = {"LEASING_TEST_FAIR_QUEUES": "tenants"}
     with ExitStack() as stack:
         if request.param == "pgbouncer":
@@ -88,9 +84,9 @@ def worker_env(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
 
 
 def test_rate_and_concurrency_keys_inside_a_fair_queue(
-    workers: Workers, starts: None, worker_env: dict[str, str]
+    workers: Workers, starts: None, direct_or_pooled_env: dict[str, str]
 ) -> None:
-    env = worker_env
+    env = direct_or_pooled_env
     args = ("--queues", "tenants", "--concurrency", "4", "--batch-size", "8")
     mail = Task.objects.bulk_enqueue(
         MIX, [{"mode": "plain"}] * MAIL, queue="tenants", fair_key="mail", rate_key="mail", rate_limit=f"{LIMIT}/s"

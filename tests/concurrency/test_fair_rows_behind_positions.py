@@ -9,18 +9,13 @@ snoozed one (tests/testapp/outcome_handlers.py, ``fair_mix``; one effect row per
 from __future__ import annotations
 
 import datetime as dt
-import subprocess
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from django.db import connection
 
 from tasks.models import Task, Worker
-from tests.helpers import start_manage, stop_process, wait_until
+from tests.helpers import wait_until
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -28,43 +23,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 MIX = "tests.testapp.outcome_handlers.fair_mix"
 BACKOFF = "tests.testapp.outcome_handlers.quick_backoff"
 MODES = ("plain", "retry", "snooze")
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Any]:
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(worker_id: str) -> None:
-        args = ["--queues", "tenants", "--concurrency", "4", "--batch-size", "8", "--poll-interval", "0.2"]
-        started.append(
-            start_manage(
-                tmp_path / f"{worker_id}.log",
-                "run_worker",
-                "--worker-id",
-                worker_id,
-                *args,
-                LEASING_TEST_FAIR_QUEUES="tenants",
-            )
-        )
-
-    yield start
-    for proc in started:
-        stop_process(proc)
-
-
-@pytest.fixture
-def old_snapshot() -> Iterator[None]:
-    """Another session's REPEATABLE READ snapshot, held while the workers drain: the claimed rows'
-    index entries stay, and a claim that read each key from its front would walk over them."""
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    holder = psycopg.connect(**params)
-    holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-    holder.execute("SELECT count(*) FROM tasks_task")
-    yield
-    holder.rollback()
-    holder.close()
 
 
 def _enqueue(keys: range, per_key: int, **extra: Any) -> list[int]:
@@ -82,10 +40,12 @@ def _enqueue(keys: range, per_key: int, **extra: Any) -> list[int]:
     return ids
 
 
-def test_rows_behind_positions_all_run_exactly_as_often_as_their_handlers_say(workers: Any, old_snapshot: None) -> None:
+def test_rows_behind_positions_all_run_exactly_as_often_as_their_handlers_say(
+    tenant_workers: Any, old_snapshot: None
+) -> None:
     ids = _enqueue(range(30), 8)  # 720 tasks over 30 keys, a third retried and a third snoozed once
     for name in ("behind-1", "behind-2", "behind-3"):
-        workers(name)
+        tenant_workers(name, batch=8)
     wait_until(lambda: Worker.objects.filter(name__startswith="behind-").count() == 3, 30, what="the workers up")
     wait_until(lambda: Effect.objects.filter(task_id__in=ids).count() >= len(ids) // 3, 60, what="a third of the runs")
     # Served keys get rows that sort before their positions: a higher priority level, and starts in

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 
 import pytest
 
@@ -30,12 +29,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 H = "tests.testapp.outcome_handlers."
 #: Only the fail statement (snooze, cancel, discard, failure) has this text.
 FAIL_STATEMENT = b"AS d(id, token, error, retry, kind, delay, max_attempts)"
-
-
-@pytest.fixture
-def proxy() -> Iterator[PgProxy]:
-    with PgProxy.from_database_url(database_url()) as proxy:
-        yield proxy
 
 
 def wait_for_end(task_id: int, timeout: float = 30) -> Task:

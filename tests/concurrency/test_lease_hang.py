@@ -63,7 +63,7 @@ class Announcements:
 
 
 @pytest.fixture
-def announced() -> Iterator[Announcements]:
+def announced_with_renewals() -> Iterator[Announcements]:
     seen = Announcements()
     lease_lost.connect(seen.record_signal)
     lease_renewed.connect(seen.record_renewal)
@@ -99,9 +99,9 @@ def renewal_waiting_on_lock() -> bool:
         return cursor.fetchone()[0] > 0
 
 
-def assert_on_time(announced: Announcements, deadline: float) -> tuple[float, float]:
-    [(on_lost_at, _)] = announced.on_lost
-    [(signal_at, reason)] = announced.signals
+def assert_on_time(announced_with_renewals: Announcements, deadline: float) -> tuple[float, float]:
+    [(on_lost_at, _)] = announced_with_renewals.on_lost
+    [(signal_at, reason)] = announced_with_renewals.signals
     assert reason == DEADLINE_PASSED
     assert deadline <= on_lost_at <= deadline + MARGIN, on_lost_at - deadline
     assert deadline <= signal_at <= deadline + MARGIN, signal_at - deadline
@@ -109,16 +109,16 @@ def assert_on_time(announced: Announcements, deadline: float) -> tuple[float, fl
 
 
 def test_renewal_blocked_by_a_row_lock_is_announced_lost_at_the_local_deadline(
-    announced: Announcements, caplog: pytest.LogCaptureFixture
+    announced_with_renewals: Announcements, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="leasing")
-    held = LeaseHolder("r", ttl=1.0, timeout=0, on_lost=announced.record_on_lost).acquire()
+    held = LeaseHolder("r", ttl=1.0, timeout=0, on_lost=announced_with_renewals.record_on_lost).acquire()
     try:
         with row_locked("r"):
             wait_until(renewal_waiting_on_lock, timeout=5, what="the renewal to wait on the row lock")
             # The body is busy elsewhere: it neither checks `lost` nor waits for the loss.
-            assert announced.both.wait(10), "loss not announced"
-            assert_on_time(announced, held._deadline)
+            assert announced_with_renewals.both.wait(10), "loss not announced"
+            assert_on_time(announced_with_renewals, held._deadline)
             # The renewal did not hang on the lock: its lock_timeout ended it, and it was retried.
             assert "lock timeout" in caplog.text or "statement timeout" in caplog.text
             started = clock.monotonic()
@@ -133,20 +133,20 @@ def test_renewal_blocked_by_a_row_lock_is_announced_lost_at_the_local_deadline(
     finally:
         held.release()
     assert held.lost and held.lost_reason == DEADLINE_PASSED
-    assert len(announced.on_lost) == 1 and len(announced.signals) == 1
+    assert len(announced_with_renewals.on_lost) == 1 and len(announced_with_renewals.signals) == 1
 
 
-def test_renewal_blocked_for_less_than_the_deadline_keeps_the_lease(announced: Announcements) -> None:
-    with LeaseHolder("r", ttl=2.0, timeout=0, on_lost=announced.record_on_lost) as held:
+def test_renewal_blocked_for_less_than_the_deadline_keeps_the_lease(announced_with_renewals: Announcements) -> None:
+    with LeaseHolder("r", ttl=2.0, timeout=0, on_lost=announced_with_renewals.record_on_lost) as held:
         with row_locked("r"):
             wait_until(renewal_waiting_on_lock, timeout=5, what="the renewal to wait on the row lock")
-            renewals = announced.renewals
+            renewals = announced_with_renewals.renewals
         # The lock is gone well before the local deadline (the renewal waited a few ms of the 1.3 s
         # left): the blocked renewal, or its retry, lands and the holder goes on renewing.
-        wait_until(lambda: announced.renewals >= renewals + 2, timeout=5, what="two more renewals")
+        wait_until(lambda: announced_with_renewals.renewals >= renewals + 2, timeout=5, what="two more renewals")
         assert not held.lost, held.lost_reason
         token = held.token
-    assert announced.on_lost == [] and announced.signals == []
+    assert announced_with_renewals.on_lost == [] and announced_with_renewals.signals == []
     row = Lease.objects.get(resource="r")
     assert row.token == token and row.released_at is not None
 
@@ -203,9 +203,9 @@ def frozen_while_idle(pid: int) -> Iterator[None]:
 
 
 def test_renewal_hanging_on_a_frozen_server_is_announced_lost_at_the_local_deadline(
-    announced: Announcements,
+    announced_with_renewals: Announcements,
 ) -> None:
-    held = LeaseHolder("r", ttl=1.0, timeout=0, on_lost=announced.record_on_lost).acquire()
+    held = LeaseHolder("r", ttl=1.0, timeout=0, on_lost=announced_with_renewals.record_on_lost).acquire()
     heartbeat = held._thread
     assert heartbeat is not None
     try:
@@ -214,9 +214,9 @@ def test_renewal_hanging_on_a_frozen_server_is_announced_lost_at_the_local_deadl
             pytest.skip("the database server is not a local process of this user")
         with frozen_while_idle(pid):
             # The next renewal goes out and never comes back; the body is busy elsewhere.
-            assert announced.both.wait(10), "loss not announced"
-            assert_on_time(announced, held._deadline)
-            assert announced.on_lost[0][1].startswith("lease-lost:")  # from the watchdog
+            assert announced_with_renewals.both.wait(10), "loss not announced"
+            assert_on_time(announced_with_renewals, held._deadline)
+            assert announced_with_renewals.on_lost[0][1].startswith("lease-lost:")  # from the watchdog
             started = clock.monotonic()
             held.release()
             took = clock.monotonic() - started
@@ -228,4 +228,4 @@ def test_renewal_hanging_on_a_frozen_server_is_announced_lost_at_the_local_deadl
     finally:
         held.release()
     assert not Lease.objects.active().filter(resource="r").exists()
-    assert len(announced.on_lost) == 1 and len(announced.signals) == 1
+    assert len(announced_with_renewals.on_lost) == 1 and len(announced_with_renewals.signals) == 1

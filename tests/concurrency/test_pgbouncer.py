@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -28,7 +27,7 @@ from tasks.models import Task, TaskStatus
 from tasks.models.schedule import ScheduleRun
 from tests.helpers import ROOT, child_env, wait_until
 from tests.helpers import test_database_url as direct_url
-from tests.helpers.pgbouncer import Bouncer, pgbouncer
+from tests.helpers.pgbouncer import Bouncer
 from tests.helpers.workers import Workers
 from tests.testapp.models import Effect
 
@@ -37,12 +36,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 TASKS = 2000
 KILLS = 4
 SCHEDULES = {"tick": {"task": "tests.testapp.handlers.noop", "interval": 1, "catch_up": "last"}}
-
-
-@pytest.fixture
-def bouncer() -> Iterator[Bouncer]:
-    with pgbouncer(connection.settings_dict, pool_size=4) as running:
-        yield running
 
 
 def server_pids() -> set[int]:
@@ -106,12 +99,14 @@ for path in (reverse("tasks:overview"), reverse("tasks:task-state", args=["succe
     return done.stdout
 
 
-def test_drain_with_kills_through_pgbouncer_leaves_no_session_settings(bouncer: Bouncer, workers: Workers) -> None:
+def test_drain_with_kills_through_pgbouncer_leaves_no_session_settings(
+    bouncer_pool_of_4: Bouncer, workers: Workers
+) -> None:
     dbname = connection.settings_dict["NAME"]
     ours = server_pids()  # connections that are not the pooler's (none, normally)
     ids = Task.objects.bulk_enqueue("tests.testapp.handlers.record", [{"n": n} for n in range(TASKS)])
     pooled: dict[str, Any] = {
-        "DATABASE_URL": bouncer.url(dbname),
+        "DATABASE_URL": bouncer_pool_of_4.url(dbname),
         "DATABASE_POOLED": "true",
         "LEASING_TEST_SCHEDULES": json.dumps(SCHEDULES),
     }
@@ -158,7 +153,7 @@ def test_drain_with_kills_through_pgbouncer_leaves_no_session_settings(bouncer: 
     assert Lease.objects.filter(resource=RECOVERY_LEASE).exists()
     assert ScheduleRun.objects.filter(schedule="tick").exists()
 
-    print(dashboard_through(bouncer.url(dbname)))
+    print(dashboard_through(bouncer_pool_of_4.url(dbname)))
     for proc in workers.procs.values():
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -166,8 +161,8 @@ def test_drain_with_kills_through_pgbouncer_leaves_no_session_settings(bouncer: 
         assert proc.wait(30) in (0, -signal.SIGKILL), f"{name}:\n{workers.log(name)[-5000:]}"
 
     pool = server_pids() - ours
-    assert len(pool) == bouncer.pool_size, f"expected a full pool of server connections, saw {len(pool)}"
-    read = settings_of_every_server_connection(bouncer, dbname)
+    assert len(pool) == bouncer_pool_of_4.pool_size, f"expected a full pool of server connections, saw {len(pool)}"
+    read = settings_of_every_server_connection(bouncer_pool_of_4, dbname)
     assert set(read) == pool  # every server connection the drain used, and only those
     with connection.cursor() as cursor:
         cursor.execute("SELECT reset_val FROM pg_settings WHERE name IN ('lock_timeout', 'statement_timeout')")

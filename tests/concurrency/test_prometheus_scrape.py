@@ -22,10 +22,9 @@ from tasks.models import Task
 from tests.helpers import wait_until
 from tests.helpers.monitoring import RULES, dashboard_expressions, prometheus_command, rules
 from tests.helpers.pgbouncer import free_port
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-NOOP = "tests.testapp.handlers.noop"
 
 
 class Prometheus:

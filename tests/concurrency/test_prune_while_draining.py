@@ -4,9 +4,6 @@ leader's automatic pruning, at once) delete every row past its retention."""
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +11,7 @@ from django.db import connection
 from django.db.models import Count
 
 from tasks.models import Task, TaskStatus, Worker
-from tests.helpers import start_manage, stop_process, wait_until
+from tests.helpers import stop_process, wait_until
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -29,21 +26,6 @@ SELECT 'default', 0, 'tests.testapp.handlers.noop', '[]', '{}',
        0, 0, 0, 0, 0, 0, true, false, 0
 FROM generate_series(1, %s) AS i
 """
-
-
-@pytest.fixture
-def processes(tmp_path: Path) -> Iterator[Any]:
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(command: str, *args: str, name: str) -> subprocess.Popen[bytes]:
-        proc = start_manage(tmp_path / f"{name}.log", command, *args)
-        started.append(proc)
-        return proc
-
-    start.logs = tmp_path  # type: ignore[attr-defined]
-    yield start
-    for proc in started:
-        stop_process(proc)
 
 
 def test_pruning_while_workers_drain_loses_nothing_unfinished(processes: Any) -> None:

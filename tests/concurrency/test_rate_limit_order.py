@@ -18,11 +18,11 @@ import pytest
 
 from tasks.models import Task
 from tests.helpers import wait_until
+from tests.helpers.task_paths import NOOP
 from tests.helpers.workers import Workers
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-NOOP = "tests.testapp.handlers.noop"
 LIMIT = 20
 BACKLOG = 400
 

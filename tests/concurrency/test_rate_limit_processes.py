@@ -17,12 +17,12 @@ import pytest
 from django.db import connection
 
 from tasks.models import RateLimit, Task
-from tests.helpers import wait_until
+from tests.helpers import sql_installed, wait_until
+from tests.helpers.task_paths import NOOP
 from tests.helpers.workers import Workers
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-NOOP = "tests.testapp.handlers.noop"
 LIMIT, PERIOD = 20, 1.0
 RUN_FOR = 30.0
 
@@ -48,12 +48,8 @@ DROP TABLE IF EXISTS test_rate_grants;
 
 @pytest.fixture
 def grants() -> Iterator[None]:
-    with connection.cursor() as cursor:
-        cursor.execute(DROP_GRANTS)
-        cursor.execute(GRANTS_TABLE)
-    yield
-    with connection.cursor() as cursor:
-        cursor.execute(DROP_GRANTS)
+    with sql_installed(GRANTS_TABLE, DROP_GRANTS):
+        yield
 
 
 def grant_times() -> list[dt.datetime]:

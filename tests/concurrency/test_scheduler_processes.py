@@ -19,10 +19,10 @@ from leasing.models import Lease
 from tasks.maintenance.scheduler import SCHEDULER_LEASE
 from tasks.models import ScheduleRun, Task
 from tests.helpers import start_manage, stop_process, wait_until
+from tests.helpers.task_paths import NOOP
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-NOOP = "tests.testapp.handlers.noop"
 SCHEDULES = {"tick": {"task": NOOP, "interval": 1, "catch_up": "all", "kwargs": {"from": "schedule"}}}
 
 

@@ -12,10 +12,10 @@ from django.db import connections
 
 from tasks.models import Task, Worker
 from tests.helpers import start_manage, stop_process, wait_until, worker_names
+from tests.helpers.task_paths import NOOP
 
 pytestmark = [pytest.mark.django_db(databases=["default", "second"], transaction=True), pytest.mark.slow]
 
-NOOP = "tests.testapp.handlers.noop"
 ROUTES = {"reports": "second"}
 FAST = ["--ttl", "2", "--recovery-interval", "0.2", "--poll-interval", "0.1", "--no-scheduler"]
 

@@ -15,7 +15,7 @@ import pytest
 from django.db import connection
 
 from tasks.models import Task, TaskStatus, UniqueKey
-from tests.helpers import ensure_ended, read_message, send, start_child, wait_until
+from tests.helpers import db_now, ensure_ended, read_message, send, start_child, wait_until
 from tests.helpers.windows import BARRIER
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -75,12 +75,6 @@ def waiting_at_barrier() -> int:
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND NOT granted", [BARRIER]
         )
         return int(cursor.fetchone()[0])
-
-
-def db_now() -> dt.datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()")
-        return cursor.fetchone()[0]
 
 
 def windows_passed(keys: list[str]) -> bool:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -17,17 +16,11 @@ from django.db import connection
 
 from tasks.lifecycle import statements as sql
 from tests.helpers import enqueue_params, wait_until
-from tests.helpers.pgbouncer import Bouncer, pgbouncer
+from tests.helpers.pgbouncer import Bouncer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 WINDOW = 2.0
-
-
-@pytest.fixture
-def bouncer() -> Iterator[Bouncer]:
-    with pgbouncer(connection.settings_dict, pool_size=2) as running:
-        yield running
 
 
 def params(key: str) -> dict[str, Any]:
@@ -45,8 +38,10 @@ def direct(query: str, args: Any = None) -> Any:
         return cursor.fetchone()
 
 
-def test_a_window_through_pgbouncer_starts_once_the_rolled_back_insert_let_its_key_go(bouncer: Bouncer) -> None:
-    conninfo = bouncer.conninfo(connection.settings_dict["NAME"])
+def test_a_window_through_pgbouncer_starts_once_the_rolled_back_insert_let_its_key_go(
+    bouncer_pool_of_2: Bouncer,
+) -> None:
+    conninfo = bouncer_pool_of_2.conninfo(connection.settings_dict["NAME"])
     for key in ("pooled:1", "pooled:2", "pooled:3"):
         holder = psycopg.connect(conninfo, prepare_threshold=None)
         result: dict[str, Any] = {}

@@ -6,27 +6,18 @@ inside the window (while it runs, once it finished) is answered with that task."
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tasks.models import Task, TaskStatus, UniqueKey
-from tests.helpers import start_manage, stop_process, wait_until, worker_names
+from tests.helpers import start_manage, wait_until, worker_names
 from tests.testapp.models import Gate
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 FAST = ("--ttl", "2", "--recovery-interval", "0.5", "--no-scheduler", "--poll-interval", "0.1", "--concurrency", "1")
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Any]]:
-    started: list[Any] = []
-    yield started
-    for proc in started:
-        stop_process(proc)
 
 
 def enqueue() -> Any:

@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -43,13 +42,6 @@ API_TOKEN = "fault-matrix-token"
 
 
 # -- workers ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def proxy() -> Iterator[PgProxy]:
-    # Requested before ``workers`` by the tests that use it, so it stops after the workers did.
-    with PgProxy.from_database_url(database_url()) as proxy:
-        yield proxy
 
 
 def url_with(url: str, **options: str) -> str:

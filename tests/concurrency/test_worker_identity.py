@@ -9,7 +9,6 @@ leases: no task is expired under a live handler and run a second time.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from tasks.models import Task, TaskStatus, Worker
-from tests.helpers import start_manage, stop_process, wait_until, worker_names
+from tests.helpers import start_manage, wait_until, worker_names
 from tests.testapp.models import Effect, Gate
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -25,14 +24,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 # A long TTL (heartbeats 10 s apart) and no recovery thread in the workers: the test runs the
 # recovery round itself at the moment that matters, so nothing but the code under test decides.
 QUIET = ("--ttl", "30", "--no-recovery", "--no-scheduler", "--poll-interval", "0.1", "--concurrency", "1", "-v", "2")
-
-
-@pytest.fixture
-def procs() -> Iterator[list]:
-    started: list = []
-    yield started
-    for proc in started:
-        stop_process(proc)
 
 
 def started(task_id: int) -> bool:

@@ -25,7 +25,7 @@ FAST = ["--ttl", "1", "--recovery-interval", "0.2", "--poll-interval", "0.2", "-
 
 
 @pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Any]:
+def bare_workers(tmp_path: Path) -> Iterator[Any]:
     started: list[subprocess.Popen[bytes]] = []
 
     def start(*args: str, worker_id: str | None = None) -> subprocess.Popen[bytes]:
@@ -53,10 +53,10 @@ def started(task_id: int, attempt: int) -> bool:
     return Effect.objects.filter(task_id=task_id, attempt=attempt, phase="started").exists()
 
 
-def test_sigkilled_worker_task_runs_again_and_finishes_exactly_once(workers: Any) -> None:
+def test_sigkilled_worker_task_runs_again_and_finishes_exactly_once(bare_workers: Any) -> None:
     Gate.objects.create(key="g")
     task_id = Task.objects.enqueue("tests.testapp.handlers.block", kwargs={"gate": "g"}, max_attempts=3).id
-    first = workers(*FAST, worker_id="doomed")
+    first = bare_workers(*FAST, worker_id="doomed")
     wait_until(lambda: started(task_id, 1), what="first attempt to start")
     wait_until(lambda: Task.objects.get(pk=task_id).attempt_started, what="the start to be recorded")
 
@@ -64,7 +64,7 @@ def test_sigkilled_worker_task_runs_again_and_finishes_exactly_once(workers: Any
     first.wait(10)
     killed_at = time.monotonic()
     Gate.objects.filter(key="g").update(open=True)
-    workers(*FAST, worker_id="rescuer")
+    bare_workers(*FAST, worker_id="rescuer")
 
     wait_until(lambda: status_of(task_id) == TaskStatus.SUCCESSFUL, 30, what="the task to succeed")
     rerun_after = time.monotonic() - killed_at
@@ -77,17 +77,17 @@ def test_sigkilled_worker_task_runs_again_and_finishes_exactly_once(workers: Any
     assert rerun_after < 30  # generous bound; the benchmark measures it precisely
 
 
-def test_sigstopped_worker_loses_the_task_and_its_late_completion_is_rejected(workers: Any) -> None:
+def test_sigstopped_worker_loses_the_task_and_its_late_completion_is_rejected(bare_workers: Any) -> None:
     Gate.objects.create(key="g")
     task_id = Task.objects.enqueue("tests.testapp.handlers.block", kwargs={"gate": "g"}).id
-    paused = workers(*FAST, worker_id="paused")
+    paused = bare_workers(*FAST, worker_id="paused")
     wait_until(lambda: started(task_id, 1), what="first attempt to start")
     # The start marker follows the start by one round: freeze the worker once it has landed.
     wait_until(lambda: Task.objects.get(pk=task_id).attempt_started, what="the start to be recorded")
 
     os.kill(paused.pid, signal.SIGSTOP)
     Gate.objects.filter(key="g").update(open=True)
-    workers(*FAST, worker_id="other")
+    bare_workers(*FAST, worker_id="other")
     wait_until(lambda: status_of(task_id) == TaskStatus.SUCCESSFUL, 30, what="the other worker to finish")
     winner = Task.objects.get(pk=task_id).return_value
     assert isinstance(winner, dict)
@@ -108,12 +108,12 @@ def test_sigstopped_worker_loses_the_task_and_its_late_completion_is_rejected(wo
     assert winner["token"] == max(token for _, token in finished_by)
 
 
-def test_sigterm_drains_running_tasks_and_hands_back_the_unfinished_at_once(workers: Any) -> None:
+def test_sigterm_drains_running_tasks_and_hands_back_the_unfinished_at_once(bare_workers: Any) -> None:
     Gate.objects.create(key="quick")
     Gate.objects.create(key="stuck")
     quick = Task.objects.enqueue("tests.testapp.handlers.block", kwargs={"gate": "quick"}).id
     stuck = Task.objects.enqueue("tests.testapp.handlers.block", kwargs={"gate": "stuck"}).id
-    worker = workers("--ttl", "60", "--concurrency", "2", "--shutdown-grace", "3", "-v", "2", worker_id="draining")
+    worker = bare_workers("--ttl", "60", "--concurrency", "2", "--shutdown-grace", "3", "-v", "2", worker_id="draining")
     wait_until(lambda: started(quick, 1) and started(stuck, 1), what="both tasks to start")
 
     worker.send_signal(signal.SIGTERM)
@@ -131,21 +131,21 @@ def test_sigterm_drains_running_tasks_and_hands_back_the_unfinished_at_once(work
     assert worker_row("draining").stopped_at is not None
 
 
-def test_second_signal_hands_back_without_waiting_for_the_grace_period(workers: Any) -> None:
+def test_second_signal_hands_back_without_waiting_for_the_grace_period(bare_workers: Any) -> None:
     Gate.objects.create(key="never")
     task_id = Task.objects.enqueue("tests.testapp.handlers.block", kwargs={"gate": "never"}).id
-    worker = workers("--ttl", "60", "--shutdown-grace", "600", worker_id="impatient")
+    worker = bare_workers("--ttl", "60", "--shutdown-grace", "600", worker_id="impatient")
     wait_until(lambda: started(task_id, 1), what="the task to start")
     worker.send_signal(signal.SIGTERM)
-    wait_until(lambda: "draining" in (workers.logs / "impatient.log").read_text(), what="drain to begin")
+    wait_until(lambda: "draining" in (bare_workers.logs / "impatient.log").read_text(), what="drain to begin")
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(30) == 0
     assert status_of(task_id) == TaskStatus.READY
 
 
-def test_four_worker_processes_drain_2000_tasks_each_exactly_once(workers: Any) -> None:
+def test_four_worker_processes_drain_2000_tasks_each_exactly_once(bare_workers: Any) -> None:
     ids = Task.objects.bulk_enqueue("tests.testapp.handlers.record", [{}] * 2000)
-    procs = [workers("--concurrency", "4", "--batch-size", "16", "-v", "0", worker_id=f"w{i}") for i in range(4)]
+    procs = [bare_workers("--concurrency", "4", "--batch-size", "16", "-v", "0", worker_id=f"w{i}") for i in range(4)]
     wait_until(
         lambda: not Task.objects.filter(status__in=["READY", "RUNNING"]).exists(), 120, what="the queue to drain"
     )
@@ -164,8 +164,8 @@ def listening_backends() -> int:
         return int(cursor.fetchone()[0])
 
 
-def test_listen_notify_wakes_an_idle_worker_far_sooner_than_its_poll(workers: Any) -> None:
-    workers("--poll-interval", "30", worker_id="idle")
+def test_listen_notify_wakes_an_idle_worker_far_sooner_than_its_poll(bare_workers: Any) -> None:
+    bare_workers("--poll-interval", "30", worker_id="idle")
     wait_until(lambda: listening_backends() >= 1, what="the listener")
     latencies = []
     for _ in range(5):
@@ -177,9 +177,9 @@ def test_listen_notify_wakes_an_idle_worker_far_sooner_than_its_poll(workers: An
     assert max(latencies) < 3.0, latencies  # polling alone would take up to 30 s
 
 
-def test_drain_hands_back_prefetched_tasks_at_once(workers: Any) -> None:
+def test_drain_hands_back_prefetched_tasks_at_once(bare_workers: Any) -> None:
     Gate.objects.create(key="held")
-    worker = workers(
+    worker = bare_workers(
         "--ttl", "60", "--concurrency", "1", "--batch-size", "4", "--shutdown-grace", "30", worker_id="prefetcher"
     )
     # Prefetch follows observed durations: quick tasks first teach the worker that tasks are short.
@@ -202,10 +202,10 @@ def test_drain_hands_back_prefetched_tasks_at_once(workers: Any) -> None:
     assert status_of(running) == TaskStatus.SUCCESSFUL
 
 
-def test_a_paused_queue_is_left_alone_while_its_running_task_finishes_and_resume_is_prompt(workers: Any) -> None:
+def test_a_paused_queue_is_left_alone_while_its_running_task_finishes_and_resume_is_prompt(bare_workers: Any) -> None:
     from tasks.models import QueueControl
 
-    workers("--queues", "mail,bulk", "--poll-interval", "30", "-v", "2", worker_id="pauser")
+    bare_workers("--queues", "mail,bulk", "--poll-interval", "30", "-v", "2", worker_id="pauser")
     running = Task.objects.enqueue("tests.testapp.handlers.block", kwargs={"gate": "paused-run"}, queue="mail").id
     wait_for_status(running, "RUNNING")
     QueueControl.objects.pause("mail", by="test")

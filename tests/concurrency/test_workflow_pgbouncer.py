@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -20,7 +19,7 @@ from django.db.models import Min
 
 from tasks.models import Task, Workflow
 from tests.helpers import ROOT, child_env, wait_until
-from tests.helpers.pgbouncer import Bouncer, pgbouncer
+from tests.helpers.pgbouncer import Bouncer
 from tests.helpers.workers import Workers
 from tests.testapp.models import Effect, Once
 
@@ -42,15 +41,9 @@ print(json.dumps({"group": g.id, "callback": g.callback_id, "chain": c.id, "step
 """
 
 
-@pytest.fixture
-def bouncer() -> Iterator[Bouncer]:
-    with pgbouncer(connection.settings_dict, pool_size=3) as running:
-        yield running
-
-
-def test_workflows_through_pgbouncer_with_a_kill(bouncer: Bouncer, workers: Workers) -> None:
+def test_workflows_through_pgbouncer_with_a_kill(bouncer_pool_of_3: Bouncer, workers: Workers) -> None:
     dbname = connection.settings_dict["NAME"]
-    pooled: dict[str, Any] = {"DATABASE_URL": bouncer.url(dbname), "DATABASE_POOLED": "true"}
+    pooled: dict[str, Any] = {"DATABASE_URL": bouncer_pool_of_3.url(dbname), "DATABASE_POOLED": "true"}
     done = subprocess.run(
         [sys.executable, "-c", ENQUEUE],
         cwd=ROOT,
@@ -94,7 +87,7 @@ def test_workflows_through_pgbouncer_with_a_kill(bouncer: Bouncer, workers: Work
     for proc in workers.procs.values():
         proc.wait(30)
     # Every server connection of the pool, each held in a transaction of its own while read.
-    clients = [psycopg.connect(bouncer.conninfo(dbname)) for _ in range(bouncer.pool_size)]
+    clients = [psycopg.connect(bouncer_pool_of_3.conninfo(dbname)) for _ in range(bouncer_pool_of_3.pool_size)]
     try:
         seen = {}
         for client in clients:

@@ -7,19 +7,13 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from tasks.lifecycle import activity
 from tasks.models import ActivityMinute, Task
+from tests.helpers import db_now
 
 pytestmark = pytest.mark.django_db
-
-
-def db_now() -> dt.datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT statement_timestamp()")
-        return cursor.fetchone()[0]
 
 
 def finished(count: int, status: str, minutes_ago: float) -> dt.datetime:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -13,10 +12,10 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from leasing.models import Lease
 from tasks.models import Task
 from tests.factories import StaffFactory
+from tests.helpers.api import TOKEN, Api
 
 pytestmark = pytest.mark.django_db
 
-TOKEN = "test-token-123"
 DEMO = "tasks.demo.sleep"
 
 
@@ -24,28 +23,6 @@ DEMO = "tasks.demo.sleep"
 def api_settings(settings: Any) -> None:
     settings.LEASING_API_TOKENS = [TOKEN]
     settings.LEASING_TASKS = {"API_TASK_PATTERNS": ["tasks.demo.*", "tests.testapp.handlers.*"]}
-
-
-class Api:
-    def __init__(self, client: Client, headers: dict[str, str] | None = None) -> None:
-        self.client = client
-        self.headers = headers if headers is not None else {"Authorization": f"Bearer {TOKEN}"}
-
-    def call(self, method: str, url: str, body: Any = None, raw: str | None = None) -> tuple[int, Any]:
-        data = raw if raw is not None else (json.dumps(body) if body is not None else "")
-        if method == "GET":
-            response = self.client.get(url, headers=self.headers)
-        else:
-            response = getattr(self.client, method.lower())(
-                url, data=data, content_type="application/json", headers=self.headers
-            )
-        content = json.loads(response.content) if response.content else None
-        return response.status_code, content
-
-
-@pytest.fixture
-def api(client: Client) -> Api:
-    return Api(client)
 
 
 ROUTES = [

@@ -17,9 +17,11 @@ from tasks.exceptions import TaskPathRefused
 from tasks.models import Task
 from tasks.worker.process import Worker
 from tests.helpers import wait_until
+from tests.helpers.api import TOKEN
 from tests.testapp.models import Effect
 
-TOKEN = "allowlist-token"
+pytestmark = pytest.mark.usefixtures("api_token")
+
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 LOOSE = {"API_TASK_PATTERNS": [r"tasks\.demo\..*", r"tests\.testapp\.api_targets\..*"]}
 
@@ -29,11 +31,6 @@ def enqueue(client: Client, path: str) -> tuple[int, Any]:
         "/api/tasks", json.dumps({"task_path": path}), content_type="application/json", headers=HEADERS
     )
     return response.status_code, response.json()
-
-
-@pytest.fixture(autouse=True)
-def api_settings(settings: Any) -> None:
-    settings.LEASING_API_TOKENS = [TOKEN]
 
 
 REFUSED = [

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 from leasing.models import Lease
 from tasks.models import Task
 from tests.factories import StaffFactory
+from tests.helpers.api import TOKEN
 from tests.helpers.db_state import database_state
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("api_token")]
 
-TOKEN = "fuzz-token"
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
@@ -161,11 +161,6 @@ def encode_pairs(pairs: list[tuple[str, str]]) -> str:
 
 def encode(query: dict[str, str]) -> str:
     return encode_pairs(list(query.items()))
-
-
-@pytest.fixture(autouse=True)
-def api_settings(settings: Any) -> None:
-    settings.LEASING_API_TOKENS = [TOKEN]
 
 
 @pytest.fixture

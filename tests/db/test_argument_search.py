@@ -12,7 +12,6 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import Client
 
-from tests.factories import StaffFactory
 from tests.helpers.plans import explained, rows_read, seq_scans_of_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -27,12 +26,6 @@ SELECT 'default', 0, 'app.jobs.x', jsonb_build_array(g %% 500), jsonb_build_obje
 FROM generate_series(1, %s) AS g
 """
 TERM = 'kwargs:{"customer": 7}'
-
-
-@pytest.fixture
-def staff(client: Client) -> Client:
-    client.force_login(StaffFactory.create(is_superuser=True))
-    return client
 
 
 @pytest.fixture

@@ -12,16 +12,10 @@ from django.test import Client
 
 from tasks.maintenance.bulk import BulkRunner
 from tasks.models import BulkOperation, Task
+from tests.helpers.api import TOKEN
+from tests.helpers.task_paths import NOOP
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-TOKEN = "bulk-token"
-NOOP = "tests.testapp.handlers.noop"
-
-
-@pytest.fixture(autouse=True)
-def tokens(settings: Any) -> None:
-    settings.LEASING_API_TOKENS = [TOKEN, "reader:tasks.view_task"]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("api_token_and_reader")]
 
 
 def call(method: str, url: str, body: Any = None, *, raw: str | None = None, token: str = TOKEN) -> tuple[int, Any]:

@@ -11,10 +11,9 @@ from django.db import connection, connections
 from tasks.lifecycle.bulk import BULK_RETRY_SQL, BulkFilterError, parse_filter
 from tasks.maintenance.bulk import BulkRunner
 from tasks.models import BulkOperation, Task
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-NOOP = "tests.testapp.handlers.noop"
 
 
 def make(status: str, count: int, *, queue: str = "default", kwargs: dict | None = None, **extra: object) -> list[int]:

@@ -10,18 +10,11 @@ from django.test import Client
 
 from tasks.maintenance.bulk import BulkRunner
 from tasks.models import BulkOperation, Task
-from tests.factories import StaffFactory
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-NOOP = "tests.testapp.handlers.noop"
 ADMIN = "/admin/tasks/task/"
-
-
-@pytest.fixture
-def staff(client: Client) -> Client:
-    client.force_login(StaffFactory.create())
-    return client
 
 
 def failed(count: int, queue: str = "default") -> list[int]:

@@ -17,10 +17,9 @@ from django.db import connection, transaction
 
 from tasks.models import Task
 from tests.helpers.plans import recorded
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db
-
-NOOP = "tests.testapp.handlers.noop"
 
 # Deferred rows of a higher priority in the claimed queue, and a due backlog in another queue.
 BACKLOG_SQL = """

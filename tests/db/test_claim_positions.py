@@ -17,10 +17,9 @@ from tasks.worker import dispatcher
 from tasks.worker.process import Worker
 from tests.helpers import wait_until, worker_in_thread
 from tests.helpers.plans import recorded
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db
-
-NOOP = "tests.testapp.handlers.noop"
 
 
 class Claimer:

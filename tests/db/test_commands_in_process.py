@@ -84,7 +84,7 @@ def test_recover_tasks_stops_on_sigterm_and_gives_the_signal_back() -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
-def test_breaker_run_worker_from_a_non_main_thread_returns_and_leaves_that_threads_connection_unbounded() -> None:
+def test_run_worker_from_a_non_main_thread_returns_and_leaves_that_threads_connection_unbounded() -> None:
     """Off the main thread no signal handler can be set: the command runs without them, returns after
     --max-tasks, and the calling thread's connection is neither bounded nor left with session state."""
     handlers_before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}

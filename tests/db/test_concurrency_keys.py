@@ -14,10 +14,10 @@ from django.utils import timezone
 from tasks.lifecycle import concurrency
 from tasks.models import ConcurrencyKey, Failure, Task, TaskStatus
 from tests.helpers import wait_until
+from tests.helpers.api import Api
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-NOOP = "tests.testapp.handlers.noop"
 
 
 def keyed(key: str = "k", limit: int = 2, **kwargs: Any) -> int:
@@ -229,29 +229,9 @@ def test_a_full_keys_backlog_costs_the_claim_nothing() -> None:
     assert Task.objects.filter(status=TaskStatus.BLOCKED).count() == 100_000 - 3
 
 
-API_TOKEN = "concurrency-test-token"
-
-
-@pytest.fixture
-def api(client: Any, settings: Any) -> Any:
-    settings.LEASING_API_TOKENS = [API_TOKEN]
-    settings.LEASING_TASKS = {"API_TASK_PATTERNS": ["tests.testapp.handlers.*"]}
-
-    def call(body: Any = None, raw: str | None = None) -> tuple[int, Any]:
-        response = client.post(
-            "/api/tasks",
-            data=raw if raw is not None else json.dumps(body),
-            content_type="application/json",
-            headers={"Authorization": f"Bearer {API_TOKEN}"},
-        )
-        return response.status_code, json.loads(response.content)
-
-    return call
-
-
-def test_the_api_enqueues_keyed_tasks(api: Any) -> None:
+def test_the_api_enqueues_keyed_tasks(task_api: Api) -> None:
     bodies = [{"task_path": NOOP, "concurrency_key": "api", "concurrency_limit": 1} for _ in range(2)]
-    (s1, first), (s2, second) = (api(b) for b in bodies)
+    (s1, first), (s2, second) = (task_api.enqueue(b) for b in bodies)
     assert (s1, s2) == (201, 201)
     assert (first["task"]["status"], second["task"]["status"]) == ("READY", "BLOCKED")
     assert (second["task"]["concurrency_key"], second["task"]["concurrency_limit"]) == ("api", 1)
@@ -276,16 +256,18 @@ def test_the_api_enqueues_keyed_tasks(api: Any) -> None:
         {"concurrency_key": "a\u0000b", "concurrency_limit": 2},
     ],
 )
-def test_the_api_refuses_bad_concurrency_fields_with_400_and_changes_nothing(api: Any, extra: dict[str, Any]) -> None:
-    status, body = api({"task_path": NOOP, **extra})
+def test_the_api_refuses_bad_concurrency_fields_with_400_and_changes_nothing(
+    task_api: Api, extra: dict[str, Any]
+) -> None:
+    status, body = task_api.enqueue({"task_path": NOOP, **extra})
     assert status == 400, body
     assert body["error"] and body.get("field") in ("concurrency_key", "concurrency_limit"), body
     assert not Task.objects.exists() and not ConcurrencyKey.objects.exists()
 
 
-def test_the_api_refuses_a_lone_surrogate_in_the_key(api: Any) -> None:
+def test_the_api_refuses_a_lone_surrogate_in_the_key(task_api: Api) -> None:
     raw = '{"task_path": "' + NOOP + '", "concurrency_key": "\\ud800", "concurrency_limit": 2}'
-    status, body = api(raw=raw)
+    status, body = task_api.enqueue(raw=raw)
     assert status == 400, body
     assert not Task.objects.exists()
 

@@ -18,10 +18,10 @@ from django.db import OperationalError, connection, connections, transaction
 from tasks.lifecycle import concurrency
 from tasks.models import ConcurrencyKey, ConcurrencyWake, Task, TaskStatus
 from tests.helpers import child_env, wait_until
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-NOOP = "tests.testapp.handlers.noop"
 ROOT = Path(__file__).resolve().parents[2]
 
 # One statement: ``per_key`` tasks for each of ``keys`` keys named prefix-00000.., limit ``limit``,

@@ -16,10 +16,9 @@ from tasks.worker.process import Worker
 from tasks.worker.session import retrying
 from tests.helpers import test_database_url as database_url
 from tests.helpers import wait_until
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-NOOP = "tests.testapp.handlers.noop"
 
 
 def other_connection() -> psycopg.Connection[Any]:

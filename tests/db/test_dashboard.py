@@ -13,17 +13,10 @@ from tasks.demo import generator
 from tasks.models import Failure, Task, Worker
 from tasks.web.dashboard import TASK_STATES
 from tasks.web.queries import Count, bounded_count
-from tests.factories import StaffFactory
 
 pytestmark = pytest.mark.django_db
 
 PAGES = ["/dashboard/", "/dashboard/workers/", "/dashboard/generator/", "/dashboard/tasks/running/"]
-
-
-@pytest.fixture
-def staff(client: Client) -> Client:
-    client.force_login(StaffFactory.create())
-    return client
 
 
 @pytest.mark.parametrize("url", PAGES)

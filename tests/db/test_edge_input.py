@@ -12,11 +12,11 @@ from django.test import Client
 from leasing.models import Lease
 from tasks.models import Task
 from tests.factories import StaffFactory
+from tests.helpers.api import TOKEN
 from tests.helpers.db_state import database_state
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("api_token")]
 
-TOKEN = "edge-token"
 API = {"Authorization": f"Bearer {TOKEN}"}
 MARK = '"__HOSTILE__"'
 
@@ -53,11 +53,6 @@ HOSTILE_QUERY = {
     "overflow": "1e400",
     "NaN": "NaN",
 }
-
-
-@pytest.fixture(autouse=True)
-def api_settings(settings: Any) -> None:
-    settings.LEASING_API_TOKENS = [TOKEN]
 
 
 @pytest.fixture

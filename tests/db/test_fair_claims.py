@@ -12,15 +12,9 @@ from django.db import connection, connections, transaction
 
 from tasks.lifecycle.values import ClaimedTask, fair_after_claim
 from tasks.models import Task
+from tests.helpers.task_paths import NOOP
 
-pytestmark = pytest.mark.django_db
-
-NOOP = "tests.testapp.handlers.noop"
-
-
-@pytest.fixture(autouse=True)
-def fair_queues(settings) -> None:
-    settings.LEASING_TASKS = {**getattr(settings, "LEASING_TASKS", {}), "FAIR_QUEUES": ["fair"]}
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fair_queues")]
 
 
 class Claimer:

@@ -14,22 +14,13 @@ from django.db import connection
 
 from tasks.lifecycle import statements as sql
 from tasks.models import FairCursor, SharedFairCursor, Task
-from tests.db.test_api import TOKEN, Api
 from tests.helpers import wait_until, worker_in_thread
+from tests.helpers.api import Api
+from tests.helpers.task_paths import NOOP
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fair_queue_api")]
 
-NOOP = "tests.testapp.handlers.noop"
 KEYS = [f"t{n:02d}" for n in range(12)]
-
-
-@pytest.fixture(autouse=True)
-def fair_settings(settings: Any) -> None:
-    settings.LEASING_API_TOKENS = [TOKEN]
-    settings.LEASING_TASKS = {"API_TASK_PATTERNS": ["tests.testapp.handlers.*"], "FAIR_QUEUES": ["fair"]}
-    from tasks.web.api import tasks as api_tasks
-
-    api_tasks._fair_cursors.clear()  # a new web process: nothing read yet
 
 
 def enqueue_tenants(per_key: int = 2) -> None:

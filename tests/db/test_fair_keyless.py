@@ -17,15 +17,9 @@ from tasks.maintenance.keyless import ADOPT_KEYLESS_SQL, KeylessAdopter
 from tasks.maintenance.recovery import RecoveryController
 from tasks.models import Task
 from tests.helpers import wait_until
+from tests.helpers.task_paths import NOOP
 
-pytestmark = pytest.mark.django_db
-
-NOOP = "tests.testapp.handlers.noop"
-
-
-@pytest.fixture(autouse=True)
-def fair_queues(settings: Any) -> None:
-    settings.LEASING_TASKS = {**getattr(settings, "LEASING_TASKS", {}), "FAIR_QUEUES": ["fair"]}
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fair_queues")]
 
 
 def keyless(queue: str, n: int, priority: int = 0) -> list[int]:

@@ -5,7 +5,6 @@ steps) or the scheduler inserts take their turn like any enqueue: the key given,
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -15,15 +14,9 @@ from tasks.maintenance.scheduler import SCHEDULER_LEASE, Scheduler, ScheduleStat
 from tasks.maintenance.schedules import build_spec
 from tasks.models import Schedule, Task
 from tasks.workflows import chain, group, step
+from tests.helpers.task_paths import NOOP
 
-pytestmark = pytest.mark.django_db
-
-NOOP = "tests.testapp.handlers.noop"
-
-
-@pytest.fixture(autouse=True)
-def fair_queues(settings: Any) -> None:
-    settings.LEASING_TASKS = {**getattr(settings, "LEASING_TASKS", {}), "FAIR_QUEUES": ["fair"]}
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fair_queues")]
 
 
 def keys_of(ids: list[int]) -> list[str | None]:

@@ -21,7 +21,7 @@ from tests.helpers.plans import rows_read
 # Committed rows, removed by the flush's TRUNCATE after the test: 100,000 rows inserted and rolled back
 # would leave their dead entries in tasks_task_fair_idx, which the walks of later tests' claims step
 # over (test_fair_claims' bounded walk read 2,995 blocks after it on PostgreSQL 15, against 800).
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fair_queues")]
 
 ROWS_SQL = """
 INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at,
@@ -31,11 +31,6 @@ SELECT 'fair', 0, 'tests.testapp.handlers.noop', '[]', '{}', 'READY', now() - in
        0, 3, '[]', '[]', 0, 0, 0, 0, 0, 0, false, false, 'k' || g
 FROM generate_series(1, %(n)s) AS g
 """
-
-
-@pytest.fixture(autouse=True)
-def fair_queues(settings: Any) -> None:
-    settings.LEASING_TASKS = {**getattr(settings, "LEASING_TASKS", {}), "FAIR_QUEUES": ["fair"]}
 
 
 def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:

@@ -18,14 +18,13 @@ from tasks.models import Task
 from tasks.models.task import TaskQuerySet
 from tasks.worker.process import Worker
 from tests.helpers import wait_until, worker_in_thread
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db
 
-NOOP = "tests.testapp.handlers.noop"
-
 
 @pytest.fixture(autouse=True)
-def fair_queues(settings) -> None:
+def fair_and_fair_twin_queues(settings) -> None:
     settings.LEASING_TASKS = {**getattr(settings, "LEASING_TASKS", {}), "FAIR_QUEUES": ["fair", "fair-twin"]}
 
 

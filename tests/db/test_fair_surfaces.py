@@ -11,25 +11,10 @@ import pytest
 
 from tasks.checks import check_task_settings
 from tasks.models import Task
-from tests.db.test_api import TOKEN, Api
+from tests.helpers.api import TOKEN, Api
+from tests.helpers.task_paths import NOOP
 
-pytestmark = pytest.mark.django_db
-
-NOOP = "tests.testapp.handlers.noop"
-
-
-@pytest.fixture(autouse=True)
-def fair_settings(settings: Any) -> None:
-    settings.LEASING_API_TOKENS = [TOKEN]
-    settings.LEASING_TASKS = {"API_TASK_PATTERNS": ["tests.testapp.handlers.*"], "FAIR_QUEUES": ["fair"]}
-    from tasks.web.api import tasks as api_tasks
-
-    api_tasks._fair_cursors.clear()  # this process's API cursors: from the first key
-
-
-@pytest.fixture
-def api(client: Any) -> Api:
-    return Api(client)
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fair_queue_api")]
 
 
 def test_the_api_enqueues_with_a_key_and_its_claims_take_turns_one_at_a_time(api: Api) -> None:

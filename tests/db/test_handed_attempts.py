@@ -15,10 +15,9 @@ from django.utils import timezone
 from tasks.models import Task, Worker
 from tasks.worker.handoff import HandOff, lazy_start
 from tasks.worker.ledger import Ledger
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db
-
-NOOP = "tests.testapp.handlers.noop"
 
 
 def handed_by(worker: str) -> list[int]:

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
-from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
@@ -20,7 +19,7 @@ from tasks.compat import TaskResult, TaskResultStatus, task_backends
 from tasks.models import FINISHED, Failure, Task, TaskStatus
 from tasks.worker.process import Worker
 from tests.factories import StaffFactory
-from tests.helpers import wait_until, worker_in_thread
+from tests.helpers import db_now, wait_until, worker_in_thread
 from tests.testapp import outcome_handlers as oh
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -65,13 +64,6 @@ def waiting_again(task_id: int) -> Task:
 def ended(result: TaskResult) -> bool:
     result.refresh()
     return bool(result.is_finished)
-
-
-def db_now() -> dt.datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()")
-        now: dt.datetime = cursor.fetchone()[0]
-    return now
 
 
 # -- snooze ---------------------------------------------------------------------------------------

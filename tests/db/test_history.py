@@ -16,17 +16,11 @@ from tasks.maintenance import history
 from tasks.maintenance.history import BOUNDS, BUCKETS, count_hour, percentile, roll_up_hours
 from tasks.maintenance.recovery import RecoveryController
 from tasks.models import ActivityHour, ActivityHourMark, Task
+from tests.helpers import db_now, wait_until
 from tests.helpers import test_database_url as database_url  # not collected as a test
-from tests.helpers import wait_until
 from tests.helpers.plans import explained, rows_read, seq_scans_of_tasks
 
 PATH = "tests.testapp.handlers.noop"
-
-
-def db_now() -> dt.datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT statement_timestamp()")
-        return cursor.fetchone()[0]
 
 
 def hour_ago(hours: int) -> dt.datetime:

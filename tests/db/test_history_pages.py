@@ -17,22 +17,10 @@ from tasks.models import ActivityHour, ActivityHourMark
 from tasks.web import history as views
 from tests.db.test_history import PATH, finished, hour_ago, known_hour
 from tests.factories import StaffFactory
+from tests.helpers.api import TOKEN
 from tests.helpers.plans import explained
 
-pytestmark = pytest.mark.django_db
-
-TOKEN = "history-token"
-
-
-@pytest.fixture(autouse=True)
-def tokens(settings: Any) -> None:
-    settings.LEASING_API_TOKENS = [TOKEN]
-
-
-@pytest.fixture
-def staff(client: Client) -> Client:
-    client.force_login(StaffFactory.create())
-    return client
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("api_token")]
 
 
 def get_api(client: Client, query: str = "") -> tuple[int, Any]:

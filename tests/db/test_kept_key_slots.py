@@ -22,10 +22,9 @@ from tasks.maintenance.recovery import recover_once
 from tasks.models import ConcurrencyHold, Failure, Task, TaskStatus, Worker
 from tests.factories import StaffFactory
 from tests.helpers.plans import add_rows, explained, rows_read, seq_scans_of_tasks
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-NOOP = "tests.testapp.handlers.noop"
 
 
 def serial(n: int, key: str = "k") -> list[int]:

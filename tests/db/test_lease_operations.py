@@ -6,19 +6,13 @@ import datetime as dt
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from leasing.models import Grant, Lease
 from tests.factories import LeaseFactory
-from tests.helpers import wait_until
+from tests.helpers import db_now, wait_until
 
 pytestmark = pytest.mark.django_db
-
-
-def db_now() -> dt.datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT statement_timestamp()")
-        return cursor.fetchone()[0]
 
 
 def test_acquire_creates_a_grant_timed_by_the_database_clock(holder_id: str) -> None:

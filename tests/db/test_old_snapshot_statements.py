@@ -13,10 +13,9 @@ from django.db import connection, transaction
 from tasks.lifecycle.values import ClaimPosition
 from tasks.models import Task
 from tests.helpers.plans import recorded
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)  # statements commit, as a worker's do
-
-NOOP = "tests.testapp.handlers.noop"
 
 
 def _plan(sql: str, params: Any) -> dict[str, Any]:

@@ -16,10 +16,10 @@ from leasing.access import SCOPES
 from leasing.models import Lease
 from tasks.models import Task
 from tests.factories import StaffFactory
+from tests.helpers.api import TOKEN
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("api_token")]
 
-TOKEN = "route-table-token"
 #: Routes that need authentication but no model permission, each for a stated reason.
 AUTHENTICATION_ONLY = {
     "api-openapi",  # the description of the API
@@ -65,11 +65,6 @@ def needs(route: Route) -> dict[str, tuple[str, ...]]:
     table = getattr(route.view, "permissions", None)
     assert table, f"{route.template} ({route.name}) declares no permissions: decorate it with api_view/staff_page"
     return table
-
-
-@pytest.fixture(autouse=True)
-def tokens(settings: Any) -> None:
-    settings.LEASING_API_TOKENS = [TOKEN]
 
 
 @pytest.fixture

@@ -24,20 +24,14 @@ INSERT_DROPPED = "INSERT INTO pgproxy_probe (id, note) VALUES (2, 'dropped')"
 UPDATE_DROPPED = "UPDATE pgproxy_probe AS t SET\n    note = 'dropped'\nWHERE t.id = 1"
 
 
-@pytest.fixture
+# autouse: set up before ``proxy``, so that the proxy stops (closing every proxied connection) before the drop.
+@pytest.fixture(autouse=True)
 def probe_table() -> Iterator[None]:
     with connection.cursor() as cursor:
         cursor.execute("CREATE TABLE pgproxy_probe (id integer PRIMARY KEY, note text NOT NULL)")
     yield
     with connection.cursor() as cursor:
         cursor.execute("DROP TABLE pgproxy_probe")
-
-
-@pytest.fixture
-def proxy(probe_table: None) -> Iterator[PgProxy]:
-    # Depends on the table so that it stops (closing every proxied connection) before the drop.
-    with PgProxy.from_database_url(database_url()) as proxy:
-        yield proxy
 
 
 @pytest.fixture

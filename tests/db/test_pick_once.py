@@ -18,10 +18,9 @@ from django.db import connection
 
 from tasks.maintenance.retention import PruneCursor, prune_batch
 from tasks.models import Task
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db
-
-NOOP = "tests.testapp.handlers.noop"
 
 
 @pytest.fixture

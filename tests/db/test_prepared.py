@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 from django.db import connection, transaction
@@ -16,7 +15,6 @@ from leasing.bounds import bound, unbound
 from tasks.lifecycle import prepared
 from tasks.models import Task
 from tests.helpers import ROOT, child_env
-from tests.helpers.pgbouncer import Bouncer, pgbouncer
 
 pytestmark = pytest.mark.django_db
 
@@ -26,17 +24,6 @@ def prepared_inserts() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%INSERT INTO tasks_task%%'")
         return int(cursor.fetchone()[0])
-
-
-@pytest.fixture
-def fresh_session() -> Iterator[None]:
-    """A session without prepared statements (another test's may still be on this connection)."""
-    with connection.cursor() as cursor:
-        cursor.execute("DEALLOCATE ALL")
-    connection.connection._prepared.clear()
-    prepared._refused.clear()
-    yield
-    prepared._refused.clear()
 
 
 def test_an_enqueue_is_prepared_once_and_reused(fresh_session):
@@ -157,15 +144,9 @@ print(claimed, len(refused))
 """
 
 
-@pytest.fixture
-def bouncer() -> Iterator[Bouncer]:
-    with pgbouncer(connection.settings_dict, pool_size=2) as running:
-        yield running
-
-
 @pytest.mark.django_db(transaction=True)
-def test_an_undeclared_transaction_pooler_costs_a_fallback_not_a_failure(bouncer):
-    url = bouncer.url(connection.settings_dict["NAME"])
+def test_an_undeclared_transaction_pooler_costs_a_fallback_not_a_failure(bouncer_pool_of_2):
+    url = bouncer_pool_of_2.url(connection.settings_dict["NAME"])
     clients = [
         subprocess.Popen(
             [sys.executable, "-c", CLIENT, str(index)],

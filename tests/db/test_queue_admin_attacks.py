@@ -15,16 +15,16 @@ from django.test import Client
 from tasks.backends.placement import misrouted
 from tasks.models import QueueControl, Task
 from tests.helpers import test_database_url as database_url
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "second"])
 
-NOOP = "tests.testapp.handlers.noop"
 ADD = "/admin/tasks/queuecontrol/add/"
 LIST = "/admin/tasks/queuecontrol/"
 
 
 @pytest.fixture(autouse=True)
-def routes(settings: Any) -> None:
+def reports_in_second_database(settings: Any) -> None:
     settings.LEASING_TASKS = {"QUEUE_DATABASES": {"reports": "second"}}
 
 

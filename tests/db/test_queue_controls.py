@@ -10,10 +10,9 @@ from django.core.management import CommandError, call_command
 from django.db import connections
 
 from tasks.models import NOTIFY_CHANNEL, QueueControl, Task
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db
-
-NOOP = "tests.testapp.handlers.noop"
 
 
 def ids(queues: list[str], limit: int = 10) -> list[int]:
@@ -88,16 +87,9 @@ def test_a_pause_costs_the_claim_one_probe_not_a_scan(django_assert_num_queries:
         assert len(ids(["mail"], limit=5)) == 5
 
 
-@pytest.fixture
-def api_token(settings: Any) -> None:
-    from tests.db.test_api import TOKEN
-
-    settings.LEASING_API_TOKENS = [TOKEN]
-
-
 @pytest.mark.usefixtures("api_token")
 def test_the_api_lists_pauses_and_resumes_queues(client: Any) -> None:
-    from tests.db.test_api import Api
+    from tests.helpers.api import Api
 
     api = Api(client)
     Task.objects.bulk_enqueue(NOOP, [{}] * 3, queue="mail")
@@ -126,7 +118,7 @@ def test_the_api_lists_pauses_and_resumes_queues(client: Any) -> None:
 )
 @pytest.mark.usefixtures("api_token")
 def test_a_refused_pause_changes_nothing(client: Any, url: str, body: Any) -> None:
-    from tests.db.test_api import Api
+    from tests.helpers.api import Api
 
     status, answer = Api(client).call("POST", url, body)
     assert status == 400, answer

@@ -15,10 +15,10 @@ from tasks.lifecycle.values import validate_queue
 from tasks.models import Task, TaskDependency, Workflow
 from tasks.workflows import Workflow as Flow
 from tasks.workflows import chain, group, step
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db
 
-NOOP = "tests.testapp.handlers.noop"
 BAD = ["", "mail\x00", "\ud800", "q" * 101]
 
 

@@ -22,18 +22,13 @@ from tasks.lifecycle.ratelimits import (
     rate_key_states,
 )
 from tasks.models import RateLimit, RateRefused, Started, Task, TaskStatus
+from tests.helpers import db_now
+from tests.helpers.api import Api
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-NOOP = "tests.testapp.handlers.noop"
-
 W = "rate-worker"
-
-
-def db_now() -> dt.datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()")
-        return cursor.fetchone()[0]
 
 
 def enqueue_and_claim(n: int, *, key: str = "mail", limit: Any = "3/s", **kwargs: Any) -> list[tuple[int, int]]:
@@ -352,36 +347,20 @@ def test_the_django_tasks_backend_maps_task_paths_to_rate_keys(settings: Any) ->
     assert Task.objects.count() == 1
 
 
-@pytest.fixture
-def api(settings: Any, client: Any) -> Any:
-    settings.LEASING_API_TOKENS = ["rate-token"]
-    settings.LEASING_TASKS = {"API_TASK_PATTERNS": ["tests.testapp.handlers.*"]}
-
-    def call(method: str, url: str, body: Any = None) -> tuple[int, Any]:
-        headers = {"Authorization": "Bearer rate-token"}
-        if method == "GET":
-            response = client.get(url, headers=headers)
-        else:
-            response = client.post(url, data=json.dumps(body), content_type="application/json", headers=headers)
-        return response.status_code, json.loads(response.content)
-
-    return call
-
-
-def test_the_api_enqueues_with_a_rate_limit_and_shows_the_keys(api: Any) -> None:
-    status, body = api("POST", "/api/tasks", {"task_path": NOOP, "rate_key": "mail", "rate_limit": "14/s"})
+def test_the_api_enqueues_with_a_rate_limit_and_shows_the_keys(task_api: Api) -> None:
+    status, body = task_api.enqueue({"task_path": NOOP, "rate_key": "mail", "rate_limit": "14/s"})
     assert status == 201, body
     assert (body["task"]["rate_key"], body["task"]["rate_limit"], body["task"]["rate_refusals"]) == (
         "mail",
         [14, 1.0],
         0,
     )
-    status, body = api("POST", "/api/tasks", {"task_path": NOOP, "rate_key": "api", "rate_limit": [100, 60]})
+    status, body = task_api.enqueue({"task_path": NOOP, "rate_key": "api", "rate_limit": [100, 60]})
     assert status == 201 and body["task"]["rate_limit"] == [100, 60.0]
     claimed = Task.objects.claim(W, limit=2, ttl=30)
     for c in claimed:
         start((c.id, c.token))
-    status, body = api("GET", "/api/rate-keys")
+    status, body = task_api.call("GET", "/api/rate-keys")
     assert status == 200
     assert {k["key"]: (k["limit"], k["starts_in_window"], k["granted"]) for k in body["rate_keys"]} == {
         "mail": ([14, 1.0], 1, 1),
@@ -402,8 +381,8 @@ def test_the_api_enqueues_with_a_rate_limit_and_shows_the_keys(api: Any) -> None
         ({"rate_key": 7, "rate_limit": "1/s"}, "rate_key"),
     ],
 )
-def test_the_api_refuses_bad_rate_limits_with_400_and_writes_nothing(api: Any, extra: Any, field: str) -> None:
-    status, body = api("POST", "/api/tasks", {"task_path": NOOP, **extra})
+def test_the_api_refuses_bad_rate_limits_with_400_and_writes_nothing(task_api: Api, extra: Any, field: str) -> None:
+    status, body = task_api.enqueue({"task_path": NOOP, **extra})
     assert status == 400, body
     assert body.get("field") == field, body
     assert len(json.dumps(body)) < 1000
@@ -452,10 +431,10 @@ def test_the_howto_examples_enqueue_as_documented() -> None:
     )
 
 
-def test_an_api_claim_starts_only_what_the_rate_key_grants(api: Any) -> None:
+def test_an_api_claim_starts_only_what_the_rate_key_grants(task_api: Api) -> None:
     ids = Task.objects.bulk_enqueue(NOOP, [{}] * 3, rate_key="mail", rate_limit="2/min")
     plain = Task.objects.enqueue(NOOP).id
-    status, body = api("POST", "/api/tasks/next", {"worker": "http-client", "limit": 4})
+    status, body = task_api.call("POST", "/api/tasks/next", {"worker": "http-client", "limit": 4})
     assert status == 200, body
     returned = sorted(t["id"] for t in body["tasks"])
     assert len(returned) == 3 and plain in returned
@@ -466,11 +445,13 @@ def test_an_api_claim_starts_only_what_the_rate_key_grants(api: Any) -> None:
     assert RateLimit.objects.get(key="mail").grants == 2
 
 
-def test_an_api_claim_of_a_queue_with_a_rate_limit_takes_its_starts(api: Any, settings: Any) -> None:
+def test_an_api_claim_of_a_queue_with_a_rate_limit_takes_its_starts(task_api: Api, settings: Any) -> None:
     settings.LEASING_TASKS = {**settings.LEASING_TASKS, "RATE_LIMITS": {"mail": "1/min"}}
     Task.objects.bulk_enqueue(NOOP, [{}] * 2, queue="mail")
     plain = Task.objects.enqueue(NOOP).id
-    status, body = api("POST", "/api/tasks/next", {"worker": "http-client", "queues": ["mail", "default"], "limit": 3})
+    status, body = task_api.call(
+        "POST", "/api/tasks/next", {"worker": "http-client", "queues": ["mail", "default"], "limit": 3}
+    )
     assert status == 200, body
     assert len(body["tasks"]) == 2 and plain in [t["id"] for t in body["tasks"]]
     assert all(t["attempts"] == 1 for t in body["tasks"])

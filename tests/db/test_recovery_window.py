@@ -15,19 +15,12 @@ from django.db import connection, transaction
 
 from tasks.maintenance.recovery import RECOVERY_MARGIN, RecoveryWindow, recover_once
 from tasks.models import Task
+from tests.helpers import db_now, wait_until
 from tests.helpers import test_database_url as database_url  # not collected as a test
-from tests.helpers import wait_until
 from tests.helpers.plans import recorded
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-NOOP = "tests.testapp.handlers.noop"
-
-
-def db_now() -> dt.datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()")
-        return cursor.fetchone()[0]
 
 
 def expired(*ids: int) -> bool:

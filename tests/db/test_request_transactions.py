@@ -25,12 +25,12 @@ READER = "tx-reader"
 
 
 @pytest.fixture(autouse=True)
-def api_settings(settings: Any) -> None:
+def tokens_with_a_reader(settings: Any) -> None:
     settings.LEASING_API_TOKENS = [TOKEN, f"{READER}:tasks.view_task+leasing.view_lease+tasks.view_generatorstate"]
 
 
 @pytest.fixture
-def world() -> dict[str, Any]:
+def rows_in_every_state() -> dict[str, Any]:
     grant = Lease.objects.acquire("held", "holder-1", ttl=60)
     assert grant is not None
     running = Task.objects.enqueue("tasks.demo.sleep", priority=9).id
@@ -121,9 +121,9 @@ def refusals(w: dict[str, Any]) -> list[tuple[str, Callable[[Client], int], int]
     return cases
 
 
-def test_every_refused_api_write_changes_nothing(world: dict[str, Any]) -> None:
+def test_every_refused_api_write_changes_nothing(rows_in_every_state: dict[str, Any]) -> None:
     client = Client()
-    cases = refusals(world)
+    cases = refusals(rows_in_every_state)
     assert len(cases) >= 35
     for what, send, expected in cases:
         before = database_state()
@@ -131,11 +131,11 @@ def test_every_refused_api_write_changes_nothing(world: dict[str, Any]) -> None:
         assert database_state() == before, f"{what}: a refused request changed the database"
 
 
-def test_dashboard_refusals_change_nothing(client: Client, world: dict[str, Any]) -> None:
+def test_dashboard_refusals_change_nothing(client: Client, rows_in_every_state: dict[str, Any]) -> None:
     client.force_login(StaffFactory.create())
     for what, data, url in [
-        ("odd id", {"action": "cancel", "ids": [world["waiting"], "\u00b2"]}, "/dashboard/tasks/action/"),
-        ("unknown action", {"action": "explode", "ids": [world["waiting"]]}, "/dashboard/tasks/action/"),
+        ("odd id", {"action": "cancel", "ids": [rows_in_every_state["waiting"], "\u00b2"]}, "/dashboard/tasks/action/"),
+        ("unknown action", {"action": "explode", "ids": [rows_in_every_state["waiting"]]}, "/dashboard/tasks/action/"),
         ("bad rate", {"action": "start", "rate": "nan"}, "/dashboard/generator/"),
         ("rate out of range", {"action": "start", "rate": "0"}, "/dashboard/generator/"),
         ("unknown generator action", {"action": "explode"}, "/dashboard/generator/"),
@@ -169,18 +169,21 @@ def refuse_updates(table: str, condition: str) -> None:
         )
 
 
-def test_a_heartbeat_whose_checkpoint_fails_renews_nothing(world: dict[str, Any]) -> None:
+def test_a_heartbeat_whose_checkpoint_fails_renews_nothing(rows_in_every_state: dict[str, Any]) -> None:
     refuse_updates("tasks_task", "NEW.progress ->> 'refuse' IS NOT NULL")
     before = database_state()
-    body = {"worker": "w1", "token": world["token"], "ttl": 600, "progress": {"refuse": 1}}
-    status = api("put", f"/api/tasks/{world['running']}/heartbeat", body)(Client())
+    body = {"worker": "w1", "token": rows_in_every_state["token"], "ttl": 600, "progress": {"refuse": 1}}
+    status = api("put", f"/api/tasks/{rows_in_every_state['running']}/heartbeat", body)(Client())
     assert status == 400
     assert database_state() == before, "the lease was renewed by a request that failed"
-    assert api("put", f"/api/tasks/{world['running']}/heartbeat", {**body, "progress": {"ok": 1}})(Client()) == 200
-    assert Task.objects.get(pk=world["running"]).progress == {"ok": 1}
+    assert (
+        api("put", f"/api/tasks/{rows_in_every_state['running']}/heartbeat", {**body, "progress": {"ok": 1}})(Client())
+        == 200
+    )
+    assert Task.objects.get(pk=rows_in_every_state["running"]).progress == {"ok": 1}
 
 
-def test_an_enqueue_that_fails_after_its_insert_leaves_no_task(world: dict[str, Any]) -> None:
+def test_an_enqueue_that_fails_after_its_insert_leaves_no_task(rows_in_every_state: dict[str, Any]) -> None:
     refuse_updates("tasks_task", "NEW.api_origin AND NEW.queue = 'refused'")
     before = database_state()
     status = api("post", "/api/tasks", {"task_path": "tasks.demo.sleep", "queue": "refused"})(Client())
@@ -196,16 +199,22 @@ def test_a_generator_change_that_fails_after_creating_its_row_leaves_no_row() ->
     assert database_state() == before, "get_or_create's row survived a failed request"
 
 
-def test_a_bulk_retry_refused_halfway_undoes_its_first_half(client: Client, world: dict[str, Any]) -> None:
+def test_a_bulk_retry_refused_halfway_undoes_its_first_half(
+    client: Client, rows_in_every_state: dict[str, Any]
+) -> None:
     # retry_now() moves the waiting task first, then requeue() of the finished one hits the dedup key
     # held by an unfinished task: the whole action is refused, the waiting task keeps its run_after.
     client.force_login(StaffFactory.create())
     before = database_state()
     response = client.post(
-        "/dashboard/tasks/action/", {"action": "retry", "ids": [world["waiting"], world["finished"]]}, follow=True
+        "/dashboard/tasks/action/",
+        {"action": "retry", "ids": [rows_in_every_state["waiting"], rows_in_every_state["finished"]]},
+        follow=True,
     )
     assert "Nothing changed" in response.content.decode()
     assert database_state() == before
-    response = client.post("/dashboard/tasks/action/", {"action": "retry", "ids": [world["waiting"]]}, follow=True)
+    response = client.post(
+        "/dashboard/tasks/action/", {"action": "retry", "ids": [rows_in_every_state["waiting"]]}, follow=True
+    )
     assert "Queued 1 task(s)" in response.content.decode()
-    assert Task.objects.runnable().filter(pk=world["waiting"]).exists()
+    assert Task.objects.runnable().filter(pk=rows_in_every_state["waiting"]).exists()

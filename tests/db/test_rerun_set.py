@@ -7,17 +7,16 @@ import datetime as dt
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from tasks import tracing
 from tasks.lifecycle import bulk
 from tasks.lifecycle.transitions import RERUN_SET, rerun_set_sql
 from tasks.maintenance.bulk import BulkRunner
 from tasks.models import BulkOperation, Task, TaskStatus
+from tests.helpers import db_now
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-NOOP = "tests.testapp.handlers.noop"
 
 # Every column RERUN_SET writes, each with a value a run again must not keep.
 WORN: dict[str, Any] = {
@@ -38,7 +37,7 @@ FAIR = ["by-requeue", "by-bulk", "fair-keyed"]
 
 
 @pytest.fixture(autouse=True)
-def fair_queues(settings: Any) -> None:
+def rerun_queues_are_fair(settings: Any) -> None:
     settings.LEASING_TASKS = {**getattr(settings, "LEASING_TASKS", {}), "FAIR_QUEUES": FAIR}
 
 
@@ -50,12 +49,6 @@ def worn_task(queue: str) -> int:
 
 def written(task_id: int) -> dict[str, Any]:
     return Task.objects.filter(pk=task_id).values(*RERUN_SET).get()
-
-
-def db_now() -> dt.datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()")
-        return cursor.fetchone()[0]
 
 
 def test_the_fragment_names_every_column_the_tests_wear_out() -> None:

@@ -23,11 +23,11 @@ from tasks.maintenance.retention import (
     prune_batch,
 )
 from tasks.models import BulkOperation, Schedule, ScheduleRun, Task, Worker
+from tests.helpers.task_paths import NOOP
 from tests.testapp.models import FencedRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-NOOP = "tests.testapp.handlers.noop"
 DAY = dt.timedelta(days=1)
 
 

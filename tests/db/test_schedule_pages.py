@@ -14,11 +14,10 @@ from leasing.models import Lease
 from tasks.maintenance.scheduler import SCHEDULER_LEASE, SlotWriter, database_now
 from tasks.maintenance.schedules import load_schedules
 from tasks.models import Schedule, ScheduleRun, Task
-from tests.factories import StaffFactory
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db
 
-NOOP = "tests.testapp.handlers.noop"
 TOKEN = "schedule-token"
 
 
@@ -32,12 +31,6 @@ def schedules(settings: Any) -> None:
             "paused": {"task": NOOP, "interval": 5, "enabled": False},
         }
     }
-
-
-@pytest.fixture
-def staff(client: Client) -> Client:
-    client.force_login(StaffFactory.create())
-    return client
 
 
 def run_slots(count: int) -> list[int]:

@@ -16,10 +16,9 @@ from tasks.maintenance.scheduler import SCHEDULER_LEASE, Deposed, Scheduler, Sch
 from tasks.maintenance.schedules import ScheduleSpec, build_spec
 from tasks.models import Schedule, ScheduleRun, Task
 from tests.helpers import wait_until
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-NOOP = "tests.testapp.handlers.noop"
 
 
 def make_spec(name: str = "tick", **entry: Any) -> ScheduleSpec:

@@ -27,23 +27,11 @@ from tasks.maintenance.recovery import RECOVERY_LEASE, RecoveryController, recov
 from tasks.maintenance.scheduler import Scheduler, schedule_status
 from tasks.maintenance.schedules import load_schedules
 from tasks.models import Task
-from tests.factories import StaffFactory
 from tests.helpers import wait_until
+from tests.helpers.api import Api
+from tests.helpers.task_paths import NOOP
 
-pytestmark = pytest.mark.django_db(databases=["default", "second"])
-
-NOOP = "tests.testapp.handlers.noop"
-TOKEN = "multi-db-token"
-
-
-@pytest.fixture(autouse=True)
-def routes(settings: Any) -> None:
-    settings.LEASING_TASKS = {
-        "QUEUE_DATABASES": {"reports": "second"},
-        "API_TASK_PATTERNS": ["tests.testapp.handlers.*"],
-    }
-    settings.LEASING = {"DATABASES": {"billing:": "second"}}
-    settings.LEASING_API_TOKENS = [TOKEN]
+pytestmark = [pytest.mark.django_db(databases=["default", "second"]), pytest.mark.usefixtures("routes")]
 
 
 def rows(alias: str, **filters: Any) -> list[int]:
@@ -204,57 +192,34 @@ def test_recovery_of_each_database_has_its_own_leader_and_recovers_only_its_task
 # -- the JSON API -------------------------------------------------------------------------------------
 
 
-class Api:
-    def __init__(self, client: Client) -> None:
-        self.client = client
-
-    def __call__(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
-        import json
-
-        headers = {"Authorization": f"Bearer {TOKEN}"}
-        if method == "GET":
-            response = self.client.get(url, headers=headers)
-        else:
-            data = json.dumps(body) if body is not None else ""
-            response = getattr(self.client, method.lower())(
-                url, data=data, content_type="application/json", headers=headers
-            )
-        return response.status_code, json.loads(response.content) if response.content else None
-
-
-@pytest.fixture
-def api(client: Client) -> Api:
-    return Api(client)
-
-
 def test_the_api_enqueues_by_route_and_reads_and_acts_on_the_database_asked_for(api: Api) -> None:
-    status, body = api("POST", "/api/tasks", {"task_path": NOOP, "queue": "reports"})
+    status, body = api.call("POST", "/api/tasks", {"task_path": NOOP, "queue": "reports"})
     assert status == 201
     task_id = body["task"]["id"]
     assert task_id in rows("second")
     # A task id is per database: the default database has no such task (or another one).
     Task.objects.using("default").filter(pk=task_id).delete()
-    assert api("GET", f"/api/tasks/{task_id}")[0] == 404
-    status, body = api("GET", f"/api/tasks/{task_id}?db=second")
+    assert api.call("GET", f"/api/tasks/{task_id}")[0] == 404
+    status, body = api.call("GET", f"/api/tasks/{task_id}?db=second")
     assert status == 200 and body["task"]["queue"] == "reports"
-    status, body = api("GET", "/api/tasks?db=second")
+    status, body = api.call("GET", "/api/tasks?db=second")
     assert [t["id"] for t in body["tasks"]] == [task_id]
-    assert api("POST", f"/api/tasks/{task_id}/cancel?db=second")[0] == 200
+    assert api.call("POST", f"/api/tasks/{task_id}/cancel?db=second")[0] == 200
     assert Task.objects.using("second").get(pk=task_id).status == "CANCELLED"
     # Asking to create in a database the queue is not routed to changes nothing.
-    status, body = api("POST", "/api/tasks?db=default", {"task_path": NOOP, "queue": "reports"})
+    status, body = api.call("POST", "/api/tasks?db=default", {"task_path": NOOP, "queue": "reports"})
     assert status == 400 and body["field"] == "db" and "routed to database 'second'" in body["error"]
     assert rows("default", queue="reports") == []
     # A pause lives where the queue's claims read it.
-    assert api("POST", "/api/queues/reports/pause", {"reason": "r"})[0] == 200
+    assert api.call("POST", "/api/queues/reports/pause", {"reason": "r"})[0] == 200
     from tasks.models import QueueControl
 
     assert QueueControl.objects.using("second").get(name="reports").paused
     assert not QueueControl.objects.using("default").filter(name="reports").exists()
     # Leases by namespace, likewise.
-    status, body = api("POST", "/api/leases", {"resource": "billing:api", "holder": "h"})
+    status, body = api.call("POST", "/api/leases", {"resource": "billing:api", "holder": "h"})
     assert status == 201 and Lease.objects.using("second").filter(resource="billing:api").exists()
-    assert api("GET", "/api/leases?db=second")[1]["leases"][0]["resource"] == "billing:api"
+    assert api.call("GET", "/api/leases?db=second")[1]["leases"][0]["resource"] == "billing:api"
 
 
 @pytest.mark.parametrize(
@@ -270,19 +235,13 @@ def test_the_api_refuses_an_unknown_database_with_400_json(api: Api, value: str)
         ("POST", f"/api/tasks?db={value}", {"task_path": NOOP}),
         ("GET", f"/api/leases?db={value}", None),
     ]:
-        status, answer = api(method, url, body)
+        status, answer = api.call(method, url, body)
         assert status == 400, (method, url, status)
         assert isinstance(answer["error"], str) and len(answer["error"]) < 400
     assert Task.objects.using("default").count() + Task.objects.using("second").count() == before
 
 
 # -- pages, admin, metrics ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def staff(client: Client) -> Client:
-    client.force_login(StaffFactory.create())
-    return client
 
 
 def test_every_page_says_which_database_it_shows_and_switches(staff: Client) -> None:

@@ -10,23 +10,11 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
-from tests.factories import StaffFactory
+from tests.helpers.api import TOKEN
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("api_token")]
 
-TOKEN = "site-urls-token"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
-
-
-@pytest.fixture(autouse=True)
-def tokens(settings: Any) -> None:
-    settings.LEASING_API_TOKENS = [TOKEN]
-
-
-@pytest.fixture
-def staff(client: Client) -> Client:
-    client.force_login(StaffFactory.create())
-    return client
 
 
 @pytest.fixture

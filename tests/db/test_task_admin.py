@@ -7,17 +7,10 @@ from django.test import Client
 from django.utils import timezone
 
 from tasks.models import Failure, Task
-from tests.factories import StaffFactory
 
 pytestmark = pytest.mark.django_db
 
 URL = "/admin/tasks/task/"
-
-
-@pytest.fixture
-def staff(client: Client) -> Client:
-    client.force_login(StaffFactory.create())
-    return client
 
 
 def test_changelist_filters_searches_and_shows_the_lease(staff: Client) -> None:

@@ -22,17 +22,11 @@ from tasks.models import Failure, Task
 from tasks.workflows import chain, step
 from tests.factories import StaffFactory
 from tests.helpers import wait_until
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-NOOP = "tests.testapp.handlers.noop"
 URL = "/admin/tasks/task/"
-
-
-@pytest.fixture
-def staff(client: Client) -> Client:
-    client.force_login(StaffFactory.create())
-    return client
 
 
 def told(response: Any) -> str:

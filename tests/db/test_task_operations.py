@@ -13,10 +13,9 @@ from django.utils import timezone
 
 from tasks.models import NOTIFY_CHANNEL, Failure, Task, Worker
 from tests.helpers import wait_until
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db
-
-NOOP = "tests.testapp.handlers.noop"
 
 
 def enqueue(**kwargs: Any) -> int:

@@ -31,13 +31,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 H = "tests.testapp.traced_handlers."
 
 
-@pytest.fixture
-def spans(settings: Any) -> Iterator[InMemorySpanExporter]:
-    settings.LEASING_TASKS = {"BACKOFF_BASE": 0.01, "BACKOFF_MAX": 0.05}  # TRACING: the default (None)
-    with global_provider() as exporter:
-        yield exporter
-
-
 def new_worker() -> Worker:
     return Worker(
         concurrency=2,
@@ -51,7 +44,7 @@ def new_worker() -> Worker:
 
 
 @pytest.fixture
-def worker(spans: InMemorySpanExporter) -> Iterator[Worker]:
+def traced_worker(spans: InMemorySpanExporter) -> Iterator[Worker]:
     with worker_in_thread(new_worker()) as running:
         yield running
 
@@ -87,7 +80,7 @@ def row_context(task_id: int) -> Any:
 
 
 def test_a_request_its_enqueue_the_attempt_and_the_handlers_span_are_one_trace(
-    spans: InMemorySpanExporter, worker: Worker
+    spans: InMemorySpanExporter, traced_worker: Worker
 ) -> None:
     with request_tracer().start_as_current_span("GET /orders") as request:
         task_id = Task.objects.enqueue(H + "inner", kwargs={"label": "charge card"}, queue="traced").id
@@ -147,7 +140,7 @@ def test_a_request_its_enqueue_the_attempt_and_the_handlers_span_are_one_trace(
 
 
 def test_a_retried_tasks_second_attempt_starts_its_own_trace_linked_to_the_enqueue(
-    spans: InMemorySpanExporter, worker: Worker
+    spans: InMemorySpanExporter, traced_worker: Worker
 ) -> None:
     with request_tracer().start_as_current_span("POST /import"):
         task_id = Task.objects.enqueue(H + "fails_first", kwargs={"message": "flaky upstream"}, max_attempts=3).id
@@ -189,7 +182,7 @@ def test_a_retried_tasks_second_attempt_starts_its_own_trace_linked_to_the_enque
 
 
 def test_an_attempt_that_fails_for_good_times_out_snoozes_or_cancels_says_so(
-    spans: InMemorySpanExporter, worker: Worker
+    spans: InMemorySpanExporter, traced_worker: Worker
 ) -> None:
     failing = Task.objects.enqueue(H + "always_fails", kwargs={"message": "no such order"}, max_attempts=1).id
     timing_out = Task.objects.enqueue(H + "sleeps", kwargs={"seconds": 1.0}, timeout=0.2, max_attempts=1).id
@@ -295,7 +288,7 @@ def test_a_failing_propagator_leaves_tasks_untraced_but_enqueued_and_run(
 
 
 def test_an_async_handlers_attempt_span_is_current_inside_its_coroutine(
-    spans: InMemorySpanExporter, worker: Worker
+    spans: InMemorySpanExporter, traced_worker: Worker
 ) -> None:
     with request_tracer().start_as_current_span("GET /report"):
         ok = Task.objects.enqueue(H + "async_inner", kwargs={"label": "render"}).id
@@ -361,7 +354,7 @@ def test_a_bulk_enqueue_is_one_span_whose_context_every_row_carries(spans: InMem
 
 
 def test_a_workflow_enqueue_is_one_span_and_each_step_runs_as_its_child(
-    spans: InMemorySpanExporter, worker: Worker
+    spans: InMemorySpanExporter, traced_worker: Worker
 ) -> None:
     flow = chain(step(H + "inner", label="first step"), step(H + "inner", label="second step"), pipe=False)
     with request_tracer().start_as_current_span("POST /pipeline"):
@@ -384,7 +377,7 @@ def test_a_workflow_enqueue_is_one_span_and_each_step_runs_as_its_child(
 
 
 def test_a_django_tasks_enqueue_through_the_backend_is_traced_with_its_alias(
-    spans: InMemorySpanExporter, worker: Worker
+    spans: InMemorySpanExporter, traced_worker: Worker
 ) -> None:
     with request_tracer().start_as_current_span("POST /signup"):
         result = traced_handlers.dj_inner.enqueue("welcome mail")

@@ -5,7 +5,6 @@ a plain dedup enqueue racing a window, concurrency keys, retention, and statemen
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import threading
 from typing import Any
@@ -18,17 +17,11 @@ from tasks.lifecycle import windows
 from tasks.maintenance.retention import prune
 from tasks.models import Failure, Task, TaskStatus, UniqueKey
 from tasks.models.task import TaskQuerySet
-from tests.helpers import enqueue_params, wait_until
+from tests.helpers import db_now, enqueue_params, wait_until
+from tests.helpers.api import Api
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db
-
-NOOP = "tests.testapp.handlers.noop"
-
-
-def db_now() -> dt.datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()")
-        return cursor.fetchone()[0]
 
 
 def rolled_back(enqueue: Any) -> Any:
@@ -347,47 +340,33 @@ def test_a_debounce_key_is_per_task_path() -> None:
 
 # -- the JSON API -----------------------------------------------------------------------------
 
-API_TOKEN = "windows-test-token"
 
-
-@pytest.fixture
-def api(client: Any, settings: Any) -> Any:
-    settings.LEASING_API_TOKENS = [API_TOKEN]
-    settings.LEASING_TASKS = {"API_TASK_PATTERNS": ["tests.testapp.handlers.*"]}
-
-    def call(body: Any, method: str = "post", url: str = "/api/tasks") -> tuple[int, Any]:
-        response = getattr(client, method)(
-            url,
-            **({"data": json.dumps(body), "content_type": "application/json"} if method == "post" else {}),
-            headers={"Authorization": f"Bearer {API_TOKEN}"},
-        )
-        return response.status_code, json.loads(response.content)
-
-    return call
-
-
-def test_the_api_enqueues_under_a_window_and_shows_it(api: Any) -> None:
-    status, first = api({"task_path": NOOP, "dedup_key": "api:1", "unique_for": 60})
+def test_the_api_enqueues_under_a_window_and_shows_it(task_api: Api) -> None:
+    status, first = task_api.enqueue({"task_path": NOOP, "dedup_key": "api:1", "unique_for": 60})
     assert status == 201 and first["created"] and first["task_id"] == first["task"]["id"]
     window = first["task"]["unique_window"]
     assert window["key"] == "api:1" and window["expires_at"] > window["accepted_at"]
     Task.objects.filter(pk=first["task_id"]).cancel()
-    status, again = api({"task_path": NOOP, "dedup_key": "api:1", "unique_for": 60, "kwargs": {"n": 2}})
+    status, again = task_api.enqueue({"task_path": NOOP, "dedup_key": "api:1", "unique_for": 60, "kwargs": {"n": 2}})
     assert (status, again["created"], again["task_id"]) == (200, False, first["task_id"])
-    status, detail = api(None, method="get", url=f"/api/tasks/{first['task_id']}")
+    status, detail = task_api.call("GET", f"/api/tasks/{first['task_id']}")
     assert status == 200 and detail["task"]["unique_window"]["key"] == "api:1"
 
-    status, d1 = api({"task_path": NOOP, "dedup_key": "api:d", "debounce": 30, "max_wait": 60, "kwargs": {"n": 1}})
-    status2, d2 = api({"task_path": NOOP, "dedup_key": "api:d", "debounce": 30, "max_wait": 60, "kwargs": {"n": 2}})
+    status, d1 = task_api.enqueue(
+        {"task_path": NOOP, "dedup_key": "api:d", "debounce": 30, "max_wait": 60, "kwargs": {"n": 1}}
+    )
+    status2, d2 = task_api.enqueue(
+        {"task_path": NOOP, "dedup_key": "api:d", "debounce": 30, "max_wait": 60, "kwargs": {"n": 2}}
+    )
     assert (status, status2, d2["created"], d2["task_id"]) == (201, 200, False, d1["task_id"])
     assert d2["task"]["kwargs"] == {"n": 2} and d2["task"]["debounces"] == 1
     assert d2["task"]["debounce_key"] == "api:d" and d2["task"]["debounce_until"] is not None
 
 
-def test_the_api_answers_a_window_whose_task_was_pruned_with_its_id(api: Any) -> None:
-    status, first = api({"task_path": NOOP, "dedup_key": "gone", "unique_for": 600})
+def test_the_api_answers_a_window_whose_task_was_pruned_with_its_id(task_api: Api) -> None:
+    status, first = task_api.enqueue({"task_path": NOOP, "dedup_key": "gone", "unique_for": 600})
     Task.objects.filter(pk=first["task_id"]).delete()
-    status, again = api({"task_path": NOOP, "dedup_key": "gone", "unique_for": 600})
+    status, again = task_api.enqueue({"task_path": NOOP, "dedup_key": "gone", "unique_for": 600})
     assert (status, again["task"], again["task_id"], again["created"]) == (200, None, first["task_id"], False)
 
 
@@ -408,17 +387,19 @@ def test_the_api_answers_a_window_whose_task_was_pruned_with_its_id(api: Any) ->
         ({"dedup_key": "k", "debounce": []}, "debounce"),
     ],
 )
-def test_the_api_refuses_bad_windows_with_400_and_changes_nothing(api: Any, extra: dict[str, Any], field: str) -> None:
+def test_the_api_refuses_bad_windows_with_400_and_changes_nothing(
+    task_api: Api, extra: dict[str, Any], field: str
+) -> None:
     Task.objects.enqueue(NOOP, kwargs={"v": 1}, dedup_key="k", debounce=30)
     before = list(Task.objects.values())
-    status, body = api({"task_path": NOOP, "kwargs": {"v": "changed"}, **extra})
+    status, body = task_api.enqueue({"task_path": NOOP, "kwargs": {"v": "changed"}, **extra})
     assert status == 400, body
     assert body["error"] and body.get("field") == field, body
     assert list(Task.objects.values()) == before and not UniqueKey.objects.exists()
 
 
-def test_the_openapi_document_describes_the_window_fields(api: Any) -> None:
-    _status, document = api(None, method="get", url="/api/openapi.json")
+def test_the_openapi_document_describes_the_window_fields(task_api: Api) -> None:
+    _status, document = task_api.call("GET", "/api/openapi.json")
     fields = document["paths"]["/tasks"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
     assert {"unique_for", "debounce", "max_wait"} <= set(fields)
     assert fields["unique_for"]["maximum"] == windows.MAX_WINDOW_SECONDS
@@ -495,14 +476,6 @@ def test_well_formed_windows_pass_the_check(settings: Any) -> None:
 
 
 # -- where a user looks -------------------------------------------------------------------------
-
-
-@pytest.fixture
-def staff(client: Any) -> Any:
-    from django.contrib.auth import get_user_model
-
-    client.force_login(get_user_model().objects.create_superuser("windows", "w@example.com", "pw"))
-    return client
 
 
 def test_the_task_page_and_the_admin_show_the_key_and_its_window(staff: Any) -> None:

@@ -13,24 +13,17 @@ import threading
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from tasks.exceptions import TaskError
 from tasks.lifecycle import concurrency
 from tasks.maintenance.retention import prune
 from tasks.models import Task, TaskStatus, UniqueKey
-from tests.helpers import wait_until
+from tests.helpers import db_now, wait_until
 from tests.helpers.connections import OnItsOwnConnection, waits_for_a_lock
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-NOOP = "tests.testapp.handlers.noop"
-
-
-def db_now() -> dt.datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()")
-        return cursor.fetchone()[0]
 
 
 def let_the_clock_pass(seconds: float) -> None:

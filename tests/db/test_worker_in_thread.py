@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def running_worker(settings: Any) -> Iterator[Worker]:
+def worker_with_quick_retries(settings: Any) -> Iterator[Worker]:
     settings.LEASING_TASKS = {"BACKOFF_BASE": 0.01, "BACKOFF_MAX": 0.05}
     worker = Worker(
         concurrency=2, ttl=2, poll_interval=0.05, recovery_interval=0.1, install_signal_handlers=False, worker_id="t1"
@@ -59,7 +59,7 @@ def finished(task_id: int) -> Task:
     )
 
 
-def test_failures_are_retried_with_every_error_kept(running_worker: Worker) -> None:
+def test_failures_are_retried_with_every_error_kept(worker_with_quick_retries: Worker) -> None:
     task_id = Task.objects.enqueue("tests.testapp.handlers.fail_until", kwargs={"succeed_on": 3}, max_attempts=3).id
     task = finished(task_id)
     assert (task.status, task.attempts, task.return_value) == ("SUCCESSFUL", 3, "succeeded on attempt 3")
@@ -69,25 +69,25 @@ def test_failures_are_retried_with_every_error_kept(running_worker: Worker) -> N
     )
 
 
-def test_out_of_attempts_ends_failed(running_worker: Worker) -> None:
+def test_out_of_attempts_ends_failed(worker_with_quick_retries: Worker) -> None:
     task_id = Task.objects.enqueue("tests.testapp.handlers.fail_until", kwargs={"succeed_on": 9}, max_attempts=2).id
     task = finished(task_id)
     assert (task.status, task.attempts, len(task.errors)) == ("FAILED", 2, 2)
 
 
-def test_unknown_handler_fails_without_retrying(running_worker: Worker) -> None:
+def test_unknown_handler_fails_without_retrying(worker_with_quick_retries: Worker) -> None:
     task_id = Task.objects.enqueue("tests.testapp.handlers.missing", max_attempts=5).id
     task = finished(task_id)
     assert (task.status, task.attempts) == ("FAILED", 1)
     assert task.errors[0]["exception_class_path"] == "builtins.ImportError"
 
 
-def test_retry_resumes_from_the_last_checkpoint(running_worker: Worker) -> None:
+def test_retry_resumes_from_the_last_checkpoint(worker_with_quick_retries: Worker) -> None:
     task = finished(Task.objects.enqueue("tests.testapp.handlers.resume").id)
     assert task.return_value == {"resumed_from": 3, "attempt": 2}
 
 
-def test_dedup_key_returns_the_unfinished_task(running_worker: Worker) -> None:
+def test_dedup_key_returns_the_unfinished_task(worker_with_quick_retries: Worker) -> None:
     # Deferred, so it is certainly still unfinished when the duplicate arrives.
     later = timezone.now() + dt.timedelta(hours=1)
     first = Task.objects.enqueue("tests.testapp.handlers.noop", dedup_key="job-1", run_after=later)
@@ -101,7 +101,7 @@ def test_dedup_key_returns_the_unfinished_task(running_worker: Worker) -> None:
 
 
 def test_timeout_abandons_the_attempt_and_the_next_attempt_in_the_same_process_is_unaffected(
-    running_worker: Worker,
+    worker_with_quick_retries: Worker,
 ) -> None:
     """Attempt 1 overruns its timeout: it is recorded as timed out at once and no longer heartbeated.
     Attempt 2 of the same task runs in the same worker while attempt 1's thread is still stuck, and
@@ -117,15 +117,17 @@ def test_timeout_abandons_the_attempt_and_the_next_attempt_in_the_same_process_i
     assert task.return_value == {"attempt": 2}
     assert [(e["attempt"], e["exception_class_path"]) for e in task.errors] == [(1, "tasks.exceptions.TaskTimeout")]
     assert (task.attempts, task.failures, task.crashes) == (2, 1, 0)
-    assert running_worker.stats["timed_out"] == 1
+    assert worker_with_quick_retries.stats["timed_out"] == 1
     Gate.objects.filter(key="slow").update(open=True)  # attempt 1's handler returns now, late
-    wait_until(lambda: running_worker.stats["late_results_dropped"] >= 1, 20, what="the late result to be dropped")
+    wait_until(
+        lambda: worker_with_quick_retries.stats["late_results_dropped"] >= 1, 20, what="the late result to be dropped"
+    )
     task.refresh_from_db()
     assert (task.status, task.return_value) == ("SUCCESSFUL", {"attempt": 2})
-    assert running_worker.stats["succeeded"] == 1
+    assert worker_with_quick_retries.stats["succeeded"] == 1
 
 
-def test_django_tasks_round_trip(running_worker: Worker) -> None:
+def test_django_tasks_round_trip(worker_with_quick_retries: Worker) -> None:
     events: list[tuple[str, str]] = []
 
     def on_started(sender: Any, task_result: Any, **kwargs: Any) -> None:
@@ -153,7 +155,7 @@ def test_django_tasks_round_trip(running_worker: Worker) -> None:
     assert events == [("started", result.id), ("finished", TaskResultStatus.SUCCESSFUL)]
 
 
-def test_django_tasks_context_async_and_errors(running_worker: Worker) -> None:
+def test_django_tasks_context_async_and_errors(worker_with_quick_retries: Worker) -> None:
     with_context = handlers.context_info.enqueue(label="x")
     doubled = handlers.async_double.enqueue(21)
     broken = handlers.explode.enqueue()
@@ -168,8 +170,8 @@ def test_django_tasks_context_async_and_errors(running_worker: Worker) -> None:
     assert broken.errors[-1].exception_class is KeyError
 
 
-def test_django_tasks_priority_and_run_after_are_honoured(running_worker: Worker) -> None:
-    running_worker.request_stop()  # stop claiming, then enqueue with priorities, then run a fresh worker
+def test_django_tasks_priority_and_run_after_are_honoured(worker_with_quick_retries: Worker) -> None:
+    worker_with_quick_retries.request_stop()  # stop claiming, then enqueue with priorities, then run a fresh worker
     wait_until(lambda: Task.objects.running().count() == 0, what="idle")
     later = handlers.add.using(run_after=timezone.now() + dt.timedelta(seconds=1.5)).enqueue(1, 1)
     low = handlers.add.using(priority=-10).enqueue(1, 2)
@@ -192,7 +194,9 @@ def test_get_result_of_an_unknown_id_raises() -> None:
         handlers.add.get_result("not-a-number")
 
 
-def test_cancelled_task_maps_to_failed_and_running_cancel_is_lost_by_the_worker(running_worker: Worker) -> None:
+def test_cancelled_task_maps_to_failed_and_running_cancel_is_lost_by_the_worker(
+    worker_with_quick_retries: Worker,
+) -> None:
     result = handlers.add.using(run_after=timezone.now() + dt.timedelta(hours=1)).enqueue(1, 1)
     Task.objects.filter(pk=int(result.id)).cancel()
     result.refresh()
@@ -200,7 +204,7 @@ def test_cancelled_task_maps_to_failed_and_running_cancel_is_lost_by_the_worker(
     assert Task.objects.get(pk=int(result.id)).status == TaskStatus.CANCELLED
 
 
-def test_an_isolated_task_runs_alone_in_its_worker(running_worker: Worker) -> None:
+def test_an_isolated_task_runs_alone_in_its_worker(worker_with_quick_retries: Worker) -> None:
     """A task whose workers vanished beside other attempts ISOLATE_AFTER times runs alone, so that if
     it is the one killing them, the next crash is attributable."""
     from django.db import transaction

@@ -15,18 +15,12 @@ from tasks.exceptions import TaskNotFinished
 from tasks.models import Task, Workflow
 from tasks.workflows import chain, group, step
 from tests.factories import StaffFactory
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-NOOP = "tests.testapp.handlers.noop"
 URL = "/admin/tasks/workflow/"
 TASKS = "/admin/tasks/task/"
-
-
-@pytest.fixture
-def staff(client: Client) -> Client:
-    client.force_login(StaffFactory.create())
-    return client
 
 
 def listed(response: Any) -> list[int]:

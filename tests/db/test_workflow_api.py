@@ -13,16 +13,10 @@ from tasks.lifecycle.workflows import WorkflowStatus
 from tasks.models import Failure, Task, TaskStatus, Workflow
 from tasks.web.api import openapi
 from tasks.workflows import EnqueuedWorkflow, chain, group, step
+from tests.helpers.api import TOKEN
+from tests.helpers.task_paths import NOOP
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-TOKEN = "workflow-token"
-NOOP = "tests.testapp.handlers.noop"
-
-
-@pytest.fixture(autouse=True)
-def tokens(settings: Any) -> None:
-    settings.LEASING_API_TOKENS = [TOKEN, "reader:tasks.view_task"]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("api_token_and_reader")]
 
 
 def call(method: str, url: str, body: Any = None, *, raw: str | None = None, token: str = TOKEN) -> tuple[int, Any]:

@@ -15,10 +15,10 @@ from tasks.web.queries import state_counts
 from tasks.web.workflows import WORKFLOW_COUNTS_SQL, running_workflows
 from tasks.workflows import chain, group, step
 from tests.helpers.plans import add_rows, explained, overreads, recorded
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-NOOP = "tests.testapp.handlers.noop"
 RUNNING = 'tasks_workflows{database="default",status="RUNNING"}'
 AWAITING = 'tasks_awaiting{database="default"}'
 AWAITING_STATE = 'tasks_tasks{database="default",state="awaiting"}'

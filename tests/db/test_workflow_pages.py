@@ -17,16 +17,9 @@ from tasks.web.workflows import edges, member_counts, member_listing, workflow_p
 from tasks.workflows import EnqueuedWorkflow, chain, group, step
 from tests.factories import StaffFactory
 from tests.helpers.plans import add_rows, explained, overreads, recorded
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-NOOP = "tests.testapp.handlers.noop"
-
-
-@pytest.fixture
-def staff(client: Client) -> Client:
-    client.force_login(StaffFactory.create())
-    return client
 
 
 def finish_one(*, fail: bool = False) -> int:

@@ -20,10 +20,10 @@ from tasks.models import Failure, Task, TaskDependency, TaskStatus, Workflow
 from tasks.workflows import Workflow as Flow
 from tasks.workflows import chain, group, parent_results, step
 from tests.helpers import wait_until
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-NOOP = "tests.testapp.handlers.noop"
 ECHO = "tests.testapp.handlers.echo"
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,23 +13,9 @@ from django.utils import timezone
 
 from tasks.demo import generator
 from tasks.models import Failure, Task
-from tests.helpers import ROOT, start_manage, stop_process
+from tests.helpers import ROOT
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.slow]
-
-
-@pytest.fixture
-def processes(tmp_path: Path) -> Iterator[Any]:
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(command: str, *args: str) -> subprocess.Popen[bytes]:
-        proc = start_manage(tmp_path / f"{command}-{len(started)}.log", command, *args)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        stop_process(proc)
 
 
 def log_in(page: Any, live_server: Any) -> None:

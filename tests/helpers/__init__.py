@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import select
@@ -38,6 +39,15 @@ def test_database_url() -> str:
     return f"postgres://{auth}@{host}{port}/{s['NAME']}{query}"
 
 
+def db_now() -> dt.datetime:
+    """The database clock now (``clock_timestamp()``: the time as the server reads it, inside a test's
+    transaction too), what the statements under test compare their times with."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        now: dt.datetime = cursor.fetchone()[0]
+    return now
+
+
 def child_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(DATABASE_URL=test_database_url(), DJANGO_SETTINGS_MODULE="tests.settings", PYTHONUNBUFFERED="1")
@@ -69,6 +79,20 @@ def ensure_ended(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]
                 os.kill(proc.pid, signal.SIGCONT)
             proc.kill()
             proc.wait(30)
+
+
+@contextmanager
+def sql_installed(create: str, drop: str) -> Iterator[None]:
+    """The test's own tables, functions and triggers (``create``) for the block; ``drop`` runs before
+    (what a killed run left behind goes too) and after."""
+    with connection.cursor() as cursor:
+        cursor.execute(drop)
+        cursor.execute(create)
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(drop)
 
 
 def read_message(proc: subprocess.Popen[str], timeout: float = 30.0) -> dict[str, Any]:

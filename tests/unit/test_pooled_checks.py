@@ -72,7 +72,7 @@ def test_the_wake_up_source_follows_the_settings(settings: Any) -> None:
     assert "secret" not in where("postgres://u:secret@db:5432/app")
 
 
-def test_breaker_an_unparsable_listen_url_is_refused_without_quoting_it(settings: Any) -> None:
+def test_an_unparsable_listen_url_is_refused_without_quoting_it(settings: Any) -> None:
     settings.LEASING_TASKS = {"LISTEN_URLS": {"default": "postgres://u:s3%ZZcret@db/x"}}
     messages = check_pooled_databases()
     assert [message.id for message in messages] == ["tasks.E106"]
@@ -92,7 +92,7 @@ def test_breaker_an_unparsable_listen_url_is_refused_without_quoting_it(settings
         {"POOLED_DATABASES": "default"},
     ],
 )
-def test_breaker_malformed_pooler_settings_are_refused_by_a_check(settings: Any, bad: dict[str, Any]) -> None:
+def test_malformed_pooler_settings_are_refused_by_a_check(settings: Any, bad: dict[str, Any]) -> None:
     """Not a crash of ``manage.py check`` (nor an error per character of a string)."""
     from tasks.checks import check_task_settings
 

@@ -1,0 +1,127 @@
+"""Stopping the worker under faults: a stop while the database is
+unreachable, a stop while the listener reconnects, a mixed sync/async fleet through PgBouncer
+stopped twice and SIGKILLed, and ``run_worker`` called in-process again and again.
+
+Found by breaker 21 (the bug hunt on issue 21: the worker rebuilt from small parts). These attacks held."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from tasks.models import Task, TaskStatus
+from tests.helpers import test_database_url as database_url
+from tests.helpers import wait_until, worker_row
+from tests.helpers.pgbouncer import Bouncer
+from tests.helpers.pgproxy import PgProxy
+from tests.helpers.workers import Workers
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+H = "tests.testapp.handlers."
+
+
+def test_sigterm_while_the_database_is_unreachable_exits_within_the_grace(proxy: PgProxy, workers: Workers) -> None:
+    """Retries end at the drain deadline once a stop was requested (fault-model.md), whatever part
+    (listener, heartbeat, recovery, hand-back) is retrying."""
+    ids = [Task.objects.enqueue(H + "work", kwargs={"seconds": 30}).id for _ in range(2)]
+    proc = workers.start(
+        "cut", "--concurrency", "2", "--shutdown-grace", "2", DATABASE_URL=proxy.url_for(database_url())
+    )
+    wait_until(lambda: Task.objects.filter(pk__in=ids, attempt_started=True).count() == 2, 20, what="both started")
+    proxy.stop()  # every connection cut, every new one refused
+    began = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert time.monotonic() - began < 10  # grace 2 s + a retry round, not the TTL of every part
+    # Its claims lapse (ttl 2 s) and go to a worker that can reach the database.
+    Task.objects.filter(pk__in=ids).update(kwargs={"seconds": 0})
+    workers.start("other", "--concurrency", "2")
+    wait_until(lambda: Task.objects.filter(pk__in=ids, status=TaskStatus.SUCCESSFUL).count() == 2, 30, what="rerun")
+
+
+def test_sigterm_while_the_listener_reconnects_ends_at_once(proxy: PgProxy, workers: Workers) -> None:
+    proc = workers.start("lis", DATABASE_URL=proxy.url_for(database_url()))
+    wait_until(lambda: proxy.kill_connections(b"LISTEN") > 0, 10, what="the listener's connection")
+    wait_until(lambda: "listener connection failed" in workers.log("lis"), 10, what="the listener to notice")
+    began = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert time.monotonic() - began < 5
+    assert worker_row("lis").stopped_at is not None
+
+
+def test_mixed_fleet_through_pgbouncer_stopped_twice_and_killed_loses_and_charges_nothing(
+    bouncer_pool_of_3: Bouncer, workers: Workers
+) -> None:
+    env: dict[str, Any] = {
+        "DATABASE_URL": bouncer_pool_of_3.url(connection.settings_dict["NAME"]),
+        "DATABASE_POOLED": "true",
+    }
+    ids = [Task.objects.enqueue(H + "work", kwargs={"seconds": 0.3}).id for _ in range(30)]
+    ids += [Task.objects.enqueue(H + "async_sleep", kwargs={"seconds": 0.3}).id for _ in range(30)]
+    mixed = ("--async-concurrency", "8", "--concurrency", "2")
+    first = workers.start("a", *mixed, "--shutdown-grace", "30", **env)
+    second = workers.start("b", *mixed, **env)
+    done = Task.objects.filter(pk__in=ids, status=TaskStatus.SUCCESSFUL)
+    wait_until(lambda: done.count() >= 10, 30, what="some tasks done")
+    first.send_signal(signal.SIGTERM)
+    wait_until(lambda: "draining" in workers.log("a"), 10, what="the drain")
+    first.send_signal(signal.SIGTERM)
+    second.kill()
+    assert first.wait(20) == 0
+    third = workers.start("c", *mixed, **env)
+    wait_until(lambda: done.count() == 60, 60, what="every task done")
+    assert not Task.objects.filter(pk__in=ids).exclude(failures=0).exists()
+    third.send_signal(signal.SIGTERM)
+    assert third.wait(20) == 0
+    # No session state left on the pooler's server connections (invariant 13): hold all three at once.
+    conns = [
+        psycopg.connect(bouncer_pool_of_3.url(connection.settings_dict["NAME"]), prepare_threshold=None)
+        for _ in range(3)
+    ]
+    try:
+        for conn in conns:
+            conn.execute("BEGIN")
+        for conn in conns:
+            row = conn.execute(
+                "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),"
+                " (SELECT count(*) FROM pg_listening_channels()), (SELECT count(*) FROM pg_prepared_statements)"
+            ).fetchone()
+            assert row == ("0", "0", 0, 0)
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def test_run_worker_in_process_again_and_again_leaks_no_thread_fd_or_connection() -> None:
+    def backends() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return int(cursor.fetchone()[0])
+
+    def worker_threads() -> list[str]:
+        ours = ("executor-", "heartbeat", "listener", "recovery", "scheduler", "task-signals", "async-")
+        return [t.name for t in threading.enumerate() if t.name.startswith(ours)]
+
+    fds: list[int] = []
+    for round_number in range(5):
+        ids = [Task.objects.enqueue(H + "add", kwargs={"a": round_number, "b": i}).id for i in range(3)]
+        call_command(
+            "run_worker", "--max-tasks", "3", "--poll-interval", "0.05", "--recovery-interval", "0.05", "-v", "0"
+        )
+        assert Task.objects.filter(pk__in=ids, status=TaskStatus.SUCCESSFUL).count() == 3
+        wait_until(lambda: not worker_threads(), 5, what="the worker's threads to end")
+        wait_until(lambda: backends() == 0, 5, what="the worker's connections to close")
+        fds.append(len(os.listdir("/proc/self/fd")))
+    assert len(set(fds)) == 1, fds  # the listener's stop pipe and connections are closed every time
