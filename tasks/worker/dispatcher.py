@@ -65,6 +65,11 @@ RESCAN_INTERVAL = 1.0
 FAIR_POSITIONS_PER_BATCH = 4
 
 
+#: The lock wait of a retried write that met a lock (ms): short, so that the retry keeps its rows
+#: locked, away from the heartbeat, no longer than that while the other session holds on.
+DEFERRED_LOCK_WAIT_MS = 50
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -208,9 +213,7 @@ class Dispatcher:
             self.handbacks.take_handbacks()
             deferred = self._due_deferred()
             if deferred:
-                # Outcomes whose rows were locked go in a round of their own: should the lock still be
-                # held, only that round waits out its lock_timeout, and the next claims nothing less.
-                self.round(deferred, [], 0)
+                self._write_deferred(deferred)
             outcomes = self.mailbox.take_outcomes()
             starts = self._due_starts(outcomes)
             capacity = self.capacity()
@@ -270,6 +273,23 @@ class Dispatcher:
         now = clock.monotonic()
         due = [key for key, (_e, _at, when) in self._pending_starts.items() if when <= now]
         return [self._pending_starts.pop(key)[:2] for key in due]
+
+    def _write_deferred(self, deferred: list[Outcome]) -> None:
+        """Outcomes whose write met a lock go in a round of their own (the round that claims never
+        waits on them), with a short lock wait: while the lock is still held, the retry holds its own
+        rows locked only that long, so the heartbeat, which renews those rows, is seldom kept from
+        them (and never while it renews: ``Session.write_gate``), and the attempts keep their leases
+        (``write_waits``)."""
+        session = self.session
+        with session.write_gate:  # the heartbeat waits for it rather than finding these rows busy
+            usual = session.lock_timeout_ms
+            session.lock_timeout_ms = DEFERRED_LOCK_WAIT_MS
+            try:
+                session.bind()
+                self.round(deferred, [], 0)
+            finally:
+                session.lock_timeout_ms = usual
+                session.bind()
 
     def _due_deferred(self) -> list[Outcome]:
         if not self._deferred:
@@ -407,14 +427,12 @@ class Dispatcher:
             keys = {o.key for o in deferred}
             successes = [o for o in successes if o.key not in keys]
             failures = [o for o in failures if o.key not in keys]
-            now = clock.monotonic()
+            retry_at = clock.monotonic() + 0.5
             for outcome in deferred:
-                # Each retry waits its lock_timeout when the lock is still held: back off, up to a
-                # third of the TTL (the heartbeat keeps the lease meanwhile: write_waits).
+                # The heartbeat keeps its lease until the write goes through (write_waits), and each
+                # retry holds the rows only DEFERRED_LOCK_WAIT_MS (_write_deferred).
                 outcome.execution.write_waits = True
-                tries = outcome.extra.get("deferrals", 0)
-                outcome.extra["deferrals"] = tries + 1
-                self._deferred.append((now + min(0.5 * 2**tries, max(0.5, session.ttl / 3)), outcome))
+                self._deferred.append((retry_at, outcome))
         if refused:
             for outcome in refused:
                 outcome.failure = minimal_failure(outcome, "the database refused the result")

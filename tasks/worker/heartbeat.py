@@ -63,15 +63,16 @@ class Heartbeat:
         sent = clock.monotonic()
         held = self.ledger.to_heartbeat(sent, session.ttl)
         try:
-            session.bind()
-            renewed, busy = session.tasks().heartbeat_detail(
-                session.id,
-                [e.key for e in held],
-                ttl=session.ttl,
-                stats=session.stats,
-                running=self._running(sent),
-                live=self._live(),
-            )
+            with session.write_gate:  # never beside the dispatcher's retry of a write that met a lock
+                session.bind()
+                renewed, busy = session.tasks().heartbeat_detail(
+                    session.id,
+                    [e.key for e in held],
+                    ttl=session.ttl,
+                    stats=session.stats,
+                    running=self._running(sent),
+                    live=self._live(),
+                )
         except DatabaseError as exc:
             session.stats["heartbeat_failures"] += 1
             logger.warning("worker %s: heartbeat failed: %s", session.id, exc)

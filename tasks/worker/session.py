@@ -69,6 +69,10 @@ class Session:
     draining: threading.Event = field(default_factory=threading.Event)
     #: Second stop signal: wait for nothing (running attempts, retries).
     hurry: threading.Event = field(default_factory=threading.Event)
+    #: Held by the heartbeat while it renews, and by the dispatcher while it retries writes that met a
+    #: lock: a retry holds its rows locked while it waits, and a beat then would find them busy and
+    #: leave those attempts unrenewed (their leases lapsing while the write waits).
+    write_gate: threading.Lock = field(default_factory=threading.Lock)
     #: Local clock time the drain gives up waiting for running attempts (set when it begins).
     drain_deadline: float | None = None
     #: Threads whose statements are the worker's own (dispatcher, heartbeat): bounded by :meth:`bind`.

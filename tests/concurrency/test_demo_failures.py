@@ -60,8 +60,10 @@ def test_injected_stall_makes_only_that_task_miss_its_heartbeats(spawn: Any) -> 
     assert worker_names(done.worker_ids)[0] == "staller"
     assert worker_names(done.worker_ids)[-1] == "healthy"
     # The stalled attempt's worker lived on: the crash is the attempt's own, charged; not a failure.
-    assert (done.crashes, done.failures) == (1, 0)
-    assert [(e["kind"], *worker_names([e["worker"]])) for e in done.errors] == [("crash", "staller")]
+    # (Once more per time the staller won the task back before the healthy worker, started after the
+    # claim, was polling: on a loaded machine its start can outlast a stall.)
+    assert done.crashes >= 1 and done.failures == 0, (done.crashes, done.failures)
+    assert [(e["kind"], *worker_names([e["worker"]])) for e in done.errors] == [("crash", "staller")] * done.crashes
     # The process itself never froze: it went on heartbeating while the stalled attempt's lease lapsed.
     assert worker_row("staller").last_seen_at > seen
 

@@ -81,17 +81,22 @@ def _blocks(sql: str, params: Any) -> int:
     return int(plan["Shared Hit Blocks"] + plan["Shared Read Blocks"])
 
 
+LEASE = 3.0
+
+
 def test_beside_an_old_snapshot_a_windowed_round_reads_few_blocks(old_snapshot: None) -> None:
     Task.objects.bulk_enqueue(NOOP, [{}] * 6000, queue="history")
-    while batch := Task.objects.claim("busy", limit=500, queues=["history"], ttl=0.5):
+    # Leases long enough for a claim of 500 and its finish on a loaded machine (a lapsed one refuses the
+    # finish), short enough to be past soon after.
+    while batch := Task.objects.claim("busy", limit=500, queues=["history"], ttl=LEASE):
         assert Task.objects.complete_many("busy", [(t.id, t.token, json.dumps(None)) for t in batch])
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE tasks_task")
         cursor.execute("SELECT count(*) FROM tasks_task WHERE status = 'SUCCESSFUL'")
         assert cursor.fetchone()[0] == 6000
-    # 6,000 dead RUNNING versions, still in the expiry index beside the snapshot, their leases (0.5 s)
+    # 6,000 dead RUNNING versions, still in the expiry index beside the snapshot, their leases (LEASE)
     # past by more than the margin before the first scan begins.
-    last = Task.objects.latest("finished_at").finished_at + dt.timedelta(seconds=0.5) + RECOVERY_MARGIN
+    last = Task.objects.latest("finished_at").finished_at + dt.timedelta(seconds=LEASE) + RECOVERY_MARGIN
     wait_until(lambda: db_now() > last + dt.timedelta(seconds=0.1))
     window = RecoveryWindow(full_scan_interval=3600)
     with recorded() as statements:
