@@ -42,7 +42,7 @@ def _modules() -> list[tuple[str, Path]]:
             if parts[-1] == "__init__":
                 parts.pop()
             module = ".".join(parts)
-            if not SKIP.search(module) and "/sql/" not in path.as_posix():
+            if not SKIP.search(module):
                 found.append((module, path))
     return found
 

@@ -62,22 +62,28 @@ class Heartbeat:
         session = self.session
         sent = clock.monotonic()
         held = self.ledger.to_heartbeat(sent, session.ttl)
+        # Not beside the dispatcher's retry of a write that met a lock (its rows would be busy), but
+        # never kept waiting for it long either: a retry whose connection failed reconciles for up to
+        # a TTL, and every other attempt's lease depends on this beat.
+        gated = session.write_gate.acquire(timeout=session.ttl / 6)
         try:
-            with session.write_gate:  # never beside the dispatcher's retry of a write that met a lock
-                session.bind()
-                renewed, busy = session.tasks().heartbeat_detail(
-                    session.id,
-                    [e.key for e in held],
-                    ttl=session.ttl,
-                    stats=session.stats,
-                    running=self._running(sent),
-                    live=self._live(),
-                )
+            session.bind()
+            renewed, busy = session.tasks().heartbeat_detail(
+                session.id,
+                [e.key for e in held],
+                ttl=session.ttl,
+                stats=session.stats,
+                running=self._running(sent),
+                live=self._live(),
+            )
         except DatabaseError as exc:
             session.stats["heartbeat_failures"] += 1
             logger.warning("worker %s: heartbeat failed: %s", session.id, exc)
             connections[session.using].close()
             return False
+        finally:
+            if gated:
+                session.write_gate.release()
         session.stats["heartbeats"] += 1
         self.last_beat = sent
         for execution in held:

@@ -71,7 +71,8 @@ class Session:
     hurry: threading.Event = field(default_factory=threading.Event)
     #: Held by the heartbeat while it renews, and by the dispatcher while it retries writes that met a
     #: lock: a retry holds its rows locked while it waits, and a beat then would find them busy and
-    #: leave those attempts unrenewed (their leases lapsing while the write waits).
+    #: leave those attempts unrenewed (their leases lapsing while the write waits). The heartbeat
+    #: waits for it at most TTL/6, then beats anyway.
     write_gate: threading.Lock = field(default_factory=threading.Lock)
     #: Local clock time the drain gives up waiting for running attempts (set when it begins).
     drain_deadline: float | None = None
