@@ -47,7 +47,7 @@ from tasks.lifecycle.routing import queue_database
 from tasks.lifecycle.values import fair_key_for, validate_concurrency, validate_enqueue
 from tasks.lifecycle.workflows import ON_PARENT_FAILURE, WorkflowError, WorkflowKind, WorkflowStatus
 from tasks.models import Workflow as WorkflowRow
-from tasks.models.task import announce_enqueued
+from tasks.models.task_enqueue import announce_enqueued
 from tasks.runtime import current_task
 
 __all__ = [

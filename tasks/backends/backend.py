@@ -58,8 +58,10 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils.module_loading import import_string
 
 from leasing.routing import known_databases
+from tasks.backends.options import LeaseTask, seconds_of
 from tasks.compat import (
     BaseTaskBackend,
+    InvalidTask,
     InvalidTaskBackend,
     TaskContext,
     TaskError,
@@ -76,7 +78,7 @@ from tasks.lifecycle.ratelimits import parse_rate
 from tasks.lifecycle.routing import queue_database
 from tasks.lifecycle.windows import window_problems
 from tasks.models import MAX_CONCURRENCY_LIMIT, Task, TaskStatus
-from tasks.models.task import announce_enqueued
+from tasks.models.task_enqueue import announce_enqueued
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -263,6 +265,8 @@ class LeaseTaskContext(TaskContext):  # type: ignore[misc]
 
 
 class LeaseBackend(BaseTaskBackend):
+    #: ``@task(...)`` takes this queue's options (tasks/backends/options.py).
+    task_class = LeaseTask
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
@@ -296,12 +300,27 @@ class LeaseBackend(BaseTaskBackend):
         # A malformed mapping is reported by the system check (tasks.E014); it keys nothing.
         self.fair: dict[str, str] = fair if not fair_problems(fair) else {}
 
+    def validate_task(self, task: DjangoTask) -> None:
+        """Django's checks, then those of a :class:`LeaseTask`'s options: ``InvalidTask`` naming the
+        task and each option that is wrong, when the module defining it is imported."""
+        super().validate_task(task)
+        if isinstance(task, LeaseTask):
+            problems = task_option_problems(task)
+            if problems:
+                raise InvalidTask(f"@task options of {task.module_path}: " + "; ".join(problems))
+
     def concurrency_of(self, task: DjangoTask, args: Any, kwargs: Any) -> tuple[str | None, int | None]:
-        """The concurrency key (its template filled with the call's arguments) and limit of a call."""
+        """The concurrency key (its template filled with the call's arguments) and limit of a call: the
+        task's own (``@task(concurrency_key=..., concurrency_limit=...)``), else OPTIONS["concurrency"]'s."""
+        if isinstance(task, LeaseTask) and task.concurrency_key is not None:
+            return _filled("concurrency", task.concurrency_key, task, args, kwargs), task.concurrency_limit
         return self._keyed(self.concurrency, "concurrency", task, args, kwargs)
 
     def rate_of(self, task: DjangoTask, args: Any, kwargs: Any) -> tuple[str | None, Any]:
-        """The rate key (its template filled with the call's arguments) and rate limit of a call."""
+        """The rate key (its template filled with the call's arguments) and rate limit of a call: the
+        task's own, else OPTIONS["rate_limits"]'s."""
+        if isinstance(task, LeaseTask) and task.rate_key is not None:
+            return _filled("rate", task.rate_key, task, args, kwargs), task.rate_limit
         return self._keyed(self.rate_limits, "rate", task, args, kwargs)
 
     def _keyed(
@@ -315,7 +334,13 @@ class LeaseBackend(BaseTaskBackend):
     def windows_of(self, task: DjangoTask, args: Any, kwargs: Any) -> dict[str, Any]:
         """The enqueue arguments of a call's window (OPTIONS["unique"] or ["debounce"]), its key
         template filled with the call's arguments: ``dedup_key`` with ``unique_for``, or with
-        ``debounce`` and ``max_wait``; nothing for a path in neither."""
+        ``debounce`` and ``max_wait``; nothing for a path in neither. The task's own window
+        (``@task(dedup_key=..., unique_for=...)`` or ``debounce=``) wins over OPTIONS'."""
+        if isinstance(task, LeaseTask) and task.dedup_key is not None:
+            key = _filled("dedup", task.dedup_key, task, args, kwargs)
+            if task.unique_for is not None:
+                return {"dedup_key": key, "unique_for": task.unique_for}
+            return {"dedup_key": key, "debounce": task.debounce, "max_wait": task.max_wait}
         if (entry := self.unique.get(task.module_path)) is not None:
             return {"dedup_key": _filled("unique", entry["key"], task, args, kwargs), "unique_for": entry["for"]}
         if (entry := self.debounce.get(task.module_path)) is not None:
@@ -327,8 +352,10 @@ class LeaseBackend(BaseTaskBackend):
         return {}
 
     def fair_key_of(self, task: DjangoTask, args: Any, kwargs: Any) -> str | None:
-        """The fair key (its template filled with the call's arguments) of a call, if the task has one."""
-        template = self.fair.get(task.module_path)
+        """The fair key (its template filled with the call's arguments) of a call, if the task has one:
+        its own (``@task(fair_key=...)``), else OPTIONS["fair"]'s."""
+        own = task.fair_key if isinstance(task, LeaseTask) else None
+        template = own if own is not None else self.fair.get(task.module_path)
         return None if template is None else _filled("fair", template, task, args, kwargs)
 
     def enqueue(self, task: DjangoTask, args: Any, kwargs: Any) -> TaskResult:
@@ -342,6 +369,11 @@ class LeaseBackend(BaseTaskBackend):
         rate_key, rate_limit = self.rate_of(task, args, kwargs)
         window = self.windows_of(task, args, kwargs)
         fair_key = self.fair_key_of(task, args, kwargs)
+        own_policy: dict[str, Any] = {}
+        own_timeout = None
+        if isinstance(task, LeaseTask):
+            own_policy = {"max_attempts": task.max_attempts, "retry_on": task.retry_on, "backoff": task.backoff}
+            own_timeout = task.timeout
         # task_enqueued is sent before the row is committed, so before any worker can start the
         # task: it always precedes task_started. (Inside the caller's transaction, the task and the
         # signal stand or fall with it: a rolled-back enqueue runs nothing, though it was signalled.)
@@ -354,11 +386,13 @@ class LeaseBackend(BaseTaskBackend):
                 queue=task.queue_name,
                 priority=task.priority,
                 run_after=task.run_after,
-                # The task's own policy (retry_policy under @task) is a default the row shows
-                # from the start; OPTIONS["retry"] is stored as the enqueue's own (it wins).
+                # @task(max_attempts=, retry_on=, backoff=) is stored as the enqueue's own, over
+                # OPTIONS["retry"] (both win over the handler's); @retry_policy on the function is a
+                # default the row shows from the start.
+                **own_policy,
                 default_max_attempts=getattr(policy.handler_policy(task), "max_attempts", None) or self.max_attempts,
                 retry_policy=self.retry.get(task.module_path),
-                timeout=self.timeout,
+                timeout=own_timeout if own_timeout is not None else self.timeout,
                 backend_alias=self.alias,
                 concurrency_key=concurrency_key,
                 concurrency_limit=concurrency_limit,
@@ -457,6 +491,57 @@ _OPTION_CHECKS: tuple[tuple[str, Callable[[Any], list[str]], str, str], ...] = (
     ("fair", fair_problems, "See docs/howto/pausing-and-keys.md, 'Fair queues'.", "tasks.E016"),
     ("retry", retry_problems, "See docs/howto/retries.md.", "tasks.E013"),
 )
+
+
+def task_option_problems(task: LeaseTask) -> list[str]:
+    """What is wrong with the options of a ``@task(...)`` (tasks/backends/options.py), each naming the
+    option: the checks of the OPTIONS mappings, on a one-entry mapping of this task."""
+    path = task.module_path
+    problems: list[str] = []
+    for name in ("max_attempts", "retry_on", "backoff"):
+        try:
+            policy.stored(**{name: getattr(task, name)})
+        except ValueError as exc:
+            problems.append(f"{name}: {exc}")
+    if task.timeout is not None and (
+        isinstance(task.timeout, bool) or not isinstance(task.timeout, int | float) or not 0 < task.timeout < 10**7
+    ):
+        problems.append(f"timeout must be a number of seconds above 0, not {task.timeout!r}")
+    pairs = (
+        ("concurrency_key", "concurrency_limit", concurrency_problems),
+        ("rate_key", "rate_limit", rate_limit_problems),
+    )
+    for key_name, limit_name, problems_of in pairs:
+        key, limit = getattr(task, key_name), getattr(task, limit_name)
+        if (key is None) != (limit is None):
+            problems.append(f"{key_name} and {limit_name} go together: give both or neither")
+        elif key is not None:
+            found = problems_of({path: {"key": key, "limit": limit}})
+            problems += [
+                p.replace(f"{path!r}: 'key'", key_name).replace(f"{path!r}: 'limit'", limit_name) for p in found
+            ]
+    if task.unique_for is not None and task.debounce is not None:
+        problems.append("unique_for and debounce exclude each other: a key is unique for a period or debounced")
+    elif task.unique_for is not None or task.debounce is not None:
+        if task.dedup_key is None:
+            problems.append("unique_for and debounce need dedup_key (the window's key template)")
+        else:
+            kind = "unique" if task.unique_for is not None else "debounce"
+            entry = (
+                {"key": task.dedup_key, "for": seconds_of(task.unique_for)}
+                if kind == "unique"
+                else {"key": task.dedup_key, "delay": seconds_of(task.debounce), "max_wait": seconds_of(task.max_wait)}
+            )
+            if kind == "debounce" and entry["max_wait"] is None:
+                del entry["max_wait"]
+            problems += [p.replace(f"{path!r}: ", "") for p in window_spec_problems({path: entry}, kind)]
+    elif task.max_wait is not None:
+        problems.append("max_wait goes with debounce")
+    elif task.dedup_key is not None:
+        problems.append("dedup_key is the key of a window: give unique_for or debounce with it")
+    if task.fair_key is not None:
+        problems += [p.replace(f"{path!r}: ", "") for p in fair_problems({path: task.fair_key})]
+    return problems
 
 
 def _filled(kind: str, template: str, task: DjangoTask, args: Any, kwargs: Any) -> str:

@@ -5,7 +5,7 @@ A statement is named by where it lives:
 
 - ``tasks.lifecycle.claim.CLAIM_SQL``: a SQL constant (a module attribute: the module of its transition
   family, tasks/lifecycle/statements.py lists them; its text as it runs is in tasks/sql/);
-- ``tasks.models.task.TaskQuerySet.cancel``: an ORM operation (a method);
+- ``tasks.models.task_actions.ActionOperations.cancel``: an ORM operation (a method);
 - ``db:tasks_concurrency_admit``: a function the migrations create in the database (trigger
   functions and the admission; tasks/sql/schema.sql holds their current text).
 
@@ -198,14 +198,14 @@ TRANSITIONS: tuple[Transition, ...] = (
         "cancel",
         (AWAITING, BLOCKED, READY, RUNNING),
         (CANCELLED,),
-        ("tasks.models.task.TaskQuerySet.cancel",),
+        ("tasks.models.task_actions.ActionOperations.cancel",),
         "an operator (dashboard, admin, API, Task.cancel); a running attempt's worker loses its lease",
     ),
     Transition(
         "requeue",
         FINISHED,
         (READY, BLOCKED),
-        ("tasks.models.task.TaskQuerySet.requeue",),
+        ("tasks.models.task_actions.ActionOperations.requeue",),
         "an operator runs a finished task again with fresh attempts (BLOCKED when its key is full)",
     ),
     Transition(
@@ -243,7 +243,10 @@ TRANSITIONS: tuple[Transition, ...] = (
         "delete",
         FINISHED,
         (NO_ROW,),
-        ("tasks.models.task.TaskQuerySet.delete_finished", "tasks.lifecycle.operations.DELETE_FINISHED_SQL"),
+        (
+            "tasks.models.task_actions.ActionOperations.delete_finished",
+            "tasks.lifecycle.operations.DELETE_FINISHED_SQL",
+        ),
         "an operator deletes finished tasks (the admin's delete and its bulk action); one that is not finished "
         "refuses the whole delete, which changes nothing: cancel it first",
     ),
@@ -258,7 +261,7 @@ STATUS_PRESERVING: tuple[str, ...] = (
     "tasks.lifecycle.finish.CHECKPOINT_SQL",
     "tasks.lifecycle.recover.RELEASE_STRAY_LEASES_SQL",
     "tasks.lifecycle.recover.EXPIRE_ORPHANS_SQL",
-    "tasks.models.task.TaskQuerySet.retry_now",
+    "tasks.models.task_actions.ActionOperations.retry_now",
     _W + "ADOPT_SQL",
     "tasks.maintenance.keyless.ADOPT_KEYLESS_SQL",
     "tasks.maintenance.keyless.ADOPT_NEW_KEYLESS_SQL",
@@ -266,7 +269,7 @@ STATUS_PRESERVING: tuple[str, ...] = (
 
 
 #: "Run again", the one definition: what a finished task's requeue writes, whoever sends it
-#: (``tasks.models.task.TaskQuerySet.requeue``'s UPDATE and the bulk retry's BULK_RETRY_SQL and
+#: (``tasks.models.task_actions.ActionOperations.requeue``'s UPDATE and the bulk retry's BULK_RETRY_SQL and
 #: BULK_RETRY_ONE_SQL, tasks/lifecycle/bulk.py), so that a column added later is reset by both or by
 #: neither. Column -> SQL expression: waiting again now on the database clock (``clock_timestamp()``,
 #: as every write: docs/explanation/design.md), a fresh set of attempts and the counts that judge them

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from tasks.models import Task
-from tasks.models.task import ENQUEUE_HOOK
+from tasks.models.task_enqueue import ENQUEUE_HOOK
 from tasks.testing.inline import DEFAULT_LIMIT, INLINE_TTL, Drained, InlineRunner, RunLimitReached
 
 

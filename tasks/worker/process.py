@@ -31,7 +31,7 @@ from leasing.bounds import unbound
 from tasks.conf import get_settings
 from tasks.maintenance.service import Services
 from tasks.models import SharedFairCursor
-from tasks.models.task import is_fair_claim
+from tasks.models.task_attempts import is_fair_claim
 from tasks.worker.aio import AsyncExecutor
 from tasks.worker.dispatcher import Dispatcher
 from tasks.worker.handlers import HandlerCache

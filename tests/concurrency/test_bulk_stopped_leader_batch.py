@@ -92,7 +92,8 @@ def _waiting_on_the_operation() -> bool:
         cursor.execute(
             """
             SELECT count(*) FROM pg_stat_activity
-            WHERE wait_event_type = 'Lock' AND query LIKE '%%tasks_bulkoperation%%' AND pid <> pg_backend_pid()
+            WHERE datname = current_database() AND wait_event_type = 'Lock'
+              AND query LIKE '%%tasks_bulkoperation%%' AND pid <> pg_backend_pid()
             """
         )
         return bool(cursor.fetchone()[0])

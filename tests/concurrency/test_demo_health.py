@@ -18,7 +18,7 @@ from tasks.web.dashboard import activity_last_hour
 from tests.factories import StaffFactory
 from tests.helpers import child_env
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.serial]
 
 SECONDS = float(os.environ.get("DEMO_HEALTH_SECONDS", "170"))
 

@@ -115,7 +115,8 @@ def test_an_api_claim_returns_while_the_cursor_row_is_held(
     # what the waiting request holds meanwhile: its claimed row, locked by its open transaction
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND"
+            " wait_event_type = 'Lock' AND query LIKE %s",
             ["%tasks_faircursor%"],
         )
         (waiting,) = cursor.fetchone()

@@ -30,7 +30,7 @@ from tests.helpers.pgbouncer import pgbouncer
 from tests.helpers.workers import Workers
 from tests.testapp.models import Effect
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.serial]
 
 MIX = "tests.testapp.outcome_handlers.fair_mix"
 LIMIT = 20

@@ -24,7 +24,8 @@ def lock_waiters() -> int:
     with connections["default"].cursor() as cursor:
         cursor.execute("SELECT pg_stat_clear_snapshot()")  # a transaction keeps its first view otherwise
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND"
+            " wait_event_type = 'Lock' AND datname = current_database()"
         )
         return int(cursor.fetchone()[0])
 

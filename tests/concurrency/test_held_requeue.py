@@ -30,7 +30,7 @@ from tests.helpers.connections import OnItsOwnConnection
 from tests.helpers.workers import Workers
 from tests.testapp.models import Effect, Gate
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.serial]
 
 TTL = 2.0  # tests.helpers.workers.FAST
 HOLD_TTLS = 3

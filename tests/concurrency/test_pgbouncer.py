@@ -120,7 +120,10 @@ def test_drain_with_kills_through_pgbouncer_leaves_no_session_settings(
 
     def listeners() -> int:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN leasing_tasks%%'")
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND"
+                " query LIKE 'LISTEN leasing_tasks%%'"
+            )
             return int(cursor.fetchone()[0])
 
     wait_until(lambda: listeners() == 1, 30, what="bw-0's LISTEN, straight to the server")

@@ -72,7 +72,9 @@ def children() -> Iterator[Any]:
 def waiting_at_barrier() -> int:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND NOT granted", [BARRIER]
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            [BARRIER],
         )
         return int(cursor.fetchone()[0])
 

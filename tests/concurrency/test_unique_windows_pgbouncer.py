@@ -56,7 +56,13 @@ def test_a_window_through_pgbouncer_starts_once_the_rolled_back_insert_let_its_k
             thread = threading.Thread(target=wait_for_the_key, daemon=True)
             thread.start()
             wait_until(
-                lambda: direct("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")[0] >= 1,
+                lambda: (
+                    direct(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                    )[0]
+                    >= 1
+                ),
                 30,
                 what="the second enqueue waiting for the key",
             )
@@ -79,5 +85,11 @@ def test_a_window_through_pgbouncer_starts_once_the_rolled_back_insert_let_its_k
         with psycopg.connect(conninfo, autocommit=True, prepare_threshold=None) as third:
             assert third.execute(sql.ENQUEUE_UNIQUE_SQL, params(key)).fetchone() is None
         # No key lock outlived its transaction on either server connection.
-        assert direct("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")[0] == 0
+        assert (
+            direct(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            )[0]
+            == 0
+        )
     assert direct("SELECT count(*) FROM tasks_task WHERE queue = 'pooled'")[0] == 3

@@ -247,7 +247,10 @@ def test_unique_windows_from_8_processes_through_pgbouncer_with_rolled_back_enqu
         accepted, expires = windows[r["id"]]
         assert accepted <= at(r["after"]) and expires >= at(r["before"]), (r, accepted, expires)
     # No key lock outlived its transaction on the pooler's server connections.
-    assert direct("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'") == [(0,)]
+    assert direct(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    ) == [(0,)]
 
 
 def test_debounce_with_a_concurrency_key_of_limit_1_through_pgbouncer(

@@ -380,7 +380,8 @@ def test_lost_reply_to_a_committed_round_loses_nothing_and_charges_nothing(
 def worker_backends(application_name: str, where: str = "true") -> list[int]:
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT pid FROM pg_stat_activity WHERE application_name = %s AND pid <> pg_backend_pid() AND {where}",
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND"
+            f" application_name = %s AND pid <> pg_backend_pid() AND {where}",
             [application_name],
         )
         return [row[0] for row in cursor.fetchall()]

@@ -51,7 +51,8 @@ def started_and_marked(task_id: int) -> bool:
 def waiting_on_a_lock() -> bool:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND"
+            " pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
         )
         return bool(cursor.fetchone()[0])
 

@@ -160,7 +160,10 @@ def test_four_worker_processes_drain_2000_tasks_each_exactly_once(bare_workers: 
 
 def listening_backends() -> int:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN leasing_tasks%%'")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND"
+            " query LIKE 'LISTEN leasing_tasks%%'"
+        )
         return int(cursor.fetchone()[0])
 
 

@@ -124,5 +124,7 @@ def _waiting_for_a_lock() -> bool:
     """Another session waits for a lock (read on a connection of its own: inside a transaction the
     statistics views keep what they first showed)."""
     with psycopg.connect(database_url(), autocommit=True) as probe:
-        row = probe.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()
+        row = probe.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone()
         return bool(row and row[0])

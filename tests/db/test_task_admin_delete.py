@@ -167,7 +167,8 @@ def test_the_delete_reads_the_status_a_concurrent_requeue_commits() -> None:
         def waiting() -> bool:
             with connection.cursor() as cursor:
                 cursor.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND"
+                    " wait_event_type = 'Lock' AND query LIKE %s",
                     ["%picked AS MATERIALIZED%"],
                 )
                 return bool(cursor.fetchone()[0])

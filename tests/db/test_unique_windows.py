@@ -121,7 +121,9 @@ def test_a_plain_dedup_enqueue_committing_first_wins_and_the_window_is_given_bac
 
 def lock_waiters() -> int:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
         return int(cursor.fetchone()[0])
 
 

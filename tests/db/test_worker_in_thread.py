@@ -252,7 +252,10 @@ def test_a_stop_ends_an_idle_worker_at_once_whatever_its_poll_interval() -> None
 
         def listening() -> bool:
             with connections["default"].cursor() as cursor:
-                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN leasing_tasks%%'")
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND"
+                    " query LIKE 'LISTEN leasing_tasks%%'"
+                )
                 return bool(cursor.fetchone()[0])
 
         wait_until(listening, what="the listener to wait for notifications")

@@ -440,7 +440,8 @@ def test_a_parent_finishing_while_a_dependant_is_enqueued_in_an_open_transaction
     def finisher_waits_for_the_lock() -> bool:
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%tasks_task%%'"
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND"
+                " wait_event_type = 'Lock' AND query LIKE '%%tasks_task%%'"
             )
             return cursor.fetchone()[0] == 1
 

@@ -33,7 +33,7 @@ from tasks.models import (
     Task,
     TaskStatus,
 )
-from tasks.models.task import is_fair_claim
+from tasks.models.task_attempts import is_fair_claim
 from tasks.web import history as history_views
 from tasks.web import queue_pages as queue_views
 from tasks.web.api import bulk as bulk_api
