@@ -7,7 +7,11 @@ the event loop. Between rounds it sleeps until the mailbox wakes it or a deadlin
 
 At a stop it drains: claims nothing more, hands back what has not started, and waits for the running
 attempts up to the grace period (:meth:`Dispatcher.drain`); :meth:`Dispatcher.close` then writes the
-last outcomes and hands back everything still held."""
+last outcomes and hands back everything still held.
+
+Why ~700 lines in one module: everything here runs on the dispatcher's one thread, and the
+invariant that only it writes is checked by reading this file; its parts that run elsewhere or hold
+no state of the round are apart (handoff.py, handbacks.py, handlers.py, writer.py, heartbeat.py)."""
 
 from __future__ import annotations
 

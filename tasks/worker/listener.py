@@ -6,6 +6,11 @@ then lost or delivered to someone else. So a worker LISTENs on the alias's own c
 only when the alias is not pooled (``LEASING_TASKS["POOLED_DATABASES"]``), on a direct URL when one is
 given (``LEASING_TASKS["LISTEN_URLS"]``), and otherwise polls every poll interval. The worker's start
 line says which.
+
+A pooler nobody declared is found on the listener's first connection: PgBouncer (and the poolers like
+it) answer a client's startup with a cancel key of their own, so the backend pid the connection was
+told is not the pid of the server session that runs its statements. The worker then says so in a
+warning naming the setting to change, and polls.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ logger = logging.getLogger("tasks.worker")
 class WakeUp:
     description: str  # for the start line: never a password
     connect: Callable[[], psycopg.Connection] | None  # an autocommit connection to LISTEN on; None: poll
+    using: str = "default"  # the database alias it serves
 
 
 def wakeup_for(using: str, poll_interval: float) -> WakeUp:
@@ -43,7 +49,7 @@ def wakeup_for(using: str, poll_interval: float) -> WakeUp:
         return WakeUp(f"polling every {poll_interval:g}s (the LISTEN_URLS entry of {using} cannot be parsed)", None)
     if url:
         return WakeUp(
-            f"LISTEN on the direct URL of {using} ({where(url)})", lambda: psycopg.connect(url, autocommit=True)
+            f"LISTEN on the direct URL of {using} ({where(url)})", lambda: psycopg.connect(url, autocommit=True), using
         )
     if using in conf.POOLED_DATABASES:
         return WakeUp(f"polling every {poll_interval:g}s ({using} is pooled and has no LISTEN_URLS entry)", None)
@@ -54,7 +60,14 @@ def wakeup_for(using: str, poll_interval: float) -> WakeUp:
         conn.autocommit = True
         return conn
 
-    return WakeUp(f"LISTEN on {using}", connect)
+    return WakeUp(f"LISTEN on {using}", connect, using)
+
+
+def through_a_pooler(conn: psycopg.Connection) -> bool:
+    """Whether ``conn`` reaches PostgreSQL through a pooler: the backend pid its startup announced is
+    not the pid of the server session that answers (see the module doc)."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    return row is not None and row[0] != conn.info.backend_pid
 
 
 def parsable(url: str) -> bool:
@@ -86,6 +99,8 @@ class Listener:
     ):
         assert wakeup.connect is not None
         self.connect = wakeup.connect
+        self.description = wakeup.description.removeprefix("LISTEN on ")
+        self.using = wakeup.using
         self.mailbox = mailbox
         self.queues = set(queues)
         self.worker_id = worker_id
@@ -115,6 +130,20 @@ class Listener:
         conn = None
         try:
             conn = self.connect()
+            if through_a_pooler(conn):
+                logger.warning(
+                    "worker %s: %s goes through a connection pooler (the backend pid it announced, %s, is not"
+                    " the pid of the session that runs its statements): a LISTEN there loses notifications, so"
+                    " this worker polls every %gs. Declare it: LEASING_TASKS['POOLED_DATABASES'] = [%r] (and"
+                    " give LISTEN_URLS a direct URL to be woken at once); see docs/howto/pgbouncer.md",
+                    self.worker_id,
+                    self.description,
+                    conn.info.backend_pid,
+                    self.poll_interval,
+                    self.using,
+                )
+                self._stop.set()  # the dispatcher's wait is the poll interval: it polls from now on
+                return
             conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
             self.mailbox.notify()  # anything enqueued while we were not listening
             # Wait on the connection and on the stop pipe at once: a stop ends the wait at once (no
