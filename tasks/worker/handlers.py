@@ -24,6 +24,7 @@ from tasks.lifecycle import policy
 from tasks.lifecycle.storable import storable_json
 from tasks.models import Failure
 from tasks.runtime import Execution
+from tasks.worker import sentry
 from tasks.worker.ledger import Outcome
 
 
@@ -133,6 +134,8 @@ def failure_outcome(execution: Execution, exc: BaseException, target: Any = None
     failure = failure_from(execution, exc, retry=retry)
     if retry:
         failure = with_policy(failure, execution, exc, target)
+    if sentry.AVAILABLE:
+        sentry.report(execution, exc, failure)  # the "sentry" extra: only with LeasingIntegration active
     return Outcome(execution, failure=failure, error=exc)
 
 
