@@ -97,7 +97,7 @@ def check_pooled_databases(app_configs: Any = None, **kwargs: Any) -> list[Check
     from django.conf import settings
 
     from tasks.conf import get_settings
-    from tasks.worker.listener import parsable
+    from tasks.lifecycle.listening import parsable
 
     hint = "See docs/howto/pgbouncer.md."
     try:

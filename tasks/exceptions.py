@@ -49,6 +49,16 @@ class TaskTimeout(TaskError, TimeoutError):
     """The attempt ran past its timeout and was abandoned; its late result is refused."""
 
 
+class TaskWaitTimeout(TaskError, TimeoutError):
+    """A caller's wait for a task to finish (``Task.objects.wait``, a result's ``wait()``) ran out of
+    time; the task itself goes on, untouched."""
+
+    def __init__(self, task_id: int, status: str, timeout: float) -> None:
+        super().__init__(f"task {task_id} is still {status} after {timeout:g}s; it goes on (only the wait ended)")
+        self.task_id = task_id
+        self.status = status
+
+
 class EventLoopBlocked(TaskError):
     """The attempt blocked the worker's event loop (a blocking call in async code) longer than
     LEASING_TASKS["ASYNC_BLOCK_LIMIT"]; it was abandoned and the loop replaced."""

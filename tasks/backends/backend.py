@@ -58,7 +58,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils.module_loading import import_string
 
 from leasing.routing import known_databases
-from tasks.backends.options import LeaseTask, seconds_of
+from tasks.backends.options import LeaseTask, LeaseTaskResult, seconds_of
 from tasks.compat import (
     BaseTaskBackend,
     InvalidTask,
@@ -408,7 +408,7 @@ class LeaseBackend(BaseTaskBackend):
                 if existing is not None:
                     return self.result_from_row(existing)
             # The result describes the task as enqueued (the insert returns what it needs).
-            result: TaskResult = TaskResult(
+            result: TaskResult = LeaseTaskResult(
                 task=task,
                 id=self.result_id(enqueued.id, using),
                 status=TaskResultStatus.READY,
@@ -646,7 +646,7 @@ def task_result(row: Task, *, default_alias: str, task: DjangoTask | None = None
         else:
             raise TaskResultDoesNotExist(f"task {row.pk} does not run a django.tasks Task")
     home = _home_database(row.backend_alias or default_alias)
-    result: TaskResult = TaskResult(
+    result: TaskResult = LeaseTaskResult(
         task=task,
         id=str(row.pk) if (row._state.db or DEFAULT_DB_ALIAS) == home else f"{row.pk}@{row._state.db}",
         status=_STATUS[TaskStatus(row.status)],

@@ -38,10 +38,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
-from tasks.compat import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, InvalidTask
+from asgiref.sync import sync_to_async
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.utils.module_loading import import_string
+
+from tasks.compat import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, InvalidTask, TaskResult, task_backends
 from tasks.compat import Task as DjangoTask
 from tasks.compat import task as framework_task
 from tasks.lifecycle import policy
+from tasks.models import Task
 
 if TYPE_CHECKING:
     from tasks.lifecycle.policy import RetryPolicy
@@ -105,6 +110,13 @@ class LeaseTask(DjangoTask):
             raise TypeError(f"using() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
         return dataclasses.replace(self, **{name: value for name, value in changes.items() if value is not None})
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by reference to its module-level name, with its fields, on Django 6.x and the
+        backport alike (whose Task pickles its function, which its module's name no longer holds)."""
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        fields["func"] = self.module_path
+        return (_unpickled, (type(self), fields))
+
     def options(self) -> dict[str, Any]:
         """The options this task sets (None for those it leaves to the backend and the settings)."""
         return {name: getattr(self, name) for name in OPTION_FIELDS}
@@ -123,6 +135,40 @@ class LeaseTask(DjangoTask):
     def stored_policy(self) -> dict[str, Any] | None:
         """The retry fields as a row stores them (dotted paths), or None when none is set."""
         return policy.stored(max_attempts=self.max_attempts, retry_on=self.retry_on, backoff=self.backoff)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseTaskResult(TaskResult):  # type: ignore[misc]  # django-stubs: TaskResult is not frozen there
+    """Django's TaskResult, as ``LeaseBackend`` returns it, plus a wait for the task to finish."""
+
+    def wait(self, timeout: float | None = None) -> LeaseTaskResult:
+        """Block until the task is final (SUCCESSFUL or FAILED), then :meth:`refresh` this result and
+        return it; :class:`~tasks.exceptions.TaskWaitTimeout` after ``timeout`` seconds (None: no
+        limit), the task untouched. Woken by the task's finish where its database allows LISTEN,
+        polling behind a transaction pooler (tasks/models/task_wait.py)."""
+        number, _, using = str(self.id).partition("@")
+        home = getattr(task_backends[self.backend], "using", DEFAULT_DB_ALIAS)  # a LeaseBackend's database
+        Task.objects.db_manager(using or home).wait(int(number), timeout=timeout)
+        self.refresh()
+        return self
+
+    async def await_(self, timeout: float | None = None) -> LeaseTaskResult:
+        """:meth:`wait` for async code: the wait runs in a thread of its own (its database connections
+        closed when it ends), the event loop goes on."""
+
+        def wait_in_a_thread() -> LeaseTaskResult:
+            try:
+                return self.wait(timeout)
+            finally:
+                connections.close_all()  # this thread's own: nothing else will close them
+
+        return await sync_to_async(wait_in_a_thread, thread_sensitive=False)()
+
+
+def _unpickled(cls: type[LeaseTask], fields: dict[str, Any]) -> LeaseTask:
+    """A pickled :class:`LeaseTask` again: its function taken from the Task its module defines."""
+    fields = {**fields, "func": import_string(fields["func"]).func}
+    return cls(**fields)
 
 
 def seconds_of(value: float | dt.timedelta | None) -> float | None:

@@ -254,7 +254,7 @@ TRANSITIONS: tuple[Transition, ...] = (
 
 #: Statements that change a task row without changing its status (named so that the tests can tell
 #: them from a forgotten transition): the lease and progress of a RUNNING task, run_after of a
-#: waiting one, the shared fair key of a keyless READY one.
+#: waiting one, the shared fair key of a keyless READY one, the mark of a task a caller waits for.
 STATUS_PRESERVING: tuple[str, ...] = (
     "tasks.lifecycle.finish.START_SQL",
     "tasks.lifecycle.finish.HEARTBEAT_SQL",
@@ -265,6 +265,7 @@ STATUS_PRESERVING: tuple[str, ...] = (
     _W + "ADOPT_SQL",
     "tasks.maintenance.keyless.ADOPT_KEYLESS_SQL",
     "tasks.maintenance.keyless.ADOPT_NEW_KEYLESS_SQL",
+    "tasks.models.task_wait.MARK_WAITED_SQL",
 )
 
 

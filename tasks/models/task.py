@@ -26,6 +26,7 @@ from tasks.models.bookkeeping import UniqueKey
 from tasks.models.task_actions import ActionOperations
 from tasks.models.task_attempts import AttemptOperations
 from tasks.models.task_enqueue import EnqueueOperations
+from tasks.models.task_wait import WaitOperations
 
 if TYPE_CHECKING:
     pass
@@ -39,10 +40,11 @@ FAILED_BEFORE = Q(failures__gt=0) | Q(crashes__gt=0) | Q(shared_crashes__gt=0)
 NEVER_FAILED = Q(failures=0, crashes=0, shared_crashes=0)
 
 
-class TaskQuerySet(EnqueueOperations, AttemptOperations, ActionOperations, LeaseStateQuerySet["Task"]):
+class TaskQuerySet(EnqueueOperations, AttemptOperations, ActionOperations, WaitOperations, LeaseStateQuerySet["Task"]):
     """Task selection (chainable) and the queue's table-wide operations, one statement each: enqueue
     (tasks/models/task_enqueue.py), an attempt's life on the worker's hot path (task_attempts.py), the
-    recovery round's sweeps and the operator's actions (task_actions.py)."""
+    recovery round's sweeps and the operator's actions (task_actions.py), a caller's wait for a task to
+    finish (task_wait.py)."""
 
     # -- selection ------------------------------------------------------------------------
 
@@ -188,6 +190,13 @@ class Task(LeaseFields):
     rate_period = models.FloatField(null=True, blank=True, help_text="The rate limit's window, in seconds.")
     rate_refusals = models.PositiveIntegerField(
         default=0, db_default=0, help_text="Starts its rate key refused (handed back uncharged, run_after pushed)."
+    )
+    # Set by a caller that waits for the task (tasks/models/task_wait.py): its final status then
+    # NOTIFYs leasing_task_finished (the trigger of migration 0030); a row nobody waits for never does.
+    finish_waited = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="A caller waits for this task to finish: its final status NOTIFYs leasing_task_finished.",
     )
 
     # Collation "C": keys are walked in byte order, which is Python's order of their code points (the

@@ -297,6 +297,15 @@ BEGIN
     END LOOP;
 END $function$;
 
+CREATE OR REPLACE FUNCTION public.tasks_task_notify_finished()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+            BEGIN
+                PERFORM pg_notify('leasing_task_finished', NEW.id::text);
+                RETURN NULL;
+            END $function$;
+
 CREATE OR REPLACE FUNCTION public.tasks_task_notify_inserted()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -568,6 +577,8 @@ CREATE TRIGGER tasks_concurrency_released AFTER DELETE ON tasks_concurrencyhold 
 CREATE TRIGGER tasks_concurrency_update AFTER UPDATE ON tasks_task FOR EACH ROW WHEN ((old.concurrency_key IS NOT NULL OR new.concurrency_key IS NOT NULL) AND (old.concurrency_key::text IS DISTINCT FROM new.concurrency_key::text OR old.concurrency_limit IS DISTINCT FROM new.concurrency_limit OR old.status::text IS DISTINCT FROM new.status::text AND NOT ((old.status::text = ANY (ARRAY['READY'::character varying, 'RUNNING'::character varying]::text[])) AND (new.status::text = ANY (ARRAY['READY'::character varying, 'RUNNING'::character varying]::text[]))) OR new.status::text = 'BLOCKED'::text AND new.run_after < old.run_after)) EXECUTE FUNCTION tasks_concurrency_changed();
 
 CREATE TRIGGER tasks_concurrency_updated_rows AFTER UPDATE ON tasks_task REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION tasks_concurrency_after_update();
+
+CREATE TRIGGER tasks_task_notify_finished AFTER UPDATE OF status ON tasks_task FOR EACH ROW WHEN (new.finish_waited AND (new.status::text = ANY (ARRAY['SUCCESSFUL'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying]::text[])) AND (old.status::text <> ALL (ARRAY['SUCCESSFUL'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying]::text[]))) EXECUTE FUNCTION tasks_task_notify_finished();
 
 CREATE TRIGGER tasks_task_notify_insert AFTER INSERT ON tasks_task REFERENCING NEW TABLE AS inserted_rows FOR EACH STATEMENT EXECUTE FUNCTION tasks_task_notify_inserted();
 

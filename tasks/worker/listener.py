@@ -19,75 +19,13 @@ import logging
 import os
 import select
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
-import psycopg
-from django.db import connections
-from psycopg.conninfo import conninfo_to_dict
-
-from tasks.conf import get_settings
+from tasks.lifecycle.listening import WakeUp, through_a_pooler
 from tasks.lifecycle.states import NOTIFY_CHANNEL
 from tasks.worker.mailbox import Mailbox
 
 logger = logging.getLogger("tasks.worker")
-
-
-@dataclass(frozen=True, slots=True)
-class WakeUp:
-    description: str  # for the start line: never a password
-    connect: Callable[[], psycopg.Connection] | None  # an autocommit connection to LISTEN on; None: poll
-    using: str = "default"  # the database alias it serves
-
-
-def wakeup_for(using: str, poll_interval: float) -> WakeUp:
-    conf = get_settings()
-    url = conf.LISTEN_URLS.get(using)
-    if url and not parsable(url):
-        # libpq's parse error quotes the token it could not read (a password, say): never log it.
-        # Refused by tasks.E106 at start; with the checks skipped, the worker polls.
-        return WakeUp(f"polling every {poll_interval:g}s (the LISTEN_URLS entry of {using} cannot be parsed)", None)
-    if url:
-        return WakeUp(
-            f"LISTEN on the direct URL of {using} ({where(url)})", lambda: psycopg.connect(url, autocommit=True), using
-        )
-    if using in conf.POOLED_DATABASES:
-        return WakeUp(f"polling every {poll_interval:g}s ({using} is pooled and has no LISTEN_URLS entry)", None)
-    wrapper = connections[using]
-
-    def connect() -> psycopg.Connection:
-        conn = wrapper.get_new_connection(wrapper.get_connection_params())
-        conn.autocommit = True
-        return conn
-
-    return WakeUp(f"LISTEN on {using}", connect, using)
-
-
-def through_a_pooler(conn: psycopg.Connection) -> bool:
-    """Whether ``conn`` reaches PostgreSQL through a pooler: the backend pid its startup announced is
-    not the pid of the server session that answers (see the module doc)."""
-    row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    return row is not None and row[0] != conn.info.backend_pid
-
-
-def parsable(url: str) -> bool:
-    """Whether libpq can read ``url`` (a URL or a conninfo string)."""
-    try:
-        conninfo_to_dict(url)
-    except psycopg.ProgrammingError:
-        return False
-    return True
-
-
-def where(url: str) -> str:
-    """host:port/dbname of a URL or conninfo string, without its credentials."""
-    try:
-        parts = conninfo_to_dict(url)
-    except psycopg.ProgrammingError:
-        return "an unparsable URL"
-    host = parts.get("host") or "local socket"
-    port = f":{parts['port']}" if parts.get("port") else ""
-    return f"{host}{port}/{parts.get('dbname') or ''}"
 
 
 class Listener:

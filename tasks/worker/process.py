@@ -29,6 +29,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from leasing.bounds import unbound
 from tasks.conf import get_settings
+from tasks.lifecycle.listening import wakeup_for
 from tasks.maintenance.service import Services
 from tasks.models import SharedFairCursor
 from tasks.models.task_attempts import is_fair_claim
@@ -39,7 +40,7 @@ from tasks.worker.heartbeat import Heartbeat
 from tasks.worker.identity import default_worker_name, incarnation_id, record_stop, register
 from tasks.worker.isolation import IsolationGate, IsolationReservation
 from tasks.worker.ledger import Ledger
-from tasks.worker.listener import Listener, wakeup_for
+from tasks.worker.listener import Listener
 from tasks.worker.mailbox import Mailbox
 from tasks.worker.session import Session
 from tasks.worker.signals import FinishedSignals

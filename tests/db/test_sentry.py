@@ -73,6 +73,7 @@ def endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[Endpoint]:
     try:
         yield server
     finally:
+        sentry_sdk.get_client().close(timeout=5)  # what it still sends goes out while the endpoint listens
         sentry_sdk.init()  # no DSN: the client is inactive again for the tests that follow
         server.shutdown()
         server.server_close()

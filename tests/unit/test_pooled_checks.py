@@ -10,7 +10,7 @@ import pytest
 from django.conf import settings as django_settings
 
 from tasks.checks import check_pooled_databases
-from tasks.worker.listener import wakeup_for, where
+from tasks.lifecycle.listening import wakeup_for, where
 
 
 def ids(settings: Any) -> list[str]:

@@ -1,0 +1,128 @@
+"""Waiting for a task to finish (tasks/models/task_wait.py): ``Task.objects.wait`` and a django.tasks
+result's ``wait()`` / ``await_()``. The waiter runs on a thread of its own with its own connections;
+the finish comes from the test's connection, as a worker's would. A wait whose poll is far longer
+than the test's deadline can only end in time through the finish's NOTIFY."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection, connections, transaction
+
+from tasks.exceptions import TaskWaitTimeout
+from tasks.models import Task, TaskStatus
+from tasks.testing import run_until_empty
+from tests.helpers import wait_until
+from tests.helpers.task_paths import NOOP
+from tests.testapp import option_tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAR = 60.0  # a poll far longer than any deadline below
+
+
+class Waiter(threading.Thread):
+    """Runs ``wait()`` on a thread; keeps what it returned or raised."""
+
+    def __init__(self, wait: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self.wait = wait
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.wait()
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            connections.close_all()
+
+
+def waited(task_id: int) -> bool:
+    """The waiter has marked the row (after its LISTEN): a finish from now on notifies it."""
+    return Task.objects.filter(pk=task_id, finish_waited=True).exists()
+
+
+def test_a_finish_wakes_the_wait_through_its_notify_not_a_poll() -> None:
+    task_id = Task.objects.enqueue(NOOP, queue="waited").id
+    waiter = Waiter(lambda: Task.objects.wait(task_id, timeout=FAR, poll=FAR))
+    waiter.start()
+    wait_until(lambda: waited(task_id), 10, what="the waiter to mark the row")
+    run_until_empty(["waited"])
+    waiter.join(10)
+    assert not waiter.is_alive(), "the wait did not wake at the finish (it would have slept its 60 s poll)"
+    assert waiter.error is None and waiter.result.status == TaskStatus.SUCCESSFUL
+
+
+def test_a_cancel_wakes_the_wait_too() -> None:
+    task_id = Task.objects.enqueue(NOOP, queue="waited-cancel").id
+    waiter = Waiter(lambda: Task.objects.wait(task_id, timeout=FAR, poll=FAR))
+    waiter.start()
+    wait_until(lambda: waited(task_id), 10, what="the waiter to mark the row")
+    assert Task.objects.filter(pk=task_id).cancel() == 1
+    waiter.join(10)
+    assert not waiter.is_alive() and waiter.result.status == TaskStatus.CANCELLED
+
+
+def test_a_finished_task_returns_at_once_and_a_timeout_leaves_the_task_alone() -> None:
+    done = Task.objects.enqueue(NOOP, queue="waited-done").id
+    run_until_empty(["waited-done"])
+    assert Task.objects.wait(done, timeout=0).status == TaskStatus.SUCCESSFUL
+    later = Task.objects.enqueue(NOOP, queue="nobody-runs-this").id
+    before = Task.objects.values("status", "attempts", "run_after").get(pk=later)
+    with pytest.raises(TaskWaitTimeout, match=f"task {later} is still READY after 0.2s") as timed_out:
+        Task.objects.wait(later, timeout=0.2)
+    assert isinstance(timed_out.value, TimeoutError)
+    assert Task.objects.values("status", "attempts", "run_after").get(pk=later) == before
+
+
+def test_an_unnotified_row_is_never_marked() -> None:
+    """A task nobody waits for is never marked, so its finish notifies nobody (what keeps the hot path
+    free of NOTIFYs)."""
+    task_id = Task.objects.enqueue(NOOP, queue="unwaited").id
+    run_until_empty(["unwaited"])
+    assert Task.objects.filter(pk=task_id, finish_waited=False, status=TaskStatus.SUCCESSFUL).exists()
+
+
+def test_a_pooled_alias_polls(settings: Any) -> None:
+    settings.LEASING_TASKS = {"POOLED_DATABASES": ["default"]}
+    task_id = Task.objects.enqueue(NOOP, queue="waited-pooled").id
+    waiter = Waiter(lambda: Task.objects.wait(task_id, timeout=FAR, poll=0.1))
+    waiter.start()
+    wait_until(lambda: waited(task_id), 10, what="the waiter to mark the row")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN leasing_task_finished'")
+        assert cursor.fetchone()[0] == 0  # nothing LISTENs through a pooled alias
+    run_until_empty(["waited-pooled"])
+    waiter.join(10)
+    assert not waiter.is_alive() and waiter.result.status == TaskStatus.SUCCESSFUL
+
+
+def test_a_wait_inside_the_enqueuing_transaction_says_why_it_cannot_see_the_task() -> None:
+    with transaction.atomic():
+        task_id = Task.objects.enqueue(NOOP, queue="waited-tx").id
+        with pytest.raises(Task.DoesNotExist, match="not yet visible"):
+            Task.objects.wait(task_id, timeout=1)
+
+
+def test_a_django_tasks_result_waits_and_refreshes_itself() -> None:
+    result = option_tasks.plain.enqueue(41)
+    waiter = Waiter(lambda: result.wait(timeout=FAR))
+    waiter.start()
+    wait_until(lambda: waited(int(result.id)), 10, what="the waiter to mark the row")
+    run_until_empty()
+    waiter.join(10)
+    assert not waiter.is_alive() and waiter.error is None
+    assert result.status == "SUCCESSFUL" and result.return_value == 41
+    assert asyncio.run(result.await_(timeout=5)) is result
+
+
+def test_an_async_wait_times_out_with_the_same_error() -> None:
+    result = option_tasks.plain.using(queue_name="nobody-runs-this").enqueue(1)
+    with pytest.raises(TaskWaitTimeout):
+        asyncio.run(result.await_(timeout=0.2))
