@@ -24,7 +24,8 @@ from tests.helpers.monitoring import RULES, dashboard_expressions, prometheus_co
 from tests.helpers.pgbouncer import free_port
 from tests.helpers.task_paths import NOOP
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Serial: Prometheus scrapes the live server every second and the exporter answers within its budget.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.serial]
 
 
 class Prometheus:
