@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any, overload
 
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.utils.module_loading import import_string
 
 from tasks.compat import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, InvalidTask, TaskResult, task_backends
 from tasks.compat import Task as DjangoTask
@@ -110,13 +109,6 @@ class LeaseTask(DjangoTask):
             raise TypeError(f"using() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
         return dataclasses.replace(self, **{name: value for name, value in changes.items() if value is not None})
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled by reference to its module-level name, with its fields, on Django 6.x and the
-        backport alike (whose Task pickles its function, which its module's name no longer holds)."""
-        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        fields["func"] = self.module_path
-        return (_unpickled, (type(self), fields))
-
     def options(self) -> dict[str, Any]:
         """The options this task sets (None for those it leaves to the backend and the settings)."""
         return {name: getattr(self, name) for name in OPTION_FIELDS}
@@ -163,12 +155,6 @@ class LeaseTaskResult(TaskResult):  # type: ignore[misc]  # django-stubs: TaskRe
                 connections.close_all()  # this thread's own: nothing else will close them
 
         return await sync_to_async(wait_in_a_thread, thread_sensitive=False)()
-
-
-def _unpickled(cls: type[LeaseTask], fields: dict[str, Any]) -> LeaseTask:
-    """A pickled :class:`LeaseTask` again: its function taken from the Task its module defines."""
-    fields = {**fields, "func": import_string(fields["func"]).func}
-    return cls(**fields)
 
 
 def seconds_of(value: float | dt.timedelta | None) -> float | None:
