@@ -68,6 +68,21 @@ OPTION_FIELDS = (
 )
 
 
+#: Celery's task methods, and what to write instead (an AttributeError that says so).
+CELERY_HABITS = {
+    "delay": "call .enqueue(*args, **kwargs)",
+    "apply_async": "call .using(run_after=..., queue_name=..., priority=...).enqueue(*args, **kwargs)",
+    "s": "write step(task, *args) from tasks.workflows",
+    "si": "write step(task, *args) in a chain(..., pipe=False) from tasks.workflows",
+    "signature": "write step(task, *args) from tasks.workflows",
+    "map": "enqueue a group([step(task, x) for x in items]) from tasks.workflows",
+    "starmap": "enqueue a group([step(task, *x) for x in items]) from tasks.workflows",
+    "chunks": "enqueue a group of steps, or Task.objects.bulk_enqueue",
+    "retry": "raise an exception to retry (the retry policy decides), or raise Snooze(seconds) to run again later",
+    "AsyncResult": "call .get_result(id), then result.wait(timeout=...)",
+}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseTask(DjangoTask):
     """A ``django.tasks`` Task with this queue's options (see the module doc)."""
@@ -100,6 +115,16 @@ class LeaseTask(DjangoTask):
                 )
             object.__setattr__(self, "retry_on", tuple(self.retry_on))
         DjangoTask.__post_init__(self)  # the backend's validate_task: Django's checks, then the options'
+
+    def __getattr__(self, name: str) -> Any:
+        # Only names the dataclass does not have get here: a Celery habit gets its counterpart.
+        instead = CELERY_HABITS.get(name)
+        if instead is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise AttributeError(
+            f"{self.module_path}.{name}: a django.tasks Task has no Celery {name}(); {instead}"
+            " (docs/howto/coming-from-celery.md)"
+        )
 
     def using(self, **changes: Any) -> LeaseTask:
         """A copy with other defaults: Django's (``priority``, ``queue_name``, ``run_after``,

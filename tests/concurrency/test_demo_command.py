@@ -1,4 +1,5 @@
-"""``manage.py demo`` starts everything, serves the dashboard, and leaves nothing behind on SIGINT."""
+"""``manage.py demo`` (the end of README.md's first command) starts everything, serves the dashboard,
+and leaves nothing behind on SIGINT."""
 
 from __future__ import annotations
 

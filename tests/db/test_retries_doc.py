@@ -20,7 +20,7 @@ PAGE = ROOT / "docs" / "howto" / "retries.md"
 
 
 def marked_blocks() -> list[str]:
-    return re.findall(r"<!-- tested[^>]*-->\n```python\n(.*?)```", PAGE.read_text(), re.S)
+    return re.findall(r"<!-- tested: tests/db/test_retries_doc.py[^>]*-->\n```python\n(.*?)```", PAGE.read_text(), re.S)
 
 
 @pytest.fixture

@@ -85,7 +85,7 @@ def test_the_page_tests_fail_when_sign_up_forgets_the_mail(
 @pytest.mark.django_db
 def test_the_sample_error_is_the_real_one() -> None:
     text = PAGE.read_text()
-    sample = text.split("lists what *was* enqueued:\n\n```\n", 1)[1].split("```", 1)[0].strip()
+    sample = text.split("lists what *was* enqueued:\n\n", 1)[1].split("```\n", 1)[1].split("```", 1)[0].strip()
     capture = EnqueueCapture()
     task_id = Task.objects.enqueue("app.tasks.send_welcome", args=["bob@example.com"], kwargs={"lang": "en"}).id
     with pytest.raises(AssertionError) as failed:
