@@ -20,7 +20,9 @@ from tests.helpers import wait_until
 from tests.helpers.task_paths import NOOP
 from tests.helpers.workers import Workers
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+#: serial: the bound counts the noisy starts after a deadline (the adoption's round, ADOPTION), which
+#: a machine loaded by the parallel pass stretches (885 passed once there, the round late).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.serial]
 
 QUEUE = "sources33"
 SCHEDULES = {"tick33": {"task": NOOP, "interval": 1, "queue": QUEUE, "catch_up": "skip", "kwargs": {"from": "tick"}}}

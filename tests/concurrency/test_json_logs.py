@@ -86,15 +86,26 @@ def test_records_the_level_filters_out_build_no_fields(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(Execution, "log_fields", counting)
     worker_logger = logging.getLogger("tasks.worker")
-    monkeypatch.setattr(worker_logger, "level", logging.WARNING)
-    ids = [Task.objects.enqueue("tests.testapp.handlers.noop", queue=QUEUE).id for _ in range(5)]
-    worker = Worker(queues=[QUEUE], install_signal_handlers=False, recovery=False, scheduler=False, poll_interval=0.05)
-    with worker_in_thread(worker):
-        wait_until(lambda: Task.objects.filter(pk__in=ids, status="SUCCESSFUL").count() == 5, 30, what="the tasks")
-    assert built == []  # five successes at WARNING: no dictionary built
-    worker_logger.setLevel(logging.INFO)
-    more = [Task.objects.enqueue("tests.testapp.handlers.noop", queue=QUEUE).id for _ in range(3)]
-    worker = Worker(queues=[QUEUE], install_signal_handlers=False, recovery=False, scheduler=False, poll_interval=0.05)
-    with worker_in_thread(worker):
-        wait_until(lambda: Task.objects.filter(pk__in=more, status="SUCCESSFUL").count() == 3, 30, what="the tasks")
-    assert built == ["succeeded"] * 3
+    original = worker_logger.level
+    # setLevel, not an attribute set: it also clears the loggers' isEnabledFor cache, which an
+    # earlier test of this process may have filled at INFO (an attribute set then left INFO on).
+    worker_logger.setLevel(logging.WARNING)
+    try:
+        ids = [Task.objects.enqueue("tests.testapp.handlers.noop", queue=QUEUE).id for _ in range(5)]
+        worker = Worker(
+            queues=[QUEUE], install_signal_handlers=False, recovery=False, scheduler=False, poll_interval=0.05
+        )
+        with worker_in_thread(worker):
+            wait_until(lambda: Task.objects.filter(pk__in=ids, status="SUCCESSFUL").count() == 5, 30, what="the tasks")
+        assert built == []  # five successes at WARNING: no dictionary built
+        worker_logger.setLevel(logging.INFO)
+        more = [Task.objects.enqueue("tests.testapp.handlers.noop", queue=QUEUE).id for _ in range(3)]
+        worker = Worker(
+            queues=[QUEUE], install_signal_handlers=False, recovery=False, scheduler=False, poll_interval=0.05
+        )
+        with worker_in_thread(worker):
+            wait_until(lambda: Task.objects.filter(pk__in=more, status="SUCCESSFUL").count() == 3, 30, what="the tasks")
+        assert built == ["succeeded"] * 3
+    finally:
+        worker_logger.setLevel(original)
+    worker_logger.setLevel(original)
