@@ -282,9 +282,7 @@ def tasks_with(kwargs: dict[str, Any]) -> list[Task]:
     return [t for t in Task.objects.filter(task_path=NOOP) if t.kwargs == kwargs]
 
 
-def test_the_scheduler_reads_the_stored_schedules_in_one_query(
-    api: Api, django_assert_num_queries: Any
-) -> None:
+def test_the_scheduler_reads_the_stored_schedules_in_one_query(api: Api, django_assert_num_queries: Any) -> None:
     api.call("POST", "/api/schedules", tick())
     api.call("POST", "/api/schedules", tick(name="other", interval=60))
     leader = Leader()
