@@ -40,6 +40,9 @@ VIEW_WORKER = "tasks.view_worker"
 VIEW_GENERATOR = "tasks.view_generatorstate"
 CHANGE_GENERATOR = "tasks.change_generatorstate"
 VIEW_SCHEDULE = "tasks.view_schedule"
+ADD_SCHEDULE = "tasks.add_storedschedule"
+CHANGE_SCHEDULE = "tasks.change_storedschedule"
+DELETE_SCHEDULE = "tasks.delete_storedschedule"
 VIEW_QUEUE = "tasks.view_queuecontrol"
 CHANGE_QUEUE = "tasks.change_queuecontrol"
 
@@ -54,6 +57,9 @@ SCOPES = frozenset(
         VIEW_GENERATOR,
         CHANGE_GENERATOR,
         VIEW_SCHEDULE,
+        ADD_SCHEDULE,
+        CHANGE_SCHEDULE,
+        DELETE_SCHEDULE,
         VIEW_QUEUE,
         CHANGE_QUEUE,
     }

@@ -23,6 +23,23 @@ since the Unix epoch (UTC); a ``cron`` schedule when its expression matches in i
 Debian's cron would run it. A new schedule's first slot is the first one after the scheduler first
 saw it.
 
+Schedules stored at runtime (:class:`~tasks.models.schedule.StoredSchedule`, from the admin or the JSON
+API) run beside the declared ones. The leader reads them every round (one query; a round is at most
+``STORED_POLL`` seconds apart), so a change takes effect within a second:
+
+- a new stored schedule's first slot is the first one after it was stored (``effective_from``);
+- an edit takes effect from the first slot after the edit (the old definition's missed slots are
+  not back-filled, whatever the catch-up); a pause enqueues nothing from the next statement on, and
+  a resume runs the slots after it (none of those missed while paused); a delete stops it, and
+  its progress row and runs stay as history (runs are pruned by age like any others);
+- the slot statement enqueues only while the stored row still has the revision the leader read,
+  under a share lock on that row: an edit committing while a round runs either lands after the slot
+  statement (which enqueued under the definition that was current) or before it (which then
+  enqueues nothing, and the leader reads the new definition at once). No slot is enqueued under a
+  definition after the edit replacing it commits; the run row's uniqueness still holds each slot to
+  one task;
+- their tasks carry ``api_origin``: the worker checks the path against the API allow-list again.
+
 Catch-up, when the scheduler finds slots it missed (no scheduler ran, or a failover):
 
 - ``"skip"``: the missed slots are skipped; the newest due slot runs if it is at most ``grace``
@@ -48,13 +65,15 @@ from leasing.routing import selected_database
 from tasks.conf import get_settings
 from tasks.lifecycle.routing import queue_database
 from tasks.lifecycle.values import fair_key_for
-from tasks.maintenance.schedules import ScheduleSpec, load_schedules
+from tasks.maintenance.schedules import ScheduleSpec, load_schedules, stored_spec
 
 logger = logging.getLogger("tasks.scheduler")
 
 SCHEDULER_LEASE = "tasks:scheduler"
 #: Longest the leader sleeps between rounds when no slot is due sooner (it also wakes on loss/stop).
 MAX_WAIT = 5.0
+#: Longest between two reads of the stored schedules: an operator's change takes effect within it.
+STORED_POLL = 1.0
 
 
 # -- statements ----------------------------------------------------------------------------------
@@ -69,10 +88,21 @@ _LEASE_CTE = """lease AS (
     FOR SHARE
 )"""
 
-# The fenced, forward-only step of a schedule row: refused when a newer token wrote the row, or
-# when the slot is not after the last one handled.
+# A stored schedule's row at the revision the leader read, not paused, under a share lock: an edit
+# (an UPDATE of the row) waits for the statement holding it, and a statement arriving while an edit
+# is in flight waits for it and then finds the new revision (READ COMMITTED re-checks the locked
+# row's newest version) and enqueues nothing. Settings schedules pass %(revision)s NULL.
+_CURRENT_CTE = """current AS (
+    SELECT name FROM tasks_storedschedule
+    WHERE name = %(name)s AND revision = %(revision)s AND NOT paused
+    FOR SHARE
+)"""
+
+# The fenced, forward-only step of a schedule row: refused when a newer token wrote the row, when
+# the slot is not after the last one handled, or when a stored schedule changed since it was read.
 _ADVANCE_WHERE = """s.name = %(name)s AND s.fence_token <= %(token)s
-      AND (s.last_slot IS NULL OR s.last_slot < %(slot)s)"""
+      AND (s.last_slot IS NULL OR s.last_slot < %(slot)s)
+      AND (%(revision)s::bigint IS NULL OR EXISTS (SELECT FROM current))"""
 
 # One slot, one statement: allocate the task's id, advance the schedule row (fenced, forward
 # only), record the run (unique per schedule + slot: DO NOTHING on a duplicate, and then no task),
@@ -83,6 +113,7 @@ _ADVANCE_WHERE = """s.name = %(name)s AND s.fence_token <= %(token)s
 # entry here.
 SLOT_SQL = f"""
 WITH {_LEASE_CTE},
+{_CURRENT_CTE},
 allocated AS (
     SELECT nextval(pg_get_serial_sequence('tasks_task', 'id')) AS task_id FROM lease
 ),
@@ -106,10 +137,10 @@ task AS (
     INSERT INTO tasks_task (
         id, queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, attempts, max_attempts,
         timeout, dedup_key, errors, worker_ids, renewals, transitions, failures, crashes, shared_crashes,
-        unstarted_returns, attempt_started, attempt_isolated, errors_dropped, fair_key)
+        unstarted_returns, attempt_started, attempt_isolated, errors_dropped, fair_key, api_origin)
     SELECT run.task_id, %(queue)s, %(priority)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, 'READY',
            statement_timestamp(), statement_timestamp(), 0, %(max_attempts)s, %(timeout)s, NULL, '[]'::jsonb,
-           '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false, 0, %(fair_key)s::text
+           '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false, 0, %(fair_key)s::text, %(api_origin)s
     FROM run
     RETURNING id
 )
@@ -118,7 +149,8 @@ SELECT advanced.task_id, (SELECT id FROM task) FROM advanced
 
 # Slots passed over without a task (catch-up "skip" / "last"): the same fenced, forward-only step.
 SKIP_SQL = f"""
-WITH {_LEASE_CTE}
+WITH {_LEASE_CTE},
+{_CURRENT_CTE}
 UPDATE tasks_schedule AS s SET
     last_slot = %(slot)s, next_slot = %(next_slot)s, skipped = s.skipped + %(skipped)s,
     fence_token = %(token)s, leader = %(holder)s, updated_at = clock_timestamp()
@@ -149,6 +181,10 @@ class Deposed(Exception):
     """The database refused a write of this scheduler: its lease is gone or a newer one wrote."""
 
 
+class DefinitionChanged(Exception):
+    """A stored schedule was edited, paused or deleted since the leader read it: read it again."""
+
+
 @dataclass(frozen=True)
 class SlotResult:
     schedule: str
@@ -170,10 +206,14 @@ class ScheduleState:
 
     baseline_at: dt.datetime
     last_slot: dt.datetime | None
+    #: A stored schedule's ``effective_from``: only slots after it run (None: a settings schedule).
+    not_before: dt.datetime | None = None
 
     @property
     def after(self) -> dt.datetime:
-        return self.last_slot or self.baseline_at
+        if self.not_before is None:
+            return self.last_slot or self.baseline_at
+        return max(self.last_slot, self.not_before) if self.last_slot else self.not_before
 
 
 class SlotWriter:
@@ -193,8 +233,14 @@ class SlotWriter:
             cursor.execute(statement, params)
             return cursor.fetchall()
 
-    def _refused(self, what: str) -> Deposed:
+    def _refused(self, what: str, spec: ScheduleSpec | None = None) -> Exception:
         current = Lease.objects.db_manager(self.using).is_current(self.lease, self.token)
+        if current and spec is not None and spec.stored:
+            from tasks.models.schedule import StoredSchedule
+
+            row = StoredSchedule.objects.db_manager(self.using).filter(name=spec.name).first()
+            if row is None or row.revision != spec.revision or row.paused:
+                return DefinitionChanged(f"{what}: schedule {spec.name!r} changed since it was read")
         reason = "a newer scheduler wrote the schedule" if current else "the scheduler lease is no longer ours"
         return Deposed(f"{what} refused: {reason} (token {self.token})")
 
@@ -216,6 +262,8 @@ class SlotWriter:
             slot=slot,
             next_slot=spec.next_slot(slot),
             skipped=skipped,
+            revision=spec.revision,
+            api_origin=spec.stored,
             queue=spec.queue,
             priority=spec.priority,
             task_path=spec.task_path,
@@ -228,7 +276,7 @@ class SlotWriter:
         )
         rows = self._rows(SLOT_SQL, params)
         if not rows:
-            raise self._refused(f"schedule {spec.name!r}: slot {slot.isoformat()}")
+            raise self._refused(f"schedule {spec.name!r}: slot {slot.isoformat()}", spec)
         if rows[0][1] is None:
             # The schedule row had been set back (by hand) behind a slot that has its run already.
             logger.warning("schedule %s: slot %s was enqueued before; not again", spec.name, slot.isoformat())
@@ -236,9 +284,11 @@ class SlotWriter:
         return int(rows[0][1])
 
     def skip(self, spec: ScheduleSpec, slot: dt.datetime, *, skipped: int) -> None:
-        params = self._params(name=spec.name, slot=slot, next_slot=spec.next_slot(slot), skipped=skipped)
+        params = self._params(
+            name=spec.name, slot=slot, next_slot=spec.next_slot(slot), skipped=skipped, revision=spec.revision
+        )
         if not self._rows(SKIP_SQL, params):
-            raise self._refused(f"schedule {spec.name!r}: skipping to {slot.isoformat()}")
+            raise self._refused(f"schedule {spec.name!r}: skipping to {slot.isoformat()}", spec)
 
 
 def database_now(using: str = DEFAULT_DB_ALIAS) -> dt.datetime:
@@ -259,6 +309,7 @@ class Scheduler:
         holder: str | None = None,
         using: str = DEFAULT_DB_ALIAS,
         lease: str = SCHEDULER_LEASE,
+        stored: bool = True,
     ) -> None:
         conf = get_settings()
         # A schedule runs where its queue is routed (tasks/lifecycle/routing.py), with this scheduler's lease in
@@ -270,7 +321,11 @@ class Scheduler:
         if elsewhere:
             listed = ", ".join(f"{name} (queue routed to {alias})" for name, alias in elsewhere.items())
             raise ImproperlyConfigured(f"scheduler on database {using!r} given schedules of another database: {listed}")
-        self.schedules = schedules
+        self.declared = dict(schedules)
+        #: What the next round runs: the declared schedules and the stored ones as last read.
+        self.schedules: dict[str, ScheduleSpec] = dict(schedules)
+        self.stored = stored
+        self._stored_seen: dict[str, int] = {}  # name -> revision read (valid or not)
         self.using = using
         self.max_catch_up = conf.SCHEDULER_MAX_CATCH_UP
         lease_ttl = ttl or conf.SCHEDULER_TTL
@@ -287,10 +342,31 @@ class Scheduler:
 
     def run(self) -> None:
         """Stand by and lead until ``stop()`` (closes this thread's connections on return)."""
-        if not self.schedules:
-            logger.info("scheduler %s: no schedules declared, nothing to do", self.holder)
+        if not self.declared and not self._wait_for_stored():
             return
         self.election.run(self._lead)
+
+    def _wait_for_stored(self) -> bool:
+        """Nothing declared: stand aside from the election (no lease taken) until a schedule is
+        stored, looking every MAX_WAIT seconds; False when stopped first."""
+        from tasks.models.schedule import StoredSchedule
+
+        if not self.stored:
+            logger.info("scheduler %s: no schedules declared, nothing to do", self.holder)
+            return False
+        stopping = self.election._stopping
+        try:
+            while not stopping.is_set():
+                try:
+                    if StoredSchedule.objects.db_manager(self.using).exists():
+                        return True
+                except Error as exc:
+                    logger.warning("scheduler %s: reading the stored schedules failed: %s", self.holder, exc)
+                    connections[self.using].close()
+                stopping.wait(MAX_WAIT)
+            return False
+        finally:
+            connections[self.using].close()
 
     def run_once(self) -> bool:
         """One round, if the lease is free (for cron-driven set-ups); whether it ran."""
@@ -308,9 +384,16 @@ class Scheduler:
             try:
                 if states is None:
                     now = database_now(self.using)
-                    states = {name: writer.sync(spec, now) for name, spec in self.schedules.items()}
+                    states = {name: writer.sync(spec, now) for name, spec in self.declared.items()}
+                    self._stored_seen.clear()  # a new term (or after an error) syncs them again
+                    self.schedules = dict(self.declared)
+                if self.stored:
+                    self.refresh(writer, states)
                 report = self.round(writer, states)
-                wait = report.wait
+                wait = min(report.wait, STORED_POLL) if self.stored else report.wait
+            except DefinitionChanged as exc:
+                logger.info("scheduler %s: %s; reading it again", self.holder, exc)
+                wait = 0.0
             except Deposed as exc:
                 logger.warning("scheduler %s stands down: %s", self.holder, exc)
                 return
@@ -321,6 +404,49 @@ class Scheduler:
             if once:
                 return
             term.wait(wait)
+
+    def refresh(self, writer: SlotWriter, states: dict[str, ScheduleState]) -> None:
+        """Read the stored schedules (one query) and bring ``self.schedules`` and ``states`` up to
+        date: a new or changed one is validated again and its progress row synced (one statement
+        each, only when its revision moved), a deleted one dropped. A row that no longer validates
+        (its task path left the allow-list, its module is gone) is left out, with a warning once."""
+        from tasks.models.schedule import StoredSchedule
+
+        rows = StoredSchedule.objects.db_manager(self.using).for_scheduler()
+        present: set[str] = set()
+        now: dt.datetime | None = None
+        for name, entry, paused, revision, effective_from in rows:
+            if name in self.declared:
+                if self._stored_seen.get(name) != revision:
+                    logger.warning("stored schedule %s: the settings declare one of that name; it is not run", name)
+                    self._stored_seen[name] = revision
+                continue
+            present.add(name)
+            if self._stored_seen.get(name) == revision:
+                continue
+            self._stored_seen[name] = revision
+            self.schedules.pop(name, None)
+            states.pop(name, None)
+            try:
+                spec = stored_spec(name, entry, paused=paused, revision=revision)
+            except ImproperlyConfigured as exc:
+                logger.warning("stored schedule %s is not run: %s", name, exc)
+                continue
+            if queue_database(spec.queue) != self.using:
+                logger.warning("stored schedule %s: its queue is routed to another database; not run here", name)
+                continue
+            self.schedules[name] = spec
+            if spec.enabled:
+                now = now or database_now(self.using)
+                state = writer.sync(spec, now)
+                state.not_before = effective_from
+                states[name] = state
+        for name in [n for n in self._stored_seen if n not in present and n not in self.declared]:
+            del self._stored_seen[name]
+            self.schedules.pop(name, None)
+            states.pop(name, None)
+        for name in [n for n in self._stored_seen if n in self.declared and n not in {r[0] for r in rows}]:
+            del self._stored_seen[name]
 
     def round(self, writer: SlotWriter, states: dict[str, ScheduleState]) -> RoundReport:
         """Enqueue (or skip) every due slot of every enabled schedule; say when the next is due."""
@@ -375,34 +501,56 @@ class Scheduler:
 
 
 def schedule_status(specs: dict[str, ScheduleSpec] | None = None, *, using: str | None = None) -> list[dict[str, Any]]:
-    """Every declared schedule with its stored progress and next run (dashboard, API, admin);
-    schedules whose row remains after they left the settings are listed as ``declared: False``."""
-    from tasks.models.schedule import Schedule
+    """Every schedule, declared (``kind: "settings"``) or stored (``kind: "stored"``), with its
+    stored progress and next run (dashboard, API, admin); a progress row whose schedule left the
+    settings or was deleted is listed as ``declared: False`` (``kind: None``). One query each for the
+    stored schedules, the progress rows and the leader."""
+    from tasks.models.schedule import Schedule, StoredSchedule
 
     using = using or selected_database()
     # The schedules that run in this database (their queue is routed here: tasks/lifecycle/routing.py).
     declared = {
         n: s for n, s in (load_schedules() if specs is None else specs).items() if queue_database(s.queue) == using
     }
+    stored = {row.name: row for row in StoredSchedule.objects.using(using).all() if row.name not in declared}
     rows = {row.name: row for row in Schedule.objects.using(using).all()}
     now = dt.datetime.now(dt.UTC)
     leader = Lease.objects.db_manager(using).active().filter(resource=SCHEDULER_LEASE).first()
     result = []
-    for name in sorted(set(declared) | set(rows)):
-        spec, row = declared.get(name), rows.get(name)
+    for name in sorted(set(declared) | set(stored) | set(rows)):
+        spec, row, kept = declared.get(name), rows.get(name), stored.get(name)
+        error = None
+        if kept is not None:
+            try:
+                spec = stored_spec(name, kept.entry, paused=kept.paused, revision=kept.revision)
+            except ImproperlyConfigured as exc:
+                spec, error = None, getattr(exc, "reason", str(exc))
         next_run = None
         if spec is not None and spec.enabled:
             after = (row.last_slot or row.baseline_at) if row is not None else now
+            if kept is not None:
+                after = max(row.last_slot, kept.effective_from) if row and row.last_slot else kept.effective_from
             next_run = spec.next_slot(max(after, now))
+        if kept is not None:
+            definition = spec.definition() if spec is not None else dict(kept.entry)
+            explain = spec.explain() if spec is not None else f"not run: {error}"
+        else:
+            definition = spec.definition() if spec is not None else (row.definition if row else {})
+            explain = spec.explain() if spec is not None else "no longer in settings"
         result.append(
             {
                 "name": name,
-                "declared": spec is not None,
+                "declared": spec is not None or kept is not None,
+                "kind": "settings" if name in declared else "stored" if kept is not None else None,
+                "paused": bool(kept and kept.paused),
+                "revision": kept.revision if kept is not None else None,
+                "stored": kept,
+                "error": error,
                 "spec": spec,
                 "row": row,
-                "definition": spec.definition() if spec is not None else (row.definition if row else {}),
+                "definition": definition,
                 "every": spec.every if spec is not None else "",
-                "explain": spec.explain() if spec is not None else "no longer in settings",
+                "explain": explain,
                 "enabled": bool(spec and spec.enabled),
                 "next_run": next_run,
                 "last_slot": row.last_enqueued_slot if row else None,

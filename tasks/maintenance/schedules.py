@@ -1,4 +1,6 @@
-"""Schedules declared in settings (``LEASING_TASKS["SCHEDULES"]``), validated, and their slots.
+"""Schedules declared in settings (``LEASING_TASKS["SCHEDULES"]``) or stored in the database
+(:class:`~tasks.models.schedule.StoredSchedule`, written from the admin and the JSON API), validated
+by one function (:func:`build_spec`), and their slots.
 
 A slot is a time a schedule is due. An ``interval`` schedule is due at every multiple of the
 interval since the Unix epoch (UTC), so replicas agree on the slots whatever time they started; a
@@ -13,7 +15,7 @@ import datetime as dt
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -77,6 +79,13 @@ class ScheduleSpec:
     timeout: float | None = None
     enabled: bool = True
     fair_key: str | None = None  # its tasks' key in a fair queue (None: the shared key "")
+    #: A stored schedule's row revision this spec was read at (None: declared in settings). The
+    #: scheduler's slot statement refuses to enqueue when the row has moved on (edited, paused, deleted).
+    revision: int | None = None
+
+    @property
+    def stored(self) -> bool:
+        return self.revision is not None
 
     @property
     def every(self) -> str:
@@ -176,15 +185,40 @@ class ScheduleSpec:
 # -- settings ------------------------------------------------------------------------------------
 
 
-def _fail(name: str, message: str) -> ImproperlyConfigured:
-    return ImproperlyConfigured(f'LEASING_TASKS["SCHEDULES"]["{name}"]: {message}')
+#: Longest string a schedule's text fields may hold (task path, cron, time zone, queue, fair key).
+MAX_TEXT = 255
+
+
+class InvalidSchedule(ImproperlyConfigured):
+    """A schedule entry that cannot run: ``key`` names the field at fault, ``reason`` says why.
+
+    ``str()`` is the settings form (``LEASING_TASKS["SCHEDULES"]["name"]: reason``); the admin and
+    the API show ``reason`` against ``key``."""
+
+    def __init__(self, name: str, reason: str, key: str | None = None) -> None:
+        super().__init__(f'LEASING_TASKS["SCHEDULES"]["{name}"]: {reason}' if key != "name" else reason)
+        self.reason = reason
+        self.key = key
+
+
+def _fail(name: str, message: str, key: str | None = None) -> InvalidSchedule:
+    return InvalidSchedule(name, message, key)
+
+
+def _text(name: str, key: str, value: Any) -> str:
+    """A short string PostgreSQL can store (no NUL)."""
+    if not isinstance(value, str):
+        raise _fail(name, f"{key} must be a string, got {type(value).__name__}", key)
+    if len(value) > MAX_TEXT or "\x00" in value:
+        raise _fail(name, f"{key} must be at most {MAX_TEXT} characters, without NUL", key)
+    return value
 
 
 def _number(name: str, key: str, value: Any, *, low: float, allow_equal: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _fail(name, f"{key} must be a number, got {value!r}")
+        raise _fail(name, f"{key} must be a number, got {value!r:.50}", key)
     if value < low or (value == low and not allow_equal) or value != value or value == float("inf"):
-        raise _fail(name, f"{key} must be {'at least' if allow_equal else 'more than'} {low:g}, got {value!r}")
+        raise _fail(name, f"{key} must be {'at least' if allow_equal else 'more than'} {low:g}, got {value!r}", key)
     return float(value)
 
 
@@ -193,26 +227,34 @@ def build_spec(name: str, entry: Any) -> ScheduleSpec:
     from tasks.backends.backend import LeaseBackend
     from tasks.compat import Task as DjangoTask
 
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ImproperlyConfigured(
-            f"schedule name {name!r}: use 1-100 letters, digits, '_', '.', ':' or '-' (starting with a letter or digit)"
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidSchedule(
+            str(name)[:100],
+            f"schedule name {name!r:.120}: use 1-100 letters, digits, '_', '.', ':' or '-'"
+            " (starting with a letter or digit)",
+            "name",
         )
     if not isinstance(entry, dict):
-        raise _fail(name, "must be a dict")
+        raise _fail(name, "must be a dict", "entry")
     unknown = sorted(set(entry) - _KEYS)
     if unknown:
-        raise _fail(name, f"unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(_KEYS))})")
+        raise _fail(
+            name,
+            f"unknown key(s) {', '.join(u[:50] for u in map(str, unknown[:5]))} (known: {', '.join(sorted(_KEYS))})",
+            "entry",
+        )
     if "task" not in entry:
-        raise _fail(name, "give the task: an import path or a django.tasks Task")
+        raise _fail(name, "give the task: an import path or a django.tasks Task", "task")
     target = entry["task"]
     defaults: dict[str, Any] = {}
     if isinstance(target, str):
+        _text(name, "task", target)
         try:
             resolved = import_string(target)
         except ImportError as exc:
-            raise _fail(name, f"task {target!r} cannot be imported: {exc}") from None
+            raise _fail(name, f"task {target!r} cannot be imported: {exc}", "task") from None
         if not callable(resolved) and not isinstance(resolved, DjangoTask):
-            raise _fail(name, f"task {target!r} is not callable")
+            raise _fail(name, f"task {target!r} is not callable", "task")
         target = resolved if isinstance(resolved, DjangoTask) else target
     if isinstance(target, DjangoTask):
         task_path = target.module_path
@@ -223,68 +265,67 @@ def build_spec(name: str, entry: Any) -> ScheduleSpec:
     elif isinstance(target, str):
         task_path = target
     else:
-        raise _fail(name, f"task must be an import path or a django.tasks Task, got {target!r}")
+        raise _fail(name, f"task must be an import path or a django.tasks Task, got {target!r:.100}", "task")
 
     has_cron, has_interval = entry.get("cron") is not None, entry.get("interval") is not None
     if has_cron == has_interval:
-        raise _fail(name, "give exactly one of cron (an expression) or interval (seconds)")
+        raise _fail(name, "give exactly one of cron (an expression) or interval (seconds)", "cron")
     cron = interval = None
     zone_name = entry.get("timezone", settings.TIME_ZONE if settings.USE_TZ else "UTC") or "UTC"
+    _text(name, "timezone", zone_name)
     try:
         zone = ZoneInfo(zone_name)
-    except (ZoneInfoNotFoundError, ValueError, TypeError):
-        raise _fail(name, f"unknown time zone {zone_name!r}") from None
+    except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):
+        raise _fail(name, f"unknown time zone {zone_name!r}", "timezone") from None
     if has_cron:
-        cron = entry["cron"]
-        if not isinstance(cron, str):
-            raise _fail(name, f"cron must be a string, got {cron!r}")
-        cron = " ".join(cron.split())
+        cron = " ".join(_text(name, "cron", entry["cron"]).split())
         try:
             CronSim(cron, dt.datetime.now(zone))
         except CronSimError as exc:
-            raise _fail(name, f"invalid cron expression {cron!r}: {exc}") from None
+            raise _fail(name, f"invalid cron expression {cron!r}: {exc}", "cron") from None
     else:
         interval = _number(name, "interval", entry["interval"], low=0.001, allow_equal=True)
 
     args = entry.get("args", [])
     kwargs = entry.get("kwargs", {})
     if not isinstance(args, list | tuple):
-        raise _fail(name, "args must be a list")
+        raise _fail(name, "args must be a list", "args")
     if not isinstance(kwargs, dict):
-        raise _fail(name, "kwargs must be a dict")
+        raise _fail(name, "kwargs must be a dict", "kwargs")
     try:
         args = json.loads(storable_json(list(args)))
         kwargs = json.loads(storable_json(kwargs))
     except UnstorableResult as exc:
-        raise _fail(name, f"args and kwargs must be storable as JSON: {exc}") from None
+        raise _fail(name, f"args and kwargs must be storable as JSON: {exc}", "args") from None
 
     queue = entry.get("queue", defaults.get("queue", "default"))
-    if not isinstance(queue, str) or not 0 < len(queue) <= 100:
-        raise _fail(name, "queue must be a name of 1-100 characters")
+    if not isinstance(queue, str) or not 0 < len(queue) <= 100 or "\x00" in queue:
+        raise _fail(name, "queue must be a name of 1-100 characters", "queue")
     priority = entry.get("priority", defaults.get("priority", 0))
     if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
-        raise _fail(name, "priority must be a whole number between -100 and 100")
+        raise _fail(name, "priority must be a whole number between -100 and 100", "priority")
     catch_up = entry.get("catch_up", DEFAULT_CATCH_UP)
     if catch_up not in CATCH_UP:
-        raise _fail(name, f"catch_up must be one of {', '.join(CATCH_UP)}, got {catch_up!r}")
+        raise _fail(name, f"catch_up must be one of {', '.join(CATCH_UP)}, got {catch_up!r:.50}", "catch_up")
     grace = _number(name, "grace", entry.get("grace", DEFAULT_GRACE), low=0, allow_equal=True)
     max_attempts = entry.get("max_attempts", defaults.get("max_attempts"))
     if max_attempts is not None and (
         isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
     ):
-        raise _fail(name, "max_attempts must be a whole number of at least 1")
+        raise _fail(name, "max_attempts must be a whole number of at least 1", "max_attempts")
     timeout = entry.get("timeout", defaults.get("timeout"))
     if timeout is not None:
         timeout = _number(name, "timeout", timeout, low=0, allow_equal=False)
     enabled = entry.get("enabled", True)
     if not isinstance(enabled, bool):
-        raise _fail(name, "enabled must be True or False")
+        raise _fail(name, "enabled must be True or False", "enabled")
     fair_key = entry.get("fair_key")
     if fair_key is not None:
+        _text(name, "fair_key", fair_key)
         try:
             fair_key_for(queue, fair_key, ())
         except ValueError as exc:
-            raise _fail(name, str(exc)) from None
+            raise _fail(name, str(exc), "fair_key") from None
     return ScheduleSpec(
         name=name,
         task_path=task_path,
@@ -310,3 +351,40 @@ def load_schedules() -> dict[str, ScheduleSpec]:
     if not isinstance(declared, dict):
         raise ImproperlyConfigured('LEASING_TASKS["SCHEDULES"] must be a dict: name -> schedule')
     return {name: build_spec(name, entry) for name, entry in declared.items()}
+
+
+# -- stored in the database ----------------------------------------------------------------------
+
+
+def stored_spec(name: str, entry: Any, *, paused: bool = False, revision: int | None = None) -> ScheduleSpec:
+    """Validate a schedule stored in the database (admin, JSON API, and the scheduler reading it).
+
+    The same checks as a settings entry (:func:`build_spec`, the one validator), and the two that a
+    schedule written over the web needs on top: its name is not one of the settings' schedules
+    (those stay read-only), and its task path is one the JSON API may enqueue
+    (``tasks/backends/allowlist.py``: a stored schedule is a standing enqueue, so its tasks carry
+    ``api_origin`` and the worker checks the path again before it runs one). Pausing is the row's
+    ``paused`` column, not the settings' ``enabled`` key. Raises :class:`InvalidSchedule`."""
+    from tasks.backends import allowlist
+    from tasks.exceptions import TaskPathRefused
+
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        build_spec(name, entry)  # raises the name's error
+    if not isinstance(entry, dict):
+        raise _fail(name, "must be a dict", "entry")
+    if name in get_settings().SCHEDULES:
+        raise _fail(name, "a schedule of this name is declared in settings (read-only)", "name")
+    if "enabled" in entry:
+        raise _fail(name, "a stored schedule is paused and resumed, not enabled: give paused", "enabled")
+    task = entry.get("task")
+    if task is not None:
+        reason = allowlist.refusal(task)
+        if reason is not None:
+            raise _fail(name, reason.replace("task_path", "task"), "task")
+        try:
+            allowlist.resolve(task)
+        except TaskPathRefused as exc:
+            raise _fail(name, str(exc), "task") from None
+        except Exception as exc:  # the module does not import: it could not run either
+            raise _fail(name, f"task cannot be imported: {type(exc).__name__}", "task") from None
+    return replace(build_spec(name, {**entry, "enabled": not paused}), revision=revision)

@@ -52,13 +52,14 @@ class Command(LongRunningCommand):
         if list_schedules:
             for entry in schedule_status(scheduler.schedules, using=database):
                 next_run = entry["next_run"].isoformat(timespec="seconds") if entry["next_run"] else "-"
+                kind = (" [stored]" if entry["kind"] == "stored" else "") + (" (paused)" if entry["paused"] else "")
                 self.stdout.write(
-                    f"{entry['name']}: {entry['definition'].get('task')} {entry['every'] or '(not declared)'};"
+                    f"{entry['name']}: {entry['definition'].get('task')} {entry['every'] or '(not declared)'}{kind};"
                     f" next {next_run}; enqueued {entry['enqueued']}, skipped {entry['skipped']}"
                 )
             return
-        if not scheduler.schedules:
-            raise CommandError('no schedules: declare them in LEASING_TASKS["SCHEDULES"]')
+        # Nothing declared is fine: schedules stored at runtime (admin, API) may come; until one is,
+        # the scheduler looks for them without taking the lease.
         if once:
             led = scheduler.run_once()
             self.stdout.write("ran one round" if led else "another scheduler leads: nothing done")

@@ -16,6 +16,11 @@ WITH lease AS (
       AND released_at IS NULL AND expires_at > clock_timestamp()
     FOR SHARE
 ),
+current AS (
+    SELECT name FROM tasks_storedschedule
+    WHERE name = %(name)s AND revision = %(revision)s AND NOT paused
+    FOR SHARE
+),
 allocated AS (
     SELECT nextval(pg_get_serial_sequence('tasks_task', 'id')) AS task_id FROM lease
 ),
@@ -28,6 +33,7 @@ advanced AS (
     FROM allocated
     WHERE s.name = %(name)s AND s.fence_token <= %(token)s
       AND (s.last_slot IS NULL OR s.last_slot < %(slot)s)
+      AND (%(revision)s::bigint IS NULL OR EXISTS (SELECT FROM current))
     RETURNING allocated.task_id
 ),
 run AS (
@@ -40,10 +46,10 @@ task AS (
     INSERT INTO tasks_task (
         id, queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, attempts, max_attempts,
         timeout, dedup_key, errors, worker_ids, renewals, transitions, failures, crashes, shared_crashes,
-        unstarted_returns, attempt_started, attempt_isolated, errors_dropped, fair_key)
+        unstarted_returns, attempt_started, attempt_isolated, errors_dropped, fair_key, api_origin)
     SELECT run.task_id, %(queue)s, %(priority)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, 'READY',
            statement_timestamp(), statement_timestamp(), 0, %(max_attempts)s, %(timeout)s, NULL, '[]'::jsonb,
-           '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false, 0, %(fair_key)s::text
+           '[]'::jsonb, 0, 0, 0, 0, 0, 0, false, false, 0, %(fair_key)s::text, %(api_origin)s
     FROM run
     RETURNING id
 )
@@ -56,6 +62,11 @@ WITH lease AS (
     WHERE resource = %(lease)s AND holder = %(holder)s AND token = %(token)s
       AND released_at IS NULL AND expires_at > clock_timestamp()
     FOR SHARE
+),
+current AS (
+    SELECT name FROM tasks_storedschedule
+    WHERE name = %(name)s AND revision = %(revision)s AND NOT paused
+    FOR SHARE
 )
 UPDATE tasks_schedule AS s SET
     last_slot = %(slot)s, next_slot = %(next_slot)s, skipped = s.skipped + %(skipped)s,
@@ -63,6 +74,7 @@ UPDATE tasks_schedule AS s SET
 FROM lease
 WHERE s.name = %(name)s AND s.fence_token <= %(token)s
       AND (s.last_slot IS NULL OR s.last_slot < %(slot)s)
+      AND (%(revision)s::bigint IS NULL OR EXISTS (SELECT FROM current))
 RETURNING s.name;
 
 -- name: SYNC_SQL

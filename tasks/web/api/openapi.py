@@ -133,6 +133,41 @@ WORKFLOW_PROPERTIES: dict[str, Any] = {
 ONE_WORKFLOW = {"type": "object", "properties": WORKFLOW_PROPERTIES}
 WORKER_TOKEN = {"worker": HOLDER, "token": TOKEN}
 ONE_BULK = {"type": "object", "properties": {"operation": _ref("BulkOperation")}}
+#: A stored schedule's entry: the keys of a LEASING_TASKS["SCHEDULES"] entry (validated as they are).
+SCHEDULE_ENTRY = {
+    "task": {"type": "string", "maxLength": 255, "description": "import path the API allow-list admits"},
+    "cron": {"type": ["string", "null"], "maxLength": 255},
+    "interval": {"type": ["number", "null"], "minimum": 0.001},
+    "timezone": {"type": ["string", "null"], "maxLength": 255},
+    "args": {"type": "array"},
+    "kwargs": {"type": "object"},
+    "queue": {"type": "string", "minLength": 1, "maxLength": 100},
+    "priority": {"type": "integer", "minimum": -100, "maximum": 100},
+    "catch_up": {"enum": ["skip", "last", "all"]},
+    "grace": {"type": "number", "minimum": 0},
+    "max_attempts": {"type": ["integer", "null"], "minimum": 1},
+    "timeout": {"type": ["number", "null"], "exclusiveMinimum": 0},
+    "fair_key": {"type": ["string", "null"], "maxLength": 255},
+    "paused": {"type": "boolean"},
+}
+STORED_SCHEDULE = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "kind": {"enum": ["stored"]},
+        "paused": {"type": "boolean"},
+        "revision": TOKEN,
+        "entry": {"type": "object"},
+        "definition": {"type": ["object", "null"]},
+        "effective_from": {"type": "string", "format": "date-time"},
+        "created_at": {"type": "string", "format": "date-time"},
+        "updated_at": {"type": "string", "format": "date-time"},
+    },
+}
+NO_BODY = {
+    "required": False,
+    "content": {"application/json": {"schema": {"type": "object", "additionalProperties": False}}},
+}
 BULK_FILTER: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
@@ -506,10 +541,21 @@ def document(server_url: str = "/api") -> dict[str, Any]:
         },
         "/schedules": {
             "get": _op(
-                "Periodic tasks: every schedule with its last and next run",
+                "Periodic tasks: every schedule, declared in settings or stored (kind), with its last and next run"
+                " and its paused state",
                 200,
                 {"type": "object", "properties": {"scheduler": {"type": "object"}, "schedules": {"type": "array"}}},
-            )
+            ),
+            "post": _op(
+                "Store a schedule (a settings entry's keys, validated as settings are; the task must be one the"
+                " API may enqueue). Its first slot is the first after now; 409 when the name is taken (by a stored"
+                " schedule or one declared in settings)",
+                201,
+                STORED_SCHEDULE,
+                400,
+                409,
+                requestBody=_body({"name": {"type": "string", "maxLength": 100}, **SCHEDULE_ENTRY}, ["name", "task"]),
+            ),
         },
         "/schedules/{name}": {
             "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
@@ -523,6 +569,57 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                     {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}},
                     {"name": "before", "in": "query", "schema": {"type": "string", "format": "date-time"}},
                 ],
+            ),
+            "put": _op(
+                "Replace a stored schedule's entry (paused kept unless given); takes effect from the first slot"
+                " after the edit. revision: only if still at it. 409 for a schedule declared in settings",
+                200,
+                STORED_SCHEDULE,
+                400,
+                404,
+                409,
+                requestBody=_body({**SCHEDULE_ENTRY, "name": {"type": "string"}, "revision": TOKEN}, ["task"]),
+            ),
+            "patch": _op(
+                "Change some keys of a stored schedule's entry (a JSON merge patch: null removes a key); as PUT",
+                200,
+                STORED_SCHEDULE,
+                400,
+                404,
+                409,
+                requestBody=_body({**SCHEDULE_ENTRY, "name": {"type": "string"}, "revision": TOKEN}, []),
+            ),
+            "delete": _op(
+                "Delete a stored schedule: nothing more is enqueued; its progress row and runs stay as history."
+                " 409 for a schedule declared in settings",
+                200,
+                {"type": "object", "properties": {"deleted": {"type": "string"}, "revision": TOKEN}},
+                404,
+                409,
+            ),
+        },
+        "/schedules/{name}/pause": {
+            "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "post": _op(
+                "Pause a stored schedule: no slot is enqueued from the scheduler's next statement on (paused"
+                " already: nothing written). 409 for a schedule declared in settings",
+                200,
+                STORED_SCHEDULE,
+                404,
+                409,
+                requestBody=NO_BODY,
+            ),
+        },
+        "/schedules/{name}/resume": {
+            "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "post": _op(
+                "Resume a stored schedule from its first slot after now (none of those missed while paused is"
+                " back-filled). 409 for a schedule declared in settings",
+                200,
+                STORED_SCHEDULE,
+                404,
+                409,
+                requestBody=NO_BODY,
             ),
         },
         "/queues": {
