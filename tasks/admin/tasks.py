@@ -37,7 +37,10 @@ class StuckFilter(admin.SimpleListFilter):
     parameter_name = "lease"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("stuck", f"{vocabulary.label('stuck')} (running, lease expired)"), ("live", "Running with a live lease")]
+        return [
+            ("stuck", f"{vocabulary.label('stuck')} (running, lease expired)"),
+            ("live", "Running with a live lease"),
+        ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "stuck":

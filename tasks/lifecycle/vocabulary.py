@@ -55,7 +55,12 @@ VIEWS: dict[str, State] = {
     for view in (
         State("retrying", "Retrying", "Ready after a failure or a lost worker: waiting to run again", "READY"),
         State("snoozed", "Snoozed", "Ready after its handler snoozed it: waiting for its wake time", "READY"),
-        State("stuck", "Stuck", "Running, but its lease expired: the worker died or stalled; recovery requeues it", "RUNNING"),
+        State(
+            "stuck",
+            "Stuck",
+            "Running, but its lease expired: the worker died or stalled; recovery requeues it",
+            "RUNNING",
+        ),
     )
 }
 

@@ -23,7 +23,11 @@ def state_label(key: Any) -> str:
 def _badge(state: vocabulary.State, element_id: str = "") -> SafeString:
     if element_id:
         return format_html(
-            '<span class="status status-{}" data-state="{}" id="{}">{}</span>', state.key, state.key, element_id, state.label
+            '<span class="status status-{}" data-state="{}" id="{}">{}</span>',
+            state.key,
+            state.key,
+            element_id,
+            state.label,
         )
     return format_html('<span class="status status-{}" data-state="{}">{}</span>', state.key, state.key, state.label)
 
@@ -68,3 +72,13 @@ def state_labels(keys: Any) -> str:
     if isinstance(keys, list | tuple):
         return ", ".join(vocabulary.label(str(key)) for key in keys)
     return vocabulary.label(str(keys))
+
+
+#: Worker counters and chart series named after an outcome (machine names: metrics, the API) as
+#: the pages name that outcome.
+_COUNTER_NAMES = {"succeeded": "successful"}
+
+
+@register.filter
+def counter_name(key: Any) -> str:
+    return _COUNTER_NAMES.get(str(key), str(key))

@@ -77,7 +77,9 @@ def bulk_operations(request: HttpRequest) -> HttpResponse:
             "kinds": KINDS,
             "kind_statuses": KIND_STATUSES,
             # The statuses a bulk operation takes (retry's, then cancel's), by label.
-            "statuses": [vocabulary.STATUSES[s] for s in dict.fromkeys([*KIND_STATUSES["retry"], *KIND_STATUSES["cancel"]])],
+            "statuses": [
+                vocabulary.STATUSES[s] for s in dict.fromkeys([*KIND_STATUSES["retry"], *KIND_STATUSES["cancel"]])
+            ],
             "initial": initial,
             "initial_statuses": [vocabulary.status_from_label(s) for s in initial.getlist("status")],
         },

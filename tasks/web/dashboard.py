@@ -83,6 +83,10 @@ def activity_last_hour() -> dict[str, list[int]]:
     return activity.last_hour()
 
 
+#: The chart's series (the rollup's column names) as a page names them (task_states.counter_name).
+CHART_NAMES = {"succeeded": "successful"}
+
+
 def chart(series: dict[str, list[int]], *, width: int = 720, height: int = 140) -> dict[str, Any]:
     """Bar geometry for a server-rendered SVG: one group of bars per minute."""
     peak = max([1, *(sum(values) for values in zip(*series.values(), strict=True))])
@@ -105,7 +109,7 @@ def chart(series: dict[str, list[int]], *, width: int = 720, height: int = 140) 
                     "w": round(slot - 2, 1),
                     "h": round(bar_height, 1),
                     "fill": colours[name],
-                    "title": f"{minutes[i]:%H:%M} {name}: {value}",
+                    "title": f"{minutes[i]:%H:%M} {CHART_NAMES.get(name, name)}: {value}",
                 }
             )
     totals = {name: sum(values) for name, values in series.items()}
@@ -255,7 +259,9 @@ def task_action(request: HttpRequest) -> HttpResponse:
         moved = Task.objects.filter(pk__in=ids).exclude(status__in=action.statuses).values_list("pk", "status")[:10]
         named = ", ".join(f"task {pk} is {vocabulary.label(status)}" for pk, status in moved) or "no such task"
         fits = ", ".join(vocabulary.label(status) for status in action.statuses)
-        return _refused(request, back=back, reason=f"{action.label} applies to {fits} tasks only: {named}. Nothing changed.")
+        return _refused(
+            request, back=back, reason=f"{action.label} applies to {fits} tasks only: {named}. Nothing changed."
+        )
     messages.success(request, f"{action.label}: {changed} task(s).")
     return HttpResponseRedirect(back)
 
