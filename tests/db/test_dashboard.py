@@ -189,7 +189,12 @@ def test_workers_page_shows_four_counters_as_columns_and_links_each_worker(staff
     page = staff.get("/dashboard/workers/").content.decode()
     for table in ('id="workers"', 'id="recent-workers"'):
         header = page.split(table, 1)[1].split("</thead>", 1)[0]
-        assert [h.split(">", 1)[1] for h in header.split("</th>")[-5:-1]] == ["Succeeded", "Failed", "Rejected", "Lost"]
+        assert [h.split(">", 1)[1] for h in header.split("</th>")[-5:-1]] == [
+            "Successful",
+            "Failed",
+            "Rejected",
+            "Lost",
+        ]
     assert '<td class="num">7</td><td class="num">2</td><td class="num">1</td><td class="num">3</td>' in page
     assert "claimed=" not in page and ">99<" not in page  # the rest is on the worker's own page
     assert 'href="/dashboard/workers/host:1:abc/"' in page and 'href="/dashboard/workers/host:2:def/"' in page

@@ -175,3 +175,14 @@ def test_a_project_without_the_demo_app_never_mentions_the_generator(staff: Clie
     for url in pages(ids):
         assert "generator" not in staff.get(url).content.decode().lower(), url
     assert staff.get("/dashboard/generator/").status_code == 404
+
+
+def test_the_reference_docs_give_every_label_its_meaning() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "reference" / "dashboard.md").read_text()
+    for state in vocabulary.STATES.values():
+        key = f"`{state.key}`" if not state.is_view else f"`{state.status}`"
+        assert f"| {state.label} | {key} | {state.meaning[0].lower()}{state.meaning[1:]} |" in text, state
+    for action in vocabulary.ACTIONS.values():
+        assert f"| {action.label} | {', '.join(vocabulary.label(s) for s in action.statuses)} |" in text, action
