@@ -111,7 +111,7 @@ def test_the_page_draws_the_charts_with_the_data(staff: Client) -> None:
     assert f"{hour:%Y-%m-%d %H:00} p50: {(0.2 + 0.3 * 3.5 / 4) * 1000:.3g} ms" in html
     assert 'id="history-keys"' in html and "q1" in html and "tests.testapp.handlers.echo" in html
     filtered = staff.get("/dashboard/history/?queue=q2").content.decode()
-    assert f"{hour:%Y-%m-%d %H:00} succeeded: 1" in filtered
+    assert f"{hour:%Y-%m-%d %H:00} successful: 1" in filtered
 
 
 def test_the_page_is_staff_only_and_refuses_bad_filters(client: Client) -> None:
