@@ -252,7 +252,7 @@ def task_action(request: HttpRequest) -> HttpResponse:
         else:
             changed = selected.requeue()
     except TaskError as exc:
-        return _refused(request, str(exc), back)
+        return _refused(request, f"{exc} Nothing changed.", back)
     if changed != len(set(ids)):
         # Each statement is conditional on the action's statuses: a row it left alone is one the action
         # does not fit (or that is gone). Read after the write, in its transaction, to name them.
