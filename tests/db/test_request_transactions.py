@@ -133,12 +133,12 @@ def test_every_refused_api_write_changes_nothing(rows_in_every_state: dict[str, 
 
 def test_dashboard_refusals_change_nothing(client: Client, rows_in_every_state: dict[str, Any]) -> None:
     client.force_login(StaffFactory.create())
-    for what, data in [
+    for what, refused in [
         ("odd id", {"action": "cancel", "ids": [rows_in_every_state["waiting"], "\u00b2"]}),
         ("unknown action", {"action": "explode", "ids": [rows_in_every_state["waiting"]]}),
     ]:
         before = database_state()
-        assert client.post("/dashboard/tasks/action/", data).status_code == 400, what  # a page with the reason
+        assert client.post("/dashboard/tasks/action/", refused).status_code == 400, what  # a page with the reason
         assert database_state() == before, what
     for what, data, url in [
         ("bad rate", {"action": "start", "rate": "nan"}, "/dashboard/generator/"),
