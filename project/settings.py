@@ -77,6 +77,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "leasing",
     "tasks",
+    # The demo's generator pages on the dashboard (tasks/demo): a project of your own leaves it out.
+    "tasks.demo",
 ]
 if django.VERSION < (6, 0):
     # Django 5.2 LTS: Django's task framework comes from the django-tasks backport (the django52

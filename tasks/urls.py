@@ -11,6 +11,7 @@ app_name = "tasks"
 
 urlpatterns = [
     path("", views.overview, name="overview"),
+    path("tasks/", views.every_task, name="tasks"),
     path("tasks/<int:task_id>/", views.task_detail, name="task-detail"),
     path("tasks/action/", views.task_action, name="task-action"),
     path("tasks/bulk/", bulk_views.bulk_operations, name="bulk"),
@@ -20,7 +21,7 @@ urlpatterns = [
     path("workers/", views.workers, name="workers"),
     # Worker ids are free text (host:pid:random by default): any character may appear.
     path("workers/<path:worker_id>/", views.worker_detail, name="worker-detail"),
-    path("generator/", views.generator_page, name="generator"),
+    path("generator/", views.generator_page, name="generator"),  # 404 unless the demo app is installed
     path("queues/", queue_views.queues_page, name="queues"),
     path("history/", history_views.history_page, name="history"),
     path("schedules/", schedule_views.schedules, name="schedules"),

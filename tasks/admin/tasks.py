@@ -21,6 +21,7 @@ from leasing.routing import selected_database
 from leasing.validation import MAX_BIGINT, InvalidInput, parse_whole
 from tasks.backends.placement import misrouted, switch_database
 from tasks.exceptions import TaskError, TaskNotFinished
+from tasks.lifecycle import vocabulary
 from tasks.lifecycle.bulk import BulkFilterError
 from tasks.lifecycle.routing import queue_database
 from tasks.lifecycle.states import UNFINISHED
@@ -36,7 +37,10 @@ class StuckFilter(admin.SimpleListFilter):
     parameter_name = "lease"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("stuck", "Stuck (running, lease expired)"), ("live", "Running with a live lease")]
+        return [
+            ("stuck", f"{vocabulary.label('stuck')} (running, lease expired)"),
+            ("live", "Running with a live lease"),
+        ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "stuck":
@@ -246,7 +250,7 @@ class TaskAdmin(CheckedInputAdmin):
 
     @admin.display(description="status", ordering="status")
     def status_display(self, obj: Task) -> str:
-        return "STUCK" if obj.is_stuck else obj.status
+        return vocabulary.state_of(obj).label  # the dashboard's one name for the task's state
 
     @admin.display(description="workflow")
     def workflow(self, obj: Task) -> str:

@@ -15,6 +15,10 @@ Why a per-task stall and not a frozen process (SIGSTOP): the seed's worker heart
 its own, so a latency spike makes *that* task miss its heartbeats. Freezing the whole process instead
 made every task beside it lose its lease too (charged for a crash that was not theirs), and stalls
 drawn by several tasks of one process at once chained into freezes of minutes.
+
+The package is also a Django app, ``"tasks.demo"``: the demo project (project/settings.py) installs
+it, and the dashboard shows the generator (its menu item, page and overview card) only where it is
+installed (:func:`installed`). A project that adds only ``"leasing"`` and ``"tasks"`` never sees it.
 """
 
 from __future__ import annotations
@@ -27,14 +31,24 @@ import time
 from typing import Any
 
 from tasks.conf import get_settings
-from tasks.runtime import current_task
 
 logger = logging.getLogger("tasks.demo")
 
 STEP = 0.25
 
 
+def installed() -> bool:
+    """Whether the project installs the demo app (and so its generator pages)."""
+    from django.apps import apps
+
+    return apps.is_installed("tasks.demo")
+
+
 def sleep(sleep_duration_seconds: float = 1.0, **extra: Any) -> dict[str, Any]:
+    # Imported here: this package is also the demo's Django app (tasks/demo/apps.py), which Django
+    # imports before the models are ready.
+    from tasks.runtime import current_task
+
     conf = get_settings()
     run = current_task()
     dice = random.random()

@@ -16,6 +16,7 @@ from django.urls import reverse
 from leasing.access import CHANGE_TASK, VIEW_TASK, staff_page
 from leasing.routing import with_database
 from leasing.validation import MAX_BIGINT
+from tasks.lifecycle import vocabulary
 from tasks.lifecycle.bulk import FILTER_FIELDS, KIND_STATUSES, KINDS, BulkFilterError
 from tasks.models import BulkOperation
 
@@ -26,9 +27,11 @@ _CONTAINS = ("args_contains", "kwargs_contains")
 
 def filter_from_form(data: Any) -> dict[str, Any]:
     """The filter a form (or a task list's "all matching" link) describes: empty fields are absent,
-    ``status`` may repeat, containment fields are JSON text. Raises BulkFilterError."""
+    ``status`` may repeat and takes the pages' labels (``Failed``; the API's ``FAILED`` too),
+    containment fields are JSON text. Raises BulkFilterError."""
     result: dict[str, Any] = {}
-    statuses = [s for s in data.getlist("status") if s]
+    # A name that is no status goes on as given: the operation's validation refuses it, naming it.
+    statuses = [vocabulary.status_from_label(s) or s for s in data.getlist("status") if s]
     if statuses:
         result["status"] = statuses
     for name in FILTER_FIELDS:
@@ -65,6 +68,7 @@ def bulk_operations(request: HttpRequest) -> HttpResponse:
                 request, f"Bulk {operation.kind} #{operation.pk} requested: the recovery leader works through it."
             )
             return HttpResponseRedirect(with_database(reverse("tasks:bulk-detail", args=[operation.pk])))
+    initial = request.POST if request.method == "POST" else request.GET
     return render(
         request,
         "tasks/dashboard/bulk.html",
@@ -72,7 +76,12 @@ def bulk_operations(request: HttpRequest) -> HttpResponse:
             "operations": list(BulkOperation.objects.order_by("-id")[:SHOWN]),
             "kinds": KINDS,
             "kind_statuses": KIND_STATUSES,
-            "initial": request.POST if request.method == "POST" else request.GET,
+            # The statuses a bulk operation takes (retry's, then cancel's), by label.
+            "statuses": [
+                vocabulary.STATUSES[s] for s in dict.fromkeys([*KIND_STATUSES["retry"], *KIND_STATUSES["cancel"]])
+            ],
+            "initial": initial,
+            "initial_statuses": [vocabulary.status_from_label(s) for s in initial.getlist("status")],
         },
     )
 

@@ -26,28 +26,41 @@ from leasing.access import (
     VIEW_LEASE,
     VIEW_TASK,
     VIEW_WORKER,
+    bad_request_page,
     safe_next,
     staff_page,
 )
 from leasing.routing import selected_database, with_database
 from leasing.validation import MAX_BIGINT, InvalidInput, clean_text, parse_number, parse_whole
 from leasing.views import state_counts as lease_counts
+from tasks import demo
 from tasks.conf import get_settings
 from tasks.demo import generator
 from tasks.exceptions import TaskError
-from tasks.lifecycle import activity, concurrency, ratelimits
+from tasks.lifecycle import activity, concurrency, ratelimits, vocabulary
 from tasks.models import Task, Worker, Workflow
-from tasks.web import queries, workflows
+from tasks.web import all_tasks, queries, workflows
 from tasks.web.queries import STATES, Count, state_counts
 
 PAGE_SIZE = 50
 
-#: Dashboard task states: (label, description, queryset factory); the queries are in tasks/web/queries.py.
+#: Dashboard task states: (description, queryset factory); the queries are in tasks/web/queries.py.
 TASK_STATES: dict[str, tuple[str, Any]] = {name: (state.description, state.queryset) for name, state in STATES.items()}
+
+
+def state_label(name: str) -> str:
+    """A dashboard list's name (its URL slug is a machine value): the label of the view it is, or of
+    its status (``pending`` lists the Ready tasks that are in no view; ``succeeded`` the Successful ones)."""
+    return vocabulary.label(name if name in vocabulary.VIEWS else STATES[name].status)
 
 
 def task_counts() -> dict[str, Count]:
     return state_counts()
+
+
+def tabs(counts: dict[str, Count]) -> list[dict[str, Any]]:
+    """The state tabs and cards: slug, label, count."""
+    return [{"name": name, "label": state_label(name), "count": counts[name]} for name in STATES]
 
 
 def queue_stats() -> list[dict[str, Any]]:
@@ -68,6 +81,10 @@ def _minutes() -> list[dt.datetime]:
 def activity_last_hour() -> dict[str, list[int]]:
     """Per minute over the last hour: tasks succeeded, failed for good, and recovered (the rollup)."""
     return activity.last_hour()
+
+
+#: The chart's series (the rollup's column names) as a page names them (task_states.counter_name).
+CHART_NAMES = {"succeeded": "successful"}
 
 
 def chart(series: dict[str, list[int]], *, width: int = 720, height: int = 140) -> dict[str, Any]:
@@ -92,7 +109,7 @@ def chart(series: dict[str, list[int]], *, width: int = 720, height: int = 140) 
                     "w": round(slot - 2, 1),
                     "h": round(bar_height, 1),
                     "fill": colours[name],
-                    "title": f"{minutes[i]:%H:%M} {name}: {value}",
+                    "title": f"{minutes[i]:%H:%M} {CHART_NAMES.get(name, name)}: {value}",
                 }
             )
     totals = {name: sum(values) for name, values in series.items()}
@@ -108,6 +125,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         {
             "lease_counts": lease_counts(),
             "task_counts": task_counts(),
+            "tabs": tabs(task_counts()),
             "states": TASK_STATES,
             "queues": queue_stats(),
             # Keys at their limit first; at most concurrency.SHOWN_KEYS, each read from its indexes.
@@ -116,7 +134,7 @@ def overview(request: HttpRequest) -> HttpResponse:
             "rate_keys": ratelimits.rate_key_states(),
             "workers": list(live_workers()),
             "chart": chart(activity_last_hour()),
-            "generator": generator.status(),
+            "generator": generator.status() if demo.installed() else None,
         },
     )
 
@@ -138,6 +156,7 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
     if state not in TASK_STATES:
         raise Http404(f"unknown task state {state!r}")
     description, _ = TASK_STATES[state]
+    status = STATES[state].status
     queue = filter_value(request, "queue", lambda v: clean_text(v, "queue", max_length=100))
     search = filter_value(request, "q", lambda v: clean_text(v, "search", max_length=255))
     before = filter_value(request, "before", lambda v: parse_whole(v, "before", low=1, high=MAX_BIGINT))
@@ -152,9 +171,11 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
         "tasks/dashboard/task_list.html",
         {
             "state": state,
+            "label": state_label(state),
             "description": description,
-            "states": TASK_STATES,
-            "counts": task_counts(),
+            "tabs": tabs(task_counts()),
+            # The rows of a state page share its status: the buttons are the actions that fit it.
+            "actions": vocabulary.actions_for([status]),
             "tasks": page.tasks,
             "next_before": page.next_before,
             "scanned_to": page.scanned_to,
@@ -164,7 +185,7 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
             "now": timezone.now(),
             # "All matching" goes to the bulk page with this status (and queue) filled in; a running
             # task is never a bulk operation's.
-            "bulk_status": "" if STATES[state].status == "RUNNING" else STATES[state].status,
+            "bulk_status": "" if status == "RUNNING" else vocabulary.label(status),
         },
     )
 
@@ -178,7 +199,7 @@ def attempts_of(task: Task) -> list[dict[str, Any]]:
         if error:
             outcome = error.get("exception_class_path", "error")
         elif number == len(task.worker_ids):
-            outcome = task.status.lower()
+            outcome = vocabulary.state_of(task).label
         else:
             outcome = "handed back"
         history.append({"number": number, "worker": worker, "outcome": outcome, "error": error})
@@ -198,8 +219,8 @@ def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
         {
             "task": task,
             "attempts": attempts_of(task),
-            "states": TASK_STATES,
-            "counts": task_counts(),
+            "tabs": tabs(task_counts()),
+            "actions": vocabulary.actions_for([task.status]),
             "workflow": Workflow.objects.filter(pk=task.workflow_id).first() if member else None,
             "edges": workflows.edges(task.pk) if member else None,
             "window": window,
@@ -210,30 +231,78 @@ def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
 
 @staff_page(POST=[CHANGE_TASK])
 def task_action(request: HttpRequest) -> HttpResponse:
-    """Bulk (or single) retry / cancel; each a compare-and-set on status, so never racing a worker.
-
-    Runs in one transaction (``staff_page``): a refused request changes nothing."""
-    action = request.POST.get("action")
+    """An action on the selected tasks (tasks/lifecycle/vocabulary.py ``ACTIONS``: run now, retry, run
+    again, cancel), each one conditional statement on the statuses the transition table lets it
+    leave from. A selected task that is not in one of them refuses the whole request with a 409
+    naming it: the request runs in one transaction (``staff_page``) and changes nothing."""
+    action = vocabulary.ACTIONS.get(request.POST.get("action") or "")
     back = safe_next(request, request.POST.get("next"), with_database(reverse("tasks:overview")))
+    if action is None:
+        return bad_request_page(request, f"action must be one of {', '.join(vocabulary.ACTIONS)}")
     try:
         ids = [parse_whole(value, "ids", low=1, high=MAX_BIGINT) for value in request.POST.getlist("ids")]
     except InvalidInput as exc:
-        messages.error(request, f"Nothing changed: {exc.message}.")
-        return HttpResponseRedirect(back)
-    selected = Task.objects.filter(pk__in=ids)
-    if action == "cancel":
-        messages.success(request, f"Cancelled {selected.cancel()} task(s).")
-    elif action == "retry":
-        try:
-            changed = selected.retry_now() + selected.requeue()  # waiting ones first: not counted twice
-        except TaskError as exc:
-            transaction.set_rollback(True, using=selected_database())  # the retry_now() above is undone too
-            messages.error(request, f"Nothing changed: {exc}")
+        return bad_request_page(request, exc.message)
+    selected = Task.objects.filter(pk__in=ids, status__in=action.statuses)
+    try:
+        if action.name == "run_now":
+            changed = selected.retry_now()
+        elif action.name == "cancel":
+            changed = selected.cancel()
         else:
-            messages.success(request, f"Queued {changed} task(s) to run now.")
-    else:
-        messages.error(request, "Unknown action.")
+            changed = selected.requeue()
+    except TaskError as exc:
+        return _refused(request, f"{exc} Nothing changed.", back)
+    if changed != len(set(ids)):
+        # Each statement is conditional on the action's statuses: a row it left alone is one the action
+        # does not fit (or that is gone). Read after the write, in its transaction, to name them.
+        moved = Task.objects.filter(pk__in=ids).exclude(status__in=action.statuses).values_list("pk", "status")[:10]
+        named = ", ".join(f"task {pk} is {vocabulary.label(status)}" for pk, status in moved) or "no such task"
+        fits = ", ".join(vocabulary.label(status) for status in action.statuses)
+        return _refused(
+            request, back=back, reason=f"{action.label} applies to {fits} tasks only: {named}. Nothing changed."
+        )
+    messages.success(request, f"{action.label}: {changed} task(s).")
     return HttpResponseRedirect(back)
+
+
+def _refused(request: HttpRequest, reason: str, back: str) -> HttpResponse:
+    """A 409 page saying why; the request's transaction is rolled back."""
+    transaction.set_rollback(True, using=selected_database())
+    context = {"reason": reason, "title": "Refused", "back": back}
+    return render(request, "leasing/bad_request.html", context, status=409)
+
+
+@staff_page(GET=[VIEW_TASK])
+def every_task(request: HttpRequest) -> HttpResponse:
+    """Every task, newest first, filtered (tasks/web/all_tasks.py); a bad filter is a 400 page."""
+    try:
+        filters = all_tasks.parse_filters(request.GET, request.GET.getlist)
+        text = request.GET.get("before", "").strip()
+        before = parse_whole(text, "before", low=1, high=MAX_BIGINT) if text else None
+        page = all_tasks.page(filters, using=selected_database(), limit=PAGE_SIZE, before=before)
+    except InvalidInput as exc:
+        return bad_request_page(request, exc.message)
+    shown = {task.status for task in page.tasks}
+    query = request.GET.copy()
+    query.pop("before", None)
+    return render(
+        request,
+        "tasks/dashboard/every_task.html",
+        {
+            "filters": filters,
+            "params": request.GET,
+            "statuses": vocabulary.STATUSES.values(),
+            "tasks": page.tasks,
+            "next_before": page.next_before,
+            "scanned_to": page.scanned_to,
+            "scan_window": queries.SCAN_WINDOW,
+            "query": query.urlencode(),
+            # Only the actions that fit every row shown (none for a page of mixed statuses).
+            "actions": vocabulary.actions_for(shown),
+            "tabs": tabs(task_counts()),
+        },
+    )
 
 
 @staff_page(GET=[VIEW_WORKER, VIEW_TASK])
@@ -284,6 +353,8 @@ def worker_detail(request: HttpRequest, worker_id: str) -> HttpResponse:
 
 @staff_page(GET=[VIEW_GENERATOR], POST=[CHANGE_GENERATOR])
 def generator_page(request: HttpRequest) -> HttpResponse:
+    if not demo.installed():
+        raise Http404("the demo app (tasks.demo) is not installed")
     if request.method == "POST":
         action = request.POST.get("action", "")
         try:

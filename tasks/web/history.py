@@ -302,6 +302,11 @@ def _x_ticks(series: list[Hour], slot: float) -> list[dict[str, Any]]:
     return ticks
 
 
+def _series_name(name: str) -> str:
+    """A rollup column as the pages name it: the Successful status's word, not the column's."""
+    return "successful" if name == "succeeded" else name.replace("_", " ")
+
+
 def bar_chart(series: list[Hour], names: tuple[str, ...], *, title: str, stacked: bool = True) -> dict[str, Any]:
     """Bars per hour of the ``names`` counts: stacked, or side by side (counts that overlap, such as
     tasks failed for good and failed attempts, which include theirs)."""
@@ -326,7 +331,7 @@ def bar_chart(series: list[Hour], names: tuple[str, ...], *, title: str, stacked
                     "h": round(height, 2),
                     "fill": COLOURS[name],
                     "series": name,
-                    "title": f"{hour.start:%Y-%m-%d %H:00} {name.replace('_', ' ')}: {value}",
+                    "title": f"{hour.start:%Y-%m-%d %H:00} {_series_name(name)}: {value}",
                 }
             )
     return {
@@ -340,7 +345,7 @@ def bar_chart(series: list[Hour], names: tuple[str, ...], *, title: str, stacked
         "bars": bars,
         "y_ticks": [{"y": round(plot - (plot - 10) * f, 1), "label": f"{peak * f:.4g}"} for f in (0.0, 0.5, 1.0)],
         "x_ticks": _x_ticks(series, slot),
-        "legend": [{"name": name.replace("_", " "), "colour": COLOURS[name]} for name in names],
+        "legend": [{"name": _series_name(name), "colour": COLOURS[name]} for name in names],
         "empty": not bars,
     }
 

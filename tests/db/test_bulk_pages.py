@@ -73,8 +73,14 @@ def test_cancel_is_a_post_and_a_second_one_says_it_ended(staff: Client) -> None:
 def test_a_task_list_links_to_a_bulk_action_on_all_matching(staff: Client) -> None:
     failed(2, queue="mail")
     page = staff.get("/dashboard/tasks/failed/", {"queue": "mail"}).content.decode()
-    assert 'id="bulk-all-matching" href="/dashboard/tasks/bulk/?status=FAILED&amp;queue=mail"' in page
+    assert 'id="bulk-all-matching" href="/dashboard/tasks/bulk/?status=Failed&amp;queue=mail"' in page
     assert 'id="bulk-all-matching"' not in staff.get("/dashboard/tasks/running/").content.decode()
+    # The bulk form takes the pages' labels: the link ticks "Failed", and the form posts it.
+    form = staff.get("/dashboard/tasks/bulk/", {"status": "Failed", "queue": "mail"}).content.decode()
+    assert '<input type="checkbox" name="status" value="Failed" checked> Failed' in form
+    assert 'value="FAILED"' not in form
+    staff.post("/dashboard/tasks/bulk/", {"kind": "retry", "status": "Failed", "queue": "mail"})
+    assert BulkOperation.objects.get().filter == {"status": ["FAILED"], "queue": "mail"}
 
 
 def test_the_admin_action_applies_to_the_lists_filters_not_the_selection(staff: Client) -> None:

@@ -104,14 +104,14 @@ def test_the_page_draws_the_charts_with_the_data(staff: Client) -> None:
     assert html.count('class="chart history-chart"') == 4
     assert 'data-empty="false"' in html and 'data-empty="true"' not in html
     hour = hour_ago(3)
-    assert f"{hour:%Y-%m-%d %H:00} succeeded: 9" in html
+    assert f"{hour:%Y-%m-%d %H:00} successful: 9" in html
     assert f"{hour:%Y-%m-%d %H:00} failed: 2" in html
     # The run time chart, both keys summed: 0.004, 0.03, 0.3 x4 ...: p50 is rank 5.5 of 11, 3.5 of 4
     # into [0.2, 0.5).
     assert f"{hour:%Y-%m-%d %H:00} p50: {(0.2 + 0.3 * 3.5 / 4) * 1000:.3g} ms" in html
     assert 'id="history-keys"' in html and "q1" in html and "tests.testapp.handlers.echo" in html
     filtered = staff.get("/dashboard/history/?queue=q2").content.decode()
-    assert f"{hour:%Y-%m-%d %H:00} succeeded: 1" in filtered
+    assert f"{hour:%Y-%m-%d %H:00} successful: 1" in filtered
 
 
 def test_the_page_is_staff_only_and_refuses_bad_filters(client: Client) -> None:

@@ -133,9 +133,14 @@ def test_every_refused_api_write_changes_nothing(rows_in_every_state: dict[str, 
 
 def test_dashboard_refusals_change_nothing(client: Client, rows_in_every_state: dict[str, Any]) -> None:
     client.force_login(StaffFactory.create())
+    for what, refused in [
+        ("odd id", {"action": "cancel", "ids": [rows_in_every_state["waiting"], "\u00b2"]}),
+        ("unknown action", {"action": "explode", "ids": [rows_in_every_state["waiting"]]}),
+    ]:
+        before = database_state()
+        assert client.post("/dashboard/tasks/action/", refused).status_code == 400, what  # a page with the reason
+        assert database_state() == before, what
     for what, data, url in [
-        ("odd id", {"action": "cancel", "ids": [rows_in_every_state["waiting"], "\u00b2"]}, "/dashboard/tasks/action/"),
-        ("unknown action", {"action": "explode", "ids": [rows_in_every_state["waiting"]]}, "/dashboard/tasks/action/"),
         ("bad rate", {"action": "start", "rate": "nan"}, "/dashboard/generator/"),
         ("rate out of range", {"action": "start", "rate": "0"}, "/dashboard/generator/"),
         ("unknown generator action", {"action": "explode"}, "/dashboard/generator/"),
@@ -202,19 +207,17 @@ def test_a_generator_change_that_fails_after_creating_its_row_leaves_no_row() ->
 def test_a_bulk_retry_refused_halfway_undoes_its_first_half(
     client: Client, rows_in_every_state: dict[str, Any]
 ) -> None:
-    # retry_now() moves the waiting task first, then requeue() of the finished one hits the dedup key
-    # held by an unfinished task: the whole action is refused, the waiting task keeps its run_after.
+    # The requeue of the finished task hits the dedup key held by an unfinished task: refused (409), and
+    # a retry that names a waiting task too (which it does not fit) is refused before anything moves.
     client.force_login(StaffFactory.create())
     before = database_state()
+    for ids in ([rows_in_every_state["finished"]], [rows_in_every_state["waiting"], rows_in_every_state["finished"]]):
+        response = client.post("/dashboard/tasks/action/", {"action": "retry", "ids": ids})
+        assert response.status_code == 409
+        assert "Nothing changed" in response.content.decode()
+        assert database_state() == before
     response = client.post(
-        "/dashboard/tasks/action/",
-        {"action": "retry", "ids": [rows_in_every_state["waiting"], rows_in_every_state["finished"]]},
-        follow=True,
+        "/dashboard/tasks/action/", {"action": "run_now", "ids": [rows_in_every_state["waiting"]]}, follow=True
     )
-    assert "Nothing changed" in response.content.decode()
-    assert database_state() == before
-    response = client.post(
-        "/dashboard/tasks/action/", {"action": "retry", "ids": [rows_in_every_state["waiting"]]}, follow=True
-    )
-    assert "Queued 1 task(s)" in response.content.decode()
+    assert "Run now: 1 task(s)" in response.content.decode()
     assert Task.objects.runnable().filter(pk=rows_in_every_state["waiting"]).exists()

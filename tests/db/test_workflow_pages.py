@@ -51,7 +51,7 @@ def test_the_list_shows_each_workflow_with_its_progress_newest_first(staff: Clie
     assert [w.pk for w in response.context["workflows"]] == [newer.id, done.id]
     page = response.content.decode()
     assert "nightly report" in page and "(group)" in page and "(chain)" in page
-    assert "1 succeeded · 1 failed · 2 remaining of 4" in page
+    assert "1 successful · 1 failed · 2 remaining of 4" in page
     assert f'href="/dashboard/workflows/{done.id}/"' in page
     assert f'href="/dashboard/tasks/{done.callback_id}/"' in page  # the callback
     assert {name: c.value for name, c in response.context["counts"].items()} == {

@@ -122,7 +122,7 @@ def test_the_workflows_page_and_a_workflows_page_show_its_members_by_status(
     page.wait_for_url(f"{live_server.url}/dashboard/workflows/")
     row = page.locator(f"#workflows tr[data-workflow='{done.id}']")
     assert name in row.inner_text()
-    assert "1 succeeded · 0 failed · 3 remaining of 4" in row.inner_text()
+    assert "1 successful · 0 failed · 3 remaining of 4" in row.inner_text()
     assert page.evaluate("document.scrollingElement.scrollWidth <= document.scrollingElement.clientWidth")
 
     row.locator(f"a[href^='/dashboard/workflows/{done.id}/']").click()
@@ -143,5 +143,5 @@ def test_the_workflows_page_and_a_workflows_page_show_its_members_by_status(
 
     page.click("#workflow-cancel")
     page.wait_for_url(f"{live_server.url}/dashboard/workflows/{done.id}/")
-    assert page.locator("#workflow-status").inner_text() == "CANCELLED"
+    assert page.locator("#workflow-status").inner_text() == "Cancelled"
     assert count("CANCELLED") == "1"

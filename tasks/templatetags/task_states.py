@@ -1,0 +1,84 @@
+"""The task vocabulary in templates (tasks/lifecycle/vocabulary.py): one badge and one label per state,
+and the action buttons that fit a set of statuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from tasks.lifecycle import vocabulary
+
+register = template.Library()
+
+
+@register.filter
+def state_label(key: Any) -> str:
+    """``READY`` -> ``Ready``, ``stuck`` -> ``Stuck``."""
+    return vocabulary.label(str(key))
+
+
+def _badge(state: vocabulary.State, element_id: str = "") -> SafeString:
+    if element_id:
+        return format_html(
+            '<span class="status status-{}" data-state="{}" id="{}">{}</span>',
+            state.key,
+            state.key,
+            element_id,
+            state.label,
+        )
+    return format_html('<span class="status status-{}" data-state="{}">{}</span>', state.key, state.key, state.label)
+
+
+@register.filter
+def task_badge(task: Any) -> SafeString:
+    """A task's one state (its view if it is in one), as a badge."""
+    return _badge(vocabulary.state_of(task))
+
+
+@register.simple_tag
+def status_badge(key: Any, element_id: str = "") -> SafeString:
+    """A status (or view) named by its key, as a badge: a workflow's, a schedule run's."""
+    key = str(key)
+    state = vocabulary.STATES.get(key) or vocabulary.State(key, key, "", key)
+    return _badge(state, element_id)
+
+
+@register.simple_tag
+def actions_for(*statuses: Any) -> list[vocabulary.Action]:
+    """The actions that fit every status given (a status, or a list of them)."""
+    flat: list[str] = []
+    for status in statuses:
+        if isinstance(status, list | tuple | set):
+            flat.extend(str(s) for s in status)
+        else:
+            flat.append(str(status))
+    return vocabulary.actions_for(flat)
+
+
+@register.simple_tag
+def demo_installed() -> bool:
+    """Whether the demo app (its generator pages) is installed: tasks/demo."""
+    from tasks import demo
+
+    return demo.installed()
+
+
+@register.filter
+def state_labels(keys: Any) -> str:
+    """A list of statuses as their labels, comma-separated; anything else as its label."""
+    if isinstance(keys, list | tuple):
+        return ", ".join(vocabulary.label(str(key)) for key in keys)
+    return vocabulary.label(str(keys))
+
+
+#: Worker counters and chart series named after an outcome (machine names: metrics, the API) as
+#: the pages name that outcome.
+_COUNTER_NAMES = {"succeeded": "successful"}
+
+
+@register.filter
+def counter_name(key: Any) -> str:
+    return _COUNTER_NAMES.get(str(key), str(key))

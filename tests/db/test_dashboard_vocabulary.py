@@ -1,0 +1,188 @@
+"""The dashboard speaks one vocabulary (tasks/lifecycle/vocabulary.py), offers only the actions that fit
+the states it shows (derived from the transition table), and mentions the demo's generator only where
+the demo app is installed (issue 41)."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+import pytest
+from django.test import Client
+
+from tasks.lifecycle import vocabulary
+from tasks.models import Task, Worker
+from tests.db.test_dashboard import make_tasks
+
+pytestmark = pytest.mark.django_db
+
+#: Names a page must not show for a state: the machine values (the labels are the human names) and
+#: the old synonyms (Pending for Ready, Succeeded for Successful).
+FORBIDDEN = re.compile(r"\b(?:" + "|".join([*vocabulary.STATUSES, "STUCK"]) + r")\b|\b(?i:pending|succeeded)\b")
+
+
+class _Text(HTMLParser):
+    """The text a person reads (no script, no style, no attribute) and every badge (data-state, text)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self.badges: list[tuple[str, str]] = []
+        self.actions: list[str] = []
+        self._skip = 0
+        self._badge: str | None = None
+        self._form = ""
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if tag in ("script", "style", "title"):
+            self._skip += 1
+        if tag == "span" and "status" in (found.get("class") or "").split() and found.get("data-state"):
+            self._badge = found["data-state"]
+        if tag == "form":
+            self._form = found.get("action") or ""
+        if tag == "button" and found.get("name") == "action" and "/tasks/action/" in self._form:
+            self.actions.append(found.get("value") or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("script", "style", "title"):
+            self._skip -= 1
+
+    def handle_data(self, data: str) -> None:
+        if self._badge is not None:
+            self.badges.append((self._badge, data.strip()))
+            self._badge = None
+        if not self._skip:
+            self.parts.append(data)
+
+
+def read(staff: Client, url: str) -> _Text:
+    response = staff.get(url)
+    assert response.status_code == 200, url
+    parsed = _Text()
+    parsed.feed(response.content.decode())
+    return parsed
+
+
+def pages(ids: dict[str, int]) -> list[str]:
+    workflow = Task.objects.get(pk=ids["awaiting"]).workflow_id
+    return [
+        "/dashboard/",
+        "/dashboard/tasks/",
+        *(f"/dashboard/tasks/{name}/" for name in ("pending", "retrying", "snoozed", "awaiting", "blocked")),
+        *(f"/dashboard/tasks/{name}/" for name in ("running", "stuck", "succeeded", "failed", "cancelled")),
+        *(f"/dashboard/tasks/{pk}/" for pk in ids.values()),
+        "/dashboard/workflows/",
+        f"/dashboard/workflows/{workflow}/",
+        "/dashboard/workers/w1/",
+        "/dashboard/tasks/bulk/",
+        "/dashboard/queues/",
+        "/dashboard/schedules/",
+        "/dashboard/history/",
+        "/dashboard/workers/",
+    ]
+
+
+def every_state() -> dict[str, int]:
+    ids = make_tasks()
+    Worker.objects.create(id="w1", hostname="h", pid=1, concurrency=2, running=2)
+    return ids
+
+
+def test_no_page_calls_a_state_by_another_name_than_its_label(staff: Client) -> None:
+    ids = every_state()
+    seen: set[str] = set()
+    for url in pages(ids):
+        page = read(staff, url)
+        text = " ".join(page.parts)
+        assert not FORBIDDEN.findall(text), (url, sorted(set(FORBIDDEN.findall(text))))
+        for key, shown in page.badges:
+            assert shown == vocabulary.label(key), (url, key, shown)
+            seen.add(key)
+    # Every state was on some page, each under its one label.
+    assert set(vocabulary.STATES) <= seen
+
+
+def test_each_task_is_shown_in_its_one_state() -> None:
+    ids = make_tasks()
+    shown = {name: vocabulary.state_of(Task.objects.get(pk=pk)).key for name, pk in ids.items()}
+    assert shown == {
+        "pending": "READY",
+        "retrying": "retrying",
+        "snoozed": "snoozed",
+        "running": "RUNNING",
+        "stuck": "stuck",
+        "succeeded": "SUCCESSFUL",
+        "failed": "FAILED",
+        "cancelled": "CANCELLED",
+        "blocked": "BLOCKED",
+        "awaiting": "AWAITING",
+    }
+
+
+def test_labels_and_machine_values_name_the_same_status() -> None:
+    for status in vocabulary.STATUSES.values():
+        for text in (status.label, status.label.lower(), status.key):
+            assert vocabulary.status_from_label(text) == status.key
+    assert vocabulary.status_from_label("pending") is None
+    assert vocabulary.status_from_label("stuck") is None  # a view, not a status a filter takes
+
+
+def test_every_action_a_page_offers_fits_every_row_it_is_offered_for(staff: Client) -> None:
+    ids = every_state()
+    for url in pages(ids):
+        page = read(staff, url)
+        if not page.actions:
+            continue
+        statuses = {key if key in vocabulary.STATUSES else vocabulary.VIEWS[key].status for key, _ in page.badges}
+        if url.rstrip("/").split("/")[-1].isdigit():  # a task's page: its own badge only
+            statuses = {Task.objects.get(pk=int(url.rstrip("/").split("/")[-1])).status}
+        for action in page.actions:
+            assert statuses <= set(vocabulary.ACTIONS[action].statuses), (url, action, statuses)
+    # The issue's cases: nothing to retry or cancel on a successful task; no cancel on the failed list.
+    assert read(staff, f"/dashboard/tasks/{ids['succeeded']}/").actions == ["run_again"]
+    assert read(staff, "/dashboard/tasks/failed/").actions == ["retry"]
+    assert read(staff, "/dashboard/tasks/running/").actions == ["cancel"]
+
+
+def test_actions_derive_from_the_transition_table() -> None:
+    from tasks.lifecycle.transitions import TRANSITIONS
+
+    sources = {t.event: set(t.sources) for t in TRANSITIONS}
+    assert set(vocabulary.ACTIONS["cancel"].statuses) == sources["cancel"]
+    retry, again = vocabulary.ACTIONS["retry"].statuses, vocabulary.ACTIONS["run_again"].statuses
+    assert set(retry) | set(again) == sources["requeue"] and not set(retry) & set(again)
+
+
+@pytest.mark.parametrize(
+    ("state", "action"), [("succeeded", "retry"), ("succeeded", "cancel"), ("failed", "cancel"), ("running", "retry")]
+)
+def test_posting_an_action_that_does_not_fit_is_refused_and_changes_nothing(
+    staff: Client, state: str, action: str
+) -> None:
+    ids = make_tasks()
+    before = list(Task.objects.order_by("pk").values())
+    response = staff.post("/dashboard/tasks/action/", {"action": action, "ids": [ids[state], ids["pending"]]})
+    assert response.status_code == 409
+    assert "Nothing changed" in response.content.decode()
+    assert list(Task.objects.order_by("pk").values()) == before
+
+
+def test_a_project_without_the_demo_app_never_mentions_the_generator(staff: Client, settings: object) -> None:
+    ids = every_state()
+    assert "Generator" in staff.get("/dashboard/").content.decode()  # the demo project installs it
+    settings.INSTALLED_APPS = [app for app in settings.INSTALLED_APPS if app != "tasks.demo"]  # type: ignore[attr-defined]
+    for url in pages(ids):
+        assert "generator" not in staff.get(url).content.decode().lower(), url
+    assert staff.get("/dashboard/generator/").status_code == 404
+
+
+def test_the_reference_docs_give_every_label_its_meaning() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "reference" / "dashboard.md").read_text()
+    for state in vocabulary.STATES.values():
+        key = f"`{state.key}`" if not state.is_view else f"`{state.status}`"
+        assert f"| {state.label} | {key} | {state.meaning[0].lower()}{state.meaning[1:]} |" in text, state
+    for action in vocabulary.ACTIONS.values():
+        assert f"| {action.label} | {', '.join(vocabulary.label(s) for s in action.statuses)} |" in text, action
