@@ -32,8 +32,8 @@ from django.utils.dateparse import parse_datetime
 MAX_BIGINT = 2**63 - 1
 #: Dates accepted from clients, in UTC: any real schedule fits, and no offset can move a value in
 #: this range outside what PostgreSQL stores and Python's datetime (years 1 to 9999) reads back.
-EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-LATEST = dt.datetime(3000, 1, 1, tzinfo=dt.UTC)
+EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+LATEST = dt.datetime(3000, 1, 1, tzinfo=dt.timezone.utc)
 #: Longest number literal in a JSON body (characters) and deepest nesting.
 MAX_NUMBER_LENGTH = 100
 MAX_DEPTH = 64
@@ -113,7 +113,7 @@ def parse_when(
         raise InvalidInput(message, field)
     out_of_range = InvalidInput(f"{field} must be from {earliest:%Y-%m-%d} to before {latest:%Y-%m-%d} (UTC)", field)
     try:
-        in_utc = parsed.astimezone(dt.UTC)
+        in_utc = parsed.astimezone(dt.timezone.utc)
     except (ValueError, OverflowError):  # the offset pushes it before year 1 or past 9999
         raise out_of_range from None
     if not earliest <= in_utc < latest:

@@ -60,7 +60,7 @@ def schedule_detail(request: HttpRequest, name: str) -> HttpResponse:
         except ValueError:
             raise Http404("before must be an ISO 8601 time") from None
         if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=dt.UTC)
+            moment = moment.replace(tzinfo=dt.timezone.utc)
         runs = runs.filter(slot__lt=moment)
     page = list(runs.order_by("-slot")[: RUNS_PAGE + 1])
     return render(

@@ -120,7 +120,7 @@ def test_dates_must_be_representable_and_sane(value: Any) -> None:
 
 
 def test_dates_come_back_in_utc() -> None:
-    assert parse_when("2030-01-01T10:00:00+02:00", "run_after") == dt.datetime(2030, 1, 1, 8, tzinfo=dt.UTC)
+    assert parse_when("2030-01-01T10:00:00+02:00", "run_after") == dt.datetime(2030, 1, 1, 8, tzinfo=dt.timezone.utc)
     assert parse_when("2999-12-31T23:59:59Z", "run_after").year == 2999
 
 

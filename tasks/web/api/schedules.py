@@ -243,7 +243,7 @@ def schedule_detail(request: HttpRequest, name: str) -> tuple[int, Any]:
             moment = dt.datetime.fromisoformat(before)
         except ValueError:
             raise ApiError(400, "before must be an ISO 8601 time (a run's slot)", "before") from None
-        runs = runs.filter(slot__lt=moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC))
+        runs = runs.filter(slot__lt=moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc))
     page = list(runs.order_by("-slot")[: limit + 1])
     more, page = len(page) > limit, page[:limit]
     statuses = _statuses([r.task_id for r in page] + ([entry["last_task_id"]] if entry["last_task_id"] else []))
