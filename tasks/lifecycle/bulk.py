@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from leasing.validation import parse_iso_datetime
 from tasks.lifecycle.states import TaskStatus
 from tasks.lifecycle.storable import is_storable
 from tasks.lifecycle.transitions import rerun_set_sql
@@ -83,7 +84,7 @@ def _when(name: str, value: Any) -> str:
     if not isinstance(value, str):
         raise BulkFilterError(f"{name} must be an ISO 8601 date-time string", name)
     try:
-        when = dt.datetime.fromisoformat(value)
+        when = parse_iso_datetime(value)
     except ValueError:
         raise BulkFilterError(f"{name} is not an ISO 8601 date-time: {value!r}", name) from None
     if when.tzinfo is None:
