@@ -74,7 +74,7 @@ def _moment(text: str, name: str) -> dt.datetime:
     if moment is None:
         raise InvalidInput(f"{name} must be a date and time such as 2026-01-31T09:30:00+00:00", name)
     if timezone.is_naive(moment):
-        moment = timezone.make_aware(moment, dt.UTC)  # the zone the pages state
+        moment = timezone.make_aware(moment, dt.timezone.utc)  # the zone the pages state
     return moment
 
 
