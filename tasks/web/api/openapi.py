@@ -697,7 +697,8 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                 " leasing.change_lease, tasks.view_task, tasks.add_task (enqueue), tasks.change_task,"
                 " tasks.view_generatorstate, tasks.change_generatorstate (workflows need the task"
                 " permissions). Strings must not contain NUL or lone surrogates, numbers must be finite,"
-                " date-times need a time zone and lie from 1970 to before 3000 (UTC). A refused request"
+                " date-times are ISO 8601's extended format with a time zone (2030-01-31T12:00:00Z,"
+                " 2030-01-31 13:00:00.5+01:00) from 1970 to before 3000 (UTC). A refused request"
                 " changes nothing."
             ),
         },
