@@ -175,6 +175,16 @@ class Generator:
                     queue=state.queue,
                 )
             if state.running and self.showcase is not None:
-                self.showcase.due(time.monotonic())
+                self._show(time.monotonic())
         self.generated += count
         return True
+
+    def _show(self, now: float) -> None:
+        """The showcase's due enqueues, in a savepoint of the round: one that fails (a feature's
+        statement refused) is logged and costs the round's own sleep tasks nothing."""
+        assert self.showcase is not None
+        try:
+            with transaction.atomic(using=self.using):
+                self.showcase.due(now)
+        except (Error, ValueError) as exc:
+            logger.warning("demo showcase: an enqueue failed: %s", exc)

@@ -4,7 +4,10 @@ Migrates, creates (or reuses) a local staff login and prints it, then starts as 
 the web server, two workers, two generator instances (one leads, one stands by) and the recovery
 controller, all on the same database (the embedded PostgreSQL unless DATABASE_URL says otherwise).
 The demo handler crashes ~5 % of its worker processes and freezes ~10 % past their lease TTL, so
-the dashboard shows tasks being recovered; crashed workers are restarted. Ctrl-C stops everything:
+the dashboard shows tasks being recovered; crashed workers are restarted. Unless ``--no-showcase``:
+the generator's leader also enqueues a little of every other feature (tasks/demo/showcase.py), a
+third worker serves the fair queue ``demo-fair``, and the previous 24 hours of the history are
+backfilled as demo data (tasks/demo/backfill.py, queue ``demo-backfill``). Ctrl-C stops everything:
 children get SIGTERM (then SIGKILL), and the embedded server is stopped.
 """
 
@@ -138,6 +141,12 @@ class Command(BaseCommand):
             self.stdout.write(
                 "Failure injection is "
                 + ("off." if no_failures else "on: ~5 % crashes, ~10 % stalls.")
+                + (
+                    ""
+                    if no_showcase
+                    else " Beside it: retries, failures, workflows, a schedule, a rate limit, a fair queue, snoozes"
+                    " (docs/howto/demo.md)."
+                )
                 + " Ctrl-C stops everything.\n"
             )
             while not stopping["requested"]:
