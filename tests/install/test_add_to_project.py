@@ -271,6 +271,7 @@ def test_add_it_to_a_new_project_from_the_wheel(project: Project) -> None:
         project.run(
             project.python, "-m", "pip", "install", "--quiet", str(wheel), cwd=project.base
         )  # "pip install django-leasing"
+    project.dir.mkdir()  # Django 5.2's startproject wants the directory to exist (6.x makes it)
     project.run(
         str(project.venv / "bin" / "django-admin"), "startproject", "mysite", str(project.dir), cwd=project.base
     )
