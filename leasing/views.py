@@ -12,6 +12,16 @@ from leasing.models import Lease
 from leasing.pagination import CappedPaginator
 
 STATES = ("active", "renewed", "expired", "released")
+#: The tabs split every lease in three, each lease in one: held (unexpired, unreleased: renewed or
+#: not), expired (its holder stopped renewing and never released it) and released. "renewed" (held
+#: and renewed at least once) is a view inside "held", reached from it, not a tab beside it.
+TABS = (("active", "Held"), ("expired", "Expired"), ("released", "Released"))
+TITLES = {
+    "active": "Held leases",
+    "renewed": "Held leases renewed at least once",
+    "expired": "Expired leases (not renewed in time, never released)",
+    "released": "Released leases",
+}
 PAGE_SIZE = 50
 
 
@@ -35,5 +45,12 @@ def lease_list(request: HttpRequest, state: str = "active") -> HttpResponse:
     return render(
         request,
         "leasing/lease_list.html",
-        {"state": state, "states": STATES, "page": page, "counts": state_counts()},
+        {
+            "state": state,
+            "tab": "active" if state == "renewed" else state,
+            "tabs": TABS,
+            "title": TITLES[state],
+            "page": page,
+            "counts": state_counts(),
+        },
     )

@@ -311,17 +311,38 @@ def workers(request: HttpRequest) -> HttpResponse:
     held: dict[str, list[Task]] = {}
     for task in Task.objects.running().filter(holder__in=[w.id for w in alive]).order_by("pk")[:1000]:
         held.setdefault(task.holder or "", []).append(task)
-    recent = Worker.objects.exclude(pk__in=[w.id for w in alive]).order_by("-last_seen_at")[:20]
+    now = timezone.now()
+    since = now - dt.timedelta(seconds=WORKERS_FOLD_AFTER)
+    alive_ids = [w.id for w in alive]
+    # The last WORKERS_FOLD_AFTER seconds only, each through its partial index (stopped, or silent:
+    # not stopped, no longer heartbeating); older ones keep their pages and the admin's list.
+    stopped = Worker.objects.filter(stopped_at__gte=since).order_by("-stopped_at")[: RECENT_LIMIT + 1]
+    silent = (
+        Worker.objects.filter(stopped_at__isnull=True, last_seen_at__gte=since)
+        .exclude(pk__in=alive_ids)
+        .order_by("-last_seen_at")[: RECENT_LIMIT + 1]
+    )
+    recent = sorted([*stopped, *silent], key=lambda w: w.last_seen_at, reverse=True)
+    dead = sum(1 for w in recent[:RECENT_LIMIT] if w.stopped_at is None or "presumed dead" in w.stop_reason)
     return render(
         request,
         "tasks/dashboard/workers.html",
         {
             "workers": [{"worker": w, "tasks": held.get(w.id, [])} for w in alive],
-            "recent": recent,
-            "now": timezone.now(),
+            "recent": recent[:RECENT_LIMIT],
+            "recent_more": len(recent) > RECENT_LIMIT,
+            "recent_count": len(recent),
+            "recent_dead": dead,
+            "fold_minutes": WORKERS_FOLD_AFTER // 60,
+            "now": now,
             "ttl": get_settings().TTL,
         },
     )
+
+
+#: Seconds a stopped or silent worker stays listed on the workers page (folded under a summary).
+WORKERS_FOLD_AFTER = 600
+RECENT_LIMIT = 20
 
 
 #: The counters the workers list shows as columns; the rest are on each worker's own page.

@@ -143,6 +143,35 @@ def test_workers_page_shows_what_each_worker_holds(staff: Client) -> None:
     assert [w.id for w in response.context["recent"]] == ["gone"]
 
 
+def test_workers_page_folds_stopped_workers_away_after_ten_minutes(staff: Client) -> None:
+    now = timezone.now()
+    Worker.objects.create(id="alive", hostname="box", pid=1, concurrency=2)
+    for n in range(25):  # a crash-injecting demo's restarts: the newest 20 shown, folded
+        Worker.objects.create(
+            id=f"dead-{n:02d}",
+            hostname="box",
+            pid=100 + n,
+            concurrency=2,
+            stopped_at=now,
+            stop_reason="presumed dead: no heartbeat",
+        )
+    old = Worker.objects.create(id="long-gone", hostname="box", pid=9, concurrency=2, stopped_at=now)
+    Worker.objects.filter(pk=old.pk).update(
+        stopped_at=now - dt.timedelta(minutes=20), last_seen_at=now - dt.timedelta(minutes=20)
+    )
+    response = staff.get("/dashboard/workers/")
+    page = response.content.decode()
+    assert len(response.context["recent"]) == 20 and response.context["recent_more"]
+    assert "long-gone" not in page  # folded away for good: its own page and the admin keep it
+    assert staff.get("/dashboard/workers/long-gone/").status_code == 200
+    fold = page.split('<details id="recent-workers-fold"', 1)[1].split(">", 1)[0]
+    assert "open" not in fold  # closed while a worker is alive
+    assert "more than 20; of those shown, 20 dead or silent" in page
+    Worker.objects.filter(pk="alive").update(last_seen_at=now - dt.timedelta(hours=1))
+    page = staff.get("/dashboard/workers/").content.decode()
+    assert page.split('<details id="recent-workers-fold"', 1)[1].split(">", 1)[0].strip() == "open"
+
+
 def test_generator_page_starts_and_stops_through_the_database(staff: Client) -> None:
     staff.post("/dashboard/generator/", {"action": "start", "rate": "7.5"})
     assert (generator.status().running, generator.status().rate) == (True, 7.5)

@@ -36,6 +36,29 @@ def test_state_pages_list_only_their_leases(staff_client: Client, state: str) ->
     assert response.context["counts"] == {"active": 2, "renewed": 1, "expired": 1, "released": 1}
 
 
+def test_the_tabs_split_every_lease_once_and_held_ones_show_a_live_dot(staff_client: Client) -> None:
+    LeaseFactory.create(resource="is-active")
+    LeaseFactory.create(resource="is-renewed", renewed=True)
+    LeaseFactory.create(resource="is-expired", expired=True)
+    LeaseFactory.create(resource="is-released", released=True)
+    tabs: dict[str, set[str]] = {}
+    for state in ("active", "expired", "released"):
+        response = staff_client.get(reverse("leasing:lease-state", args=[state]))
+        page = response.content.decode()
+        nav = page.split('<nav class="tabs"', 1)[1].split("</nav>", 1)[0]
+        assert [label for label in ("Held", "Expired", "Released", "Renewed") if f">\n      {label}<" in nav] == [
+            "Held",
+            "Expired",
+            "Released",
+        ]
+        tabs[state] = {r for r in ("is-active", "is-renewed", "is-expired", "is-released") if r in page}
+        assert page.count('class="live-dot"') == (2 if state == "active" else 0)
+    seen = [r for rows in tabs.values() for r in rows]
+    assert sorted(seen) == sorted(set(seen)) and len(seen) == 4  # each lease in exactly one tab
+    renewed = staff_client.get(reverse("leasing:lease-state", args=["renewed"])).content.decode()
+    assert "is-renewed" in renewed and "is-active" not in renewed and 'aria-current="page">\n      Held<' in renewed
+
+
 def test_unknown_state_is_404(staff_client: Client) -> None:
     assert staff_client.get("/leases/bogus/").status_code == 404
 
