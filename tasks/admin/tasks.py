@@ -19,6 +19,7 @@ from django.utils.html import format_html, format_html_join
 from leasing.admin import CheckedInputAdmin
 from leasing.routing import selected_database
 from leasing.validation import MAX_BIGINT, InvalidInput, parse_whole
+from tasks import redaction
 from tasks.backends.placement import misrouted, switch_database
 from tasks.exceptions import TaskError, TaskNotFinished
 from tasks.lifecycle import vocabulary
@@ -145,10 +146,13 @@ class TaskAdmin(CheckedInputAdmin):
         "cancel_all_matching",
         "discard_all_matching",
     )
+    # The arguments are shown redacted (tasks/redaction.py), as JSON, in place of the columns.
     readonly_fields = [
-        field.name for field in Task._meta.get_fields() if field.concrete and field.name not in ("errors",)
+        "arguments_display" if field.name == "args" else field.name
+        for field in Task._meta.get_fields()
+        if field.concrete and field.name not in ("errors", "kwargs")
     ] + ["errors_display", "unique_window_display"]
-    exclude = ("errors",)
+    exclude = ("errors", "args", "kwargs")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # enqueue through the API or Task.objects.enqueue
@@ -280,6 +284,15 @@ class TaskAdmin(CheckedInputAdmin):
             return "-"
         seconds = (window.expires_at - window.accepted_at).total_seconds()
         return f"{window.key}: unique until {window.expires_at:%Y-%m-%d %H:%M:%S} ({seconds:g} s window)"
+
+    @admin.display(description="arguments")
+    def arguments_display(self, obj: Task) -> str:
+        shown = redaction.arguments(obj)
+        return format_html(
+            "<pre>args = {}\nkwargs = {}</pre>",
+            json.dumps(shown["args"], ensure_ascii=False, indent=2, default=str),
+            json.dumps(shown["kwargs"], ensure_ascii=False, indent=2, default=str),
+        )
 
     @admin.display(description="errors (the first and the newest)")
     def errors_display(self, obj: Task) -> str:

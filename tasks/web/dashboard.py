@@ -33,7 +33,7 @@ from leasing.access import (
 from leasing.routing import selected_database, with_database
 from leasing.validation import MAX_BIGINT, InvalidInput, clean_text, parse_number, parse_whole
 from leasing.views import state_counts as lease_counts
-from tasks import demo
+from tasks import demo, redaction
 from tasks.conf import get_settings
 from tasks.demo import generator
 from tasks.exceptions import TaskError
@@ -210,7 +210,7 @@ def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
         {
             "task": task,
             "history": attempts.history(task),
-            "arguments": {"args": task.args, "kwargs": task.kwargs},
+            "arguments": redaction.arguments(task),
             "tabs": tabs(task_counts()),
             "actions": vocabulary.actions_for([task.status]),
             "workflow": Workflow.objects.filter(pk=task.workflow_id).first() if member else None,
