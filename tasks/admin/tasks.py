@@ -18,6 +18,7 @@ from django.utils.html import format_html, format_html_join
 
 from leasing.admin import CheckedInputAdmin
 from leasing.routing import selected_database
+from leasing.templatetags.leasing_tags import stamp
 from leasing.validation import MAX_BIGINT, InvalidInput, parse_whole
 from tasks import redaction
 from tasks.backends.placement import misrouted, switch_database
@@ -29,6 +30,7 @@ from tasks.lifecycle.states import UNFINISHED
 from tasks.lifecycle.workflows import WorkflowStatus
 from tasks.models import BulkOperation, GeneratorState, QueueControl, Task, Worker
 from tasks.web import queries
+from tasks.web.attempts import history
 from tasks.web.queries import ValueAmong
 from tasks.web.workflows import workflow_page
 
@@ -294,31 +296,41 @@ class TaskAdmin(CheckedInputAdmin):
             json.dumps(shown["kwargs"], ensure_ascii=False, indent=2, default=str),
         )
 
-    @admin.display(description="errors (the first and the newest)")
+    @admin.display(description="attempts and errors")
     def errors_display(self, obj: Task) -> str:
-        if not obj.errors:
+        """Every attempt once, in order, and the events that were no attempt (tasks/web/attempts.py)."""
+        if not obj.errors and not obj.worker_ids:
             return "-"
+        shown = history(obj)
         dropped = (
-            format_html("<p>{} entries dropped between the first and the newest</p>", obj.errors_dropped)
+            format_html("<p>{} error entries dropped between the first and the newest</p>", obj.errors_dropped)
             if obj.errors_dropped
             else ""
         )
-        history = format_html_join(
+        rows = format_html_join(
             "",
-            "<div style='margin-bottom:1em'><strong>attempt {} · {}</strong> by {} at {}<br>{}<pre>{}</pre></div>",
+            "<div style='margin-bottom:1em'><strong>attempt {} · {}</strong> by {}, {} to {}{}</div>",
             (
                 (
-                    error.get("attempt"),
-                    error.get("exception_class_path"),
-                    error.get("worker"),
-                    error.get("at"),
-                    error.get("message"),
-                    error.get("traceback") or json.dumps({k: v for k, v in error.items() if k != "traceback"}),
+                    attempt.number,
+                    attempt.outcome,
+                    attempt.worker,
+                    stamp(attempt.started_at) or "-",
+                    stamp(attempt.ended_at) or "-",
+                    _error_html(attempt.error),
                 )
-                for error in obj.errors
+                for attempt in shown.attempts
             ),
         )
-        return format_html("{}{}", dropped, history)
+        events = format_html_join(
+            "",
+            "<div style='margin-bottom:1em'><strong>{}</strong> at {}{}</div>",
+            (
+                (event.get("kind") or "error", stamp(event.get("at")) or "-", _error_html(event))
+                for event in shown.events
+            ),
+        )
+        return format_html("{}{}{}", dropped, rows, events)
 
     @admin.action(permissions=["change"], description="Requeue finished tasks (fresh attempts)")
     def requeue(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
@@ -498,3 +510,14 @@ class QueueControlAdmin(CheckedInputAdmin):
                 name, by=f"{request.user} (admin)"
             )
         self.message_user(request, f"Resumed {len(names)} queue(s).", messages.SUCCESS)
+
+
+def _error_html(entry: dict[str, Any] | None) -> str:
+    if not entry:
+        return ""
+    return format_html(
+        "<br>{}: {}<pre>{}</pre>",
+        entry.get("exception_class_path") or entry.get("type") or "error",
+        entry.get("message") or "",
+        entry.get("traceback") or json.dumps({k: v for k, v in entry.items() if k != "traceback"}, default=str),
+    )

@@ -13,7 +13,9 @@ import datetime as dt
 import re
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from tasks.models import Failure, Task
@@ -84,6 +86,10 @@ def test_an_unstarted_return_between_failures_keeps_every_attempt(staff: Client)
     assert "returned" in events and "w2" in events
     # The traceback is there, collapsed.
     assert "<details><summary>Traceback</summary><pre>Traceback (most recent call last):" in page
+    # The admin lists the same attempts, each once.
+    admin = staff.get(f"/admin/tasks/task/{task_id}/change/").content.decode()
+    assert re.findall(r"attempt (\d+) · (\w+)", admin) == [("1", "Failed"), ("2", "Failed"), ("3", "Failed")]
+    assert "first type error" in admin and "<strong>returned</strong>" in admin
 
 
 def test_a_rerun_numbers_its_attempts_after_the_first_runs(staff: Client) -> None:
@@ -145,6 +151,22 @@ def test_the_failed_list_shows_the_last_error_and_no_lease_columns(staff: Client
         assert "myapp.errors.PaymentDeclined" in table
         assert "x" * 119 + "…" in table  # cut in the list, whole in its title and on the task's page
         assert "x" * 121 + "<" not in table.split("title=")[0]
+
+
+def test_the_error_column_costs_no_query_per_row(staff: Client) -> None:
+    def queries_of(url: str) -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert staff.get(url).status_code == 200
+        return len(captured)
+
+    task_id = Task.objects.enqueue(PATH, queue="attempts", max_attempts=1).id
+    fail(task_id, "builtins.TypeError", "one", retry=False)
+    urls = ("/dashboard/tasks/failed/", "/dashboard/tasks/?status=Failed")
+    one = [queries_of(url) for url in urls]
+    for number in range(20):
+        task_id = Task.objects.enqueue(PATH, queue="attempts", max_attempts=1).id
+        fail(task_id, "builtins.TypeError", f"more {number}", retry=False)
+    assert [queries_of(url) for url in urls] == one
 
 
 def test_times_are_in_one_format_with_the_zone(staff: Client) -> None:
