@@ -130,7 +130,7 @@ def admission_delay(size: int, samples: int, log_dir: Path) -> None:
 
 
 def _in(seconds: float) -> dt.datetime:
-    return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
+    return dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=seconds)
 
 
 def bulk_statements() -> None:

@@ -395,7 +395,7 @@ def _old_rows() -> int:
 def time_ago(seconds: float) -> Any:
     import datetime as dt
 
-    return dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+    return dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=seconds)
 
 
 def bench_drain_while_pruning(

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.db import Error, connections
@@ -54,6 +54,9 @@ from leasing.routing import lease_database
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+
+    # typing.Self is 3.11+; annotations are not evaluated at run time (__future__), so no run-time dependency.
+    from typing_extensions import Self
 
 logger = logging.getLogger("leasing")
 

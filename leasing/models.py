@@ -13,7 +13,7 @@ import datetime as dt
 import json
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections, models
 from django.db.models.functions import Least, Now
@@ -23,6 +23,9 @@ from leasing.routing import SelectedManager
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+
+    # typing.Self is 3.11+; annotations are not evaluated at run time (__future__), so no run-time dependency.
+    from typing_extensions import Self
 
 #: The one sequence every grant (lease acquire, task claim) draws its fencing token from.
 FENCE_SEQUENCE = "leasing_fence_token_seq"
@@ -91,7 +94,7 @@ class LeaseFields(models.Model):
             return "released"
         if self.expires_at is None:
             return "unheld"
-        if self.expires_at <= dt.datetime.now(dt.UTC):
+        if self.expires_at <= dt.datetime.now(dt.timezone.utc):
             return "expired"
         return "renewed" if self.renewals else "active"
 

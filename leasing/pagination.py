@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from functools import cached_property
 from typing import Any, cast
 
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
+from django.utils.functional import cached_property
 
 #: Rows an admin list counts at most; more are shown as "10,000+" and paged up to this many.
 COUNT_CAP = 10_000

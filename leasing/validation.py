@@ -26,14 +26,12 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from django.utils.dateparse import parse_datetime
-
 #: Largest id or token (PostgreSQL bigint).
 MAX_BIGINT = 2**63 - 1
 #: Dates accepted from clients, in UTC: any real schedule fits, and no offset can move a value in
 #: this range outside what PostgreSQL stores and Python's datetime (years 1 to 9999) reads back.
-EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-LATEST = dt.datetime(3000, 1, 1, tzinfo=dt.UTC)
+EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+LATEST = dt.datetime(3000, 1, 1, tzinfo=dt.timezone.utc)
 #: Longest number literal in a JSON body (characters) and deepest nesting.
 MAX_NUMBER_LENGTH = 100
 MAX_DEPTH = 64
@@ -42,6 +40,16 @@ MAX_PARAM_LENGTH = 1_000
 
 # ``[0-9]`` is exactly the ASCII digits (``\d`` would also match "٣").
 _WHOLE = re.compile(r"-?[0-9]+")
+# The date-times read from clients, the same on every Python: ISO 8601's extended format, a ``T``
+# or a space between date and time, seconds and 1 to 6 digits of fraction optional, the offset
+# ``Z`` or ``+HH:MM`` (seconds and fraction allowed, as ``isoformat()`` writes them). Python 3.11's
+# ``datetime.fromisoformat`` also reads basic format (``20300101T120000Z``), week dates and bare
+# hours, which 3.10's refuses: without this gate an API would accept on one Python what it refuses
+# on another (Django's ``parse_datetime`` tries ``fromisoformat`` first, so it varies as well).
+_ISO_DATETIME = re.compile(
+    r"(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})[T ](?P<time>[0-9]{2}:[0-9]{2})(?P<seconds>:[0-9]{2}(?:\.[0-9]{1,6})?)?"
+    r"(?P<offset>Z|[+-][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]{6})?)?)?"
+)
 _DECIMAL = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|-?\.[0-9]+(?:[eE][-+]?[0-9]+)?")
 
 
@@ -98,6 +106,19 @@ def parse_number(value: Any, field: str, *, low: float, high: float) -> float:
     return number
 
 
+def parse_iso_datetime(value: str) -> dt.datetime:
+    """An ISO 8601 date-time in the extended format (``_ISO_DATETIME``), aware when it carries an
+    offset; ``ValueError`` otherwise, or when a field is out of range (month 13, an offset of a day)."""
+    parts = _ISO_DATETIME.fullmatch(value)
+    if parts is None:
+        raise ValueError(f"not an ISO 8601 date-time: {value!r}")
+    seconds, _, fraction = (parts["seconds"] or ":00").partition(".")
+    offset = {None: "", "Z": "+00:00"}.get(parts["offset"], parts["offset"])
+    # Normalised to what datetime.isoformat() writes (6 digits of fraction or none), which
+    # fromisoformat reads alike on every Python.
+    return dt.datetime.fromisoformat(f"{parts['date']}T{parts['time']}{seconds}.{fraction:0<6}{offset}")
+
+
 def parse_when(
     value: Any, field: str, *, earliest: dt.datetime = EARLIEST, latest: dt.datetime = LATEST
 ) -> dt.datetime:
@@ -106,14 +127,14 @@ def parse_when(
     if not isinstance(value, str) or not value.isascii() or len(value) > 64:
         raise InvalidInput(message, field)
     try:
-        parsed = parse_datetime(value)
-    except ValueError:  # well formed but impossible: month 13, an offset of a day or more
-        parsed = None
-    if parsed is None or parsed.tzinfo is None or parsed.utcoffset() is None:
+        parsed = parse_iso_datetime(value)
+    except ValueError:  # not the extended format, or impossible: month 13, an offset of a day or more
+        raise InvalidInput(message, field) from None
+    if parsed.tzinfo is None or parsed.utcoffset() is None:
         raise InvalidInput(message, field)
     out_of_range = InvalidInput(f"{field} must be from {earliest:%Y-%m-%d} to before {latest:%Y-%m-%d} (UTC)", field)
     try:
-        in_utc = parsed.astimezone(dt.UTC)
+        in_utc = parsed.astimezone(dt.timezone.utc)
     except (ValueError, OverflowError):  # the offset pushes it before year 1 or past 9999
         raise out_of_range from None
     if not earliest <= in_utc < latest:

@@ -175,6 +175,16 @@ LEASING_TASKS = {
     "FAIR_QUEUES": env.list("TASKS_FAIR_QUEUES", default=[]),
 }
 
+# The demo's showcase (``manage.py demo`` sets TASKS_DEMO_SHOWCASE for its processes): beside the
+# generator's work, a little of every feature (tasks/demo/showcase.py), a schedule for the Schedules
+# page, and a fair queue its own worker serves. Off in every other run of this project (the tests).
+DEMO_SHOWCASE = env.bool("TASKS_DEMO_SHOWCASE", default=False)
+if DEMO_SHOWCASE:
+    LEASING_TASKS["SCHEDULES"] = {
+        "demo-digest": {"task": "tasks.demo.handlers.nightly_digest", "interval": 30, "catch_up": "skip"},
+    }
+    LEASING_TASKS["FAIR_QUEUES"] = [*LEASING_TASKS["FAIR_QUEUES"], "demo-fair"]
+
 # Bearer tokens for machine clients of the JSON API (comma-separated); none by default. An entry
 # "token:tasks.view_task+tasks.change_task" limits the token to those scopes (leasing/access.py).
 LEASING_API_TOKENS = env.list("LEASING_API_TOKENS", default=[])

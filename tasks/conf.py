@@ -7,10 +7,12 @@ import importlib.util
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.signals import setting_changed
+
+T = TypeVar("T")
 
 #: What is kept, and how long, unless ``LEASING_TASKS["RETENTION"]`` says otherwise.
 DEFAULT_RETENTION: dict[str, Any] = {
@@ -154,7 +156,7 @@ def _forget(*, setting: str, **_: Any) -> None:
 setting_changed.connect(_forget, dispatch_uid="tasks.conf.forget")
 
 
-def derived[T](name: str, build: Callable[[], T]) -> T:
+def derived(name: str, build: Callable[[], T]) -> T:
     """``build()``, remembered until LEASING_TASKS (or DATABASES) changes."""
     raw = getattr(settings, "LEASING_TASKS", None)
     if _derived.get("") is not raw or "" not in _derived:

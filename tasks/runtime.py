@@ -98,7 +98,7 @@ class Execution:
     def last_attempted_at(self) -> dt.datetime | None:
         """When this attempt began (the task's ``last_attempted_at`` once its start is recorded)."""
         if self._attempted_epoch is not None:
-            return dt.datetime.fromtimestamp(self._attempted_epoch, dt.UTC)
+            return dt.datetime.fromtimestamp(self._attempted_epoch, dt.timezone.utc)
         return self._attempted_at
 
     @property

@@ -22,6 +22,7 @@ from leasing.election import LeaderElection, Term
 from leasing.exceptions import StaleTokenError
 from leasing.fencing import fenced_update
 from leasing.models import Lease
+from tasks.demo import showcase
 from tasks.models import GeneratorState, Task
 
 logger = logging.getLogger("tasks.generator")
@@ -95,6 +96,7 @@ class Generator:
         tick: float = 0.25,
         instance_id: str | None = None,
         using: str = DEFAULT_DB_ALIAS,
+        with_showcase: bool | None = None,
     ) -> None:
         self.name = name
         self.tick = tick
@@ -102,6 +104,10 @@ class Generator:
         self.election = LeaderElection(lease_name(name), ttl=ttl, holder=instance_id, retry_interval=min(1.0, ttl / 4))
         self.generated = 0
         self._owed = 0.0  # fractional tasks the rate owes since the last round
+        # The demo project's other features at small rates (tasks/demo/showcase.py), when it asks.
+        self.showcase = (
+            showcase.Showcase() if (showcase.enabled() if with_showcase is None else with_showcase) else None
+        )
 
     @property
     def instance_id(self) -> str:
@@ -168,5 +174,17 @@ class Generator:
                     ),
                     queue=state.queue,
                 )
+            if state.running and self.showcase is not None:
+                self._show(time.monotonic())
         self.generated += count
         return True
+
+    def _show(self, now: float) -> None:
+        """The showcase's due enqueues, in a savepoint of the round: one that fails (a feature's
+        statement refused) is logged and costs the round's own sleep tasks nothing."""
+        assert self.showcase is not None
+        try:
+            with transaction.atomic(using=self.using):
+                self.showcase.due(now)
+        except (Error, ValueError) as exc:
+            logger.warning("demo showcase: an enqueue failed: %s", exc)

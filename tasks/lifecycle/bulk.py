@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from leasing.validation import parse_iso_datetime
 from tasks import redaction
 from tasks.lifecycle.states import TaskStatus
 from tasks.lifecycle.storable import is_storable
@@ -84,7 +85,7 @@ def _when(name: str, value: Any) -> str:
     if not isinstance(value, str):
         raise BulkFilterError(f"{name} must be an ISO 8601 date-time string", name)
     try:
-        when = dt.datetime.fromisoformat(value)
+        when = parse_iso_datetime(value)
     except ValueError:
         raise BulkFilterError(f"{name} is not an ISO 8601 date-time: {value!r}", name) from None
     if when.tzinfo is None:
@@ -92,7 +93,7 @@ def _when(name: str, value: Any) -> str:
     try:
         # Stored in UTC: Python reads offsets up to +-23:59 with seconds and fractions, PostgreSQL only
         # up to +-15:59:59 in whole seconds (breaker 32: a filter the leader could not read was stored).
-        return when.astimezone(dt.UTC).isoformat()
+        return when.astimezone(dt.timezone.utc).isoformat()
     except (OverflowError, ValueError):
         raise BulkFilterError(f"{name} is out of range: {value!r}", name) from None
 

@@ -111,7 +111,7 @@ SELECT (SELECT count(*) FROM scanned), (SELECT count(*) FROM adopted), (SELECT m
 _NEWEST_SQL = "SELECT COALESCE(max(id), 0) FROM tasks_task"
 
 #: Where a fresh pass starts: above every priority level.
-_FRONT = (32767, dt.datetime(1, 1, 1, tzinfo=dt.UTC), 0)
+_FRONT = (32767, dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc), 0)
 
 
 @dataclass(frozen=True)

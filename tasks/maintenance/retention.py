@@ -47,7 +47,7 @@ assert set(KINDS) == set(DEFAULT_RETENTION)
 
 _UNITS = {"w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
-_BEGINNING = dt.datetime(1, 1, 1, tzinfo=dt.UTC)
+_BEGINNING = dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)
 
 
 def parse_duration(value: Any) -> dt.timedelta:

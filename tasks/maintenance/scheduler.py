@@ -514,7 +514,7 @@ def schedule_status(specs: dict[str, ScheduleSpec] | None = None, *, using: str 
     }
     stored = {row.name: row for row in StoredSchedule.objects.using(using).all() if row.name not in declared}
     rows = {row.name: row for row in Schedule.objects.using(using).all()}
-    now = dt.datetime.now(dt.UTC)
+    now = dt.datetime.now(dt.timezone.utc)
     leader = Lease.objects.db_manager(using).active().filter(resource=SCHEDULER_LEASE).first()
     result = []
     for name in sorted(set(declared) | set(stored) | set(rows)):

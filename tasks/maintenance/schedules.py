@@ -52,7 +52,7 @@ _KEYS = {
     "enabled",
     "fair_key",
 }
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _MICROSECOND = dt.timedelta(microseconds=1)
 
 
@@ -141,7 +141,7 @@ class ScheduleSpec:
         previous = after
         iterator = CronSim(self.cron, after.astimezone(zone))
         for moment in iterator:
-            slot = moment.astimezone(dt.UTC)
+            slot = moment.astimezone(dt.timezone.utc)
             # Debian cron runs a fixed-time job once in a repeated (autumn) hour, and cronsim
             # iterates such jobs on the wall clock: started inside the repeated hour, it may
             # answer a time already passed. Slots must only move forward.
@@ -176,7 +176,7 @@ class ScheduleSpec:
         zone = ZoneInfo(self.timezone)
         start = (now + dt.timedelta(seconds=1)).replace(microsecond=0).astimezone(zone)
         for moment in CronSim(self.cron, start, reverse=True):
-            slot = moment.astimezone(dt.UTC)
+            slot = moment.astimezone(dt.timezone.utc)
             if slot <= now:
                 return slot, counted - 1, False
         return newest, counted - 1, False  # pragma: no cover (the reverse walk always finds one)

@@ -12,7 +12,7 @@ of ~400 lines: a task row has that many columns, each with the comment that says
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING
 
 from django.db import connections, models
 from django.db.models import Q
@@ -29,7 +29,8 @@ from tasks.models.task_enqueue import EnqueueOperations
 from tasks.models.task_wait import WaitOperations
 
 if TYPE_CHECKING:
-    pass
+    # typing.Self is 3.11+; annotations are not evaluated at run time (__future__), so no run-time dependency.
+    from typing_extensions import Self
 
 
 NOT_RUNNING = Q(status__in=NOT_RUNNING_STATUSES)
@@ -419,4 +420,4 @@ class Task(LeaseFields):
     def is_stuck(self) -> bool:
         if self.status != TaskStatus.RUNNING:
             return False
-        return self.expires_at is None or self.holder is None or self.expires_at <= dt.datetime.now(dt.UTC)
+        return self.expires_at is None or self.holder is None or self.expires_at <= dt.datetime.now(dt.timezone.utc)

@@ -46,7 +46,10 @@ class TaskTestMixin(_Base):
         super().setUp()
         self._task_capture = EnqueueCapture(self.task_databases)
         if self.eager_tasks:
-            self.eager_run = self.enterContext(eager_tasks())
+            # What TestCase.enterContext (Python 3.11+) does: enter now, exit among the cleanups.
+            eager = eager_tasks()
+            self.eager_run = eager.__enter__()
+            self.addCleanup(eager.__exit__, None, None, None)
 
     @property
     def task_capture(self) -> EnqueueCapture:

@@ -31,13 +31,14 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property, reduce
+from functools import reduce
 from typing import Any
 
 from django.core.paginator import Page as PaginatorPage
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import BooleanField, ExpressionWrapper, F, Lookup, Q, QuerySet
+from django.utils.functional import cached_property
 
 from leasing.routing import selected_database
 from tasks.models import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING_STATUSES, Task, TaskStatus

@@ -13,6 +13,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from leasing.access import VIEW_SCHEDULE, VIEW_TASK, staff_page
+from leasing.validation import parse_iso_datetime
 from tasks import redaction
 from tasks.maintenance.scheduler import schedule_status
 from tasks.maintenance.schedules import ScheduleSpec, load_schedules
@@ -57,11 +58,11 @@ def schedule_detail(request: HttpRequest, name: str) -> HttpResponse:
     before = request.GET.get("before")
     if before:
         try:
-            moment = dt.datetime.fromisoformat(before)
+            moment = parse_iso_datetime(before)
         except ValueError:
             raise Http404("before must be an ISO 8601 time") from None
         if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=dt.UTC)
+            moment = moment.replace(tzinfo=dt.timezone.utc)
         runs = runs.filter(slot__lt=moment)
     page = list(runs.order_by("-slot")[: RUNS_PAGE + 1])
     return render(

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 from leasing import clock
 from tasks.runtime import Execution
 from tasks.worker.ledger import Outcome
 
 Key = tuple[int, int]
+T = TypeVar("T")
 
 
-def _take[T](source: queue.SimpleQueue[T]) -> list[T]:
+def _take(source: queue.SimpleQueue[T]) -> list[T]:
     items: list[T] = []
     while True:
         try:

@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from psycopg import errors as psycopg_errors
@@ -22,6 +22,7 @@ from tasks.lifecycle.ratelimits import queue_rate
 from tasks.models import ClaimedTask, RateRefused, Started, Task
 
 logger = logging.getLogger("tasks.worker")
+T = TypeVar("T")
 
 CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
@@ -139,7 +140,7 @@ def is_connection_failure(exc: BaseException) -> bool:
     return isinstance(exc, CONNECTION_ERRORS) and not is_lock_wait(exc) and not rolled_back
 
 
-def retrying[T](what: str, session: Session, statement: Callable[[], T]) -> T | None:
+def retrying(what: str, session: Session, statement: Callable[[], T]) -> T | None:
     """Run a statement that is safe to repeat until it succeeds, for at most one TTL (less when the
     worker is shutting down: a stop request must not wait out a database outage)."""
     give_up_at = session.retry_deadline()

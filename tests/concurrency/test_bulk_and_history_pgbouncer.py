@@ -91,7 +91,7 @@ def test_the_bulk_runner_and_history_leave_no_session_state_on_a_pooled_connecti
             seen.append(state)
         assert proc.poll() is None, leader.log.read_text()[-3000:]
         op = BulkOperation.objects.get(pk=operation.pk)
-        hour = dt.datetime.now(dt.UTC).replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=3)
+        hour = dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=3)
         return op.status == "DONE" and ActivityHourMark.objects.filter(hour=hour).exists() and len(seen) > 20
 
     wait_until(probe_state, 120, interval=0.05, what="the bulk retry to end and the hour to be counted")

@@ -31,7 +31,7 @@ EACH = 10
 
 def noisy_starts_before_the_small_tenants_are_done(workers: Workers, deferred_tenants: int) -> tuple[int, int]:
     Task.objects.bulk_enqueue(NOOP, [{}] * 2000, queue=QUEUE, fair_key="a-noisy")
-    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
     for n in range(deferred_tenants):  # e.g. tenants whose tasks are snoozed or scheduled for later
         Task.objects.bulk_enqueue(NOOP, [{}], queue=QUEUE, fair_key=f"d-{n:03d}", run_after=later)
     small = [i for key in SMALL for i in Task.objects.bulk_enqueue(NOOP, [{}] * EACH, queue=QUEUE, fair_key=key)]

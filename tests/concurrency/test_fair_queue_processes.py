@@ -66,7 +66,7 @@ def test_keys_after_one_with_nothing_due_are_served(tenant_workers: Any) -> None
     tasks are all deferred, then tenant c. Claims of at most 4 visit deferred tenants that give
     nothing, and the room they leave is filled from a; the turns must go on past them to c, not
     back to a (c then waited for a's whole backlog)."""
-    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
     Task.objects.bulk_enqueue(NOOP, [{}] * 2000, queue="tenants", fair_key="a")
     for k in range(8):
         Task.objects.bulk_enqueue(NOOP, [{}] * 3, queue="tenants", fair_key=f"b-{k}", run_after=later)

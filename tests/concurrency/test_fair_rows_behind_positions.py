@@ -51,7 +51,7 @@ def test_rows_behind_positions_all_run_exactly_as_often_as_their_handlers_say(
     # Served keys get rows that sort before their positions: a higher priority level, and starts in
     # the past (run_after an hour ago, before every row the workers took).
     ids += _enqueue(range(0, 30, 3), 2, priority=5)
-    ids += _enqueue(range(1, 30, 3), 2, run_after=dt.datetime.now(dt.UTC) - dt.timedelta(hours=1))
+    ids += _enqueue(range(1, 30, 3), 2, run_after=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1))
     wait_until(
         lambda: Task.objects.filter(pk__in=ids, status="SUCCESSFUL").count() == len(ids),
         180,

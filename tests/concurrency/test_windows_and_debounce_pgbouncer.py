@@ -187,7 +187,12 @@ class Pruner:
                 with transaction.atomic(), connection.cursor() as cursor:
                     cursor.execute(
                         PRUNE_UNIQUE_KEYS_SQL,
-                        {"age": 0, "after_at": dt.datetime(1, 1, 1, tzinfo=dt.UTC), "after_id": "", "limit": 100},
+                        {
+                            "age": 0,
+                            "after_at": dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc),
+                            "after_id": "",
+                            "limit": 100,
+                        },
                     )
                     self.deleted += len(cursor.fetchall())
                     cursor.execute("SELECT pg_sleep(0.02)")

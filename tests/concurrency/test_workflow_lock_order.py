@@ -101,7 +101,7 @@ def test_retention_pruning_a_workflow_while_an_operator_requeues_a_member_does_n
     done = group([step(NOOP), step(NOOP), step(NOOP)]).enqueue()
     while claimed := Task.objects.claim("w1", limit=10):
         Task.objects.complete_many("w1", [(t.id, t.token, "null") for t in claimed])
-    long_ago = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+    long_ago = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
     Task.objects.filter(workflow_id=done.id).update(finished_at=long_ago)
     Workflow.objects.filter(pk=done.id).update(finished_at=long_ago)
     assert Workflow.objects.get(pk=done.id).status == "SUCCESSFUL"

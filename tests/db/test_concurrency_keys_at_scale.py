@@ -75,7 +75,7 @@ def test_a_deferred_task_of_a_key_after_a_thousand_full_ones_is_admitted_by_reco
     ever. Every run now reads the keys due, wherever they sort."""
     bulk_keyed("a-", 1100, per_key=2, queue="parked")  # 1,100 full keys, one task waiting in each
     assert Task.objects.filter(status=TaskStatus.BLOCKED).count() == 1100
-    late = keyed("zz-late", run_after=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=0.5))
+    late = keyed("zz-late", run_after=dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=0.5))
     assert status(late) == TaskStatus.BLOCKED
     wait_until(lambda: due_now(late), 10, 0.05, what="the deferred task to come due")
     runs = 0
@@ -121,7 +121,7 @@ def test_a_sweep_reads_the_keys_due_not_the_keys_waiting() -> None:
         cursor.execute("ANALYZE tasks_task; ANALYZE tasks_concurrencykey")
     sweep_blocks()
     idle = sweep_blocks()
-    late = keyed("m-late", run_after=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=0.3))
+    late = keyed("m-late", run_after=dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=0.3))
     wait_until(lambda: due_now(late), 10, 0.05, what="the deferred task to come due")
     one_due = sweep_blocks()
     assert idle <= empty + 5, (empty, idle)

@@ -105,7 +105,7 @@ def test_beside_an_old_snapshot_a_fair_claim_of_a_noisy_tenant_reads_few_blocks(
     what it reads without the snapshot, as the plain resumed claim does."""
     Task.objects.bulk_enqueue(NOOP, [{}] * 5000, queue=QUEUE, fair_key="noisy")
     Task.objects.bulk_enqueue(NOOP, [{}] * 5000, queue=QUEUE, fair_key="quiet")
-    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
     Task.objects.bulk_enqueue(NOOP, [{}] * 5, queue=QUEUE, fair_key="deferred", run_after=later)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE tasks_task")

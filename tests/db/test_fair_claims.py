@@ -88,7 +88,7 @@ def test_priorities_order_a_keys_own_tasks_not_the_turns() -> None:
 
 
 def test_deferred_rows_are_not_taken_early() -> None:
-    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
     Task.objects.bulk_enqueue(NOOP, [{}] * 5, queue="fair", fair_key="a", run_after=later)
     Task.objects.bulk_enqueue(NOOP, [{}] * 5, queue="fair", fair_key="b", run_after=later, priority=5)
     due = Task.objects.bulk_enqueue(NOOP, [{}] * 2, queue="fair", fair_key="b")
@@ -224,7 +224,7 @@ def test_a_key_with_nothing_due_passes_its_turn_on_instead_of_sending_it_back_to
     """Breaker 32's starvation: keys a (due, oldest), b (READY, nothing due), c (due). The claim that
     visits b fills from the plain pick (a's oldest rows); the next turn must start after b, not
     after a again, or c is never served."""
-    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
     Task.objects.bulk_enqueue(NOOP, [{}] * 50, queue="fair", fair_key="a")
     Task.objects.bulk_enqueue(NOOP, [{}] * 5, queue="fair", fair_key="b", run_after=later)
     Task.objects.bulk_enqueue(NOOP, [{}] * 5, queue="fair", fair_key="c")

@@ -129,7 +129,7 @@ def test_an_api_claim_returns_the_cursor_that_passes_a_key_with_nothing_due(api:
     got went back to the oldest key whenever a key with nothing due took a turn (the fill's rows are
     that oldest key's). The reply's ``fair_after`` is where the turns went; a key with nothing due
     takes no turn (breaker 33), so the walk passes b on to c."""
-    later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).isoformat()
+    later = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)).isoformat()
     for key, run_after in (("a", None), ("a", None), ("a", None), ("b", later), ("c", None)):
         body: dict[str, Any] = {"task_path": NOOP, "queue": "fair", "fair_key": key}
         if run_after:

@@ -289,13 +289,13 @@ def test_django_tasks_backend_settings_and_task(settings: Any) -> None:
                 block.markers,
             ),
             send_invoice=task_in(made["docs_billing.tasks"], "send_invoice", send_invoice, priority=10),
-            tomorrow=dt.datetime.now(dt.UTC) + dt.timedelta(days=1),
+            tomorrow=dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1),
         )
     assert "@task(priority=10)\ndef send_invoice(invoice_id): ...\n" in use  # the part defined above, as written
     result = namespace["result"]
     row = Task.objects.get(pk=int(result.id))
     assert (row.priority, row.max_attempts, row.status) == (10, 3, "READY")
-    assert row.run_after is not None and row.run_after > dt.datetime.now(dt.UTC)
+    assert row.run_after is not None and row.run_after > dt.datetime.now(dt.timezone.utc)
 
 
 def _in(module: types.ModuleType, name: str, function: Any) -> Any:

@@ -199,7 +199,7 @@ def test_hot_paths_are_one_statement_each(holder_id: str, django_assert_num_quer
 
 
 def expire(resource: str) -> None:
-    Lease.objects.filter(resource=resource).update(expires_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+    Lease.objects.filter(resource=resource).update(expires_at=dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc))
 
 
 def test_a_semaphore_grants_distinct_slots_up_to_its_limit_then_nothing() -> None:

@@ -73,14 +73,16 @@ def test_an_admission_admits_at_most_the_free_slots(empty_looking_table: None) -
 def test_recovery_takes_at_most_its_batch(empty_looking_table: None) -> None:
     ids = Task.objects.bulk_enqueue(NOOP, [{}] * 50, queue="mail")
     Task.objects.claim("w1", limit=50, queues=["mail"], ttl=60)
-    Task.objects.filter(pk__in=ids).update(expires_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+    Task.objects.filter(pk__in=ids).update(expires_at=dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc))
     assert len(Task.objects.recover_expired(limit=5)) == 5
     assert statuses(ids) == {"RUNNING": 45, "READY": 5}
 
 
 def test_a_prune_batch_deletes_at_most_its_limit(empty_looking_table: None) -> None:
     ids = Task.objects.bulk_enqueue(NOOP, [{}] * 50, queue="mail")
-    Task.objects.filter(pk__in=ids).update(status="SUCCESSFUL", finished_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+    Task.objects.filter(pk__in=ids).update(
+        status="SUCCESSFUL", finished_at=dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
+    )
     prune_batch(PruneCursor("SUCCESSFUL", dt.timedelta(days=1)), limit=5)
     assert Task.objects.filter(pk__in=ids).count() == 45
 
@@ -94,6 +96,8 @@ def test_a_semaphore_acquire_takes_one_slot(empty_looking_table: None) -> None:
         cursor.execute("UPDATE pg_class SET reltuples = 0, relpages = 1000 WHERE relname = 'leasing_lease'")
     for holder in ("a", "b", "c"):  # three slots, then all expired
         assert Lease.objects.acquire_slot("pool", holder, ttl=60, limit=3) is not None
-    Lease.objects.filter(resource__startswith="pool#").update(expires_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+    Lease.objects.filter(resource__startswith="pool#").update(
+        expires_at=dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
+    )
     assert Lease.objects.acquire_slot("pool", "d", ttl=60, limit=3) is not None
     assert Lease.objects.filter(resource__startswith="pool#", holder="d").count() == 1

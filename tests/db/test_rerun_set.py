@@ -27,9 +27,9 @@ WORN: dict[str, Any] = {
     "shared_crashes": 1,
     "unstarted_returns": 1,
     "attempt_started": True,
-    "finished_at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
-    "snoozed_at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
-    "run_after": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+    "finished_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+    "snoozed_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+    "run_after": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
     "trace_context": {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
     "fair_key": None,  # in a fair queue: enqueued before the queue was fair
 }

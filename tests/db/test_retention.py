@@ -59,12 +59,13 @@ def test_unfinished_tasks_are_never_pruned_whatever_their_age() -> None:
     running = Task.objects.enqueue(NOOP).id
     assert [c.id for c in Task.objects.claim("w-1", queues=["default"], limit=1)] == [running]
     ready = Task.objects.enqueue(NOOP).id
-    deferred = Task.objects.enqueue(NOOP, run_after=dt.datetime(2100, 1, 1, tzinfo=dt.UTC)).id
+    deferred = Task.objects.enqueue(NOOP, run_after=dt.datetime(2100, 1, 1, tzinfo=dt.timezone.utc)).id
     admitted, blocked = (Task.objects.enqueue(NOOP, concurrency_key="k", concurrency_limit=1).id for _ in range(2))
     assert Task.objects.get(pk=blocked).status == "BLOCKED"  # waiting for the key's one slot
     # Even rows that carry an old finish time (set by hand) stay: only finished statuses are pruned.
     Task.objects.all().update(
-        enqueued_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC), finished_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+        enqueued_at=dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc),
+        finished_at=dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc),
     )
     totals = prune({"SUCCESSFUL": dt.timedelta(0), "FAILED": dt.timedelta(0), "CANCELLED": dt.timedelta(0)})
     assert totals == {"SUCCESSFUL": 0, "FAILED": 0, "CANCELLED": 0}
@@ -113,7 +114,7 @@ def test_the_prune_statement_is_an_index_range_scan() -> None:
             "status": "SUCCESSFUL",
             "queue": None,
             "age": 86400,
-            "after_at": dt.datetime(2000, 1, 1, tzinfo=dt.UTC),
+            "after_at": dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc),
             "after_id": 0,
             "limit": 10,
         }
@@ -151,10 +152,10 @@ def test_ended_leases_are_pruned_never_a_live_one_and_tokens_keep_growing() -> N
 
 
 def test_stopped_workers_are_pruned_unless_they_still_hold_a_running_task() -> None:
-    long_ago = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+    long_ago = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
     for worker_id, stopped in (("gone", long_ago), ("holding", long_ago), ("alive", None), ("recent", None)):
         Worker.objects.create(id=worker_id, hostname="h", pid=1, concurrency=1, stopped_at=stopped)
-    Worker.objects.filter(id="recent").update(stopped_at=dt.datetime.now(dt.UTC))
+    Worker.objects.filter(id="recent").update(stopped_at=dt.datetime.now(dt.timezone.utc))
     Task.objects.enqueue(NOOP)
     Task.objects.claim("holding", queues=["default"])
     assert prune({"WORKERS": DAY}) == {"WORKERS": 1}
@@ -162,7 +163,7 @@ def test_stopped_workers_are_pruned_unless_they_still_hold_a_running_task() -> N
 
 
 def test_schedule_runs_are_pruned_and_the_schedule_row_stays() -> None:
-    now = dt.datetime.now(dt.UTC)
+    now = dt.datetime.now(dt.timezone.utc)
     Schedule.objects.create(name="tick", baseline_at=now, last_slot=now, last_task_id=3)
     for days in (10, 9, 1):
         at = now - dt.timedelta(days=days)
@@ -177,7 +178,7 @@ def bulk_operation(status: str, *, days_ago: float | None) -> int:
     operation = BulkOperation.objects.create(kind="retry", filter={}, status=status)
     if days_ago is not None:
         BulkOperation.objects.filter(pk=operation.pk).update(
-            finished_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=days_ago)
+            finished_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=days_ago)
         )
     return operation.pk
 
@@ -189,7 +190,7 @@ def test_ended_bulk_operations_are_pruned_never_an_open_one() -> None:
     running = bulk_operation("RUNNING", days_ago=None)
     pending = bulk_operation("PENDING", days_ago=None)
     BulkOperation.objects.filter(pk__in=[running, pending]).update(
-        created_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=90)
+        created_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=90)
     )
     assert count_prunable("BULK_OPERATIONS", 30 * DAY) == 3
     assert prune({"BULK_OPERATIONS": 30 * DAY}) == {"BULK_OPERATIONS": 3}
@@ -204,7 +205,11 @@ def test_the_bulk_operation_prune_is_an_index_range_scan() -> None:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("ANALYZE tasks_bulkoperation")
         cursor.execute("SET LOCAL enable_seqscan = off")
-        params: dict[str, Any] = {"age": 86400, "after_at": dt.datetime(2000, 1, 1, tzinfo=dt.UTC), "after_id": 0}
+        params: dict[str, Any] = {
+            "age": 86400,
+            "after_at": dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc),
+            "after_id": 0,
+        }
         params["limit"] = 10
         cursor.execute("EXPLAIN " + PRUNE_BULK_OPERATIONS_SQL, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())

@@ -20,7 +20,7 @@ DISAGREEING = [1795464906.0180745, 1795448207.4851365, 1795498088.0271955]
 
 
 def _execution() -> Execution:
-    now = dt.datetime.now(dt.UTC)
+    now = dt.datetime.now(dt.timezone.utc)
     task = ClaimedTask(1, 1, "tasks.demo.sleep", [], {}, 0, 3, None, now, None, "default", 0, now)
     return Execution(task, "worker", ttl=30.0, claimed_at=0.0)
 

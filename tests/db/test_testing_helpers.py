@@ -126,7 +126,9 @@ def test_run_until_empty_runs_inside_the_test_transaction_and_counts_the_ends(se
 def test_with_scheduled_runs_deferred_tasks_and_only_the_named_queues_run() -> None:
     import datetime as dt
 
-    later = Task.objects.enqueue(P + "record", args=["later"], run_after=dt.datetime(2999, 1, 1, tzinfo=dt.UTC)).id
+    later = Task.objects.enqueue(
+        P + "record", args=["later"], run_after=dt.datetime(2999, 1, 1, tzinfo=dt.timezone.utc)
+    ).id
     other = Task.objects.enqueue(P + "record", args=["other"], queue="other").id
     assert run_until_empty(["default"]) == Drained()
     assert run_until_empty(["default"], with_scheduled=True).task_ids == (later,)
@@ -298,7 +300,7 @@ def test_eager_mode_leaves_a_snoozed_task_waiting() -> None:
 def _far_future() -> Any:
     import datetime as dt
 
-    return dt.datetime(2999, 1, 1, tzinfo=dt.UTC)
+    return dt.datetime(2999, 1, 1, tzinfo=dt.timezone.utc)
 
 
 # -- several databases -----------------------------------------------------------------------------------

@@ -252,7 +252,10 @@ def test_a_debounced_task_with_a_concurrency_key_waits_blocked_and_is_debounced_
         ({"dedup_key": "k", "unique_for": 60, "debounce": 5}, "not both"),
         ({"dedup_key": "k", "max_wait": 5}, "max_wait bounds a debounce"),
         ({"dedup_key": "k", "debounce": 10, "max_wait": 5}, "max_wait must be at least debounce"),
-        ({"dedup_key": "k", "debounce": 5, "run_after": dt.datetime(2030, 1, 1, tzinfo=dt.UTC)}, "no run_after"),
+        (
+            {"dedup_key": "k", "debounce": 5, "run_after": dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)},
+            "no run_after",
+        ),
         ({"dedup_key": "k", "unique_for": 0}, "more than 0"),
         ({"dedup_key": "k", "unique_for": -1}, "more than 0"),
         ({"dedup_key": "k", "unique_for": math.nan}, "more than 0"),
@@ -522,7 +525,7 @@ def test_the_howto_page_runs_as_written() -> None:
     from tests.helpers import ROOT
 
     page = (ROOT / "docs" / "howto" / "pausing-and-keys.md").read_text()
-    blocks = re.findall(r"<!-- tested[^>]*-->\n```python\n(.*?)```", page, re.S)
+    blocks = re.findall(r"<!-- tested: tests/db/test_unique_windows.py -->\n```python\n(.*?)```", page, re.S)
     assert len(blocks) == 1
     exec(compile(blocks[0], "pausing-and-keys.md", "exec"), {})
     assert Task.objects.count() == 2 and UniqueKey.objects.filter(key="report:7").exists()

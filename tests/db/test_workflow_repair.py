@@ -143,7 +143,7 @@ def test_repairs_are_in_the_metrics() -> None:
 
 def a_pending_bulk_retry_and_a_finished_hour() -> tuple[int, Any, dt.datetime]:
     (failed,) = Task.objects.bulk_enqueue(NOOP, [{}], queue="bulk")
-    Task.objects.filter(pk=failed).update(status="FAILED", finished_at=dt.datetime.now(dt.UTC))
+    Task.objects.filter(pk=failed).update(status="FAILED", finished_at=dt.datetime.now(dt.timezone.utc))
     operation = BulkOperation.objects.request("retry", {"queue": "bulk"}, requested_by="ops")
     hour = hour_ago(2)
     finished(hour)

@@ -72,7 +72,7 @@ def test_a_step_that_fails_for_good_cancels_the_rest_with_the_reason() -> None:
     run_one()
     run_one(fail=True, retry=True)  # a retry: the chain waits
     assert status_of(b, c, d) == ["READY", "AWAITING", "AWAITING"]
-    Task.objects.filter(pk=b).update(run_after=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+    Task.objects.filter(pk=b).update(run_after=dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc))
     run_one(fail=True, retry=False)
     assert status_of(a, b, c, d) == ["SUCCESSFUL", "FAILED", "CANCELLED", "CANCELLED"]
     for row in Task.objects.filter(pk__in=[c, d]):
@@ -397,7 +397,7 @@ def test_retention_prunes_a_finished_workflow_as_one_unit() -> None:
     run_one()
     running = chain(step(NOOP), step(NOOP)).enqueue()
     assert run_one() == running.task_ids[0]  # finished and old, but its workflow is not
-    long_ago = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+    long_ago = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
     Task.objects.update(finished_at=long_ago)
     Workflow.objects.filter(pk=old.id).update(finished_at=long_ago)
     deleted = retention.prune({"SUCCESSFUL": dt.timedelta(days=1)})

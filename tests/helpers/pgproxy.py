@@ -28,7 +28,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self
+from typing import TYPE_CHECKING, Literal, TypeVar
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 # Request codes of the untyped packets a client may send before its StartupMessage.
@@ -47,7 +47,11 @@ STARTUP = b"startup"  # an untyped packet: SSLRequest, GSSENCRequest, CancelRequ
 ANSWER = b"answer"  # the server's one-byte answer to an SSLRequest or GSSENCRequest
 OPAQUE = b"opaque"  # bytes after encryption was accepted, or after a malformed header
 
-type _Message = tuple[bytes, bytes]  # (tag, the message's bytes as they travel)
+_Message = tuple[bytes, bytes]  # (tag, the message's bytes as they travel)
+T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is 3.11+
 
 
 @dataclass(eq=False)
@@ -315,7 +319,7 @@ class PgProxy:
             raise RuntimeError("the proxy thread crashed") from self._crash
         return self._thread is not None and self._thread.is_alive()
 
-    def _call[T](self, function: Callable[[], T]) -> T:
+    def _call(self, function: Callable[[], T]) -> T:
         """Run ``function`` on the proxy thread, which owns every socket, and return its result."""
         results: list[T] = []
         errors: list[BaseException] = []

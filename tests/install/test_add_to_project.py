@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import django
 import pytest
 
 from tests.helpers import wait_until
@@ -242,6 +243,10 @@ def imports_outside_the_package(package_dir: Path) -> list[str]:
     return found
 
 
+#: Django 5.2 LTS here: the README's backport path (the django52 extra, "django_tasks" in INSTALLED_APPS).
+DJANGO_52 = django.VERSION < (6, 0)
+
+
 def test_add_it_to_a_new_project_from_the_wheel(project: Project) -> None:
     blocks = readme_blocks()
     sh_lines = [line for block in blocks if block.lang == "sh" for line in block.text.splitlines()]
@@ -258,9 +263,15 @@ def test_add_it_to_a_new_project_from_the_wheel(project: Project) -> None:
     (wheel,) = dist.glob("django_leasing-*.whl")
     base_python = getattr(sys, "_base_executable", sys.executable)
     project.run(base_python, "-m", "venv", str(project.venv), cwd=project.base)
-    project.run(
-        project.python, "-m", "pip", "install", "--quiet", str(wheel), cwd=project.base
-    )  # "pip install django-leasing"
+    if DJANGO_52:  # the README's Django 5.2 LTS line: pip install "django>=5.2,<6" "django-leasing[django52]"
+        project.run(
+            project.python, "-m", "pip", "install", "--quiet", "django>=5.2,<6", f"{wheel}[django52]", cwd=project.base
+        )
+    else:
+        project.run(
+            project.python, "-m", "pip", "install", "--quiet", str(wheel), cwd=project.base
+        )  # "pip install django-leasing"
+    project.dir.mkdir()  # Django 5.2's startproject wants the directory to exist (6.x makes it)
     project.run(
         str(project.venv / "bin" / "django-admin"), "startproject", "mysite", str(project.dir), cwd=project.base
     )
@@ -291,6 +302,9 @@ def test_add_it_to_a_new_project_from_the_wheel(project: Project) -> None:
                 out.write("\n" + block.text)
             applied[block.target] += 1
     assert applied["settings.py"] >= 2 and applied["urls.py"] >= 1, applied
+    if DJANGO_52:  # "Then add "django_tasks" to INSTALLED_APPS"
+        with targets["settings.py"].open("a") as out:
+            out.write('\nINSTALLED_APPS += ["django_tasks"]\n')
     # The "pieces apart" block must hold too: it becomes a URLconf of its own.
     apart = [b.text for b in blocks if b.lang == "python" and not b.target and "include(" in b.text]
     assert len(apart) == 1
@@ -345,27 +359,41 @@ def test_add_it_to_a_new_project_from_the_wheel(project: Project) -> None:
     )
     assert lease["token"] > 0 and lease["held"] and lease["released"], lease
 
-    # A django.tasks task, enqueued through Django's API and run by the Procfile's worker.
+    # django.tasks tasks with this queue's options on Django's own decorator, enqueued through Django's
+    # API, run by the Procfile's worker and waited for (issue 40's first hour, no setting beyond the README's).
     (project.dir / "mysite" / "jobs.py").write_text(
-        "from django.tasks import task\n\n\n@task\ndef add(a, b):\n    return a + b\n"
+        ("from django_tasks import task" if DJANGO_52 else "from django.tasks import task")
+        + "\n\n\nclass Flaky(Exception):\n    pass\n\n\n"
+        '@task(max_attempts=3, retry_on=[Flaky], timeout=5, rate_limit="10/s", rate_key="smtp")\n'
+        "def add(a, b):\n    return a + b\n\n\n"
+        "@task(max_attempts=3, retry_on=[Flaky], takes_context=True)\n"
+        "def flaky_once(context, value):\n"
+        "    if context.attempt == 1:\n        raise Flaky('first try')\n    return value\n"
     )
     procfile = next(b.text for b in blocks if b.lang == "Procfile")
     worker_line = next(line for line in procfile.splitlines() if line.startswith("worker:"))
     (worker_args,) = manage_lines(worker_line)
     worker = project.start("worker.log", *worker_args)
     result = project.shell(
-        "import json, time; from mysite.jobs import add\n"
-        "result = add.enqueue(2, 3)\n"
-        "deadline = time.monotonic() + 60\n"
-        "while not result.is_finished and time.monotonic() < deadline:\n"
-        "    time.sleep(0.1); result.refresh()\n"
-        "print(json.dumps({'status': str(result.status), 'value': result.return_value if result.is_finished else None,"
-        " 'backend': type(add.get_backend()).__name__}))"
+        "import json; from mysite.jobs import add, flaky_once\n"
+        "result = add.enqueue(2, 3).wait(timeout=60)\n"
+        "again = flaky_once.enqueue('ok').wait(timeout=60)\n"
+        "print(json.dumps({'status': str(result.status), 'value': result.return_value,"
+        " 'backend': type(add.get_backend()).__name__, 'retried': [str(again.status), again.return_value,"
+        " len(again.errors), again.errors[0].exception_class_path.rsplit('.', 1)[-1]]}))"
     )
-    assert result == {"status": "SUCCESSFUL", "value": 5, "backend": "LeaseBackend"}, (
-        result,
-        project.log("worker.log"),
+    assert result == {
+        "status": "SUCCESSFUL",
+        "value": 5,
+        "backend": "LeaseBackend",
+        "retried": ["SUCCESSFUL", "ok", 1, "Flaky"],
+    }, (result, project.log("worker.log"))
+    row = project.shell(
+        "import json; from tasks.models import Task\n"
+        "t = Task.objects.get(task_path='mysite.jobs.add')\n"
+        "print(json.dumps([t.max_attempts, t.timeout, t.rate_key, t.rate_limit]))"
     )
+    assert row[:3] == [3, 5.0, "smtp"] and row[3], row  # the decorator's options reached the row
     assert stop(worker) == 0, project.log("worker.log")
     assert "stopped" in project.log("worker.log")
 
@@ -410,9 +438,12 @@ def test_add_it_to_a_new_project_from_the_wheel(project: Project) -> None:
     assert staff.get("/ops/leases/released/")[0] == 200
     status, _, body = staff.get("/ops/metrics")
     assert status == 200 and b"leasing_leases{" in body
-    assert b'tasks_tasks{database="default",state="succeeded"} 1.0' in body
+    assert b'tasks_tasks{database="default",state="succeeded"} 2.0' in body
     status, _, body = staff.get("/ops/api/tasks?status=SUCCESSFUL")
-    assert status == 200 and json.loads(body)["tasks"][0]["task_path"] == "mysite.jobs.add"
+    assert status == 200 and {t["task_path"] for t in json.loads(body)["tasks"]} == {
+        "mysite.jobs.add",
+        "mysite.jobs.flaky_once",
+    }
     assert staff.request("POST", "/ops/api/leases", {"resource": "x", "holder": "h"})[0] == 403  # no CSRF token
 
     # A machine client with the token: the JSON API and the metrics.

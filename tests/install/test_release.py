@@ -8,7 +8,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
@@ -16,6 +15,11 @@ import pytest
 
 from tests.helpers import ROOT
 from tests.helpers.doc_blocks import block_of
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # tomllib is 3.11+; its original, tomli, is a dev dependency below 3.11 (pytest needs it too)
+    import tomli as tomllib
 
 pytestmark = pytest.mark.slow
 

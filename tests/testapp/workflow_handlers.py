@@ -17,7 +17,7 @@ from tests.testapp.handlers import _span_mark
 
 def _chance(*parts: Any) -> float:
     digest = hashlib.blake2b(":".join(str(p) for p in parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest) / 2**64
+    return int.from_bytes(digest, "big") / 2**64
 
 
 def member(n: int, seed: int, fail_every: int = 0, flaky: float = 0.2, work: float = 0.01) -> int:

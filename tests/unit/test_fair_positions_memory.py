@@ -8,7 +8,7 @@ import json
 
 from tasks.lifecycle.values import ClaimedTask, ClaimPosition, FairPosition, FairPositions, fair_positions_json
 
-NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
 
 def row(id: int, key: str | None, *, priority: int = 0, turn: bool = True) -> ClaimedTask:

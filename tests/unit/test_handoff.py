@@ -13,7 +13,7 @@ from tasks.worker.handoff import AHEAD_ROUNDS, HandOff
 from tasks.worker.ledger import Census, Ledger
 from tasks.worker.sizing import Capacity
 
-NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
 
 def task(task_id: int, *, suspect: bool = False) -> ClaimedTask:

@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from tasks.maintenance.retention import parse_duration, retention_policy
 from tasks.maintenance.schedules import ScheduleSpec, build_spec, load_schedules
 
-UTC = dt.UTC
+UTC = dt.timezone.utc
 BERLIN = ZoneInfo("Europe/Berlin")
 
 

@@ -18,11 +18,13 @@ from leasing.validation import (
     check_params,
     clean_text,
     loads,
+    parse_iso_datetime,
     parse_number,
     parse_when,
     parse_whole,
 )
 from project.settings import secret_key_from_file
+from tasks.lifecycle.bulk import BulkFilterError, parse_filter
 
 
 @pytest.mark.parametrize(
@@ -120,8 +122,45 @@ def test_dates_must_be_representable_and_sane(value: Any) -> None:
 
 
 def test_dates_come_back_in_utc() -> None:
-    assert parse_when("2030-01-01T10:00:00+02:00", "run_after") == dt.datetime(2030, 1, 1, 8, tzinfo=dt.UTC)
+    assert parse_when("2030-01-01T10:00:00+02:00", "run_after") == dt.datetime(2030, 1, 1, 8, tzinfo=dt.timezone.utc)
     assert parse_when("2999-12-31T23:59:59Z", "run_after").year == 2999
+
+
+# Forms Python 3.11+'s datetime.fromisoformat reads and 3.10's refuses: every date-time a client
+# sends (run_after, bulk filters, a schedule page's "before") is read alike on every Python.
+ONLY_311_FORMS = [
+    "20300101T100000Z",  # basic format
+    "20300101T100000+0200",
+    "2030-W01-1T10:00:00Z",  # a week date
+    "2030-01-01T10Z",  # a bare hour
+    "2030-01-01T10:00:00.1234567Z",  # more than 6 digits of fraction
+]
+
+
+@pytest.mark.parametrize("value", ONLY_311_FORMS)
+def test_date_times_are_read_alike_on_every_python(value: str) -> None:
+    with pytest.raises(ValueError, match="not an ISO 8601 date-time"):
+        parse_iso_datetime(value)
+    with pytest.raises(InvalidInput):
+        parse_when(value, "run_after")
+    with pytest.raises(BulkFilterError, match="not an ISO 8601 date-time"):
+        parse_filter("retry", {"enqueued_after": value})
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        # "Z" is what most clients write; Python 3.10's fromisoformat refuses it.
+        ("2030-01-01T10:00:00Z", dt.datetime(2030, 1, 1, 10, tzinfo=dt.timezone.utc)),
+        ("2030-01-01 10:00+02:00", dt.datetime(2030, 1, 1, 8, tzinfo=dt.timezone.utc)),
+        # 3.10 reads 3 or 6 digits of fraction only.
+        ("2030-01-01T10:00:00.5Z", dt.datetime(2030, 1, 1, 10, 0, 0, 500_000, tzinfo=dt.timezone.utc)),
+        ("2030-01-01T10:00:00-00:00:30.500000", dt.datetime(2030, 1, 1, 10, 0, 30, 500_000, tzinfo=dt.timezone.utc)),
+    ],
+)
+def test_extended_format_date_times_are_read_on_every_python(value: str, expected: dt.datetime) -> None:
+    assert parse_iso_datetime(value) == expected
+    assert parse_when(value, "run_after") == expected
 
 
 def test_text_is_storable_and_bounded() -> None:

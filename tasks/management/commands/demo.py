@@ -4,7 +4,10 @@ Migrates, creates (or reuses) a local staff login and prints it, then starts as 
 the web server, two workers, two generator instances (one leads, one stands by) and the recovery
 controller, all on the same database (the embedded PostgreSQL unless DATABASE_URL says otherwise).
 The demo handler crashes ~5 % of its worker processes and freezes ~10 % past their lease TTL, so
-the dashboard shows tasks being recovered; crashed workers are restarted. Ctrl-C stops everything:
+the dashboard shows tasks being recovered; crashed workers are restarted. Unless ``--no-showcase``:
+the generator's leader also enqueues a little of every other feature (tasks/demo/showcase.py), a
+third worker serves the fair queue ``demo-fair``, and the previous 24 hours of the history are
+backfilled as demo data (tasks/demo/backfill.py, queue ``demo-backfill``). Ctrl-C stops everything:
 children get SIGTERM (then SIGKILL), and the embedded server is stopped.
 """
 
@@ -30,7 +33,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.urls import reverse
 
 from leasing import embedded
-from tasks.demo import generator
+from tasks.demo import backfill, generator, showcase
 from tasks.management.commands._common import positive_float, positive_int
 
 USERNAME = "demo"
@@ -60,11 +63,28 @@ class Command(BaseCommand):
         parser.add_argument("--rate", type=positive_float, default=2.0, help="generated tasks per second")
         parser.add_argument("--ttl", type=positive_float, default=5.0, help="task lease TTL (seconds)")
         parser.add_argument("--no-failures", action="store_true", help="turn the failure injection off")
+        parser.add_argument(
+            "--no-showcase", action="store_true", help="only the generator's work: no retries, workflows, schedule, ..."
+        )
 
     def handle(
-        self, *, port: int, workers: int, rate: float, ttl: float, no_failures: bool, verbosity: int, **options: Any
+        self,
+        *,
+        port: int,
+        workers: int,
+        rate: float,
+        ttl: float,
+        no_failures: bool,
+        no_showcase: bool,
+        verbosity: int,
+        **options: Any,
     ) -> None:
         call_command("migrate", verbosity=0)
+        if not no_showcase:
+            backfilled = backfill.backfill_history(24)
+            self.stdout.write(
+                f"History: {backfilled} earlier hour(s) backfilled with demo data (queue {backfill.QUEUE})"
+            )
         password = self._staff_login()
         generator.set_state(running=True, rate=rate, max_sleep=3.0)
         env = dict(os.environ)
@@ -74,6 +94,7 @@ class Command(BaseCommand):
             TASKS_DEMO_CRASH_RATE="0" if no_failures else "0.05",
             TASKS_DEMO_STALL_RATE="0" if no_failures else "0.10",
             PYTHONUNBUFFERED="1",
+            TASKS_DEMO_SHOWCASE="0" if no_showcase else "1",
         )
         manage = [sys.executable, str(Path(sys.argv[0]).resolve())]
         children = [
@@ -86,6 +107,18 @@ class Command(BaseCommand):
                 Child(f"generator-{i + 1}", [*manage, "run_generator", "--ttl", "3", "-v", "0"], restart=True)
                 for i in range(2)
             ],
+            # A fair queue is its worker's only queue (docs/howto/pausing-and-keys.md, "Limits").
+            *(
+                []
+                if no_showcase
+                else [
+                    Child(
+                        "worker-fair",
+                        [*manage, "run_worker", "--no-recovery", "--queues", showcase.FAIR_QUEUE, "--concurrency", "2"],
+                        restart=True,
+                    )
+                ]
+            ),
             Child("recovery", [*manage, "recover_tasks", "--interval", "1"], restart=True),
         ]
         stopping = {"requested": False}
@@ -108,6 +141,12 @@ class Command(BaseCommand):
             self.stdout.write(
                 "Failure injection is "
                 + ("off." if no_failures else "on: ~5 % crashes, ~10 % stalls.")
+                + (
+                    ""
+                    if no_showcase
+                    else " Beside it: retries, failures, workflows, a schedule, a rate limit, a fair queue, snoozes"
+                    " (docs/howto/demo.md)."
+                )
                 + " Ctrl-C stops everything.\n"
             )
             while not stopping["requested"]:

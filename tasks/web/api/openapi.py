@@ -1,6 +1,6 @@
 """The OpenAPI 3.1 document of the JSON API, served at ``/api/openapi.json``.
 
-Why one module of ~750 lines (over the 700 of docs/CONTRIBUTING.md): it is one document, data and
+Why one module of ~850 lines (over the 700 of docs/CONTRIBUTING.md): it is one document, data and
 no logic, read top to bottom as a reader of the API reads it; its paths share the schemas defined at
 the top (``STRING``, ``TOKEN``, ``ERROR``, ...), and split in files each path would import them back.
 ``tests/db/test_api.py`` reads it whole (every route of the API described)."""
@@ -697,7 +697,8 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                 " leasing.change_lease, tasks.view_task, tasks.add_task (enqueue), tasks.change_task,"
                 " tasks.view_generatorstate, tasks.change_generatorstate (workflows need the task"
                 " permissions). Strings must not contain NUL or lone surrogates, numbers must be finite,"
-                " date-times need a time zone and lie from 1970 to before 3000 (UTC). A refused request"
+                " date-times are ISO 8601's extended format with a time zone (2030-01-31T12:00:00Z,"
+                " 2030-01-31 13:00:00.5+01:00) from 1970 to before 3000 (UTC). A refused request"
                 " changes nothing."
             ),
         },

@@ -20,6 +20,7 @@ from django.urls import path
 from leasing.access import ADD_SCHEDULE, CHANGE_SCHEDULE, DELETE_SCHEDULE, VIEW_SCHEDULE
 from leasing.http import ApiError, Body, api_view, iso
 from leasing.routing import selected_database
+from leasing.validation import parse_iso_datetime
 from tasks.conf import get_settings
 from tasks.lifecycle.routing import queue_database
 from tasks.maintenance.scheduler import schedule_status
@@ -240,10 +241,10 @@ def schedule_detail(request: HttpRequest, name: str) -> tuple[int, Any]:
     runs = ScheduleRun.objects.filter(schedule=name)
     if before := request.GET.get("before"):
         try:
-            moment = dt.datetime.fromisoformat(before)
+            moment = parse_iso_datetime(before)
         except ValueError:
             raise ApiError(400, "before must be an ISO 8601 time (a run's slot)", "before") from None
-        runs = runs.filter(slot__lt=moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC))
+        runs = runs.filter(slot__lt=moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc))
     page = list(runs.order_by("-slot")[: limit + 1])
     more, page = len(page) > limit, page[:limit]
     statuses = _statuses([r.task_id for r in page] + ([entry["last_task_id"]] if entry["last_task_id"] else []))
