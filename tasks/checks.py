@@ -33,6 +33,7 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     errors += retry_policy_errors(get_settings().RETRY_POLICIES)
     errors += rate_limit_errors(get_settings().RATE_LIMITS)
     errors += fair_queue_errors(get_settings().FAIR_QUEUES)
+    errors += redaction_errors(get_settings().REDACT_ARGUMENTS)
     hours = get_settings().HISTORY_HOURS
     if isinstance(hours, bool) or not isinstance(hours, int) or not 1 <= hours <= MAX_HISTORY_HOURS:
         errors.append(
@@ -44,6 +45,22 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
             )
         )
     return errors
+
+
+def redaction_errors(value: Any) -> list[CheckMessage]:
+    """LEASING_TASKS["REDACT_ARGUMENTS"]: key names, or the dotted path of a callable (tasks/redaction.py)."""
+    from tasks.redaction import setting_problem
+
+    problem = setting_problem(value)
+    if problem is None:
+        return []
+    return [
+        Error(
+            f"LEASING_TASKS['REDACT_ARGUMENTS'] {problem}",
+            hint="See docs/reference/settings.md and docs/reference/dashboard.md, 'Redacted arguments'.",
+            id="tasks.E121",
+        )
+    ]
 
 
 def rate_limit_errors(rates: Any) -> list[CheckMessage]:

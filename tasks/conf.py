@@ -133,6 +133,10 @@ class TaskSettings:
     #: one); True: always (opentelemetry-api must be installed); False: never (nothing of
     #: opentelemetry is imported, and a plain enqueue stores no trace context).
     TRACING: bool | None = None
+    #: Argument keys hidden on every page, the admin and the API's task representations (matched
+    #: case-insensitively at any depth of args and kwargs), or the dotted path of a callable
+    #: ``f(task_path, args, kwargs) -> (args, kwargs)``: tasks/redaction.py. The row keeps the values.
+    REDACT_ARGUMENTS: tuple[str, ...] | str = ()
 
 
 # What get_settings() (and what is derived from it, e.g. the queue routes) built from the current
@@ -190,6 +194,8 @@ def _build_settings() -> TaskSettings:
             re.compile(pattern)
         except (re.error, TypeError) as exc:
             raise ValueError(f"LEASING_TASKS['API_TASK_PATTERNS']: {pattern!r} is not a regex: {exc}") from None
+    if isinstance(overrides.get("REDACT_ARGUMENTS"), list):
+        overrides["REDACT_ARGUMENTS"] = tuple(overrides["REDACT_ARGUMENTS"])
     tracing = overrides.get("TRACING")
     if not (tracing is None or isinstance(tracing, bool)):
         raise ValueError("LEASING_TASKS['TRACING'] must be True, False or None (on while a tracer provider is set)")

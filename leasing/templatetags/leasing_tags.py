@@ -1,16 +1,21 @@
 from __future__ import annotations
 
 import datetime as dt
+import json as _json
 from typing import Any
 
 from django import template
 from django.db import DEFAULT_DB_ALIAS
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html
 
 from leasing.routing import database_query, known_databases
 
 register = template.Library()
+
+#: What a page shows for no value (an en dash).
+NONE_SHOWN = "\u2013"
 
 
 @register.filter
@@ -30,6 +35,53 @@ def ago(value: dt.datetime | None) -> str:
     else:
         text = f"{seconds / 86400:.0f} d"
     return f"in {text}" if future else f"{text} ago"
+
+
+def _as_datetime(value: Any) -> dt.datetime | None:
+    if isinstance(value, dt.datetime):
+        return value
+    if isinstance(value, str):  # a time kept in jsonb (an error entry's "at")
+        return parse_datetime(value)
+    return None
+
+
+@register.filter
+def stamp(value: Any) -> str:
+    """Every page's one format for a time, its zone stated: ``2026-11-25 16:04:05 UTC`` ("" for none,
+    so that ``|default:`` (a dash) applies). Takes a datetime or an ISO 8601 string."""
+    moment = _as_datetime(value)
+    if moment is None:
+        return ""
+    if timezone.is_naive(moment):
+        moment = timezone.make_aware(moment, dt.UTC)
+    moment = timezone.localtime(moment)
+    return f"{moment:%Y-%m-%d %H:%M:%S} {moment.tzname()}"
+
+
+@register.filter
+def when(value: Any) -> str:
+    """A relative time ("4 min ago") with the absolute one (:func:`stamp`) in its title."""
+    moment = _as_datetime(value)
+    if moment is None:
+        return NONE_SHOWN
+    return format_html('<span title="{}">{}</span>', stamp(moment), ago(moment))
+
+
+@register.filter
+def json(value: Any) -> str:
+    """A jsonb value as JSON on one line (``{"sent": 7}``, never Python's ``{'sent': 7}``); a dash for none.
+    Autoescaping escapes it like any text."""
+    if value is None:
+        return NONE_SHOWN
+    return _json.dumps(value, ensure_ascii=False, default=str)
+
+
+@register.filter
+def json_pretty(value: Any) -> str:
+    """A jsonb value as indented JSON (for a ``<pre>``); a dash for none."""
+    if value is None:
+        return NONE_SHOWN
+    return _json.dumps(value, ensure_ascii=False, indent=2, default=str)
 
 
 # -- the database a page shows (``?db=``, leasing/routing.py) ----------------------------------

@@ -18,7 +18,9 @@ from django.utils.html import format_html, format_html_join
 
 from leasing.admin import CheckedInputAdmin
 from leasing.routing import selected_database
+from leasing.templatetags.leasing_tags import stamp
 from leasing.validation import MAX_BIGINT, InvalidInput, parse_whole
+from tasks import redaction
 from tasks.backends.placement import misrouted, switch_database
 from tasks.exceptions import TaskError, TaskNotFinished
 from tasks.lifecycle import vocabulary
@@ -28,6 +30,7 @@ from tasks.lifecycle.states import UNFINISHED
 from tasks.lifecycle.workflows import WorkflowStatus
 from tasks.models import BulkOperation, GeneratorState, QueueControl, Task, Worker
 from tasks.web import queries
+from tasks.web.attempts import history
 from tasks.web.queries import ValueAmong
 from tasks.web.workflows import workflow_page
 
@@ -145,10 +148,13 @@ class TaskAdmin(CheckedInputAdmin):
         "cancel_all_matching",
         "discard_all_matching",
     )
+    # The arguments are shown redacted (tasks/redaction.py), as JSON, in place of the columns.
     readonly_fields = [
-        field.name for field in Task._meta.get_fields() if field.concrete and field.name not in ("errors",)
+        "arguments_display" if field.name == "args" else field.name
+        for field in Task._meta.get_fields()
+        if field.concrete and field.name not in ("errors", "kwargs")
     ] + ["errors_display", "unique_window_display"]
-    exclude = ("errors",)
+    exclude = ("errors", "args", "kwargs")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # enqueue through the API or Task.objects.enqueue
@@ -281,31 +287,50 @@ class TaskAdmin(CheckedInputAdmin):
         seconds = (window.expires_at - window.accepted_at).total_seconds()
         return f"{window.key}: unique until {window.expires_at:%Y-%m-%d %H:%M:%S} ({seconds:g} s window)"
 
-    @admin.display(description="errors (the first and the newest)")
+    @admin.display(description="arguments")
+    def arguments_display(self, obj: Task) -> str:
+        shown = redaction.arguments(obj)
+        return format_html(
+            "<pre>args = {}\nkwargs = {}</pre>",
+            json.dumps(shown["args"], ensure_ascii=False, indent=2, default=str),
+            json.dumps(shown["kwargs"], ensure_ascii=False, indent=2, default=str),
+        )
+
+    @admin.display(description="attempts and errors")
     def errors_display(self, obj: Task) -> str:
-        if not obj.errors:
+        """Every attempt once, in order, and the events that were no attempt (tasks/web/attempts.py)."""
+        if not obj.errors and not obj.worker_ids:
             return "-"
+        shown = history(obj)
         dropped = (
-            format_html("<p>{} entries dropped between the first and the newest</p>", obj.errors_dropped)
+            format_html("<p>{} error entries dropped between the first and the newest</p>", obj.errors_dropped)
             if obj.errors_dropped
             else ""
         )
-        history = format_html_join(
+        rows = format_html_join(
             "",
-            "<div style='margin-bottom:1em'><strong>attempt {} · {}</strong> by {} at {}<br>{}<pre>{}</pre></div>",
+            "<div style='margin-bottom:1em'><strong>attempt {} · {}</strong> by {}, {} to {}{}</div>",
             (
                 (
-                    error.get("attempt"),
-                    error.get("exception_class_path"),
-                    error.get("worker"),
-                    error.get("at"),
-                    error.get("message"),
-                    error.get("traceback") or json.dumps({k: v for k, v in error.items() if k != "traceback"}),
+                    attempt.number,
+                    attempt.outcome,
+                    attempt.worker,
+                    stamp(attempt.started_at) or "-",
+                    stamp(attempt.ended_at) or "-",
+                    _error_html(attempt.error),
                 )
-                for error in obj.errors
+                for attempt in shown.attempts
             ),
         )
-        return format_html("{}{}", dropped, history)
+        events = format_html_join(
+            "",
+            "<div style='margin-bottom:1em'><strong>{}</strong> at {}{}</div>",
+            (
+                (event.get("kind") or "error", stamp(event.get("at")) or "-", _error_html(event))
+                for event in shown.events
+            ),
+        )
+        return format_html("{}{}{}", dropped, rows, events)
 
     @admin.action(permissions=["change"], description="Requeue finished tasks (fresh attempts)")
     def requeue(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
@@ -485,3 +510,14 @@ class QueueControlAdmin(CheckedInputAdmin):
                 name, by=f"{request.user} (admin)"
             )
         self.message_user(request, f"Resumed {len(names)} queue(s).", messages.SUCCESS)
+
+
+def _error_html(entry: dict[str, Any] | None) -> str:
+    if not entry:
+        return ""
+    return format_html(
+        "<br>{}: {}<pre>{}</pre>",
+        entry.get("exception_class_path") or entry.get("type") or "error",
+        entry.get("message") or "",
+        entry.get("traceback") or json.dumps({k: v for k, v in entry.items() if k != "traceback"}, default=str),
+    )

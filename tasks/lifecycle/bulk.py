@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from leasing.validation import parse_iso_datetime
+from tasks import redaction
 from tasks.lifecycle.states import TaskStatus
 from tasks.lifecycle.storable import is_storable
 from tasks.lifecycle.transitions import rerun_set_sql
@@ -155,6 +156,11 @@ def parse_filter(kind: Any, data: Any) -> dict[str, Any]:
         if not is_storable(value) or len(json.dumps(value)) > MAX_CONTAINS_BYTES:
             raise BulkFilterError(
                 f"filter.{name} must be plain JSON of at most {MAX_CONTAINS_BYTES} bytes", f"filter.{name}"
+            )
+        if redaction.hides_part_of(**{name.removesuffix("_contains"): value}):
+            # Its matched count would tell whether a hidden value is the one guessed.
+            raise BulkFilterError(
+                f"filter.{name} names an argument that LEASING_TASKS['REDACT_ARGUMENTS'] hides", f"filter.{name}"
             )
         result[name] = value
     return result

@@ -82,3 +82,34 @@ _COUNTER_NAMES = {"succeeded": "successful"}
 @register.filter
 def counter_name(key: Any) -> str:
     return _COUNTER_NAMES.get(str(key), str(key))
+
+
+@register.filter
+def error_class(entry: Any) -> str:
+    """An error entry's exception class (a discard's entry names it ``type``)."""
+    if not isinstance(entry, dict):
+        return "error"
+    return str(entry.get("exception_class_path") or entry.get("type") or entry.get("kind") or "error")
+
+
+#: How much of an error's message a list shows; the task's page has it whole.
+ERROR_SUMMARY_CHARS = 120
+
+
+@register.filter
+def last_error(task: Any) -> SafeString:
+    """The newest error entry of a task as its class and the start of its message ("" for none)."""
+    errors = getattr(task, "errors", None) or []
+    entry = errors[-1] if errors and isinstance(errors[-1], dict) else None
+    if entry is None:
+        return SafeString("")
+    kind = error_class(entry)
+    message = str(entry.get("message") or "")
+    short = message if len(message) <= ERROR_SUMMARY_CHARS else message[: ERROR_SUMMARY_CHARS - 1] + "…"
+    return format_html(
+        '<span class="error-summary" title="{}"><span class="mono">{}</span>{}{}</span>',
+        message,
+        kind,
+        ": " if short else "",
+        short,
+    )

@@ -18,6 +18,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Q
 
 from leasing.validation import InvalidInput
+from tasks import redaction
 from tasks.lifecycle.storable import is_storable
 
 #: column -> the index that serves its containment searches.
@@ -85,6 +86,13 @@ def argument_lookup(term: str, using: str = DEFAULT_DB_ALIAS) -> Q | None:
     if parsed is None:
         return None
     column, value = parsed
+    if redaction.hides_part_of(**{column: value}):
+        # Its results would tell whether a hidden value is the one guessed (tasks/redaction.py).
+        raise InvalidInput(
+            f"{column}: this search names an argument that LEASING_TASKS['REDACT_ARGUMENTS'] hides;"
+            " search by the arguments that are shown",
+            "q",
+        )
     if column not in present(using):
         raise InvalidInput(
             f"searching {column} needs its opt-in index (it would otherwise read the whole table):"

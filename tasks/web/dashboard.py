@@ -33,16 +33,20 @@ from leasing.access import (
 from leasing.routing import selected_database, with_database
 from leasing.validation import MAX_BIGINT, InvalidInput, clean_text, parse_number, parse_whole
 from leasing.views import state_counts as lease_counts
-from tasks import demo
+from tasks import demo, redaction
 from tasks.conf import get_settings
 from tasks.demo import generator
 from tasks.exceptions import TaskError
 from tasks.lifecycle import activity, concurrency, ratelimits, vocabulary
 from tasks.models import Task, Worker, Workflow
-from tasks.web import all_tasks, queries, workflows
+from tasks.web import all_tasks, attempts, queries, workflows
 from tasks.web.queries import STATES, Count, state_counts
 
 PAGE_SIZE = 50
+#: Statuses whose tasks hold no lease: their lists drop the lease, heartbeat and progress columns.
+FINISHED_STATUSES = frozenset({"SUCCESSFUL", "FAILED", "CANCELLED"})
+#: The lists that show each task's newest error (class and message).
+ERROR_STATES = frozenset({"failed", "cancelled", "retrying"})
 
 #: Dashboard task states: (description, queryset factory); the queries are in tasks/web/queries.py.
 TASK_STATES: dict[str, tuple[str, Any]] = {name: (state.description, state.queryset) for name, state in STATES.items()}
@@ -186,24 +190,11 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
             # "All matching" goes to the bulk page with this status (and queue) filled in; a running
             # task is never a bulk operation's.
             "bulk_status": "" if status == "RUNNING" else vocabulary.label(status),
+            # A finished task holds no lease and reports no progress: those columns would be empty.
+            "finished": status in FINISHED_STATUSES,
+            "show_errors": state in ERROR_STATES,
         },
     )
-
-
-def attempts_of(task: Task) -> list[dict[str, Any]]:
-    """One entry per attempt: the worker that ran it and how it ended (lease history)."""
-    errors = {error.get("attempt"): error for error in task.errors}
-    history = []
-    for number, worker in enumerate(task.worker_ids, start=1):
-        error = errors.get(number)
-        if error:
-            outcome = error.get("exception_class_path", "error")
-        elif number == len(task.worker_ids):
-            outcome = vocabulary.state_of(task).label
-        else:
-            outcome = "handed back"
-        history.append({"number": number, "worker": worker, "outcome": outcome, "error": error})
-    return history
 
 
 @staff_page(GET=[VIEW_TASK])
@@ -218,7 +209,8 @@ def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
         "tasks/dashboard/task_detail.html",
         {
             "task": task,
-            "attempts": attempts_of(task),
+            "history": attempts.history(task),
+            "arguments": redaction.arguments(task),
             "tabs": tabs(task_counts()),
             "actions": vocabulary.actions_for([task.status]),
             "workflow": Workflow.objects.filter(pk=task.workflow_id).first() if member else None,
@@ -300,6 +292,7 @@ def every_task(request: HttpRequest) -> HttpResponse:
             "query": query.urlencode(),
             # Only the actions that fit every row shown (none for a page of mixed statuses).
             "actions": vocabulary.actions_for(shown),
+            "show_errors": any(task.errors for task in page.tasks),
             "tabs": tabs(task_counts()),
         },
     )

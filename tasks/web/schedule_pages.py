@@ -14,6 +14,7 @@ from django.shortcuts import render
 
 from leasing.access import VIEW_SCHEDULE, VIEW_TASK, staff_page
 from leasing.validation import parse_iso_datetime
+from tasks import redaction
 from tasks.maintenance.scheduler import schedule_status
 from tasks.maintenance.schedules import ScheduleSpec, load_schedules
 from tasks.models import ScheduleRun, Task
@@ -69,7 +70,14 @@ def schedule_detail(request: HttpRequest, name: str) -> HttpResponse:
         "tasks/dashboard/schedule_detail.html",
         {
             "schedule": entry,
+            "arguments": _arguments(entry["definition"]),
             "runs": runs_with_tasks(page[:RUNS_PAGE]),
             "next_before": page[RUNS_PAGE - 1].slot.isoformat() if len(page) > RUNS_PAGE else None,
         },
     )
+
+
+def _arguments(definition: Any) -> dict[str, Any]:
+    """A schedule's arguments as its tasks' pages show them: redacted (tasks/redaction.py)."""
+    args, kwargs = redaction.redact(definition.get("task", ""), definition.get("args"), definition.get("kwargs"))
+    return {"args": args, "kwargs": kwargs}

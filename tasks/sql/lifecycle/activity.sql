@@ -87,6 +87,7 @@ UPDATE tasks_task AS t SET
     attempt_isolated = false,
     errors = CASE WHEN (jsonb_array_length(t.errors) >= 10) THEN (t.errors - 1) ELSE t.errors END || jsonb_build_array(jsonb_build_object(
         'attempt', t.attempts + (handed.id IS NOT NULL AND NOT t.attempt_started AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL))::int, 'worker', t.holder, 'token', t.token, 'at', clock_timestamp(),
+        'started_at', CASE WHEN (handed.id IS NOT NULL AND NOT t.attempt_started AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)) THEN t.acquired_at WHEN ((t.attempt_started OR (handed.id IS NOT NULL AND NOT t.attempt_started AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL))) AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)) THEN t.last_attempted_at END,
         'kind', CASE WHEN (((t.attempt_started OR (handed.id IS NOT NULL AND NOT t.attempt_started AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL))) AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)) AND (t.attempt_isolated OR EXISTS (
     SELECT 1 FROM tasks_worker AS w
     WHERE w.id = t.holder AND w.started_at <= t.acquired_at
@@ -243,6 +244,7 @@ UPDATE tasks_task AS t SET
     attempt_isolated = false,
     errors = CASE WHEN (jsonb_array_length(t.errors) >= 10) THEN (t.errors - 1) ELSE t.errors END || jsonb_build_array(jsonb_build_object(
         'attempt', t.attempts + (handed.id IS NOT NULL AND NOT t.attempt_started AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL))::int, 'worker', t.holder, 'token', t.token, 'at', clock_timestamp(),
+        'started_at', CASE WHEN (handed.id IS NOT NULL AND NOT t.attempt_started AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)) THEN t.acquired_at WHEN ((t.attempt_started OR (handed.id IS NOT NULL AND NOT t.attempt_started AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL))) AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)) THEN t.last_attempted_at END,
         'kind', CASE WHEN (((t.attempt_started OR (handed.id IS NOT NULL AND NOT t.attempt_started AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL))) AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)) AND (t.attempt_isolated OR EXISTS (
     SELECT 1 FROM tasks_worker AS w
     WHERE w.id = t.holder AND w.started_at <= t.acquired_at

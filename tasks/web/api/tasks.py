@@ -14,6 +14,7 @@ from django.urls import path, re_path
 from leasing import metrics
 from leasing.access import ADD_TASK, CHANGE_GENERATOR, CHANGE_TASK, VIEW_GENERATOR, VIEW_TASK
 from leasing.http import ApiError, Body, api_view, iso, page_args, query_id, query_text, routed
+from tasks import redaction
 from tasks.backends import allowlist
 from tasks.conf import get_settings
 from tasks.demo import generator
@@ -69,9 +70,12 @@ def task_summary_json(task: Task) -> dict[str, Any]:
     return data
 
 
-def task_json(task: Task, *, window: bool = False) -> dict[str, Any]:
+def task_json(task: Task, *, window: bool = False, redact: bool = True) -> dict[str, Any]:
     """A task as JSON; with ``window`` also its unique_for window (one primary-key probe of
-    tasks_uniquekey, only for a task with a dedup key): the task's own URL and the enqueue show it."""
+    tasks_uniquekey, only for a task with a dedup key): the task's own URL and the enqueue show it.
+    Its arguments are redacted (tasks/redaction.py) unless ``redact`` is False: a client that claimed
+    the task to run it gets the real ones."""
+    args, kwargs = redaction.redact(task.task_path, task.args, task.kwargs) if redact else (task.args, task.kwargs)
     return {
         "id": task.pk,
         "task_path": task.task_path,
@@ -79,8 +83,8 @@ def task_json(task: Task, *, window: bool = False) -> dict[str, Any]:
         "priority": task.priority,
         "status": task.status,
         "stuck": task.is_stuck,
-        "args": task.args,
-        "kwargs": task.kwargs,
+        "args": args,
+        "kwargs": kwargs,
         "attempts": task.attempts,
         "max_attempts": task.max_attempts,
         "timeout": task.timeout,
@@ -318,7 +322,8 @@ def next_task(request: HttpRequest) -> tuple[int, Any]:
             reply["fair_after"] = cursor
         claimed = [c for c in claimed if _started_now(c, worker, queue_wide)]
         rows = {task.pk: task for task in Task.objects.filter(pk__in=[c.id for c in claimed])}
-        found = [task_json(rows[c.id]) for c in claimed if c.id in rows]
+        # The claimer runs these tasks: it gets their real arguments.
+        found = [task_json(rows[c.id], redact=False) for c in claimed if c.id in rows]
         return 200, {"task": found[0] if found else None, "tasks": found, **reply}
 
 

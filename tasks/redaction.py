@@ -1,0 +1,98 @@
+"""Secrets in task arguments, hidden wherever a person or a client other than the worker reads them.
+
+``LEASING_TASKS["REDACT_ARGUMENTS"]`` is either a list of key names, matched case-insensitively at any
+depth of ``args`` and ``kwargs`` (a dict's value under such a key becomes ``"[redacted]"``, whatever
+it holds), or the dotted path of a callable ``f(task_path, args, kwargs) -> (args, kwargs)`` that
+returns what may be shown. Applied by the dashboard, the admin, the JSON API's task representations
+and the schedule pages; the stored row is untouched and the worker (and an API client claiming a
+task to run it) gets the real values. A callable that raises hides every argument (fails closed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.utils.module_loading import import_string
+
+from tasks.conf import derived, get_settings
+
+REDACTED = "[redacted]"
+
+Redactor = Callable[[str, list[Any], dict[str, Any]], tuple[list[Any], dict[str, Any]]]
+
+
+def setting_problem(value: Any) -> str | None:
+    """What is wrong with a REDACT_ARGUMENTS value (None: nothing); the system check tasks.E121 says it."""
+    if isinstance(value, str):
+        try:
+            found = import_string(value)
+        except ImportError as exc:
+            return f"is a string, so the dotted path of a callable, but {value!r} cannot be imported: {exc}"
+        if not callable(found):
+            return f"names {value!r}, which is not callable"
+        return None
+    if not isinstance(value, list | tuple):
+        return f"must be a list of key names or the dotted path of a callable, not {type(value).__name__}"
+    bad = [name for name in value if not isinstance(name, str) or not name]
+    if bad:
+        return f"holds {bad[0]!r}: each key name must be a non-empty string"
+    return None
+
+
+def _build() -> Redactor | frozenset[str] | None:
+    value = get_settings().REDACT_ARGUMENTS
+    if isinstance(value, str):
+        return import_string(value)
+    names = frozenset(name.casefold() for name in value)
+    return names or None
+
+
+def _rule() -> Redactor | frozenset[str] | None:
+    return derived("redaction", _build)
+
+
+def active() -> bool:
+    return _rule() is not None
+
+
+def _hide(value: Any, names: frozenset[str]) -> Any:
+    if isinstance(value, dict):
+        return {
+            key: REDACTED if isinstance(key, str) and key.casefold() in names else _hide(item, names)
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_hide(item, names) for item in value]
+    return value
+
+
+def redact(task_path: str, args: Any, kwargs: Any) -> tuple[Any, Any]:
+    """(args, kwargs) as they may be shown: the setting applied (copies; the inputs are not changed)."""
+    rule = _rule()
+    if rule is None:
+        return args, kwargs
+    if isinstance(rule, frozenset):
+        return _hide(args, rule), _hide(kwargs, rule)
+    try:
+        shown_args, shown_kwargs = rule(task_path, list(args or []), dict(kwargs or {}))
+    except Exception:
+        return [REDACTED for _ in args or []], dict.fromkeys(kwargs or {}, REDACTED)
+    return shown_args, shown_kwargs
+
+
+def arguments(task: Any) -> dict[str, Any]:
+    """``{"args": …, "kwargs": …}`` of a task (or any row with task_path, args, kwargs), redacted."""
+    args, kwargs = redact(task.task_path, task.args, task.kwargs)
+    return {"args": args, "kwargs": kwargs}
+
+
+def hides_part_of(args: Any = None, kwargs: Any = None) -> bool:
+    """Whether redaction would change this search value (a containment term): searching it would tell
+    whether a hidden value is the one guessed, so such a search is refused. A callable is asked with
+    an empty task path."""
+    if _rule() is None:
+        return False
+    args = [] if args is None else args
+    kwargs = {} if kwargs is None else kwargs
+    return redact("", args, kwargs) != (args, kwargs)
