@@ -1,6 +1,8 @@
--- The functions and triggers of django-leasing (the tasks and leasing apps) as they stand after every
--- migration, ordered by name: the text PostgreSQL runs. Generated from a migrated database
--- (pg_get_functiondef, pg_get_triggerdef); do not edit. Change a migration, migrate, then regenerate:
+-- The functions, triggers and indexes of django-leasing (the tasks and leasing apps) as they stand after
+-- every migration, each kind ordered by name: the text PostgreSQL runs. Generated from a migrated database
+-- (pg_get_functiondef, pg_get_triggerdef, pg_get_indexdef; the opt-in argument-search indexes of
+-- `manage.py tasks_search_index` are not among them); do not edit. Change a migration, migrate, then
+-- regenerate:
 --     python manage.py tasks_schema --write
 -- tests/db/test_schema_sql.py fails while this file and a migrated database differ.
 
@@ -587,3 +589,81 @@ CREATE TRIGGER tasks_task_notify_ready AFTER UPDATE OF status, run_after ON task
 CREATE TRIGGER tasks_workflow_mark AFTER UPDATE ON tasks_task FOR EACH ROW WHEN (new.workflow_id IS NOT NULL AND (old.status::text = ANY (ARRAY['SUCCESSFUL'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying]::text[])) IS DISTINCT FROM (new.status::text = ANY (ARRAY['SUCCESSFUL'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying]::text[])) AND set_config('leasing.workflow_settle'::text, (COALESCE(NULLIF(current_setting('leasing.workflow_settle'::text, true), ''::text), '0'::text)::integer + 1)::text, true) IS NULL) EXECUTE FUNCTION tasks_workflow_mark();
 
 CREATE TRIGGER tasks_workflow_settle AFTER UPDATE ON tasks_task REFERENCING OLD TABLE AS old_rows NEW TABLE AS settled_rows FOR EACH STATEMENT WHEN (COALESCE(NULLIF(current_setting('leasing.workflow_settle'::text, true), ''::text), '0'::text) <> '0'::text) EXECUTE FUNCTION tasks_workflow_settle();
+
+CREATE INDEX leasing_lease_expires_idx ON public.leasing_lease USING btree (expires_at);
+CREATE INDEX leasing_lease_holder_d453b376 ON public.leasing_lease USING btree (holder);
+CREATE INDEX leasing_lease_holder_d453b376_like ON public.leasing_lease USING btree (holder varchar_pattern_ops);
+CREATE UNIQUE INDEX leasing_lease_pkey ON public.leasing_lease USING btree (id);
+CREATE INDEX leasing_lease_resource_5aa0f567_like ON public.leasing_lease USING btree (resource varchar_pattern_ops);
+CREATE UNIQUE INDEX leasing_lease_resource_key ON public.leasing_lease USING btree (resource);
+CREATE UNIQUE INDEX tasks_activityhour_key ON public.tasks_activityhour USING btree (hour, queue, task_path);
+CREATE UNIQUE INDEX tasks_activityhour_pkey ON public.tasks_activityhour USING btree (id);
+CREATE UNIQUE INDEX tasks_activityhourmark_pkey ON public.tasks_activityhourmark USING btree (hour);
+CREATE UNIQUE INDEX tasks_activityminute_pkey ON public.tasks_activityminute USING btree (minute);
+CREATE INDEX tasks_bulkop_finished_idx ON public.tasks_bulkoperation USING btree (finished_at, id) WHERE (finished_at IS NOT NULL);
+CREATE INDEX tasks_bulkop_open_idx ON public.tasks_bulkoperation USING btree (id) WHERE ((status)::text = ANY ((ARRAY['PENDING'::character varying, 'RUNNING'::character varying])::text[]));
+CREATE UNIQUE INDEX tasks_bulkoperation_pkey ON public.tasks_bulkoperation USING btree (id);
+CREATE INDEX tasks_conchold_key_idx ON public.tasks_concurrencyhold USING btree (key);
+CREATE INDEX tasks_conchold_worker_idx ON public.tasks_concurrencyhold USING btree (worker);
+CREATE UNIQUE INDEX tasks_concurrencyhold_attempt ON public.tasks_concurrencyhold USING btree (task_id, token);
+CREATE UNIQUE INDEX tasks_concurrencyhold_pkey ON public.tasks_concurrencyhold USING btree (id);
+CREATE INDEX tasks_concurrencykey_idle_idx ON public.tasks_concurrencykey USING btree (updated_at);
+CREATE INDEX tasks_concurrencykey_key_59bdeacc_like ON public.tasks_concurrencykey USING btree (key varchar_pattern_ops);
+CREATE UNIQUE INDEX tasks_concurrencykey_pkey ON public.tasks_concurrencykey USING btree (key);
+CREATE INDEX tasks_concurrencykey_wake_idx ON public.tasks_concurrencykey USING btree (wake_at) WHERE (wake_at IS NOT NULL);
+CREATE INDEX tasks_concurrencywake_key_idx ON public.tasks_concurrencywake USING btree (key);
+CREATE UNIQUE INDEX tasks_concurrencywake_pkey ON public.tasks_concurrencywake USING btree (id);
+CREATE INDEX tasks_dependency_child_idx ON public.tasks_taskdependency USING btree (child_id, parent_id);
+CREATE UNIQUE INDEX tasks_dependency_edge_uniq ON public.tasks_taskdependency USING btree (parent_id, child_id);
+CREATE UNIQUE INDEX tasks_faircursor_pkey ON public.tasks_faircursor USING btree (queue);
+CREATE INDEX tasks_faircursor_queue_d0b53e87_like ON public.tasks_faircursor USING btree (queue varchar_pattern_ops);
+CREATE INDEX tasks_generatorstate_name_db9d4d36_like ON public.tasks_generatorstate USING btree (name varchar_pattern_ops);
+CREATE UNIQUE INDEX tasks_generatorstate_pkey ON public.tasks_generatorstate USING btree (name);
+CREATE INDEX tasks_queuecontrol_name_0be05bf0_like ON public.tasks_queuecontrol USING btree (name varchar_pattern_ops);
+CREATE UNIQUE INDEX tasks_queuecontrol_pkey ON public.tasks_queuecontrol USING btree (name);
+CREATE INDEX tasks_ratelimit_idle_idx ON public.tasks_ratelimit USING btree (decided_at);
+CREATE INDEX tasks_ratelimit_key_8f422880_like ON public.tasks_ratelimit USING btree (key varchar_pattern_ops);
+CREATE UNIQUE INDEX tasks_ratelimit_pkey ON public.tasks_ratelimit USING btree (key);
+CREATE INDEX tasks_repair_kind_06de502b_like ON public.tasks_repair USING btree (kind varchar_pattern_ops);
+CREATE UNIQUE INDEX tasks_repair_pkey ON public.tasks_repair USING btree (kind);
+CREATE INDEX tasks_schedule_name_cbc36b77_like ON public.tasks_schedule USING btree (name varchar_pattern_ops);
+CREATE UNIQUE INDEX tasks_schedule_pkey ON public.tasks_schedule USING btree (name);
+CREATE UNIQUE INDEX tasks_schedulerun_pkey ON public.tasks_schedulerun USING btree (id);
+CREATE INDEX tasks_schedulerun_prune_idx ON public.tasks_schedulerun USING btree (enqueued_at, id);
+CREATE UNIQUE INDEX tasks_schedulerun_slot_uniq ON public.tasks_schedulerun USING btree (schedule, slot);
+CREATE INDEX tasks_storedschedule_name_19c79b4c_like ON public.tasks_storedschedule USING btree (name varchar_pattern_ops);
+CREATE UNIQUE INDEX tasks_storedschedule_pkey ON public.tasks_storedschedule USING btree (name);
+CREATE INDEX tasks_task_blocked_idx ON public.tasks_task USING btree (concurrency_key, priority DESC, run_after, id) WHERE ((status)::text = 'BLOCKED'::text);
+CREATE INDEX tasks_task_blocked_page_idx ON public.tasks_task USING btree (queue, status, id DESC) WHERE ((status)::text = 'BLOCKED'::text);
+CREATE INDEX tasks_task_claim_idx ON public.tasks_task USING btree (queue, priority DESC, run_after, id, shared_crashes) WHERE ((status)::text = 'READY'::text);
+CREATE UNIQUE INDEX tasks_task_debounce_waiting ON public.tasks_task USING btree (task_path, debounce_key) WHERE ((debounce_key IS NOT NULL) AND ((status)::text = ANY ((ARRAY['BLOCKED'::character varying, 'READY'::character varying])::text[])) AND (transitions = 0));
+CREATE INDEX tasks_task_dedup_newest_idx ON public.tasks_task USING btree (dedup_key, status, id DESC) WHERE (dedup_key IS NOT NULL);
+CREATE UNIQUE INDEX tasks_task_dedup_unfinished ON public.tasks_task USING btree (dedup_key) WHERE ((dedup_key IS NOT NULL) AND ((status)::text = ANY ((ARRAY['BLOCKED'::character varying, 'READY'::character varying, 'RUNNING'::character varying])::text[])));
+CREATE INDEX tasks_task_fair_idx ON public.tasks_task USING btree (queue, fair_key, priority DESC, run_after, id) WHERE ((fair_key IS NOT NULL) AND ((status)::text = 'READY'::text));
+CREATE INDEX tasks_task_finished_idx ON public.tasks_task USING btree (finished_at) WHERE (finished_at IS NOT NULL);
+CREATE INDEX tasks_task_holder_newest_idx ON public.tasks_task USING btree (holder, status, id DESC) WHERE (holder IS NOT NULL);
+CREATE INDEX tasks_task_isolation_idx ON public.tasks_task USING btree (queue, run_after) WHERE ((shared_crashes > 0) AND ((status)::text = 'READY'::text));
+CREATE INDEX tasks_task_path_newest_idx ON public.tasks_task USING btree (task_path, status, id DESC) WHERE ((status)::text = ANY ((ARRAY['READY'::character varying, 'SUCCESSFUL'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying])::text[]));
+CREATE UNIQUE INDEX tasks_task_pkey ON public.tasks_task USING btree (id);
+CREATE INDEX tasks_task_prune_idx ON public.tasks_task USING btree (status, finished_at, id) WHERE (finished_at IS NOT NULL);
+CREATE INDEX tasks_task_queue_newest_idx ON public.tasks_task USING btree (queue, status, id DESC) WHERE ((status)::text = ANY ((ARRAY['READY'::character varying, 'SUCCESSFUL'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying])::text[]));
+CREATE INDEX tasks_task_rate_line_idx ON public.tasks_task USING btree (rate_key, run_after) WHERE ((rate_key IS NOT NULL) AND ((status)::text = ANY ((ARRAY['READY'::character varying, 'BLOCKED'::character varying])::text[])));
+CREATE INDEX tasks_task_retrying_idx ON public.tasks_task USING btree (id DESC) WHERE (((status)::text = 'READY'::text) AND ((failures > 0) OR (crashes > 0) OR (shared_crashes > 0)));
+CREATE INDEX tasks_task_running_exp_idx ON public.tasks_task USING btree (expires_at) WHERE ((status)::text = 'RUNNING'::text);
+CREATE INDEX tasks_task_running_holder_idx ON public.tasks_task USING btree (holder) WHERE ((status)::text = 'RUNNING'::text);
+CREATE INDEX tasks_task_slot_idx ON public.tasks_task USING btree (concurrency_key) WHERE ((concurrency_key IS NOT NULL) AND ((status)::text = ANY ((ARRAY['READY'::character varying, 'RUNNING'::character varying])::text[])));
+CREATE INDEX tasks_task_snoozed_idx ON public.tasks_task USING btree (id DESC) WHERE ((snoozed_at IS NOT NULL) AND ((status)::text = 'READY'::text));
+CREATE INDEX tasks_task_status_idx ON public.tasks_task USING btree (status, id DESC);
+CREATE INDEX tasks_task_stray_lease_idx ON public.tasks_task USING btree (id) WHERE ((expires_at IS NOT NULL) AND (released_at IS NULL) AND (NOT ((status)::text = 'RUNNING'::text)));
+CREATE INDEX tasks_task_workflow_idx ON public.tasks_task USING btree (workflow_id, status, id DESC) WHERE (workflow_id IS NOT NULL);
+CREATE UNIQUE INDEX tasks_taskdependency_pkey ON public.tasks_taskdependency USING btree (id);
+CREATE INDEX tasks_uniquekey_expires_idx ON public.tasks_uniquekey USING btree (expires_at, key);
+CREATE INDEX tasks_uniquekey_key_b103762a_like ON public.tasks_uniquekey USING btree (key varchar_pattern_ops);
+CREATE UNIQUE INDEX tasks_uniquekey_pkey ON public.tasks_uniquekey USING btree (key);
+CREATE INDEX tasks_worker_id_bbed25e5_like ON public.tasks_worker USING btree (id varchar_pattern_ops);
+CREATE INDEX tasks_worker_live_idx ON public.tasks_worker USING btree (last_seen_at) WHERE (stopped_at IS NULL);
+CREATE UNIQUE INDEX tasks_worker_pkey ON public.tasks_worker USING btree (id);
+CREATE INDEX tasks_worker_stopped_idx ON public.tasks_worker USING btree (stopped_at) WHERE (stopped_at IS NOT NULL);
+CREATE UNIQUE INDEX tasks_workflow_pkey ON public.tasks_workflow USING btree (id);
+CREATE INDEX tasks_workflow_prune_idx ON public.tasks_workflow USING btree (status, finished_at, id) WHERE (finished_at IS NOT NULL);
+CREATE INDEX tasks_workflow_status_idx ON public.tasks_workflow USING btree (status, id DESC);

@@ -1,4 +1,4 @@
-"""The functions and triggers of tasks and leasing as a migrated database holds them: printed, written to
+"""The functions, triggers and indexes of tasks and leasing as a migrated database holds them: printed, written to
 tasks/sql/schema.sql, or checked against it; with --write, also every statement constant as the text
 that runs (tasks/management/sql_files.py: tasks/sql/<package>/<module>.sql, leasing/sql/)."""
 
@@ -14,14 +14,17 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from tasks.management import sql_files
 from tasks.management.commands._common import database_alias
+from tasks.web.argument_search import INDEXES as SEARCH_INDEXES
 
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "sql" / "schema.sql"
 REGENERATE = "python manage.py tasks_schema --write"
 
 HEADER = f"""\
--- The functions and triggers of django-leasing (the tasks and leasing apps) as they stand after every
--- migration, ordered by name: the text PostgreSQL runs. Generated from a migrated database
--- (pg_get_functiondef, pg_get_triggerdef); do not edit. Change a migration, migrate, then regenerate:
+-- The functions, triggers and indexes of django-leasing (the tasks and leasing apps) as they stand after
+-- every migration, each kind ordered by name: the text PostgreSQL runs. Generated from a migrated database
+-- (pg_get_functiondef, pg_get_triggerdef, pg_get_indexdef; the opt-in argument-search indexes of
+-- `manage.py tasks_search_index` are not among them); do not edit. Change a migration, migrate, then
+-- regenerate:
 --     {REGENERATE}
 -- tests/db/test_schema_sql.py fails while this file and a migrated database differ.
 """
@@ -45,6 +48,15 @@ WHERE t.tgrelid IN (SELECT to_regclass(name) FROM unnest(%(tables)s::text[]) AS 
 ORDER BY t.tgname, t.tgrelid::regclass::text
 """
 
+# Every index of their tables (primary keys and unique constraints included) but the opt-in ones.
+INDEXES_SQL = """
+SELECT pg_get_indexdef(i.indexrelid)
+FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+WHERE i.indrelid IN (SELECT to_regclass(name) FROM unnest(%(tables)s::text[]) AS name)
+  AND NOT c.relname = ANY(%(opt_in)s::text[])
+ORDER BY c.relname
+"""
+
 
 def render_schema(connection: BaseDatabaseWrapper) -> str:
     tables = [model._meta.db_table for app in ("tasks", "leasing") for model in apps.get_app_config(app).get_models()]
@@ -53,7 +65,9 @@ def render_schema(connection: BaseDatabaseWrapper) -> str:
         functions = [f"{definition.rstrip()};\n" for (definition,) in cursor.fetchall()]
         cursor.execute(TRIGGERS_SQL, {"tables": tables})
         triggers = [f"{definition};\n" for (definition,) in cursor.fetchall()]
-    return "\n".join([HEADER, *functions, *triggers])
+        cursor.execute(INDEXES_SQL, {"tables": tables, "opt_in": sorted(SEARCH_INDEXES.values())})
+        indexes = "".join(f"{definition};\n" for (definition,) in cursor.fetchall())
+    return "\n".join([HEADER, *functions, *triggers, indexes])
 
 
 class Command(BaseCommand):
