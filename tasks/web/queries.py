@@ -333,8 +333,12 @@ class Listing:
         return Page(self.rows(ids), next_before, scanned_to)
 
     def rows(self, ids: Sequence[int]) -> list[Task]:
+        """The tasks of ``ids`` still in a listed status: one claimed (or finished) between the read of
+        the ids and this one is left out, so that a state's page never shows a row of another state
+        beside buttons that do not fit it (the demo's walk in a browser saw a Running row on the
+        Ready page with Run now above it)."""
         found = {task.pk: task for task in self.base.filter(pk__in=ids)} if ids else {}
-        return [found[i] for i in ids if i in found]
+        return [found[i] for i in ids if i in found and found[i].status in self.statuses]
 
     def count(self, cap: int | None = None) -> Count:
         """How many tasks the listing has, up to ``cap`` (COUNT_CAP; no residual: admin listings)."""

@@ -220,3 +220,15 @@ def test_queue_stats_find_the_oldest_waiting_task_across_priorities() -> None:
     assert (stats["mail"]["depth"].value, stats["mail"]["depth"].capped) == (3, True)  # 4 due, capped at 3
     assert 2 * 60 - 5 <= stats["bulk"]["oldest_age"] <= 2 * 60 + 60
     assert (stats["bulk"]["depth"].value, stats["bulk"]["depth"].capped) == (1, False)
+
+
+def test_a_task_that_moves_between_the_two_reads_of_a_page_is_left_out() -> None:
+    """A page reads its ids, then its rows: a task claimed in between is not shown on the Ready page
+    (where it would be a Running row under the Ready tab's Run now button)."""
+    waiting = Task.objects.enqueue("tests.testapp.handlers.noop")
+    listing = state_listing("pending")
+    assert [task.pk for task in listing.page(limit=10).tasks] == [waiting.id]
+    (claimed,) = Task.objects.claim("w-moved", limit=1)
+    assert claimed.id == waiting.id
+    assert listing.rows([waiting.id]) == []
+    assert [task.pk for task in state_listing("running").rows([waiting.id])] == [waiting.id]

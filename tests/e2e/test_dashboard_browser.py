@@ -13,7 +13,6 @@ from django.utils import timezone
 
 from tasks.demo import generator
 from tasks.models import Failure, Task
-from tests.helpers import ROOT
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.slow]
 
@@ -88,16 +87,16 @@ def seed_an_hour_of_history() -> None:
     Worker.objects.create(id="vm:4242:demo", hostname="vm", pid=4242, queues=["default"], concurrency=4, running=54)
 
 
-def test_overview_screenshot(browser_page: Any, live_server: Any) -> None:
+def test_overview_screenshot(browser_page: Any, live_server: Any, tmp_path: Path) -> None:
+    """The overview of a seeded hour, screenshotted to the test's directory (or ``$SCREENSHOT_TO``).
+    docs/dashboard.png comes from the demo's walk (tests/e2e/test_demo_walk.py), not from here."""
     page = browser_page
     seed_an_hour_of_history()
     generator.set_state(running=True, rate=2)
     log_in(page, live_server)
     assert int(card(page, "succeeded").inner_text().replace(",", "")) == 780
     assert page.locator("svg.chart rect").count() > 30
-    target = Path(os.environ.get("SCREENSHOT_TO") or ROOT / "docs" / "dashboard.png")
-    if not os.environ.get("SCREENSHOT_TO") and not os.environ.get("UPDATE_SCREENSHOT"):
-        target = Path(page.context.browser.version and "/tmp") / "leasing-dashboard.png"
+    target = Path(os.environ.get("SCREENSHOT_TO") or tmp_path / "dashboard.png")
     page.screenshot(path=str(target), full_page=True)
     assert target.stat().st_size > 10_000
 
