@@ -32,6 +32,7 @@ from leasing.access import (
 )
 from leasing.routing import selected_database, with_database
 from leasing.validation import MAX_BIGINT, InvalidInput, clean_text, parse_number, parse_whole
+from leasing.views import TABS as LEASE_TABS
 from leasing.views import state_counts as lease_counts
 from tasks import demo, redaction
 from tasks.conf import get_settings
@@ -127,7 +128,8 @@ def overview(request: HttpRequest) -> HttpResponse:
         request,
         "tasks/dashboard/overview.html",
         {
-            "lease_counts": lease_counts(),
+            # The lease pages' tabs, one card each: every lease counted once (held, expired, released).
+            "lease_cards": [(name, label, counts[name]) for counts in [lease_counts()] for name, label in LEASE_TABS],
             "task_counts": task_counts(),
             "tabs": tabs(task_counts()),
             "states": TASK_STATES,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
 import json
 import threading
@@ -12,7 +11,7 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from tests.helpers import read_message, start_child
+from tests.helpers import iso_time, read_message, start_child
 from tests.helpers.contend import contend
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -49,8 +48,8 @@ def test_no_two_grants_of_a_resource_overlap_and_tokens_grow() -> None:
         for line in out.splitlines():
             message = json.loads(line)
             if "token" in message:
-                message["start"] = dt.datetime.fromisoformat(message["start"])
-                message["end"] = dt.datetime.fromisoformat(message["end"])
+                message["start"] = iso_time(message["start"])
+                message["end"] = iso_time(message["end"])
                 grants.append(message)
 
     by_resource: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -90,8 +89,8 @@ def test_a_semaphore_of_three_raced_by_eight_processes_never_has_more_than_three
         for line in out.splitlines():
             message = json.loads(line)
             if "token" in message:
-                message["start"] = dt.datetime.fromisoformat(message["start"])
-                message["end"] = dt.datetime.fromisoformat(message["end"])
+                message["start"] = iso_time(message["start"])
+                message["end"] = iso_time(message["end"])
                 grants.append(message)
     assert len(grants) >= 100, f"too little contention to prove anything ({len(grants)} grants)"
     assert {grant["slot"] for grant in grants} == {f"pool#{k}" for k in range(limit)}

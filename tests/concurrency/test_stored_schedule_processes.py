@@ -18,7 +18,7 @@ from django.test import Client
 from leasing.models import Lease
 from tasks.maintenance.scheduler import SCHEDULER_LEASE
 from tasks.models import ScheduleRun, StoredSchedule, Task
-from tests.helpers import start_manage, stop_process, wait_until
+from tests.helpers import iso_time, start_manage, stop_process, wait_until
 from tests.helpers.api import TOKEN, Api
 from tests.helpers.task_paths import NOOP
 
@@ -70,7 +70,7 @@ def test_stored_schedules_fire_once_per_slot_through_a_leader_kill_and_follow_pa
         "POST", "/api/schedules", {"name": "tick", "task": NOOP, "interval": 1, "catch_up": "all", "kwargs": {"v": 1}}
     )
     assert status == 201, body
-    stored_at = dt.datetime.fromisoformat(body["effective_from"])
+    stored_at = iso_time(body["effective_from"])
     witness = {"name": "witness", "task": NOOP, "interval": 1, "catch_up": "all", "kwargs": {"w": 1}}
     assert api.call("POST", "/api/schedules", witness)[0] == 201
 
@@ -85,7 +85,7 @@ def test_stored_schedules_fire_once_per_slot_through_a_leader_kill_and_follow_pa
 
     # Paused: once the witness shows a round passed after the pause, tick has no slot after it.
     status, body = api.call("POST", "/api/schedules/tick/pause")
-    paused_at = dt.datetime.fromisoformat(body["updated_at"])
+    paused_at = iso_time(body["updated_at"])
     wait_until(lambda: any(r.slot > paused_at + dt.timedelta(seconds=2) for r in runs("witness")), 20, what="rounds")
     assert all(r.slot <= paused_at for r in runs("tick"))
 
@@ -94,7 +94,7 @@ def test_stored_schedules_fire_once_per_slot_through_a_leader_kill_and_follow_pa
         "PUT", "/api/schedules/tick", {"task": NOOP, "interval": 1, "kwargs": {"v": 2}, "paused": False}
     )
     assert status == 200 and not body["paused"]
-    edited_at = dt.datetime.fromisoformat(body["effective_from"])
+    edited_at = iso_time(body["effective_from"])
     wait_until(lambda: any(r.slot > edited_at for r in runs("tick")), 20, interval=0.1, what="a slot after the edit")
     wait_for_runs("tick", 2)
 

@@ -15,7 +15,7 @@ import pytest
 from django.db import connection
 
 from tasks.models import Task, TaskStatus, UniqueKey
-from tests.helpers import db_now, ensure_ended, read_message, send, start_child, wait_until
+from tests.helpers import db_now, ensure_ended, iso_time, read_message, send, start_child, wait_until
 from tests.helpers.windows import BARRIER
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -129,7 +129,7 @@ def test_unique_for_windows_never_overlap_under_a_free_running_race(children: An
     accepted: dict[str, list[dt.datetime]] = defaultdict(list)
     for key, _id, created, accepted_at in results:
         if created:
-            accepted[key].append(dt.datetime.fromisoformat(accepted_at))
+            accepted[key].append(iso_time(accepted_at))
     for key in keys:
         starts = sorted(accepted[key])
         for before, after in itertools.pairwise(starts):

@@ -35,7 +35,7 @@ from django.db import connection, connections, transaction
 
 from tasks.maintenance.retention import PRUNE_UNIQUE_KEYS_SQL
 from tasks.models import Task
-from tests.helpers import ROOT, child_env, ensure_ended, read_message, send, wait_until
+from tests.helpers import ROOT, child_env, ensure_ended, iso_time, read_message, send, wait_until
 from tests.helpers.pgbouncer import Bouncer
 from tests.helpers.task_paths import NOOP
 from tests.helpers.workers import Workers
@@ -168,7 +168,7 @@ def direct(query: str, args: Any = None) -> list[Any]:
 
 
 def at(text: str) -> dt.datetime:
-    return dt.datetime.fromisoformat(text)
+    return iso_time(text)
 
 
 class Pruner:

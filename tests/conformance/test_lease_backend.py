@@ -51,7 +51,7 @@ from tests.conformance.harness import (
     ThreadWorkerTestCase,
 )
 from tests.conformance.recorder import EVENTS_ENV
-from tests.helpers import start_manage, stop_process, wait_until, worker_names
+from tests.helpers import iso_time, start_manage, stop_process, wait_until, worker_names
 from tests.testapp.models import Gate
 
 LEASE_BACKENDS = {
@@ -66,7 +66,7 @@ RETRYING = {**CONFORMANCE_LEASING_TASKS, "MAX_ATTEMPTS": 3}
 
 
 def when(value: str | None) -> dt.datetime | None:
-    return None if value is None else dt.datetime.fromisoformat(value)
+    return None if value is None else iso_time(value)
 
 
 def close_in_time(a: dt.datetime | None, b: dt.datetime | None) -> bool:

@@ -46,12 +46,12 @@ from tests.conformance.harness import (
 )
 from tests.conformance.recorder import EVENTS_ENV
 from tests.conformance.test_lease_backend import RETRYING, SETTINGS, start_worker
-from tests.helpers import start_manage, stop_process, wait_until, worker_names
+from tests.helpers import iso_time, start_manage, stop_process, wait_until, worker_names
 from tests.testapp.models import Gate
 
 
 def when(value: str | None) -> dt.datetime | None:
-    return None if value is None else dt.datetime.fromisoformat(value)
+    return None if value is None else iso_time(value)
 
 
 def close_in_time(a: dt.datetime | None, b: dt.datetime | None) -> bool:

@@ -19,7 +19,7 @@ from tasks.compat import TaskResult, TaskResultStatus, task_backends
 from tasks.models import FINISHED, Failure, Task, TaskStatus
 from tasks.worker.process import Worker
 from tests.factories import StaffFactory
-from tests.helpers import db_now, wait_until, worker_in_thread
+from tests.helpers import db_now, iso_time, wait_until, worker_in_thread
 from tests.testapp import outcome_handlers as oh
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -83,9 +83,7 @@ def test_a_task_that_snoozes_three_times_succeeds_uncharged_and_never_runs_befor
     assert [run["snoozes"] for run in runs] == [0, 1, 2, 3]
     assert [run["attempts"] for run in runs] == [0, 0, 0, 0]  # uncharged before every run
     for run in runs[1:]:
-        snoozed_at, wakes_at, claimed_at = (
-            dt.datetime.fromisoformat(run[k]) for k in ("snoozed_at", "run_after", "acquired_at")
-        )
+        snoozed_at, wakes_at, claimed_at = (iso_time(run[k]) for k in ("snoozed_at", "run_after", "acquired_at"))
         # The wake time is the database clock at the snooze plus the delay (snoozed_at is read a few
         # microseconds later in the same statement), and no claim came earlier.
         assert dt.timedelta(seconds=0.399) <= wakes_at - snoozed_at < dt.timedelta(seconds=0.45)
@@ -111,7 +109,7 @@ def test_a_snoozed_task_is_listed_with_its_wake_time_in_the_api_the_dashboard_an
 
     shown = client.get(f"/api/tasks/{task_id}").json()["task"]
     assert (shown["snoozed"], shown["snoozes"], shown["attempts"]) == (True, 1, 0)
-    assert dt.datetime.fromisoformat(shown["wakes_at"]) == task.run_after
+    assert iso_time(shown["wakes_at"]) == task.run_after
 
     settings.LEASING_METRICS_PUBLIC = True
     metrics = client.get("/metrics").content.decode()
@@ -242,11 +240,11 @@ def test_a_backoff_function_sets_run_after_on_the_database_clock(running_worker:
         H + "raise_in_turn", kwargs={"kinds": ["Transient"]}, backoff=oh.ten_seconds_per_attempt
     ).id
     task = waiting_again(task_id)
-    failed_at = dt.datetime.fromisoformat(task.errors[-1]["at"])
+    failed_at = iso_time(task.errors[-1]["at"])
     assert dt.timedelta(seconds=9.999) <= task.run_after - failed_at < dt.timedelta(seconds=10.05)
     # The handler's own (a lambda): 1000 s + the attempt.
     task = waiting_again(Task.objects.enqueue(H + "slow_backoff").id)
-    failed_at = dt.datetime.fromisoformat(task.errors[-1]["at"])
+    failed_at = iso_time(task.errors[-1]["at"])
     assert dt.timedelta(seconds=1000.999) <= task.run_after - failed_at < dt.timedelta(seconds=1001.05)
     # A backoff that raises: the default backoff (BACKOFF_MAX 0.05 s here) instead; retried soon.
     task = finished(Task.objects.enqueue(H + "broken_backoff", max_attempts=2).id)

@@ -105,3 +105,16 @@ def test_admin_revoke_action_ends_the_lease_and_the_next_grant_gets_a_new_token(
 
 def test_admin_offers_no_hand_made_leases(staff_client: Client) -> None:
     assert staff_client.get(reverse("admin:leasing_lease_add")).status_code == 403
+
+
+def test_the_overview_counts_leases_as_the_tabs_do(staff_client: Client) -> None:
+    LeaseFactory.create(resource="is-active")
+    LeaseFactory.create(resource="is-renewed", renewed=True)
+    LeaseFactory.create(resource="is-expired", expired=True)
+    response = staff_client.get("/dashboard/")
+    assert response.context["lease_cards"] == [
+        ("active", "Held", 2),
+        ("expired", "Expired", 1),
+        ("released", "Released", 0),
+    ]
+    assert '<div class="l">Renewed</div>' not in response.content.decode()

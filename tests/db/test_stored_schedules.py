@@ -24,7 +24,7 @@ from tasks.maintenance.scheduler import (
 )
 from tasks.models import Schedule, ScheduleRun, StoredSchedule, Task
 from tests.factories import StaffFactory
-from tests.helpers import wait_until
+from tests.helpers import iso_time, wait_until
 from tests.helpers.api import TOKEN, Api
 from tests.helpers.connections import OnItsOwnConnection, waits_for_a_lock
 from tests.helpers.task_paths import NOOP
@@ -311,7 +311,7 @@ def test_an_edit_is_followed_from_the_next_slot_and_missed_old_slots_are_not_bac
     assert old >= 3
     status, body = api.call("PATCH", "/api/schedules/tick", {"kwargs": {"v": 2}})
     assert status == 200
-    edited_at = dt.datetime.fromisoformat(body["effective_from"])
+    edited_at = iso_time(body["effective_from"])
     StoredSchedule.objects.filter(name="tick").update(effective_from=edited_at)
     # The round after the edit enqueues the new definition's slots only, the first after the edit.
     enqueued = wait_until(lambda: leader.round(), 10, interval=0.05, what="a slot after the edit")

@@ -39,6 +39,16 @@ def test_database_url() -> str:
     return f"postgres://{auth}@{host}{port}/{s['NAME']}{query}"
 
 
+def iso_time(text: str) -> dt.datetime:
+    """A date-time as PostgreSQL's JSON and the API write it (1 to 6 fraction digits: the zeros at the
+    end are dropped), read alike on every Python (3.10's ``fromisoformat`` takes 3 or 6 digits only)."""
+    from django.utils.dateparse import parse_datetime
+
+    parsed = parse_datetime(text)
+    assert parsed is not None, f"not a date-time: {text!r}"
+    return parsed
+
+
 def db_now() -> dt.datetime:
     """The database clock now (``clock_timestamp()``: the time as the server reads it, inside a test's
     transaction too), what the statements under test compare their times with."""
