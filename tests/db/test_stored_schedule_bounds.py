@@ -82,3 +82,23 @@ def test_a_stored_row_holding_one_is_left_out_and_the_others_run(
     assert "a-poison" not in scheduler.schedules
     assert ScheduleRun.objects.filter(schedule="witness").count() == 1  # catch-up "last": the newest slot
     assert not ScheduleRun.objects.filter(schedule="a-poison").exists()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"name": "tick", "task": "%s", "interval": 1, "queue": "q\\ud800"}' % NOOP,
+        '{"name": "tick", "task": "%s", "interval": 1, "fair_key": "k\\udfff"}' % NOOP,
+        '{"name": "tick", "task": "%s", "interval": 1, "kwargs": {"\\ud800": 1}}' % NOOP,
+        '{"name": "tick", "task": "%s", "interval": 1, "kwargs": {"\\u0000": 1}}' % NOOP,
+        '{"name": "tick", "task": "%s", "interval": 1, "args": ["\\ud800"]}' % NOOP,
+        '{"name": "tick", "task": "%s", "cron": "0 * * * *", "timezone": "\\ud800"}' % NOOP,
+        '{"name": "tick", "task": "%s", "cron": "0 * * * \\ud800"}' % NOOP,
+        '{"name": "t\\u00e2che", "task": "%s", "interval": 1}' % NOOP,
+        '{"name": "tick", "task": "%s\\ud800", "interval": 1}' % NOOP,
+    ],
+)
+def test_text_postgresql_cannot_store_is_a_400(api: Api, raw: str) -> None:
+    status, reply = api.call("POST", "/api/schedules", raw=raw)
+    assert status == 400, reply
+    assert not StoredSchedule.objects.exists()
