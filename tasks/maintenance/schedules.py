@@ -222,9 +222,7 @@ def _text(name: str, key: str, value: Any) -> str:
     return value
 
 
-def _number(
-    name: str, key: str, value: Any, *, low: float, allow_equal: bool, high: float = float("inf")
-) -> float:
+def _number(name: str, key: str, value: Any, *, low: float, allow_equal: bool, high: float = float("inf")) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _fail(name, f"{key} must be a number, got {value!r:.50}", key)
     if value < low or (value == low and not allow_equal) or value != value or value == float("inf"):
@@ -322,7 +320,9 @@ def build_spec(name: str, entry: Any) -> ScheduleSpec:
     grace = _number(name, "grace", entry.get("grace", DEFAULT_GRACE), low=0, allow_equal=True)
     max_attempts = entry.get("max_attempts", defaults.get("max_attempts"))
     if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= MAX_ATTEMPTS_COLUMN
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_ATTEMPTS_COLUMN
     ):
         raise _fail(name, f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS_COLUMN}", "max_attempts")
     timeout = entry.get("timeout", defaults.get("timeout"))
