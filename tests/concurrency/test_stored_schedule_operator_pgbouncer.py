@@ -124,9 +124,9 @@ def test_edit_delete_and_store_again_through_a_stopped_leader_behind_pgbouncer(
             assert kwargs == {"v": 1}, run
             continue
         expected, after = {"v": 2}, edited_at
-        for deleted_at, stored_again_at, version in replaced:
+        for deleted_at, stored_again_at, definition in replaced:
             if run.slot > deleted_at:
-                expected, after = version, stored_again_at
+                expected, after = definition, stored_again_at
         assert run.slot > after and kwargs == expected, (run, kwargs)
     slots = [r.slot for r in runs("witness")]
     assert not [(a, b) for a, b in itertools.pairwise(slots) if b - a != SECOND], "a witness slot missed or repeated"
