@@ -53,7 +53,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -91,10 +91,11 @@ _LEASE_CTE = """lease AS (
 # A stored schedule's row at the revision the leader read, not paused, under a share lock: an edit
 # (an UPDATE of the row) waits for the statement holding it, and a statement arriving while an edit
 # is in flight waits for it and then finds the new revision (READ COMMITTED re-checks the locked
-# row's newest version) and enqueues nothing. Settings schedules pass %(revision)s NULL.
+# row's newest version) and enqueues nothing. Settings schedules pass %(revision)s NULL. The row's
+# created_at too: a schedule deleted and stored again under its name starts at revision 1 again.
 _CURRENT_CTE = """current AS (
     SELECT name FROM tasks_storedschedule
-    WHERE name = %(name)s AND revision = %(revision)s AND NOT paused
+    WHERE name = %(name)s AND revision = %(revision)s AND created_at = %(stored_at)s AND NOT paused
     FOR SHARE
 )"""
 
@@ -239,7 +240,7 @@ class SlotWriter:
             from tasks.models.schedule import StoredSchedule
 
             row = StoredSchedule.objects.db_manager(self.using).filter(name=spec.name).first()
-            if row is None or row.revision != spec.revision or row.paused:
+            if row is None or row.revision != spec.revision or row.created_at != spec.stored_at or row.paused:
                 return DefinitionChanged(f"{what}: schedule {spec.name!r} changed since it was read")
         reason = "a newer scheduler wrote the schedule" if current else "the scheduler lease is no longer ours"
         return Deposed(f"{what} refused: {reason} (token {self.token})")
@@ -263,6 +264,7 @@ class SlotWriter:
             next_slot=spec.next_slot(slot),
             skipped=skipped,
             revision=spec.revision,
+            stored_at=spec.stored_at,
             api_origin=spec.stored,
             queue=spec.queue,
             priority=spec.priority,
@@ -285,7 +287,12 @@ class SlotWriter:
 
     def skip(self, spec: ScheduleSpec, slot: dt.datetime, *, skipped: int) -> None:
         params = self._params(
-            name=spec.name, slot=slot, next_slot=spec.next_slot(slot), skipped=skipped, revision=spec.revision
+            name=spec.name,
+            slot=slot,
+            next_slot=spec.next_slot(slot),
+            skipped=skipped,
+            revision=spec.revision,
+            stored_at=spec.stored_at,
         )
         if not self._rows(SKIP_SQL, params):
             raise self._refused(f"schedule {spec.name!r}: skipping to {slot.isoformat()}", spec)
@@ -325,7 +332,8 @@ class Scheduler:
         #: What the next round runs: the declared schedules and the stored ones as last read.
         self.schedules: dict[str, ScheduleSpec] = dict(schedules)
         self.stored = stored
-        self._stored_seen: dict[str, int] = {}  # name -> revision read (valid or not)
+        #: name -> (revision, created_at) read (valid or not): a row stored again starts at revision 1
+        self._stored_seen: dict[str, tuple[int, dt.datetime]] = {}
         self.using = using
         self.max_catch_up = conf.SCHEDULER_MAX_CATCH_UP
         lease_ttl = ttl or conf.SCHEDULER_TTL
@@ -415,20 +423,21 @@ class Scheduler:
         rows = StoredSchedule.objects.db_manager(self.using).for_scheduler()
         present: set[str] = set()
         now: dt.datetime | None = None
-        for name, entry, paused, revision, effective_from in rows:
+        for name, entry, paused, revision, effective_from, created_at in rows:
+            seen = (revision, created_at)
             if name in self.declared:
-                if self._stored_seen.get(name) != revision:
+                if self._stored_seen.get(name) != seen:
                     logger.warning("stored schedule %s: the settings declare one of that name; it is not run", name)
-                    self._stored_seen[name] = revision
+                    self._stored_seen[name] = seen
                 continue
             present.add(name)
-            if self._stored_seen.get(name) == revision:
+            if self._stored_seen.get(name) == seen:
                 continue
-            self._stored_seen[name] = revision
+            self._stored_seen[name] = seen
             self.schedules.pop(name, None)
             states.pop(name, None)
             try:
-                spec = stored_spec(name, entry, paused=paused, revision=revision)
+                spec = replace(stored_spec(name, entry, paused=paused, revision=revision), stored_at=created_at)
             except ImproperlyConfigured as exc:
                 logger.warning("stored schedule %s is not run: %s", name, exc)
                 continue

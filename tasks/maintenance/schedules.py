@@ -53,6 +53,14 @@ _KEYS = {
     "fair_key",
 }
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+#: Longest interval (100 years): its slots stay far inside what a datetime holds (a longer one made
+#: the leader's arithmetic overflow and the scheduler thread end). Longer periods are a cron's.
+MAX_INTERVAL = 100 * 365.25 * 86_400
+#: The task row's max_attempts column (a PostgreSQL integer).
+MAX_ATTEMPTS_COLUMN = 2**31 - 1
+#: A stored schedule is a standing enqueue over the web: POST /api/tasks's bounds (tasks/web/api/tasks.py).
+STORED_MAX_ATTEMPTS = 1000
+STORED_MAX_TIMEOUT = 86_400.0
 _MICROSECOND = dt.timedelta(microseconds=1)
 
 
@@ -82,6 +90,9 @@ class ScheduleSpec:
     #: A stored schedule's row revision this spec was read at (None: declared in settings). The
     #: scheduler's slot statement refuses to enqueue when the row has moved on (edited, paused, deleted).
     revision: int | None = None
+    #: With ``revision``, which row: its ``created_at``. A schedule deleted and stored again under
+    #: its name starts at revision 1 again; the slot statement must not take it for the old one.
+    stored_at: dt.datetime | None = None
 
     @property
     def stored(self) -> bool:
@@ -214,11 +225,13 @@ def _text(name: str, key: str, value: Any) -> str:
     return value
 
 
-def _number(name: str, key: str, value: Any, *, low: float, allow_equal: bool) -> float:
+def _number(name: str, key: str, value: Any, *, low: float, allow_equal: bool, high: float = float("inf")) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _fail(name, f"{key} must be a number, got {value!r:.50}", key)
     if value < low or (value == low and not allow_equal) or value != value or value == float("inf"):
         raise _fail(name, f"{key} must be {'at least' if allow_equal else 'more than'} {low:g}, got {value!r}", key)
+    if value > high:
+        raise _fail(name, f"{key} must be at most {high:g}, got {value!r:.50}", key)
     return float(value)
 
 
@@ -284,7 +297,7 @@ def build_spec(name: str, entry: Any) -> ScheduleSpec:
         except CronSimError as exc:
             raise _fail(name, f"invalid cron expression {cron!r}: {exc}", "cron") from None
     else:
-        interval = _number(name, "interval", entry["interval"], low=0.001, allow_equal=True)
+        interval = _number(name, "interval", entry["interval"], low=0.001, allow_equal=True, high=MAX_INTERVAL)
 
     args = entry.get("args", [])
     kwargs = entry.get("kwargs", {})
@@ -310,9 +323,11 @@ def build_spec(name: str, entry: Any) -> ScheduleSpec:
     grace = _number(name, "grace", entry.get("grace", DEFAULT_GRACE), low=0, allow_equal=True)
     max_attempts = entry.get("max_attempts", defaults.get("max_attempts"))
     if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_ATTEMPTS_COLUMN
     ):
-        raise _fail(name, "max_attempts must be a whole number of at least 1", "max_attempts")
+        raise _fail(name, f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS_COLUMN}", "max_attempts")
     timeout = entry.get("timeout", defaults.get("timeout"))
     if timeout is not None:
         timeout = _number(name, "timeout", timeout, low=0, allow_equal=False)
@@ -387,4 +402,9 @@ def stored_spec(name: str, entry: Any, *, paused: bool = False, revision: int | 
             raise _fail(name, str(exc), "task") from None
         except Exception as exc:  # the module does not import: it could not run either
             raise _fail(name, f"task cannot be imported: {type(exc).__name__}", "task") from None
-    return replace(build_spec(name, {**entry, "enabled": not paused}), revision=revision)
+    spec = build_spec(name, {**entry, "enabled": not paused})
+    if spec.max_attempts is not None and spec.max_attempts > STORED_MAX_ATTEMPTS:
+        raise _fail(name, f"max_attempts must be a whole number from 1 to {STORED_MAX_ATTEMPTS}", "max_attempts")
+    if spec.timeout is not None and spec.timeout > STORED_MAX_TIMEOUT:
+        raise _fail(name, f"timeout must be at most {STORED_MAX_TIMEOUT:g} seconds", "timeout")
+    return replace(spec, revision=revision)

@@ -171,9 +171,13 @@ class StoredScheduleQuerySet(models.QuerySet["StoredSchedule"]):
     def delete_stored(self, name: str) -> StoredRow | None:
         return self._one(STORED_DELETE_SQL, name=name)
 
-    def for_scheduler(self) -> list[tuple[str, dict[str, Any], bool, int, dt.datetime]]:
-        """What the scheduler reads each round: one query over the (few) stored schedules."""
-        return list(self.order_by("name").values_list("name", "entry", "paused", "revision", "effective_from"))
+    def for_scheduler(self) -> list[tuple[str, dict[str, Any], bool, int, dt.datetime, dt.datetime]]:
+        """What the scheduler reads each round: one query over the (few) stored schedules. A row is
+        (name, revision, created_at): a schedule stored again under a deleted one's name starts at
+        revision 1 again."""
+        return list(
+            self.order_by("name").values_list("name", "entry", "paused", "revision", "effective_from", "created_at")
+        )
 
 
 class StoredSchedule(models.Model):

@@ -7,7 +7,9 @@ it (tasks/lifecycle/listening.py: not pooled, or a direct URL in LISTEN_URLS), t
 (``finish_waited``) and reads its status in the same statement. From then on the row's move to a
 final status NOTIFYs its id (the trigger of migration 0030), so the wait wakes as the finish
 commits. Behind a transaction pooler it polls instead, every 0.05 s doubling up to ``poll`` seconds.
-A task nobody waits for is never marked and its finish notifies nobody.
+The mark skips a row another transaction holds locked (the wait polls, and marks it on a later
+read): waiting for that lock would hold the wait past its timeout. A task nobody waits for is never
+marked and its finish notifies nobody.
 
 A timeout raises :class:`~tasks.exceptions.TaskWaitTimeout` and leaves the task alone (still
 marked: its finish sends one notification nobody reads).
@@ -30,8 +32,20 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 FINISHED_CHANNEL = "leasing_task_finished"
-#: Marks the row waited for and reads its status (None: no such task where this connection looks).
-MARK_WAITED_SQL = "UPDATE tasks_task SET finish_waited = true WHERE id = %s RETURNING status"
+#: Marks the row waited for and reads its status: (status, marked); no row: no such task where
+#: this connection looks. The mark never waits for a row lock (SKIP LOCKED): another transaction
+#: holding the row (a ``select_for_update()``, an operator's bulk action) would hold an UPDATE, and
+#: the wait with it, past its timeout. A row it could not mark is read all the same, and marked on a
+#: later read; until then its finish notifies nobody, so the wait polls.
+MARK_WAITED_SQL = """
+WITH marked AS (
+    UPDATE tasks_task SET finish_waited = true
+    WHERE id = (SELECT id FROM tasks_task WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)
+    RETURNING status
+)
+SELECT COALESCE((SELECT status FROM marked), t.status), EXISTS (SELECT FROM marked)
+FROM tasks_task AS t WHERE t.id = %(id)s
+"""
 READ_STATUS_SQL = "SELECT status FROM tasks_task WHERE id = %s"
 #: The first pause of a wait that polls; it doubles up to the ``poll`` argument.
 FIRST_POLL = 0.05
@@ -57,26 +71,30 @@ class WaitOperations(OperationsBase):
                     listening = False  # an undeclared pooler: its LISTEN would be lost
                 if listening:
                     conn.execute(f"LISTEN {FINISHED_CHANNEL}")
-                row = conn.execute(MARK_WAITED_SQL, [task_id]).fetchone()
+                row = conn.execute(MARK_WAITED_SQL, {"id": task_id}).fetchone()
                 if row is None:
                     raise self.model.DoesNotExist(
                         f"task {task_id} is not in database {using!r} (or not yet visible: an enqueue inside a"
                         " transaction is seen once it commits; wait after the commit, e.g. in transaction.on_commit)"
                     )
-                status = row[0]
+                status, marked = row
                 pause = FIRST_POLL
                 while status not in FINISHED:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         raise TaskWaitTimeout(task_id, status, timeout or 0.0)
                     step = poll if left is None else min(poll, left)
-                    if listening:
+                    if listening and marked:
                         for _ in conn.notifies(timeout=step, stop_after=1):
                             pass  # any finish wakes the read below (payload: the id; ours or not)
                     else:
                         time.sleep(min(pause, step))
                         pause = min(pause * 2, poll)
-                    found = conn.execute(READ_STATUS_SQL, [task_id]).fetchone()
+                    if marked:
+                        found = conn.execute(READ_STATUS_SQL, [task_id]).fetchone()
+                    else:
+                        found = conn.execute(MARK_WAITED_SQL, {"id": task_id}).fetchone()
+                        marked = bool(found and found[1])
                     if found is None:
                         raise self.model.DoesNotExist(f"task {task_id} was deleted while it was waited for")
                     status = found[0]

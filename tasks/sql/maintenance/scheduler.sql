@@ -18,7 +18,7 @@ WITH lease AS (
 ),
 current AS (
     SELECT name FROM tasks_storedschedule
-    WHERE name = %(name)s AND revision = %(revision)s AND NOT paused
+    WHERE name = %(name)s AND revision = %(revision)s AND created_at = %(stored_at)s AND NOT paused
     FOR SHARE
 ),
 allocated AS (
@@ -65,7 +65,7 @@ WITH lease AS (
 ),
 current AS (
     SELECT name FROM tasks_storedschedule
-    WHERE name = %(name)s AND revision = %(revision)s AND NOT paused
+    WHERE name = %(name)s AND revision = %(revision)s AND created_at = %(stored_at)s AND NOT paused
     FOR SHARE
 )
 UPDATE tasks_schedule AS s SET
