@@ -379,7 +379,9 @@ class Task(LeaseFields):
         ]
 
     def __str__(self) -> str:
-        return f"task {self.pk} {self.task_path} [{self.status}]"
+        # The status by its label, as every page names it (tasks/lifecycle/vocabulary.py): the admin
+        # titles its change, history and delete pages with this.
+        return f"task {self.pk} {self.task_path} [{self.get_status_display()}]"
 
     @property
     def parents_left(self) -> int:
