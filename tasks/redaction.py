@@ -4,9 +4,9 @@
 depth of ``args`` and ``kwargs`` (a dict's value under such a key becomes ``"[redacted]"``, whatever
 it holds), or the dotted path of a callable ``f(task_path, args, kwargs) -> (args, kwargs)`` that
 returns what may be shown. Applied by the dashboard, the admin, the JSON API's task representations
-and the schedule pages; the stored row is untouched and the worker (and an API client claiming a
-task to run it) gets the real values. A callable that raises, or returns anything but (a list, a dict) that JSON can hold, hides every
-argument (fails closed).
+and the schedule pages and API; the stored row is untouched and the worker (and an API client
+claiming a task to run it) gets the real values. A callable that raises, or returns anything but
+(a list, a dict) that JSON can hold, hides every argument (fails closed).
 """
 
 from __future__ import annotations
