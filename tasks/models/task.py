@@ -216,7 +216,7 @@ class Task(LeaseFields):
     waiting_on = models.PositiveIntegerField(
         default=0,
         db_default=0,
-        help_text="Tasks it depends on that are not final yet (AWAITING until 0); a group's callback is "
+        help_text="Tasks it depends on that are not final yet (Awaiting until 0); a group's callback is "
         "counted on its workflow instead (see parents_left).",
     )
 
