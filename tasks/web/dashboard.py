@@ -228,8 +228,8 @@ def task_action(request: HttpRequest) -> HttpResponse:
     leave from. A selected task that is not in one of them refuses the whole request with a 409
     naming it: the request runs in one transaction (``staff_page``) and changes nothing."""
     # One action: a form sends the button pressed; two would leave the one done to the order of fields.
-    named = request.POST.getlist("action")
-    action = vocabulary.ACTIONS.get(named[0]) if len(named) == 1 else None
+    pressed = request.POST.getlist("action")
+    action = vocabulary.ACTIONS.get(pressed[0]) if len(pressed) == 1 else None
     back = safe_next(request, request.POST.get("next"), with_database(reverse("tasks:overview")))
     if action is None:
         return bad_request_page(request, f"action must be one of {', '.join(vocabulary.ACTIONS)}")
