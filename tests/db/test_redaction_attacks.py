@@ -15,6 +15,7 @@ from django.test import Client
 from django.utils import timezone
 
 from tasks.models import Failure, StoredSchedule, Task
+from tasks.workflows import Step, chain
 from tests.helpers.api import Api
 
 pytestmark = pytest.mark.django_db
@@ -160,3 +161,31 @@ def test_a_search_cannot_confirm_a_secret_a_callable_hides_by_task_path(staff: C
         assert (found == [task.id]) == (missed == [task.id]), "the search confirms the hidden card number"
     finally:
         call_command("tasks_search_index", "drop", stdout=StringIO())
+
+
+def test_a_debounced_task_and_a_workflow_members_secrets_stay_hidden(redacting: Api, staff: Client) -> None:
+    """A debounced task's arguments are replaced by each enqueue of its key (the newest win) and a
+    workflow member's come from its step: hidden on the task's page, the workflow's page, the every
+    task list and the API alike."""
+    first = Task.objects.enqueue(PATH, queue="secrets", kwargs={"password": "old-secret"}, dedup_key="d", debounce=60)
+    again = Task.objects.enqueue(PATH, queue="secrets", kwargs={"password": SECRET, "n": 2}, dedup_key="d", debounce=60)
+    assert again.id == first.id and Task.objects.get(pk=first.id).kwargs["password"] == SECRET
+    workflow = chain(
+        Step(PATH, kwargs=KWARGS, queue="secrets"), Step(PATH, kwargs={"API_KEY": SECRET}, queue="secrets")
+    ).enqueue()
+    members = list(Task.objects.filter(workflow_id=workflow.id).values_list("pk", flat=True))
+    urls = [
+        f"/dashboard/tasks/{first.id}/",
+        *(f"/dashboard/tasks/{pk}/" for pk in members),
+        f"/dashboard/workflows/{workflow.id}/",
+        f"/dashboard/tasks/?workflow={workflow.id}",
+        "/dashboard/tasks/?dedup_key=d",
+        f"/admin/tasks/task/?workflow_id={workflow.id}",
+    ]
+    for url in urls:
+        response = staff.get(url)
+        assert response.status_code == 200, url
+        assert SECRET not in response.content.decode() and "old-secret" not in response.content.decode(), url
+    for url in (f"/api/tasks/{first.id}", *(f"/api/tasks/{pk}" for pk in members), f"/api/workflows/{workflow.id}"):
+        status, body = redacting.call("GET", url)
+        assert status == 200 and SECRET not in str(body), url
