@@ -4,12 +4,14 @@
 depth of ``args`` and ``kwargs`` (a dict's value under such a key becomes ``"[redacted]"``, whatever
 it holds), or the dotted path of a callable ``f(task_path, args, kwargs) -> (args, kwargs)`` that
 returns what may be shown. Applied by the dashboard, the admin, the JSON API's task representations
-and the schedule pages; the stored row is untouched and the worker (and an API client claiming a
-task to run it) gets the real values. A callable that raises hides every argument (fails closed).
+and the schedule pages and API; the stored row is untouched and the worker (and an API client
+claiming a task to run it) gets the real values. A callable that raises, or returns anything but
+(a list, a dict) that JSON can hold, hides every argument (fails closed).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -76,15 +78,42 @@ def redact(task_path: str, args: Any, kwargs: Any) -> tuple[Any, Any]:
         return _hide(args, rule), _hide(kwargs, rule)
     try:
         shown_args, shown_kwargs = rule(task_path, list(args or []), dict(kwargs or {}))
+        if not isinstance(shown_args, list | tuple) or not isinstance(shown_kwargs, dict):
+            raise TypeError("a redactor returns (a list, a dict)")
+        json.dumps([shown_args, shown_kwargs])  # what the pages and the API render: JSON, or hidden
     except Exception:
         return [REDACTED for _ in args or []], dict.fromkeys(kwargs or {}, REDACTED)
-    return shown_args, shown_kwargs
+    return list(shown_args), shown_kwargs
 
 
 def arguments(task: Any) -> dict[str, Any]:
     """``{"args": …, "kwargs": …}`` of a task (or any row with task_path, args, kwargs), redacted."""
     args, kwargs = redact(task.task_path, task.args, task.kwargs)
     return {"args": args, "kwargs": kwargs}
+
+
+def definition(entry: Any) -> Any:
+    """A schedule's entry or definition (a dict with ``task``, ``args``, ``kwargs``, ...) as it may be
+    shown: a copy with its arguments redacted as its tasks' are."""
+    if _rule() is None or not isinstance(entry, dict) or not ({"args", "kwargs"} & entry.keys()):
+        return entry
+    args, kwargs = redact(str(entry.get("task") or ""), entry.get("args"), entry.get("kwargs"))
+    shown = dict(entry)
+    if "args" in entry:
+        shown["args"] = args
+    if "kwargs" in entry:
+        shown["kwargs"] = kwargs
+    return shown
+
+
+def holds_placeholder(value: Any) -> bool:
+    """Whether ``"[redacted]"`` is somewhere in ``value``: what a client read back from the API and
+    would store in place of the hidden value if a write took it."""
+    if isinstance(value, dict):
+        return any(holds_placeholder(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return any(holds_placeholder(item) for item in value)
+    return value == REDACTED
 
 
 def hides_part_of(args: Any = None, kwargs: Any = None) -> bool:

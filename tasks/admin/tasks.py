@@ -9,6 +9,7 @@ from django.contrib.admin.actions import delete_selected as django_delete_select
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import SEARCH_VAR, ChangeList
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import F, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -235,7 +236,10 @@ class TaskAdmin(CheckedInputAdmin):
         per_page: int,
         orphans: int = 0,
         allow_empty_first_page: bool = True,
-    ) -> queries.ListingPaginator:
+    ) -> Paginator:
+        if queryset.model is not Task:
+            # The history page paginates the task's log entries with this too (Django 5.1+).
+            return super().get_paginator(request, queryset, per_page, orphans, allow_empty_first_page)
         # Pages read as ordered index scans, one per status (and per search lookup), merged: a
         # filter on a queue or a search never sorts every match. Branches whose status contradicts
         # a status filter cost nothing (the planner folds them to false).

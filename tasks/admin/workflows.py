@@ -108,7 +108,7 @@ class WorkflowAdmin(CheckedInputAdmin):
 
     @admin.display(description="progress")
     def progress(self, obj: Workflow) -> str:
-        return f"{obj.succeeded} succeeded, {obj.failed} failed, {obj.remaining} remaining of {obj.total}"
+        return f"{obj.succeeded} successful, {obj.failed} failed, {obj.remaining} remaining of {obj.total}"
 
     @admin.display(description="callback")
     def callback(self, obj: Workflow) -> str:

@@ -49,7 +49,7 @@ class ConcurrencyKey(models.Model):
     """
 
     key = models.CharField(max_length=255, primary_key=True)
-    max_running = models.PositiveIntegerField(help_text="Tasks of the key admitted (READY or RUNNING) at most.")
+    max_running = models.PositiveIntegerField(help_text="Tasks of the key admitted (Ready or Running) at most.")
     updated_at = models.DateTimeField(help_text="When an enqueue last set the limit.")
     limit_task_id = models.BigIntegerField(
         null=True, blank=True, help_text="The task whose enqueue set the limit (a later enqueue has a larger id)."
@@ -175,7 +175,7 @@ class ActivityMinute(models.Model):
 
     minute = models.DateTimeField(primary_key=True)
     succeeded = models.BigIntegerField(default=0)
-    failed = models.BigIntegerField(default=0, help_text="Tasks that failed for good (FAILED).")
+    failed = models.BigIntegerField(default=0, help_text="Tasks that failed for good (Failed).")
     closed = models.BooleanField(default=False, help_text="succeeded and failed are counted.")
     final = models.BooleanField(default=False, help_text="Counted again after late commits could land.")
     recovered = models.BigIntegerField(default=0, help_text="Tasks requeued (or failed) after their lease expired.")
@@ -216,7 +216,7 @@ class ActivityHour(models.Model):
     queue = models.CharField(max_length=100)
     task_path = models.CharField(max_length=255)
     succeeded = models.BigIntegerField(default=0)
-    failed = models.BigIntegerField(default=0, help_text="Tasks that failed for good (FAILED).")
+    failed = models.BigIntegerField(default=0, help_text="Tasks that failed for good (Failed).")
     cancelled = models.BigIntegerField(default=0)
     attempt_failures = models.BigIntegerField(
         default=0, help_text="Attempts that failed (the handler's own failures) of the tasks finished in the hour."

@@ -216,7 +216,7 @@ class Task(LeaseFields):
     waiting_on = models.PositiveIntegerField(
         default=0,
         db_default=0,
-        help_text="Tasks it depends on that are not final yet (AWAITING until 0); a group's callback is "
+        help_text="Tasks it depends on that are not final yet (Awaiting until 0); a group's callback is "
         "counted on its workflow instead (see parents_left).",
     )
 
@@ -379,7 +379,9 @@ class Task(LeaseFields):
         ]
 
     def __str__(self) -> str:
-        return f"task {self.pk} {self.task_path} [{self.status}]"
+        # The status by its label, as every page names it (tasks/lifecycle/vocabulary.py): the admin
+        # titles its change, history and delete pages with this.
+        return f"task {self.pk} {self.task_path} [{self.get_status_display()}]"
 
     @property
     def parents_left(self) -> int:

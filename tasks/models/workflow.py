@@ -62,7 +62,7 @@ class Workflow(models.Model):
         help_text="A group nothing joined since: its members' one dependant is its callback, counted on "
         "callback_waiting (their finishes read no edges).",
     )
-    failed = models.PositiveIntegerField(default=0, help_text="Members that ended FAILED or CANCELLED.")
+    failed = models.PositiveIntegerField(default=0, help_text="Members that ended Failed or Cancelled.")
     callback_id = models.BigIntegerField(
         null=True,
         blank=True,
@@ -87,7 +87,7 @@ class Workflow(models.Model):
 
     def __str__(self) -> str:
         label = self.name or self.get_kind_display().lower()
-        return f"workflow {self.pk} {label} [{self.status}]"
+        return f"workflow {self.pk} {label} [{self.get_status_display()}]"  # the status's label, as pages say it
 
     @property
     def succeeded(self) -> int:

@@ -40,7 +40,7 @@ def test_the_list_filters_by_status_searches_and_links_the_members(staff: Client
     page = staff.get(URL).content.decode()
     assert f'href="{TASKS}?workflow_id={flows[0].id}"' in page
     assert f'href="/dashboard/workflows/{flows[0].id}/"' in page
-    assert "0 succeeded, 0 failed, 2 remaining of 2" in page
+    assert "0 successful, 0 failed, 2 remaining of 2" in page
 
 
 def test_a_name_is_searched_among_the_newest_workflows_only(staff: Client, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,6 +21,7 @@ from leasing.access import ADD_SCHEDULE, CHANGE_SCHEDULE, DELETE_SCHEDULE, VIEW_
 from leasing.http import ApiError, Body, api_view, iso
 from leasing.routing import selected_database
 from leasing.validation import parse_iso_datetime
+from tasks import redaction
 from tasks.conf import get_settings
 from tasks.lifecycle.routing import queue_database
 from tasks.maintenance.scheduler import schedule_status
@@ -37,7 +38,7 @@ def schedule_json(entry: dict[str, Any], last_status: str | None) -> dict[str, A
         "revision": entry["revision"],
         "error": entry["error"],
         "enabled": entry["enabled"],
-        "definition": entry["definition"],
+        "definition": redaction.definition(entry["definition"]),
         "description": entry["explain"],
         "last_run": {"slot": iso(entry["last_slot"]), "task_id": entry["last_task_id"], "task_status": last_status}
         if entry["last_task_id"] is not None
@@ -85,6 +86,17 @@ def _not_declared(name: str) -> None:
 
 def _validated(name: str, entry: dict[str, Any], paused: bool) -> ScheduleSpec:
     """The one validator (settings' rules, the API allow-list); a 400 naming the field otherwise."""
+    if redaction.active():
+        for key in ("args", "kwargs"):
+            if redaction.holds_placeholder(entry.get(key)):
+                # An entry read back from this API with its secrets hidden: stored, the task would get
+                # the placeholder in place of the secret.
+                raise ApiError(
+                    400,
+                    f"{key} holds {redaction.REDACTED!r}, what this API shows in place of a hidden argument"
+                    " (REDACT_ARGUMENTS): send the real value, or PATCH without it to keep the stored one",
+                    key,
+                )
     try:
         spec = stored_spec(name, entry, paused=paused)
     except InvalidSchedule as exc:
@@ -114,8 +126,8 @@ def stored_json(row: StoredRow, spec: ScheduleSpec | None = None) -> dict[str, A
         "kind": "stored",
         "paused": row.paused,
         "revision": row.revision,
-        "entry": row.entry,
-        "definition": spec.definition() if spec is not None else None,
+        "entry": redaction.definition(row.entry),
+        "definition": redaction.definition(spec.definition()) if spec is not None else None,
         "effective_from": iso(row.effective_from),
         "created_at": iso(row.created_at),
         "updated_at": iso(row.updated_at),
