@@ -117,11 +117,15 @@ def holds_placeholder(value: Any) -> bool:
 
 
 def hides_part_of(args: Any = None, kwargs: Any = None) -> bool:
-    """Whether redaction would change this search value (a containment term): searching it would tell
-    whether a hidden value is the one guessed, so such a search is refused. A callable is asked with
-    an empty task path."""
-    if _rule() is None:
+    """Whether redaction may hide part of this search value (a containment term): searching it would
+    tell whether a hidden value is the one guessed, so such a search is refused. Named keys are
+    checked as they are; a callable may hide by task path, which a search over every path cannot
+    know, so with a callable every argument search is refused."""
+    rule = _rule()
+    if rule is None:
         return False
+    if not isinstance(rule, frozenset):
+        return True
     args = [] if args is None else args
     kwargs = {} if kwargs is None else kwargs
     return redact("", args, kwargs) != (args, kwargs)

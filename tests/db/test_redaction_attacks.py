@@ -134,11 +134,6 @@ def hide_card_of_charge(task_path: str, args: list[Any], kwargs: dict[str, Any])
     return args, kwargs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="argument_search asks a callable redactor with an empty task path (redaction.hides_part_of):"
-    " a callable that hides by task path lets the search confirm a guessed secret",
-)
 @pytest.mark.django_db(transaction=True)  # the index is built CONCURRENTLY: outside a transaction
 def test_a_search_cannot_confirm_a_secret_a_callable_hides_by_task_path(staff: Client, settings: Any) -> None:
     settings.LEASING_TASKS = {
