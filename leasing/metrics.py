@@ -68,9 +68,11 @@ def acquisition_timer() -> Iterator[None]:
 def lease_metrics() -> Iterable[Metric]:
     from leasing.views import state_counts
 
-    family = GaugeMetricFamily("leasing_leases", "Leases by state (database).", labels=["state"])
+    family = GaugeMetricFamily(
+        "leasing_leases", "Leases by state (database); released ones counted up to 10,000.", labels=["state"]
+    )
     for state, count in state_counts().items():
-        family.add_metric([state], count)
+        family.add_metric([state], count.value)
     yield family
 
 

@@ -336,7 +336,14 @@ class Lease(LeaseFields):
 
     class Meta:
         ordering = ["resource"]
-        indexes = [models.Index(fields=["expires_at"], name="leasing_lease_expires_idx")]
+        indexes = [
+            models.Index(fields=["expires_at"], name="leasing_lease_expires_idx"),
+            # The leases not released (held or expired): what the lease pages and /metrics count and
+            # list, few however long the released history grows.
+            models.Index(
+                fields=["expires_at"], name="leasing_lease_live_idx", condition=models.Q(released_at__isnull=True)
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.resource} held by {self.holder} (token {self.token})"

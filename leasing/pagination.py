@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, cast
 
 from django.core.paginator import Paginator
@@ -31,3 +32,25 @@ class CappedPaginator(Paginator):
     @property
     def capped(self) -> bool:
         return self._counted > self.cap
+
+
+@dataclass(frozen=True)
+class Count:
+    """A count that stopped at a cap: printed "10,000+" when it did; false when nothing was counted."""
+
+    value: int
+    capped: bool
+
+    def __str__(self) -> str:
+        return f"{self.value:,}+" if self.capped else f"{self.value:,}"
+
+    def __bool__(self) -> bool:
+        return self.value > 0
+
+
+def bounded_count(queryset: QuerySet[Any], cap: int = COUNT_CAP) -> Count:
+    """COUNT over at most ``cap + 1`` rows: exact when small, "10,000+" when not. A queryset with an
+    ordering keeps it inside the limit, so the rows counted are the first ``cap + 1`` of that order:
+    an index in that order bounds what is read."""
+    value = queryset[: cap + 1].count()
+    return Count(min(value, cap), value > cap)

@@ -281,7 +281,8 @@ UPDATE tasks_task AS t SET
         d.error || jsonb_build_object(
         'attempt', t.attempts + (NOT t.attempt_started)::int, 'worker', t.holder, 'token', t.token,
         'kind', CASE WHEN d.kind = 'cancel' THEN 'cancel' ELSE 'failure' END, 'at', clock_timestamp(),
-        'started_at', CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END)) END,
+        'started_at', CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
+        'position', jsonb_array_length(t.worker_ids) + (NOT t.attempt_started)::int)) END,
     errors_dropped = t.errors_dropped + (NOT {_SNOOZE} AND {ERRORS_FULL})::int,
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())
@@ -307,7 +308,7 @@ UPDATE tasks_task AS t SET
                   WHEN {ERRORS_FULL} THEN t.errors - 1 ELSE t.errors END
         || CASE WHEN t.attempt_started THEN jsonb_build_array(jsonb_build_object(
         'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'kind', 'shutdown', 'at', clock_timestamp(),
-        'started_at', t.last_attempted_at,
+        'started_at', t.last_attempted_at, 'position', jsonb_array_length(t.worker_ids),
         'exception_class_path', 'tasks.exceptions.WorkerShutdown',
         'message', %(reason)s::text, 'traceback', '')) ELSE '[]'::jsonb END,
     errors_dropped = t.errors_dropped + (t.attempt_started AND {ERRORS_FULL})::int,

@@ -53,6 +53,7 @@ _KEEPS_SLOT = (
 _RECOVERY_ENTRY = f"""jsonb_build_object(
         'attempt', t.attempts + {_HANDED}::int, 'worker', t.holder, 'token', t.token, 'at', clock_timestamp(),
         'started_at', CASE WHEN {_HANDED} THEN t.acquired_at WHEN {_STARTED} THEN t.last_attempted_at END,
+        'position', CASE WHEN {_STARTED} THEN jsonb_array_length(t.worker_ids) + {_HANDED}::int END,
         'kind', CASE WHEN {_CRASHED} THEN 'crash' WHEN {_SHARED} THEN 'vanished' WHEN {_NO_LEASE} THEN 'orphan'
                      ELSE 'returned' END,
         'exception_class_path', 'tasks.exceptions.TaskLeaseLost',

@@ -12,11 +12,13 @@ attempt's identity, and keying the page by it is what lost attempts and showed t
   ``orphan`` repair) with the number of the attempt *before* it (nothing was charged), as are
   ``dependency`` and ``discard`` entries (no attempt at all).
 
-So the attempts are ``worker_ids``, numbered 1, 2, 3 … across reruns, and the entries that end an
-attempt (``failure``, ``cancel``, ``crash``, ``vanished``, ``shutdown``) are matched to them by order,
-newest first (the newest entries are never dropped) and by worker; the first entry (always kept) is
-matched from the oldest attempt. An attempt left without an entry returned (it succeeded before a
-"Run again", or is the last of a successful task), is running now, or had its entry dropped. The other
+So the attempts are ``worker_ids``, numbered 1, 2, 3 … across reruns. An entry that ends an attempt
+(``failure``, ``cancel``, ``crash``, ``vanished``, ``shutdown``) carries the attempt's ``position``, its
+1-based place in ``worker_ids`` (entries written since issue 41), and is matched to it exactly. Older
+entries without one are matched by order, newest first (the newest entries are never dropped) and by
+worker; the first entry (always kept) from the oldest attempt. An attempt left without an entry
+returned (it succeeded before a "Run again", or is the last of a successful task), is running now, or
+had its entry dropped ("Not known" when it lies between kept entries and some were dropped). The other
 entries are events, listed apart.
 """
 
@@ -86,11 +88,17 @@ def history(task: Any) -> History:
     errors = [e for e in (task.errors or []) if isinstance(e, dict)]
     endings = [i for i, e in enumerate(errors) if ends_an_attempt(e)]
     matched: dict[int, int] = {}  # attempt index -> entry index
-    # The last attempt of a task running one, or that returned, has no entry.
+    for entry_index in endings:
+        place, worker = errors[entry_index].get("position"), str(errors[entry_index].get("worker"))
+        if isinstance(place, int) and 0 < place <= len(workers) and workers[place - 1] == worker:
+            matched.setdefault(place - 1, entry_index)
+    legacy = [i for i in endings if i not in matched.values()]
+    # The last attempt of a task running one, or that returned, has no entry. Entries without a
+    # position are older than every entry with one, so their attempts come before.
     last_open = bool(workers) and task.status in ("RUNNING", "SUCCESSFUL")
-    position = len(workers) - 1 - int(last_open)
+    position = min(matched, default=len(workers) - int(last_open)) - 1
     first_kept = endings[0] if task.errors_dropped and endings and endings[0] == 0 else None
-    for entry_index in reversed([i for i in endings if i != first_kept]):
+    for entry_index in reversed([i for i in legacy if i != first_kept]):
         worker = errors[entry_index].get("worker")
         # Walk back to the attempt of this entry's worker; attempts passed on the way had no entry.
         while position >= 0 and worker is not None and workers[position] != worker:
@@ -99,7 +107,7 @@ def history(task: Any) -> History:
             break
         matched[position] = entry_index
         position -= 1
-    if first_kept is not None:
+    if first_kept is not None and first_kept in legacy:
         worker = errors[first_kept].get("worker")
         for index in range(min(position + 1, len(workers))):
             if worker is None or workers[index] == worker:

@@ -40,11 +40,11 @@ from django.db import connections
 from django.db.models import BooleanField, ExpressionWrapper, F, Lookup, Q, QuerySet
 from django.utils.functional import cached_property
 
+from leasing.pagination import COUNT_CAP, Count, bounded_count
 from leasing.routing import selected_database
 from tasks.models import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING_STATUSES, Task, TaskStatus
 from tasks.web.argument_search import argument_lookup
 
-COUNT_CAP = 10_000
 #: Pending: waiting, never failed, and not snoozed by its handler.
 NEVER_SNOOZED = NEVER_FAILED & Q(snoozed_at__isnull=True)
 #: Rows a listing branch reads at most to check a filter no index covers.
@@ -53,21 +53,6 @@ SCAN_WINDOW = 2_000
 QUEUE_LIMIT = 100
 ALL_STATUSES: tuple[str, ...] = tuple(TaskStatus.values)
 _MAX_ID = 2**63 - 1
-
-
-@dataclass(frozen=True)
-class Count:
-    value: int
-    capped: bool
-
-    def __str__(self) -> str:
-        return f"{self.value:,}+" if self.capped else f"{self.value:,}"
-
-
-def bounded_count(queryset: QuerySet[Any], cap: int = COUNT_CAP) -> Count:
-    """COUNT over at most ``cap + 1`` rows: exact when small, "10,000+" when not."""
-    value = queryset[: cap + 1].count()
-    return Count(min(value, cap), value > cap)
 
 
 # One status's rows, counted up to a cap from tasks_task_status_idx (status, id DESC) read in its own

@@ -303,6 +303,7 @@ def assert_accounted(cells: dict[tuple[str, str], list[int]], rerun_from: dt.dat
     for task in kept.values():
         if task.status == TaskStatus.SUCCESSFUL:
             assert done[task.id, task.token or 0] == 1, f"task {task.id} ({task.queue}) succeeded without its work"
+
     started = {(e.task_id, e.token): e.created_at for e in effects if e.phase == "started"}
     finished = {(e.task_id, e.token): e.created_at for e in effects if e.phase == "done"}
     for (action, feature), ids in cells.items():
@@ -310,12 +311,26 @@ def assert_accounted(cells: dict[tuple[str, str], list[int]], rerun_from: dt.dat
             for parent, child in zip(ids[0::2], ids[1::2], strict=True):
                 if child not in kept or parent not in kept:
                     continue
-                ran = [at for (task_id, _), at in started.items() if task_id == child]
-                parent_done = finished.get((parent, kept[parent].token or 0))
-                if ran and kept[parent].status == TaskStatus.SUCCESSFUL:
-                    assert parent_done is not None and min(ran) > parent_done, (
-                        f"{action} x workflow: task {child} started before its parent {parent} succeeded"
-                    )
+                # A rerun cell's executions fall in two eras: its first executions (all over before the
+                # reruns) and its reruns. In each era the child starts only after its parent's work of
+                # that era is done (its first start against its parent's final run is no order at all).
+                eras = (False, True) if action in ("requeue", "bulk_retry") else (None,)
+                for era in eras:
+                    ran = [
+                        at
+                        for (task_id, _), at in started.items()
+                        if task_id == child and era in (None, at >= rerun_from)
+                    ]
+                    parent_done = [
+                        at
+                        for (task_id, _), at in finished.items()
+                        if task_id == parent and era in (None, at >= rerun_from)
+                    ]
+                    if ran:
+                        assert parent_done and min(ran) > min(parent_done), (
+                            f"{action} x workflow: task {child} started at {min(ran)}, before its parent {parent} "
+                            f"succeeded ({parent_done})"
+                        )
         if feature == "concurrency" and action != "cancel":
             # (A cancel takes a running task's slot at once, its handler finishing on its own: limit 1
             # holds for the tasks the key admits, which is what the other cells check.)

@@ -104,12 +104,6 @@ def test_a_workflow_member_lists_its_attempts_and_its_dependency_apart() -> None
     assert dependant.status == "CANCELLED" and len(history.events) == len(dependant.errors)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="attempts.history matches the first error entry (kept when entries are dropped) to the"
-    " oldest attempt of its worker: after a success and Run again by the same worker, that is the"
-    " successful attempt, which is then shown Failed with the next attempt's error",
-)
 def test_dropped_entries_after_a_success_and_run_again_keep_the_success() -> None:
     task_id = Task.objects.enqueue(PATH, queue=QUEUE, max_attempts=14).id
     succeed(task_id, "w1")  # attempt 1

@@ -31,12 +31,6 @@ def seq_scans(plan: dict[str, Any]) -> list[str]:
     return found
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="leasing/views.py state_counts counts every lease (one aggregate with FILTERs: a sequential"
-    " scan of leasing_lease, released ones included) on every lease page, and the Expired tab's"
-    " paginator counts its leases by a sequential scan too",
-)
 @pytest.mark.django_db(transaction=True)
 def test_the_lease_pages_read_no_whole_table_at_200k_leases(client: Client) -> None:
     with connection.cursor() as cursor:

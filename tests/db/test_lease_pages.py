@@ -8,6 +8,7 @@ from django.test import Client
 from django.urls import reverse
 
 from leasing.models import Lease
+from leasing.views import state_counts
 from tests.factories import LeaseFactory, StaffFactory
 
 pytestmark = pytest.mark.django_db
@@ -33,7 +34,29 @@ def test_state_pages_list_only_their_leases(staff_client: Client, state: str) ->
     expected = {"active": {"active", "renewed"}}.get(state, {state})
     for name, lease in leases.items():
         assert (lease.resource in page) == (name in expected), name
-    assert response.context["counts"] == {"active": 2, "renewed": 1, "expired": 1, "released": 1}
+    counts = response.context["counts"]
+    assert {name: (c.value, c.capped) for name, c in counts.items()} == {
+        "active": (2, False),
+        "renewed": (1, False),
+        "expired": (1, False),
+        "released": (1, False),
+    }
+
+
+def test_released_and_expired_leases_are_counted_up_to_the_cap(staff_client: Client) -> None:
+    """Released and expired leases pile up; their counts stop at the cap and say so ("3+" here)."""
+    for n in range(4):
+        LeaseFactory.create(resource=f"gone-{n}", released=True)
+        LeaseFactory.create(resource=f"left-{n}", expired=True)
+    LeaseFactory.create(resource="held")
+    counts = state_counts(cap=3)
+    assert {name: str(c) for name, c in counts.items()} == {
+        "active": "1",
+        "renewed": "0",
+        "expired": "3+",
+        "released": "3+",
+    }
+    assert not counts["renewed"] and counts["active"]
 
 
 def test_the_tabs_split_every_lease_once_and_held_ones_show_a_live_dot(staff_client: Client) -> None:
@@ -112,9 +135,9 @@ def test_the_overview_counts_leases_as_the_tabs_do(staff_client: Client) -> None
     LeaseFactory.create(resource="is-renewed", renewed=True)
     LeaseFactory.create(resource="is-expired", expired=True)
     response = staff_client.get("/dashboard/")
-    assert response.context["lease_cards"] == [
-        ("active", "Held", 2),
-        ("expired", "Expired", 1),
-        ("released", "Released", 0),
+    assert [(name, label, str(count)) for name, label, count in response.context["lease_cards"]] == [
+        ("active", "Held", "2"),
+        ("expired", "Expired", "1"),
+        ("released", "Released", "0"),
     ]
     assert '<div class="l">Renewed</div>' not in response.content.decode()
