@@ -89,8 +89,8 @@ def history(task: Any) -> History:
     endings = [i for i, e in enumerate(errors) if ends_an_attempt(e)]
     matched: dict[int, int] = {}  # attempt index -> entry index
     for entry_index in endings:
-        place, worker = errors[entry_index].get("position"), str(errors[entry_index].get("worker"))
-        if isinstance(place, int) and 0 < place <= len(workers) and workers[place - 1] == worker:
+        place, owner = errors[entry_index].get("position"), str(errors[entry_index].get("worker"))
+        if isinstance(place, int) and 0 < place <= len(workers) and workers[place - 1] == owner:
             matched.setdefault(place - 1, entry_index)
     legacy = [i for i in endings if i not in matched.values()]
     # The last attempt of a task running one, or that returned, has no entry. Entries without a
