@@ -44,7 +44,15 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.peer_settings"
 
 from bench.common import stop_processes  # noqa: E402
-from bench.peers import SYSTEMS, install_oban, install_pgqueuer, install_procrastinate, setup_django  # noqa: E402
+from bench.peers import (  # noqa: E402
+    SYSTEMS,
+    graphile_version,
+    install_graphile,
+    install_oban,
+    install_pgqueuer,
+    install_procrastinate,
+    setup_django,
+)
 
 WORKER_CONCURRENCY = 8
 CASES = ["enqueue.single", "enqueue.bulk", "drain.procs=1", "drain.procs=4"]
@@ -216,7 +224,7 @@ def run_io_case(name: str, n: int, concurrency: int, log_dir: Path) -> float:
         system.reset()
 
 
-IO_SYSTEMS = ["django-leasing", "django-leasing-threads", "PgQueuer", "procrastinate", "oban"]
+IO_SYSTEMS = ["django-leasing", "django-leasing-threads", "PgQueuer", "procrastinate", "oban", "graphile-worker"]
 
 
 def main_io(args: Any, log_dir: Path) -> str:
@@ -345,6 +353,7 @@ def versions() -> dict[str, str]:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             found[package] = "not installed"
+    found["graphile-worker"] = graphile_version()
     return found
 
 
@@ -404,6 +413,7 @@ def main() -> None:
     install_pgqueuer()
     install_procrastinate()
     install_oban()
+    install_graphile()
     log_dir = Path(os.environ.get("BENCH_LOGS", "/tmp")) / f"bench-compare-{os.getpid()}"
     log_dir.mkdir(parents=True, exist_ok=True)
     if args.snapshot:
@@ -510,7 +520,10 @@ def render(results: dict[tuple[str, str], list[float | None]], cases: list[str],
         f"Workers: {WORKER_CONCURRENCY}-way concurrency per process for every system (django-leasing: "
         "threads, claim batch 64; PgQueuer: batch 64; procrastinate: async concurrency; django-tasks-db: "
         "its db_worker, one task at a time; oban: queue limit 8, `enqueue_many` in calls of 5,000, which the "
-        "open-source edition runs as one INSERT per job in one transaction). django-tasks-db has no batch enqueue; "
+        "open-source edition runs as one INSERT per job in one transaction; graphile-worker: Node, "
+        "bench/graphile/worker.mjs, concurrentJobs 8, a pool of 9, its performance page's batching: a local "
+        "queue of 500 and batched completion, jobs added by its SQL `add_job` / `add_jobs` in calls of 5,000). "
+        "django-tasks-db has no batch enqueue; "
         "its drains are filled "
         "one by one (not timed differently: the clock starts at the first enqueue for every system).",
     ]

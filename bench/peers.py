@@ -370,6 +370,91 @@ def install_oban() -> None:
             cursor.execute(install_sql())
 
 
+# -- graphile-worker (Node) ------------------------------------------------------------------------
+
+GRAPHILE_DIR = Path(__file__).resolve().parent / "graphile"
+#: graphile-worker 0.18 wants Node 22.18 or later: bench/graphile/package.json pins Node 22 from the
+#: npm registry (the ``node`` package), so the machine's own Node (20 here) is not used.
+GRAPHILE_NODE = GRAPHILE_DIR / "node_modules" / ".bin" / "node"
+
+
+def graphile_url() -> str:
+    """This run's database as a postgres:// URL for node-postgres (a socket directory as ?host=)."""
+    from urllib.parse import quote
+
+    from bench.common import psycopg_params
+
+    params = psycopg_params()
+    auth = quote(params.get("user", "postgres"), safe="")
+    if params.get("password"):
+        auth += ":" + quote(params["password"], safe="")
+    host, port = str(params.get("host", "")), params.get("port")
+    if host.startswith("/"):
+        query = f"?host={quote(host, safe='')}" + (f"&port={port}" if port else "")
+        return f"postgres://{auth}@/{quote(params['dbname'], safe='')}{query}"
+    return f"postgres://{auth}@{host or 'localhost'}:{port or 5432}/{quote(params['dbname'], safe='')}"
+
+
+def graphile_system() -> System:
+    """graphile-worker 0.18 (Node), in the same harness: its worker is bench/graphile/worker.mjs;
+    jobs are added through its SQL API (``graphile_worker.add_job``, and ``add_jobs`` for a batch:
+    what its Node ``addJob`` / ``addJobs`` send), from one psycopg connection in autocommit."""
+    import json
+
+    import psycopg
+
+    from bench.common import psycopg_params
+
+    add_one = "SELECT graphile_worker.add_job('noop', %s::json)"
+    add_many = (
+        "SELECT graphile_worker.add_jobs(ARRAY("
+        "SELECT j FROM json_populate_recordset(NULL::graphile_worker.job_spec, %s::json) AS j))"
+    )
+
+    def single(n: int) -> None:
+        with psycopg.connect(**psycopg_params(), autocommit=True) as connection:
+            for i in range(n):
+                connection.execute(add_one, (json.dumps({"i": i}),))
+
+    def batches(identifier: str, n: int) -> None:
+        with psycopg.connect(**psycopg_params(), autocommit=True) as connection:
+            for start in range(0, n, 5000):
+                specs = [{"identifier": identifier, "payload": {"i": i}} for i in range(start, min(n, start + 5000))]
+                connection.execute(add_many, (json.dumps(specs),))
+
+    def worker(concurrency: int) -> None:
+        script = str(GRAPHILE_DIR / "worker.mjs")
+        os.execv(GRAPHILE_NODE, [str(GRAPHILE_NODE), script, graphile_url(), str(concurrency)])
+
+    return System(
+        "graphile-worker",
+        single,
+        lambda n: batches("noop", n),
+        lambda: count("SELECT count(*) FROM graphile_worker._private_jobs"),
+        lambda: truncate("graphile_worker._private_jobs"),
+        worker,
+        lambda n: batches("sleep", n),
+        worker,  # one worker serves both tasks; ``concurrency`` jobs at once
+    )
+
+
+def install_graphile() -> None:
+    """``npm ci`` in bench/graphile (once), then graphile-worker's own migrations (--schema-only)."""
+    import subprocess
+
+    if not (GRAPHILE_DIR / "node_modules" / "graphile-worker").is_dir() or not GRAPHILE_NODE.exists():
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--silent"], cwd=GRAPHILE_DIR, check=True)
+    cli = GRAPHILE_DIR / "node_modules" / "graphile-worker" / "dist" / "cli.js"
+    subprocess.run([str(GRAPHILE_NODE), str(cli), "--schema-only", "-c", graphile_url()], cwd=GRAPHILE_DIR, check=True)
+
+
+def graphile_version() -> str:
+    import json
+
+    package = GRAPHILE_DIR / "node_modules" / "graphile-worker" / "package.json"
+    return str(json.loads(package.read_text())["version"]) if package.is_file() else "not installed"
+
+
 def ours_two_queues() -> System:
     """This project's worker serving two queues (its claim takes both in one statement), the tasks
     split evenly between them: for the drain beside an old snapshot (each queue resumes after its
@@ -402,6 +487,7 @@ SYSTEMS: dict[str, Callable[[], System]] = {
     "procrastinate": procrastinate_system,
     "django-tasks-db": django_tasks_db,
     "oban": oban_system,
+    "graphile-worker": graphile_system,
 }
 
 
