@@ -101,6 +101,55 @@ def warm_up(systems: Sequence[str]) -> None:
         system.reset()
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+#: The CPU seconds of the last drain: its worker processes', and the database server's.
+LAST_CPU: dict[str, float] = {}
+
+
+def cpu_times(pids: Sequence[int]) -> dict[int, float]:
+    """CPU seconds (user + system) each live process has used so far, from /proc."""
+    found = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        found[pid] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return found
+
+
+def server_pids() -> list[int]:
+    """The database server's processes on this machine (postmaster and backends)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if Path(f"/proc/{entry}/comm").read_text().strip() == "postgres":
+                    pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def cpu_split(workers: Sequence[int], before: dict[int, float]) -> dict[str, float]:
+    """CPU seconds since ``before`` (a server process started since counts from zero): the workers'
+    (their threads included) and the server's."""
+    server = cpu_times(server_pids())
+    return {
+        "workers": sum(cpu_times(workers).values()) - sum(before.get(pid, 0.0) for pid in workers),
+        "postgres": sum(value - before.get(pid, 0.0) for pid, value in server.items()),
+    }
+
+
+def cpu_note(n: int) -> str:
+    """The last drain's CPU per 1,000 tasks (ms), for the printed line."""
+    if not LAST_CPU:
+        return ""
+    return "  [CPU per 1,000 tasks: workers {:.0f} ms, postgres {:.0f} ms]".format(
+        *(LAST_CPU[k] * 1000 * 1000 / n for k in ("workers", "postgres"))
+    )
+
+
 def run_case(name: str, case: str, n: int, log_dir: Path) -> float | None:
     system = SYSTEMS[name]()
     system.reset()
@@ -118,6 +167,8 @@ def run_case(name: str, case: str, n: int, log_dir: Path) -> float | None:
     procs = start_workers(name, processes, log_dir)
     try:
         fill = system.enqueue_bulk or system.enqueue_single
+        pids = [proc.pid for proc in procs]
+        before = cpu_times([*pids, *server_pids()])
         started = time.perf_counter()
         fill(n)
         deadline = started + 1800
@@ -125,7 +176,10 @@ def run_case(name: str, case: str, n: int, log_dir: Path) -> float | None:
             if time.perf_counter() > deadline:
                 raise RuntimeError(f"{name} did not drain {n} tasks in 30 minutes")
             time.sleep(0.02)
-        return n / (time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        LAST_CPU.clear()
+        LAST_CPU.update(cpu_split(pids, before))
+        return n / elapsed
     finally:
         stop_processes(procs)
         system.reset()
@@ -259,6 +313,10 @@ def main_io(args: Any, log_dir: Path) -> str:
         ),
         "procrastinate": f"`concurrency={args.io_concurrency}`, `asyncio.sleep(1)`",
         "oban": f"queue limit {args.io_concurrency}, `asyncio.sleep(1)`",
+        "graphile-worker": (
+            f"Node, `concurrentJobs` {args.io_concurrency}, a pool of 25, local queue 500, batched completion, "
+            "`setTimeout` 1 s"
+        ),
     }
     for name in systems:
         values = results[name]
@@ -286,6 +344,7 @@ def _raw_worker(params: dict[str, Any], index: int, start: Any, done: Any) -> No
 
     import psycopg
 
+    from bench.peers import BATCH_SIZE
     from tasks.lifecycle.statements import CLAIM_SQL, COMPLETE_SQL, claim_params
 
     worker = f"raw-{index}"
@@ -298,7 +357,7 @@ def _raw_worker(params: dict[str, Any], index: int, start: Any, done: Any) -> No
                 {
                     "worker": worker,
                     "ttl": 30.0,
-                    "limit": 64,
+                    "limit": BATCH_SIZE,
                     "start": True,
                     "isolate_after": 2,
                     **claim_params(["bench"], busy=False, isolate_after=2),
@@ -332,11 +391,15 @@ def run_raw(n: int, processes: int) -> float:
     for worker in workers:
         worker.start()
     time.sleep(0.5)
+    pids = [worker.pid for worker in workers if worker.pid is not None]
+    before = cpu_times([*pids, *server_pids()])
     started = time.perf_counter()
     start.set()
     for _ in workers:
         done.get(timeout=600)
     elapsed = time.perf_counter() - started
+    LAST_CPU.clear()
+    LAST_CPU.update(cpu_split(pids, before))
     for worker in workers:
         worker.join()
     remaining = system.pending()
@@ -452,18 +515,19 @@ def main() -> None:
             turn = (round_no - 1) % len(systems)
             for case in cases:
                 for name in systems[turn:] + systems[:turn]:
+                    LAST_CPU.clear()
                     rate = run_case(name, case, args.tasks, log_dir)
                     results.setdefault((case, name), []).append(rate)
                     shown = "n/a" if rate is None else f"{rate:.1f}"
                     ours = results.get((case, "django-leasing"), [])
                     if name != "django-leasing" and rate and len(ours) == round_no and ours[-1]:
                         shown += f"  (ours / theirs this round {ours[-1] / rate:.2f}x)"
-                    print(f"compare.{case}.{name}.round={round_no}  {shown} tasks/s", flush=True)
+                    print(f"compare.{case}.{name}.round={round_no}  {shown} tasks/s{cpu_note(args.tasks)}", flush=True)
                 if case.startswith("drain"):
                     processes = int(case.rsplit("=", 1)[1])
                     rate = run_raw(args.tasks, processes)
                     results.setdefault((case, "raw SQL ceiling"), []).append(rate)
-                    print(f"compare.{case}.raw.round={round_no}  {rate:.1f} tasks/s", flush=True)
+                    print(f"compare.{case}.raw.round={round_no}  {rate:.1f} tasks/s{cpu_note(args.tasks)}", flush=True)
     finally:
         if server is not None:
             from leasing.embedded import discard

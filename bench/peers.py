@@ -21,6 +21,8 @@ from typing import Any
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 QUEUE = "bench"
+#: This project's claim batch (``--batch-size``); BENCH_BATCH_SIZE sets another, for experiments.
+BATCH_SIZE = int(os.environ.get("BENCH_BATCH_SIZE", "64"))
 
 
 def conninfo() -> str:
@@ -77,7 +79,7 @@ def ours() -> System:
     def worker(concurrency: int) -> None:
         from tasks.worker.process import Worker
 
-        worker = Worker(queues=[QUEUE], concurrency=concurrency, batch_size=64, recovery=False)
+        worker = Worker(queues=[QUEUE], concurrency=concurrency, batch_size=BATCH_SIZE, recovery=False)
         print("ready", flush=True)
         worker.run()
 
@@ -88,7 +90,7 @@ def ours() -> System:
         from tasks.worker.process import Worker
 
         # The default 4 executor threads for sync tasks; ``concurrency`` coroutines on the event loop.
-        worker = Worker(queues=[QUEUE], async_concurrency=concurrency, batch_size=64, recovery=False)
+        worker = Worker(queues=[QUEUE], async_concurrency=concurrency, batch_size=BATCH_SIZE, recovery=False)
         print("ready", flush=True)
         worker.run()
 
@@ -117,7 +119,7 @@ def ours_threads() -> System:
     def io_worker(concurrency: int) -> None:
         from tasks.worker.process import Worker
 
-        worker = Worker(queues=[QUEUE], async_concurrency=0, batch_size=64, recovery=False)
+        worker = Worker(queues=[QUEUE], async_concurrency=0, batch_size=BATCH_SIZE, recovery=False)
         print("ready", flush=True)
         worker.run()
 
@@ -472,7 +474,7 @@ def ours_two_queues() -> System:
     def worker(concurrency: int) -> None:
         from tasks.worker.process import Worker
 
-        worker = Worker(queues=queues, concurrency=concurrency, batch_size=64, recovery=False)
+        worker = Worker(queues=queues, concurrency=concurrency, batch_size=BATCH_SIZE, recovery=False)
         print("ready", flush=True)
         worker.run()
 
