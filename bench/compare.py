@@ -107,14 +107,15 @@ LAST_CPU: dict[str, float] = {}
 
 
 def cpu_times(pids: Sequence[int]) -> dict[int, float]:
-    """CPU seconds (user + system) each live process has used so far, from /proc."""
+    """CPU seconds (user + system) each live process has used so far, its children that ended and
+    were waited for included (the postmaster's: backends that exited during the drain), from /proc."""
     found = {}
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        found[pid] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        found[pid] = sum(int(value) for value in fields[11:15]) / CLOCK_TICKS
     return found
 
 

@@ -92,7 +92,8 @@ _LEASE_CTE = """lease AS (
 # (an UPDATE of the row) waits for the statement holding it, and a statement arriving while an edit
 # is in flight waits for it and then finds the new revision (READ COMMITTED re-checks the locked
 # row's newest version) and enqueues nothing. Settings schedules pass %(revision)s NULL. The row's
-# created_at too: a schedule deleted and stored again under its name starts at revision 1 again.
+# created_at too (a schedule deleted and stored again under its name once started at revision 1
+# again; revisions now come from one sequence, migration 0033, and the check stays as a second key).
 _CURRENT_CTE = """current AS (
     SELECT name FROM tasks_storedschedule
     WHERE name = %(name)s AND revision = %(revision)s AND created_at = %(stored_at)s AND NOT paused
@@ -332,7 +333,7 @@ class Scheduler:
         #: What the next round runs: the declared schedules and the stored ones as last read.
         self.schedules: dict[str, ScheduleSpec] = dict(schedules)
         self.stored = stored
-        #: name -> (revision, created_at) read (valid or not): a row stored again starts at revision 1
+        #: name -> (revision, created_at) read (valid or not): a row stored again is a new row
         self._stored_seen: dict[str, tuple[int, dt.datetime]] = {}
         self.using = using
         self.max_catch_up = conf.SCHEDULER_MAX_CATCH_UP

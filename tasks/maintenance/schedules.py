@@ -91,7 +91,7 @@ class ScheduleSpec:
     #: scheduler's slot statement refuses to enqueue when the row has moved on (edited, paused, deleted).
     revision: int | None = None
     #: With ``revision``, which row: its ``created_at``. A schedule deleted and stored again under
-    #: its name starts at revision 1 again; the slot statement must not take it for the old one.
+    #: its name is a new row; the slot statement must not take it for the old one.
     stored_at: dt.datetime | None = None
 
     @property

@@ -69,7 +69,9 @@ class ScheduleRun(models.Model):
 
 # -- schedules stored at runtime -----------------------------------------------------------------
 #
-# Every operator write is one statement that bumps ``revision``; the scheduler's slot statement
+# Every operator write is one statement that sets ``revision`` to the next value of one sequence (so a
+# revision is never given twice, not even to a schedule stored again under a deleted one's name: a
+# write made at the deleted one's revision is refused); the scheduler's slot statement
 # enqueues only while the row still has the revision it read (under a share lock: an edit waits for
 # a slot statement in flight, and a slot statement for an edit in flight, then sees it), so no slot
 # is enqueued under a definition after the edit that replaced it commits. ``effective_from`` is the
@@ -77,12 +79,14 @@ class ScheduleRun(models.Model):
 # it (no back-fill of the time before a schedule existed, was edited, or while it was paused).
 
 _RETURNING = "RETURNING name, entry, paused, revision, effective_from, created_at, updated_at"
+_NEXT_REVISION = "nextval('tasks_storedschedule_revision_seq')"  # migration 0033
 
 # A new schedule; no row when the name is taken (the caller answers 409).
 STORED_CREATE_SQL = f"""
 INSERT INTO tasks_storedschedule AS s (
     name, entry, paused, revision, effective_from, created_at, updated_at, changed_by)
-VALUES (%(name)s, %(entry)s::jsonb, %(paused)s, 1, clock_timestamp(), clock_timestamp(), clock_timestamp(), %(by)s)
+VALUES (%(name)s, %(entry)s::jsonb, %(paused)s, {_NEXT_REVISION}, clock_timestamp(), clock_timestamp(),
+        clock_timestamp(), %(by)s)
 ON CONFLICT (name) DO NOTHING
 {_RETURNING}
 """
@@ -91,7 +95,7 @@ ON CONFLICT (name) DO NOTHING
 # (no row: deleted, or edited meanwhile; the caller answers 404 or 409). The timing restarts now.
 STORED_REPLACE_SQL = f"""
 UPDATE tasks_storedschedule AS s SET
-    entry = %(entry)s::jsonb, paused = %(paused)s, revision = s.revision + 1,
+    entry = %(entry)s::jsonb, paused = %(paused)s, revision = {_NEXT_REVISION},
     effective_from = clock_timestamp(), updated_at = clock_timestamp(), changed_by = %(by)s
 WHERE s.name = %(name)s AND s.revision = %(revision)s
 {_RETURNING}
@@ -100,7 +104,8 @@ WHERE s.name = %(name)s AND s.revision = %(revision)s
 # Pause: the scheduler enqueues nothing for it from its next statement on. Already paused: no change.
 STORED_PAUSE_SQL = f"""
 UPDATE tasks_storedschedule AS s SET
-    paused = true, revision = s.revision + 1, updated_at = clock_timestamp(), changed_by = %(by)s
+    paused = true, revision = {_NEXT_REVISION}, updated_at = clock_timestamp(),
+    changed_by = %(by)s
 WHERE s.name = %(name)s AND NOT s.paused
 {_RETURNING}
 """
@@ -108,7 +113,8 @@ WHERE s.name = %(name)s AND NOT s.paused
 # Resume: slots after now run, the ones missed while paused do not. Not paused: no change.
 STORED_RESUME_SQL = f"""
 UPDATE tasks_storedschedule AS s SET
-    paused = false, revision = s.revision + 1, effective_from = clock_timestamp(), updated_at = clock_timestamp(),
+    paused = false, revision = {_NEXT_REVISION}, effective_from = clock_timestamp(),
+    updated_at = clock_timestamp(),
     changed_by = %(by)s
 WHERE s.name = %(name)s AND s.paused
 {_RETURNING}
@@ -173,8 +179,7 @@ class StoredScheduleQuerySet(models.QuerySet["StoredSchedule"]):
 
     def for_scheduler(self) -> list[tuple[str, dict[str, Any], bool, int, dt.datetime, dt.datetime]]:
         """What the scheduler reads each round: one query over the (few) stored schedules. A row is
-        (name, revision, created_at): a schedule stored again under a deleted one's name starts at
-        revision 1 again."""
+        (name, revision, created_at)."""
         return list(
             self.order_by("name").values_list("name", "entry", "paused", "revision", "effective_from", "created_at")
         )

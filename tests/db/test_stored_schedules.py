@@ -57,7 +57,8 @@ def snapshot() -> list[tuple[Any, ...]]:
 def test_create_read_patch_put_pause_resume_delete(api: Api) -> None:
     status, body = api.call("POST", "/api/schedules", tick(kwargs={"n": 1}))
     assert status == 201, body
-    assert body["kind"] == "stored" and body["revision"] == 1 and not body["paused"]
+    assert body["kind"] == "stored" and not body["paused"]
+    first = body["revision"]
     assert body["definition"]["task"] == NOOP and body["definition"]["kwargs"] == {"n": 1}
 
     status, body = api.call("GET", "/api/schedules")
@@ -69,24 +70,28 @@ def test_create_read_patch_put_pause_resume_delete(api: Api) -> None:
     # PATCH merges into the entry (null removes a key), PUT replaces it; each bumps the revision.
     status, body = api.call("PATCH", "/api/schedules/tick", {"kwargs": {"n": 2}, "catch_up": None})
     assert status == 200, body
-    assert body["revision"] == 2 and body["entry"] == {"task": NOOP, "interval": 1, "kwargs": {"n": 2}}
-    status, body = api.call("PUT", "/api/schedules/tick", {"task": NOOP, "cron": "*/5 * * * *", "revision": 2})
-    assert status == 200 and body["entry"] == {"task": NOOP, "cron": "*/5 * * * *"} and body["revision"] == 3
+    second = body["revision"]
+    assert second > first and body["entry"] == {"task": NOOP, "interval": 1, "kwargs": {"n": 2}}
+    status, body = api.call("PUT", "/api/schedules/tick", {"task": NOOP, "cron": "*/5 * * * *", "revision": second})
+    assert status == 200 and body["entry"] == {"task": NOOP, "cron": "*/5 * * * *"} and body["revision"] > second
+    third = body["revision"]
     before = snapshot()
-    status, body = api.call("PATCH", "/api/schedules/tick", {"interval": 5, "cron": None, "revision": 2})
+    status, body = api.call("PATCH", "/api/schedules/tick", {"interval": 5, "cron": None, "revision": second})
     assert status == 409 and body["field"] == "revision"
     assert snapshot() == before
 
     status, body = api.call("POST", "/api/schedules/tick/pause")
-    assert status == 200 and body["paused"] and body["revision"] == 4
-    assert api.call("POST", "/api/schedules/tick/pause")[1]["revision"] == 4  # paused already: no write
+    assert status == 200 and body["paused"] and body["revision"] > third
+    paused = body["revision"]
+    assert api.call("POST", "/api/schedules/tick/pause")[1]["revision"] == paused  # paused already: no write
     listed = api.call("GET", "/api/schedules")[1]["schedules"]
     assert [s["paused"] for s in listed if s["name"] == "tick"] == [True]
     status, body = api.call("POST", "/api/schedules/tick/resume")
-    assert status == 200 and not body["paused"] and body["revision"] == 5
+    assert status == 200 and not body["paused"] and body["revision"] > paused
+    resumed = body["revision"]
 
     status, body = api.call("DELETE", "/api/schedules/tick")
-    assert status == 200 and body == {"deleted": "tick", "revision": 5}
+    assert status == 200 and body == {"deleted": "tick", "revision": resumed}
     assert not StoredSchedule.objects.exists()
     assert api.call("DELETE", "/api/schedules/tick")[0] == 404
     assert api.call("PATCH", "/api/schedules/tick", {"interval": 2})[0] == 404
@@ -219,21 +224,23 @@ def test_admin_add_edit_pause_resume_delete(staff: Client) -> None:
 
     assert staff.post(url + "add/", form()).status_code == 302
     row = StoredSchedule.objects.get()
-    assert row.entry == {"task": NOOP, "interval": 1.0, "catch_up": "all", "kwargs": {"n": 1}} and row.revision == 1
+    assert row.entry == {"task": NOOP, "interval": 1.0, "catch_up": "all", "kwargs": {"n": 1}}
+    first = row.revision
     change = url + "tick/change/"
     assert "tick" in staff.get(change).content.decode()
-    assert staff.post(change, form(kwargs='{"n": 2}', revision="1")).status_code == 302
+    assert staff.post(change, form(kwargs='{"n": 2}', revision=str(first))).status_code == 302
     row = StoredSchedule.objects.get()
-    assert row.entry["kwargs"] == {"n": 2} and row.revision == 2
-    stale = staff.post(change, form(kwargs='{"n": 3}', revision="1"))  # edited from a page read at revision 1
+    assert row.entry["kwargs"] == {"n": 2} and row.revision > first
+    edited = row.revision
+    stale = staff.post(change, form(kwargs='{"n": 3}', revision=str(first)))  # edited from a page read before
     assert stale.status_code == 200 and "changed meanwhile" in stale.content.decode()
-    assert StoredSchedule.objects.get().revision == 2
+    assert StoredSchedule.objects.get().revision == edited
 
     staff.post(url, {"action": "pause_selected", "_selected_action": ["tick"]})
     assert StoredSchedule.objects.get().paused
     staff.post(url, {"action": "resume_selected", "_selected_action": ["tick"]})
     row = StoredSchedule.objects.get()
-    assert not row.paused and row.revision == 4
+    assert not row.paused and row.revision > edited
     assert staff.post(url + "tick/delete/", {"post": "yes"}).status_code == 302
     assert not StoredSchedule.objects.exists()
 
@@ -351,7 +358,7 @@ def test_an_edit_committed_after_the_round_read_the_schedule_refuses_the_old_def
     api.call("POST", "/api/schedules", tick(kwargs={"v": 1}))
     backdate("tick", 4.5)
     leader = Leader()
-    leader.scheduler.refresh(leader.writer, leader.states)  # the round has read revision 1
+    leader.scheduler.refresh(leader.writer, leader.states)  # the round has read the first revision
     assert api.call("PATCH", "/api/schedules/tick", {"kwargs": {"v": 2}})[0] == 200  # committed
     with pytest.raises(DefinitionChanged):
         leader.scheduler.round(leader.writer, leader.states)
@@ -362,8 +369,8 @@ def test_an_edit_committed_after_the_round_read_the_schedule_refuses_the_old_def
 
 def test_an_edit_in_flight_holds_the_slot_statement_which_then_enqueues_nothing(api: Api) -> None:
     """Two real connections: the operator's edit has updated the row and not committed; the leader's
-    slot statement (which read revision 1) waits for it on the row's share lock, then finds revision
-    2 and writes nothing: no slot is enqueued under a definition its replacement committed over."""
+    slot statement (which read the first revision) waits for it on the row's share lock, then finds
+    the next one and writes nothing: no slot is enqueued under a definition its replacement committed over."""
     api.call("POST", "/api/schedules", tick(kwargs={"v": 1}))
     backdate("tick", 2.5)
     leader = Leader()
@@ -391,7 +398,7 @@ def test_an_edit_in_flight_holds_the_slot_statement_which_then_enqueues_nothing(
     with pytest.raises(DefinitionChanged):
         scheduler.outcome()
     assert not Task.objects.exists() and not ScheduleRun.objects.exists()
-    assert StoredSchedule.objects.get().revision == 2
+    assert StoredSchedule.objects.get().revision > row.revision
 
 
 def test_a_slot_statement_in_flight_commits_first_and_the_edit_waits_for_it(api: Api) -> None:

@@ -6,7 +6,8 @@
 -- A new schedule; no row when the name is taken (the caller answers 409).
 INSERT INTO tasks_storedschedule AS s (
     name, entry, paused, revision, effective_from, created_at, updated_at, changed_by)
-VALUES (%(name)s, %(entry)s::jsonb, %(paused)s, 1, clock_timestamp(), clock_timestamp(), clock_timestamp(), %(by)s)
+VALUES (%(name)s, %(entry)s::jsonb, %(paused)s, nextval('tasks_storedschedule_revision_seq'), clock_timestamp(), clock_timestamp(),
+        clock_timestamp(), %(by)s)
 ON CONFLICT (name) DO NOTHING
 RETURNING name, entry, paused, revision, effective_from, created_at, updated_at;
 
@@ -14,7 +15,7 @@ RETURNING name, entry, paused, revision, effective_from, created_at, updated_at;
 -- Replace the definition: compare-and-set on the revision the caller read and validated against
 -- (no row: deleted, or edited meanwhile; the caller answers 404 or 409). The timing restarts now.
 UPDATE tasks_storedschedule AS s SET
-    entry = %(entry)s::jsonb, paused = %(paused)s, revision = s.revision + 1,
+    entry = %(entry)s::jsonb, paused = %(paused)s, revision = nextval('tasks_storedschedule_revision_seq'),
     effective_from = clock_timestamp(), updated_at = clock_timestamp(), changed_by = %(by)s
 WHERE s.name = %(name)s AND s.revision = %(revision)s
 RETURNING name, entry, paused, revision, effective_from, created_at, updated_at;
@@ -22,14 +23,16 @@ RETURNING name, entry, paused, revision, effective_from, created_at, updated_at;
 -- name: STORED_PAUSE_SQL
 -- Pause: the scheduler enqueues nothing for it from its next statement on. Already paused: no change.
 UPDATE tasks_storedschedule AS s SET
-    paused = true, revision = s.revision + 1, updated_at = clock_timestamp(), changed_by = %(by)s
+    paused = true, revision = nextval('tasks_storedschedule_revision_seq'), updated_at = clock_timestamp(),
+    changed_by = %(by)s
 WHERE s.name = %(name)s AND NOT s.paused
 RETURNING name, entry, paused, revision, effective_from, created_at, updated_at;
 
 -- name: STORED_RESUME_SQL
 -- Resume: slots after now run, the ones missed while paused do not. Not paused: no change.
 UPDATE tasks_storedschedule AS s SET
-    paused = false, revision = s.revision + 1, effective_from = clock_timestamp(), updated_at = clock_timestamp(),
+    paused = false, revision = nextval('tasks_storedschedule_revision_seq'), effective_from = clock_timestamp(),
+    updated_at = clock_timestamp(),
     changed_by = %(by)s
 WHERE s.name = %(name)s AND s.paused
 RETURNING name, entry, paused, revision, effective_from, created_at, updated_at;

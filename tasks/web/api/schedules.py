@@ -140,7 +140,7 @@ def create_schedule(request: HttpRequest) -> tuple[int, Any]:
     _not_declared(name)
     entry = {k: v for k, v in body.data.items() if k not in _CONTROL_KEYS}
     if "revision" in body.data:
-        raise ApiError(400, "revision is not given on create (a new schedule starts at 1)", "revision")
+        raise ApiError(400, "revision is not given on create (the create sets it)", "revision")
     paused = _paused(body, False)
     spec = _validated(name, entry, paused)
     row = StoredSchedule.objects.create_stored(name, entry, paused=paused, by=_caller(request))
