@@ -120,15 +120,26 @@ def cpu_times(pids: Sequence[int]) -> dict[int, float]:
 
 
 def server_pids() -> list[int]:
-    """The database server's processes on this machine (postmaster and backends)."""
-    pids = []
+    """The processes of this run's database server (its postmaster and the postmaster's children),
+    found from its data directory's postmaster.pid: not other servers on the machine."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT setting FROM pg_settings WHERE name = 'data_directory'")
+        data_directory = cursor.fetchone()[0]
+    try:
+        postmaster = int(Path(data_directory, "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return []
+    pids = [postmaster]
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if Path(f"/proc/{entry}/comm").read_text().strip() == "postgres":
-                    pids.append(int(entry))
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
+            if int(fields[1]) == postmaster:
+                pids.append(int(entry))
     return pids
 
 
