@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Side-by-side benchmark: this project, PgQueuer, procrastinate, django-tasks-db and oban on one
-PostgreSQL in one run, plus a raw-SQL ceiling of our claim and finish statements.
+"""Side-by-side benchmark: this project, PgQueuer, procrastinate, django-tasks-db, oban and
+graphile-worker (Node: bench/graphile/) on one PostgreSQL in one run, plus a raw-SQL ceiling of our
+claim and finish statements. Each drain also prints the CPU its workers and the server used.
 
     python3 -m venv .venv-bench && .venv-bench/bin/pip install -e '.[embedded]' -r bench/requirements.txt
     .venv-bench/bin/python bench/compare.py [--tasks 20000] [--rounds 2] [--write docs/explanation/benchmarks.md]
