@@ -18,6 +18,7 @@ from tests.helpers import test_database_url as database_url  # not collected as 
 from tests.helpers.api import TOKEN, Api
 from tests.helpers.pgbouncer import Bouncer, pgbouncer
 from tests.helpers.pgproxy import PgProxy
+from tests.helpers.task_paths import NOOP
 
 # The time each lane took, at the end of every run (docs/CONTRIBUTING.md).
 pytest_plugins = ["tests.helpers.lanes"]
@@ -112,6 +113,14 @@ def old_snapshot() -> Iterator[None]:
 
 
 # -- settings ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def schedule_api_settings(settings: Any) -> None:
+    """The JSON API may enqueue the no-op handler and answers the test token: what the stored-schedule
+    tests write schedules with."""
+    settings.LEASING_TASKS = {"API_TASKS": [NOOP]}
+    settings.LEASING_API_TOKENS = [TOKEN]
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 @pytest.fixture
-def replicas(tmp_path: Path, settings: Any) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+def stored_replicas(tmp_path: Path, settings: Any) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
     settings.LEASING_TASKS = {"API_TASKS": [NOOP]}
     settings.LEASING_API_TOKENS = [TOKEN]
     procs = {
@@ -63,7 +63,7 @@ def wait_for_runs(name: str, more: int, timeout: float = 30) -> None:
 
 
 def test_stored_schedules_fire_once_per_slot_through_a_leader_kill_and_follow_pause_and_edit(
-    replicas: dict[str, subprocess.Popen[bytes]], client: Client
+    stored_replicas: dict[str, subprocess.Popen[bytes]], client: Client
 ) -> None:
     api = Api(client)
     status, body = api.call(
@@ -78,8 +78,8 @@ def test_stored_schedules_fire_once_per_slot_through_a_leader_kill_and_follow_pa
     wait_for_runs("tick", 4)
     assert runs("tick")[0].slot == stored_at.replace(microsecond=0) + dt.timedelta(seconds=1)  # no back-fill
 
-    replicas[first].send_signal(signal.SIGKILL)
-    replicas[first].wait(10)
+    stored_replicas[first].send_signal(signal.SIGKILL)
+    stored_replicas[first].wait(10)
     wait_until(lambda: (h := leader()) not in (None, first) and h, 20, interval=0.05, what="a successor")
     wait_for_runs("tick", 4)
 
@@ -99,7 +99,7 @@ def test_stored_schedules_fire_once_per_slot_through_a_leader_kill_and_follow_pa
     wait_until(lambda: any(r.slot > edited_at for r in runs("tick")), 20, interval=0.1, what="a slot after the edit")
     wait_for_runs("tick", 2)
 
-    for proc in replicas.values():
+    for proc in stored_replicas.values():
         stop_process(proc)
     tick = runs("tick")
     tasks = {t.pk: t for t in Task.objects.filter(task_path=NOOP)}

@@ -26,7 +26,7 @@ KWARGS = {"user": "ada", "Password": SECRET, "nested": [{"api_key": SECRET}]}
 
 
 @pytest.fixture
-def redacting(settings: Any) -> Api:
+def redacting_api(settings: Any) -> Api:
     settings.LEASING_TASKS = {
         **settings.LEASING_TASKS,
         "REDACT_ARGUMENTS": ["password", "api_key"],
@@ -37,25 +37,25 @@ def redacting(settings: Any) -> Api:
     return Api(Client(), headers={"Authorization": "Bearer redaction-token"})
 
 
-def test_a_declared_schedule_keeps_its_secrets_out_of_the_schedules_api(redacting: Api) -> None:
+def test_a_declared_schedule_keeps_its_secrets_out_of_the_schedules_api(redacting_api: Api) -> None:
     """The schedule's page redacts its arguments (test_argument_redaction); its JSON must too: a
     read-only API client would otherwise read the password a schedule passes to its task."""
     for url in ("/api/schedules", "/api/schedules/nightly"):
-        status, body = redacting.call("GET", url)
+        status, body = redacting_api.call("GET", url)
         assert status == 200, (url, body)
         assert SECRET not in str(body), f"{url} shows the schedule's secret argument"
-    status, body = redacting.call("GET", "/api/schedules/nightly")
+    status, body = redacting_api.call("GET", "/api/schedules/nightly")
     definition = body["schedule"]["definition"] if "schedule" in body else body["definition"]
     assert definition["kwargs"]["user"] == "ada" and definition["kwargs"]["Password"] == "[redacted]"
 
 
-def test_a_stored_schedule_keeps_its_secrets_out_of_the_api_and_pages(redacting: Api, staff: Client) -> None:
+def test_a_stored_schedule_keeps_its_secrets_out_of_the_api_and_pages(redacting_api: Api, staff: Client) -> None:
     entry = {"name": "stored-one", "task": PATH, "interval": 600, "kwargs": KWARGS}
-    status, body = redacting.call("POST", "/api/schedules", entry)
+    status, body = redacting_api.call("POST", "/api/schedules", entry)
     assert status == 201, body
     leaks = [] if SECRET not in str(body) else ["POST /api/schedules"]
     for url in ("/api/schedules", "/api/schedules/stored-one"):
-        status, body = redacting.call("GET", url)
+        status, body = redacting_api.call("GET", url)
         assert status == 200, (url, body)
         if SECRET in str(body):
             leaks.append(f"GET {url}")
@@ -65,21 +65,21 @@ def test_a_stored_schedule_keeps_its_secrets_out_of_the_api_and_pages(redacting:
         if SECRET in response.content.decode():
             leaks.append(url)
     assert leaks == []
-    status, body = redacting.call("GET", "/api/schedules/stored-one")
+    status, body = redacting_api.call("GET", "/api/schedules/stored-one")
     assert body["schedule"]["definition"]["kwargs"]["Password"] == "[redacted]"
     # The entry read back, written back: the placeholder would replace the secret. Refused, unchanged.
-    status, body = redacting.call(
+    status, body = redacting_api.call(
         "PUT", "/api/schedules/stored-one", {**entry, "kwargs": {**KWARGS, "Password": "[redacted]"}}
     )
     assert status == 400 and body["field"] == "kwargs" and "REDACT_ARGUMENTS" in body["error"], body
     assert StoredSchedule.objects.get(name="stored-one").entry["kwargs"] == KWARGS
     # A patch that leaves the arguments out keeps the stored ones.
-    status, body = redacting.call("PATCH", "/api/schedules/stored-one", {"interval": 900})
+    status, body = redacting_api.call("PATCH", "/api/schedules/stored-one", {"interval": 900})
     assert status == 200, body
     assert StoredSchedule.objects.get(name="stored-one").entry["kwargs"] == KWARGS
 
 
-def test_the_admin_history_and_delete_pages_show_no_secret_and_no_raw_status(redacting: Api, staff: Client) -> None:
+def test_the_admin_history_and_delete_pages_show_no_secret_and_no_raw_status(redacting_api: Api, staff: Client) -> None:
     """The admin names a task by str(task) on its history, delete and change pages (the breadcrumb):
     no argument there, and the status by its label, as every page says it (one vocabulary)."""
     task = Task.objects.enqueue(PATH, queue="secrets", kwargs=KWARGS)
@@ -111,7 +111,7 @@ def not_json(task_path: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
 
 @pytest.mark.parametrize("redactor", ["three_values", "not_json"])
 def test_a_redactor_returning_the_wrong_shape_hides_everything_and_breaks_no_page(
-    redacting: Api, staff: Client, settings: Any, redactor: str
+    redacting_api: Api, staff: Client, settings: Any, redactor: str
 ) -> None:
     task = Task.objects.enqueue(PATH, queue="secrets", args=[SECRET], kwargs=KWARGS)
     settings.LEASING_TASKS = {
@@ -119,10 +119,10 @@ def test_a_redactor_returning_the_wrong_shape_hides_everything_and_breaks_no_pag
         "REDACT_ARGUMENTS": f"tests.db.test_redaction_attacks.{redactor}",
     }
     staff.raise_request_exception = False
-    redacting.client.raise_request_exception = False
+    redacting_api.client.raise_request_exception = False
     page = staff.get(f"/dashboard/tasks/{task.id}/")
     assert page.status_code == 200 and SECRET not in page.content.decode()
-    status, body = redacting.call("GET", f"/api/tasks/{task.id}")
+    status, body = redacting_api.call("GET", f"/api/tasks/{task.id}")
     assert status == 200 and SECRET not in str(body)
 
 
@@ -158,7 +158,7 @@ def test_a_search_cannot_confirm_a_secret_a_callable_hides_by_task_path(staff: C
         call_command("tasks_search_index", "drop", stdout=StringIO())
 
 
-def test_a_debounced_task_and_a_workflow_members_secrets_stay_hidden(redacting: Api, staff: Client) -> None:
+def test_a_debounced_task_and_a_workflow_members_secrets_stay_hidden(redacting_api: Api, staff: Client) -> None:
     """A debounced task's arguments are replaced by each enqueue of its key (the newest win) and a
     workflow member's come from its step: hidden on the task's page, the workflow's page, the every
     task list and the API alike."""
@@ -182,5 +182,5 @@ def test_a_debounced_task_and_a_workflow_members_secrets_stay_hidden(redacting: 
         assert response.status_code == 200, url
         assert SECRET not in response.content.decode() and "old-secret" not in response.content.decode(), url
     for url in (f"/api/tasks/{first.id}", *(f"/api/tasks/{pk}" for pk in members), f"/api/workflows/{workflow.id}"):
-        status, body = redacting.call("GET", url)
+        status, body = redacting_api.call("GET", url)
         assert status == 200 and SECRET not in str(body), url

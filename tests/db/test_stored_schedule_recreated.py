@@ -19,16 +19,10 @@ from leasing.models import Lease
 from tasks.maintenance.scheduler import SCHEDULER_LEASE, Scheduler, ScheduleState, SlotWriter, database_now
 from tasks.models import ScheduleRun, StoredSchedule, Task
 from tests.helpers import wait_until
-from tests.helpers.api import TOKEN, Api
+from tests.helpers.api import Api
 from tests.helpers.task_paths import NOOP
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def configured(settings: Any) -> None:
-    settings.LEASING_TASKS = {"API_TASKS": [NOOP]}
-    settings.LEASING_API_TOKENS = [TOKEN]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("schedule_api_settings")]
 
 
 def tick(version: int) -> dict[str, Any]:

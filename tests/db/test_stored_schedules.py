@@ -35,7 +35,7 @@ OTHER = "tests.testapp.handlers.record"  # importable, not on the allow-list
 
 
 @pytest.fixture(autouse=True)
-def configured(settings: Any) -> None:
+def declared_and_stored(settings: Any) -> None:
     settings.LEASING_TASKS = {
         "API_TASKS": [NOOP],
         "SCHEDULES": {"nightly": {"task": NOOP, "cron": "30 2 * * *"}},
