@@ -70,3 +70,29 @@ def test_a_position_naming_another_workers_attempt_is_not_trusted() -> None:
         cursor.execute("UPDATE tasks_task SET errors = jsonb_set(errors, '{3,position}', '2') WHERE id = %s", [task_id])
     rows = table(task_id)
     assert [(n, o, m) for n, o, m in rows] == [(n, "Failed", f"failure {n}") for n in range(1, 5)]
+
+
+def test_snoozes_between_twelve_failures_with_dropped_and_old_entries() -> None:
+    """Twelve attempts by twelve workers, a snooze after each (which takes its own worker id back),
+    two entries dropped (the first and the newest nine kept), and the first two kept entries
+    rewritten as before ``position`` existed: attempts 2 and 3 are "Not known", the rest their own."""
+    task_id = Task.objects.enqueue(PATH, queue=QUEUE, max_attempts=20).id
+    for number in range(1, 13):
+        end(task_id, f"w{number}", f"failure {number}")
+        end(task_id, f"s{number}", "nap", kind="snooze", delay=0)
+    task = Task.objects.get(pk=task_id)
+    assert task.errors_dropped == 2 and task.worker_ids == [f"w{n}" for n in range(1, 13)]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE tasks_task SET errors = jsonb_set(jsonb_set(errors, '{0}', (errors->0) - 'position'),"
+            " '{1}', (errors->1) - 'position') WHERE id = %s",
+            [task_id],
+        )
+    rows = table(task_id)
+    unknown = "Not known (its error entry was dropped)"
+    assert rows == [
+        (1, "Failed", "failure 1"),
+        (2, unknown, None),
+        (3, unknown, None),
+        *[(n, "Failed", f"failure {n}") for n in range(4, 13)],
+    ]
