@@ -83,7 +83,7 @@ def test_every_way_a_real_worker_ends_an_attempt_one_row_each_in_order(workers: 
     assert rows[1][1:] == (ids["stopping41"], "Handed back at shutdown", "shutdown"), rows
     assert rows[2][1:] == (ids["steady41"], "Cancelled", "cancel"), rows
     assert rows[3][1:3] == (ids["steady41"], "Failed"), rows
-    assert rows[3][3] == "failure" and history.attempts[3].error["exception_class_path"].endswith("TaskTimeout")
+    assert rows[3][3] == "failure" and (history.attempts[3].error or {})["exception_class_path"].endswith("TaskTimeout")
     # Any more attempts between (the timeout's retries while the gate was closed) failed the same way;
     # the last one succeeded.
     assert all(r[2] == "Failed" for r in rows[3:-1]), rows

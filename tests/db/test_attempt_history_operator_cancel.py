@@ -21,7 +21,7 @@ def cancel_running(task_id: int, worker: str) -> None:
     """An attempt started by ``worker`` that an operator cancels; the worker's late failure is refused."""
     token = claim(task_id, worker)
     assert Task.objects.filter(pk=task_id).cancel() == 1
-    late = Failure(task_id, token, "builtins.RuntimeError", "too late", "", kind="fail")  # type: ignore[arg-type]
+    late = Failure(task_id, token, "builtins.RuntimeError", "too late", "", kind="fail")
     assert not Task.objects.fail(late, worker)
 
 
