@@ -96,3 +96,21 @@ def test_snoozes_between_twelve_failures_with_dropped_and_old_entries() -> None:
         (3, unknown, None),
         *[(n, "Failed", f"failure {n}") for n in range(4, 13)],
     ]
+
+
+def test_an_operator_cancel_past_ten_entries_keeps_the_cap_and_its_attempt() -> None:
+    task_id = Task.objects.enqueue(PATH, queue=QUEUE, max_attempts=20).id
+    for number in range(1, 11):
+        end(task_id, f"w{number}", f"failure {number}")
+    cancel_running(task_id, "w11")
+    task = Task.objects.get(pk=task_id)
+    assert len(task.errors) == 10 and task.errors_dropped == 1
+    assert task.errors[-1]["kind"] == "cancel" and task.errors[-1]["position"] == 11
+    rows = table(task_id)
+    assert rows[0] == (1, "Failed", "failure 1")
+    assert rows[1][1].startswith("Not known")
+    assert rows[2:] == [*[(n, "Failed", f"failure {n}") for n in range(3, 11)], (11, "Cancelled", rows[10][2])]
+    # Waiting tasks cancelled by an operator get no entry: no attempt of theirs ended.
+    waiting = Task.objects.enqueue(PATH, queue=QUEUE).id
+    assert Task.objects.filter(pk=waiting).cancel() == 1
+    assert Task.objects.get(pk=waiting).errors == []
