@@ -98,7 +98,10 @@ def history(task: Any) -> History:
     # positioned entries around it (entries are in the order they were written). The last attempt
     # of a task running one, or that returned, has no entry.
     by_entry = {entry_index: index for index, entry_index in matched.items()}
-    last_open = bool(workers) and task.status in ("RUNNING", "SUCCESSFUL")
+    # A RUNNING task whose claim has not started (a batch waiting in its worker's queue) runs no
+    # attempt yet: its last one in ``worker_ids`` ended before.
+    running = task.status == "RUNNING" and bool(task.attempt_started)
+    last_open = bool(workers) and (running or task.status == "SUCCESSFUL")
     position = len(workers) - 1 - int(last_open)
     first_kept = endings[0] if task.errors_dropped and endings and endings[0] == 0 else None
     for entry_index in reversed([i for i in legacy if i != first_kept]):

@@ -114,3 +114,15 @@ def test_an_operator_cancel_past_ten_entries_keeps_the_cap_and_its_attempt() -> 
     waiting = Task.objects.enqueue(PATH, queue=QUEUE).id
     assert Task.objects.filter(pk=waiting).cancel() == 1
     assert Task.objects.get(pk=waiting).errors == []
+
+
+def test_a_claim_not_started_yet_is_no_running_attempt() -> None:
+    """A worker claims ahead (a batch waits in its local queue, not started): the task is RUNNING,
+    but its last attempt in ``worker_ids`` is the one that returned before "Run again"."""
+    task_id = Task.objects.enqueue(PATH, queue=QUEUE, max_attempts=3).id
+    succeed(task_id, "w1")
+    assert Task.objects.filter(pk=task_id).requeue() == 1  # Run again
+    token = claim(task_id, "w2", start=False)
+    assert [(n, o) for n, o, _ in table(task_id)] == [(1, "Successful")]
+    assert Task.objects.start(task_id, "w2", token) is not None
+    assert [(n, o) for n, o, _ in table(task_id)] == [(1, "Successful"), (2, "Running")]
