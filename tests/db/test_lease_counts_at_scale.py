@@ -37,6 +37,10 @@ PAGES = (
     "/admin/leasing/lease/",
     "/admin/leasing/lease/?state=expired",
     "/admin/leasing/lease/?state=released",
+    "/admin/leasing/lease/?state=active",
+    "/admin/leasing/lease/?o=-1",
+    "/admin/leasing/lease/?state=expired&o=-1",
+    "/admin/leasing/lease/?state=released&o=-1",
 )
 #: Rows a node may read: the cap's count (cap + 1) and a page, with room for the page's own lookups.
 ROW_BOUND = COUNT_CAP + 1 + 500
@@ -89,6 +93,10 @@ def test_lease_pages_read_bounded_rows_at_1_2_million_leases(client: Client, nam
         for url in PAGES:
             current[0] = url
             assert client.get(url).status_code == 200, url
+    assert problems_of(statements) == []
+
+
+def problems_of(statements: list[tuple[str, str, Any]]) -> list[str]:
     report, problems = [], []
     for url, sql, params in statements:
         plan = explained(sql, params)
@@ -102,7 +110,44 @@ def test_lease_pages_read_bounded_rows_at_1_2_million_leases(client: Client, nam
         if any(n["Node Type"] == "Seq Scan" for n in nodes(plan)) or read > ROW_BOUND:
             problems.append(report[-1])
     print("\n".join(report))
-    assert problems == []
+    return problems
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the lease admin's search (resource prefix OR exact holder), ordered by resource, is planned as a "
+    "walk of leasing_lease_resource_key filtering both: it reads every lease sorting before the prefix "
+    "(200,220 rows, 3,242 buffers, for 'r-0000' behind 200,000 expired 'e-' leases); not fixed here",
+)
+def test_the_lease_admin_search_reads_a_bounded_number_of_rows(client: Client) -> None:
+    add("e-", 200_000, released=False, expires_in="-1 hour")
+    add("h-", 120, released=False, expires_in="1 hour")
+    add("r-", 1_000_000, released=True, expires_in="-1 day")
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE leasing_lease")
+    client.force_login(StaffFactory.create())
+    statements: list[tuple[str, str, Any]] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if "leasing_lease" in sql:
+            statements.append(("/admin/leasing/lease/?q=r-0000", sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        assert client.get("/admin/leasing/lease/?q=r-0000").status_code == 200
+    assert problems_of(statements) == []
+
+
+def test_the_lease_admin_refuses_orders_no_index_gives(client: Client) -> None:
+    """Django's admin sorts by any column's ?o=, sortable_by or not: renewals, transitions,
+    acquired_at and token have no index, and sorting by them read every lease (15,894 buffers at
+    1,200,000); expiry and holder, with the admin's tie-breaks, 200,000 rows or more. Refused with
+    a message, the list shown in its own order."""
+    client.force_login(StaffFactory.create())
+    for order in ("3", "6", "-6", "7", "8", "9", "4", "1.-7", "x", "99"):
+        response = client.get(f"/admin/leasing/lease/?o={order}")
+        assert response.status_code == 302 and response["Location"] == "/admin/leasing/lease/", order
+    assert client.get("/admin/leasing/lease/?o=-1").status_code == 200
 
 
 def test_counts_exact_under_the_cap_and_capped_above() -> None:
