@@ -95,6 +95,18 @@ class CheckedInputAdmin(admin.ModelAdmin):
                 parse_database(database_param(request.GET))
             except InvalidInput as exc:
                 refused["db"] = exc.message
+        if "o" in request.GET and "o" not in refused:
+            # Django's admin honours ?o= for every column, sortable_by or not: an order no index
+            # gives sorts the whole table (invariant 12).
+            sortable = set(self.get_sortable_by(request))
+            columns = list(self.get_list_display(request))
+            if self.get_actions(request):
+                columns.insert(0, "action_checkbox")  # as the changelist numbers them
+            for part in request.GET["o"].split("."):
+                index = part.removeprefix("-")
+                known = index.isascii() and index.isdigit() and int(index) < len(columns)
+                if not known or columns[int(index)] not in sortable:
+                    refused["o"] = f"this list sorts only by {', '.join(sorted(map(str, sortable))) or 'its own order'}"
         if request.method == "POST":
             refused |= bad_params(request.POST)
             if isinstance(self.model._meta.pk, IntegerField):
@@ -169,6 +181,10 @@ class LeaseAdmin(CheckedInputAdmin):
     search_fields = ("^resource", "=holder")
     search_help_text = "Resource prefix (case-sensitive) or exact holder."
     ordering = ("resource",)
+    # The one order an index gives under every state filter: resource. Any other sorted every lease
+    # of the state (renewals, acquired_at: all 1,200,000; expiry: 200,000 expired, or every lease for
+    # the released; holder, tied across thousands of leases: 45,453 rows, 30,249 buffers).
+    sortable_by = ("resource",)
     paginator = CappedPaginator  # no COUNT over the whole table: "10000+"
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER

@@ -69,7 +69,9 @@ def lease_metrics() -> Iterable[Metric]:
     from leasing.views import state_counts
 
     family = GaugeMetricFamily(
-        "leasing_leases", "Leases by state (database); released ones counted up to 10,000.", labels=["state"]
+        "leasing_leases",
+        "Leases by state (database); expired and released ones counted up to 10,000.",
+        labels=["state"],
     )
     for state, count in state_counts().items():
         family.add_metric([state], count.value)

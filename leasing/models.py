@@ -343,6 +343,19 @@ class Lease(LeaseFields):
             models.Index(
                 fields=["expires_at"], name="leasing_lease_live_idx", condition=models.Q(released_at__isnull=True)
             ),
+            # Each side of "released" in the pages' order (resource): a tab's list and its capped
+            # count read that state's rows only, never walking through the other's (a million
+            # released leases named before the expired ones, or 200,000 expired before the released).
+            models.Index(
+                fields=["resource"],
+                name="leasing_lease_live_res_idx",
+                condition=models.Q(released_at__isnull=True),
+            ),
+            models.Index(
+                fields=["resource"],
+                name="leasing_lease_released_res_idx",
+                condition=models.Q(released_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

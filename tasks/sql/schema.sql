@@ -594,7 +594,9 @@ CREATE INDEX leasing_lease_expires_idx ON public.leasing_lease USING btree (expi
 CREATE INDEX leasing_lease_holder_d453b376 ON public.leasing_lease USING btree (holder);
 CREATE INDEX leasing_lease_holder_d453b376_like ON public.leasing_lease USING btree (holder varchar_pattern_ops);
 CREATE INDEX leasing_lease_live_idx ON public.leasing_lease USING btree (expires_at) WHERE (released_at IS NULL);
+CREATE INDEX leasing_lease_live_res_idx ON public.leasing_lease USING btree (resource) WHERE (released_at IS NULL);
 CREATE UNIQUE INDEX leasing_lease_pkey ON public.leasing_lease USING btree (id);
+CREATE INDEX leasing_lease_released_res_idx ON public.leasing_lease USING btree (resource) WHERE (released_at IS NOT NULL);
 CREATE INDEX leasing_lease_resource_5aa0f567_like ON public.leasing_lease USING btree (resource varchar_pattern_ops);
 CREATE UNIQUE INDEX leasing_lease_resource_key ON public.leasing_lease USING btree (resource);
 CREATE UNIQUE INDEX tasks_activityhour_key ON public.tasks_activityhour USING btree (hour, queue, task_path);

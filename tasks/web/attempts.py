@@ -93,24 +93,33 @@ def history(task: Any) -> History:
         if isinstance(place, int) and 0 < place <= len(workers) and workers[place - 1] == owner:
             matched.setdefault(place - 1, entry_index)
     legacy = [i for i in endings if i not in matched.values()]
-    # The last attempt of a task running one, or that returned, has no entry. Entries without a
-    # position are older than every entry with one, so their attempts come before.
-    last_open = bool(workers) and task.status in ("RUNNING", "SUCCESSFUL")
-    position = min(matched, default=len(workers) - int(last_open)) - 1
+    # Entries without a trusted position (written before issue 41, or naming another worker's
+    # attempt) are matched by order and worker, newest first, each between the attempts of the
+    # positioned entries around it (entries are in the order they were written). The last attempt
+    # of a task running one, or that returned, has no entry.
+    by_entry = {entry_index: index for index, entry_index in matched.items()}
+    # A RUNNING task whose claim has not started (a batch waiting in its worker's queue) runs no
+    # attempt yet: its last one in ``worker_ids`` ended before.
+    running = task.status == "RUNNING" and bool(task.attempt_started)
+    last_open = bool(workers) and (running or task.status == "SUCCESSFUL")
+    position = len(workers) - 1 - int(last_open)
     first_kept = endings[0] if task.errors_dropped and endings and endings[0] == 0 else None
     for entry_index in reversed([i for i in legacy if i != first_kept]):
         worker = errors[entry_index].get("worker")
+        position = min([position] + [index - 1 for e, index in by_entry.items() if e > entry_index])
+        floor = max([index + 1 for e, index in by_entry.items() if e < entry_index], default=0)
         # Walk back to the attempt of this entry's worker; attempts passed on the way had no entry.
-        while position >= 0 and worker is not None and workers[position] != worker:
-            position -= 1
-        if position < 0:
-            break
-        matched[position] = entry_index
-        position -= 1
+        candidate = position
+        while candidate >= floor and (candidate in matched or (worker is not None and workers[candidate] != worker)):
+            candidate -= 1
+        if candidate < floor:
+            continue  # no attempt of its worker where it can lie: listed with the events
+        matched[candidate] = entry_index
+        position = candidate - 1
     if first_kept is not None and first_kept in legacy:
         worker = errors[first_kept].get("worker")
         for index in range(min(position + 1, len(workers))):
-            if worker is None or workers[index] == worker:
+            if index not in matched and (worker is None or workers[index] == worker):
                 matched[index] = first_kept
                 break
     earliest_match = min(matched, default=len(workers))

@@ -1,0 +1,27 @@
+"""The leases not released and the released ones, each indexed apart in the lease pages' order
+(resource): the Held and Expired tabs, the Released tab and their capped counts read only their own
+state's rows, however many of the other state's rows sort before them (issue 41's attack at 1,000,000
+released and 200,000 expired leases read the whole table for the Expired tab)."""
+
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    dependencies = [("leasing", "0002_lease_live_index")]
+
+    operations = [
+        migrations.AddIndex(
+            model_name="lease",
+            index=models.Index(
+                condition=models.Q(released_at__isnull=True), fields=["resource"], name="leasing_lease_live_res_idx"
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="lease",
+            index=models.Index(
+                condition=models.Q(released_at__isnull=False),
+                fields=["resource"],
+                name="leasing_lease_released_res_idx",
+            ),
+        ),
+    ]
