@@ -113,12 +113,6 @@ def problems_of(statements: list[tuple[str, str, Any]]) -> list[str]:
     return problems
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the lease admin's search (resource prefix OR exact holder), ordered by resource, is planned as a "
-    "walk of leasing_lease_resource_key filtering both: it reads every lease sorting before the prefix "
-    "(200,220 rows, 3,242 buffers, for 'r-0000' behind 200,000 expired 'e-' leases); not fixed here",
-)
 def test_the_lease_admin_search_reads_a_bounded_number_of_rows(client: Client) -> None:
     add("e-", 200_000, released=False, expires_in="-1 hour")
     add("h-", 120, released=False, expires_in="1 hour")
