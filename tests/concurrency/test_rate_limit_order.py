@@ -72,7 +72,9 @@ def test_a_backlog_starts_in_line_and_each_task_is_refused_a_few_times_at_most(w
         f" refusals mean={statistics.fmean(refusals):.2f} max={max(refusals)}"
         f" 4+={sum(1 for r in refusals if r >= 4)}"
     )
-    assert strays[BACKLOG // 2] <= 30 and strays[int(BACKLOG * 0.9)] <= 60, strays[BACKLOG // 2 :]
+    # Before the fix: p50 67, p90 181. After: p50 9-14 and p90 14-64 (64 on CI's loaded PostgreSQL 18
+    # leg, 2026-11-25, where a few more hand-backs waited for a scan). The bounds sit between the two.
+    assert strays[BACKLOG // 2] <= 30 and strays[int(BACKLOG * 0.9)] <= 110, strays[BACKLOG // 2 :]
 
     # Once when the backlog is first claimed and, while the line runs late, once more when a task
     # comes back before its start is free (then it is promised the next one): never sent to the back.
