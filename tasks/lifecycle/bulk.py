@@ -30,6 +30,7 @@ from typing import Any
 
 from leasing.validation import parse_iso_datetime
 from tasks import redaction
+from tasks.lifecycle.fragments import append_error
 from tasks.lifecycle.states import TaskStatus
 from tasks.lifecycle.storable import is_storable
 from tasks.lifecycle.transitions import rerun_set_sql
@@ -193,9 +194,12 @@ _FILTER = """t.status = ANY(%(statuses)s::text[])
       AND (%(args_contains)s::jsonb IS NULL OR t.args @> %(args_contains)s::jsonb)
       AND (%(kwargs_contains)s::jsonb IS NULL OR t.kwargs @> %(kwargs_contains)s::jsonb)"""
 
+_DISCARD_ENTRY = """jsonb_build_object(
+            'type', 'tasks.Discarded', 'message', 'discarded by bulk operation ' || op.id,
+            'traceback', '', 'kind', 'discard', 'at', clock_timestamp())"""
+
 # What each kind writes: the single-task operations' SET lists (TaskQuerySet.requeue's is RERUN_SET, .cancel's) and
-# a discard's error entry, capped as every error list is (tasks/lifecycle/fragments.py, MAX_ERRORS).
-_MAX_ERRORS = 10
+# a discard's error entry, capped as every error list is (tasks/lifecycle/fragments.py, append_error).
 _SETS = {
     # "Run again" is defined once, for requeue and this alike (tasks/lifecycle/transitions.py).
     "retry": rerun_set_sql(),
@@ -203,11 +207,7 @@ _SETS = {
     finished_at = clock_timestamp()""",
     "discard": f"""status = 'FAILED',
     finished_at = clock_timestamp(),
-    errors = CASE WHEN jsonb_array_length(t.errors) >= {_MAX_ERRORS} THEN (t.errors - 1) ELSE t.errors END
-        || jsonb_build_array(jsonb_build_object(
-            'type', 'tasks.Discarded', 'message', 'discarded by bulk operation ' || op.id,
-            'traceback', '', 'kind', 'discard', 'at', clock_timestamp())),
-    errors_dropped = t.errors_dropped + (jsonb_array_length(t.errors) >= {_MAX_ERRORS})::int""",
+    {append_error(_DISCARD_ENTRY)}""",
 }
 
 

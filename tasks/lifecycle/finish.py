@@ -29,7 +29,7 @@ start) and every write to a held row is a compare-and-set on id + holder + token
 
 from __future__ import annotations
 
-from tasks.lifecycle.fragments import ERRORS_FULL, HELD, LIVE, OWNED, START_SET, STARTS, WAITING_STATUS, backoff_sql
+from tasks.lifecycle.fragments import HELD, LIVE, OWNED, START_SET, STARTS, WAITING_STATUS, append_error, backoff_sql
 
 # A suspect's attempt is marked before its handler runs (one statement, by the executor).
 START_SQL = f"""
@@ -254,6 +254,15 @@ _RETRYABLE = "(d.kind = 'fail' AND d.retry AND t.failures + 1 < COALESCE(d.max_a
 _WAITS = f"({_SNOOZE} OR {_RETRYABLE})"
 
 
+# The error entry of a failed or cancelled attempt (a snooze writes none): the handler's own error with
+# the attempt it ended.
+_FAIL_ENTRY = """d.error || jsonb_build_object(
+        'attempt', t.attempts + (NOT t.attempt_started)::int, 'worker', t.holder, 'token', t.token,
+        'kind', CASE WHEN d.kind = 'cancel' THEN 'cancel' ELSE 'failure' END, 'at', clock_timestamp(),
+        'started_at', CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
+        'position', jsonb_array_length(t.worker_ids) + (NOT t.attempt_started)::int)"""
+
+
 # A failed attempt is the handler's own outcome: it costs one of ``max_attempts``. The error entry
 # carries the attempt's token so a worker whose reply was lost can tell that this write landed.
 FAIL_SQL = f"""
@@ -276,14 +285,7 @@ UPDATE tasks_task AS t SET
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
     worker_ids = CASE WHEN {_SNOOZE} THEN (CASE WHEN t.attempt_started THEN t.worker_ids - (-1) ELSE t.worker_ids END)
                       WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
-    errors = CASE WHEN {_SNOOZE} THEN t.errors
-                  ELSE CASE WHEN {ERRORS_FULL} THEN (t.errors - 1) ELSE t.errors END || jsonb_build_array(
-        d.error || jsonb_build_object(
-        'attempt', t.attempts + (NOT t.attempt_started)::int, 'worker', t.holder, 'token', t.token,
-        'kind', CASE WHEN d.kind = 'cancel' THEN 'cancel' ELSE 'failure' END, 'at', clock_timestamp(),
-        'started_at', CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
-        'position', jsonb_array_length(t.worker_ids) + (NOT t.attempt_started)::int)) END,
-    errors_dropped = t.errors_dropped + (NOT {_SNOOZE} AND {ERRORS_FULL})::int,
+    {append_error(_FAIL_ENTRY, when="d.kind <> 'snooze'")},
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(errors)s::jsonb[], %(retry)s::boolean[], %(kinds)s::text[],
@@ -295,6 +297,12 @@ RETURNING t.id, t.status, t.run_after,
           EXTRACT(EPOCH FROM t.run_after - clock_timestamp())::float8
 """
 
+_HAND_BACK_ENTRY = """jsonb_build_object(
+        'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'kind', 'shutdown', 'at', clock_timestamp(),
+        'started_at', t.last_attempted_at, 'position', jsonb_array_length(t.worker_ids),
+        'exception_class_path', 'tasks.exceptions.WorkerShutdown',
+        'message', %(reason)s::text, 'traceback', '')"""
+
 # Hand-back (graceful shutdown, or claims the worker cannot run): runnable again at once, keeping its
 # place. Nothing is charged. An interrupted attempt that had started stays counted in ``attempts``
 # (it did begin; ``worker_ids`` names it) and gets an error entry saying why it ended.
@@ -304,14 +312,7 @@ UPDATE tasks_task AS t SET
     run_after = LEAST(t.run_after, clock_timestamp()),
     attempt_started = false,
     attempt_isolated = false,
-    errors = CASE WHEN NOT t.attempt_started THEN t.errors
-                  WHEN {ERRORS_FULL} THEN t.errors - 1 ELSE t.errors END
-        || CASE WHEN t.attempt_started THEN jsonb_build_array(jsonb_build_object(
-        'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'kind', 'shutdown', 'at', clock_timestamp(),
-        'started_at', t.last_attempted_at, 'position', jsonb_array_length(t.worker_ids),
-        'exception_class_path', 'tasks.exceptions.WorkerShutdown',
-        'message', %(reason)s::text, 'traceback', '')) ELSE '[]'::jsonb END,
-    errors_dropped = t.errors_dropped + (t.attempt_started AND {ERRORS_FULL})::int,
+    {append_error(_HAND_BACK_ENTRY, when="t.attempt_started")},
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token)

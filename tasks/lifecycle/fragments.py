@@ -61,10 +61,30 @@ MAX_ERRORS = 10
 ERRORS_FULL = f"(jsonb_array_length(t.errors) >= {MAX_ERRORS})"
 
 
-def append_error(entry: str) -> str:
-    """SET items appending ``entry`` (a jsonb object expression) to ``errors``, capped."""
-    return f"""errors = CASE WHEN {ERRORS_FULL} THEN (t.errors - 1) ELSE t.errors END || jsonb_build_array({entry}),
-    errors_dropped = t.errors_dropped + {ERRORS_FULL}::int"""
+def capped_errors(entry: str, *, when: str | None = None, table: str = "t") -> dict[str, str]:
+    """The new values of ``errors`` and ``errors_dropped`` (keyed by column) once ``entry`` (a jsonb
+    object expression) is appended, capped; with ``when`` (a boolean expression, never NULL), only on
+    rows where it holds (the others keep both). ``table`` is the alias the columns are read through;
+    ``""`` reads them unqualified, as an ORM ``update()`` of tasks_task must (the operator's cancel)."""
+    errors = f"{table}.errors" if table else "errors"
+    dropped = f"{table}.errors_dropped" if table else "errors_dropped"
+    full = f"(jsonb_array_length({errors}) >= {MAX_ERRORS})"
+    if when is None:
+        return {
+            "errors": f"CASE WHEN {full} THEN ({errors} - 1) ELSE {errors} END || jsonb_build_array({entry})",
+            "errors_dropped": f"{dropped} + {full}::int",
+        }
+    return {
+        "errors": f"""CASE WHEN NOT ({when}) THEN {errors} WHEN {full} THEN ({errors} - 1) ELSE {errors} END
+        || CASE WHEN ({when}) THEN jsonb_build_array({entry}) ELSE '[]'::jsonb END""",
+        "errors_dropped": f"{dropped} + (({when}) AND {full})::int",
+    }
+
+
+def append_error(entry: str, *, when: str | None = None) -> str:
+    """SET items appending ``entry`` (a jsonb object expression) to ``t.errors``, capped; with
+    ``when``, only where it holds (:func:`capped_errors`)."""
+    return ",\n    ".join(f"{column} = {value}" for column, value in capped_errors(entry, when=when).items())
 
 
 OWNED = f"t.id = d.id AND t.token = d.token AND {HELD}"

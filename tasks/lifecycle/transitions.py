@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tasks.lifecycle.fragments import capped_errors
 from tasks.lifecycle.states import TaskStatus
 
 #: Stands for "no row": the source of an enqueue, the target of a prune.
@@ -299,6 +300,28 @@ RERUN_SET: dict[str, str] = {
     "snoozed_at": "NULL",
     "trace_context": """trace_context || '{"leasing-rerun": "1"}'::jsonb""",
     "fair_key": f"CASE WHEN fair_key IS NULL AND queue = ANY({RERUN_FAIR_QUEUES}::text[]) THEN '' ELSE fair_key END",
+}
+
+
+#: What an operator's cancel writes (TaskQuerySet.cancel, an ORM update of the unfinished rows named:
+#: columns unqualified, read as they were before the update). A running attempt ends there, its
+#: worker's late result refused: it gets an error entry of kind ``cancel`` with the attempt's
+#: ``position`` in ``worker_ids``, as the worker's own cancel writes (FAIL_SQL), so that its attempts
+#: table says "Cancelled", not "Successful" (issue 41); capped as every error list is.
+CANCEL_ENDS_ATTEMPT = "(status = 'RUNNING' AND attempt_started)"
+CANCEL_SET: dict[str, str] = {
+    "status": "'CANCELLED'",
+    "finished_at": "statement_timestamp()",
+    "released_at": "CASE WHEN status = 'RUNNING' THEN statement_timestamp() ELSE released_at END",
+    **capped_errors(
+        """jsonb_build_object(
+        'attempt', attempts, 'worker', holder, 'token', token, 'kind', 'cancel', 'at', statement_timestamp(),
+        'started_at', last_attempted_at, 'position', jsonb_array_length(worker_ids),
+        'exception_class_path', 'tasks.exceptions.Cancel',
+        'message', 'Cancelled by an operator while this attempt ran; its worker lost the task.', 'traceback', '')""",
+        when=CANCEL_ENDS_ATTEMPT,
+        table="",
+    ),
 }
 
 

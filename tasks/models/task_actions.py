@@ -16,9 +16,8 @@ from tasks.conf import get_settings
 from tasks.exceptions import TaskError, TaskNotFinished
 from tasks.lifecycle import activity
 from tasks.lifecycle import statements as sql
-from tasks.lifecycle.fragments import ERRORS_FULL
 from tasks.lifecycle.states import FINISHED, UNFINISHED, WAITING, TaskStatus
-from tasks.lifecycle.transitions import RERUN_FAIR_QUEUES, RERUN_SET
+from tasks.lifecycle.transitions import CANCEL_SET, RERUN_FAIR_QUEUES, RERUN_SET
 from tasks.lifecycle.values import Recovered
 from tasks.models.task_send import OperationsBase, Tasks, fetch
 
@@ -56,12 +55,9 @@ class ActionOperations(OperationsBase):
     def cancel(self) -> int:
         """Cancel the unfinished tasks of this queryset. A running task's worker loses it: its
         heartbeat drops the task and its late result is rejected."""
+        # One UPDATE writing CANCEL_SET (tasks/lifecycle/transitions.py).
         return self.filter(status__in=UNFINISHED).update(
-            status=TaskStatus.CANCELLED,
-            finished_at=Now(),
-            released_at=models.Case(models.When(status=TaskStatus.RUNNING, then=Now()), default="released_at"),
-            errors=RawSQL(_CANCEL_ENTRY, ()),
-            errors_dropped=RawSQL(_CANCEL_DROPS, ()),
+            **{column: RawSQL(expression, ()) for column, expression in CANCEL_SET.items()}
         )
 
     def requeue(self) -> int:
@@ -109,21 +105,6 @@ class ActionOperations(OperationsBase):
         (BLOCKED) become due and are admitted at once where their key has a free slot (the update's
         own statement trigger admits for every key whose waiting task came due earlier)."""
         return self.filter(status__in=WAITING).update(run_after=Now())
-
-
-#: A running attempt that an operator cancels ends there (its worker's late result is refused): an
-#: error entry of kind ``cancel`` with the attempt's ``position`` in ``worker_ids``, as the worker's
-#: own cancel writes, so that its attempts table says "Cancelled", not "Successful" (issue 41). The
-#: errors keep their cap (the first entry and the newest nine). Columns are the row's before the update.
-_CANCEL_ENDS_ATTEMPT = "(status = 'RUNNING' AND attempt_started)"
-_CANCEL_ENTRY = f"""CASE WHEN {_CANCEL_ENDS_ATTEMPT} THEN
-    CASE WHEN {ERRORS_FULL.replace("t.", "")} THEN errors - 1 ELSE errors END || jsonb_build_array(jsonb_build_object(
-        'attempt', attempts, 'worker', holder, 'token', token, 'kind', 'cancel', 'at', statement_timestamp(),
-        'started_at', last_attempted_at, 'position', jsonb_array_length(worker_ids),
-        'exception_class_path', 'tasks.exceptions.Cancel',
-        'message', 'Cancelled by an operator while this attempt ran; its worker lost the task.', 'traceback', ''))
-    ELSE errors END"""
-_CANCEL_DROPS = f"errors_dropped + ({_CANCEL_ENDS_ATTEMPT} AND {ERRORS_FULL.replace('t.', '')})::int"
 
 
 def _requeue_refused(tasks: Tasks, exc: IntegrityError) -> TaskError:

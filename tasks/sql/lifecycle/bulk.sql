@@ -184,8 +184,7 @@ changed AS (
     UPDATE tasks_task AS t SET
     status = 'FAILED',
     finished_at = clock_timestamp(),
-    errors = CASE WHEN jsonb_array_length(t.errors) >= 10 THEN (t.errors - 1) ELSE t.errors END
-        || jsonb_build_array(jsonb_build_object(
+    errors = CASE WHEN (jsonb_array_length(t.errors) >= 10) THEN (t.errors - 1) ELSE t.errors END || jsonb_build_array(jsonb_build_object(
             'type', 'tasks.Discarded', 'message', 'discarded by bulk operation ' || op.id,
             'traceback', '', 'kind', 'discard', 'at', clock_timestamp())),
     errors_dropped = t.errors_dropped + (jsonb_array_length(t.errors) >= 10)::int

@@ -186,14 +186,13 @@ UPDATE tasks_task AS t SET
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
     worker_ids = CASE WHEN (d.kind = 'snooze') THEN (CASE WHEN t.attempt_started THEN t.worker_ids - (-1) ELSE t.worker_ids END)
                       WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
-    errors = CASE WHEN (d.kind = 'snooze') THEN t.errors
-                  ELSE CASE WHEN (jsonb_array_length(t.errors) >= 10) THEN (t.errors - 1) ELSE t.errors END || jsonb_build_array(
-        d.error || jsonb_build_object(
+    errors = CASE WHEN NOT (d.kind <> 'snooze') THEN t.errors WHEN (jsonb_array_length(t.errors) >= 10) THEN (t.errors - 1) ELSE t.errors END
+        || CASE WHEN (d.kind <> 'snooze') THEN jsonb_build_array(d.error || jsonb_build_object(
         'attempt', t.attempts + (NOT t.attempt_started)::int, 'worker', t.holder, 'token', t.token,
         'kind', CASE WHEN d.kind = 'cancel' THEN 'cancel' ELSE 'failure' END, 'at', clock_timestamp(),
         'started_at', CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
-        'position', jsonb_array_length(t.worker_ids) + (NOT t.attempt_started)::int)) END,
-    errors_dropped = t.errors_dropped + (NOT (d.kind = 'snooze') AND (jsonb_array_length(t.errors) >= 10))::int,
+        'position', jsonb_array_length(t.worker_ids) + (NOT t.attempt_started)::int)) ELSE '[]'::jsonb END,
+    errors_dropped = t.errors_dropped + ((d.kind <> 'snooze') AND (jsonb_array_length(t.errors) >= 10))::int,
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(errors)s::jsonb[], %(retry)s::boolean[], %(kinds)s::text[],
@@ -213,14 +212,13 @@ UPDATE tasks_task AS t SET
     run_after = LEAST(t.run_after, clock_timestamp()),
     attempt_started = false,
     attempt_isolated = false,
-    errors = CASE WHEN NOT t.attempt_started THEN t.errors
-                  WHEN (jsonb_array_length(t.errors) >= 10) THEN t.errors - 1 ELSE t.errors END
-        || CASE WHEN t.attempt_started THEN jsonb_build_array(jsonb_build_object(
+    errors = CASE WHEN NOT (t.attempt_started) THEN t.errors WHEN (jsonb_array_length(t.errors) >= 10) THEN (t.errors - 1) ELSE t.errors END
+        || CASE WHEN (t.attempt_started) THEN jsonb_build_array(jsonb_build_object(
         'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'kind', 'shutdown', 'at', clock_timestamp(),
         'started_at', t.last_attempted_at, 'position', jsonb_array_length(t.worker_ids),
         'exception_class_path', 'tasks.exceptions.WorkerShutdown',
         'message', %(reason)s::text, 'traceback', '')) ELSE '[]'::jsonb END,
-    errors_dropped = t.errors_dropped + (t.attempt_started AND (jsonb_array_length(t.errors) >= 10))::int,
+    errors_dropped = t.errors_dropped + ((t.attempt_started) AND (jsonb_array_length(t.errors) >= 10))::int,
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token)
