@@ -127,6 +127,10 @@ class _Loop:
         self.lock = threading.Lock()
         self.attempts: dict[tuple[int, int], Execution] = {}
         self.tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
+        # The attempts whose coroutine was cancelled: each is cancelled once, whoever asks again (a
+        # second cancel would interrupt the cleanup the first one let it run: an await in its
+        # ``except CancelledError`` or ``finally``). Read and changed on the loop's thread only.
+        self.cancelled: set[tuple[int, int]] = set()
         self.thread: threading.Thread | None = None
         # Checks of the ORM thread's connections queued after failed attempts (see _check_orm_connections).
         self.checks: set[asyncio.Future[None]] = set()
@@ -188,10 +192,9 @@ class AsyncExecutor:
         if execution.cancelled_by_worker is None:
             execution.cancelled_by_worker = why
         for state in self._loops():
-            task = state.tasks.get(execution.key)
-            if task is not None:
+            if execution.key in state.tasks:
                 with suppress(RuntimeError):  # that loop has closed meanwhile: nothing left to cancel
-                    state.loop.call_soon_threadsafe(task.cancel, message)
+                    state.loop.call_soon_threadsafe(self._cancel_once, state, execution.key, message)
 
     def stop(self) -> None:
         """Cancel every coroutine (what still runs was handed back by now) and stop the loops."""
@@ -255,7 +258,7 @@ class AsyncExecutor:
     def _sweep(self, state: _Loop) -> None:
         """Cancel the coroutines whose lease is gone (the heartbeat, a checkpoint or the local
         deadline said so): they cannot win their finish, and their work would be wasted or harmful."""
-        for key, task in list(state.tasks.items()):
+        for key in list(state.tasks):
             execution = state.attempts.get(key)
             if (
                 execution is not None
@@ -266,7 +269,7 @@ class AsyncExecutor:
                 and execution.lost
             ):
                 execution.cancelled_by_worker = "lost"
-                task.cancel(f"the lease was lost: {execution.lost_reason}")
+                self._cancel_once(state, key, f"the lease was lost: {execution.lost_reason}")
                 # A coroutine that ignores the cancellation must not keep its slot (and the worker's
                 # capacity) for ever: it cannot finish, so after a while it is given up on.
                 state.loop.call_later(CANCEL_WAIT, self._give_up_lost, execution)
@@ -291,11 +294,23 @@ class AsyncExecutor:
         )
 
     def _cancel_all(self, state: _Loop, why: str, message: str) -> None:
-        for key, task in list(state.tasks.items()):
+        for key in list(state.tasks):
             execution = state.attempts.get(key)
             if execution is not None and execution.cancelled_by_worker is None:
                 execution.cancelled_by_worker = why
-            task.cancel(message)
+            self._cancel_once(state, key, message)
+
+    @staticmethod
+    def _cancel_once(state: _Loop, key: tuple[int, int], message: str) -> None:
+        """Cancel the attempt's coroutine unless it was cancelled already (on the loop's thread). The
+        shutdown cancels from stop() and again from the ticker, an operator's cancel may come first:
+        a second cancel would end the coroutine's cleanup awaits early (a write it makes through
+        ``sync_to_async`` still queued for a database thread would never run)."""
+        task = state.tasks.get(key)
+        if task is None or key in state.cancelled:
+            return
+        state.cancelled.add(key)
+        task.cancel(message)
 
     def _spawn(self, state: _Loop, execution: Execution) -> None:
         if state.retired:
@@ -328,6 +343,7 @@ class AsyncExecutor:
             with state.lock:
                 state.attempts.pop(execution.key, None)
                 state.tasks.pop(execution.key, None)
+            state.cancelled.discard(execution.key)
 
     async def _db(self, function: Any) -> Any:
         """Run ``function`` on the loop's database threads."""

@@ -285,7 +285,10 @@ def test_shutdown_lets_coroutines_finish_within_the_grace_then_cancels_and_hands
     Gate.objects.create(key="soon")
     proc = workers.start("drain", "--shutdown-grace", "2")
     finishing = Task.objects.enqueue(H + "async_gate", kwargs={"gate": "soon"}).id
-    stuck = [Task.objects.enqueue(H + "async_wait_cancelled").id for _ in range(3)]
+    # Their cleanup awaits longer than the loop's tick (aio.TICK): the shutdown, which asks to cancel
+    # from stop() and again from the ticker, cancels each coroutine once, so the cleanup runs to its
+    # end (a second cancel cut it short: one of three such writes was lost on CI's Python 3.10 leg).
+    stuck = [Task.objects.enqueue(H + "async_wait_cancelled", kwargs={"cleanup": 0.5}).id for _ in range(3)]
     everything = [finishing, *stuck]
     wait_until(
         lambda: (

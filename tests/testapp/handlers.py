@@ -334,9 +334,10 @@ async def async_unstorable(kind: str, **kwargs: Any) -> Any:
     return UNSTORABLE_RESULTS[kind]()
 
 
-async def async_wait_cancelled(only_first: bool = False, **kwargs: Any) -> str:
-    """Record the start, wait (for ever); record a cancellation, then let it end the coroutine.
-    With ``only_first``, later attempts return at once."""
+async def async_wait_cancelled(only_first: bool = False, cleanup: float = 0.0, **kwargs: Any) -> str:
+    """Record the start, wait (for ever); once cancelled, clean up for ``cleanup`` seconds (awaiting),
+    record the cancellation, then let it end the coroutine. With ``only_first``, later attempts return
+    at once."""
     import asyncio
 
     if only_first and current_task().attempt > 1:
@@ -345,6 +346,8 @@ async def async_wait_cancelled(only_first: bool = False, **kwargs: Any) -> str:
     try:
         await asyncio.sleep(3600)
     except asyncio.CancelledError:
+        if cleanup:
+            await asyncio.sleep(cleanup)
         await _aeffect("cancelled")
         raise
     return "woke up"
