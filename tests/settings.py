@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 
-if "DATABASE_URL" not in os.environ:
+if "DATABASE_URL" not in os.environ and "mypy" in sys.modules:
+    # The mypy Django plugin (django-stubs) imports these settings to read the models and connects to
+    # nothing; mypy ends with os._exit, so a server started here would outlive it (atexit never ran).
+    os.environ["DATABASE_URL"] = "postgres://unused@localhost/unused"
+elif "DATABASE_URL" not in os.environ:
     from leasing.embedded import discard, temporary_server
 
     _server = temporary_server()
