@@ -325,7 +325,7 @@ class Lease(LeaseFields):
     """Time-bounded exclusive ownership of a named resource."""
 
     resource = models.CharField(max_length=255, unique=True)
-    holder = models.CharField(max_length=200, db_index=True)
+    holder = models.CharField(max_length=200)
     token = models.BigIntegerField(help_text="Fencing token of the current grant.")
     acquired_at = models.DateTimeField()
     expires_at = models.DateTimeField()
@@ -337,12 +337,13 @@ class Lease(LeaseFields):
     class Meta:
         ordering = ["resource"]
         indexes = [
+            # A holder's leases (held_by, the admin's exact holder search). Only this one: no
+            # varchar_pattern_ops twin, as ``db_index=True`` made, which nothing read (no prefix
+            # search on holders) and every acquire, renewal and release wrote (migration 0003).
+            models.Index(fields=["holder"], name="leasing_lease_holder_d453b376"),
+            # Also the held leases, in expiry order, apart from the history: a release moves a lease's
+            # expiry to its release time, so ``expires_at > now`` reaches held leases only.
             models.Index(fields=["expires_at"], name="leasing_lease_expires_idx"),
-            # The leases not released (held or expired): what the lease pages and /metrics count and
-            # list, few however long the released history grows.
-            models.Index(
-                fields=["expires_at"], name="leasing_lease_live_idx", condition=models.Q(released_at__isnull=True)
-            ),
             # Each side of "released" in the pages' order (resource): a tab's list and its capped
             # count read that state's rows only, never walking through the other's (a million
             # released leases named before the expired ones, or 200,000 expired before the released).

@@ -27,14 +27,15 @@ PAGE_SIZE = 50
 
 def state_counts(cap: int = COUNT_CAP) -> dict[str, Count]:
     """Leases by state, none read beyond a bound. Held and renewed: one aggregate over the held leases
-    (the partial index ``leasing_lease_live_idx`` from now on: what is held now, never the history).
-    Expired and released leases pile up (abandoned resources, every grant ever released), so each is
-    counted up to ``cap`` in an index's order: "10,000+" beyond."""
+    (``leasing_lease_expires_idx`` from now on: a released lease's expiry is its release time, so what
+    is held now, never the history). Expired and released leases pile up (abandoned resources, every
+    grant ever released), so each is counted up to ``cap`` in its state's resource index:
+    "10,000+" beyond."""
     held = Lease.objects.active().aggregate(
         active=models.Count("pk"), renewed=models.Count("pk", filter=Q(renewals__gt=0))
     )
     counts = {name: Count(value, False) for name, value in held.items()}
-    counts["expired"] = bounded_count(Lease.objects.expired().order_by("expires_at"), cap)
+    counts["expired"] = bounded_count(Lease.objects.expired().order_by("resource"), cap)
     counts["released"] = bounded_count(Lease.objects.released().order_by("resource"), cap)
     return counts
 

@@ -592,8 +592,6 @@ CREATE TRIGGER tasks_workflow_settle AFTER UPDATE ON tasks_task REFERENCING OLD 
 
 CREATE INDEX leasing_lease_expires_idx ON public.leasing_lease USING btree (expires_at);
 CREATE INDEX leasing_lease_holder_d453b376 ON public.leasing_lease USING btree (holder);
-CREATE INDEX leasing_lease_holder_d453b376_like ON public.leasing_lease USING btree (holder varchar_pattern_ops);
-CREATE INDEX leasing_lease_live_idx ON public.leasing_lease USING btree (expires_at) WHERE (released_at IS NULL);
 CREATE INDEX leasing_lease_live_res_idx ON public.leasing_lease USING btree (resource) WHERE (released_at IS NULL);
 CREATE UNIQUE INDEX leasing_lease_pkey ON public.leasing_lease USING btree (id);
 CREATE INDEX leasing_lease_released_res_idx ON public.leasing_lease USING btree (resource) WHERE (released_at IS NOT NULL);
