@@ -334,10 +334,12 @@ async def async_unstorable(kind: str, **kwargs: Any) -> Any:
     return UNSTORABLE_RESULTS[kind]()
 
 
-async def async_wait_cancelled(only_first: bool = False, cleanup: float = 0.0, **kwargs: Any) -> str:
+async def async_wait_cancelled(
+    only_first: bool = False, cleanup: float = 0.0, mark: bool = False, **kwargs: Any
+) -> str:
     """Record the start, wait (for ever); once cancelled, clean up for ``cleanup`` seconds (awaiting),
     record the cancellation, then let it end the coroutine. With ``only_first``, later attempts return
-    at once."""
+    at once; with ``mark``, the cleanup's start is recorded too (phase "cleaning")."""
     import asyncio
 
     if only_first and current_task().attempt > 1:
@@ -346,6 +348,8 @@ async def async_wait_cancelled(only_first: bool = False, cleanup: float = 0.0, *
     try:
         await asyncio.sleep(3600)
     except asyncio.CancelledError:
+        if mark:
+            await _aeffect("cleaning")
         if cleanup:
             await asyncio.sleep(cleanup)
         await _aeffect("cancelled")
