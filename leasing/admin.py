@@ -160,7 +160,9 @@ class LeaseStateFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
-        if value in {"active", "renewed", "expired", "released"}:
+        if value in {"active", "renewed"}:  # sorted by the resource as a value (LeaseSearchList)
+            return queryset.held(renewed=value == "renewed")
+        if value in {"expired", "released"}:
             return getattr(queryset, value)()
         return queryset
 
@@ -171,13 +173,14 @@ _RESOURCE_VALUE = Concat(F("resource"), Value(""))
 
 class LeaseSearchList(ChangeList):
     """A search's rows (at most 2 x (COUNT_CAP + 1), found by id: LeaseAdmin.get_search_results)
-    sorted by resource as a value. Sorted by the column, the planner walks the resource key from its
+    and the held leases (LeaseQuerySet.held: found from the expiry range) sorted by resource as a
+    value. Sorted by the column, the planner walks the resource key from its
     start and filters the ids, reading every lease that sorts before the first match (200,220 rows
     behind 200,000 expired leases); sorted by the value, it fetches the ids and sorts them."""
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
         queryset = super().get_queryset(request, exclude_parameters)
-        if not self.query.strip():
+        if not self.query.strip() and request.GET.get("state") not in {"active", "renewed"}:
             return queryset
         by_value = {"resource": _RESOURCE_VALUE.asc(), "-resource": _RESOURCE_VALUE.desc()}
         return queryset.order_by(

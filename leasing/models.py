@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections, models
-from django.db.models.functions import Least, Now
+from django.db.models.functions import Coalesce, Least, Now
+from django.db.models.lookups import IsNull
 
 from leasing import signals
 from leasing.routing import SelectedManager
@@ -258,6 +259,10 @@ def release_on(connection: BaseDatabaseWrapper, resource: str, holder: str, toke
     return grant
 
 
+#: "Not released" as no partial index's predicate reads it (LeaseQuerySet.held).
+_NOT_RELEASED = Coalesce(IsNull(models.F("released_at"), True), models.Value(False), output_field=models.BooleanField())
+
+
 class LeaseQuerySet(LeaseStateQuerySet["Lease"]):
     """Lease operations. Each is one statement on this queryset's database, in its transaction.
 
@@ -311,6 +316,21 @@ class LeaseQuerySet(LeaseStateQuerySet["Lease"]):
     def release(self, resource: str, holder: str, token: int) -> bool:
         """End a live lease now; False if it was no longer ours (expired, revoked, taken over)."""
         return release_on(self._connection, resource, holder, token) is not None
+
+    def held(self, *, renewed: bool = False) -> Self:
+        """The held leases (renewed at least once, with ``renewed``), as ``active()``, written for the
+        lists that show them in resource order: reached only through the expiry range of
+        ``leasing_lease_expires_idx`` (a release moves the expiry to its release time, so the range
+        holds no history), "not released" out of every partial index's reach (inside COALESCE).
+        No index holds the held leases apart from the expired ones (expiry is relative to now): a
+        walk of ``leasing_lease_live_res_idx`` in resource order went through every expired lease
+        named before the first held one (200,050 rows, 3,239 buffers beside 200,000 expired), and
+        a bitmap of it ANDed into the range read all 205,000 entries. Sort these by the resource
+        as a value (``resource || ''``), never by the column, or the planner walks
+        ``leasing_lease_resource_key`` through the released ones: the cost is then the held
+        leases' number, not the history's."""
+        held = self.filter(_NOT_RELEASED, expires_at__gt=Now())
+        return held.filter(renewals__gt=0) if renewed else held
 
     def is_current(self, resource: str, token: int) -> bool:
         """Whether ``token`` is the live grant of ``resource``: for callers that can check but not fence."""
