@@ -161,7 +161,7 @@ class LeaseStateFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         if value in {"active", "renewed"}:  # sorted by the resource as a value (LeaseSearchList)
-            return queryset.held(renewed=value == "renewed")
+            return queryset.held(renewed=value == "renewed")  # type: ignore[attr-defined]
         if value in {"expired", "released"}:
             return getattr(queryset, value)()
         return queryset
