@@ -80,6 +80,11 @@ def test_lease_pages_read_bounded_rows_at_1_2_million_leases(client: Client, nam
     add(released, 1_000_000, released=True, expires_in="-1 day")
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE leasing_lease")
+    assert problems_of(statements_of(client, PAGES)) == []
+
+
+def statements_of(client: Client, urls: tuple[str, ...]) -> list[tuple[str, str, Any]]:
+    """Each statement on leasing_lease that requesting ``urls`` as a staff user sent, with its URL."""
     client.force_login(StaffFactory.create())
     statements: list[tuple[str, str, Any]] = []
     current = [""]
@@ -90,10 +95,10 @@ def test_lease_pages_read_bounded_rows_at_1_2_million_leases(client: Client, nam
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(record):
-        for url in PAGES:
+        for url in urls:
             current[0] = url
             assert client.get(url).status_code == 200, url
-    assert problems_of(statements) == []
+    return statements
 
 
 def problems_of(statements: list[tuple[str, str, Any]]) -> list[str]:

@@ -10,7 +10,6 @@ order (no index tells expired from held: expiry is relative to now)."""
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 import pytest
 from django.db import connection
@@ -18,8 +17,7 @@ from django.test import Client
 
 from leasing.views import PAGE_SIZE, state_counts
 from tests.db import test_lease_counts_at_scale as at_scale
-from tests.db.test_lease_counts_at_scale import PAGES, add, explained, nodes, problems_of
-from tests.factories import StaffFactory
+from tests.db.test_lease_counts_at_scale import PAGES, add, explained, nodes, problems_of, statements_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,23 +38,6 @@ def fill(names: tuple[str, ...]) -> None:
     add(prefixes["r-"], 1_000_000, released=True, expires_in="-1 day")
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE leasing_lease")
-
-
-def statements_of(client: Client, urls: tuple[str, ...]) -> list[tuple[str, str, Any]]:
-    client.force_login(StaffFactory.create())
-    statements: list[tuple[str, str, Any]] = []
-    current = [""]
-
-    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if "leasing_lease" in sql:
-            statements.append((current[0], sql, params))
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(record):
-        for url in urls:
-            current[0] = url
-            assert client.get(url).status_code == 200, url
-    return statements
 
 
 @pytest.mark.parametrize("names", ORDERS, ids=IDS)
