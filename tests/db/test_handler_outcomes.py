@@ -81,7 +81,10 @@ def test_a_task_that_snoozes_three_times_succeeds_uncharged_and_never_runs_befor
     assert task.progress is not None
     runs = task.progress["runs"]
     assert [run["snoozes"] for run in runs] == [0, 1, 2, 3]
-    assert [run["attempts"] for run in runs] == [0, 0, 0, 0]  # uncharged before every run
+    # Uncharged before every run: a run reads at most its own start, which the worker records beside
+    # the handler (0 or 1 by then; CI's 6.1 leg once saw the first run's start land first). Charged
+    # snoozes would read 1, 2, 3 and more.
+    assert all(run["attempts"] in (0, 1) for run in runs), [run["attempts"] for run in runs]
     for run in runs[1:]:
         snoozed_at, wakes_at, claimed_at = (iso_time(run[k]) for k in ("snoozed_at", "run_after", "acquired_at"))
         # The wake time is the database clock at the snooze plus the delay (snoozed_at is read a few
