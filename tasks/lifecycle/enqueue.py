@@ -151,7 +151,9 @@ RETURNING id, enqueued_at, debounces = 0
 """
 
 # One task kind per statement: everything but the kwargs is one scalar parameter, sent once (arrays
-# of a repeated value cost a quarter of the throughput to build, send and unpack).
+# of a repeated value cost a quarter of the throughput to build, send and unpack). The kwargs come as
+# one JSON array text (each element checked storable by the caller, joined): an array of jsonb would
+# be quoted element by element on the client and parsed so on the server (16 % of a bulk enqueue).
 BULK_ENQUEUE_SQL = f"""
 INSERT INTO tasks_task ({INSERT_COLUMNS}, concurrency_key, concurrency_limit, retry_policy, rate_key, rate_limit,
                         rate_period, trace_context, fair_key)
@@ -163,7 +165,7 @@ FROM (
     SELECT %(queue)s::text AS queue, %(priority)s::smallint AS priority, %(task_path)s::text AS task_path,
            %(args)s::jsonb AS args, k AS kwargs, %(run_after)s::timestamptz AS run_after,
            %(max_attempts)s::int AS max_attempts, %(timeout)s::float8 AS timeout
-    FROM unnest(%(kwargs)s::jsonb[]) AS k
+    FROM jsonb_array_elements(%(kwargs)s::jsonb) AS k
 ) AS d
 RETURNING id
 """

@@ -29,10 +29,14 @@ MAX_MESSAGE = 10_000
 MAX_TRACEBACK = 16_000  # x MAX_ERRORS (10) entries: a row's error history stays under ~200 KB
 
 
+#: One encoder for every value (``json.dumps`` with arguments builds a new one per call).
+_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
+
+
 def storable_json(value: Any) -> str:
     """``value`` as JSON text that jsonb accepts, or :class:`UnstorableResult` saying why not."""
     try:
-        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError, OverflowError) as exc:
         raise UnstorableResult(f"not JSON-serialisable: {storable_text(str(exc))}") from None
     try:

@@ -199,7 +199,7 @@ class EnqueueOperations(OperationsBase):
                 "priority": priority,
                 "task_path": task_path,
                 "args": "[]",
-                "kwargs": chunk,
+                "kwargs": "[" + ",".join(chunk) + "]",
                 "run_after": run_after,
                 "max_attempts": attempts,
                 "timeout": timeout,

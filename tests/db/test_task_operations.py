@@ -11,6 +11,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
+from tasks.exceptions import UnstorableResult
 from tasks.models import NOTIFY_CHANNEL, Failure, Task, Worker
 from tests.helpers import wait_until
 from tests.helpers.task_paths import NOOP
@@ -73,6 +74,27 @@ def test_bulk_enqueue_is_one_statement_per_chunk(django_assert_num_queries: Any)
     assert len(ids) == len(set(ids)) == 12_000
     assert Task.objects.filter(queue="bulk", status="READY").count() == 12_000
     assert Task.objects.get(pk=ids[-1]).kwargs == {"i": 11_999}
+
+
+def test_bulk_enqueue_stores_each_value_as_given_in_order_and_refuses_an_unstorable_chunk() -> None:
+    """The kwargs travel as one JSON array text: quotes, backslashes, escapes that look like array
+    or JSON syntax, non-ASCII and nesting come back as given, each row's in its place; a value jsonb
+    cannot store refuses the chunk it is in (nothing of it written) and says why."""
+    values: list[Any] = [
+        {"q": 'a "quoted" \\ back\\slash', "comma": "x,y}", "brace": "{1,2}", "null": None},
+        {"unicode": "日本 ✓ \u2028 é", "escaped_nul_text": "\\u0000 is text here"},
+        {"nested": {"l": [1, [2, {"d": 3.5}]]}},
+        {"big": 2**70, "neg": -0.0, "bool": [True, False]},
+        {},
+        {"i": 4},
+    ]
+    ids = Task.objects.bulk_enqueue(NOOP, iter(values), queue="bulk-values", chunk_size=2)
+    assert ids == sorted(ids)
+    assert [Task.objects.get(pk=i).kwargs for i in ids] == values
+    for bad, reason in [(float("nan"), "not JSON"), ("\x00", "NUL"), ("\ud800", "surrogate"), (object(), "not JSON")]:
+        with pytest.raises(UnstorableResult, match=reason):
+            Task.objects.bulk_enqueue(NOOP, [{"ok": 1}, {"bad": bad}], queue="bulk-refused")
+    assert not Task.objects.filter(queue="bulk-refused").exists()
 
 
 def test_claim_takes_priority_then_age_and_sets_the_lease(django_assert_num_queries: Any) -> None:
