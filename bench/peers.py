@@ -50,6 +50,13 @@ def count(sql: str) -> int:
         return int(cursor.fetchone()[0])
 
 
+def any_left(rows: str) -> int:
+    """1 while ``rows`` (a table and its WHERE) holds a row, else 0: what a drain polls every 20 ms.
+    An existence probe, not a count: counting a 20,000-task backlog took ~5 ms of the server per poll
+    (a quarter of a core at that rate), charged to whichever system was draining."""
+    return count(f"SELECT count(*) FROM (SELECT 1 FROM {rows} LIMIT 1) AS left_over")
+
+
 @dataclass
 class System:
     name: str
@@ -98,7 +105,7 @@ def ours() -> System:
         "django-leasing",
         single,
         bulk,
-        lambda: count("SELECT count(*) FROM tasks_task WHERE status IN ('READY', 'RUNNING')"),
+        lambda: any_left("tasks_task WHERE status IN ('READY', 'RUNNING')"),
         lambda: truncate("tasks_task, tasks_worker"),
         worker,
         io_enqueue,
@@ -192,7 +199,7 @@ def pgqueuer() -> System:
         "PgQueuer",
         lambda n: asyncio.run(_single(n)),
         lambda n: asyncio.run(_bulk(n)),
-        lambda: count("SELECT count(*) FROM pgqueuer"),
+        lambda: any_left("pgqueuer"),
         lambda: truncate("pgqueuer, pgqueuer_log"),
         lambda concurrency: asyncio.run(_worker(concurrency)),
         lambda n: asyncio.run(_io_bulk(n)),
@@ -265,7 +272,7 @@ def procrastinate_system() -> System:
         "procrastinate",
         single,
         bulk,
-        lambda: count("SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"),
+        lambda: any_left("procrastinate_jobs WHERE status IN ('todo', 'doing')"),
         lambda: truncate("procrastinate_jobs CASCADE"),
         worker,
         io_enqueue,
@@ -301,7 +308,7 @@ def django_tasks_db() -> System:
         "django-tasks-db",
         single,
         None,  # no batch enqueue API
-        lambda: count("SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE status IN ('READY', 'RUNNING')"),
+        lambda: any_left("django_tasks_database_dbtaskresult WHERE status IN ('READY', 'RUNNING')"),
         lambda: truncate("django_tasks_database_dbtaskresult"),
         worker,
     )
@@ -354,7 +361,7 @@ def oban_system() -> System:
         "oban",
         lambda n: asyncio.run(_enqueue(ObanNoop, n, bulk=False)),
         lambda n: asyncio.run(_enqueue(ObanNoop, n, bulk=True)),
-        lambda: count("SELECT count(*) FROM oban_jobs WHERE state IN ('available', 'scheduled', 'executing')"),
+        lambda: any_left("oban_jobs WHERE state IN ('available', 'scheduled', 'executing')"),
         lambda: truncate("oban_jobs, oban_producers, oban_leaders"),
         worker,
         lambda n: asyncio.run(_enqueue(ObanSleep, n, bulk=True)),
@@ -432,7 +439,7 @@ def graphile_system() -> System:
         "graphile-worker",
         single,
         lambda n: batches("noop", n),
-        lambda: count("SELECT count(*) FROM graphile_worker._private_jobs"),
+        lambda: any_left("graphile_worker._private_jobs"),
         lambda: truncate("graphile_worker._private_jobs"),
         worker,
         lambda n: batches("sleep", n),
