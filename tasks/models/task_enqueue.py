@@ -178,7 +178,8 @@ class EnqueueOperations(OperationsBase):
         rate_limit: Any = None,
         fair_key: str | None = None,
     ) -> list[int]:
-        """Insert many tasks of one kind: one multi-row statement per ``chunk_size`` tasks (all of
+        """Insert many tasks of one kind: one multi-row statement per ``chunk_size`` tasks, or fewer
+        where their kwargs' JSON passes :data:`MAX_CHUNK_TEXT` characters (all of
         them under ``concurrency_key``, if given), in the database holding ``queue`` (one queue, so
         one database; each chunk commits on its own unless the caller wraps the call in
         ``transaction.atomic(using=...)``). The retry policy and rate limit arguments and ``fair_key`` (all of
@@ -192,8 +193,10 @@ class EnqueueOperations(OperationsBase):
         fair = fair_key_for(queue, fair_key, get_settings().FAIR_QUEUES)
         ids: list[int] = []
         chunk: list[str] = []
+        chunk_text = 0
 
         def flush() -> None:
+            nonlocal chunk_text
             params = {
                 "queue": queue,
                 "priority": priority,
@@ -212,6 +215,7 @@ class EnqueueOperations(OperationsBase):
             }
             ids.extend(row[0] for row in fetch(routed, sql.BULK_ENQUEUE_SQL, params))
             chunk.clear()
+            chunk_text = 0
 
         tracer = tracing.tracer()
         # One span per call, however many rows and chunks: every row carries its context.
@@ -221,7 +225,11 @@ class EnqueueOperations(OperationsBase):
             else tracing.enqueuing(tracer, task_path, queue, {"leasing.task.path": task_path})
         ) as (span, trace_context):
             for kwargs in kwargs_list:
-                chunk.append(storable_json(kwargs))
+                text = storable_json(kwargs)
+                if chunk and chunk_text + len(text) > MAX_CHUNK_TEXT:
+                    flush()
+                chunk.append(text)
+                chunk_text += len(text) + 1
                 if len(chunk) >= chunk_size:
                     flush()
             if chunk:
@@ -230,6 +238,14 @@ class EnqueueOperations(OperationsBase):
                 span.set_attribute("messaging.batch.message_count", len(ids))
         announce_enqueued(routed.db, ids)
         return ids
+
+
+#: Characters of kwargs JSON one bulk statement carries at most; a value that would pass it starts the
+#: next chunk (a longer value goes alone). A chunk travels as one jsonb array, which PostgreSQL caps at
+#: 256 MB of elements (JENTRY_OFFLENMASK), and jsonb may take up to six times the text's characters (a
+#: one-digit number: 2 characters, a 4-byte entry and an 8-byte numeric): 32 M characters stay under
+#: the cap whatever the values (a chunk of 5,000 ordinary kwargs is a few hundred KB).
+MAX_CHUNK_TEXT = 32 * 1024 * 1024
 
 
 #: What runs once an enqueue has inserted rows, as ``hook(database, task_ids)``: tasks.testing's eager

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 from django.db import connection, connections, transaction
+from django.db.models.fields.json import KT
+from django.db.models.functions import Length
 from django.utils import timezone
 
 from tasks.exceptions import UnstorableResult
@@ -95,6 +97,21 @@ def test_bulk_enqueue_stores_each_value_as_given_in_order_and_refuses_an_unstora
         with pytest.raises(UnstorableResult, match=reason):
             Task.objects.bulk_enqueue(NOOP, [{"ok": 1}, {"bad": bad}], queue="bulk-refused")
     assert not Task.objects.filter(queue="bulk-refused").exists()
+
+
+@pytest.mark.slow
+def test_bulk_enqueue_stores_a_chunk_larger_than_one_jsonb_value_may_be() -> None:
+    """A chunk's kwargs travel as one jsonb array, which PostgreSQL caps at 256 MB: nine values of
+    30 MB (one default chunk, 270 MB) are all stored, each in its row and in order, in more than one
+    statement (sent as one, PostgreSQL refused the whole chunk: "total size of jsonb array elements
+    exceeds the maximum"). About 10 s: the server parses 270 MB of JSON either way."""
+    blob = "x" * (30 * 1024 * 1024)
+    ids = Task.objects.bulk_enqueue(NOOP, ({"i": i, "blob": blob} for i in range(9)), queue="bulk-large")
+    assert len(ids) == 9
+    stored = Task.objects.filter(queue="bulk-large").annotate(blob_length=Length(KT("kwargs__blob")))
+    assert sorted(stored.values_list("id", "kwargs__i", "blob_length")) == [
+        (task_id, i, len(blob)) for i, task_id in enumerate(ids)
+    ]
 
 
 def test_claim_takes_priority_then_age_and_sets_the_lease(django_assert_num_queries: Any) -> None:
