@@ -173,7 +173,7 @@ RAISED = {
     "cancelled": ("asyncio.exceptions.CancelledError", "cancelled by the handler"),
     "nul_message": ("builtins.ValueError", "before\\x00after"),
 }
-UNSTORABLE = ["nan", "inf", "nul", "surrogate", "object"]
+UNSTORABLE = ["nan", "inf", "nul", "surrogate", "object", "circular", "huge_int", "deep"]
 
 
 def test_every_base_exception_and_unstorable_result_of_a_coroutine_is_a_recorded_failure(workers: Workers) -> None:

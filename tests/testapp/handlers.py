@@ -110,7 +110,23 @@ UNSTORABLE_RESULTS: dict[str, Any] = {
     "nul": lambda: "before\x00after",
     "surrogate": lambda: "lone \ud800 surrogate",
     "object": object,
+    "circular": lambda: _circular(),
+    "huge_int": lambda: {"n": 10**5000},  # past Python's int-to-text limit (4,300 digits)
+    "deep": lambda: _deep(5000),  # past the encoder's recursion limit
 }
+
+
+def _circular() -> dict[str, Any]:
+    value: dict[str, Any] = {"name": "loop"}
+    value["self"] = value
+    return value
+
+
+def _deep(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
 def unstorable_result(kind: str, **kwargs: Any) -> Any:
