@@ -68,11 +68,16 @@ def stats_flushed() -> None:
 
 
 def any_left() -> bool:
+    """Whether the drain's queue still has a task waiting or running: the claim's index for the
+    waiting ones, the running set (bounded by the workers) for the others; neither read grows with
+    the retained rows, so the poll's own buffers stay out of the comparison."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT EXISTS (SELECT 1 FROM tasks_task WHERE queue = %s AND status IN ('READY', 'RUNNING'))", [QUEUE]
+            "SELECT EXISTS (SELECT 1 FROM tasks_task WHERE queue = %(q)s AND status = 'READY')"
+            " OR EXISTS (SELECT 1 FROM tasks_task WHERE status = 'RUNNING' AND COALESCE(queue, '') = %(q)s)",
+            {"q": QUEUE},
         )
         return bool(cursor.fetchone()[0])
 
