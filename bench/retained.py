@@ -19,6 +19,12 @@ ANALYZE after the load). Then:
   default size) of the oldest tenth of the succeeded tasks: its seconds and rows per second, the
   dead tuples it left in ``tasks_task`` (``n_dead_tup``), and what the VACUUM that removes them took.
   This is the cost a time-partitioned layout replaces with a ``DROP`` of a partition.
+- the mover of the layout chosen for issue 43 (docs/explanation/finished-storage.md), as a
+  prototype: ``bench_finished`` (the columns of ``tasks_task``, range-partitioned by day of
+  ``finished_at``, six page indexes) is filled by the next tenth of the succeeded tasks in batches of
+  1,000, each batch one statement (``DELETE ... RETURNING`` the rows retention's prune would pick,
+  inserted into the partitions); its rows per second, then what ``DETACH PARTITION ... CONCURRENTLY``
+  and ``DROP TABLE`` of the fullest day take. ``bench_finished`` is dropped after.
 
 Default durability (fsync on), the embedded PostgreSQL unless DATABASE_URL names another.
 """
@@ -26,6 +32,7 @@ Default durability (fsync on), the embedded PostgreSQL unless DATABASE_URL names
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import statistics
 import sys
@@ -159,6 +166,86 @@ def retention(size: int) -> dict[str, float]:
     }
 
 
+MOVE_SQL = """
+WITH picked AS (
+    SELECT id FROM tasks_task
+    WHERE status = 'SUCCESSFUL' AND finished_at IS NOT NULL AND (finished_at, id) > (%(at)s, %(id)s)
+    ORDER BY status, finished_at, id LIMIT %(n)s FOR UPDATE SKIP LOCKED
+), moved AS (
+    DELETE FROM tasks_task AS t USING picked WHERE t.id = picked.id RETURNING t.*
+)
+INSERT INTO bench_finished SELECT * FROM moved RETURNING finished_at, id
+"""
+FINISHED_INDEXES = {
+    "status": "status, id DESC",
+    "queue": "queue, status, id DESC",
+    "path": "task_path, status, id DESC",
+    "holder": "holder, status, id DESC) WHERE (holder IS NOT NULL",
+    "dedup": "dedup_key, status, id DESC) WHERE (dedup_key IS NOT NULL",
+    "workflow": "workflow_id, status, id DESC) WHERE (workflow_id IS NOT NULL",
+}
+
+
+def mover(size: int, batch: int = 1000) -> dict[str, float]:
+    """Move the next tenth of the succeeded tasks into day partitions (the prototype above)."""
+    from django.db import connection, transaction
+
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE IF EXISTS bench_finished")
+        cursor.execute(
+            "CREATE TABLE bench_finished (LIKE tasks_task INCLUDING DEFAULTS) PARTITION BY RANGE (finished_at)"
+        )
+        cursor.execute(
+            "ALTER TABLE bench_finished ALTER COLUMN finished_at SET NOT NULL, ADD PRIMARY KEY (id, finished_at)"
+        )
+        cursor.execute("SELECT min(finished_at), max(finished_at) FROM tasks_task WHERE status = 'SUCCESSFUL'")
+        first, last = cursor.fetchone()
+        day = first.astimezone(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+        while day <= last:
+            cursor.execute(
+                f"CREATE TABLE bench_finished_{day:%Y%m%d} PARTITION OF bench_finished FOR VALUES FROM (%s) TO (%s)",
+                [day, day + dt.timedelta(days=1)],
+            )
+            day += dt.timedelta(days=1)
+        for name, columns in FINISHED_INDEXES.items():
+            cursor.execute(f"CREATE INDEX bench_finished_{name}_idx ON bench_finished ({columns})")
+    target = int(size * 0.85) // 10
+    at, last_id, moved = first - dt.timedelta(seconds=1), 0, 0
+    started = time.perf_counter()
+    while moved < target:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(MOVE_SQL, {"at": at, "id": last_id, "n": min(batch, target - moved)})
+            rows = cursor.fetchall()
+        if not rows:
+            break
+        moved += len(rows)
+        at, last_id = max(rows)
+    seconds = time.perf_counter() - started
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_inherits AS i JOIN pg_class AS c"
+            " ON c.oid = i.inhrelid WHERE i.inhparent = 'bench_finished'::regclass ORDER BY 2 DESC LIMIT 1"
+        )
+        fullest, size_bytes = cursor.fetchone()
+        cursor.execute(f"SELECT count(*) FROM {fullest}")
+        rows_in = cursor.fetchone()[0]
+        started = time.perf_counter()
+        cursor.execute(f"ALTER TABLE bench_finished DETACH PARTITION {fullest} CONCURRENTLY")
+        detach = time.perf_counter() - started
+        started = time.perf_counter()
+        cursor.execute(f"DROP TABLE {fullest}")
+        drop = time.perf_counter() - started
+        cursor.execute("DROP TABLE bench_finished")
+    return {
+        "moved": moved,
+        "rate": moved / seconds if seconds else 0.0,
+        "partition_rows": rows_in,
+        "partition_mb": size_bytes / 1e6,
+        "detach": detach,
+        "drop": drop,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,10000000", help="comma-separated retained task counts")
@@ -178,7 +265,7 @@ def main() -> None:
             cursor.execute("SHOW server_version")
             version = cursor.fetchone()[0]
         print(f"# PostgreSQL {version}; drains of {args.tasks:,} no-op tasks, 1 worker process", flush=True)
-        rows: list[tuple[int, list[dict[str, float]], dict[str, float] | None]] = []
+        rows: list[tuple[int, list[dict[str, float]], dict[str, float] | None, dict[str, float]]] = []
         for size in sizes:
             build(size)
             drains = []
@@ -200,19 +287,28 @@ def main() -> None:
                     f" ({pruned['rate']:,.0f}/s); dead tuples left {pruned['dead']:,}; VACUUM {pruned['vacuum']:.1f} s",
                     flush=True,
                 )
-            rows.append((size, drains, pruned))
+            moved = mover(size)
+            print(
+                f"retained.{size}.mover  {moved['moved']:,} rows moved at {moved['rate']:,.0f}/s (batches of 1,000);"
+                f" the fullest day ({moved['partition_rows']:,} rows, {moved['partition_mb']:,.0f} MB):"
+                f" DETACH CONCURRENTLY {moved['detach']:.2f} s, DROP {moved['drop']:.2f} s",
+                flush=True,
+            )
+            rows.append((size, drains, pruned, moved))
         print()
         print(
             "| retained tasks | drain tasks/s (median) | worker CPU / 1,000 | server CPU / 1,000 |"
-            " tasks_task buffers / task | prune rows/s | dead tuples left | VACUUM after |"
+            " tasks_task buffers / task | prune rows/s | dead tuples left | VACUUM after | mover rows/s |"
+            " DROP of a day |"
         )
-        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-        for size, drains, pruned in rows:
+        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for size, drains, pruned, moved in rows:
             med = {key: statistics.median(d[key] for d in drains) for key in drains[0]}
-            prune_cells = f"{pruned['rate']:,.0f} | {pruned['dead']:,} | {pruned['vacuum']:.1f} s" if pruned else "| |"
+            prune_cells = f"{pruned['rate']:,.0f} | {pruned['dead']:,} | {pruned['vacuum']:.1f} s" if pruned else " | |"
             print(
                 f"| {size:,} | {med['rate']:,.0f} | {med['worker_ms']:.0f} ms | {med['server_ms']:.0f} ms |"
-                f" {med['buffers']:.1f} | {prune_cells} |"
+                f" {med['buffers']:.1f} | {prune_cells} | {moved['rate']:,.0f} |"
+                f" {moved['drop']:.2f} s ({moved['partition_rows']:,} rows) |"
             )
     finally:
         if server is not None:
