@@ -8,15 +8,14 @@ from django.contrib.admin import helpers
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import BadRequest
 from django.db import DEFAULT_DB_ALIAS, transaction
-from django.db.models import F, IntegerField, Model, QuerySet, Value
-from django.db.models.functions import Concat
+from django.db.models import IntegerField, Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
 from leasing.bounds import without_jit
-from leasing.models import Lease
+from leasing.models import HELD_STATES, RESOURCE_VALUE, Lease
 from leasing.pagination import COUNT_CAP, CappedPaginator
 from leasing.routing import database_param, known_databases, parse_database, using_database
 from leasing.validation import MAX_BIGINT, MAX_PARAM_LENGTH, InvalidInput, bad_params, check_text, parse_whole
@@ -160,15 +159,11 @@ class LeaseStateFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
-        if value in {"active", "renewed"}:  # sorted by the resource as a value (LeaseSearchList)
+        if value in HELD_STATES:  # sorted by the resource as a value (LeaseSearchList)
             return queryset.held(renewed=value == "renewed")  # type: ignore[attr-defined]
         if value in {"expired", "released"}:
             return getattr(queryset, value)()
         return queryset
-
-
-#: The resource as a value, not as the column: what a search's rows are sorted by (LeaseSearchList).
-_RESOURCE_VALUE = Concat(F("resource"), Value(""))
 
 
 class LeaseSearchList(ChangeList):
@@ -180,9 +175,9 @@ class LeaseSearchList(ChangeList):
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
         queryset = super().get_queryset(request, exclude_parameters)
-        if not self.query.strip() and request.GET.get("state") not in {"active", "renewed"}:
+        if not self.query.strip() and request.GET.get("state") not in HELD_STATES:
             return queryset
-        by_value = {"resource": _RESOURCE_VALUE.asc(), "-resource": _RESOURCE_VALUE.desc()}
+        by_value = {"resource": RESOURCE_VALUE.asc(), "-resource": RESOURCE_VALUE.desc()}
         return queryset.order_by(
             *[by_value.get(term, term) if isinstance(term, str) else term for term in queryset.query.order_by]
         )

@@ -11,7 +11,7 @@ from leasing import metrics
 from leasing.access import CHANGE_LEASE, VIEW_LEASE
 from leasing.conf import get_settings
 from leasing.http import ApiError, Body, api_view, iso, keyset_page, query_id, query_text, routed
-from leasing.models import Grant, Lease
+from leasing.models import HELD_STATES, Grant, Lease
 from leasing.routing import lease_database
 
 STATES = ("active", "expired", "renewed", "released")
@@ -54,7 +54,7 @@ def _listing(request: HttpRequest, state: str | None) -> tuple[int, dict[str, An
 def _conflict(resource: str, message: str) -> ApiError:
     current = Lease.objects.filter(resource=resource).first()
     extra: dict[str, Any] = {}
-    if current is not None and current.state in ("active", "renewed"):
+    if current is not None and current.state in HELD_STATES:
         extra = {"holder": current.holder, "expires_at": iso(current.expires_at)}
     return ApiError(409, message, **extra)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections, models
-from django.db.models.functions import Coalesce, Least, Now
+from django.db.models.functions import Coalesce, Concat, Least, Now
 from django.db.models.lookups import IsNull
 
 from leasing import signals
@@ -261,6 +261,12 @@ def release_on(connection: BaseDatabaseWrapper, resource: str, holder: str, toke
 
 #: "Not released" as no partial index's predicate reads it (LeaseQuerySet.held).
 _NOT_RELEASED = Coalesce(IsNull(models.F("released_at"), True), models.Value(False), output_field=models.BooleanField())
+#: The lease states whose lists come from :meth:`LeaseQuerySet.held` (the dashboard's tabs, the admin's
+#: filter), sorted by :data:`RESOURCE_VALUE`.
+HELD_STATES = ("active", "renewed")
+#: The resource as a value, not as the column (``resource || ''``): no index's order, so the planner
+#: sorts the rows it found instead of walking the resource key through the history (see ``held``).
+RESOURCE_VALUE = Concat(models.F("resource"), models.Value(""))
 
 
 class LeaseQuerySet(LeaseStateQuerySet["Lease"]):

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import F, Q, Value
-from django.db.models.functions import Concat
+from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from leasing.access import VIEW_LEASE, staff_page
-from leasing.models import Lease
+from leasing.models import HELD_STATES, RESOURCE_VALUE, Lease
 from leasing.pagination import COUNT_CAP, CappedPaginator, Count, bounded_count
 
 STATES = ("active", "renewed", "expired", "released")
@@ -42,12 +41,6 @@ def state_counts(cap: int = COUNT_CAP) -> dict[str, Count]:
     counts["expired"] = bounded_count(Lease.objects.expired().order_by("resource"), cap)
     counts["released"] = bounded_count(Lease.objects.released().order_by("resource"), cap)
     return counts
-
-
-#: The held leases' lists, sorted from the held leases alone (LeaseQuerySet.held).
-HELD_STATES = ("active", "renewed")
-#: The resource as a value, not as the column: no index's order, so the planner sorts the rows found.
-RESOURCE_VALUE = Concat(F("resource"), Value(""))
 
 
 @staff_page(GET=[VIEW_LEASE])
