@@ -288,8 +288,7 @@ class TaskAdmin(CheckedInputAdmin):
         window = obj.unique_window()  # one primary-key probe, only for a task with a dedup key
         if window is None:
             return "-"
-        seconds = (window.expires_at - window.accepted_at).total_seconds()
-        return f"{window.key}: unique until {window.expires_at:%Y-%m-%d %H:%M:%S} ({seconds:g} s window)"
+        return f"{window.key}: unique until {window.expires_at:%Y-%m-%d %H:%M:%S} ({window.seconds:g} s window)"
 
     @admin.display(description="arguments")
     def arguments_display(self, obj: Task) -> str:

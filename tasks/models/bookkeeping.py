@@ -281,6 +281,13 @@ class UniqueKey(models.Model):
     def __str__(self) -> str:
         return f"unique key {self.key}: task {self.task_id} until {self.expires_at:%Y-%m-%d %H:%M:%S}"
 
+    @property
+    def seconds(self) -> float:
+        """The window's length as asked (``unique_for``), to the millisecond: its two ends are two
+        reads of the database clock in one statement, which may lie a few microseconds further
+        apart than the window (a 90 s window read 90.000004 s, shown as "90.0")."""
+        return round((self.expires_at - self.accepted_at).total_seconds(), 3)
+
 
 class Repair(models.Model):
     """What the recovery round's repair sweep found stranded and set right, by kind: a count that

@@ -218,7 +218,7 @@ def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
             "workflow": Workflow.objects.filter(pk=task.workflow_id).first() if member else None,
             "edges": workflows.edges(task.pk) if member else None,
             "window": window,
-            "window_seconds": (window.expires_at - window.accepted_at).total_seconds() if window else None,
+            "window_seconds": window.seconds if window else None,
         },
     )
 
