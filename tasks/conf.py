@@ -108,6 +108,11 @@ class TaskSettings:
     #: Hours of history (tasks/maintenance/history.py) the recovery leader keeps in its hourly rollup,
     #: and the most the history page and ``/api/history`` show: 168 is 7 days.
     HISTORY_HOURS: int = 168
+    #: Days ahead of today (UTC) for which the recovery leader keeps the day partitions of
+    #: ``tasks_finished`` created, per final status (tasks/maintenance/partitions.py): the margin
+    #: before a leader that cannot create them (no leader, a lock it never gets) leaves a day without
+    #: its partition. ``tasks_finished_days_ahead`` and the alert TasksFinishedPartitionsBehind watch it.
+    FINISHED_DAYS_AHEAD: int = 3
     #: Periodic tasks (tasks/maintenance/scheduler.py): name -> {"task", "cron" or "interval", "args", "kwargs",
     #: "queue", "priority", "catch_up", "timezone", "grace", "max_attempts", "timeout", "enabled"}.
     SCHEDULES: dict[str, dict[str, Any]] = field(default_factory=dict)

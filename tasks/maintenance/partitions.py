@@ -1,39 +1,71 @@
-"""The day partitions of ``tasks_finished`` (issue 43; docs/explanation/finished-storage.md): created
-ahead of the days they hold, listed with their sizes, retired whole once past the retention age.
+"""The partitions of ``tasks_finished`` (issue 43; docs/explanation/finished-storage.md): one per final
+status, each split into UTC days created ahead of the days they hold, listed with their sizes, retired
+whole once past their status's retention age.
 
-One partition per UTC day, ``tasks_finished_YYYYMMDD``, holding the rows whose ``finished_at`` falls
-in ``[day 00:00, next day 00:00)`` UTC. There is no default partition: PostgreSQL cannot detach a
-partition ``CONCURRENTLY`` from a table that has one, and a row of a day with no partition is refused
-rather than kept somewhere retention cannot drop.
+``tasks_finished`` is list-partitioned by status into ``tasks_finished_successful``, ``_failed`` and
+``_cancelled`` (migration 0035), each range-partitioned by ``finished_at``: the day partition
+``tasks_finished_successful_YYYYMMDD`` holds the successes whose ``finished_at`` falls in
+``[day 00:00, next day 00:00)`` UTC. Each status is kept its own time (``RETENTION``), so a day of
+successes goes after 7 days while the same day's failures stay 30, without a row deleted. There is
+no default partition at either level: PostgreSQL cannot detach a partition ``CONCURRENTLY`` from a
+table that has one, and a row of a day with no partition is refused rather than kept somewhere
+retention cannot drop.
 
-Retiring a day is ``ALTER TABLE ... DETACH PARTITION ... CONCURRENTLY`` (the parent stays readable
-and writable; the detach waits for the transactions that might still see the partition) and then
-``DROP TABLE`` of the detached table: no row is deleted, no dead tuple left, no vacuum needed. Both
-statements run outside any transaction (``DETACH ... CONCURRENTLY`` refuses to run inside one). A
-detach interrupted half-way (its session ended) leaves the partition marked pending; the next
-retirement finishes it (``DETACH PARTITION ... FINALIZE``).
+Retiring a day is ``ALTER TABLE ... DETACH PARTITION ... CONCURRENTLY`` (the table stays readable and
+writable; the detach waits for the transactions that might still see the partition) and then ``DROP
+TABLE`` of the detached table: no row is deleted, no dead tuple left, no vacuum needed. Both statements
+run outside any transaction (``DETACH ... CONCURRENTLY`` refuses to run inside one). A detach
+interrupted half-way (its session ended) leaves the partition marked pending; the next retirement
+finishes it (``DETACH PARTITION ... FINALIZE``).
+
+The recovery leader keeps the partitions (:class:`PartitionKeeper`): every ``PARTITION_CHECK_INTERVAL``
+it creates the days up to ``FINISHED_DAYS_AHEAD`` ahead and retires the days past each status's
+retention, on a thread of its own (a detach waits for old snapshots, which must not hold recovery up).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, Error, connections, transaction
+
+from leasing import clock
+from tasks.conf import get_settings
+from tasks.maintenance.retention import retention_policy
+
+logger = logging.getLogger("tasks.partitions")
 
 TABLE = "tasks_finished"
-_NAME = re.compile(r"^tasks_finished_(\d{8})$")
+#: The first level: a list partition per final status, each partitioned by day.
+STATUS_TABLES = {
+    "SUCCESSFUL": f"{TABLE}_successful",
+    "FAILED": f"{TABLE}_failed",
+    "CANCELLED": f"{TABLE}_cancelled",
+}
+_NAME = re.compile(r"^tasks_finished_(successful|failed|cancelled)_(\d{8})$")
+#: Seconds between the leader's checks of the partitions (a catalog read when nothing is due).
+PARTITION_CHECK_INTERVAL = 60.0
+#: The longest a creation waits for its lock on a status table before it gives up until the next check.
+CREATE_LOCK_TIMEOUT = "5s"
 
-# Every partition of the table, with its bounds as PostgreSQL states them, its planner estimate of
-# rows (reltuples: -1 before the first VACUUM/ANALYZE) and its size with indexes and TOAST.
+# Every partition of the status tables, with its bounds as PostgreSQL states them, its planner
+# estimate of rows (reltuples: -1 before the first VACUUM/ANALYZE) and its size with indexes and TOAST.
+# Catalog reads: the cost is the number of partitions, not of rows.
 PARTITIONS_SQL = """
-SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), c.reltuples::bigint, pg_total_relation_size(c.oid),
-       i.inhdetachpending
-FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
-WHERE i.inhparent = to_regclass(%(table)s)
-ORDER BY c.relname
+SELECT parent.relname, c.relname, pg_get_expr(c.relpartbound, c.oid), c.reltuples::bigint,
+       pg_total_relation_size(c.oid), i.inhdetachpending
+FROM unnest(%(parents)s::text[]) AS p(name)
+JOIN pg_class AS parent ON parent.oid = to_regclass(p.name)
+JOIN pg_inherits AS i ON i.inhparent = parent.oid
+JOIN pg_class AS c ON c.oid = i.inhrelid
 """
+
+
+_ATTACHED_SQL = "SELECT EXISTS (SELECT FROM pg_inherits WHERE inhrelid = to_regclass(%s))"
 
 
 class PartitionError(Exception):
@@ -42,6 +74,7 @@ class PartitionError(Exception):
 
 @dataclass(frozen=True)
 class Partition:
+    status: str
     name: str
     day: dt.date | None  # None: a partition not named by this module (left alone)
     bounds: str
@@ -59,71 +92,231 @@ def day_start(day: dt.date) -> dt.datetime:
     return dt.datetime(day.year, day.month, day.day, tzinfo=dt.timezone.utc)
 
 
-def partition_name(day: dt.date) -> str:
-    return f"{TABLE}_{day:%Y%m%d}"
+def partition_name(status: str, day: dt.date) -> str:
+    return f"{STATUS_TABLES[status]}_{day:%Y%m%d}"
 
 
 def _day_of(name: str) -> dt.date | None:
     match = _NAME.match(name)
-    return None if match is None else dt.datetime.strptime(match.group(1), "%Y%m%d").date()
+    return None if match is None else dt.datetime.strptime(match.group(2), "%Y%m%d").date()
+
+
+def _statuses(statuses: Iterable[str] | None) -> list[str]:
+    chosen = list(STATUS_TABLES) if statuses is None else list(statuses)
+    unknown = sorted(set(chosen) - set(STATUS_TABLES))
+    if unknown:
+        raise PartitionError(f"not a final status: {', '.join(unknown)} (known: {', '.join(STATUS_TABLES)})")
+    return chosen
 
 
 def partitions(using: str = DEFAULT_DB_ALIAS) -> list[Partition]:
-    """The table's partitions, oldest day first (names this module did not make last)."""
+    """The day partitions, by status (SUCCESSFUL, FAILED, CANCELLED) then oldest day first (names this
+    module did not make last in their status)."""
+    status_of = {table: status for status, table in STATUS_TABLES.items()}
     with connections[using].cursor() as cursor:
-        cursor.execute(PARTITIONS_SQL, {"table": TABLE})
+        cursor.execute(PARTITIONS_SQL, {"parents": list(STATUS_TABLES.values())})
         found = [
-            Partition(name, _day_of(name), bounds, int(rows), int(size), bool(pending))
-            for name, bounds, rows, size, pending in cursor.fetchall()
+            Partition(status_of[parent], name, _day_of(name), bounds, int(rows), int(size), bool(pending))
+            for parent, name, bounds, rows, size, pending in cursor.fetchall()
         ]
-    return sorted(found, key=lambda p: (p.day is None, p.day or dt.date.min, p.name))
+    order = list(STATUS_TABLES)
+    return sorted(found, key=lambda p: (order.index(p.status), p.day is None, p.day or dt.date.min, p.name))
 
 
 def _today(now: dt.datetime | None) -> dt.date:
     return (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc).date()
 
 
-def create_ahead(days: int, *, now: dt.datetime | None = None, using: str = DEFAULT_DB_ALIAS) -> list[str]:
-    """Make sure today's partition (UTC) and the next ``days`` days' exist; returns those created.
-    Idempotent: a day that has its partition is left alone."""
+def create_ahead(
+    days: int, *, now: dt.datetime | None = None, statuses: Iterable[str] | None = None, using: str = DEFAULT_DB_ALIAS
+) -> list[str]:
+    """Make sure today's partition (UTC) and the next ``days`` days' exist for each final status
+    (``statuses``: all three unless given); returns those created. Idempotent: a day that has its
+    partition is left alone, and one another session creates meanwhile is not an error."""
     if days < 0:
         raise PartitionError(f"days ahead must be 0 or more, not {days}")
+    chosen = _statuses(statuses)
     today = _today(now)
-    have = {p.day for p in partitions(using)}
+    have = {(p.status, p.day) for p in partitions(using)}
     created = []
-    with connections[using].cursor() as cursor:
+    for status in chosen:
         for offset in range(days + 1):
             day = today + dt.timedelta(days=offset)
-            if day in have:
+            if (status, day) in have:
                 continue
-            start = day_start(day)
             try:
-                # Literals, not parameters: DDL takes none where a connection binds on the server.
-                cursor.execute(
-                    f'CREATE TABLE IF NOT EXISTS "{partition_name(day)}" PARTITION OF "{TABLE}"'
-                    f" FOR VALUES FROM ('{start.isoformat()}') TO ('{(start + dt.timedelta(days=1)).isoformat()}')"
-                )
-            except Exception as exc:  # an overlapping partition someone made by hand, a lock timeout
-                raise PartitionError(f"could not create the partition of {day}: {exc}") from exc
-            created.append(partition_name(day))
+                made = _create(status, day, using)
+            except Error as exc:  # an overlapping partition someone made by hand, a lock not had in time
+                raise PartitionError(f"could not create the {status} partition of {day}: {exc}") from exc
+            if made:
+                created.append(partition_name(status, day))
     return created
 
 
-def retire_before(cutoff: dt.datetime, *, using: str = DEFAULT_DB_ALIAS) -> list[str]:
-    """Detach (concurrently) and drop every day partition whose day ended at or before ``cutoff``;
-    returns their names. Runs outside any transaction; a partition this module did not name is
-    never touched."""
+def _create(status: str, day: dt.date, using: str) -> bool:
+    """A day's partition, made as a table of its own and then attached: ``CREATE TABLE ... PARTITION
+    OF`` would take an ACCESS EXCLUSIVE lock on the status table, queueing every reader and writer of
+    finished tasks behind any long read of it; ``ATTACH PARTITION`` takes SHARE UPDATE EXCLUSIVE,
+    which conflicts with neither (its check of the new table's rows reads an empty table). Within
+    ``CREATE_LOCK_TIMEOUT``: a lock not had by then is tried again at the next check (days are made
+    ``FINISHED_DAYS_AHEAD`` ahead for that). False: another session had attached it meanwhile."""
+    name, start = partition_name(status, day), day_start(day)
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = '{CREATE_LOCK_TIMEOUT}'")
+        cursor.execute("SELECT to_regclass(%s)", [name])
+        if cursor.fetchone()[0] is not None:  # made meanwhile by another session (or left unattached)
+            cursor.execute(_ATTACHED_SQL, [name])
+            if cursor.fetchone()[0]:
+                return False
+        else:
+            # Literals, not parameters: DDL takes none where a connection binds on the server.
+            cursor.execute(f'CREATE TABLE "{name}" (LIKE "{TABLE}" INCLUDING DEFAULTS INCLUDING CONSTRAINTS)')
+        cursor.execute(
+            f'ALTER TABLE "{STATUS_TABLES[status]}" ATTACH PARTITION "{name}"'
+            f" FOR VALUES FROM ('{start.isoformat()}') TO ('{(start + dt.timedelta(days=1)).isoformat()}')"
+        )
+    return True
+
+
+def retire_before(
+    cutoff: dt.datetime, *, statuses: Iterable[str] | None = None, using: str = DEFAULT_DB_ALIAS
+) -> list[str]:
+    """Detach (concurrently) and drop every day partition of ``statuses`` (all three unless given)
+    whose day ended at or before ``cutoff``; returns their names. Runs outside any transaction; a
+    partition this module did not name is never touched."""
+    return retire({status: cutoff for status in _statuses(statuses)}, using=using)
+
+
+def retire(cutoffs: Mapping[str, dt.datetime], *, using: str = DEFAULT_DB_ALIAS) -> list[str]:
+    """Retire, per status, the days that ended at or before its cutoff (a status not named: none)."""
+    _statuses(cutoffs)
     connection = connections[using]
     if connection.in_atomic_block:
         raise PartitionError("partitions are retired outside a transaction (DETACH PARTITION ... CONCURRENTLY)")
     retired = []
     for partition in partitions(using):
-        ends = partition.ends
-        if ends is None or ends > cutoff:
+        ends, cutoff = partition.ends, cutoffs.get(partition.status)
+        if ends is None or cutoff is None or ends > cutoff:
             continue
+        parent = STATUS_TABLES[partition.status]
         with connection.cursor() as cursor:
             how = "FINALIZE" if partition.detach_pending else "CONCURRENTLY"
-            cursor.execute(f'ALTER TABLE "{TABLE}" DETACH PARTITION "{partition.name}" {how}')
-            cursor.execute(f'DROP TABLE "{partition.name}"')
+            try:
+                cursor.execute(f'ALTER TABLE "{parent}" DETACH PARTITION "{partition.name}" {how}')
+                cursor.execute(f'DROP TABLE "{partition.name}"')
+            except Error as exc:
+                # Another session retiring the same day (a leader whose term ended while its detach
+                # waited, the command run by hand) may have detached it first: then it only needs
+                # dropping, if that session has not yet.
+                cursor.execute(_ATTACHED_SQL, [partition.name])
+                if cursor.fetchone()[0]:
+                    raise PartitionError(f"could not retire {partition.name}: {exc}") from exc
+                cursor.execute(f'DROP TABLE IF EXISTS "{partition.name}"')
         retired.append(partition.name)
+    for status, name in _detached(using):  # detached by a retirement whose DROP never ran
+        day, cutoff = _day_of(name), cutoffs.get(status)
+        if day is not None and cutoff is not None and day_start(day) + dt.timedelta(days=1) <= cutoff:
+            with connection.cursor() as cursor:
+                # IF EXISTS: the retirement that detached it may be dropping it now.
+                cursor.execute(f'DROP TABLE IF EXISTS "{name}"')
+            retired.append(name)
     return retired
+
+
+# Tables named as this module names day partitions that are attached to nothing: a retirement that
+# detached one and failed before its DROP.
+_DETACHED_SQL = r"""
+SELECT c.relname FROM pg_class AS c
+WHERE c.relkind = 'r' AND c.relnamespace = current_schema()::regnamespace
+  AND c.relname ~ '^tasks_finished_(successful|failed|cancelled)_[0-9]{8}$'
+  AND NOT EXISTS (SELECT FROM pg_inherits AS i WHERE i.inhrelid = c.oid)
+"""
+
+
+def _detached(using: str) -> list[tuple[str, str]]:
+    status_of = {table: status for status, table in STATUS_TABLES.items()}
+    with connections[using].cursor() as cursor:
+        cursor.execute(_DETACHED_SQL)
+        return [(status_of[name[: -len("_YYYYMMDD")]], name) for (name,) in cursor.fetchall()]
+
+
+def retention_cutoffs(
+    policy: Mapping[str, dt.timedelta | None] | None, *, now: dt.datetime | None = None
+) -> dict[str, dt.datetime]:
+    """Each final status's cutoff under a retention policy (tasks/maintenance/retention.py,
+    ``retention_policy``): a day goes once it ended longer ago than its status is kept. A status kept
+    for ever (None), or no policy at all, retires nothing."""
+    if policy is None:
+        return {}
+    moment = now or dt.datetime.now(dt.timezone.utc)
+    return {status: moment - age for status in STATUS_TABLES if (age := policy.get(status)) is not None}
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """Where one status's partitions stand: how many, their bytes, the last day created and the
+    oldest kept (None: none)."""
+
+    status: str
+    count: int
+    bytes: int
+    last_day: dt.date | None
+    oldest_day: dt.date | None
+
+    def days_ahead(self, today: dt.date) -> int | None:
+        """Whole days from ``today`` (UTC) to the last day created: 0 when only today's exists,
+        negative when even today's is missing; None when there is no day at all."""
+        return None if self.last_day is None else (self.last_day - today).days
+
+
+def horizons(found: Iterable[Partition]) -> list[Horizon]:
+    """One Horizon per final status, in STATUS_TABLES order (partitions not named by this module are
+    counted with their bytes, but not as days)."""
+    listed = list(found)
+    result = []
+    for status in STATUS_TABLES:
+        mine = [p for p in listed if p.status == status]
+        days = [p.day for p in mine if p.day is not None and not p.detach_pending]
+        result.append(
+            Horizon(status, len(mine), sum(p.bytes for p in mine), max(days, default=None), min(days, default=None))
+        )
+    return result
+
+
+@dataclass
+class KeeperRound:
+    created: list[str] = field(default_factory=list)
+    retired: list[str] = field(default_factory=list)
+
+
+class PartitionKeeper:
+    """The leader's upkeep of the partitions: days created ``FINISHED_DAYS_AHEAD`` ahead, days past
+    their status's retention retired, at most every ``interval`` seconds (``run_once(force=True)``:
+    now). A failure (a lock it could not get, a detach cancelled) is logged and retried at the next
+    check; the metrics (``tasks_finished_days_ahead``) and the alert say when creation falls behind."""
+
+    def __init__(
+        self, *, using: str = DEFAULT_DB_ALIAS, interval: float = PARTITION_CHECK_INTERVAL, retire: bool = True
+    ) -> None:
+        self.using = using
+        self.interval = interval
+        self.retire = retire  # False: create ahead only (retention off on this leader)
+        self._due = 0.0
+
+    def reset(self) -> None:
+        self._due = 0.0
+
+    def run_once(self, *, force: bool = False) -> KeeperRound | None:
+        """One check, if due (or ``force``); None when it was not due."""
+        if not force and clock.monotonic() < self._due:
+            return None
+        self._due = clock.monotonic() + self.interval
+        done = KeeperRound()
+        done.created = create_ahead(get_settings().FINISHED_DAYS_AHEAD, using=self.using)
+        for name in done.created:
+            logger.info("created partition %s", name)
+        if self.retire:
+            done.retired = retire(retention_cutoffs(retention_policy()), using=self.using)
+        for name in done.retired:
+            logger.info("retired partition %s", name)
+        return done

@@ -6,8 +6,9 @@ instance recovers at a time and a standby takes over when that one dies. Between
 also prunes what is past its retention (``tasks/maintenance/retention.py``) and runs the batches of
 bulk operations (``tasks/maintenance/bulk.py``), a slice at a time, and rolls finished tasks up by
 hour for the history page (``tasks/maintenance/history.py``), on a thread of its own for as long as it
-leads, and gives fair queues' keyless rows the shared key, a bounded batch a round
-(``tasks/maintenance/keyless.py``).
+leads, keeps the day partitions of finished tasks created ahead and retires those past retention
+(``tasks/maintenance/partitions.py``), on another, and gives fair queues' keyless rows the shared key,
+a bounded batch a round (``tasks/maintenance/keyless.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tasks.lifecycle import activity, concurrency, ratelimits
 from tasks.maintenance.bulk import BulkRunner
 from tasks.maintenance.history import HistoryRollup, RollupRound, roll_up_hours
 from tasks.maintenance.keyless import KeylessAdopter
+from tasks.maintenance.partitions import KeeperRound, PartitionError, PartitionKeeper
 from tasks.maintenance.repair import RepairReport, repair_stranded
 from tasks.maintenance.retention import AutoPruner
 from tasks.models import Recovered, Task
@@ -48,6 +50,8 @@ HISTORY_PAUSE = 1.0
 #: that late waits for the next full scan. A row another session held locked (skipped) does not: the
 #: next window starts at or before its expiry.
 RECOVERY_MARGIN = dt.timedelta(seconds=1)
+#: Seconds a term's end waits for the partitions thread (tasks/maintenance/partitions.py).
+PARTITION_JOIN_TIMEOUT = 5.0
 
 # The oldest lease a round's scans saw expired and left RUNNING (a row another session held locked:
 # SKIP LOCKED passed over it): the next window must still cover it. A range of the expiry index,
@@ -215,6 +219,8 @@ class MaintenanceReport:
     history: RollupRound | None = None
     pruned: int = 0
     keyless_adopted: int = 0
+    #: The partitions of finished tasks created and retired (None: their upkeep failed, logged).
+    partitions: KeeperRound | None = None
 
 
 def maintain_once(
@@ -222,9 +228,11 @@ def maintain_once(
 ) -> MaintenanceReport:
     """Every duty of the recovery leader, once, without its lease: a recovery round with its repairs,
     then, within ``budget`` seconds in all, the open bulk operations' batches, the history hours due,
-    a retention slice (``prune``), and a keyless adoption round. What ``recover_tasks --once`` (a cron
-    line) and Celery beat's ``tasks.recover_expired`` run; each duty's statements are safe beside a
-    leader's or another run's (row locks, SKIP LOCKED, upserts of the same numbers)."""
+    a retention slice (``prune``), and a keyless adoption round, and last the upkeep of the finished
+    tasks' partitions (days created ahead; with ``prune``, days past retention retired). What
+    ``recover_tasks --once`` (a cron line) and Celery beat's ``tasks.recover_expired`` run; each
+    duty's statements are safe beside a leader's or another run's (row locks, SKIP LOCKED, upserts of
+    the same numbers, partitions created and retired idempotently)."""
     report = MaintenanceReport(recovery=recover_once(using=using))
     share = budget / (3 if prune else 2)
     report.bulk_changed = BulkRunner(using=using).run_for(share)
@@ -232,7 +240,16 @@ def maintain_once(
     if prune:
         report.pruned = AutoPruner(using=using, interval=0.0).run_for(share)
     report.keyless_adopted = sum(r.adopted for r in KeylessAdopter(using=using).run_once())
+    report.partitions = _keep_partitions(PartitionKeeper(using=using, retire=prune), force=True)
     return report
+
+
+def _keep_partitions(keeper: PartitionKeeper, *, force: bool = False) -> KeeperRound | None:
+    try:
+        return keeper.run_once(force=force)
+    except PartitionError as exc:  # tried again at the next check; the metrics show days running out
+        logger.warning("partition upkeep failed: %s", exc)
+        return None
 
 
 class RecoveryController:
@@ -244,6 +261,7 @@ class RecoveryController:
         ttl: float | None = None,
         prune: bool = True,
         history: bool = True,
+        partitions: bool = True,
     ) -> None:
         self.interval = interval or get_settings().RECOVERY_INTERVAL
         self.using = using
@@ -255,6 +273,9 @@ class RecoveryController:
         # The hourly history rollup, also on the leader, on a thread of its own: counting an hour of
         # a busy queue is one statement of seconds, which must not hold recovery up.
         self.history = HistoryRollup(using=using) if history else None
+        # The finished tasks' partitions, on a thread of their own: retiring one waits for the
+        # transactions that may still read it (DETACH PARTITION ... CONCURRENTLY).
+        self.partitions = PartitionKeeper(using=using, retire=prune) if partitions else None
         # Fair queues' rows without a key, adopted a batch per queue a round (tasks/maintenance/keyless.py).
         self.keyless = KeylessAdopter(using=using)
         # The controller's own lease: long enough to ride out a slow round, short enough to hand over fast.
@@ -269,17 +290,37 @@ class RecoveryController:
         logger.info("recovery controller %s is active", self.election.holder)
         self.window = RecoveryWindow()  # a new term starts with a full scan
         self.keyless.reset()  # and its passes over fair queues from their front
-        counting = None
+        threads = []
         if self.history is not None:
-            counting = threading.Thread(target=self._count_history, args=(term,), name="history", daemon=True)
-            counting.start()
+            threads.append(threading.Thread(target=self._count_history, args=(term,), name="history", daemon=True))
+        if self.partitions is not None:
+            threads.append(threading.Thread(target=self._keep_partitions, args=(term,), name="partitions", daemon=True))
+        for thread in threads:
+            thread.start()
         try:
             self._recover(term)
         finally:
-            if counting is not None:
-                # The term ends with its threads: a count in progress finishes first (one statement;
-                # were it to commit after a new leader's, it writes the same numbers).
-                counting.join()
+            # The term ends with its threads: a count in progress finishes first (one statement;
+            # were it to commit after a new leader's, it writes the same numbers). A retirement may
+            # be waiting for an old snapshot to end (DETACH ... CONCURRENTLY): it is given
+            # PARTITION_JOIN_TIMEOUT, then left to end on its own (a new leader's retirement of the
+            # same day fails until it does, and finalizes it after).
+            for thread in threads:
+                thread.join(PARTITION_JOIN_TIMEOUT if thread.name == "partitions" else None)
+
+    def _keep_partitions(self, term: Term) -> None:
+        assert self.partitions is not None
+        self.partitions.reset()
+        try:
+            while not term.should_stop:
+                try:
+                    _keep_partitions(self.partitions)
+                except Error as exc:
+                    logger.warning("partition upkeep failed: %s", exc)
+                    connections[self.using].close()
+                term.wait(min(self.partitions.interval, 1.0))
+        finally:
+            connections[self.using].close()  # this thread's own connection
 
     def _count_history(self, term: Term) -> None:
         assert self.history is not None

@@ -13,6 +13,7 @@ from leasing.routing import selected_database
 from tasks.conf import get_settings
 from tasks.lifecycle import activity, concurrency, ratelimits
 from tasks.lifecycle.workflows import WorkflowStatus
+from tasks.maintenance.partitions import day_start, horizons, partitions
 from tasks.maintenance.recovery import RECOVERY_LEASE
 from tasks.maintenance.repair import REPAIR_KINDS
 from tasks.maintenance.scheduler import SCHEDULER_LEASE
@@ -250,6 +251,7 @@ def task_metrics() -> Iterable[Metric]:
     yield from leader_metrics()
     yield from horizon_metrics()
     yield from table_health_metrics()
+    yield from partition_metrics()
 
     with connections[selected_database()].cursor() as cursor:
         cursor.execute(
@@ -408,3 +410,44 @@ def leader_metrics() -> Iterable[Metric]:
     for role, seconds in rows:
         absent.add_metric([role], math.inf if seconds is None else max(float(seconds), 0.0))
     yield absent
+
+
+def partition_metrics() -> Iterable[Metric]:
+    """The partitions of finished tasks (tasks/maintenance/partitions.py), per final status: how many,
+    their bytes, how many days ahead of today (UTC, on the database's clock) the last one reaches,
+    and the age of the oldest day kept. Catalog reads: the cost is the partitions, not the rows."""
+    database = selected_database()
+    found = partitions(database)
+    with connections[database].cursor() as cursor:
+        cursor.execute("SELECT (clock_timestamp() AT TIME ZONE 'UTC')::date, clock_timestamp()")
+        today, now = cursor.fetchone()
+    count = GaugeMetricFamily(
+        "tasks_finished_partitions",
+        "Day partitions of tasks_finished (finished tasks moved out of tasks_task), per final status.",
+        labels=["status"],
+    )
+    size = GaugeMetricFamily(
+        "tasks_finished_partition_bytes",
+        "Bytes of tasks_finished's partitions with their indexes and TOAST, per final status.",
+        labels=["status"],
+    )
+    ahead = GaugeMetricFamily(
+        "tasks_finished_days_ahead",
+        "Days from today (UTC) to the last day partition created, per final status: 0 when only today's "
+        "exists, -1 when today's is missing (-Inf: none at all). The recovery leader keeps FINISHED_DAYS_AHEAD.",
+        labels=["status"],
+    )
+    oldest = GaugeMetricFamily(
+        "tasks_finished_oldest_day_age_seconds",
+        "Seconds since the start of the oldest day partition kept, per final status (0: none).",
+        labels=["status"],
+    )
+    for horizon in horizons(found):
+        status = horizon.status
+        count.add_metric([status], horizon.count)
+        size.add_metric([status], horizon.bytes)
+        days = horizon.days_ahead(today)
+        ahead.add_metric([status], -math.inf if days is None else days)
+        age = 0.0 if horizon.oldest_day is None else (now - day_start(horizon.oldest_day)).total_seconds()
+        oldest.add_metric([status], max(age, 0.0))
+    yield from (count, size, ahead, oldest)
