@@ -14,6 +14,11 @@ class TaskError(LeasingError):
     """A task queue operation failed."""
 
 
+class ArchivedTask(TaskError):
+    """A task read from tasks_finished (moved out of tasks_task once finished) was to be saved or
+    deleted: that row is history, read-only (docs/explanation/finished-storage.md)."""
+
+
 class TaskNotFinished(TaskError):
     """A delete named a task that has not finished (AWAITING, BLOCKED, READY or RUNNING): only a
     finished task (SUCCESSFUL, FAILED, CANCELLED) is deleted, and nothing was. ``unfinished`` holds

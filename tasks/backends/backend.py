@@ -438,9 +438,11 @@ class LeaseBackend(BaseTaskBackend):
             using = using or self.using
             if using not in known_databases():
                 raise ValueError(using)
-            row = Task.objects.db_manager(using).get(pk=int(number))
-        except (ValueError, TypeError, OverflowError, Task.DoesNotExist):
+            row = Task.objects.db_manager(using).find(int(number))
+        except (ValueError, TypeError, OverflowError):
             raise TaskResultDoesNotExist(result_id) from None
+        if row is None:
+            raise TaskResultDoesNotExist(result_id)
         return self.result_from_row(row)
 
     def result_from_row(self, row: Task) -> TaskResult:

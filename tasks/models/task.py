@@ -12,7 +12,7 @@ of ~400 lines: a task row has that many columns, each with the comment that says
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models
 from django.db.models import Q
@@ -20,9 +20,11 @@ from django.db.models.functions import Now
 
 from leasing.models import LeaseFields, LeaseStateQuerySet
 from leasing.routing import SelectedManager
+from tasks.exceptions import ArchivedTask
 from tasks.lifecycle import workflows as wf_sql
 from tasks.lifecycle.states import FINISHED, NOT_RUNNING_STATUSES, UNFINISHED, WAITING, TaskStatus
 from tasks.models.bookkeeping import UniqueKey
+from tasks.models.finished import FinishedOperations
 from tasks.models.task_actions import ActionOperations
 from tasks.models.task_attempts import AttemptOperations
 from tasks.models.task_enqueue import EnqueueOperations
@@ -41,11 +43,18 @@ FAILED_BEFORE = Q(failures__gt=0) | Q(crashes__gt=0) | Q(shared_crashes__gt=0)
 NEVER_FAILED = Q(failures=0, crashes=0, shared_crashes=0)
 
 
-class TaskQuerySet(EnqueueOperations, AttemptOperations, ActionOperations, WaitOperations, LeaseStateQuerySet["Task"]):
+class TaskQuerySet(
+    EnqueueOperations,
+    AttemptOperations,
+    ActionOperations,
+    WaitOperations,
+    FinishedOperations,
+    LeaseStateQuerySet["Task"],
+):
     """Task selection (chainable) and the queue's table-wide operations, one statement each: enqueue
     (tasks/models/task_enqueue.py), an attempt's life on the worker's hot path (task_attempts.py), the
     recovery round's sweeps and the operator's actions (task_actions.py), a caller's wait for a task to
-    finish (task_wait.py)."""
+    finish (task_wait.py), a lookup by id that finds a task moved to tasks_finished (finished.py)."""
 
     # -- selection ------------------------------------------------------------------------
 
@@ -377,6 +386,19 @@ class Task(LeaseFields):
                 condition=Q(priority__gte=-100, priority__lte=100), name="tasks_task_priority_range"
             ),
         ]
+
+    #: True on a row read from tasks_finished (``Task.objects.find``): history, read-only.
+    archived = False
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.archived:
+            raise ArchivedTask(f"task {self.pk} is kept in tasks_finished: its row is history and is not saved")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> Any:
+        if self.archived:
+            raise ArchivedTask(f"task {self.pk} is kept in tasks_finished: retention drops its day whole")
+        return super().delete(*args, **kwargs)
 
     def __str__(self) -> str:
         # The status by its label, as every page names it (tasks/lifecycle/vocabulary.py): the admin

@@ -26,6 +26,7 @@ from django.db import connections
 from tasks.exceptions import TaskError, TaskWaitTimeout
 from tasks.lifecycle.listening import through_a_pooler, wakeup_for
 from tasks.lifecycle.states import FINISHED
+from tasks.models.finished import FINISHED_STATUS_SQL
 from tasks.models.task_send import OperationsBase
 
 if TYPE_CHECKING:
@@ -72,6 +73,8 @@ class WaitOperations(OperationsBase):
                 if listening:
                     conn.execute(f"LISTEN {FINISHED_CHANNEL}")
                 row = conn.execute(MARK_WAITED_SQL, {"id": task_id}).fetchone()
+                if row is None:  # moved to tasks_finished: final
+                    row = _finished_status(conn, task_id)
                 if row is None:
                     raise self.model.DoesNotExist(
                         f"task {task_id} is not in database {using!r} (or not yet visible: an enqueue inside a"
@@ -95,12 +98,23 @@ class WaitOperations(OperationsBase):
                     else:
                         found = conn.execute(MARK_WAITED_SQL, {"id": task_id}).fetchone()
                         marked = bool(found and found[1])
+                    if found is None:  # moved to tasks_finished once final, or deleted
+                        found = _finished_status(conn, task_id)
                     if found is None:
                         raise self.model.DoesNotExist(f"task {task_id} was deleted while it was waited for")
                     status = found[0]
         except psycopg.Error as exc:
             raise TaskError(f"waiting for task {task_id}: the database refused: {exc}") from exc
-        return self.model._base_manager.db_manager(using).get(pk=task_id)
+        task = self.model.objects.db_manager(using).find(task_id)
+        if task is None:
+            raise self.model.DoesNotExist(f"task {task_id} was deleted once it finished")
+        return task
+
+
+def _finished_status(conn: psycopg.Connection, task_id: int) -> tuple[str, bool] | None:
+    """(status, not marked) of the task's row in tasks_finished: final; None: not there either."""
+    found = conn.execute(FINISHED_STATUS_SQL, [task_id]).fetchone()
+    return None if found is None else (found[0], False)
 
 
 def _connection(using: str, poll: float) -> tuple[bool, Callable[[], psycopg.Connection]]:

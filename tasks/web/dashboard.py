@@ -201,7 +201,9 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
 
 @staff_page(GET=[VIEW_TASK])
 def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
-    task = get_object_or_404(Task, pk=task_id)
+    task = Task.objects.find(task_id) if 0 < task_id <= MAX_BIGINT else None
+    if task is None:
+        raise Http404(f"no task with id {task_id}")
     # Only a workflow member has edges (an ad hoc depends_on makes a workflow too): a plain task's
     # page reads nothing more.
     member = task.workflow_id is not None
@@ -214,7 +216,8 @@ def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
             "history": attempts.history(task),
             "arguments": redaction.arguments(task),
             "tabs": tabs(task_counts()),
-            "actions": vocabulary.actions_for([task.status]),
+            # A task moved to tasks_finished is history: no action changes it.
+            "actions": [] if task.archived else vocabulary.actions_for([task.status]),
             "workflow": Workflow.objects.filter(pk=task.workflow_id).first() if member else None,
             "edges": workflows.edges(task.pk) if member else None,
             "window": window,

@@ -131,10 +131,23 @@ def unique_window_json(task: Task) -> dict[str, Any] | None:
     return {"key": window.key, "accepted_at": iso(window.accepted_at), "expires_at": iso(window.expires_at)}
 
 
-def _task_or_404(task_id: int) -> Task:
-    task = Task.objects.filter(pk=task_id).first() if 0 < task_id <= _MAX_TOKEN else None
+def _found_or_404(task_id: int) -> Task:
+    """The task wherever it lives: in tasks_task, or moved to tasks_finished once finished."""
+    task = Task.objects.find(task_id) if 0 < task_id <= _MAX_TOKEN else None
     if task is None:
         raise ApiError(404, f"no task with id {task_id}")
+    return task
+
+
+def _task_or_404(task_id: int) -> Task:
+    """A task an action may change: a task moved to tasks_finished is history (409)."""
+    task = _found_or_404(task_id)
+    if task.archived:
+        raise ApiError(
+            409,
+            f"task is {task.status.lower()} and kept in the finished history: nothing changes it",
+            status=task.status,
+        )
     return task
 
 
@@ -400,7 +413,7 @@ def fail(request: HttpRequest, task_id: int) -> tuple[int, Any]:
 
 @api_view(GET=[VIEW_TASK])
 def task_detail(request: HttpRequest, task_id: int) -> tuple[int, Any]:
-    return 200, {"task": task_json(_task_or_404(task_id), window=True)}
+    return 200, {"task": task_json(_found_or_404(task_id), window=True)}
 
 
 @api_view(POST=[CHANGE_TASK])
