@@ -12,6 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 @register()
 def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     from tasks.conf import get_settings
+    from tasks.maintenance.partitions import PartitionError, days_ahead_setting
     from tasks.maintenance.retention import retention_policy
     from tasks.maintenance.schedules import load_schedules
 
@@ -44,22 +45,17 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
                 id="tasks.E111",
             )
         )
-    ahead = get_settings().FINISHED_DAYS_AHEAD
-    if isinstance(ahead, bool) or not isinstance(ahead, int) or not 1 <= ahead <= MAX_DAYS_AHEAD:
+    try:
+        days_ahead_setting()
+    except PartitionError as exc:
         errors.append(
             Error(
-                f"LEASING_TASKS['FINISHED_DAYS_AHEAD'] must be a whole number of days from 1 to {MAX_DAYS_AHEAD},"
-                f" got {ahead!r}",
+                str(exc),
                 hint="See docs/howto/recovery-and-retention.md, 'Finished tasks' partitions'.",
                 id="tasks.E122",
             )
         )
     return errors
-
-
-#: At least tomorrow's partition (a leader missing at midnight must not stop the mover), at most a
-#: year's: three statuses x days empty tables.
-MAX_DAYS_AHEAD = 366
 
 
 def redaction_errors(value: Any) -> list[CheckMessage]:

@@ -49,6 +49,9 @@ STATUS_TABLES = {
 _NAME = re.compile(r"^tasks_finished_(successful|failed|cancelled)_(\d{8})$")
 #: Seconds between the leader's checks of the partitions (a catalog read when nothing is due).
 PARTITION_CHECK_INTERVAL = 60.0
+#: At least tomorrow's partition (a leader missing at midnight must not stop the mover), at most a
+#: year's: three statuses x days empty tables.
+MAX_DAYS_AHEAD = 366
 #: The longest a creation waits for its lock on a status table before it gives up until the next check.
 CREATE_LOCK_TIMEOUT = "5s"
 
@@ -121,6 +124,20 @@ def partitions(using: str = DEFAULT_DB_ALIAS) -> list[Partition]:
         ]
     order = list(STATUS_TABLES)
     return sorted(found, key=lambda p: (order.index(p.status), p.day is None, p.day or dt.date.min, p.name))
+
+
+def days_ahead_setting() -> int:
+    """``FINISHED_DAYS_AHEAD``, checked: a PartitionError says what is wrong with it. ``manage.py``
+    refuses to start on it (tasks.E122); a process that runs no system checks (a Celery worker running
+    the cron-mode maintenance, code calling the keeper) learns it here, at each check, as a failure
+    the keeper logs, rather than as a TypeError that would end the leader's partitions thread."""
+    ahead = get_settings().FINISHED_DAYS_AHEAD
+    if isinstance(ahead, bool) or not isinstance(ahead, int) or not 1 <= ahead <= MAX_DAYS_AHEAD:
+        raise PartitionError(
+            f"LEASING_TASKS['FINISHED_DAYS_AHEAD'] must be a whole number of days from 1 to {MAX_DAYS_AHEAD},"
+            f" got {ahead!r}"
+        )
+    return ahead
 
 
 def _today(now: dt.datetime | None) -> dt.date:
@@ -312,11 +329,15 @@ class PartitionKeeper:
             return None
         self._due = clock.monotonic() + self.interval
         done = KeeperRound()
-        done.created = create_ahead(get_settings().FINISHED_DAYS_AHEAD, using=self.using)
+        done.created = create_ahead(days_ahead_setting(), using=self.using)
         for name in done.created:
             logger.info("created partition %s", name)
         if self.retire:
-            done.retired = retire(retention_cutoffs(retention_policy()), using=self.using)
+            try:
+                policy = retention_policy()
+            except ValueError as exc:  # tasks.E102 at startup; here too for a process that runs no checks
+                raise PartitionError(f"no retirement: {exc}") from None
+            done.retired = retire(retention_cutoffs(policy), using=self.using)
         for name in done.retired:
             logger.info("retired partition %s", name)
         return done

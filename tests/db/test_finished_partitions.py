@@ -14,9 +14,11 @@ from typing import Any
 import psycopg
 import pytest
 from django.core.management import CommandError, call_command
+from django.core.management.base import SystemCheckError
 from django.db import OperationalError, connection, transaction
 
 from tasks.maintenance.partitions import (
+    KeeperRound,
     PartitionError,
     PartitionKeeper,
     create_ahead,
@@ -328,6 +330,43 @@ def test_the_keeper_creates_ahead_and_retires_by_retention_when_due(settings: An
     settings.LEASING_TASKS = {"FINISHED_DAYS_AHEAD": 3, "RETENTION": None}
     done = keeper.run_once(force=True)
     assert done is not None and len(done.created) == 3 and done.retired == []
+
+
+@pytest.mark.parametrize("ahead", ["3", True, None, 2.5, 0, 367])
+def test_a_bad_days_ahead_is_a_logged_upkeep_failure_that_changes_nothing(settings: Any, ahead: Any) -> None:
+    """manage.py refuses it (tasks.E122); a process that runs no system checks (a Celery worker's
+    cron-mode run, the leader's thread in one) meets it at each check: an upkeep failure the keeper's
+    callers log, never an exception that ends the leader's partitions thread or the maintenance run."""
+    settings.LEASING_TASKS = {"FINISHED_DAYS_AHEAD": ahead}
+    with pytest.raises(PartitionError, match="FINISHED_DAYS_AHEAD"):
+        PartitionKeeper().run_once(force=True)
+    with pytest.raises(SystemCheckError, match=r"tasks\.E122"):
+        call_command("check")
+    assert maintain_once(budget=1.0).partitions is None  # logged; the run's other work done
+    assert names() == []
+
+
+def test_a_bad_retention_stops_retirement_with_a_logged_failure_not_an_exception(settings: Any) -> None:
+    settings.LEASING_TASKS = {"FINISHED_DAYS_AHEAD": 1, "RETENTION": {"SUCCESSFUL": "a week"}}
+    with pytest.raises(PartitionError, match="RETENTION"):
+        PartitionKeeper().run_once(force=True)
+    assert len(names()) == 6  # days are still created ahead
+
+
+def test_a_retention_of_zero_retires_yesterday_but_never_the_day_in_use(settings: Any) -> None:
+    """A day ends at the next midnight (UTC): a retention of 0s retires it from then on, so the
+    keeper never creates today's day and retires it again at each check."""
+    settings.LEASING_TASKS = {"FINISHED_DAYS_AHEAD": 1, "RETENTION": {"SUCCESSFUL": "0s", "FAILED": 0}}
+    yesterday = dt.datetime.now(UTC) - dt.timedelta(days=1)
+    create_ahead(0, now=yesterday)
+    keeper = PartitionKeeper()
+    first = keeper.run_once(force=True)
+    assert first is not None and len(first.created) == 6
+    assert sorted(first.retired) == sorted(
+        [f"tasks_finished_successful_{yesterday:%Y%m%d}", f"tasks_finished_failed_{yesterday:%Y%m%d}"]
+    )
+    assert keeper.run_once(force=True) == KeeperRound()  # nothing made, nothing retired
+    assert len(names()) == 7  # today and tomorrow per status, and CANCELLED's yesterday (kept 30 days)
 
 
 def test_the_cron_mode_run_keeps_the_partitions_too(settings: Any) -> None:
