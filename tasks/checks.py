@@ -55,6 +55,18 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
                 id="tasks.E122",
             )
         )
+    try:
+        from tasks.maintenance.archive import archive_after
+
+        archive_after()
+    except ValueError as exc:
+        errors.append(
+            Error(
+                f"LEASING_TASKS['ARCHIVE_AFTER']: {exc}",
+                hint="See docs/explanation/finished-storage.md.",
+                id="tasks.E123",
+            )
+        )
     return errors
 
 

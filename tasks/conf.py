@@ -113,6 +113,11 @@ class TaskSettings:
     #: before a leader that cannot create them (no leader, a lock it never gets) leaves a day without
     #: its partition. ``tasks_finished_days_ahead`` and the alert TasksFinishedPartitionsBehind watch it.
     FINISHED_DAYS_AHEAD: int = 3
+    #: Finished plain tasks older than this (a duration, e.g. "10m") are moved by the recovery leader
+    #: from tasks_task to tasks_finished (tasks/maintenance/archive.py), once their hour is in the
+    #: history; None (the default for now) keeps every task in tasks_task. Not yet on by default:
+    #: the dashboard's lists, the admin, the API's listings and bulk operations read tasks_task only.
+    ARCHIVE_AFTER: Any = None
     #: Periodic tasks (tasks/maintenance/scheduler.py): name -> {"task", "cron" or "interval", "args", "kwargs",
     #: "queue", "priority", "catch_up", "timezone", "grace", "max_attempts", "timeout", "enabled"}.
     SCHEDULES: dict[str, dict[str, Any]] = field(default_factory=dict)

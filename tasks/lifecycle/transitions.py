@@ -241,6 +241,14 @@ TRANSITIONS: tuple[Transition, ...] = (
         "their workflow, once it is finished and older than its status's age",
     ),
     Transition(
+        "archive",
+        FINISHED,
+        (NO_ROW,),
+        ("tasks.maintenance.archive.ARCHIVE_SQL",),
+        "with ARCHIVE_AFTER set, the recovery leader moves finished plain tasks whose hour the history has "
+        "counted out of tasks_task into tasks_finished, unchanged, in the same statement (read there by id)",
+    ),
+    Transition(
         "delete",
         FINISHED,
         (NO_ROW,),

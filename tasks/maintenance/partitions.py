@@ -170,6 +170,16 @@ def create_ahead(
     return created
 
 
+def create_day(status: str, day: dt.date, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Make sure ``status``'s partition of ``day`` exists (any day: the mover's first batch of a day
+    long past makes it); False: it did already."""
+    _statuses([status])
+    try:
+        return _create(status, day, using)
+    except Error as exc:
+        raise PartitionError(f"could not create the {status} partition of {day}: {exc}") from exc
+
+
 def _create(status: str, day: dt.date, using: str) -> bool:
     """A day's partition, made as a table of its own and then attached: ``CREATE TABLE ... PARTITION
     OF`` would take an ACCESS EXCLUSIVE lock on the status table, queueing every reader and writer of

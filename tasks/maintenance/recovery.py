@@ -25,6 +25,7 @@ from leasing.bounds import without_jit
 from leasing.election import LeaderElection, Term
 from tasks.conf import get_settings
 from tasks.lifecycle import activity, concurrency, ratelimits
+from tasks.maintenance.archive import Archiver
 from tasks.maintenance.bulk import BulkRunner
 from tasks.maintenance.history import HistoryRollup, RollupRound, roll_up_hours
 from tasks.maintenance.keyless import KeylessAdopter
@@ -218,6 +219,8 @@ class MaintenanceReport:
     bulk_changed: int = 0
     history: RollupRound | None = None
     pruned: int = 0
+    #: Finished tasks moved to tasks_finished (ARCHIVE_AFTER set).
+    archived: int = 0
     keyless_adopted: int = 0
     #: The partitions of finished tasks created and retired (None: their upkeep failed, logged).
     partitions: KeeperRound | None = None
@@ -234,11 +237,15 @@ def maintain_once(
     duty's statements are safe beside a leader's or another run's (row locks, SKIP LOCKED, upserts of
     the same numbers, partitions created and retired idempotently)."""
     report = MaintenanceReport(recovery=recover_once(using=using))
-    share = budget / (3 if prune else 2)
+    share = budget / (4 if prune else 3)
     report.bulk_changed = BulkRunner(using=using).run_for(share)
     report.history = roll_up_hours(using=using, budget=share)
     if prune:
         report.pruned = AutoPruner(using=using, interval=0.0).run_for(share)
+    try:
+        report.archived = Archiver(using=using, interval=0.0).run_for(share)
+    except PartitionError as exc:
+        logger.warning("archive round failed: %s", exc)
     report.keyless_adopted = sum(r.adopted for r in KeylessAdopter(using=using).run_once())
     report.partitions = _keep_partitions(PartitionKeeper(using=using, retire=prune), force=True)
     return report
@@ -267,6 +274,8 @@ class RecoveryController:
         self.using = using
         # Retention runs on the recovery leader, a slice after each round (tasks/maintenance/retention.py).
         self.pruner = AutoPruner(using=using) if prune else None
+        # The mover (ARCHIVE_AFTER), its slice after retention's: finished tasks to tasks_finished.
+        self.archiver = Archiver(using=using)
         # Bulk operations too (tasks/maintenance/bulk.py): their progress is on their rows, so a new
         # leader resumes them where the last one stopped.
         self.bulk = BulkRunner(using=using)
@@ -345,13 +354,16 @@ class RecoveryController:
                     # Its share of the interval: recovery is held up by at most one slice.
                     self.pruner.run_for(self.interval * get_settings().RETENTION_BUSY_FRACTION)
                 if not term.should_stop:
+                    self.archiver.run_for(self.interval * get_settings().RETENTION_BUSY_FRACTION)
+                if not term.should_stop:
                     self.bulk.run_for(self.interval * get_settings().BULK_BUSY_FRACTION)
                 if not term.should_stop:
                     self.keyless.run_once()
-            except Error as exc:
+            except (Error, PartitionError) as exc:
                 logger.warning("recovery round failed: %s", exc)
                 if self.pruner is not None:
                     self.pruner.reset()
+                self.archiver.reset()
                 connections[self.using].close()
             self.rounds += 1
             term.wait(self.interval)

@@ -8,7 +8,7 @@ commits after the first probe is seen by the second, and one that committed befo
 the second too; a task is final before it can be moved, so nothing about it changes meanwhile.
 
 A row read from here is a :class:`~tasks.models.Task` with ``archived`` set: read-only (``save()``
-and ``delete()`` refuse it), as the row is history.
+refuses it; ``delete()`` finds no row to delete in ``tasks_task``), as the row is history.
 
 The lookup reads the primary key index of each day partition (``id`` leads it): its cost is the
 number of days kept, never the rows in them."""

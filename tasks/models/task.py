@@ -387,18 +387,15 @@ class Task(LeaseFields):
             ),
         ]
 
-    #: True on a row read from tasks_finished (``Task.objects.find``): history, read-only.
+    #: True on a row read from tasks_finished (``Task.objects.find``): history, read-only. Its
+    #: ``save()`` is refused (an UPDATE of tasks_task would find no row and INSERT it there again);
+    #: a ``delete()`` deletes nothing (no such row in tasks_task): retention drops its day whole.
     archived = False
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if self.archived:
             raise ArchivedTask(f"task {self.pk} is kept in tasks_finished: its row is history and is not saved")
         super().save(*args, **kwargs)
-
-    def delete(self, *args: Any, **kwargs: Any) -> Any:
-        if self.archived:
-            raise ArchivedTask(f"task {self.pk} is kept in tasks_finished: retention drops its day whole")
-        return super().delete(*args, **kwargs)
 
     def __str__(self) -> str:
         # The status by its label, as every page names it (tasks/lifecycle/vocabulary.py): the admin

@@ -362,9 +362,9 @@ def heartbeat(request: HttpRequest, task_id: int) -> tuple[int, Any]:
         # Checked before anything is written: a rejected request changes nothing.
         raise ApiError(400, "progress cannot be stored as JSON (NaN, infinity, NUL or a lone surrogate)", "progress")
     if Task.objects.heartbeat(worker, [(task_id, token)], ttl=ttl):
-        raise _rejected(Task.objects.get(pk=task.pk), "heartbeat")
+        raise _rejected(Task.objects.find(task.pk) or task, "heartbeat")
     if "progress" in body.data and not Task.objects.checkpoint(task_id, worker, token, progress):
-        raise _rejected(Task.objects.get(pk=task.pk), "checkpoint")
+        raise _rejected(Task.objects.find(task.pk) or task, "checkpoint")
     task.refresh_from_db()
     return 200, {"task": task_json(task)}
 
@@ -378,7 +378,7 @@ def complete(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     if not is_storable(body.data.get("output")):
         raise ApiError(400, "output cannot be stored as JSON (NaN, infinity, NUL or a lone surrogate)", "output")
     if not Task.objects.complete(task_id, worker, token, body.data.get("output")):
-        raise _rejected(Task.objects.get(pk=task.pk), "completion")
+        raise _rejected(Task.objects.find(task.pk) or task, "completion")
     task.refresh_from_db()
     return 200, {"task": task_json(task)}
 
@@ -406,7 +406,7 @@ def fail(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     )
     outcome = Task.objects.fail(failure, worker)
     if outcome is None:
-        raise _rejected(Task.objects.get(pk=task.pk), "failure report")
+        raise _rejected(Task.objects.find(task.pk) or task, "failure report")
     task.refresh_from_db()
     return 200, {"task": task_json(task), "retrying": outcome.retried}
 

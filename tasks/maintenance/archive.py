@@ -1,0 +1,226 @@
+"""The mover: finished tasks leave the hot table ``tasks_task`` for ``tasks_finished`` (issue 43;
+docs/explanation/finished-storage.md), where retention drops them a day at a time.
+
+Off unless ``LEASING_TASKS["ARCHIVE_AFTER"]`` is set (a duration): the lists of finished tasks on the
+dashboard, the admin, the JSON API's listings and bulk operations read ``tasks_task`` only until they
+read both tables; a lookup by id already does (tasks/models/finished.py).
+
+What it moves, per final status, oldest first: plain tasks (``workflow_id IS NULL``; a workflow's
+members stay with their workflow, which retention prunes as one unit, tasks/lifecycle/workflows.py)
+that finished more than ``ARCHIVE_AFTER`` ago **and** whose hour the history rollup has counted, at
+least ``COUNTED_MARGIN`` ago (tasks/maintenance/history.py: an hour is counted from the rows in
+``tasks_task`` once, five minutes after it ends; a row moved before would be missing from it; so
+finished tasks stay at least 70 minutes in ``tasks_task``, whatever ARCHIVE_AFTER says), and that
+are not already past their status's retention (retention's prune deletes those where they are).
+
+How, one statement a batch (``ARCHIVE_SQL``): retention's pick (``FOR UPDATE SKIP LOCKED`` over one
+status's range of ``tasks_task_prune_idx``, resumed from the last key moved) feeding ``DELETE ...
+RETURNING *`` into ``INSERT INTO tasks_finished``. Its guarantees are the prune's: a row another
+session holds (an operator's requeue, a worker's late compare-and-set) is passed over, never waited
+for; the row lock re-checks status and finish time on the row's newest version, so a task requeued
+under the pick stays; the row leaves ``tasks_task`` and enters ``tasks_finished`` in one transaction,
+or neither. A statement waiting on a moved row sees it deleted, as a pruned one. Each batch stays
+within one UTC day, whose partition it creates first when missing (an upgrade moves days long past).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from leasing.bounds import without_jit
+from tasks.conf import get_settings
+from tasks.maintenance.partitions import STATUS_TABLES, PartitionError, create_day, day_start, partitions
+from tasks.maintenance.retention import parse_duration, retention_policy
+
+logger = logging.getLogger("tasks.archive")
+
+_BEGINNING = dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)
+
+#: Seconds an hour's count must have stood before its tasks may move: a count of the same hour that
+#: another leader (deposed, not yet aware) or a cron run began before the mark was written would
+#: otherwise count it again without them, and overwrite the first count (history.py: idempotent
+#: recounts overwrite).
+COUNTED_MARGIN = 300
+
+# Where a pass may move up to: ARCHIVE_AFTER back from now, and no later than the oldest hour of the
+# history window not counted COUNTED_MARGIN ago (the open hour at the latest). One statement: the
+# clock read once, HISTORY_HOURS primary-key probes of the marks at most.
+LIMITS_SQL = """
+SELECT statement_timestamp(),
+       LEAST(statement_timestamp() - make_interval(secs => %(after)s),
+             (SELECT min(h.hour)
+              FROM generate_series(date_trunc('hour', statement_timestamp()) - make_interval(hours => %(hours)s),
+                                   date_trunc('hour', statement_timestamp()), interval '1 hour') AS h(hour)
+              WHERE NOT EXISTS (SELECT 1 FROM tasks_activityhourmark AS m WHERE m.hour = h.hour
+                                AND m.counted_at < statement_timestamp() - make_interval(secs => %(margin)s))))
+"""
+
+# The next task a batch would move (its finish time says which day's partition the batch needs).
+NEXT_SQL = """
+SELECT finished_at FROM tasks_task
+WHERE status = %(status)s AND finished_at IS NOT NULL AND workflow_id IS NULL
+  AND finished_at >= %(since)s::timestamptz AND finished_at < %(until)s::timestamptz
+  AND (finished_at, id) > (%(after_at)s, %(after_id)s)
+ORDER BY finished_at, id
+LIMIT 1
+"""
+
+# One batch: picked as retention picks (MATERIALIZED: the pick runs once, tasks/lifecycle/claim.py
+# says why), deleted, inserted; returns the keys moved. ``until`` ends the batch at its day's end.
+ARCHIVE_SQL = """
+WITH picked AS MATERIALIZED (
+    SELECT id FROM tasks_task AS candidate
+    WHERE status = %(status)s AND finished_at IS NOT NULL AND workflow_id IS NULL
+      AND finished_at >= %(since)s::timestamptz AND finished_at < %(until)s::timestamptz
+      AND (finished_at, id) > (%(after_at)s, %(after_id)s)
+    ORDER BY finished_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    DELETE FROM tasks_task AS t USING picked WHERE t.id = picked.id RETURNING t.*
+)
+INSERT INTO tasks_finished SELECT * FROM moved
+RETURNING finished_at, id
+"""
+
+
+def archive_after() -> dt.timedelta | None:
+    """``LEASING_TASKS["ARCHIVE_AFTER"]`` as a duration; None: the mover is off."""
+    value = get_settings().ARCHIVE_AFTER
+    return None if value is None else parse_duration(value)
+
+
+@dataclass
+class MoveCursor:
+    """Where a pass over one status stands."""
+
+    status: str
+    since: dt.datetime
+    until: dt.datetime
+    after: tuple[dt.datetime, int] = (_BEGINNING, 0)
+    moved: int = 0
+    done: bool = False
+
+
+@dataclass
+class ArchivePass:
+    """The limits of one pass, read once from the database clock."""
+
+    now: dt.datetime
+    until: dt.datetime
+    cursors: list[MoveCursor]
+
+
+def plan_pass(after: dt.timedelta, *, using: str = DEFAULT_DB_ALIAS) -> ArchivePass:
+    """One cursor per final status: from the start of the oldest day its retention still keeps (a
+    day past it is retention's to delete) up to the pass's limit."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            LIMITS_SQL,
+            {"after": after.total_seconds(), "hours": get_settings().HISTORY_HOURS, "margin": COUNTED_MARGIN},
+        )
+        now, until = cursor.fetchone()
+    policy = retention_policy() or {}
+    cursors = []
+    for status in STATUS_TABLES:
+        age = policy.get(status)
+        since = _BEGINNING if age is None else day_start((now - age).astimezone(dt.timezone.utc).date())
+        if since < until:
+            cursors.append(MoveCursor(status, since, until))
+    return ArchivePass(now, until, cursors)
+
+
+def move_batch(cursor: MoveCursor, *, limit: int, days: set[tuple[str, dt.date]], using: str = DEFAULT_DB_ALIAS) -> int:
+    """Move one batch of ``cursor``'s status (at most ``limit`` rows, within one UTC day, whose
+    partition is created first if ``days`` does not list it); returns the rows moved."""
+    params: dict[str, Any] = {
+        "status": cursor.status,
+        "since": cursor.since,
+        "until": cursor.until,
+        "after_at": cursor.after[0],
+        "after_id": cursor.after[1],
+    }
+    with without_jit(), connections[using].cursor() as db:
+        db.execute(NEXT_SQL, params)
+        row = db.fetchone()
+        if row is None:
+            cursor.done = True
+            return 0
+        day = row[0].astimezone(dt.timezone.utc).date()
+        if (cursor.status, day) not in days:
+            create_day(cursor.status, day, using=using)
+            days.add((cursor.status, day))
+        day_end = day_start(day) + dt.timedelta(days=1)
+        db.execute(ARCHIVE_SQL, {**params, "until": min(cursor.until, day_end), "limit": limit})
+        rows = db.fetchall()
+    if rows:
+        cursor.after = max(rows)
+        cursor.moved += len(rows)
+    elif cursor.after < (day_end, 0) and day_end < cursor.until:
+        # Every row left of this day was held by another session: the next pass takes them; go on
+        # with the next day.
+        cursor.after = (day_end - dt.timedelta(microseconds=1), 2**63 - 1)
+    else:
+        cursor.done = True
+    return len(rows)
+
+
+@dataclass
+class Archiver:
+    """The recovery leader's mover: a pass over the three final statuses every ``interval``
+    seconds, run a slice at a time (``run_for``) between recovery rounds, as retention is."""
+
+    using: str = DEFAULT_DB_ALIAS
+    interval: float = field(default_factory=lambda: get_settings().RETENTION_INTERVAL)
+    batch_size: int = field(default_factory=lambda: get_settings().RETENTION_BATCH_SIZE)
+    clock: Callable[[], float] = time.monotonic
+    moved: int = 0
+    _pass: ArchivePass | None = None
+    _days: set[tuple[str, dt.date]] = field(default_factory=set)
+    _next_pass_at: float = 0.0
+
+    def run_for(self, budget: float) -> int:
+        """Move batches for up to ``budget`` seconds (at least one batch when a pass is due; none
+        while ARCHIVE_AFTER is unset); returns the rows moved."""
+        try:
+            after = archive_after()
+        except ValueError as exc:  # manage.py check says so too (tasks.E123): nothing moves meanwhile
+            logger.warning("archive: %s", exc)
+            return 0
+        now = self.clock()
+        if after is None or (self._pass is None and now < self._next_pass_at):
+            return 0
+        if self._pass is None:
+            self._pass = plan_pass(after, using=self.using)
+            self._days = {(p.status, p.day) for p in partitions(self.using) if p.day is not None}
+        deadline = now + budget
+        moved = 0
+        while self._pass.cursors:
+            current = self._pass.cursors[0]
+            try:
+                moved += move_batch(current, limit=self.batch_size, days=self._days, using=self.using)
+            except PartitionError:
+                self.reset()
+                raise
+            if current.done:
+                if current.moved:
+                    logger.info("archive: moved %d %s tasks to tasks_finished", current.moved, current.status.lower())
+                self._pass.cursors.pop(0)
+            if self.clock() >= deadline:
+                break
+        if not self._pass.cursors:
+            self._pass = None
+            self._next_pass_at = self.clock() + self.interval
+        self.moved += moved
+        return moved
+
+    def reset(self) -> None:
+        """Forget the pass in progress (after a database error: the next call starts a new one)."""
+        self._pass = None

@@ -1,0 +1,290 @@
+"""The mover (issue 43; tasks/maintenance/archive.py): with ARCHIVE_AFTER set, finished plain tasks
+whose hour the history has counted leave tasks_task for their status's day partition of
+tasks_finished, whole and unchanged, in batches that create a missing day first; workflow members,
+unfinished tasks, tasks too recent, in an hour not yet counted, or already past their retention stay.
+Composed with a session holding a row, an operator's requeue racing a batch, concurrency keys, the
+recovery leader and the cron-mode run."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+
+from tasks.maintenance.archive import ARCHIVE_SQL, NEXT_SQL, Archiver
+from tasks.maintenance.history import roll_up_hours as count_hours
+from tasks.maintenance.partitions import create_day, partitions
+from tasks.maintenance.recovery import RecoveryController, maintain_once
+from tasks.models import Task
+from tests.db.test_finished_partitions import drop_partitions
+from tests.helpers import wait_until
+from tests.helpers.plans import seq_scans_of_tasks
+from tests.helpers.task_paths import NOOP
+
+pytestmark = pytest.mark.django_db(transaction=True)  # real second connections; DDL of partitions
+
+UTC = dt.timezone.utc
+
+
+@pytest.fixture(autouse=True)
+def mover_on(settings: Any) -> Iterator[None]:
+    drop_partitions()
+    settings.LEASING_TASKS = {"ARCHIVE_AFTER": "10m"}
+    yield
+    drop_partitions()
+
+
+def now() -> dt.datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def finished_at(at: dt.datetime, status: str = "SUCCESSFUL", **enqueue: Any) -> int:
+    task_id = Task.objects.enqueue(NOOP, **enqueue).id
+    Task.objects.filter(pk=task_id).update(status=status, finished_at=at, return_value=task_id)
+    return task_id
+
+
+def row(table: str, task_id: int) -> dict[str, Any] | None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT to_jsonb(t) FROM {table} AS t WHERE id = %s", [task_id])
+        found = cursor.fetchone()
+    if found is None:
+        return None
+    return json.loads(found[0]) if isinstance(found[0], str) else found[0]
+
+
+def where(task_id: int) -> str | None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT tableoid::regclass::text FROM tasks_task WHERE id = %s"
+            " UNION ALL SELECT tableoid::regclass::text FROM tasks_finished WHERE id = %s",
+            [task_id, task_id],
+        )
+        found = cursor.fetchall()
+    assert len(found) <= 1, found  # never in both
+    return found[0][0] if found else None
+
+
+def roll_up_hours() -> None:
+    """Count every past hour, as if COUNTED_MARGIN ago."""
+    count_hours()
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE tasks_activityhourmark SET counted_at = counted_at - interval '6 minutes'")
+
+
+def archive() -> int:
+    return Archiver(interval=0.0).run_for(60.0)
+
+
+def test_finished_plain_tasks_move_whole_into_their_status_day_and_the_rest_stays(settings: Any) -> None:
+    t0 = now()
+    three_hours = t0 - dt.timedelta(hours=3)
+    two_days = t0 - dt.timedelta(days=2)
+    moved = {
+        "ok": finished_at(three_hours),
+        "failed": finished_at(three_hours, "FAILED"),
+        "cancelled": finished_at(two_days, "CANCELLED"),
+        "old": finished_at(two_days),
+    }
+    stays = {
+        "recent": finished_at(t0 - dt.timedelta(minutes=1)),  # newer than ARCHIVE_AFTER
+        "ready": Task.objects.enqueue(NOOP).id,
+        "past retention": finished_at(t0 - dt.timedelta(days=9)),  # SUCCESSFUL kept 7 days: prune's
+    }
+    member = Task.objects.enqueue(NOOP, depends_on=[moved["ok"]]).id  # a workflow: members stay
+    Task.objects.filter(pk=member).update(status="SUCCESSFUL", finished_at=three_hours)
+    parent_before = row("tasks_task", moved["ok"])
+    assert parent_before is not None
+    roll_up_hours()  # every past hour counted
+    before = {name: row("tasks_task", task_id) for name, task_id in moved.items()}
+    assert archive() == 3  # "ok" joined the workflow made for its dependant: it stays with it
+    assert where(moved["ok"]) == "tasks_task"
+    for name in ("failed", "cancelled", "old"):
+        task_id = moved[name]
+        status = before[name]["status"].lower()  # type: ignore[index]
+        day = (three_hours if name == "failed" else two_days).astimezone(UTC)
+        assert where(task_id) == f"tasks_finished_{status}_{day:%Y%m%d}", name
+        assert row("tasks_finished", task_id) == before[name]  # every column as it was
+    for name, task_id in {**stays, "member": member}.items():
+        assert where(task_id) == "tasks_task", name
+    made = {p.name for p in partitions()}
+    assert f"tasks_finished_cancelled_{two_days.astimezone(UTC):%Y%m%d}" in made  # a past day, made for it
+    assert archive() == 0  # nothing left to move
+    found = Task.objects.find(moved["old"])
+    assert found.archived and found.return_value == moved["old"]
+
+
+def test_an_hour_the_history_has_not_counted_holds_back_every_later_finish() -> None:
+    t0 = now()
+    early = finished_at(t0 - dt.timedelta(hours=5))
+    late = finished_at(t0 - dt.timedelta(hours=2))
+    roll_up_hours()
+    hole = (t0 - dt.timedelta(hours=3)).replace(minute=0, second=0, microsecond=0)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM tasks_activityhourmark WHERE hour = %s", [hole])
+        assert cursor.rowcount == 1
+    assert archive() == 1
+    assert where(early).startswith("tasks_finished_")  # type: ignore[union-attr]
+    assert where(late) == "tasks_task"  # after the uncounted hour: the rollup will read it there
+    roll_up_hours()
+    assert archive() == 1 and where(late).startswith("tasks_finished_")  # type: ignore[union-attr]
+
+
+def test_an_hour_counted_moments_ago_holds_its_tasks_back() -> None:
+    """A count that began before the hour's mark was written (a deposed leader's, a cron run's)
+    would count it again without the tasks moved meanwhile: an hour counted less than
+    COUNTED_MARGIN ago is not yet moved from."""
+    task_id = finished_at(now() - dt.timedelta(hours=3))
+    count_hours()
+    assert archive() == 0 and where(task_id) == "tasks_task"
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE tasks_activityhourmark SET counted_at = counted_at - interval '6 minutes'")
+    assert archive() == 1
+
+
+def test_off_without_archive_after(settings: Any) -> None:
+    task_id = finished_at(now() - dt.timedelta(hours=3))
+    roll_up_hours()
+    settings.LEASING_TASKS = {"ARCHIVE_AFTER": None}
+    assert archive() == 0
+    settings.LEASING_TASKS = {"ARCHIVE_AFTER": "not a duration"}
+    assert archive() == 0
+    assert where(task_id) == "tasks_task"
+
+
+def test_a_row_another_session_holds_is_passed_over_and_moved_by_a_later_pass() -> None:
+    t0 = now()
+    held, free = finished_at(t0 - dt.timedelta(hours=3)), finished_at(t0 - dt.timedelta(hours=3))
+    roll_up_hours()
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
+        other.execute("BEGIN")
+        other.execute("SELECT 1 FROM tasks_task WHERE id = %s FOR UPDATE", [held])
+        assert archive() == 1  # did not wait for the lock
+        assert where(free).startswith("tasks_finished_") and where(held) == "tasks_task"  # type: ignore[union-attr]
+        other.execute("COMMIT")
+    assert archive() == 1 and where(held).startswith("tasks_finished_")  # type: ignore[union-attr]
+
+
+def test_a_requeue_racing_a_batch_either_keeps_the_task_live_or_finds_it_gone() -> None:
+    """Both orders, with two real connections: a batch that holds the row (its transaction open) makes
+    the requeue wait and then find no row (it changes nothing, says so); a requeue that commits first
+    makes the batch's lock re-check see a READY row and leave it."""
+    t0 = now()
+    first, second = finished_at(t0 - dt.timedelta(hours=3)), finished_at(t0 - dt.timedelta(hours=3))
+    roll_up_hours()
+    create_day("SUCCESSFUL", (t0 - dt.timedelta(hours=3)).astimezone(UTC).date())
+    params = connection.get_connection_params()
+    batch = {
+        "status": "SUCCESSFUL",
+        "since": t0 - dt.timedelta(days=6),
+        "until": t0 - dt.timedelta(minutes=10),
+        "after_at": dt.datetime(1, 1, 1, tzinfo=UTC),
+        "after_id": 0,
+        "limit": 1,
+    }
+    # 1. The batch first: the requeue waits, then changes nothing.
+    with psycopg.connect(**params, autocommit=True) as mover:
+        mover.execute("BEGIN")
+        assert mover.execute(ARCHIVE_SQL, batch).fetchall()[0][1] == first
+        changed: list[int] = []
+
+        def run_requeue() -> None:
+            try:
+                changed.append(Task.objects.filter(pk=first).requeue())
+            finally:
+                connection.close()  # this thread's own
+
+        requeue = threading.Thread(target=run_requeue)
+        requeue.start()
+        with connection.cursor() as cursor:
+
+            def requeue_waits() -> bool:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE%%'"
+                )
+                return cursor.fetchone()[0] >= 1
+
+            wait_until(requeue_waits, timeout=20, what="the requeue to wait for the batch's lock")
+        mover.execute("COMMIT")
+        requeue.join(20)
+    assert changed == [0] and where(first).startswith("tasks_finished_")  # type: ignore[union-attr]
+    # 2. The requeue first (its transaction open): the batch passes the row over; once committed the
+    # row is READY and no batch picks it.
+    with psycopg.connect(**params, autocommit=True) as operator:
+        operator.execute("BEGIN")
+        operator.execute("UPDATE tasks_task SET status = 'READY', finished_at = NULL WHERE id = %s", [second])
+        assert archive() == 0
+        operator.execute("COMMIT")
+    assert archive() == 0
+    assert Task.objects.get(pk=second).status == "READY"
+
+
+def test_a_finished_keyed_task_moves_and_its_key_keeps_admitting() -> None:
+    t0 = now()
+    done = finished_at(t0 - dt.timedelta(hours=3), concurrency_key="k", concurrency_limit=1)
+    roll_up_hours()
+    assert archive() == 1 and where(done).startswith("tasks_finished_")  # type: ignore[union-attr]
+    waiting = Task.objects.enqueue(NOOP, concurrency_key="k", concurrency_limit=1).id
+    [claimed] = Task.objects.claim("w1", limit=5)
+    assert claimed.id == waiting
+
+
+def test_the_recovery_leader_and_the_cron_mode_run_move_finished_tasks() -> None:
+    t0 = now()
+    by_leader = finished_at(t0 - dt.timedelta(hours=3))
+    roll_up_hours()
+    controller = RecoveryController(interval=0.2)
+    thread = threading.Thread(target=controller.run)
+    thread.start()
+    try:
+        wait_until(lambda: where(by_leader) != "tasks_task", timeout=30, what="the leader to move the task")
+    finally:
+        controller.stop()
+        thread.join(30)
+    by_cron = finished_at(t0 - dt.timedelta(hours=3, minutes=1))
+    report = maintain_once(budget=4.0)
+    assert report.archived == 1 and where(by_cron).startswith("tasks_finished_")  # type: ignore[union-attr]
+
+
+def test_the_mover_reads_its_range_of_the_prune_index_only() -> None:
+    """Beside 20,000 finished tasks it may not move yet (too recent), a batch's two statements are
+    range scans of tasks_task_prune_idx bounded at both ends (the cursor, the limit): their cost is
+    the batch, not what tasks_task keeps."""
+    t0 = now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at,"
+            " finished_at, attempts, max_attempts, errors, worker_ids, renewals, transitions, failures, crashes,"
+            " shared_crashes, unstarted_returns, attempt_started, attempt_isolated)"
+            " SELECT 'q', 0, 'app.jobs.x', '[]', '{}', 'SUCCESSFUL', now(), now(), now() - g * interval '1 ms',"
+            " 1, 3, '[]', '[]', 0, 0, 0, 0, 0, 0, false, false FROM generate_series(1, 20000) AS g"
+        )
+        cursor.execute("ANALYZE tasks_task")
+    params: dict[str, Any] = {
+        "status": "SUCCESSFUL",
+        "since": t0 - dt.timedelta(days=7),
+        "until": t0 - dt.timedelta(minutes=70),
+        "after_at": t0 - dt.timedelta(days=8),
+        "after_id": 0,
+        "limit": 1000,
+    }
+    for statement in (NEXT_SQL, ARCHIVE_SQL):
+        with connection.cursor() as cursor:
+            cursor.execute("BEGIN")
+            try:
+                cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement, params)
+                plan = cursor.fetchone()[0]
+            finally:
+                cursor.execute("ROLLBACK")
+        assert "tasks_task_prune_idx" in json.dumps(plan), plan
+        assert seq_scans_of_tasks(plan[0]["Plan"]) == [], plan
+        buffers = plan[0]["Plan"]["Shared Hit Blocks"] + plan[0]["Plan"].get("Shared Read Blocks", 0)
+        assert buffers < 50, (statement, buffers)
