@@ -21,6 +21,9 @@ from tasks.models.task_send import OperationsBase
 
 FIND_FINISHED_SQL = "SELECT * FROM tasks_finished WHERE id = %s LIMIT 1"
 FINISHED_STATUS_SQL = "SELECT status FROM tasks_finished WHERE id = %s LIMIT 1"
+# Which of the ids a statement on tasks_task did not find were moved here (an error's message only:
+# no common path pays for it).
+MOVED_IDS_SQL = "SELECT id, status FROM tasks_finished WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id"
 
 
 class FinishedOperations(OperationsBase):

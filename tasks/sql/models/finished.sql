@@ -7,3 +7,8 @@ SELECT * FROM tasks_finished WHERE id = %s LIMIT 1;
 
 -- name: FINISHED_STATUS_SQL
 SELECT status FROM tasks_finished WHERE id = %s LIMIT 1;
+
+-- name: MOVED_IDS_SQL
+-- Which of the ids a statement on tasks_task did not find were moved here (an error's message only:
+-- no common path pays for it).
+SELECT id, status FROM tasks_finished WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id;
