@@ -190,6 +190,10 @@ def _create(status: str, day: dt.date, using: str) -> bool:
     name, start = partition_name(status, day), day_start(day)
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(f"SET LOCAL lock_timeout = '{CREATE_LOCK_TIMEOUT}'")
+        # The lock ATTACH takes, taken first: two creators of one day (the keeper's thread and the
+        # mover's batch on the leader, a cron-mode run) take turns, and the second sees the first's
+        # table below; checked without it, both would CREATE and the second fail on the catalog.
+        cursor.execute(f'LOCK TABLE "{STATUS_TABLES[status]}" IN SHARE UPDATE EXCLUSIVE MODE')
         cursor.execute("SELECT to_regclass(%s)", [name])
         if cursor.fetchone()[0] is not None:  # made meanwhile by another session (or left unattached)
             cursor.execute(_ATTACHED_SQL, [name])

@@ -16,7 +16,7 @@ from django.db import connection, transaction
 
 from tasks.lifecycle.workflows import WorkflowError
 from tasks.maintenance.archive import ARCHIVE_SQL
-from tasks.maintenance.partitions import create_day
+from tasks.maintenance.partitions import create_day, partitions
 from tasks.models import Task
 from tests.db.test_finished_mover import archive, finished_at, mover_on, now, roll_up_hours, where
 from tests.helpers import wait_until
@@ -134,3 +134,42 @@ def test_a_unique_window_whose_task_moved_answers_with_it_and_it_reads_by_id() -
     assert again.id == first  # the window is still open: the moved task is the answer
     found = Task.objects.find(again.id)
     assert found is not None and found.archived and found.status == "SUCCESSFUL"
+
+
+def test_two_creators_of_one_day_take_turns_and_neither_fails() -> None:
+    """The keeper's thread and the mover's batch (or a cron-mode run) making the same day at once:
+    a session holding the status table's lock lets both reach their creation; once it lets go, one
+    creates the day and the other finds it made (no duplicate-name error out of either)."""
+    day = (now() - dt.timedelta(hours=3)).astimezone(UTC).date()
+    outcomes: list[BaseException | bool] = []
+
+    def create() -> None:
+        try:
+            outcomes.append(create_day("SUCCESSFUL", day))
+        except BaseException as exc:  # the thread's outcome, asserted below
+            outcomes.append(exc)
+        finally:
+            connection.close()  # this thread's own
+
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as holder:
+        holder.execute("BEGIN")
+        holder.execute("LOCK TABLE tasks_finished_successful IN SHARE UPDATE EXCLUSIVE MODE")
+        creators = [threading.Thread(target=create) for _ in range(2)]
+        for creator in creators:
+            creator.start()
+        with connection.cursor() as cursor:
+
+            def both_wait() -> bool:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND datname = current_database() AND pid <> %s",
+                    [holder.info.backend_pid],
+                )
+                return cursor.fetchone()[0] >= 2
+
+            wait_until(both_wait, timeout=20, what="both creators to wait")
+        holder.execute("COMMIT")
+        for creator in creators:
+            creator.join(20)
+    assert sorted(outcomes, key=str) == [False, True], outcomes  # type: ignore[type-var]
+    assert f"tasks_finished_successful_{day:%Y%m%d}" in {p.name for p in partitions()}
