@@ -171,5 +171,5 @@ def test_two_creators_of_one_day_take_turns_and_neither_fails() -> None:
         holder.execute("COMMIT")
         for creator in creators:
             creator.join(20)
-    assert sorted(outcomes, key=str) == [False, True], outcomes  # type: ignore[type-var]
+    assert sorted(outcomes, key=str) == [False, True], outcomes
     assert f"tasks_finished_successful_{day:%Y%m%d}" in {p.name for p in partitions()}
