@@ -28,7 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,8 @@ from tasks.maintenance.retention import parse_duration, retention_policy
 logger = logging.getLogger("tasks.archive")
 
 _BEGINNING = dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)
+#: Seconds between the mover's full passes (from the oldest day kept; the others resume).
+FULL_PASS_INTERVAL = 3600.0
 
 #: Seconds an hour's count must have stood before its tasks may move: a count of the same hour that
 #: another leader (deposed, not yet aware) or a cron run began before the mark was written would
@@ -118,9 +120,15 @@ class ArchivePass:
     cursors: list[MoveCursor]
 
 
-def plan_pass(after: dt.timedelta, *, using: str = DEFAULT_DB_ALIAS) -> ArchivePass:
+def plan_pass(
+    after: dt.timedelta,
+    *,
+    resume: Mapping[str, tuple[dt.datetime, int]] | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> ArchivePass:
     """One cursor per final status: from the start of the oldest day its retention still keeps (a
-    day past it is retention's to delete) up to the pass's limit."""
+    day past it is retention's to delete), or from where the last pass of that status stopped
+    (``resume``), up to the pass's limit."""
     with connections[using].cursor() as cursor:
         cursor.execute(
             LIMITS_SQL,
@@ -133,7 +141,10 @@ def plan_pass(after: dt.timedelta, *, using: str = DEFAULT_DB_ALIAS) -> ArchiveP
         age = policy.get(status)
         since = _BEGINNING if age is None else day_start((now - age).astimezone(dt.timezone.utc).date())
         if since < until:
-            cursors.append(MoveCursor(status, since, until))
+            planned = MoveCursor(status, since, until)
+            if resume and status in resume:
+                planned.after = max(planned.after, resume[status])
+            cursors.append(planned)
     return ArchivePass(now, until, cursors)
 
 
@@ -175,7 +186,15 @@ def move_batch(cursor: MoveCursor, *, limit: int, days: set[tuple[str, dt.date]]
 @dataclass
 class Archiver:
     """The recovery leader's mover: a pass over the three final statuses every ``interval``
-    seconds, run a slice at a time (``run_for``) between recovery rounds, as retention is."""
+    seconds, run a slice at a time (``run_for``) between recovery rounds, as retention is.
+
+    A pass resumes each status where the last one stopped, not from the oldest day kept: the index
+    range it reads holds the workflow members finished since (they stay in tasks_task, up to the
+    longest retention of them), which every pass would otherwise step over again. A full pass, from
+    the oldest day kept, runs first in a term and then every ``full_pass_interval`` seconds: it
+    takes the rows a pass passed over because another session held them (SKIP LOCKED). A row that
+    commits its finish with a finish time already behind a cursor (a transaction open for more than
+    the 70 minutes a row waits at least) waits for that full pass too."""
 
     using: str = DEFAULT_DB_ALIAS
     interval: float = field(default_factory=lambda: get_settings().RETENTION_INTERVAL)
@@ -185,6 +204,9 @@ class Archiver:
     _pass: ArchivePass | None = None
     _days: set[tuple[str, dt.date]] = field(default_factory=set)
     _next_pass_at: float = 0.0
+    full_pass_interval: float = FULL_PASS_INTERVAL
+    _full_pass_at: float = 0.0
+    _resume: dict[str, tuple[dt.datetime, int]] = field(default_factory=dict)
 
     def run_for(self, budget: float) -> int:
         """Move batches for up to ``budget`` seconds (at least one batch when a pass is due; none
@@ -198,7 +220,10 @@ class Archiver:
         if after is None or (self._pass is None and now < self._next_pass_at):
             return 0
         if self._pass is None:
-            self._pass = plan_pass(after, using=self.using)
+            if now >= self._full_pass_at:
+                self._resume.clear()
+                self._full_pass_at = now + self.full_pass_interval
+            self._pass = plan_pass(after, resume=self._resume, using=self.using)
             self._days = {(p.status, p.day) for p in partitions(self.using) if p.day is not None}
         deadline = now + budget
         moved = 0
@@ -210,6 +235,7 @@ class Archiver:
                 self.reset()
                 raise
             if current.done:
+                self._resume[current.status] = current.after
                 if current.moved:
                     logger.info("archive: moved %d %s tasks to tasks_finished", current.moved, current.status.lower())
                 self._pass.cursors.pop(0)
@@ -222,5 +248,7 @@ class Archiver:
         return moved
 
     def reset(self) -> None:
-        """Forget the pass in progress (after a database error: the next call starts a new one)."""
+        """Forget the pass in progress (after a database error: the next call starts a new one,
+        a full one)."""
         self._pass = None
+        self._full_pass_at = 0.0

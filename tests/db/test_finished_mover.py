@@ -288,3 +288,27 @@ def test_the_mover_reads_its_range_of_the_prune_index_only() -> None:
         assert seq_scans_of_tasks(plan[0]["Plan"]) == [], plan
         buffers = plan[0]["Plan"]["Shared Hit Blocks"] + plan[0]["Plan"].get("Shared Read Blocks", 0)
         assert buffers < 50, (statement, buffers)
+
+
+def test_a_pass_resumes_where_the_last_stopped_and_a_full_pass_takes_what_a_lock_held_back() -> None:
+    """Passes resume each status at its last key, so the workflow members kept in tasks_task are not
+    stepped over again every pass; a row passed over because another session held it is behind that
+    key, and the next full pass (FULL_PASS_INTERVAL, or a new term) moves it."""
+    t0 = now()
+    held = finished_at(t0 - dt.timedelta(hours=4))
+    moved = finished_at(t0 - dt.timedelta(hours=3))
+    roll_up_hours()
+    ticks = [0.0]
+    archiver = Archiver(interval=0.0, full_pass_interval=3600.0, clock=lambda: ticks[0])
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
+        other.execute("BEGIN")
+        other.execute("SELECT 1 FROM tasks_task WHERE id = %s FOR UPDATE", [held])
+        assert archiver.run_for(60.0) == 1 and where(moved) != "tasks_task"
+        other.execute("COMMIT")
+    later = finished_at(t0 - dt.timedelta(hours=2, minutes=30))
+    ticks[0] = 60.0
+    assert archiver.run_for(60.0) == 1  # resumed after ``moved``: takes ``later``, not ``held``
+    assert where(later) != "tasks_task" and where(held) == "tasks_task"
+    ticks[0] = 3601.0
+    assert archiver.run_for(60.0) == 1  # the full pass
+    assert where(held) != "tasks_task"
