@@ -299,6 +299,9 @@ class RecoveryController:
         logger.info("recovery controller %s is active", self.election.holder)
         self.window = RecoveryWindow()  # a new term starts with a full scan
         self.keyless.reset()  # and its passes over fair queues from their front
+        # and the mover's with a full pass: a controller leading again would otherwise resume its
+        # last term's cursors, past the rows a lock held back then (they would wait up to an hour).
+        self.archiver.reset()
         threads = []
         if self.history is not None:
             threads.append(threading.Thread(target=self._count_history, args=(term,), name="history", daemon=True))

@@ -20,7 +20,7 @@ from django.db import connection
 from tasks.maintenance.archive import ARCHIVE_SQL, NEXT_SQL, Archiver
 from tasks.maintenance.history import roll_up_hours as count_hours
 from tasks.maintenance.partitions import create_day, partitions
-from tasks.maintenance.recovery import RecoveryController, maintain_once
+from tasks.maintenance.recovery import RECOVERY_LEASE, RecoveryController, maintain_once
 from tasks.models import Task
 from tests.db.test_finished_partitions import drop_partitions
 from tests.helpers import wait_until
@@ -312,3 +312,41 @@ def test_a_pass_resumes_where_the_last_stopped_and_a_full_pass_takes_what_a_lock
     ticks[0] = 3601.0
     assert archiver.run_for(60.0) == 1  # the full pass
     assert where(held) != "tasks_task"
+
+
+def test_a_leader_that_leads_again_starts_its_new_term_with_a_full_pass(settings: Any) -> None:
+    """A controller whose term ended (its lease lost) and that leads again starts the new term as
+    any leader does: with a full pass, which takes a row a lock held back in its last term. Kept
+    from the old term, its resumed cursors would step past that row for up to FULL_PASS_INTERVAL."""
+    settings.LEASING_TASKS = {**settings.LEASING_TASKS, "RETENTION_INTERVAL": 0.2}
+    t0 = now()
+    held = finished_at(t0 - dt.timedelta(hours=4))
+    moved = finished_at(t0 - dt.timedelta(hours=3))
+    roll_up_hours()
+    controller = RecoveryController(interval=0.2, history=False, partitions=False)
+    thread = threading.Thread(target=controller.run)
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
+        other.execute("BEGIN")
+        other.execute("SELECT 1 FROM tasks_task WHERE id = %s FOR UPDATE", [held])
+        thread.start()
+        try:
+            wait_until(lambda: where(moved) != "tasks_task", timeout=30, what="the leader to move the free task")
+            # A pass that began before the commit below may still be running: let one more end
+            # after it, so the cursor surely stands past ``held``.
+            passes = controller.rounds
+            wait_until(lambda: controller.rounds >= passes + 2, timeout=30, what="a later round")
+            other.execute("COMMIT")
+            passes = controller.rounds
+            wait_until(lambda: controller.rounds >= passes + 3, timeout=30, what="rounds after the commit")
+            assert where(held) == "tasks_task"  # behind the resumed cursor: waits for a full pass
+            # The term ends (its lease expired under it) and the same controller leads again.
+            other.execute(
+                "UPDATE leasing_lease SET expires_at = clock_timestamp() - interval '1 second' WHERE resource = %s",
+                [RECOVERY_LEASE],
+            )
+            wait_until(lambda: controller.election.terms >= 2, timeout=30, what="a second term")
+            wait_until(lambda: where(held) != "tasks_task", timeout=15, what="the new term's full pass")
+        finally:
+            controller.stop()
+            thread.join(30)
+    assert where(held).startswith("tasks_finished_")  # type: ignore[union-attr]
