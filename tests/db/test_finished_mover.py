@@ -350,3 +350,37 @@ def test_a_leader_that_leads_again_starts_its_new_term_with_a_full_pass(settings
             controller.stop()
             thread.join(30)
     assert where(held).startswith("tasks_finished_")  # type: ignore[union-attr]
+
+
+def test_a_finish_committed_behind_the_cursor_waits_for_the_full_pass_and_is_never_in_both_tables() -> None:
+    """A task whose finish commits late, with a finish time already behind a status's resumed cursor
+    (its transaction was open while a pass moved later rows), is stepped over by the resumed passes
+    and moved by the next full one: never lost, never in both tables. A task requeued and finished
+    again gets a new finish time, ahead of the cursor, and moves with the next resumed pass."""
+    t0 = now()
+    late = Task.objects.enqueue(NOOP).id
+    refinished = finished_at(t0 - dt.timedelta(hours=5))
+    moved = finished_at(t0 - dt.timedelta(hours=3))
+    roll_up_hours()
+    ticks = [0.0]
+    archiver = Archiver(interval=0.0, full_pass_interval=3600.0, clock=lambda: ticks[0])
+    # Requeued before any pass (the mover never saw it final), finished again below.
+    Task.objects.filter(pk=refinished).update(status="READY", finished_at=None)
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
+        other.execute("BEGIN")
+        other.execute(
+            "UPDATE tasks_task SET status = 'SUCCESSFUL', finished_at = %s WHERE id = %s",
+            [t0 - dt.timedelta(hours=4), late],
+        )
+        assert archiver.run_for(60.0) == 1 and where(moved) != "tasks_task"
+        other.execute("COMMIT")
+    Task.objects.filter(pk=refinished).update(status="SUCCESSFUL", finished_at=t0 - dt.timedelta(hours=2))
+    roll_up_hours()
+    ticks[0] = 60.0
+    assert archiver.run_for(60.0) == 1  # resumed past ``moved``: the refinished task, not ``late``
+    assert where(refinished) != "tasks_task" and where(late) == "tasks_task"
+    ticks[0] = 120.0
+    assert archiver.run_for(60.0) == 0 and where(late) == "tasks_task"
+    ticks[0] = 3601.0
+    assert archiver.run_for(60.0) == 1  # the full pass
+    assert where(late).startswith("tasks_finished_") and row("tasks_task", late) is None  # type: ignore[union-attr]
