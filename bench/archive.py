@@ -78,8 +78,7 @@ def load(size: int, days: int) -> float:
 def count_history() -> float:
     from django.db import connection
 
-    from tasks.maintenance.archive import COUNTED_MARGIN
-    from tasks.maintenance.history import roll_up_hours
+    from tasks.maintenance.history import COUNTED_MARGIN, roll_up_hours
 
     started = time.perf_counter()
     roll_up_hours()

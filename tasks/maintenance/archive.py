@@ -36,6 +36,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from leasing.bounds import without_jit
 from tasks.conf import get_settings
+from tasks.maintenance.history import COUNTED_MARGIN
 from tasks.maintenance.partitions import STATUS_TABLES, PartitionError, create_day, day_start, partitions
 from tasks.maintenance.retention import parse_duration, retention_policy
 
@@ -45,15 +46,11 @@ _BEGINNING = dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)
 #: Seconds between the mover's full passes (from the oldest day kept; the others resume).
 FULL_PASS_INTERVAL = 3600.0
 
-#: Seconds an hour's count must have stood before its tasks may move: a count of the same hour that
-#: another leader (deposed, not yet aware) or a cron run began before the mark was written would
-#: otherwise count it again without them, and overwrite the first count (history.py: idempotent
-#: recounts overwrite).
-COUNTED_MARGIN = 300
 
 # Where a pass may move up to: ARCHIVE_AFTER back from now, and no later than the oldest hour of the
-# history window not counted COUNTED_MARGIN ago (the open hour at the latest). One statement: the
-# clock read once, HISTORY_HOURS primary-key probes of the marks at most.
+# history window not counted COUNTED_MARGIN ago (the open hour at the latest): from then on a count of
+# that hour stands (history.py, COUNT_HOUR_SQL), so moving its tasks cannot take them out of it. One
+# statement: the clock read once, HISTORY_HOURS primary-key probes of the marks at most.
 LIMITS_SQL = """
 SELECT statement_timestamp(),
        LEAST(statement_timestamp() - make_interval(secs => %(after)s),

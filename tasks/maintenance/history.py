@@ -57,6 +57,9 @@ BOUNDS: tuple[float, ...] = (
 BUCKETS = len(BOUNDS) + 1
 #: Seconds after its end when an hour is counted (late commits have landed: activity.FINAL_AFTER).
 FINAL_AFTER = 300
+#: Seconds after which an hour's count stands: a count of it begun later changes nothing (the mover,
+#: tasks/maintenance/archive.py, moves an hour's tasks out of tasks_task only then).
+COUNTED_MARGIN = 300
 
 _BOUNDS_SQL = "ARRAY[" + ", ".join(repr(bound) for bound in BOUNDS) + "]::float8[]"
 
@@ -71,7 +74,13 @@ def _histogram(column: str) -> str:
 # the hour's mark, in one statement (one transaction: all or nothing). The finished CTE is the range
 # [hour, hour + 1 h) of tasks_task_finished_idx; the times use the database's own timestamps.
 COUNT_HOUR_SQL = f"""
-WITH finished AS MATERIALIZED (
+WITH settled AS MATERIALIZED (
+    -- An hour counted COUNTED_MARGIN ago or more stands: a count begun since (a deposed leader's, a
+    -- cron run's, from a list of due hours read before the mark) changes nothing. Its tasks may have
+    -- left tasks_task meanwhile (the mover, tasks/maintenance/archive.py, waits that long).
+    SELECT 1 FROM tasks_activityhourmark
+    WHERE hour = %(hour)s::timestamptz AND counted_at < statement_timestamp() - make_interval(secs => %(margin)s)
+), finished AS MATERIALIZED (
     SELECT queue, task_path, status, failures, timed.wait, timed.run,
            width_bucket(timed.wait, {_BOUNDS_SQL}) AS wait_bucket,
            width_bucket(timed.run, {_BOUNDS_SQL}) AS run_bucket
@@ -86,6 +95,7 @@ WITH finished AS MATERIALIZED (
                     THEN GREATEST(EXTRACT(EPOCH FROM finished_at - last_attempted_at)::float8, 0) END AS run
     ) AS timed
     WHERE finished_at >= %(hour)s::timestamptz AND finished_at < %(hour)s::timestamptz + interval '1 hour'
+      AND NOT EXISTS (SELECT 1 FROM settled)
 ), keyed AS (
     SELECT queue, task_path,
            count(*) FILTER (WHERE status = 'SUCCESSFUL') AS succeeded,
@@ -121,11 +131,13 @@ WITH finished AS MATERIALIZED (
     DELETE FROM tasks_activityhour AS g
     WHERE g.hour = %(hour)s::timestamptz
       AND NOT EXISTS (SELECT 1 FROM keyed AS k WHERE k.queue = g.queue AND k.task_path = g.task_path)
+      AND NOT EXISTS (SELECT 1 FROM settled)
     RETURNING 1
 )
 INSERT INTO tasks_activityhourmark AS m (hour, counted_at, keys, tasks)
 SELECT %(hour)s::timestamptz, clock_timestamp(), (SELECT count(*) FROM stored) + 0 * (SELECT count(*) FROM gone),
        (SELECT COALESCE(sum(tasks), 0) FROM keyed)
+WHERE NOT EXISTS (SELECT 1 FROM settled)
 ON CONFLICT (hour) DO UPDATE SET counted_at = EXCLUDED.counted_at, keys = EXCLUDED.keys, tasks = EXCLUDED.tasks
 RETURNING m.tasks
 """
@@ -156,10 +168,11 @@ WHERE hour < date_trunc('hour', statement_timestamp()) - make_interval(hours => 
 
 def count_hour(hour: dt.datetime, *, using: str = DEFAULT_DB_ALIAS) -> int:
     """Count one hour (its start) from the tasks and store it, overwriting what was there; returns
-    the tasks it found."""
+    the tasks it found (0: none, or the hour was counted COUNTED_MARGIN ago and stands)."""
     with without_jit(), connections[using].cursor() as cursor:
-        cursor.execute(COUNT_HOUR_SQL, {"hour": hour})
-        return int(cursor.fetchone()[0])
+        cursor.execute(COUNT_HOUR_SQL, {"hour": hour, "margin": COUNTED_MARGIN})
+        row = cursor.fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def due_hours(*, using: str = DEFAULT_DB_ALIAS, hours: int | None = None) -> list[dt.datetime]:

@@ -118,9 +118,12 @@ def partitions(using: str = DEFAULT_DB_ALIAS) -> list[Partition]:
     status_of = {table: status for status, table in STATUS_TABLES.items()}
     with connections[using].cursor() as cursor:
         cursor.execute(PARTITIONS_SQL, {"parents": list(STATUS_TABLES.values())})
+        # A partition another session drops while this reads the catalog (a retirement, a scrape of
+        # /metrics beside it) has no size any more: it is gone, not listed.
         found = [
             Partition(status_of[parent], name, _day_of(name), bounds, int(rows), int(size), bool(pending))
             for parent, name, bounds, rows, size, pending in cursor.fetchall()
+            if size is not None
         ]
     order = list(STATUS_TABLES)
     return sorted(found, key=lambda p: (order.index(p.status), p.day is None, p.day or dt.date.min, p.name))

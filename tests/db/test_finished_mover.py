@@ -384,3 +384,22 @@ def test_a_finish_committed_behind_the_cursor_waits_for_the_full_pass_and_is_nev
     ticks[0] = 3601.0
     assert archiver.run_for(60.0) == 1  # the full pass
     assert where(late).startswith("tasks_finished_") and row("tasks_task", late) is None  # type: ignore[union-attr]
+
+
+def test_an_hour_counted_long_enough_ago_stands_when_it_is_counted_again_after_its_tasks_moved() -> None:
+    """A count of an hour from a list of due hours read before its mark (a cron run with a long
+    budget beside the leader) comes after the mover took the hour's tasks: it changes nothing, where
+    it would have overwritten the hour with no tasks."""
+    from tasks.maintenance.history import count_hour
+    from tasks.models import ActivityHour
+
+    t0 = now()
+    task_id = finished_at(t0 - dt.timedelta(hours=3))
+    hour = (t0 - dt.timedelta(hours=3)).replace(minute=0, second=0, microsecond=0)
+    roll_up_hours()  # counted, the marks aged past COUNTED_MARGIN
+    assert archive() == 1 and where(task_id) != "tasks_task"
+    assert count_hour(hour) == 0
+    assert list(ActivityHour.objects.filter(hour=hour).values_list("succeeded", flat=True)) == [1]
+    with connection.cursor() as cursor:  # a fresh count (not aged) is recounted as before
+        cursor.execute("UPDATE tasks_activityhourmark SET counted_at = now() WHERE hour = %s", [hour])
+    assert count_hour(hour) == 0 and not ActivityHour.objects.filter(hour=hour).exists()

@@ -206,13 +206,14 @@ def test_two_leaders_counting_the_same_hour_at_once_write_it_once() -> None:
     known_hour(hour)
     url = database_url()
     with psycopg.connect(url) as first, psycopg.connect(url) as second:
-        first.execute(history.COUNT_HOUR_SQL, {"hour": hour})  # its transaction stays open
+        # Its transaction stays open.
+        first.execute(history.COUNT_HOUR_SQL, {"hour": hour, "margin": history.COUNTED_MARGIN})
         second_pid = second.info.backend_pid
         errors: list[BaseException] = []
 
         def run_second() -> None:
             try:
-                second.execute(history.COUNT_HOUR_SQL, {"hour": hour})
+                second.execute(history.COUNT_HOUR_SQL, {"hour": hour, "margin": history.COUNTED_MARGIN})
                 second.commit()
             except BaseException as exc:  # reported by the assertion below
                 errors.append(exc)
@@ -268,7 +269,7 @@ def test_counting_an_hour_reads_its_range_of_the_finished_index() -> None:
         )
         cursor.execute("ANALYZE tasks_task")
     hour = hour_ago(5)
-    plan = explained(history.COUNT_HOUR_SQL, {"hour": hour})
+    plan = explained(history.COUNT_HOUR_SQL, {"hour": hour, "margin": history.COUNTED_MARGIN})
     assert seq_scans_of_tasks(plan) == []
     reads = rows_read(plan)
     assert reads and all("tasks_task_finished_idx" in node or "Bitmap Heap" in node for node, _ in reads), reads

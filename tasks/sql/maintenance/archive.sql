@@ -4,8 +4,9 @@
 
 -- name: LIMITS_SQL
 -- Where a pass may move up to: ARCHIVE_AFTER back from now, and no later than the oldest hour of the
--- history window not counted COUNTED_MARGIN ago (the open hour at the latest). One statement: the
--- clock read once, HISTORY_HOURS primary-key probes of the marks at most.
+-- history window not counted COUNTED_MARGIN ago (the open hour at the latest): from then on a count of
+-- that hour stands (history.py, COUNT_HOUR_SQL), so moving its tasks cannot take them out of it. One
+-- statement: the clock read once, HISTORY_HOURS primary-key probes of the marks at most.
 SELECT statement_timestamp(),
        LEAST(statement_timestamp() - make_interval(secs => %(after)s),
              (SELECT min(h.hour)

@@ -6,7 +6,13 @@
 -- Count one hour and store it: every (queue, task path) that finished in it, overwritten whole, and
 -- the hour's mark, in one statement (one transaction: all or nothing). The finished CTE is the range
 -- [hour, hour + 1 h) of tasks_task_finished_idx; the times use the database's own timestamps.
-WITH finished AS MATERIALIZED (
+WITH settled AS MATERIALIZED (
+    -- An hour counted COUNTED_MARGIN ago or more stands: a count begun since (a deposed leader's, a
+    -- cron run's, from a list of due hours read before the mark) changes nothing. Its tasks may have
+    -- left tasks_task meanwhile (the mover, tasks/maintenance/archive.py, waits that long).
+    SELECT 1 FROM tasks_activityhourmark
+    WHERE hour = %(hour)s::timestamptz AND counted_at < statement_timestamp() - make_interval(secs => %(margin)s)
+), finished AS MATERIALIZED (
     SELECT queue, task_path, status, failures, timed.wait, timed.run,
            width_bucket(timed.wait, ARRAY[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0]::float8[]) AS wait_bucket,
            width_bucket(timed.run, ARRAY[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0]::float8[]) AS run_bucket
@@ -21,6 +27,7 @@ WITH finished AS MATERIALIZED (
                     THEN GREATEST(EXTRACT(EPOCH FROM finished_at - last_attempted_at)::float8, 0) END AS run
     ) AS timed
     WHERE finished_at >= %(hour)s::timestamptz AND finished_at < %(hour)s::timestamptz + interval '1 hour'
+      AND NOT EXISTS (SELECT 1 FROM settled)
 ), keyed AS (
     SELECT queue, task_path,
            count(*) FILTER (WHERE status = 'SUCCESSFUL') AS succeeded,
@@ -56,11 +63,13 @@ WITH finished AS MATERIALIZED (
     DELETE FROM tasks_activityhour AS g
     WHERE g.hour = %(hour)s::timestamptz
       AND NOT EXISTS (SELECT 1 FROM keyed AS k WHERE k.queue = g.queue AND k.task_path = g.task_path)
+      AND NOT EXISTS (SELECT 1 FROM settled)
     RETURNING 1
 )
 INSERT INTO tasks_activityhourmark AS m (hour, counted_at, keys, tasks)
 SELECT %(hour)s::timestamptz, clock_timestamp(), (SELECT count(*) FROM stored) + 0 * (SELECT count(*) FROM gone),
        (SELECT COALESCE(sum(tasks), 0) FROM keyed)
+WHERE NOT EXISTS (SELECT 1 FROM settled)
 ON CONFLICT (hour) DO UPDATE SET counted_at = EXCLUDED.counted_at, keys = EXCLUDED.keys, tasks = EXCLUDED.tasks
 RETURNING m.tasks;
 
