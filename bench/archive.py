@@ -16,7 +16,10 @@ tasks turns ``ARCHIVE_AFTER`` on, while its workers go on.
    ``RETENTION_BATCH_SIZE``), flat out on one connection until nothing is left to move, while the
    same drain runs beside it: rows moved per second, the day partitions it made, the rows left in
    ``tasks_task``, and the drain's figures during the move.
-5. ``after``: the drain again, against the hot table the move left.
+5. ``after``: the drain again, against the hot table the move left (vacuumed: its free space is
+   spread over the pages the moved rows held); ``compacted``: once more after ``VACUUM FULL
+   tasks_task`` and ``ANALYZE`` (pg_repack does the first online), against a table holding only
+   what is live.
 6. Retiring the oldest day of successes with the product's ``retire``: ``DETACH PARTITION ...
    CONCURRENTLY`` and ``DROP TABLE``, its seconds and the dead tuples it left (none: no row deleted).
 
@@ -205,6 +208,14 @@ def main() -> None:
         print(line("archive.during", moved["drain"]), flush=True)
         forget_drained()
         print(line("archive.after", drain(args.tasks, log_dir)), flush=True)
+        forget_drained()
+        started = time.perf_counter()
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM FULL tasks_task")
+            cursor.execute("ANALYZE tasks_task")
+        compacted = time.perf_counter() - started
+        name = f"archive.compacted (VACUUM FULL, ANALYZE: {compacted:.1f} s)"
+        print(line(name, drain(args.tasks, log_dir)), flush=True)
         forget_drained()
         retired = retire_oldest_day()
         print(
