@@ -11,7 +11,11 @@ that finished more than ``ARCHIVE_AFTER`` ago **and** whose hour the history rol
 least ``COUNTED_MARGIN`` ago (tasks/maintenance/history.py: an hour is counted from the rows in
 ``tasks_task`` once, five minutes after it ends; a row moved before would be missing from it; so
 finished tasks stay at least 70 minutes in ``tasks_task``, whatever ARCHIVE_AFTER says), and that
-are not already past their status's retention (retention's prune deletes those where they are).
+are not in a day already past their status's retention (retention retires days whole; the prune
+deletes those in place). The first day a pass reads is the oldest its status still keeps, from its
+start: rows of that day older than the cutoff move too and go with their day, up to a day later than
+the prune would have deleted them; a row the prune and the mover both want is taken by one of them
+(both pick with SKIP LOCKED and re-check on the newest version).
 
 How, one statement a batch (``ARCHIVE_SQL``): retention's pick (``FOR UPDATE SKIP LOCKED`` over one
 status's range of ``tasks_task_prune_idx``, resumed from the last key moved) feeding ``DELETE ...
