@@ -36,6 +36,9 @@ def recover_expired(max_seconds: float = 30.0) -> dict[str, Any]:
         "bulk_changed": done.bulk_changed,
         "history_hours": len(done.history.counted) if done.history else 0,
         "keyless_adopted": done.keyless_adopted,
+        "archived": done.archived,
+        # the duties that failed ("name: error", logged; the others ran)
+        "errors": done.errors,
     }
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, Error, connections
 
@@ -35,6 +37,8 @@ from tasks.maintenance.retention import AutoPruner
 from tasks.models import Recovered, Task
 from tasks.models import Worker as WorkerRow
 from tasks.runtime import task_log_fields
+
+_T = TypeVar("_T")
 
 logger = logging.getLogger("tasks.recovery")
 
@@ -224,6 +228,8 @@ class MaintenanceReport:
     keyless_adopted: int = 0
     #: The partitions of finished tasks created and retired (None: their upkeep failed, logged).
     partitions: KeeperRound | None = None
+    #: The duties that failed, each "name: error" (logged; the others still ran).
+    errors: list[str] = field(default_factory=list)
 
 
 def maintain_once(
@@ -238,25 +244,39 @@ def maintain_once(
     the same numbers, partitions created and retired idempotently)."""
     report = MaintenanceReport(recovery=recover_once(using=using))
     share = budget / (4 if prune else 3)
-    report.bulk_changed = BulkRunner(using=using).run_for(share)
-    report.history = roll_up_hours(using=using, budget=share)
+    duty = _Duties(report, using)
+    report.bulk_changed = duty("bulk operations", lambda: BulkRunner(using=using).run_for(share), 0)
+    report.history = duty("history", lambda: roll_up_hours(using=using, budget=share), None)
     if prune:
-        report.pruned = AutoPruner(using=using, interval=0.0).run_for(share)
-    try:
-        report.archived = Archiver(using=using, interval=0.0).run_for(share)
-    except PartitionError as exc:
-        logger.warning("archive round failed: %s", exc)
-    report.keyless_adopted = sum(r.adopted for r in KeylessAdopter(using=using).run_once())
-    report.partitions = _keep_partitions(PartitionKeeper(using=using, retire=prune), force=True)
+        report.pruned = duty("retention", lambda: AutoPruner(using=using, interval=0.0).run_for(share), 0)
+    report.archived = duty("archive", lambda: Archiver(using=using, interval=0.0).run_for(share), 0)
+    report.keyless_adopted = duty(
+        "keyless adoption", lambda: sum(r.adopted for r in KeylessAdopter(using=using).run_once()), 0
+    )
+    report.partitions = duty(
+        "partitions", lambda: PartitionKeeper(using=using, retire=prune).run_once(force=True), None
+    )
     return report
 
 
-def _keep_partitions(keeper: PartitionKeeper, *, force: bool = False) -> KeeperRound | None:
-    try:
-        return keeper.run_once(force=force)
-    except PartitionError as exc:  # tried again at the next check; the metrics show days running out
-        logger.warning("partition upkeep failed: %s", exc)
-        return None
+class _Duties:
+    """Runs ``maintain_once``'s duties one after another: one that fails (a database error, a
+    partition that could not be created) is logged and named in the report's ``errors``, and the
+    duties after it still run (a cron run that stopped at a failed history count would leave the
+    partitions un-kept too). The connection is closed after a failure, as the leader's loop does."""
+
+    def __init__(self, report: MaintenanceReport, using: str) -> None:
+        self.report = report
+        self.using = using
+
+    def __call__(self, name: str, run: Callable[[], _T], failed: _T) -> _T:
+        try:
+            return run()
+        except (Error, PartitionError) as exc:
+            logger.warning("%s failed: %s", name, exc)
+            self.report.errors.append(f"{name}: {exc}")
+            connections[self.using].close()
+            return failed
 
 
 class RecoveryController:
@@ -306,7 +326,9 @@ class RecoveryController:
         if self.history is not None:
             threads.append(threading.Thread(target=self._count_history, args=(term,), name="history", daemon=True))
         if self.partitions is not None:
-            threads.append(threading.Thread(target=self._keep_partitions, args=(term,), name="partitions", daemon=True))
+            threads.append(
+                threading.Thread(target=self._upkeep_partitions, args=(term,), name="partitions", daemon=True)
+            )
         for thread in threads:
             thread.start()
         try:
@@ -320,14 +342,17 @@ class RecoveryController:
             for thread in threads:
                 thread.join(PARTITION_JOIN_TIMEOUT if thread.name == "partitions" else None)
 
-    def _keep_partitions(self, term: Term) -> None:
+    def _upkeep_partitions(self, term: Term) -> None:
         assert self.partitions is not None
         self.partitions.reset()
         try:
             while not term.should_stop:
                 try:
-                    _keep_partitions(self.partitions)
-                except Error as exc:
+                    self.partitions.run_once()
+                except (
+                    Error,
+                    PartitionError,
+                ) as exc:  # tried again at the next check; the metrics show days running out
                     logger.warning("partition upkeep failed: %s", exc)
                     connections[self.using].close()
                 term.wait(min(self.partitions.interval, 1.0))

@@ -342,7 +342,13 @@ def test_a_bad_days_ahead_is_a_logged_upkeep_failure_that_changes_nothing(settin
         PartitionKeeper().run_once(force=True)
     with pytest.raises(SystemCheckError, match=r"tasks\.E122"):
         call_command("check")
-    assert maintain_once(budget=1.0).partitions is None  # logged; the run's other work done
+    report = maintain_once(budget=1.0)
+    assert report.partitions is None  # logged; the run's other work done
+    assert (
+        len(report.errors) == 1
+        and report.errors[0].startswith("partitions: ")
+        and "FINISHED_DAYS_AHEAD" in report.errors[0]
+    )
     assert names() == []
 
 

@@ -14,9 +14,12 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection, transaction
 
 from tasks.celery import recover_expired
+from tasks.conf import get_settings
+from tasks.maintenance.partitions import partitions
 from tasks.maintenance.recovery import recover_once
 from tasks.maintenance.repair import repair_stranded
 from tasks.models import ActivityHourMark, BulkOperation, Repair, Task
@@ -170,3 +173,39 @@ def test_celery_beats_recovery_runs_the_bulk_operations_and_counts_the_history()
     assert ActivityHourMark.objects.filter(hour=hour).exists()
     assert result["bulk_changed"] == 1
     assert result["history_hours"] >= 1
+
+
+def test_a_duty_that_fails_leaves_the_others_running_and_the_cron_line_exits_non_zero() -> None:
+    """The history count meets a lock it may not wait for (another session holds tasks_activityhour
+    in SHARE mode, as a long export would; this session's lock_timeout is 300 ms): a real database
+    error in the middle of ``recover_tasks --once``. The duties before and after it still run (the
+    bulk operation ends, the finished tasks' days are created), the hour stays uncounted for the next
+    run, and the command fails, naming the duty, so a cron line's owner hears of it."""
+    failed, operation, hour = a_pending_bulk_retry_and_a_finished_hour()
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("LOCK TABLE tasks_activityhour IN SHARE MODE")
+            locked.set()
+            release.wait(60)
+
+    holder = OnItsOwnConnection(hold)
+    holder.start()
+    assert locked.wait(30)
+    with connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = '300ms'")
+    out = StringIO()
+    try:
+        with pytest.raises(CommandError, match=r"failed: history: .*lock timeout"):
+            call_command("recover_tasks", "--once", stdout=out)
+    finally:
+        release.set()
+        holder.outcome()
+    operation.refresh_from_db()
+    assert operation.status == "DONE" and Task.objects.get(pk=failed).status == "READY"
+    assert not ActivityHourMark.objects.filter(hour=hour).exists()
+    assert len(partitions()) == 3 * (1 + get_settings().FINISHED_DAYS_AHEAD)  # the last duty ran
+    assert "bulk operations changed 1 tasks" in out.getvalue()
+    call_command("recover_tasks", "--once", stdout=StringIO())  # the lock gone, the next run counts it
+    assert ActivityHourMark.objects.filter(hour=hour).exists()

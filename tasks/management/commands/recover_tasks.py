@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from tasks.maintenance.recovery import ONCE_BUDGET, RecoveryController, maintain_once
 from tasks.management.commands._common import (
@@ -22,7 +22,8 @@ class Command(LongRunningCommand):
             "--once",
             action="store_true",
             help="one round of every duty of the recovery leader (recovery and its repairs, bulk operations,"
-            " history, retention, keyless adoption), without the recovery lease: for a cron line",
+            " history, retention, the mover, keyless adoption, partitions), without the recovery lease: for a"
+            " cron line; a duty that fails does not stop the others, and the command then exits with status 1",
         )
         parser.add_argument(
             "--budget",
@@ -49,8 +50,11 @@ class Command(LongRunningCommand):
                 f"repaired {len(report.repairs.dependants) + len(report.repairs.workflows)}; "
                 f"bulk operations changed {done.bulk_changed} tasks, "
                 f"history hours counted {len(done.history.counted) if done.history else 0}, "
-                f"pruned {done.pruned}, keyless rows adopted {done.keyless_adopted}"
+                f"pruned {done.pruned}, archived {done.archived}, keyless rows adopted {done.keyless_adopted}"
             )
+            if done.errors:
+                # the other duties ran; a cron line's exit status tells its owner one did not
+                raise CommandError("failed: " + "; ".join(done.errors))
             return
         controller = RecoveryController(interval=interval, using=database)
         with stop_on_signals(controller.stop):
