@@ -15,15 +15,54 @@ number of days kept, never the rows in them."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
+
+from django.db import connections
+from django.db.models import QuerySet
+from django.db.models.sql.datastructures import BaseTable
 
 from tasks.models.task_send import OperationsBase
+
+_Q = TypeVar("_Q", bound=QuerySet[Any])
+
+#: The partitioned table finished tasks are moved to (migration 0035).
+FINISHED_TABLE = "tasks_finished"
 
 FIND_FINISHED_SQL = "SELECT * FROM tasks_finished WHERE id = %s LIMIT 1"
 FINISHED_STATUS_SQL = "SELECT status FROM tasks_finished WHERE id = %s LIMIT 1"
 # Which of the ids a statement on tasks_task did not find were moved here (an error's message only:
 # no common path pays for it).
 MOVED_IDS_SQL = "SELECT id, status FROM tasks_finished WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id"
+
+
+def archived_ids(ids: list[int], using: str) -> list[tuple[int, str]]:
+    """(id, status) of those of ``ids`` kept in tasks_finished (an error message's reading only)."""
+    if not ids:
+        return []
+    with connections[using].cursor() as cursor:
+        cursor.execute(MOVED_IDS_SQL, {"ids": ids})
+        return [(row[0], row[1]) for row in cursor.fetchall()]
+
+
+def in_finished(queryset: _Q) -> _Q:
+    """``queryset`` (of Task, filtered as it is) read from ``tasks_finished`` instead of ``tasks_task``:
+    the same columns and conditions, the table swapped under its alias
+    (``FROM "tasks_finished" "tasks_task"``, so every column reference stays as compiled). Filters,
+    annotations and slices may follow; a lookup through another table may not (Task has none). Rows
+    it returns are Tasks: callers mark them ``archived`` (:func:`archived`)."""
+    moved = queryset.all()
+    query = moved.query
+    alias = query.get_initial_alias()
+    query.alias_map[alias] = BaseTable(FINISHED_TABLE, alias)
+    return moved
+
+
+def archived(rows: Any) -> list[Any]:
+    """``rows`` (Tasks read from tasks_finished) marked as history."""
+    found = list(rows)
+    for row in found:
+        row.archived = True
+    return found
 
 
 class FinishedOperations(OperationsBase):

@@ -40,6 +40,7 @@ from tasks.demo import generator
 from tasks.exceptions import TaskError
 from tasks.lifecycle import activity, concurrency, ratelimits, vocabulary
 from tasks.models import Task, Worker, Workflow
+from tasks.models.finished import archived_ids
 from tasks.web import all_tasks, attempts, queries, workflows
 from tasks.web.queries import STATES, Count, state_counts
 
@@ -255,8 +256,17 @@ def task_action(request: HttpRequest) -> HttpResponse:
     if changed != len(set(ids)):
         # Each statement is conditional on the action's statuses: a row it left alone is one the action
         # does not fit (or that is gone). Read after the write, in its transaction, to name them.
-        moved = Task.objects.filter(pk__in=ids).exclude(status__in=action.statuses).values_list("pk", "status")[:10]
-        named = ", ".join(f"task {pk} is {vocabulary.label(status)}" for pk, status in moved) or "no such task"
+        moved = list(
+            Task.objects.filter(pk__in=ids).exclude(status__in=action.statuses).values_list("pk", "status")[:10]
+        )
+        seen = set(Task.objects.filter(pk__in=ids).values_list("pk", flat=True))
+        named = ", ".join(f"task {pk} is {vocabulary.label(status)}" for pk, status in moved)
+        history = archived_ids([i for i in ids if i not in seen][:10], selected_database())
+        if history:  # moved to tasks_finished: history no action changes
+            named = ", ".join(
+                [*([named] if named else []), *(f"task {pk} is {vocabulary.label(st)} history" for pk, st in history)]
+            )
+        named = named or "no such task"
         fits = ", ".join(vocabulary.label(status) for status in action.statuses)
         return _refused(
             request, back=back, reason=f"{action.label} applies to {fits} tasks only: {named}. Nothing changed."

@@ -43,6 +43,7 @@ from django.utils.functional import cached_property
 from leasing.pagination import COUNT_CAP, Count, bounded_count
 from leasing.routing import selected_database
 from tasks.models import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING_STATUSES, Task, TaskStatus
+from tasks.models.finished import archived, in_finished
 from tasks.web.argument_search import argument_lookup
 
 #: Pending: waiting, never failed, and not snoozed by its handler.
@@ -52,6 +53,8 @@ SCAN_WINDOW = 2_000
 #: Queues shown (dashboard, /metrics, admin filter): the first ones by name.
 QUEUE_LIMIT = 100
 ALL_STATUSES: tuple[str, ...] = tuple(TaskStatus.values)
+#: The statuses whose rows the mover takes to tasks_finished (tasks/maintenance/archive.py).
+FINISHED_STATUSES = frozenset({TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED})
 _MAX_ID = 2**63 - 1
 
 
@@ -72,10 +75,24 @@ FROM (SELECT 1 FROM tasks_task WHERE status >= %(status)s AND status <= %(status
 """
 
 
+# A finished status's rows in both tables, in one statement (one snapshot: a row the mover takes
+# meanwhile is counted once), each side up to the cap: tasks_task's as above, tasks_finished's from
+# the status's day partitions only (pruned), at most ``limit`` rows of them.
+_FINISHED_COUNT_SQL = """
+SELECT count(*)
+FROM ((SELECT 1 FROM tasks_task WHERE status >= %(status)s AND status <= %(status)s
+       ORDER BY status, id DESC LIMIT %(limit)s)
+      UNION ALL
+      (SELECT 1 FROM tasks_finished WHERE status = %(status)s LIMIT %(limit)s)) AS s
+"""
+
+
 def status_count(status: str, cap: int = COUNT_CAP) -> Count:
-    """The tasks in ``status`` (of the selected database), counted up to ``cap``."""
+    """The tasks in ``status`` (of the selected database), counted up to ``cap``; a finished
+    status's rows moved to tasks_finished included."""
+    sql = _FINISHED_COUNT_SQL if status in FINISHED_STATUSES else _STATUS_COUNT_SQL
     with connections[selected_database()].cursor() as cursor:
-        cursor.execute(_STATUS_COUNT_SQL, {"status": status, "limit": cap + 1})
+        cursor.execute(sql, {"status": status, "limit": cap + 1})
         value = int(cursor.fetchone()[0])
     return Count(min(value, cap), value > cap)
 
@@ -221,6 +238,19 @@ class ValueAmong(Lookup):
         return f"{lhs} = ANY(%s::{cast}[])", (*lhs_params, self.rhs)
 
 
+#: The lookups an index of tasks_finished serves (migration 0036; ``pk``: its primary key).
+FINISHED_INDEXED = frozenset({"pk", "queue", "task_path", "dedup_key", "holder"})
+
+
+def _is_id_lookup(lookup: Q) -> bool:
+    return (
+        not lookup.negated
+        and len(lookup.children) == 1
+        and isinstance(lookup.children[0], tuple)
+        and lookup.children[0][0] in ("pk", "id")
+    )
+
+
 def _one_column(lookup: Q) -> tuple[str, Any] | None:
     """(field name, value) of a lookup that is one equality on one indexed column of the table."""
     if lookup.negated or len(lookup.children) != 1 or not isinstance(lookup.children[0], tuple):
@@ -246,11 +276,15 @@ class Listing:
         *,
         lookups: Sequence[Q] | None = None,
         residual: Q | None = None,
+        finished: bool = True,
     ) -> None:
         self.base = base
         self.statuses = tuple(dict.fromkeys(statuses))
         self.lookups = [Q()] if lookups is None else list(lookups)
         self.residual = residual
+        #: Pages read the finished statuses' rows moved to tasks_finished too (count() and ids(), the
+        #: admin's, read tasks_task only).
+        self.finished = finished
 
     def _branches(self, before: int | None) -> list[QuerySet[Task]]:
         """One query per (status, lookup), newest first, in an order only its own index gives.
@@ -286,26 +320,61 @@ class Listing:
                 branches.append(branch.order_by(*order))
         return branches
 
+    def _finished_branches(self, before: int | None) -> list[tuple[QuerySet[Any], bool]]:
+        """The finished statuses' branches on tasks_finished (the mover's rows; issue 43), each with
+        whether its ``hit`` flag filters (False: every row it reads is a hit).
+
+        Each is ``WHERE status = s [AND lookup] ORDER BY id DESC``: the status prunes to its own day
+        partitions, and the backward scans of their indexes are merged, so a page reads the days kept
+        and a page of entries. A lookup on ``id``, ``queue``, ``task_path``, ``dedup_key`` or
+        ``holder`` has an index of its own there, ``(column, id)`` (migration 0036); any other
+        lookup, and the residual, are checked within the window, as on tasks_task. A workflow's
+        member is never moved (tasks/maintenance/archive.py): a workflow lookup reads nothing."""
+        if not self.finished:
+            return []
+        branches: list[tuple[QuerySet[Any], bool]] = []
+        for status in self.statuses:
+            if status not in FINISHED_STATUSES:
+                continue
+            for lookup in self.lookups:
+                column = _one_column(lookup)
+                name = "pk" if _is_id_lookup(lookup) else (column[0] if column else None)
+                if name == "workflow_id":
+                    continue
+                branch = self.base.filter(status=status)
+                unindexed = [] if name in FINISHED_INDEXED else [lookup]
+                if not unindexed:
+                    branch = branch.filter(lookup)
+                if before is not None:
+                    branch = branch.filter(pk__lt=before)
+                conditions = [*unindexed, *([self.residual] if self.residual is not None else [])]
+                hit = reduce(operator.and_, conditions) if conditions else Q(pk__isnull=False)
+                flagged = in_finished(branch).annotate(hit=_flag(hit)).order_by("-pk").values_list("id", "hit")
+                branches.append((flagged, bool(conditions)))
+        return branches
+
     def page(self, *, limit: int, before: int | None = None, window: int | None = None) -> Page:
         """One page of ``limit`` tasks with ids below ``before``."""
         window = max(1, SCAN_WINDOW if window is None else window)
         if limit < 1:
             raise ValueError("a page holds at least one task")
         branches = self._branches(before)
-        if not branches:
+        moved = self._finished_branches(before)
+        if not branches and not moved:
             return Page([], None)
         floors: list[int] = []  # per branch: the id down to which it has been read, when it was cut short
-        if self.residual is None:
+        hits: list[list[int]] = []
+        if not branches:
+            pass
+        elif self.residual is None:
             hits = self._ids([branch.values_list("id")[: limit + 1] for branch in branches])
         else:
             flagged = [branch.annotate(hit=_flag(self.residual)).values_list("id", "hit") for branch in branches]
-            hits = self._ids([rows[:window] for rows in flagged], where='w."hit"', limit=limit + 1)
-            # A branch that found less than a page within its window: did the window end before the
-            # branch did? One more row tells; the ids above that row have all been checked.
-            sparse = [i for i, ids in enumerate(hits) if len(ids) <= limit]
-            for read, lowest in self._extent([flagged[i][: window + 1] for i in sparse]):
-                if read > window:
-                    floors.append(lowest + 1)
+            hits = self._windowed(flagged, [True] * len(flagged), limit, window, floors)
+        if moved:
+            # After tasks_task's (a statement of its own, a snapshot of its own): a row moved between
+            # the two is then read by both (listed once), never by neither; the move is one way.
+            hits += self._windowed([b for b, _ in moved], [filters for _, filters in moved], limit, window, floors)
         floors += [min(ids) for ids in hits if len(ids) > limit]
         horizon = max(floors, default=None)
         ids = sorted({i for branch in hits for i in branch if horizon is None or i >= horizon}, reverse=True)
@@ -317,12 +386,31 @@ class Listing:
             next_before = scanned_to = horizon
         return Page(self.rows(ids), next_before, scanned_to)
 
+    def _windowed(
+        self, flagged: Sequence[QuerySet[Any]], filters: Sequence[bool], limit: int, window: int, floors: list[int]
+    ) -> list[list[int]]:
+        """The hits of each flagged branch within its window, up to a page and one; a branch cut short
+        by its window adds where it stopped to ``floors``."""
+        hits = self._ids([rows[:window] for rows in flagged], where='w."hit"', limit=limit + 1)
+        # A filtering branch that found less than a page within its window: did the window end
+        # before the branch did? One more row tells; the ids above that row have all been checked.
+        # (A branch whose every row is a hit read all it has when it found less than a page.)
+        sparse = [i for i, ids in enumerate(hits) if len(ids) <= limit and filters[i]]
+        for read, lowest in self._extent([flagged[i][: window + 1] for i in sparse]):
+            if read > window:
+                floors.append(lowest + 1)
+        return hits
+
     def rows(self, ids: Sequence[int]) -> list[Task]:
         """The tasks of ``ids`` still in a listed status: one claimed (or finished) between the read of
         the ids and this one is left out, so that a state's page never shows a row of another state
         beside buttons that do not fit it (the demo's walk in a browser saw a Running row on the
-        Ready page with Run now above it)."""
+        Ready page with Run now above it). An id not in tasks_task is looked for in tasks_finished
+        after it (moved meanwhile, or read from there): ``archived``, no action fits it."""
         found = {task.pk: task for task in self.base.filter(pk__in=ids)} if ids else {}
+        missing = [i for i in ids if i not in found]
+        if missing and self.finished and FINISHED_STATUSES.intersection(self.statuses):
+            found.update((task.pk, task) for task in archived(in_finished(self.base.filter(pk__in=missing))))
         return [found[i] for i in ids if i in found and found[i].status in self.statuses]
 
     def count(self, cap: int | None = None) -> Count:

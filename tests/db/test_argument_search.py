@@ -12,6 +12,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import Client
 
+from tasks.web.queries import SCAN_WINDOW
 from tests.helpers.plans import explained, rows_read, seq_scans_of_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -73,6 +74,11 @@ def test_with_its_index_the_search_reads_the_matches_through_it(staff: Client, r
         assert statements
         for sql, params in statements:
             plan = explained(sql, params)
+            if '"tasks_finished"' in sql:
+                # tasks_finished (the mover's rows) has no argument index: the search is checked there
+                # within the lists' window, at most SCAN_WINDOW rows of each day (issue 43)
+                assert max((n for _, n in rows_read(plan)), default=0) <= SCAN_WINDOW + 1, sql
+                continue
             assert not seq_scans_of_tasks(plan), sql
             read = rows_read(plan)
             assert any("tasks_task_kwargs_search_idx" in node for node, _ in read), read

@@ -748,6 +748,10 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                         "priority": {"type": "integer"},
                         "status": {"enum": STATUSES},
                         "stuck": {"type": "boolean"},
+                        "archived": {
+                            "type": "boolean",
+                            "description": "kept in the finished history (tasks_finished): no action changes it",
+                        },
                         "concurrency_key": {"type": ["string", "null"]},
                         "concurrency_limit": {"type": ["integer", "null"]},
                         "rate_key": {"type": ["string", "null"]},

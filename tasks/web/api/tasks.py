@@ -83,6 +83,8 @@ def task_json(task: Task, *, window: bool = False, redact: bool = True) -> dict[
         "priority": task.priority,
         "status": task.status,
         "stuck": task.is_stuck,
+        # moved to tasks_finished by the mover (ARCHIVE_AFTER): history, every action answers 409
+        "archived": task.archived,
         "args": args,
         "kwargs": kwargs,
         "attempts": task.attempts,

@@ -1,0 +1,239 @@
+"""The lists read finished tasks from both tables (issue 43): a task the mover took to tasks_finished
+is still on the dashboard's every-task page and its state page (Succeeded, Failed, Cancelled), in the
+JSON API's listing and in the state counts, newest first among the tasks still in tasks_task, paged
+across both, found by the filters and the search (its id, dedup key, worker, task path), marked as
+history (no checkbox, ``archived`` in the JSON, an action on it refused and named). Each page reads
+about a page of tasks_finished's index entries per day kept, whatever the days hold (migration 0036's
+indexes; no sequential scan of a day)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from leasing.pagination import COUNT_CAP
+from tasks.maintenance.partitions import create_ahead, create_day
+from tasks.models import Task
+from tasks.web.queries import SCAN_WINDOW, Listing, state_counts, state_listing
+from tests.db.test_finished_partitions import drop_partitions
+from tests.helpers.api import Api
+from tests.helpers.plans import explained, recorded
+from tests.helpers.task_paths import NOOP
+
+pytestmark = pytest.mark.django_db(transaction=True)  # DDL of partitions
+
+UTC = dt.timezone.utc
+ECHO = "tests.testapp.handlers.echo"
+
+MOVE_SQL = """
+WITH moved AS (DELETE FROM tasks_task WHERE id = ANY(%s) AND status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
+               RETURNING *)
+INSERT INTO tasks_finished SELECT * FROM moved RETURNING id
+"""
+
+
+@pytest.fixture(autouse=True)
+def days() -> Iterator[None]:
+    drop_partitions()
+    create_ahead(1)
+    yield
+    drop_partitions()
+
+
+@pytest.fixture
+def api_on(settings: Any) -> Api:
+    from tests.helpers.api import TOKEN
+
+    settings.LEASING_API_TOKENS = [TOKEN]
+    return Api(Client())
+
+
+def move(*ids: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(MOVE_SQL, [list(ids)])
+        assert sorted(r[0] for r in cursor.fetchall()) == sorted(ids)
+
+
+def ended(status: str, *, path: str = NOOP, at: dt.datetime | None = None, **enqueue: Any) -> int:
+    task_id = Task.objects.enqueue(path, **enqueue).id
+    Task.objects.filter(pk=task_id).update(
+        status=status, finished_at=at or dt.datetime.now(UTC), holder="w-7" if status != "CANCELLED" else None
+    )
+    return task_id
+
+
+def a_history() -> dict[str, int]:
+    """Tasks in both tables, ids interleaved: moved ones among hot ones of the same status."""
+    ids = {
+        "ok-old": ended("SUCCESSFUL", queue="mail", dedup_key="order-1"),
+        "ok-hot": ended("SUCCESSFUL"),
+        "failed": ended("FAILED", path=ECHO),
+        "ready": Task.objects.enqueue(NOOP).id,
+        "ok-new": ended("SUCCESSFUL", queue="mail"),
+        "cancelled": ended("CANCELLED"),
+        "failed-hot": ended("FAILED"),
+    }
+    move(ids["ok-old"], ids["failed"], ids["ok-new"], ids["cancelled"])
+    return ids
+
+
+def shown(staff: Client, url: str, query: dict[str, str] | None = None) -> list[int]:
+    response = staff.get(url, query or {})
+    assert response.status_code == 200, response.content.decode()[-600:]
+    return [task.pk for task in response.context["tasks"]]
+
+
+def test_the_every_task_page_and_the_state_pages_list_moved_tasks_among_the_others(staff: Client) -> None:
+    ids = a_history()
+    every = shown(staff, "/dashboard/tasks/")
+    assert every == sorted(ids.values(), reverse=True)
+    assert shown(staff, "/dashboard/tasks/", {"status": "Successful"}) == [ids["ok-new"], ids["ok-hot"], ids["ok-old"]]
+    assert shown(staff, "/dashboard/tasks/succeeded/") == [ids["ok-new"], ids["ok-hot"], ids["ok-old"]]
+    assert shown(staff, "/dashboard/tasks/failed/") == [ids["failed-hot"], ids["failed"]]
+    assert shown(staff, "/dashboard/tasks/cancelled/") == [ids["cancelled"]]
+    # each filter a tasks_finished index serves, and one checked within the window (the time range)
+    assert shown(staff, "/dashboard/tasks/", {"queue": "mail"}) == [ids["ok-new"], ids["ok-old"]]
+    assert shown(staff, "/dashboard/tasks/", {"task_path": ECHO}) == [ids["failed"]]
+    assert shown(staff, "/dashboard/tasks/", {"dedup_key": "order-1"}) == [ids["ok-old"]]
+    assert shown(staff, "/dashboard/tasks/succeeded/", {"queue": "mail"}) == [ids["ok-new"], ids["ok-old"]]
+    after = Task.objects.find(ids["ok-new"]).enqueued_at.isoformat()
+    assert shown(staff, "/dashboard/tasks/", {"enqueued_after": after, "status": "Successful"}) == [ids["ok-new"]]
+    # the search: an id, a dedup key, a worker, a task path
+    assert shown(staff, "/dashboard/tasks/", {"q": str(ids["cancelled"])}) == [ids["cancelled"]]
+    assert shown(staff, "/dashboard/tasks/", {"q": "order-1"}) == [ids["ok-old"]]
+    assert shown(staff, "/dashboard/tasks/failed/", {"q": "w-7"}) == [ids["failed-hot"], ids["failed"]]
+    assert shown(staff, "/dashboard/tasks/", {"q": ECHO}) == [ids["failed"]]
+    # marked as history: no checkbox to select it for an action
+    body = staff.get("/dashboard/tasks/succeeded/").content.decode()
+    assert f'name="ids" value="{ids["ok-hot"]}"' in body
+    assert f'name="ids" value="{ids["ok-new"]}"' not in body and f'data-task="{ids["ok-new"]}"' in body
+
+
+def test_pages_go_on_across_both_tables(staff: Client, api_on: Api) -> None:
+    ids = a_history()
+    newest_first = sorted(ids.values(), reverse=True)
+    listing = Listing(Task.objects.all(), ("SUCCESSFUL", "FAILED", "CANCELLED", "READY"))
+    seen: list[int] = []
+    before = None
+    while True:
+        page = listing.page(limit=2, before=before)
+        seen += [task.pk for task in page.tasks]
+        if page.next_before is None:
+            break
+        before = page.next_before
+    assert seen == newest_first
+    status, reply = api_on.call("GET", "/api/tasks?limit=2")
+    got = [task["id"] for task in reply["tasks"]]
+    while reply["next"]:
+        status, reply = api_on.call("GET", "/api/tasks" + reply["next"])
+        assert status == 200
+        got += [task["id"] for task in reply["tasks"]]
+    assert got == newest_first
+    status, reply = api_on.call("GET", "/api/tasks?status=SUCCESSFUL&queue=mail")
+    assert [(t["id"], t["archived"]) for t in reply["tasks"]] == [(ids["ok-new"], True), (ids["ok-old"], True)]
+    status, reply = api_on.call("GET", "/api/tasks?status=FAILED")
+    assert [(t["id"], t["archived"]) for t in reply["tasks"]] == [(ids["failed-hot"], False), (ids["failed"], True)]
+
+
+def test_the_state_counts_include_the_moved_tasks() -> None:
+    a_history()
+    counts = state_counts()
+    assert (counts["succeeded"].value, counts["failed"].value, counts["cancelled"].value) == (3, 2, 1)
+    assert state_counts(cap=2)["succeeded"].capped
+
+
+def test_a_task_moved_between_reading_the_ids_and_the_rows_is_still_listed() -> None:
+    """The move is one way (tasks_task to tasks_finished): rows are read from tasks_task first, then the
+    ids it did not find from tasks_finished, so a row moved between the two reads is found by the second."""
+    ids = a_history()
+    listing = state_listing("succeeded")
+    page = listing.page(limit=10)
+    assert [t.pk for t in page.tasks] == [ids["ok-new"], ids["ok-hot"], ids["ok-old"]]
+    move(ids["ok-hot"])
+    rows = listing.rows([t.pk for t in page.tasks])
+    assert [(t.pk, t.archived) for t in rows] == [(ids["ok-new"], True), (ids["ok-hot"], True), (ids["ok-old"], True)]
+
+
+def test_an_action_on_a_moved_task_is_refused_and_names_it(staff: Client) -> None:
+    ids = a_history()
+    response = staff.post("/dashboard/tasks/action/", {"action": "retry", "ids": [ids["failed"], ids["failed-hot"]]})
+    assert response.status_code == 409
+    assert f"task {ids['failed']} is Failed history" in response.content.decode()
+    assert Task.objects.get(pk=ids["failed-hot"]).status == "FAILED"  # nothing changed
+
+
+def test_a_page_reads_about_a_page_of_each_day_whatever_the_days_hold(staff: Client) -> None:
+    """Three days of 4,000 finished tasks each in tasks_finished (and a few in tasks_task): every
+    statement of the every-task page, unfiltered, by queue, by task path and searched, and of the
+    Succeeded page, reads at most a page and a window's rows of a day partition (a count: COUNT_CAP
+    rows in all, as on tasks_task), and no day is read
+    whole (a sequential scan and a sort, or an index scan that filters its rows one by one)."""
+    today = dt.datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0)
+    for back in (1, 2):
+        create_day("SUCCESSFUL", (today - dt.timedelta(days=back)).date())
+    with connection.cursor() as cursor:
+        for back in (0, 1, 2):
+            cursor.execute(
+                "INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at,"
+                " finished_at, attempts, max_attempts, errors, worker_ids, renewals, transitions, failures, crashes,"
+                " shared_crashes, unstarted_returns, attempt_started, attempt_isolated, holder)"
+                " SELECT 'q' || (g %% 4), 0, 'app.jobs.x' || (g %% 3), '[]', '{}', 'SUCCESSFUL', now(), now(),"
+                " %s - g * interval '1 second', 1, 3, '[]', '[]', 0, 0, 0, 0, 0, 0, false, false, 'w-' || (g %% 5)"
+                " FROM generate_series(1, 4000) AS g",
+                [today - dt.timedelta(days=back)],
+            )
+        cursor.execute("SELECT array_agg(id) FROM tasks_task WHERE status = 'SUCCESSFUL'")
+        (every,) = cursor.fetchone()
+    with connection.cursor() as cursor:  # one task of its own kind in the oldest day: found by its index
+        cursor.execute(
+            "UPDATE tasks_task SET queue = 'rare', holder = 'w-rare', dedup_key = 'rare-key',"
+            " task_path = 'app.jobs.rare' WHERE id = %s",
+            [min(every)],
+        )
+    move(*every)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE tasks_finished")
+    ended("SUCCESSFUL", queue="q1")
+    checks: list[tuple[str, dict[str, str]]] = [
+        ("/dashboard/tasks/", {}),
+        ("/dashboard/tasks/", {"queue": "q1"}),
+        ("/dashboard/tasks/", {"task_path": "app.jobs.x2", "status": "Successful"}),
+        ("/dashboard/tasks/", {"q": "w-3"}),
+        ("/dashboard/tasks/", {"q": str(every[5])}),
+        ("/dashboard/tasks/succeeded/", {}),
+        ("/dashboard/tasks/succeeded/", {"queue": "q2"}),
+        ("/dashboard/tasks/", {"queue": "rare"}),
+        ("/dashboard/tasks/", {"task_path": "app.jobs.rare"}),
+        ("/dashboard/tasks/", {"dedup_key": "rare-key"}),
+        ("/dashboard/tasks/", {"q": "w-rare"}),
+        ("/dashboard/tasks/succeeded/", {"q": "rare-key"}),
+    ]
+    for url, query in checks:
+        with recorded() as statements:
+            assert len(shown(staff, url, query)) >= 1
+        finished = [(sql, params) for sql, params in statements if "tasks_finished" in sql]
+        assert finished, (url, query)
+        for sql, params in finished:
+            # a count reads up to COUNT_CAP rows, as on tasks_task; a page about a page or a window
+            bound = COUNT_CAP + 1 if "count(*)" in sql else SCAN_WINDOW + 200
+            problems = day_overreads(explained(sql, params), bound)
+            assert not problems, (url, query, problems, sql[:400])
+
+
+def day_overreads(plan: dict[str, Any], limit: int) -> list[str]:
+    """Nodes on a day partition of tasks_finished that read more than ``limit`` rows (an empty day
+    may be read by a sequential scan: nothing to read; a full one read so would be sorted whole)."""
+    problems = []
+    relation = plan.get("Relation Name") or ""
+    if relation.startswith("tasks_finished_"):
+        read = plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)
+        if read > limit:
+            problems.append(f"{plan.get('Node Type')} on {relation} read {read}")
+    for child in plan.get("Plans", []):
+        problems += day_overreads(child, limit)
+    return problems
