@@ -16,6 +16,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
 from leasing.admin import CheckedInputAdmin
 from leasing.routing import selected_database
@@ -160,6 +161,28 @@ class TaskAdmin(CheckedInputAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # enqueue through the API or Task.objects.enqueue
 
+    # A task the mover took to tasks_finished (issue 43) is listed among the others and opens as a
+    # page of its own, read-only: history no action or delete changes (retention drops its day).
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        found = super().get_object(request, object_id, from_field)
+        if found is not None or from_field is not None:
+            return found
+        try:
+            task_id = parse_whole(object_id, "id", low=1, high=MAX_BIGINT)
+        except InvalidInput:
+            return None
+        return Task.objects.using(self.get_queryset(request).db).find(task_id)
+
+    def has_change_permission(self, request: HttpRequest, obj: Task | None = None) -> bool:
+        if obj is not None and obj.archived:
+            return False  # shown with the view permission, every field read-only, no action
+        return super().has_change_permission(request, obj)
+
+    @admin.display(description="")
+    def action_checkbox(self, obj: Task) -> SafeString:
+        return SafeString("") if obj.archived else super().action_checkbox(obj)  # history: nothing to select it for
+
     # Only a finished task is deleted (the "delete" transition, tasks/lifecycle/transitions.py). A
     # running attempt deleted would leave its worker renewing nothing and its key slot unaccounted; a
     # waiting workflow member's dependants would wait for it forever. Cancel first: the cancel is a
@@ -168,6 +191,8 @@ class TaskAdmin(CheckedInputAdmin):
     # either, and a refused request leaves no row and no "deleted" log entry behind (invariant 12).
 
     def has_delete_permission(self, request: HttpRequest, obj: Task | None = None) -> bool:
+        if obj is not None and obj.archived:
+            return False
         if obj is not None and obj.status in UNFINISHED:
             setattr(request, _UNFINISHED_DELETE, obj)  # delete_view says why instead of a bare 403
             return False

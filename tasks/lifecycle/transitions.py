@@ -249,6 +249,14 @@ TRANSITIONS: tuple[Transition, ...] = (
         "counted out of tasks_task into tasks_finished, unchanged, in the same statement (read there by id)",
     ),
     Transition(
+        "restore",
+        (NO_ROW,),
+        FINISHED,
+        ("tasks.models.finished.RESTORE_SQL",),
+        "an operator reruns a task the mover took to tasks_finished: it comes back to tasks_task as it was, in "
+        "the transaction of the requeue that follows (rolled back with it when the requeue is refused)",
+    ),
+    Transition(
         "delete",
         FINISHED,
         (NO_ROW,),

@@ -30,6 +30,16 @@ FINISHED_TABLE = "tasks_finished"
 
 FIND_FINISHED_SQL = "SELECT * FROM tasks_finished WHERE id = %s LIMIT 1"
 FINISHED_STATUS_SQL = "SELECT status FROM tasks_finished WHERE id = %s LIMIT 1"
+# A moved task back into tasks_task, as it is (final: its status, attempts, result and errors kept),
+# for an operator's action that changes it: a rerun (the requeue that follows in the same transaction)
+# or a delete. One statement: the row leaves tasks_finished and arrives in tasks_task together (the
+# columns of both tables are in one order: a test holds them equal). An id not in tasks_finished
+# (never moved, restored already by another session: the DELETE waited for it and found it gone) is
+# left out of what it returns.
+RESTORE_SQL = """
+WITH back AS (DELETE FROM tasks_finished WHERE id = ANY(%(ids)s::bigint[]) RETURNING *)
+INSERT INTO tasks_task SELECT * FROM back RETURNING id
+"""
 # Which of the ids a statement on tasks_task did not find were moved here (an error's message only:
 # no common path pays for it).
 MOVED_IDS_SQL = "SELECT id, status FROM tasks_finished WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id"
@@ -67,6 +77,16 @@ def archived(rows: Any) -> list[Any]:
 
 class FinishedOperations(OperationsBase):
     """A base of TaskQuerySet: its methods are ``Task.objects``'s."""
+
+    def restore(self, ids: list[int]) -> list[int]:
+        """Move those of ``ids`` kept in tasks_finished back into tasks_task, unchanged (RESTORE_SQL);
+        their ids. For an action that changes them next, in the caller's transaction: rolled back
+        with it when the action is refused, so a task is restored only when it is rerun."""
+        if not ids:
+            return []
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(RESTORE_SQL, {"ids": sorted(set(ids))})
+            return [row[0] for row in cursor.fetchall()]
 
     def find(self, task_id: int) -> Any:
         """The task (a ``Task``) with this id, wherever it lives (this queryset's database): its row

@@ -217,8 +217,8 @@ def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
             "history": attempts.history(task),
             "arguments": redaction.arguments(task),
             "tabs": tabs(task_counts()),
-            # A task moved to tasks_finished is history: no action changes it.
-            "actions": [] if task.archived else vocabulary.actions_for([task.status]),
+            # A task moved to tasks_finished is final: its actions are the rerun (it comes back first).
+            "actions": vocabulary.actions_for([task.status]),
             "workflow": Workflow.objects.filter(pk=task.workflow_id).first() if member else None,
             "edges": workflows.edges(task.pk) if member else None,
             "window": window,
@@ -245,6 +245,10 @@ def task_action(request: HttpRequest) -> HttpResponse:
         return bad_request_page(request, exc.message)
     selected = Task.objects.filter(pk__in=ids, status__in=action.statuses)
     try:
+        if action.name in ("retry", "run_again"):
+            # Those the mover took to tasks_finished come back first (this request's transaction:
+            # a refused rerun leaves them where they were).
+            Task.objects.using(selected.db).restore(ids)
         if action.name == "run_now":
             changed = selected.retry_now()
         elif action.name == "cancel":

@@ -282,8 +282,7 @@ class Listing:
         self.statuses = tuple(dict.fromkeys(statuses))
         self.lookups = [Q()] if lookups is None else list(lookups)
         self.residual = residual
-        #: Pages read the finished statuses' rows moved to tasks_finished too (count() and ids(), the
-        #: admin's, read tasks_task only).
+        #: Pages, counts and the admin's ids read the finished statuses' rows moved to tasks_finished too.
         self.finished = finished
 
     def _branches(self, before: int | None) -> list[QuerySet[Task]]:
@@ -418,9 +417,10 @@ class Listing:
         cap = COUNT_CAP if cap is None else cap
         self._unwindowed()
         branches = [branch.values_list("id")[: cap + 1] for branch in self._branches(None)]
-        if not branches:
+        moved = self._moved_parts(cap + 1)
+        if not branches and not moved:
             return Count(0, False)
-        union, params = self._union(branches)
+        union, params = self._union(branches, moved)
         with connections[self.base.db].cursor() as cursor:
             cursor.execute(f"SELECT count(*) FROM (SELECT 1 FROM ({union}) AS u LIMIT %s) AS c", [*params, cap + 1])
             value = cursor.fetchone()[0]
@@ -430,9 +430,10 @@ class Listing:
         """Ids of rows ``offset`` to ``offset + limit`` (admin pages: offsets stay below COUNT_CAP)."""
         self._unwindowed()
         branches = [branch.values_list("id")[: offset + limit] for branch in self._branches(None)]
-        if not branches or limit <= 0:  # (a slice [:0] is an empty query, which does not compile)
+        moved = self._moved_parts(offset + limit) if limit > 0 else []
+        if (not branches and not moved) or limit <= 0:  # (a slice [:0] is an empty query, which does not compile)
             return []
-        union, params = self._union(branches)
+        union, params = self._union(branches, moved)
         with connections[self.base.db].cursor() as cursor:
             cursor.execute(
                 f"SELECT id FROM ({union}) AS u ORDER BY id DESC LIMIT %s OFFSET %s", [*params, limit, offset]
@@ -443,11 +444,28 @@ class Listing:
         if self.residual is not None:
             raise TypeError("count() and ids() read whole branches: a listing with a residual has only pages")
 
-    def _union(self, parts: Sequence[QuerySet[Any]]) -> tuple[str, list[Any]]:
+    def _moved_parts(self, rows: int) -> list[tuple[str, tuple[Any, ...]]]:
+        """The finished branches on tasks_finished for count() and ids(): each its first ``rows`` ids
+        (a branch whose lookup no index there serves: the hits among its first SCAN_WINDOW rows, a
+        bounded read, so such a count is a lower bound)."""
+        parts = []
+        for flagged, filters in self._finished_branches(None):
+            sql, params = _compiled(flagged[: SCAN_WINDOW if filters else rows])
+            parts.append((f'SELECT w.id FROM ({sql}) AS w WHERE w."hit"', params))
+        return parts
+
+    def _union(
+        self, parts: Sequence[QuerySet[Any]], moved: Sequence[tuple[str, tuple[Any, ...]]] = ()
+    ) -> tuple[str, list[Any]]:
+        """One statement (one snapshot: a row the mover takes meanwhile is read once) over tasks_task's
+        branches and tasks_finished's (``moved``, from :meth:`_moved_parts`)."""
         sqls: list[str] = []
         params: list[Any] = []
         for part in parts:
             sql, part_params = _compiled(part)
+            sqls.append(f"({sql})")
+            params.extend(part_params)
+        for sql, part_params in moved:
             sqls.append(f"({sql})")
             params.extend(part_params)
         # Branches of different statuses are disjoint: UNION ALL, read lazily up to the LIMIT. With

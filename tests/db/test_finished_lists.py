@@ -2,18 +2,21 @@
 is still on the dashboard's every-task page and its state page (Succeeded, Failed, Cancelled), in the
 JSON API's listing and in the state counts, newest first among the tasks still in tasks_task, paged
 across both, found by the filters and the search (its id, dedup key, worker, task path), marked as
-history (no checkbox, ``archived`` in the JSON, an action on it refused and named). Each page reads
+history (``archived`` in the JSON, the admin's read-only page); run again from the dashboard or the
+API it comes back to tasks_task first, in the requeue's transaction (refused: it stays); any other
+action on it is refused and names it. Each page reads
 about a page of tasks_finished's index entries per day kept, whatever the days hold (migration 0036's
 indexes; no sequential scan of a day)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 
 from leasing.pagination import COUNT_CAP
@@ -21,7 +24,9 @@ from tasks.maintenance.partitions import create_ahead, create_day
 from tasks.models import Task
 from tasks.web.queries import SCAN_WINDOW, Listing, state_counts, state_listing
 from tests.db.test_finished_partitions import drop_partitions
+from tests.helpers import wait_until
 from tests.helpers.api import Api
+from tests.helpers.connections import OnItsOwnConnection, waits_for_a_lock
 from tests.helpers.plans import explained, recorded
 from tests.helpers.task_paths import NOOP
 
@@ -108,10 +113,9 @@ def test_the_every_task_page_and_the_state_pages_list_moved_tasks_among_the_othe
     assert shown(staff, "/dashboard/tasks/", {"q": "order-1"}) == [ids["ok-old"]]
     assert shown(staff, "/dashboard/tasks/failed/", {"q": "w-7"}) == [ids["failed-hot"], ids["failed"]]
     assert shown(staff, "/dashboard/tasks/", {"q": ECHO}) == [ids["failed"]]
-    # marked as history: no checkbox to select it for an action
+    # selectable as the others: its action (run again) brings it back first
     body = staff.get("/dashboard/tasks/succeeded/").content.decode()
-    assert f'name="ids" value="{ids["ok-hot"]}"' in body
-    assert f'name="ids" value="{ids["ok-new"]}"' not in body and f'data-task="{ids["ok-new"]}"' in body
+    assert f'name="ids" value="{ids["ok-hot"]}"' in body and f'name="ids" value="{ids["ok-new"]}"' in body
 
 
 def test_pages_go_on_across_both_tables(staff: Client, api_on: Api) -> None:
@@ -159,12 +163,91 @@ def test_a_task_moved_between_reading_the_ids_and_the_rows_is_still_listed() -> 
     assert [(t.pk, t.archived) for t in rows] == [(ids["ok-new"], True), (ids["ok-hot"], True), (ids["ok-old"], True)]
 
 
-def test_an_action_on_a_moved_task_is_refused_and_names_it(staff: Client) -> None:
+def test_an_action_that_does_not_fit_a_moved_task_is_refused_and_names_it(staff: Client) -> None:
     ids = a_history()
-    response = staff.post("/dashboard/tasks/action/", {"action": "retry", "ids": [ids["failed"], ids["failed-hot"]]})
+    ready = Task.objects.enqueue(NOOP).id
+    response = staff.post("/dashboard/tasks/action/", {"action": "cancel", "ids": [ids["failed"], ready]})
     assert response.status_code == 409
     assert f"task {ids['failed']} is Failed history" in response.content.decode()
-    assert Task.objects.get(pk=ids["failed-hot"]).status == "FAILED"  # nothing changed
+    assert Task.objects.get(pk=ready).status == "READY"  # nothing changed
+    assert where(ids["failed"]) == "tasks_finished"
+
+
+def where(task_id: int) -> str | None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 'tasks_task' FROM tasks_task WHERE id = %s UNION ALL SELECT 'tasks_finished' FROM tasks_finished"
+            " WHERE id = %s",
+            [task_id, task_id],
+        )
+        found = [row[0] for row in cursor.fetchall()]
+    assert len(found) <= 1, found  # never in both
+    return found[0] if found else None
+
+
+def test_a_moved_task_runs_again_from_the_dashboard_and_the_api_and_comes_back(staff: Client, api_on: Api) -> None:
+    """Retry (a failed task), run again (a successful one): the row comes back to tasks_task as it was,
+    then the requeue, in one transaction; its id, path and arguments kept, a fresh set of attempts."""
+    ids = a_history()
+    before = Task.objects.find(ids["failed"])
+    response = staff.post("/dashboard/tasks/action/", {"action": "retry", "ids": [ids["failed"]]})
+    assert response.status_code == 302, response.content.decode()[-400:]
+    again = Task.objects.get(pk=ids["failed"])
+    assert where(ids["failed"]) == "tasks_task" and again.status == "READY" and again.attempts == 0
+    assert (again.task_path, again.enqueued_at) == (before.task_path, before.enqueued_at)
+    status, reply = api_on.call("POST", f"/api/tasks/{ids['ok-new']}/requeue")
+    assert status == 200 and reply["task"]["status"] == "READY" and reply["task"]["archived"] is False
+    assert where(ids["ok-new"]) == "tasks_task"
+    status, reply = api_on.call("POST", f"/api/tasks/{ids['ok-new']}/requeue")  # now a waiting task: run now
+    assert status == 200
+
+
+def test_a_refused_rerun_leaves_the_moved_task_where_it_was(staff: Client, api_on: Api) -> None:
+    """An unfinished task holds the moved task's dedup key: the requeue is refused (409, the key and its
+    holder named) and the restore before it is rolled back with it."""
+    old = ended("FAILED", dedup_key="invoice-9")
+    move(old)
+    holder = Task.objects.enqueue(NOOP, dedup_key="invoice-9").id
+    response = staff.post("/dashboard/tasks/action/", {"action": "retry", "ids": [old]})
+    assert response.status_code == 409 and f"task {holder}" in response.content.decode()
+    assert where(old) == "tasks_finished" and Task.objects.find(old).status == "FAILED"
+    status, reply = api_on.call("POST", f"/api/tasks/{old}/requeue")
+    assert status == 409 and "invoice-9" in reply["error"]
+    assert where(old) == "tasks_finished"
+
+
+def test_two_operators_rerun_one_moved_task_at_once_and_it_runs_once(staff: Client) -> None:
+    """Two real connections: the first restores and requeues it in a transaction it keeps open; the
+    second's restore waits for that row, finds it gone when the first commits, and its requeue finds
+    the task READY: refused by the statement's condition, named. One rerun, the row in tasks_task once."""
+    ids = a_history()
+    task_id = ids["failed"]
+    restored, release = threading.Event(), threading.Event()
+
+    def first() -> int:
+        with transaction.atomic():
+            assert Task.objects.restore([task_id]) == [task_id]
+            changed = Task.objects.filter(pk=task_id).requeue()
+            restored.set()
+            release.wait(60)
+            return changed
+
+    holder = OnItsOwnConnection(first)
+    holder.start()
+    assert restored.wait(30)
+
+    def second() -> Any:
+        with transaction.atomic():
+            back = Task.objects.restore([task_id])
+            return back, Task.objects.filter(pk=task_id).requeue()
+
+    other = OnItsOwnConnection(second)
+    other.start()
+    wait_until(lambda: waits_for_a_lock(other.pid), 30, what="the second restore to wait for the row")
+    release.set()
+    assert holder.outcome() == 1
+    assert other.outcome() == ([], 0)  # nothing to restore, nothing finished to requeue
+    assert where(task_id) == "tasks_task" and Task.objects.get(pk=task_id).status == "READY"
 
 
 def test_a_page_reads_about_a_page_of_each_day_whatever_the_days_hold(staff: Client) -> None:
@@ -237,3 +320,26 @@ def day_overreads(plan: dict[str, Any], limit: int) -> list[str]:
     for child in plan.get("Plans", []):
         problems += day_overreads(child, limit)
     return problems
+
+
+def test_the_admin_lists_moved_tasks_counts_them_and_opens_them_read_only(staff: Client) -> None:
+    ids = a_history()
+    page = staff.get("/admin/tasks/task/")
+    assert page.status_code == 200
+    assert [t.pk for t in page.context["cl"].result_list] == sorted(ids.values(), reverse=True)
+    assert page.context["cl"].result_count == len(ids)
+    body = page.content.decode()
+    assert f'name="_selected_action" value="{ids["ok-hot"]}"' in body
+    assert f'name="_selected_action" value="{ids["ok-new"]}"' not in body  # history: nothing to select
+    status_only = staff.get("/admin/tasks/task/", {"status__exact": "SUCCESSFUL", "queue__exact": "mail"})
+    assert [t.pk for t in status_only.context["cl"].result_list] == [ids["ok-new"], ids["ok-old"]]
+    for term in (str(ids["failed"]), "order-1", ECHO):
+        found = staff.get("/admin/tasks/task/", {"q": term})
+        assert [t.pk for t in found.context["cl"].result_list] != [], term
+    change = staff.get(f"/admin/tasks/task/{ids['ok-new']}/change/")
+    assert change.status_code == 200
+    assert change.context["original"].archived and not change.context["has_change_permission"]
+    assert 'name="_save"' not in change.content.decode()
+    assert staff.get(f"/admin/tasks/task/{ids['ok-new']}/delete/").status_code == 403
+    assert staff.post(f"/admin/tasks/task/{ids['ok-new']}/delete/", {"post": "yes"}).status_code == 403
+    assert Task.objects.find(ids["ok-new"]) is not None

@@ -8,6 +8,16 @@ SELECT * FROM tasks_finished WHERE id = %s LIMIT 1;
 -- name: FINISHED_STATUS_SQL
 SELECT status FROM tasks_finished WHERE id = %s LIMIT 1;
 
+-- name: RESTORE_SQL
+-- A moved task back into tasks_task, as it is (final: its status, attempts, result and errors kept),
+-- for an operator's action that changes it: a rerun (the requeue that follows in the same transaction)
+-- or a delete. One statement: the row leaves tasks_finished and arrives in tasks_task together (the
+-- columns of both tables are in one order: a test holds them equal). An id not in tasks_finished
+-- (never moved, restored already by another session: the DELETE waited for it and found it gone) is
+-- left out of what it returns.
+WITH back AS (DELETE FROM tasks_finished WHERE id = ANY(%(ids)s::bigint[]) RETURNING *)
+INSERT INTO tasks_task SELECT * FROM back RETURNING id;
+
 -- name: MOVED_IDS_SQL
 -- Which of the ids a statement on tasks_task did not find were moved here (an error's message only:
 -- no common path pays for it).

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode
 
+from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, JsonResponse
 from django.urls import path, re_path
@@ -429,13 +430,17 @@ def cancel(request: HttpRequest, task_id: int) -> tuple[int, Any]:
 
 @api_view(POST=[CHANGE_TASK])
 def requeue(request: HttpRequest, task_id: int) -> tuple[int, Any]:
-    task = _task_or_404(task_id)
+    task = _found_or_404(task_id)
     try:
-        changed = Task.objects.filter(pk=task_id).requeue() or Task.objects.filter(pk=task_id).retry_now()
+        with transaction.atomic(using=Task.objects.db):
+            if task.archived:  # back from tasks_finished first, in the requeue's transaction
+                Task.objects.restore([task_id])
+            changed = Task.objects.filter(pk=task_id).requeue() or Task.objects.filter(pk=task_id).retry_now()
     except TaskError as exc:
         raise ApiError(409, str(exc)) from None
     if not changed:
         raise ApiError(409, "only finished or waiting tasks can be requeued; this one is running", status=task.status)
+    task.archived = False  # it changed in tasks_task (brought back by this request or another)
     task.refresh_from_db()
     return 200, {"task": task_json(task)}
 
