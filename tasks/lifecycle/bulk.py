@@ -211,48 +211,93 @@ _SETS = {
 }
 
 
+# Where a batch's window ends: after the cursor, up to ``span`` past the next id that exists (a gap
+# left by retention or the mover is jumped in one probe of each primary key), never past the last id
+# that existed when the operation was requested. A retry's next id is the lower of tasks_task's and
+# tasks_finished's (the mover's rows are retried too); the other kinds' statuses never move.
+def _window_end(kind: str) -> str:
+    first = "(SELECT min(n.id) FROM tasks_task AS n WHERE n.id > op.cursor)"
+    if kind == "retry":
+        first = f"LEAST({first}, (SELECT min(f.id) FROM tasks_finished AS f WHERE f.id > op.cursor))"
+    return f"""window_end AS MATERIALIZED (
+    SELECT LEAST(op.last_id, COALESCE({first}, op.last_id) + %(span)s - 1) AS hi
+    FROM op
+)"""
+
+
+# The first ``batch`` matching ids of the window, in id order; ``moved``: the row is in tasks_finished
+# (a retry's only: the mover took it there), read by its day partitions' primary keys.
+def _picked(kind: str) -> str:
+    hot = f"""SELECT t.id, false AS moved FROM tasks_task AS t, op, window_end AS w
+    WHERE t.id > op.cursor AND t.id <= w.hi
+      AND {_FILTER}
+    ORDER BY t.id
+    LIMIT %(batch)s"""
+    if kind != "retry":
+        return hot
+    return f"""SELECT id, moved FROM (
+    ({hot})
+    UNION ALL
+    (SELECT t.id, true FROM tasks_finished AS t, op, window_end AS w
+    WHERE t.id > op.cursor AND t.id <= w.hi
+      AND {_FILTER}
+    ORDER BY t.id
+    LIMIT %(batch)s)
+    ) AS both_tables
+    ORDER BY id
+    LIMIT %(batch)s"""
+
+
 def _bulk_sql(kind: str) -> str:
     # op: the operation's row, locked for the statement (FOR UPDATE re-reads its newest version, so a
     #   cancel that committed meanwhile stops it, and two sessions never run one batch twice: the
     #   second waits, then reads the cursor the first moved).
-    # window: the ids this statement may read: after the cursor, up to ``span`` past the next id that
-    #   exists (a gap left by retention is jumped in one probe of the primary key), never past the
-    #   last id that existed when the operation was requested.
+    # window: the ids this statement may read (_window_end).
     # picked: the first ``batch`` matching ids of the window, in id order (MATERIALIZED: runs once).
     # changed: the conditional update; a row that moved since the snapshot is re-checked against the
     #   same guard on its newest version and left alone (skipped).
+    # restored (a retry's): the picked rows of tasks_finished back into tasks_task as they are
+    #   (RESTORE_SQL's move: a row restored or retired meanwhile is not found, skipped); the caller
+    #   requeues them (RETRY_RESTORED_SQL) in the batch's transaction, their ids the last column.
     # The cursor becomes the last id picked when the batch is full (ids after it are still to read),
     # else the window's end.
+    restore = ""
+    restored_count = ""
+    restored_ids = ""
+    if kind == "retry":
+        restore = """,
+back AS (
+    DELETE FROM tasks_finished AS f USING picked
+    WHERE f.id = picked.id AND picked.moved
+    RETURNING f.*
+),
+restored AS (
+    INSERT INTO tasks_task SELECT * FROM back
+    RETURNING id
+)"""
+        restored_count = " + (SELECT count(*) FROM restored)"
+        restored_ids = ", (SELECT array_agg(id ORDER BY id) FROM restored)"
     return f"""
 WITH op AS MATERIALIZED (
     SELECT b.id, b.cursor, b.last_id FROM tasks_bulkoperation AS b
     WHERE b.id = %(operation)s AND b.status IN ('PENDING', 'RUNNING')
     FOR UPDATE
 ),
-window_end AS MATERIALIZED (
-    SELECT LEAST(op.last_id,
-                 COALESCE((SELECT min(n.id) FROM tasks_task AS n WHERE n.id > op.cursor), op.last_id)
-                 + %(span)s - 1) AS hi
-    FROM op
-),
+{_window_end(kind)},
 picked AS MATERIALIZED (
-    SELECT t.id FROM tasks_task AS t, op, window_end AS w
-    WHERE t.id > op.cursor AND t.id <= w.hi
-      AND {_FILTER}
-    ORDER BY t.id
-    LIMIT %(batch)s
+    {_picked(kind)}
 ),
 changed AS (
     UPDATE tasks_task AS t SET
     {_SETS[kind]}
 FROM picked, op
-WHERE t.id = picked.id
+WHERE t.id = picked.id{" AND NOT picked.moved" if kind == "retry" else ""}
       AND {_FILTER}
     RETURNING t.id
-),
+){restore},
 counts AS MATERIALIZED (
     SELECT (SELECT count(*) FROM picked) AS picked,
-           (SELECT count(*) FROM changed) AS changed,
+           (SELECT count(*) FROM changed){restored_count} AS changed,
            (SELECT max(id) FROM picked) AS last_picked
 )
 UPDATE tasks_bulkoperation AS b SET
@@ -269,7 +314,7 @@ UPDATE tasks_bulkoperation AS b SET
                        THEN clock_timestamp() END
 FROM op, window_end AS w, counts AS c
 WHERE b.id = op.id
-RETURNING b.status, b.cursor, b.matched, b.changed, b.skipped, c.picked, c.changed
+RETURNING b.status, b.cursor, b.matched, b.changed, b.skipped, c.picked, c.changed{restored_ids}
 """
 
 
@@ -296,24 +341,30 @@ WHERE t.id = %(task)s
 RETURNING t.id
 """
 
-# The ids a batch would pick, without changing anything (the one-row fallback's list).
+# The ids a retry's batch would pick, without changing anything (the one-row fallback's list): id,
+# the window's end, and whether the row is in tasks_finished.
 BULK_PICK_SQL = f"""
 WITH op AS MATERIALIZED (
     SELECT b.id, b.cursor, b.last_id FROM tasks_bulkoperation AS b
     WHERE b.id = %(operation)s AND b.status IN ('PENDING', 'RUNNING')
     FOR UPDATE
 ),
-window_end AS MATERIALIZED (
-    SELECT LEAST(op.last_id,
-                 COALESCE((SELECT min(n.id) FROM tasks_task AS n WHERE n.id > op.cursor), op.last_id)
-                 + %(span)s - 1) AS hi
-    FROM op
+{_window_end("retry")},
+picked AS MATERIALIZED (
+    {_picked("retry")}
 )
-SELECT t.id, w.hi FROM tasks_task AS t, op, window_end AS w
-WHERE t.id > op.cursor AND t.id <= w.hi
-  AND {_FILTER}
-ORDER BY t.id
-LIMIT %(batch)s
+SELECT p.id, w.hi, p.moved FROM picked AS p, window_end AS w
+ORDER BY p.id
+"""
+
+# The requeue of the rows a retry's batch brought back from tasks_finished (RERUN_SET, as a retry of a
+# row of tasks_task writes), in the batch's transaction: a dedup key another unfinished task holds
+# fails it, and the batch is redone a row at a time.
+RETRY_RESTORED_SQL = f"""
+UPDATE tasks_task AS t SET
+    {_SETS["retry"]}
+WHERE t.id = ANY(%(ids)s::bigint[])
+RETURNING t.id
 """
 
 # Progress of a batch done one row at a time (the fallback above), in the same transaction.

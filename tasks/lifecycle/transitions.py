@@ -213,9 +213,11 @@ TRANSITIONS: tuple[Transition, ...] = (
         "bulk retry",
         FINISHED,
         (READY, BLOCKED),
-        (_B + "BULK_RETRY_SQL", _B + "BULK_RETRY_ONE_SQL"),
+        (_B + "BULK_RETRY_SQL", _B + "BULK_RETRY_ONE_SQL", _B + "RETRY_RESTORED_SQL"),
         "a bulk operation requeues the finished tasks matching its filter, a batch per statement, as requeue "
-        "does (SUCCESSFUL only when the filter names it); a row that moved meanwhile is skipped",
+        "does (SUCCESSFUL only when the filter names it); a row that moved meanwhile is skipped; those the "
+        "mover took to tasks_finished are brought back by the batch's statement (restore) and requeued in "
+        "its transaction",
     ),
     Transition(
         "bulk cancel",
@@ -252,9 +254,10 @@ TRANSITIONS: tuple[Transition, ...] = (
         "restore",
         (NO_ROW,),
         FINISHED,
-        ("tasks.models.finished.RESTORE_SQL",),
-        "an operator reruns a task the mover took to tasks_finished: it comes back to tasks_task as it was, in "
-        "the transaction of the requeue that follows (rolled back with it when the requeue is refused)",
+        ("tasks.models.finished.RESTORE_SQL", _B + "BULK_RETRY_SQL"),
+        "an operator reruns a task the mover took to tasks_finished (alone or by a bulk retry): it comes back to "
+        "tasks_task as it was, in the transaction of the requeue that follows (rolled back with it when the "
+        "requeue is refused)",
     ),
     Transition(
         "delete",

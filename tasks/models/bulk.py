@@ -14,18 +14,21 @@ from leasing.routing import SelectedManager
 from tasks.conf import get_settings
 from tasks.lifecycle import bulk as sql
 from tasks.lifecycle import prepared
+from tasks.models import finished
 
 # The operation's id range is fixed when it is requested: from before the oldest task to the newest
-# one (two probes of the primary key). Tasks enqueued afterwards are not its business, and a retried
+# one, in tasks_task and in tasks_finished (the mover's rows, which a retry brings back: probes of the
+# primary keys, one per day kept there). Tasks enqueued afterwards are not its business, and a retried
 # task keeps its id, so no task is seen twice.
 REQUEST_SQL = """
 INSERT INTO tasks_bulkoperation
     (kind, filter, status, first_id, cursor, last_id, matched, changed, skipped, batches, requested_by,
      created_at, error)
 SELECT %(kind)s, %(filter)s::jsonb, 'PENDING', first.id, first.id,
-       COALESCE((SELECT max(id) FROM tasks_task), 0),
+       COALESCE(GREATEST((SELECT max(id) FROM tasks_task), (SELECT max(id) FROM tasks_finished)), 0),
        0, 0, 0, 0, %(requested_by)s, clock_timestamp(), ''
-FROM (SELECT COALESCE((SELECT min(id) FROM tasks_task), 1) - 1 AS id) AS first
+FROM (SELECT COALESCE(LEAST((SELECT min(id) FROM tasks_task), (SELECT min(id) FROM tasks_finished)), 1) - 1 AS id)
+     AS first
 RETURNING id
 """
 
@@ -127,11 +130,17 @@ class BulkOperation(models.Model):
         try:
             with transaction.atomic(using=alias):
                 rows = prepared.rows(connections[alias], sql.BULK_SQL[self.kind], params)
+                restored = rows[0][7] if rows and self.kind == "retry" else None
+                if restored:
+                    # The batch brought these back from tasks_finished unchanged: they run again
+                    # now, in its transaction (a dedup key collision rolls the batch back whole).
+                    with connections[alias].cursor() as cursor:
+                        cursor.execute(sql.RETRY_RESTORED_SQL, {**params, "ids": restored})
         except IntegrityError:
             if self.kind != "retry":
                 raise
             return self._retry_one_at_a_time(alias, params)
-        return sql.BatchResult(*rows[0]) if rows else None
+        return sql.BatchResult(*rows[0][:7]) if rows else None
 
     def _retry_one_at_a_time(self, alias: str, params: dict[str, Any]) -> sql.BatchResult | None:
         with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
@@ -143,13 +152,17 @@ class BulkOperation(models.Model):
                 return sql.BatchResult(*rows[0]) if rows else None
             window_end = picked[0][1]
             changed = 0
-            for task_id, _hi in picked:
+            for task_id, _hi, moved in picked:
                 try:
                     with transaction.atomic(using=alias):
+                        if moved:  # back from tasks_finished first (gone meanwhile: skipped)
+                            cursor.execute(finished.RESTORE_SQL, {"ids": [task_id]})
+                            if not cursor.fetchall():
+                                continue
                         cursor.execute(sql.BULK_RETRY_ONE_SQL, {**params, "task": task_id})
                         changed += len(cursor.fetchall())
                 except IntegrityError:
-                    pass  # another unfinished task holds its dedup key: skipped
+                    pass  # another unfinished task holds its dedup key: skipped (and stays where it was)
             new_cursor = picked[-1][0] if len(picked) >= params["batch"] else window_end
             cursor.execute(
                 sql.BULK_ADVANCE_SQL,

@@ -10,13 +10,12 @@ WITH op AS MATERIALIZED (
     FOR UPDATE
 ),
 window_end AS MATERIALIZED (
-    SELECT LEAST(op.last_id,
-                 COALESCE((SELECT min(n.id) FROM tasks_task AS n WHERE n.id > op.cursor), op.last_id)
-                 + %(span)s - 1) AS hi
+    SELECT LEAST(op.last_id, COALESCE(LEAST((SELECT min(n.id) FROM tasks_task AS n WHERE n.id > op.cursor), (SELECT min(f.id) FROM tasks_finished AS f WHERE f.id > op.cursor)), op.last_id) + %(span)s - 1) AS hi
     FROM op
 ),
 picked AS MATERIALIZED (
-    SELECT t.id FROM tasks_task AS t, op, window_end AS w
+    SELECT id, moved FROM (
+    (SELECT t.id, false AS moved FROM tasks_task AS t, op, window_end AS w
     WHERE t.id > op.cursor AND t.id <= w.hi
       AND t.status = ANY(%(statuses)s::text[])
       AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
@@ -30,6 +29,25 @@ picked AS MATERIALIZED (
       AND (%(args_contains)s::jsonb IS NULL OR t.args @> %(args_contains)s::jsonb)
       AND (%(kwargs_contains)s::jsonb IS NULL OR t.kwargs @> %(kwargs_contains)s::jsonb)
     ORDER BY t.id
+    LIMIT %(batch)s)
+    UNION ALL
+    (SELECT t.id, true FROM tasks_finished AS t, op, window_end AS w
+    WHERE t.id > op.cursor AND t.id <= w.hi
+      AND t.status = ANY(%(statuses)s::text[])
+      AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
+      AND (%(task_path)s::text IS NULL OR t.task_path = %(task_path)s::text)
+      AND (%(dedup_key)s::text IS NULL OR t.dedup_key = %(dedup_key)s::text)
+      AND (%(workflow_id)s::bigint IS NULL OR t.workflow_id = %(workflow_id)s::bigint)
+      AND (%(enqueued_after)s::timestamptz IS NULL OR t.enqueued_at >= %(enqueued_after)s::timestamptz)
+      AND (%(enqueued_before)s::timestamptz IS NULL OR t.enqueued_at < %(enqueued_before)s::timestamptz)
+      AND (%(finished_after)s::timestamptz IS NULL OR t.finished_at >= %(finished_after)s::timestamptz)
+      AND (%(finished_before)s::timestamptz IS NULL OR t.finished_at < %(finished_before)s::timestamptz)
+      AND (%(args_contains)s::jsonb IS NULL OR t.args @> %(args_contains)s::jsonb)
+      AND (%(kwargs_contains)s::jsonb IS NULL OR t.kwargs @> %(kwargs_contains)s::jsonb)
+    ORDER BY t.id
+    LIMIT %(batch)s)
+    ) AS both_tables
+    ORDER BY id
     LIMIT %(batch)s
 ),
 changed AS (
@@ -47,7 +65,7 @@ changed AS (
     trace_context = trace_context || '{"leasing-rerun": "1"}'::jsonb,
     fair_key = CASE WHEN fair_key IS NULL AND queue = ANY(%(fair_queues)s::text[]) THEN '' ELSE fair_key END
 FROM picked, op
-WHERE t.id = picked.id
+WHERE t.id = picked.id AND NOT picked.moved
       AND t.status = ANY(%(statuses)s::text[])
       AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
       AND (%(task_path)s::text IS NULL OR t.task_path = %(task_path)s::text)
@@ -61,9 +79,18 @@ WHERE t.id = picked.id
       AND (%(kwargs_contains)s::jsonb IS NULL OR t.kwargs @> %(kwargs_contains)s::jsonb)
     RETURNING t.id
 ),
+back AS (
+    DELETE FROM tasks_finished AS f USING picked
+    WHERE f.id = picked.id AND picked.moved
+    RETURNING f.*
+),
+restored AS (
+    INSERT INTO tasks_task SELECT * FROM back
+    RETURNING id
+),
 counts AS MATERIALIZED (
     SELECT (SELECT count(*) FROM picked) AS picked,
-           (SELECT count(*) FROM changed) AS changed,
+           (SELECT count(*) FROM changed) + (SELECT count(*) FROM restored) AS changed,
            (SELECT max(id) FROM picked) AS last_picked
 )
 UPDATE tasks_bulkoperation AS b SET
@@ -80,7 +107,7 @@ UPDATE tasks_bulkoperation AS b SET
                        THEN clock_timestamp() END
 FROM op, window_end AS w, counts AS c
 WHERE b.id = op.id
-RETURNING b.status, b.cursor, b.matched, b.changed, b.skipped, c.picked, c.changed;
+RETURNING b.status, b.cursor, b.matched, b.changed, b.skipped, c.picked, c.changed, (SELECT array_agg(id ORDER BY id) FROM restored);
 
 -- name: BULK_CANCEL_SQL
 WITH op AS MATERIALIZED (
@@ -89,13 +116,11 @@ WITH op AS MATERIALIZED (
     FOR UPDATE
 ),
 window_end AS MATERIALIZED (
-    SELECT LEAST(op.last_id,
-                 COALESCE((SELECT min(n.id) FROM tasks_task AS n WHERE n.id > op.cursor), op.last_id)
-                 + %(span)s - 1) AS hi
+    SELECT LEAST(op.last_id, COALESCE((SELECT min(n.id) FROM tasks_task AS n WHERE n.id > op.cursor), op.last_id) + %(span)s - 1) AS hi
     FROM op
 ),
 picked AS MATERIALIZED (
-    SELECT t.id FROM tasks_task AS t, op, window_end AS w
+    SELECT t.id, false AS moved FROM tasks_task AS t, op, window_end AS w
     WHERE t.id > op.cursor AND t.id <= w.hi
       AND t.status = ANY(%(statuses)s::text[])
       AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
@@ -158,13 +183,11 @@ WITH op AS MATERIALIZED (
     FOR UPDATE
 ),
 window_end AS MATERIALIZED (
-    SELECT LEAST(op.last_id,
-                 COALESCE((SELECT min(n.id) FROM tasks_task AS n WHERE n.id > op.cursor), op.last_id)
-                 + %(span)s - 1) AS hi
+    SELECT LEAST(op.last_id, COALESCE((SELECT min(n.id) FROM tasks_task AS n WHERE n.id > op.cursor), op.last_id) + %(span)s - 1) AS hi
     FROM op
 ),
 picked AS MATERIALIZED (
-    SELECT t.id FROM tasks_task AS t, op, window_end AS w
+    SELECT t.id, false AS moved FROM tasks_task AS t, op, window_end AS w
     WHERE t.id > op.cursor AND t.id <= w.hi
       AND t.status = ANY(%(statuses)s::text[])
       AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
@@ -271,21 +294,22 @@ WHERE t.id = %(task)s
 RETURNING t.id;
 
 -- name: BULK_PICK_SQL
--- The ids a batch would pick, without changing anything (the one-row fallback's list).
+-- The ids a retry's batch would pick, without changing anything (the one-row fallback's list): id,
+-- the window's end, and whether the row is in tasks_finished.
 WITH op AS MATERIALIZED (
     SELECT b.id, b.cursor, b.last_id FROM tasks_bulkoperation AS b
     WHERE b.id = %(operation)s AND b.status IN ('PENDING', 'RUNNING')
     FOR UPDATE
 ),
 window_end AS MATERIALIZED (
-    SELECT LEAST(op.last_id,
-                 COALESCE((SELECT min(n.id) FROM tasks_task AS n WHERE n.id > op.cursor), op.last_id)
-                 + %(span)s - 1) AS hi
+    SELECT LEAST(op.last_id, COALESCE(LEAST((SELECT min(n.id) FROM tasks_task AS n WHERE n.id > op.cursor), (SELECT min(f.id) FROM tasks_finished AS f WHERE f.id > op.cursor)), op.last_id) + %(span)s - 1) AS hi
     FROM op
-)
-SELECT t.id, w.hi FROM tasks_task AS t, op, window_end AS w
-WHERE t.id > op.cursor AND t.id <= w.hi
-  AND t.status = ANY(%(statuses)s::text[])
+),
+picked AS MATERIALIZED (
+    SELECT id, moved FROM (
+    (SELECT t.id, false AS moved FROM tasks_task AS t, op, window_end AS w
+    WHERE t.id > op.cursor AND t.id <= w.hi
+      AND t.status = ANY(%(statuses)s::text[])
       AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
       AND (%(task_path)s::text IS NULL OR t.task_path = %(task_path)s::text)
       AND (%(dedup_key)s::text IS NULL OR t.dedup_key = %(dedup_key)s::text)
@@ -296,8 +320,50 @@ WHERE t.id > op.cursor AND t.id <= w.hi
       AND (%(finished_before)s::timestamptz IS NULL OR t.finished_at < %(finished_before)s::timestamptz)
       AND (%(args_contains)s::jsonb IS NULL OR t.args @> %(args_contains)s::jsonb)
       AND (%(kwargs_contains)s::jsonb IS NULL OR t.kwargs @> %(kwargs_contains)s::jsonb)
-ORDER BY t.id
-LIMIT %(batch)s;
+    ORDER BY t.id
+    LIMIT %(batch)s)
+    UNION ALL
+    (SELECT t.id, true FROM tasks_finished AS t, op, window_end AS w
+    WHERE t.id > op.cursor AND t.id <= w.hi
+      AND t.status = ANY(%(statuses)s::text[])
+      AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
+      AND (%(task_path)s::text IS NULL OR t.task_path = %(task_path)s::text)
+      AND (%(dedup_key)s::text IS NULL OR t.dedup_key = %(dedup_key)s::text)
+      AND (%(workflow_id)s::bigint IS NULL OR t.workflow_id = %(workflow_id)s::bigint)
+      AND (%(enqueued_after)s::timestamptz IS NULL OR t.enqueued_at >= %(enqueued_after)s::timestamptz)
+      AND (%(enqueued_before)s::timestamptz IS NULL OR t.enqueued_at < %(enqueued_before)s::timestamptz)
+      AND (%(finished_after)s::timestamptz IS NULL OR t.finished_at >= %(finished_after)s::timestamptz)
+      AND (%(finished_before)s::timestamptz IS NULL OR t.finished_at < %(finished_before)s::timestamptz)
+      AND (%(args_contains)s::jsonb IS NULL OR t.args @> %(args_contains)s::jsonb)
+      AND (%(kwargs_contains)s::jsonb IS NULL OR t.kwargs @> %(kwargs_contains)s::jsonb)
+    ORDER BY t.id
+    LIMIT %(batch)s)
+    ) AS both_tables
+    ORDER BY id
+    LIMIT %(batch)s
+)
+SELECT p.id, w.hi, p.moved FROM picked AS p, window_end AS w
+ORDER BY p.id;
+
+-- name: RETRY_RESTORED_SQL
+-- The requeue of the rows a retry's batch brought back from tasks_finished (RERUN_SET, as a retry of a
+-- row of tasks_task writes), in the batch's transaction: a dedup key another unfinished task holds
+-- fails it, and the batch is redone a row at a time.
+UPDATE tasks_task AS t SET
+    status = 'READY',
+    run_after = clock_timestamp(),
+    attempts = 0,
+    failures = 0,
+    crashes = 0,
+    shared_crashes = 0,
+    unstarted_returns = 0,
+    attempt_started = false,
+    finished_at = NULL,
+    snoozed_at = NULL,
+    trace_context = trace_context || '{"leasing-rerun": "1"}'::jsonb,
+    fair_key = CASE WHEN fair_key IS NULL AND queue = ANY(%(fair_queues)s::text[]) THEN '' ELSE fair_key END
+WHERE t.id = ANY(%(ids)s::bigint[])
+RETURNING t.id;
 
 -- name: BULK_ADVANCE_SQL
 -- Progress of a batch done one row at a time (the fallback above), in the same transaction.

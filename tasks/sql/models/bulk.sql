@@ -4,15 +4,17 @@
 
 -- name: REQUEST_SQL
 -- The operation's id range is fixed when it is requested: from before the oldest task to the newest
--- one (two probes of the primary key). Tasks enqueued afterwards are not its business, and a retried
+-- one, in tasks_task and in tasks_finished (the mover's rows, which a retry brings back: probes of the
+-- primary keys, one per day kept there). Tasks enqueued afterwards are not its business, and a retried
 -- task keeps its id, so no task is seen twice.
 INSERT INTO tasks_bulkoperation
     (kind, filter, status, first_id, cursor, last_id, matched, changed, skipped, batches, requested_by,
      created_at, error)
 SELECT %(kind)s, %(filter)s::jsonb, 'PENDING', first.id, first.id,
-       COALESCE((SELECT max(id) FROM tasks_task), 0),
+       COALESCE(GREATEST((SELECT max(id) FROM tasks_task), (SELECT max(id) FROM tasks_finished)), 0),
        0, 0, 0, 0, %(requested_by)s, clock_timestamp(), ''
-FROM (SELECT COALESCE((SELECT min(id) FROM tasks_task), 1) - 1 AS id) AS first
+FROM (SELECT COALESCE(LEAST((SELECT min(id) FROM tasks_task), (SELECT min(id) FROM tasks_finished)), 1) - 1 AS id)
+     AS first
 RETURNING id;
 
 -- name: CANCEL_SQL
