@@ -161,8 +161,9 @@ class TaskAdmin(CheckedInputAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # enqueue through the API or Task.objects.enqueue
 
-    # A task the mover took to tasks_finished (issue 43) is listed among the others and opens as a
-    # page of its own, read-only: history no action or delete changes (retention drops its day).
+    # A task the mover took to tasks_finished (issue 43) is listed among the others (without an action
+    # checkbox: the actions read tasks_task) and opens as a page of its own, read-only; it may be
+    # deleted from there (the dashboard and the API run it again).
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
         found = super().get_object(request, object_id, from_field)
@@ -191,8 +192,6 @@ class TaskAdmin(CheckedInputAdmin):
     # either, and a refused request leaves no row and no "deleted" log entry behind (invariant 12).
 
     def has_delete_permission(self, request: HttpRequest, obj: Task | None = None) -> bool:
-        if obj is not None and obj.archived:
-            return False
         if obj is not None and obj.status in UNFINISHED:
             setattr(request, _UNFINISHED_DELETE, obj)  # delete_view says why instead of a bare 403
             return False
@@ -213,6 +212,9 @@ class TaskAdmin(CheckedInputAdmin):
         return HttpResponseRedirect(f"{url}?{request.GET.urlencode()}" if request.GET else url)
 
     def delete_model(self, request: HttpRequest, obj: Task) -> None:
+        if obj.archived:  # kept in tasks_finished: deleted from its day there
+            Task.objects.using(obj._state.db).delete_archived([obj.pk])
+            return
         Task.objects.filter(pk=obj.pk).delete_finished()
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:

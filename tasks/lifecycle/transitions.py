@@ -266,9 +266,11 @@ TRANSITIONS: tuple[Transition, ...] = (
         (
             "tasks.models.task_actions.ActionOperations.delete_finished",
             "tasks.lifecycle.operations.DELETE_FINISHED_SQL",
+            "tasks.models.finished.DELETE_ARCHIVED_SQL",
         ),
-        "an operator deletes finished tasks (the admin's delete and its bulk action); one that is not finished "
-        "refuses the whole delete, which changes nothing: cancel it first",
+        "an operator deletes finished tasks (the admin's delete and its bulk action; a task the mover took to "
+        "tasks_finished from its page there); one that is not finished refuses the whole delete, which changes "
+        "nothing: cancel it first",
     ),
 )
 

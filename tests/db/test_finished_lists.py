@@ -322,7 +322,7 @@ def day_overreads(plan: dict[str, Any], limit: int) -> list[str]:
     return problems
 
 
-def test_the_admin_lists_moved_tasks_counts_them_and_opens_them_read_only(staff: Client) -> None:
+def test_the_admin_lists_moved_tasks_counts_them_opens_them_read_only_and_deletes_one(staff: Client) -> None:
     ids = a_history()
     page = staff.get("/admin/tasks/task/")
     assert page.status_code == 200
@@ -340,6 +340,8 @@ def test_the_admin_lists_moved_tasks_counts_them_and_opens_them_read_only(staff:
     assert change.status_code == 200
     assert change.context["original"].archived and not change.context["has_change_permission"]
     assert 'name="_save"' not in change.content.decode()
-    assert staff.get(f"/admin/tasks/task/{ids['ok-new']}/delete/").status_code == 403
-    assert staff.post(f"/admin/tasks/task/{ids['ok-new']}/delete/", {"post": "yes"}).status_code == 403
-    assert Task.objects.find(ids["ok-new"]) is not None
+    # deleted from its page (history that must go before its day: a customer's data), and only it
+    assert staff.get(f"/admin/tasks/task/{ids['ok-new']}/delete/").status_code == 200
+    assert staff.post(f"/admin/tasks/task/{ids['ok-new']}/delete/", {"post": "yes"}).status_code == 302
+    assert where(ids["ok-new"]) is None and where(ids["ok-old"]) == "tasks_finished"
+    assert staff.get(f"/admin/tasks/task/{ids['ok-new']}/change/").status_code == 302  # gone: "does not exist"

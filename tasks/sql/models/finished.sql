@@ -18,6 +18,12 @@ SELECT status FROM tasks_finished WHERE id = %s LIMIT 1;
 WITH back AS (DELETE FROM tasks_finished WHERE id = ANY(%(ids)s::bigint[]) RETURNING *)
 INSERT INTO tasks_task SELECT * FROM back RETURNING id;
 
+-- name: DELETE_ARCHIVED_SQL
+-- An operator's delete of tasks kept in tasks_finished (the admin's delete of a moved task: history
+-- that must go before its day does, say a customer's data). Its row is deleted from its day partition
+-- (a dead tuple there until autovacuum or the day's retirement); an id not there is left out.
+DELETE FROM tasks_finished WHERE id = ANY(%(ids)s::bigint[]) RETURNING id;
+
 -- name: MOVED_IDS_SQL
 -- Which of the ids a statement on tasks_task did not find were moved here (an error's message only:
 -- no common path pays for it).
