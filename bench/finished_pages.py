@@ -33,7 +33,7 @@ if __name__ == "__main__":  # run as a script: this folder would shadow the apps
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench.common import prepare_database
-from bench.pages import build, pages, time_pages
+from bench.pages import build, pages, print_ratios, time_pages
 
 #: Days of history (and partitions per status: one more, today's).
 DAYS = 7
@@ -145,18 +145,7 @@ def main() -> None:
             labels = [label for label, _ in urls]
             print(f"# {size:,} finished tasks retained, {args.hot:,} in tasks_task: median of {args.repeat} (ms)")
             results[size] = time_pages(client, urls, args.repeat)
-        base, *others = sizes
-        print()
-        header = " | ".join(f"{size:,} retained" for size in sizes)
-        print(f"| page | {header} | " + " | ".join(f"ratio {s:,} / {base:,}" for s in others) + " |")
-        print("| --- |" + " ---: |" * (len(sizes) + len(others)))
-        worst = 0.0
-        for label in labels:
-            cells = " | ".join(f"{results[size][label]:.1f}" for size in sizes)
-            ratios = [results[size][label] / results[base][label] for size in others]
-            worst = max([worst, *ratios])
-            print(f"| {label} | {cells} | " + " | ".join(f"{ratio:.2f}x" for ratio in ratios) + " |")
-        print(f"\nworst ratio: {worst:.2f}x (goal: at most 1.5x)")
+        print_ratios(results, sizes, labels, what="retained", goal=1.5)
     finally:
         if server is not None:
             from leasing.embedded import discard

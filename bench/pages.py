@@ -349,6 +349,24 @@ def time_pages(client: Any, urls: list[tuple[str, str]], repeat: int) -> dict[st
     return medians
 
 
+def print_ratios(
+    results: dict[int, dict[str, float]], sizes: list[int], labels: list[str], *, what: str, goal: float
+) -> None:
+    """The medians as a Markdown table, each size's ratio to the first, and the worst ratio."""
+    base, *others = sizes
+    print()
+    header = " | ".join(f"{size:,} {what}" for size in sizes)
+    print(f"| page | {header} | " + " | ".join(f"ratio {s:,} / {base:,}" for s in others) + " |")
+    print("| --- |" + " ---: |" * (len(sizes) + len(others)))
+    worst = 0.0
+    for label in labels:
+        cells = " | ".join(f"{results[size][label]:.1f}" for size in sizes)
+        ratios = [results[size][label] / results[base][label] for size in others]
+        worst = max([worst, *ratios])
+        print(f"| {label} | {cells} | " + " | ".join(f"{ratio:.2f}x" for ratio in ratios) + " |")
+    print(f"\nworst ratio: {worst:.2f}x (goal: at most {goal:g}x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,1000000", help="comma-separated task counts (first is the base)")
@@ -388,18 +406,7 @@ def main() -> None:
                 results[size]["bulk retry: one batch"] = bulk_batches(args.repeat)
                 print(f"  {'bulk retry: one batch':<44} {results[size]['bulk retry: one batch']:>9.1f} ms", flush=True)
                 labels = [*labels, "bulk retry: one batch"]
-        base, *others = sizes
-        print()
-        header = " | ".join(f"{size:,} tasks" for size in sizes)
-        print(f"| page | {header} | " + " | ".join(f"ratio {s:,} / {base:,}" for s in others) + " |")
-        print("| --- |" + " ---: |" * (len(sizes) + len(others)))
-        worst = 0.0
-        for label in labels:
-            cells = " | ".join(f"{results[size][label]:.1f}" for size in sizes)
-            ratios = [results[size][label] / results[base][label] for size in others]
-            worst = max([worst, *ratios])
-            print(f"| {label} | {cells} | " + " | ".join(f"{ratio:.2f}x" for ratio in ratios) + " |")
-        print(f"\nworst ratio: {worst:.2f}x (goal: at most 3x)")
+        print_ratios(results, sizes, labels, what="tasks", goal=3.0)
     finally:
         if server is not None:
             from leasing.embedded import discard

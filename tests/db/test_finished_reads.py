@@ -7,7 +7,6 @@ mover does: one statement, DELETE ... RETURNING into INSERT."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,33 +15,13 @@ from django.db import connection, transaction
 
 from tasks.compat import TaskResultDoesNotExist, TaskResultStatus
 from tasks.exceptions import ArchivedTask
-from tasks.maintenance.partitions import create_ahead
 from tasks.models import Task
-from tests.db.test_finished_partitions import drop_partitions
+from tests.db.test_finished_lists import days, move  # noqa: F401 (days: the autouse fixture, its partitions)
 from tests.helpers import wait_until
 from tests.helpers.api import Api
 from tests.testapp import handlers
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the wait reads on a connection of its own
-
-MOVE_SQL = """
-WITH moved AS (DELETE FROM tasks_task WHERE id = %s AND status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED') RETURNING *)
-INSERT INTO tasks_finished SELECT * FROM moved RETURNING id
-"""
-
-
-@pytest.fixture(autouse=True)
-def days() -> Iterator[None]:
-    drop_partitions()
-    create_ahead(1)
-    yield
-    drop_partitions()
-
-
-def move(task_id: int) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(MOVE_SQL, [task_id])
-        assert cursor.fetchall() == [(task_id,)]
 
 
 def finished(value: int = 5) -> Task:
