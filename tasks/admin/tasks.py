@@ -6,6 +6,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected as django_delete_selected
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import SEARCH_VAR, ChangeList
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -16,7 +17,6 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
 
 from leasing.admin import CheckedInputAdmin
 from leasing.routing import selected_database
@@ -31,6 +31,7 @@ from tasks.lifecycle.routing import queue_database
 from tasks.lifecycle.states import UNFINISHED
 from tasks.lifecycle.workflows import WorkflowStatus
 from tasks.models import BulkOperation, GeneratorState, QueueControl, Task, Worker
+from tasks.models.finished import archived_ids
 from tasks.web import queries
 from tasks.web.attempts import history
 from tasks.web.queries import ValueAmong
@@ -161,9 +162,9 @@ class TaskAdmin(CheckedInputAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # enqueue through the API or Task.objects.enqueue
 
-    # A task the mover took to tasks_finished (issue 43) is listed among the others (without an action
-    # checkbox: the actions read tasks_task) and opens as a page of its own, read-only; it may be
-    # deleted from there (the dashboard and the API run it again).
+    # A task the mover took to tasks_finished (issue 43) is listed among the others and opens as a page
+    # of its own, read-only; it may be deleted from there. Selected, it is requeued (brought back
+    # first); a delete of a selection holding one is refused, naming it.
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
         found = super().get_object(request, object_id, from_field)
@@ -180,9 +181,14 @@ class TaskAdmin(CheckedInputAdmin):
             return False  # shown with the view permission, every field read-only, no action
         return super().has_change_permission(request, obj)
 
-    @admin.display(description="")
-    def action_checkbox(self, obj: Task) -> SafeString:
-        return SafeString("") if obj.archived else super().action_checkbox(obj)  # history: nothing to select it for
+    def _archived_selected(self, request: HttpRequest, queryset: QuerySet[Task]) -> list[int]:
+        """The selected ids kept in tasks_finished (the action's queryset reads tasks_task only)."""
+        try:
+            ids = [parse_whole(v, "id", low=1, high=MAX_BIGINT) for v in request.POST.getlist(ACTION_CHECKBOX_NAME)]
+        except InvalidInput:
+            return []
+        present = set(Task.objects.using(queryset.db).filter(pk__in=ids).values_list("pk", flat=True))
+        return [pk for pk, _status in archived_ids([i for i in ids if i not in present][:1000], queryset.db)]
 
     # Only a finished task is deleted (the "delete" transition, tasks/lifecycle/transitions.py). A
     # running attempt deleted would leave its worker renewing nothing and its key slot unaccounted; a
@@ -229,6 +235,15 @@ class TaskAdmin(CheckedInputAdmin):
         unfinished = list(queryset.filter(status__in=UNFINISHED).order_by("pk").values_list("pk", "status")[:11])
         if unfinished:
             self.message_user(request, f"Nothing deleted: {TaskNotFinished(unfinished)}.", messages.ERROR)
+            return None
+        history = self._archived_selected(request, queryset)
+        if history:  # its confirmation page would not list them: refused whole, as an unfinished one
+            named = ", ".join(str(pk) for pk in history[:10])
+            self.message_user(
+                request,
+                f"Nothing deleted: task(s) {named} are kept in the finished history; delete each from its page.",
+                messages.ERROR,
+            )
             return None
         try:
             # The "deleted" log entries (the default database) and the delete go together.
@@ -365,7 +380,13 @@ class TaskAdmin(CheckedInputAdmin):
     @admin.action(permissions=["change"], description="Requeue finished tasks (fresh attempts)")
     def requeue(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
         try:
-            count = Task.objects.filter(pk__in=queryset.values("pk")).requeue()
+            with transaction.atomic(using=queryset.db):
+                # Those the mover took to tasks_finished come back first, in the requeue's transaction.
+                history = Task.objects.using(queryset.db).restore(self._archived_selected(request, queryset))
+                chosen = (
+                    Q(pk__in=queryset.values("pk")) | Q(pk__in=history) if history else Q(pk__in=queryset.values("pk"))
+                )
+                count = Task.objects.filter(chosen).requeue()
         except TaskError as exc:
             self.message_user(request, str(exc), messages.ERROR)
             return

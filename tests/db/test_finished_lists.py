@@ -2,9 +2,9 @@
 is still on the dashboard's every-task page and its state page (Succeeded, Failed, Cancelled), in the
 JSON API's listing and in the state counts, newest first among the tasks still in tasks_task, paged
 across both, found by the filters and the search (its id, dedup key, worker, task path), marked as
-history (``archived`` in the JSON, the admin's read-only page); run again from the dashboard or the
-API it comes back to tasks_task first, in the requeue's transaction (refused: it stays); any other
-action on it is refused and names it. Each page reads
+history (``archived`` in the JSON, the admin's read-only page, where it may be deleted); run again
+from the dashboard, the API or the admin's requeue it comes back to tasks_task first, in the
+requeue's transaction (refused: it stays); any other action on it is refused and names it. Each page reads
 about a page of tasks_finished's index entries per day kept, whatever the days hold (migration 0036's
 indexes; no sequential scan of a day)."""
 
@@ -185,6 +185,26 @@ def where(task_id: int) -> str | None:
     return found[0] if found else None
 
 
+def test_the_admin_requeues_a_selection_with_moved_tasks_and_refuses_to_delete_one(staff: Client) -> None:
+    """Its actions' queryset reads tasks_task: the requeue brings the selected moved tasks back first
+    (its transaction); a delete of a selection holding one is refused whole (its confirmation page
+    would not list it), naming it."""
+    ids = a_history()
+    refused = staff.post(
+        "/admin/tasks/task/",
+        {"action": "delete_selected", "_selected_action": [ids["ok-hot"], ids["failed"]]},
+        follow=True,
+    )
+    assert f"task(s) {ids['failed']} are kept in the finished history" in refused.content.decode()
+    assert where(ids["ok-hot"]) == "tasks_task" and where(ids["failed"]) == "tasks_finished"
+    done = staff.post(
+        "/admin/tasks/task/", {"action": "requeue", "_selected_action": [ids["failed-hot"], ids["failed"]]}, follow=True
+    )
+    assert "Requeued 2 finished task(s)." in done.content.decode()
+    for task_id in (ids["failed-hot"], ids["failed"]):
+        assert where(task_id) == "tasks_task" and Task.objects.get(pk=task_id).status == "READY"
+
+
 def test_a_moved_task_runs_again_from_the_dashboard_and_the_api_and_comes_back(staff: Client, api_on: Api) -> None:
     """Retry (a failed task), run again (a successful one): the row comes back to tasks_task as it was,
     then the requeue, in one transaction; its id, path and arguments kept, a fresh set of attempts."""
@@ -330,7 +350,7 @@ def test_the_admin_lists_moved_tasks_counts_them_opens_them_read_only_and_delete
     assert page.context["cl"].result_count == len(ids)
     body = page.content.decode()
     assert f'name="_selected_action" value="{ids["ok-hot"]}"' in body
-    assert f'name="_selected_action" value="{ids["ok-new"]}"' not in body  # history: nothing to select
+    assert f'name="_selected_action" value="{ids["ok-new"]}"' in body
     status_only = staff.get("/admin/tasks/task/", {"status__exact": "SUCCESSFUL", "queue__exact": "mail"})
     assert [t.pk for t in status_only.context["cl"].result_list] == [ids["ok-new"], ids["ok-old"]]
     for term in (str(ids["failed"]), "order-1", ECHO):
