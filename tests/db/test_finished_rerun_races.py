@@ -27,6 +27,7 @@ from django.test import Client
 from tasks.maintenance.archive import ARCHIVE_SQL
 from tasks.maintenance.partitions import create_ahead, create_day
 from tasks.models import Task
+from tasks.testing.inline import run_until_empty
 from tasks.web.queries import Listing
 from tests.db.test_finished_lists import ended, move, where
 from tests.db.test_finished_partitions import drop_partitions
@@ -141,3 +142,74 @@ def test_a_rerun_from_the_api_while_the_mover_takes_the_task_reruns_it(api_on: A
     assert status == 200, reply
     assert reply["task"]["status"] == "READY" and reply["task"]["archived"] is False
     assert where(task_id) == "tasks_task"
+
+
+def slots_taken(key: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT (SELECT count(*) FROM tasks_task WHERE concurrency_key = %s AND status IN ('READY', 'RUNNING'))"
+            " + (SELECT count(*) FROM tasks_concurrencyhold WHERE key = %s)",
+            [key, key],
+        )
+        return int(cursor.fetchone()[0])
+
+
+def ran(drained: Any) -> list[int]:
+    return sorted(drained.task_ids)  # an id twice: it ran twice
+
+
+def test_a_rerun_of_a_moved_keyed_task_waits_for_its_key_and_runs_once(api_on: Api) -> None:
+    """The restore is an insert into tasks_task (the key's insert trigger fires on a finished row: no
+    slot), the requeue makes it wait for the key: BLOCKED while another task holds the one slot,
+    admitted when it finishes; the key's slots stay exact."""
+    done = Task.objects.enqueue(NOOP, concurrency_key="k", concurrency_limit=1).id
+    assert ran(run_until_empty()) == [done]
+    move(done)
+    busy = Task.objects.enqueue(NOOP, concurrency_key="k", concurrency_limit=1).id
+    assert Task.objects.get(pk=busy).status == "READY" and slots_taken("k") == 1
+    status, reply = api_on.call("POST", f"/api/tasks/{done}/requeue")
+    assert status == 200 and reply["task"]["status"] == "BLOCKED", reply
+    assert slots_taken("k") == 1
+    assert ran(run_until_empty()) == sorted([done, busy])
+    assert slots_taken("k") == 0
+    assert [Task.objects.get(pk=i).status for i in (done, busy)] == ["SUCCESSFUL", "SUCCESSFUL"]
+
+
+@pytest.mark.usefixtures("fair_queues")
+def test_a_rerun_of_a_moved_fair_queue_task_runs_once(staff: Client) -> None:
+    keyed = Task.objects.enqueue(NOOP, queue="fair", fair_key="tenant-1").id
+    assert ran(run_until_empty(["fair"])) == [keyed]
+    move(keyed)
+    response = staff.post("/dashboard/tasks/action/", {"action": "run_again", "ids": [keyed]})
+    assert response.status_code == 302, response.content.decode()[-600:]
+    assert Task.objects.get(pk=keyed).fair_key == "tenant-1"
+    assert ran(run_until_empty(["fair"])) == [keyed]
+
+
+def test_a_rerun_of_a_moved_debounced_task_runs_once_beside_a_new_debounce(api_on: Api) -> None:
+    """A debounced task moved and run again comes back as a rerun in place does: started once
+    (transitions), it no longer takes in the key's later enqueues, which make a task of their own;
+    each runs once."""
+    first = Task.objects.enqueue(NOOP, debounce=60, dedup_key="d-1").id
+    Task.objects.filter(pk=first).retry_now()
+    assert ran(run_until_empty()) == [first]
+    move(first)
+    status, reply = api_on.call("POST", f"/api/tasks/{first}/requeue")
+    assert status == 200, reply
+    second = Task.objects.enqueue(NOOP, debounce=60, dedup_key="d-1")
+    assert second.created and second.id != first
+    Task.objects.filter(pk=second.id).retry_now()
+    assert ran(run_until_empty()) == sorted([first, second.id])
+
+
+def test_a_wait_on_a_rerun_moved_task_ends_when_it_finishes_again(api_on: Api) -> None:
+    task_id = Task.objects.enqueue(NOOP).id
+    assert ran(run_until_empty()) == [task_id]
+    move(task_id)
+    status, _ = api_on.call("POST", f"/api/tasks/{task_id}/requeue")
+    assert status == 200
+    waiter = OnItsOwnConnection(lambda: Task.objects.wait(task_id, timeout=30).status)
+    waiter.start()
+    wait_until(lambda: Task.objects.get(pk=task_id).finish_waited, 20, what="the wait to mark the task")
+    assert ran(run_until_empty()) == [task_id]
+    assert waiter.outcome() == "SUCCESSFUL"
