@@ -213,3 +213,14 @@ def test_a_wait_on_a_rerun_moved_task_ends_when_it_finishes_again(api_on: Api) -
     wait_until(lambda: Task.objects.get(pk=task_id).finish_waited, 20, what="the wait to mark the task")
     assert ran(run_until_empty()) == [task_id]
     assert waiter.outcome() == "SUCCESSFUL"
+
+
+def test_a_lookup_by_id_finds_a_task_rerun_between_its_two_probes(api_on: Api) -> None:
+    """``Task.objects.find`` (the task page, the API's task, a django.tasks result) probes tasks_task,
+    then tasks_finished: a rerun committed between the two is found in tasks_task, not "no such task"."""
+    task_id = ended("FAILED")
+    move(task_id)
+    found = rerun_while_the_finished_table_is_locked(task_id, lambda: Task.objects.find(task_id))
+    assert found is not None and (found.pk, found.status, found.archived) == (task_id, "READY", False)
+    status, reply = api_on.call("GET", f"/api/tasks/{task_id}")
+    assert status == 200 and reply["task"]["archived"] is False
