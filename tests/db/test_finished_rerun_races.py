@@ -15,7 +15,6 @@ one transaction) brings a row back from tasks_finished to tasks_task. So:
 from __future__ import annotations
 
 import datetime as dt
-import threading
 from collections.abc import Iterator
 from typing import Any
 
