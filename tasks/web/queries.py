@@ -369,7 +369,9 @@ class Listing:
         plain = [branch.values_list("id")[: limit + 1] for branch in branches] if self.residual is None else []
         windowed: list[tuple[QuerySet[Any], bool]] = []
         if self.residual is not None:
-            windowed = [(branch.annotate(hit=_flag(self.residual)).values_list("id", "hit"), True) for branch in branches]
+            windowed = [
+                (branch.annotate(hit=_flag(self.residual)).values_list("id", "hit"), True) for branch in branches
+            ]
         windowed += moved
         hits = self._ids([(part, None) for part in plain] + [(rows[:window], limit + 1) for rows, _ in windowed])
         self._window_floors(windowed, hits[len(plain) :], limit, window, floors)
