@@ -5,7 +5,9 @@ that looks a task up by its id (a ``django.tasks`` result, ``Task.objects.wait``
 JSON API's task) finds it here: :meth:`FinishedOperations.find` probes the hot table, then this one.
 No gap between the two: under READ COMMITTED each statement takes a new snapshot, so a move that
 commits after the first probe is seen by the second, and one that committed before it is seen by
-the second too; a task is final before it can be moved, so nothing about it changes meanwhile.
+the second too; a task is final before it can be moved, so nothing about it changes meanwhile. The
+other way, a rerun (:meth:`FinishedOperations.restore` and its requeue, one transaction) committed
+between the two probes is found by a third, of ``tasks_task`` again, which only a miss pays.
 
 A row read from here is a :class:`~tasks.models.Task` with ``archived`` set: read-only (``save()``
 refuses it; ``delete()`` finds no row to delete in ``tasks_task``), as the row is history.
@@ -109,4 +111,6 @@ class FinishedOperations(OperationsBase):
         for found in self.model._base_manager.db_manager(self.db).raw(FIND_FINISHED_SQL, [task_id]):
             found.archived = True
             return found
-        return None
+        # In neither: a rerun brought it back to tasks_task between the two probes (its restore and
+        # requeue commit together), or there is no such task. Only a miss pays this probe.
+        return self.model._base_manager.db_manager(self.db).filter(pk=task_id).first()

@@ -255,6 +255,11 @@ def task_action(request: HttpRequest) -> HttpResponse:
             changed = selected.cancel()
         else:
             changed = selected.requeue()
+            if changed != len(set(ids)) and (restored := Task.objects.using(selected.db).restore(ids)):
+                # The mover held a row when the restore looked (its move not committed: nothing to
+                # bring back yet); the requeue waited for it and found it gone. It is in
+                # tasks_finished now: back, then requeued as the others.
+                changed += Task.objects.filter(pk__in=restored, status__in=action.statuses).requeue()
     except TaskError as exc:
         return _refused(request, f"{exc} Nothing changed.", back)
     if changed != len(set(ids)):

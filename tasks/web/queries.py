@@ -362,18 +362,19 @@ class Listing:
         if not branches and not moved:
             return Page([], None)
         floors: list[int] = []  # per branch: the id down to which it has been read, when it was cut short
-        hits: list[list[int]] = []
-        if not branches:
-            pass
-        elif self.residual is None:
-            hits = self._ids([branch.values_list("id")[: limit + 1] for branch in branches])
-        else:
-            flagged = [branch.annotate(hit=_flag(self.residual)).values_list("id", "hit") for branch in branches]
-            hits = self._windowed(flagged, [True] * len(flagged), limit, window, floors)
-        if moved:
-            # After tasks_task's (a statement of its own, a snapshot of its own): a row moved between
-            # the two is then read by both (listed once), never by neither; the move is one way.
-            hits += self._windowed([b for b, _ in moved], [filters for _, filters in moved], limit, window, floors)
+        # The branches of both tables in one statement, one snapshot: a row the mover takes from
+        # tasks_task to tasks_finished, or a rerun brings back (Task.objects.restore), is read in the
+        # one table it is in at that instant. (Two statements read a row restored between them in
+        # neither: the move is not one way.)
+        plain = [branch.values_list("id")[: limit + 1] for branch in branches] if self.residual is None else []
+        windowed: list[tuple[QuerySet[Any], bool]] = []
+        if self.residual is not None:
+            windowed = [
+                (branch.annotate(hit=_flag(self.residual)).values_list("id", "hit"), True) for branch in branches
+            ]
+        windowed += moved
+        hits = self._ids([(part, None) for part in plain] + [(rows[:window], limit + 1) for rows, _ in windowed])
+        self._window_floors(windowed, hits[len(plain) :], limit, window, floors)
         floors += [min(ids) for ids in hits if len(ids) > limit]
         horizon = max(floors, default=None)
         ids = sorted({i for branch in hits for i in branch if horizon is None or i >= horizon}, reverse=True)
@@ -385,31 +386,39 @@ class Listing:
             next_before = scanned_to = horizon
         return Page(self.rows(ids), next_before, scanned_to)
 
-    def _windowed(
-        self, flagged: Sequence[QuerySet[Any]], filters: Sequence[bool], limit: int, window: int, floors: list[int]
-    ) -> list[list[int]]:
-        """The hits of each flagged branch within its window, up to a page and one; a branch cut short
-        by its window adds where it stopped to ``floors``."""
-        hits = self._ids([rows[:window] for rows in flagged], where='w."hit"', limit=limit + 1)
+    def _window_floors(
+        self,
+        windowed: Sequence[tuple[QuerySet[Any], bool]],
+        hits: Sequence[list[int]],
+        limit: int,
+        window: int,
+        floors: list[int],
+    ) -> None:
+        """A flagged branch (and whether its ``hit`` filters) cut short by its window adds where it
+        stopped to ``floors``."""
         # A filtering branch that found less than a page within its window: did the window end
         # before the branch did? One more row tells; the ids above that row have all been checked.
         # (A branch whose every row is a hit read all it has when it found less than a page.)
-        sparse = [i for i, ids in enumerate(hits) if len(ids) <= limit and filters[i]]
-        for read, lowest in self._extent([flagged[i][: window + 1] for i in sparse]):
+        sparse = [i for i, ids in enumerate(hits) if len(ids) <= limit and windowed[i][1]]
+        for read, lowest in self._extent([windowed[i][0][: window + 1] for i in sparse]):
             if read > window:
                 floors.append(lowest + 1)
-        return hits
 
     def rows(self, ids: Sequence[int]) -> list[Task]:
         """The tasks of ``ids`` still in a listed status: one claimed (or finished) between the read of
         the ids and this one is left out, so that a state's page never shows a row of another state
         beside buttons that do not fit it (the demo's walk in a browser saw a Running row on the
         Ready page with Run now above it). An id not in tasks_task is looked for in tasks_finished
-        after it (moved meanwhile, or read from there): ``archived``, no action fits it."""
+        after it (moved meanwhile, or read from there): ``archived``, no action fits it; one in
+        neither is read from tasks_task once more (a rerun brought it back between the two reads)."""
         found = {task.pk: task for task in self.base.filter(pk__in=ids)} if ids else {}
         missing = [i for i in ids if i not in found]
         if missing and self.finished and FINISHED_STATUSES.intersection(self.statuses):
             found.update((task.pk, task) for task in archived(in_finished(self.base.filter(pk__in=missing))))
+            # In neither: a rerun brought it back to tasks_task between the two reads (restore and
+            # requeue commit together); it is there now. Only in that race does this read run.
+            if lost := [i for i in missing if i not in found]:
+                found.update((task.pk, task) for task in self.base.filter(pk__in=lost))
         return [found[i] for i in ids if i in found and found[i].status in self.statuses]
 
     def count(self, cap: int | None = None) -> Count:
@@ -473,16 +482,19 @@ class Listing:
         # branches of ids; excluding the other lookups in each branch would spoil its index-only scan).
         return (" UNION " if len(self.lookups) > 1 else " UNION ALL ").join(sqls), params
 
-    def _ids(self, parts: Sequence[QuerySet[Any]], *, where: str = "true", limit: int | None = None) -> list[list[int]]:
-        """The ids each part returns (that satisfy ``where``, up to ``limit``), in one statement."""
+    def _ids(self, parts: Sequence[tuple[QuerySet[Any], int | None]]) -> list[list[int]]:
+        """The ids each part returns, in one statement: a part given a limit is a flagged window, its
+        hits (``hit``) up to that many, newest first; one without, every id it returns."""
         sqls: list[str] = []
         params: list[Any] = []
-        for index, part in enumerate(parts):
+        for index, (part, limit) in enumerate(parts):
             sql, part_params = _compiled(part)
-            tail = f" ORDER BY w.id DESC LIMIT {int(limit)}" if limit is not None else ""
+            where, tail = ('w."hit"', f" ORDER BY w.id DESC LIMIT {int(limit)}") if limit is not None else ("true", "")
             sqls.append(f"(SELECT {index}, w.id FROM ({sql}) AS w WHERE {where}{tail})")
             params.extend(part_params)
         result: list[list[int]] = [[] for _ in parts]
+        if not parts:
+            return result
         with connections[self.base.db].cursor() as cursor:
             cursor.execute(" UNION ALL ".join(sqls), params)
             for index, pk in cursor.fetchall():

@@ -436,6 +436,10 @@ def requeue(request: HttpRequest, task_id: int) -> tuple[int, Any]:
             if task.archived:  # back from tasks_finished first, in the requeue's transaction
                 Task.objects.restore([task_id])
             changed = Task.objects.filter(pk=task_id).requeue() or Task.objects.filter(pk=task_id).retry_now()
+            if not changed and Task.objects.restore([task_id]):
+                # Read in tasks_task, then taken by the mover before the requeue (which waited for the
+                # move and found the row gone): back from tasks_finished, and requeued.
+                changed = Task.objects.filter(pk=task_id).requeue()
     except TaskError as exc:
         raise ApiError(409, str(exc)) from None
     if not changed:
