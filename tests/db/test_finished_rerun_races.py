@@ -143,6 +143,18 @@ def test_a_rerun_from_the_api_while_the_mover_takes_the_task_reruns_it(api_on: A
     assert where(task_id) == "tasks_task"
 
 
+def test_a_requeue_from_the_admin_while_the_mover_takes_the_task_reruns_it(staff: Client) -> None:
+    """The admin read the selected row in tasks_task (its move not committed), its requeue waited for
+    the batch and found it gone: restored from tasks_finished then and requeued, counted."""
+    task_id = ended("FAILED", at=dt.datetime.now(UTC) - dt.timedelta(hours=3))
+    response = rerun_beside_a_held_move(
+        task_id,
+        lambda: staff.post("/admin/tasks/task/", {"action": "requeue", "_selected_action": [task_id]}, follow=True),
+    )
+    assert "Requeued 1 finished task(s)." in response.content.decode()
+    assert where(task_id) == "tasks_task" and Task.objects.get(pk=task_id).status == "READY"
+
+
 def slots_taken(key: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
