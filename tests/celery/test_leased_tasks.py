@@ -121,5 +121,7 @@ def test_beat_task_runs_one_recovery_round() -> None:
         "repaired": 0,
         "bulk_changed": 0,
         "keyless_adopted": 0,
+        "archived": 0,  # the mover is off (ARCHIVE_AFTER unset)
+        "errors": [],  # every duty ran
     }
     assert Task.objects.get(pk=task_id).status == "READY"
