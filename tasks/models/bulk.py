@@ -17,17 +17,20 @@ from tasks.lifecycle import prepared
 from tasks.models import finished
 
 # The operation's id range is fixed when it is requested: from before the oldest task to the newest
-# one, in tasks_task and in tasks_finished (the mover's rows, which a retry brings back: probes of the
-# primary keys, one per day kept there). Tasks enqueued afterwards are not its business, and a retried
-# task keeps its id, so no task is seen twice.
+# one, in tasks_task and, for a retry (the only kind that reaches the mover's rows: it brings them
+# back), in tasks_finished (probes of its primary keys, one per day kept there; a cancel or a discard
+# applies to waiting tasks and skips them: a one-time filter). Tasks enqueued afterwards are not its
+# business, and a retried task keeps its id, so no task is seen twice.
 REQUEST_SQL = """
 INSERT INTO tasks_bulkoperation
     (kind, filter, status, first_id, cursor, last_id, matched, changed, skipped, batches, requested_by,
      created_at, error)
 SELECT %(kind)s, %(filter)s::jsonb, 'PENDING', first.id, first.id,
-       COALESCE(GREATEST((SELECT max(id) FROM tasks_task), (SELECT max(id) FROM tasks_finished)), 0),
+       COALESCE(GREATEST((SELECT max(id) FROM tasks_task),
+                         (SELECT max(id) FROM tasks_finished WHERE %(kind)s = 'retry')), 0),
        0, 0, 0, 0, %(requested_by)s, clock_timestamp(), ''
-FROM (SELECT COALESCE(LEAST((SELECT min(id) FROM tasks_task), (SELECT min(id) FROM tasks_finished)), 1) - 1 AS id)
+FROM (SELECT COALESCE(LEAST((SELECT min(id) FROM tasks_task),
+                            (SELECT min(id) FROM tasks_finished WHERE %(kind)s = 'retry')), 1) - 1 AS id)
      AS first
 RETURNING id
 """

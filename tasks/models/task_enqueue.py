@@ -23,7 +23,7 @@ from tasks.lifecycle.states import FINISHED, UNFINISHED, TaskStatus
 from tasks.lifecycle.storable import storable_json
 from tasks.lifecycle.values import Enqueued, fair_key_for, validate_concurrency, validate_enqueue, validate_key
 from tasks.lifecycle.workflows import ON_PARENT_FAILURE, WorkflowError, WorkflowKind
-from tasks.models.finished import MOVED_IDS_SQL
+from tasks.models.finished import archived_ids
 from tasks.models.task_send import OperationsBase, Tasks, fetch, routed_to
 
 
@@ -341,7 +341,7 @@ def _enqueue_dependant(
         rows = cursor.fetchall()
         missing = sorted(set(parents) - {row[0] for row in rows})
         if missing:
-            raise WorkflowError(_missing_parents(cursor, tasks.db, missing))
+            raise WorkflowError(_missing_parents(tasks.db, missing))
         flows = sorted({row[2] for row in rows if row[2] is not None})
         if len(flows) > 1:
             raise WorkflowError(f"the tasks it depends on belong to different workflows: {flows}")
@@ -395,12 +395,11 @@ def _enqueue_dependant(
     return Enqueued(task_id, True, enqueued_at, tasks.db)
 
 
-def _missing_parents(cursor: Any, database: str, missing: list[int]) -> str:
+def _missing_parents(database: str, missing: list[int]) -> str:
     """Why ``depends_on`` named tasks LOCK_PARENTS_SQL did not find: never enqueued (or deleted), or
     finished and moved to tasks_finished by the mover (tasks/maintenance/archive.py), which only
     moves plain tasks and so cannot move one a dependant has made a parent. Read on this error only."""
-    cursor.execute(MOVED_IDS_SQL, {"ids": missing})
-    moved = {row[0]: row[1] for row in cursor.fetchall()}
+    moved = dict(archived_ids(missing, database))
     reasons = []
     if moved:
         done = ", ".join(f"{task_id} ({status})" for task_id, status in sorted(moved.items()))

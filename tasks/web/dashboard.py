@@ -245,10 +245,6 @@ def task_action(request: HttpRequest) -> HttpResponse:
         return bad_request_page(request, exc.message)
     selected = Task.objects.filter(pk__in=ids, status__in=action.statuses)
     try:
-        if action.name in ("retry", "run_again"):
-            # Those the mover took to tasks_finished come back first (this request's transaction:
-            # a refused rerun leaves them where they were).
-            Task.objects.using(selected.db).restore(ids)
         if action.name == "run_now":
             changed = selected.retry_now()
         elif action.name == "cancel":
@@ -256,9 +252,11 @@ def task_action(request: HttpRequest) -> HttpResponse:
         else:
             changed = selected.requeue()
             if changed != len(set(ids)) and (restored := Task.objects.using(selected.db).restore(ids)):
-                # The mover held a row when the restore looked (its move not committed: nothing to
-                # bring back yet); the requeue waited for it and found it gone. It is in
-                # tasks_finished now: back, then requeued as the others.
+                # Those the mover took to tasks_finished (the requeue found no row: a selection of
+                # tasks in tasks_task only pays nothing more) come back, then are requeued as the
+                # others, in this request's transaction: a refused rerun leaves them where they were.
+                # A row the mover held while the requeue looked waited for its move to commit: it
+                # is in tasks_finished now, restored here too.
                 changed += Task.objects.filter(pk__in=restored, status__in=action.statuses).requeue()
     except TaskError as exc:
         return _refused(request, f"{exc} Nothing changed.", back)

@@ -7,30 +7,19 @@ task racing a batch (two real connections) runs it once."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.db import connection, transaction
 
 from tasks.maintenance.bulk import BulkRunner
-from tasks.maintenance.partitions import create_ahead
 from tasks.models import BulkOperation, Task
-from tests.db.test_finished_lists import ended, move, where
-from tests.db.test_finished_partitions import drop_partitions
+from tests.db.test_finished_lists import days, ended, move, where  # noqa: F401 (days: the autouse fixture, its partitions)
 from tests.helpers import wait_until
 from tests.helpers.connections import OnItsOwnConnection, waits_for_a_lock
 from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)  # DDL of partitions, real second connections
-
-
-@pytest.fixture(autouse=True)
-def days() -> Iterator[None]:
-    drop_partitions()
-    create_ahead(1)
-    yield
-    drop_partitions()
 
 
 def failed_tasks() -> dict[str, list[int]]:

@@ -15,7 +15,6 @@ one transaction) brings a row back from tasks_finished to tasks_task. So:
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -24,12 +23,11 @@ from django.db import connection, transaction
 from django.test import Client
 
 from tasks.maintenance.archive import ARCHIVE_SQL
-from tasks.maintenance.partitions import create_ahead, create_day
+from tasks.maintenance.partitions import create_day
 from tasks.models import Task
 from tasks.testing.inline import run_until_empty
 from tasks.web.queries import Listing
-from tests.db.test_finished_lists import ended, move, where
-from tests.db.test_finished_partitions import drop_partitions
+from tests.db.test_finished_lists import days, ended, move, where  # noqa: F401 (days: the autouse fixture, its partitions)
 from tests.helpers import wait_until
 from tests.helpers.api import TOKEN, Api
 from tests.helpers.connections import OnItsOwnConnection, waits_for_a_lock
@@ -38,14 +36,6 @@ from tests.helpers.task_paths import NOOP
 pytestmark = pytest.mark.django_db(transaction=True)  # real second connections; DDL of partitions
 
 UTC = dt.timezone.utc
-
-
-@pytest.fixture(autouse=True)
-def days() -> Iterator[None]:
-    drop_partitions()
-    create_ahead(1)
-    yield
-    drop_partitions()
 
 
 @pytest.fixture
