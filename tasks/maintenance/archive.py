@@ -10,7 +10,8 @@ members stay with their workflow, which retention prunes as one unit, tasks/life
 that finished more than ``ARCHIVE_AFTER`` ago **and** whose hour the history rollup has counted, at
 least ``COUNTED_MARGIN`` ago (tasks/maintenance/history.py: an hour is counted from the rows in
 ``tasks_task`` once, five minutes after it ends; a row moved before would be missing from it; so
-finished tasks stay at least 70 minutes in ``tasks_task``, whatever ARCHIVE_AFTER says), and that
+a finished task stays in ``tasks_task`` until ten minutes after its hour ends, 10 to 70 minutes
+(``HISTORY_WAIT`` at most), whatever ARCHIVE_AFTER says), and that
 are not in a day already past their status's retention (retention retires days whole; the prune
 deletes those in place). The first day a pass reads is the oldest its status still keeps, from its
 start: rows of that day older than the cutoff move too and go with their day, up to a day later than
@@ -40,13 +41,18 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from leasing.bounds import without_jit
 from tasks.conf import get_settings
-from tasks.maintenance.history import COUNTED_MARGIN
+from tasks.maintenance.history import COUNTED_MARGIN, FINAL_AFTER
 from tasks.maintenance.partitions import STATUS_TABLES, PartitionError, create_day, day_start, partitions
 from tasks.maintenance.retention import parse_duration, retention_policy
 
 logger = logging.getLogger("tasks.archive")
 
 _BEGINNING = dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)
+#: The longest a finished task waits for its hour's count to stand before it may move: an hour is
+#: counted FINAL_AFTER after it ends, the count stands COUNTED_MARGIN later; a task finished as its
+#: hour began waits that long, one finished as it ended ten minutes. ``tasks_archive_behind_seconds``
+#: counts from the later of this and ARCHIVE_AFTER.
+HISTORY_WAIT = dt.timedelta(hours=1, seconds=FINAL_AFTER + COUNTED_MARGIN)
 #: Seconds between the mover's full passes (from the oldest day kept; the others resume).
 FULL_PASS_INTERVAL = 3600.0
 
@@ -75,9 +81,23 @@ ORDER BY finished_at, id
 LIMIT 1
 """
 
+# The mover's progress for one status (tasks_archiveprogress): every plain task of it that finished
+# before ``moved_until`` has moved (but rows another session held). Never backwards: a full pass, from
+# the oldest day kept, leaves the mark where the last pass put it until it passes it. A primary-key
+# upsert: in each batch's statement (its last row's finish time) and at a pass's end (its limit).
+_PROGRESS_UPSERT = """ON CONFLICT (status) DO UPDATE
+    SET moved_until = GREATEST(tasks_archiveprogress.moved_until, EXCLUDED.moved_until),
+        recorded_at = EXCLUDED.recorded_at, moved = tasks_archiveprogress.moved + EXCLUDED.moved"""
+PROGRESS_SQL = f"""
+INSERT INTO tasks_archiveprogress (status, moved_until, recorded_at, moved)
+VALUES (%(status)s, %(until)s, statement_timestamp(), 0)
+{_PROGRESS_UPSERT}
+"""
+
 # One batch: picked as retention picks (MATERIALIZED: the pick runs once, tasks/lifecycle/claim.py
-# says why), deleted, inserted; returns the keys moved. ``until`` ends the batch at its day's end.
-ARCHIVE_SQL = """
+# says why), deleted, inserted, its progress noted; returns the keys moved. ``until`` ends the batch
+# at its day's end.
+ARCHIVE_SQL = f"""
 WITH picked AS MATERIALIZED (
     SELECT id FROM tasks_task AS candidate
     WHERE status = %(status)s AND finished_at IS NOT NULL AND workflow_id IS NULL
@@ -88,9 +108,15 @@ WITH picked AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ), moved AS (
     DELETE FROM tasks_task AS t USING picked WHERE t.id = picked.id RETURNING t.*
+), kept AS (
+    INSERT INTO tasks_finished SELECT * FROM moved
+    RETURNING finished_at, id
+), progress AS (
+    INSERT INTO tasks_archiveprogress (status, moved_until, recorded_at, moved)
+    SELECT %(status)s, max(finished_at), statement_timestamp(), count(*) FROM kept HAVING count(*) > 0
+    {_PROGRESS_UPSERT}
 )
-INSERT INTO tasks_finished SELECT * FROM moved
-RETURNING finished_at, id
+SELECT finished_at, id FROM kept
 """
 
 
@@ -164,6 +190,7 @@ def move_batch(cursor: MoveCursor, *, limit: int, days: set[tuple[str, dt.date]]
         row = db.fetchone()
         if row is None:
             cursor.done = True
+            record_progress(cursor, using=using)
             return 0
         day = row[0].astimezone(dt.timezone.utc).date()
         if (cursor.status, day) not in days:
@@ -181,7 +208,16 @@ def move_batch(cursor: MoveCursor, *, limit: int, days: set[tuple[str, dt.date]]
         cursor.after = (day_end - dt.timedelta(microseconds=1), 2**63 - 1)
     else:
         cursor.done = True
+    if cursor.done:
+        record_progress(cursor, using=using)
     return len(rows)
+
+
+def record_progress(cursor: MoveCursor, *, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Note that ``cursor``'s pass is done (PROGRESS_SQL): every row of its status that finished before
+    the pass's limit has moved (each batch notes its own last row in ARCHIVE_SQL)."""
+    with connections[using].cursor() as db:
+        db.execute(PROGRESS_SQL, {"status": cursor.status, "until": cursor.until})
 
 
 @dataclass
@@ -195,7 +231,7 @@ class Archiver:
     the oldest day kept, runs first in a term and then every ``full_pass_interval`` seconds: it
     takes the rows a pass passed over because another session held them (SKIP LOCKED). A row that
     commits its finish with a finish time already behind a cursor (a transaction open for more than
-    the 70 minutes a row waits at least) waits for that full pass too."""
+    the 10 minutes a row waits at least) waits for that full pass too."""
 
     using: str = DEFAULT_DB_ALIAS
     interval: float = field(default_factory=lambda: get_settings().RETENTION_INTERVAL)

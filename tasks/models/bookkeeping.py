@@ -304,3 +304,25 @@ class Repair(models.Model):
 
     def __str__(self) -> str:
         return f"repair {self.kind}: {self.count} (last: task {self.last_task_id})"
+
+
+class ArchiveProgress(models.Model):
+    """How far the mover (tasks/maintenance/archive.py) has come, per final status: every plain task
+    of the status that finished before ``moved_until`` has left tasks_task, but for a row another
+    session held as the pass went by (the next full pass takes it, at most an hour later). Written by
+    the recovery leader after each batch that moved rows and at the end of each pass (never backwards:
+    a full pass from the oldest day kept leaves it where it was); read by ``/metrics``
+    (``tasks_archive_behind_seconds``) and ``manage.py tasks_partitions list``."""
+
+    status = models.CharField(max_length=12, primary_key=True)
+    moved_until = models.DateTimeField(help_text="Every plain task of the status finished before this has moved.")
+    recorded_at = models.DateTimeField(help_text="When the mover last wrote this row (the database clock).")
+    moved = models.BigIntegerField(default=0, help_text="Rows of the status moved (ever).")
+
+    objects = SelectedManager()
+
+    class Meta:
+        ordering = ["status"]
+
+    def __str__(self) -> str:
+        return f"{self.status}: moved until {self.moved_until:%Y-%m-%d %H:%M:%S}"

@@ -601,6 +601,8 @@ CREATE UNIQUE INDEX tasks_activityhour_key ON public.tasks_activityhour USING bt
 CREATE UNIQUE INDEX tasks_activityhour_pkey ON public.tasks_activityhour USING btree (id);
 CREATE UNIQUE INDEX tasks_activityhourmark_pkey ON public.tasks_activityhourmark USING btree (hour);
 CREATE UNIQUE INDEX tasks_activityminute_pkey ON public.tasks_activityminute USING btree (minute);
+CREATE UNIQUE INDEX tasks_archiveprogress_pkey ON public.tasks_archiveprogress USING btree (status);
+CREATE INDEX tasks_archiveprogress_status_7d1536fc_like ON public.tasks_archiveprogress USING btree (status varchar_pattern_ops);
 CREATE INDEX tasks_bulkop_finished_idx ON public.tasks_bulkoperation USING btree (finished_at, id) WHERE (finished_at IS NOT NULL);
 CREATE INDEX tasks_bulkop_open_idx ON public.tasks_bulkoperation USING btree (id) WHERE ((status)::text = ANY ((ARRAY['PENDING'::character varying, 'RUNNING'::character varying])::text[]));
 CREATE UNIQUE INDEX tasks_bulkoperation_pkey ON public.tasks_bulkoperation USING btree (id);

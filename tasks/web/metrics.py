@@ -13,7 +13,8 @@ from leasing.routing import selected_database
 from tasks.conf import get_settings
 from tasks.lifecycle import activity, concurrency, ratelimits
 from tasks.lifecycle.workflows import WorkflowStatus
-from tasks.maintenance.partitions import day_start, horizons, partitions
+from tasks.maintenance.archive import HISTORY_WAIT, archive_after
+from tasks.maintenance.partitions import STATUS_TABLES, day_start, horizons, partitions
 from tasks.maintenance.recovery import RECOVERY_LEASE
 from tasks.maintenance.repair import REPAIR_KINDS
 from tasks.maintenance.scheduler import SCHEDULER_LEASE
@@ -252,6 +253,7 @@ def task_metrics() -> Iterable[Metric]:
     yield from horizon_metrics()
     yield from table_health_metrics()
     yield from partition_metrics()
+    yield from archive_metrics()
 
     with connections[selected_database()].cursor() as cursor:
         cursor.execute(
@@ -451,3 +453,38 @@ def partition_metrics() -> Iterable[Metric]:
         age = 0.0 if horizon.oldest_day is None else (now - day_start(horizon.oldest_day)).total_seconds()
         oldest.add_metric([status], max(age, 0.0))
     yield from (count, size, ahead, oldest)
+
+
+# The mover's progress marks (tasks_archiveprogress: three rows) against the database clock.
+_ARCHIVE_PROGRESS_SQL = (
+    "SELECT status, extract(epoch FROM statement_timestamp() - moved_until)::float8 FROM tasks_archiveprogress"
+)
+
+
+def archive_metrics() -> Iterable[Metric]:
+    """How far the mover (tasks/maintenance/archive.py) trails the latest finish time it could have
+    reached, per final status, with ARCHIVE_AFTER set (nothing while it is unset): the age of its
+    progress mark less the longer of ARCHIVE_AFTER and HISTORY_WAIT (the most a task waits for its
+    hour's count), at least 0; +Inf before its first batch of the status. Steady, it stays within
+    a pass's interval (RETENTION_INTERVAL) of 0; it grows while the mover cannot keep up, is not
+    running, or the history rollup it waits for is late. Three primary-key rows, whatever the tables."""
+    behind = GaugeMetricFamily(
+        "tasks_archive_behind_seconds",
+        "Seconds the mover's progress (finished tasks moved out of tasks_task) trails the latest it could "
+        "have reached: max(ARCHIVE_AFTER, 70 min) ago; +Inf before its first batch. Absent while ARCHIVE_AFTER "
+        "is unset.",
+        labels=["status"],
+    )
+    try:
+        after = archive_after()
+    except ValueError:  # tasks.E123 says why; the mover moves nothing meanwhile
+        after = None
+    if after is not None:
+        with connections[selected_database()].cursor() as cursor:
+            cursor.execute(_ARCHIVE_PROGRESS_SQL)
+            ages = dict(cursor.fetchall())
+        wait = max(after, HISTORY_WAIT).total_seconds()
+        for status in STATUS_TABLES:
+            age = ages.get(status)
+            behind.add_metric([status], math.inf if age is None else max(age - wait, 0.0))
+    yield behind

@@ -11,10 +11,12 @@ import datetime as dt
 import json
 import threading
 from collections.abc import Iterator
+from io import StringIO
 from typing import Any
 
 import psycopg
 import pytest
+from django.core.management import call_command
 from django.db import connection
 
 from tasks.maintenance.archive import ARCHIVE_SQL, NEXT_SQL, Archiver
@@ -403,3 +405,60 @@ def test_an_hour_counted_long_enough_ago_stands_when_it_is_counted_again_after_i
     with connection.cursor() as cursor:  # a fresh count (not aged) is recounted as before
         cursor.execute("UPDATE tasks_activityhourmark SET counted_at = now() WHERE hour = %s", [hour])
     assert count_hour(hour) == 0 and not ActivityHour.objects.filter(hour=hour).exists()
+
+
+def behind() -> dict[str, float]:
+    from tasks.web.metrics import archive_metrics
+
+    return {sample.labels["status"]: sample.value for family in archive_metrics() for sample in family.samples}
+
+
+def test_the_mover_notes_how_far_it_came_and_the_metric_says_how_far_behind_it_is(client: Any, settings: Any) -> None:
+    """Its mark moves with each batch (the last row's finish time), reaches the pass's limit at the
+    pass's end and never goes back (a full pass from the oldest day leaves it); the metric is the
+    mark's age less max(ARCHIVE_AFTER, 70 min): +Inf before a status's first batch, the backlog's age
+    while it catches up, 0 once caught up; absent while ARCHIVE_AFTER is unset."""
+    from tasks.models import ArchiveProgress
+
+    assert behind() == dict.fromkeys(["SUCCESSFUL", "FAILED", "CANCELLED"], float("inf"))
+    t0 = now()
+    first = finished_at(t0 - dt.timedelta(hours=5))
+    finished_at(t0 - dt.timedelta(hours=4))
+    finished_at(t0 - dt.timedelta(hours=4), "FAILED")
+    roll_up_hours()
+    one_at_a_time = Archiver(interval=0.0, batch_size=1)
+    assert one_at_a_time.run_for(0.0) == 1  # one batch: SUCCESSFUL's oldest row
+    mark = ArchiveProgress.objects.get(status="SUCCESSFUL")
+    assert (mark.moved_until, mark.moved) == (Task.objects.find(first).finished_at, 1)
+    lag = behind()
+    wait = 70 * 60
+    assert 5 * 3600 - wait <= lag["SUCCESSFUL"] < 5 * 3600 - wait + 60  # the backlog's age
+    assert lag["FAILED"] == lag["CANCELLED"] == float("inf")  # not reached yet
+    assert one_at_a_time.run_for(60.0) == 2  # the rest of the pass
+    marks = {m.status: m for m in ArchiveProgress.objects.all()}
+    assert {s: m.moved for s, m in marks.items()} == {"SUCCESSFUL": 2, "FAILED": 1, "CANCELLED": 0}
+    # Each status's pass reached its limit: ten minutes ago (ARCHIVE_AFTER), or the current hour's
+    # start if later (its count does not stand yet); nothing further to move.
+    limit = max(t0 - dt.timedelta(minutes=10), t0.replace(minute=0, second=0, microsecond=0))
+    for status, mark in marks.items():
+        assert limit - dt.timedelta(minutes=61) < mark.moved_until <= now(), status
+    assert behind() == dict.fromkeys(["SUCCESSFUL", "FAILED", "CANCELLED"], 0.0)
+    # A full pass (a new term) from the oldest day kept: the marks stay where they are.
+    kept = {m.status: m.moved_until for m in ArchiveProgress.objects.all()}
+    finished_at(t0 - dt.timedelta(hours=6))  # behind the mark (a finish committed late, say)
+    full_pass = Archiver(interval=0.0, batch_size=1)
+    assert full_pass.run_for(0.0) == 1  # its first batch: that row
+    assert {m.status: m.moved_until for m in ArchiveProgress.objects.all()} == kept
+    assert full_pass.run_for(60.0) == 0
+    assert {m.status: m.moved_until >= kept[m.status] for m in ArchiveProgress.objects.all()} == dict.fromkeys(
+        kept, True
+    )
+    settings.LEASING_METRICS_PUBLIC = True
+    body = client.get("/metrics").content.decode()
+    assert 'tasks_archive_behind_seconds{database="default",status="FAILED"} 0.0' in body
+    out = StringIO()
+    call_command("tasks_partitions", "list", stdout=out)
+    assert "the mover: SUCCESSFUL moved up to " in out.getvalue() and "(3 rows, noted " in out.getvalue()
+    settings.LEASING_TASKS = {}
+    assert behind() == {}
+    assert "tasks_archive_behind_seconds{" not in client.get("/metrics").content.decode()

@@ -16,6 +16,7 @@ from tasks.maintenance.partitions import (
 from tasks.maintenance.retention import retention_policy
 from tasks.management.commands._common import database_alias
 from tasks.management.commands.prune_tasks import duration
+from tasks.models import ArchiveProgress
 
 
 def days(value: str) -> int:
@@ -91,3 +92,8 @@ class Command(BaseCommand):
             rows = "not analyzed" if partition.rows < 0 else f"~{partition.rows:,} rows"
             pending = " (detach pending)" if partition.detach_pending else ""
             self.stdout.write(f"{partition.name}: {partition.bounds}; {rows}, {partition.bytes:,} bytes{pending}")
+        for mark in ArchiveProgress.objects.using(database):
+            until, noted = (
+                f"{at.astimezone(dt.timezone.utc):%Y-%m-%d %H:%M:%S} UTC" for at in (mark.moved_until, mark.recorded_at)
+            )
+            self.stdout.write(f"the mover: {mark.status} moved up to {until} ({mark.moved:,} rows, noted {noted})")

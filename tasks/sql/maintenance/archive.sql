@@ -24,9 +24,17 @@ WHERE status = %(status)s AND finished_at IS NOT NULL AND workflow_id IS NULL
 ORDER BY finished_at, id
 LIMIT 1;
 
+-- name: PROGRESS_SQL
+INSERT INTO tasks_archiveprogress (status, moved_until, recorded_at, moved)
+VALUES (%(status)s, %(until)s, statement_timestamp(), 0)
+ON CONFLICT (status) DO UPDATE
+    SET moved_until = GREATEST(tasks_archiveprogress.moved_until, EXCLUDED.moved_until),
+        recorded_at = EXCLUDED.recorded_at, moved = tasks_archiveprogress.moved + EXCLUDED.moved;
+
 -- name: ARCHIVE_SQL
 -- One batch: picked as retention picks (MATERIALIZED: the pick runs once, tasks/lifecycle/claim.py
--- says why), deleted, inserted; returns the keys moved. ``until`` ends the batch at its day's end.
+-- says why), deleted, inserted, its progress noted; returns the keys moved. ``until`` ends the batch
+-- at its day's end.
 WITH picked AS MATERIALIZED (
     SELECT id FROM tasks_task AS candidate
     WHERE status = %(status)s AND finished_at IS NOT NULL AND workflow_id IS NULL
@@ -37,6 +45,14 @@ WITH picked AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ), moved AS (
     DELETE FROM tasks_task AS t USING picked WHERE t.id = picked.id RETURNING t.*
+), kept AS (
+    INSERT INTO tasks_finished SELECT * FROM moved
+    RETURNING finished_at, id
+), progress AS (
+    INSERT INTO tasks_archiveprogress (status, moved_until, recorded_at, moved)
+    SELECT %(status)s, max(finished_at), statement_timestamp(), count(*) FROM kept HAVING count(*) > 0
+    ON CONFLICT (status) DO UPDATE
+    SET moved_until = GREATEST(tasks_archiveprogress.moved_until, EXCLUDED.moved_until),
+        recorded_at = EXCLUDED.recorded_at, moved = tasks_archiveprogress.moved + EXCLUDED.moved
 )
-INSERT INTO tasks_finished SELECT * FROM moved
-RETURNING finished_at, id;
+SELECT finished_at, id FROM kept;
