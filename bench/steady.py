@@ -10,9 +10,10 @@ second). A fixed rate, not flat out: the hot table keeps every task until its ho
 (10 to 70 minutes), so flat out (~10,000 tasks/s on this 2-core machine) it would hold 40 M rows, more
 than its disk; 4,000/s is 3.5x the issue's 100 M tasks a day. A recovery leader runs as in production,
 in a process of its own (``manage.py recover_tasks``: recovery, the history rollup, retention, the
-partitions' upkeep, and the mover when ARCHIVE_AFTER is set). Before the phases, the hour so far is
-filled with finished tasks at the rate (as if the run had been going since the hour began), so the
-next hour's count moves a whole hour of them within the run. Three phases, one database:
+partitions' upkeep, and the mover when ARCHIVE_AFTER is set). Before the phases, the last hour and the
+hour so far are filled with finished tasks at the rate (as if the run had been going for that long):
+the last hour's count stands minutes into the run, so the phase with the mover meets a whole hour's
+move from its start, whatever the clock. Three phases, one database:
 
 1. ``without``: ``--baseline-minutes``, ARCHIVE_AFTER unset: every finished task stays in
    ``tasks_task``.
@@ -22,7 +23,8 @@ next hour's count moves a whole hour of them within the run. Three phases, one d
    in ``tasks_finished``: retention (7 days) retires it during the phase.
 3. ``without`` again, ``--baseline-minutes`` (the mover off again).
 
-Every 30 s it samples: tasks completed (enqueued less those waiting or running), those waiting, the
+Every 30 s it samples (cheap statements, whatever the backlog): tasks completed (the workers'
+counters), those waiting (up to 200,000), the
 dead and live tuples of ``tasks_task`` (``pg_stat_user_tables``), its size with its indexes,
 autovacuums of it so far, rows moved (``tasks_archiveprogress``) and ``tasks_archive_behind_seconds``.
 Every ``--probe-every`` seconds (the first at half that) a capacity probe: ``--probe`` tasks enqueued
@@ -77,9 +79,14 @@ CROSS JOIN LATERAL (
 ) AS f
 """
 
+# Cheap whatever the backlog: a first run counted the waiting tasks whole, every 0.2 s during a probe; once
+# a backlog of a million formed, the counts (in parallel workers) took the cores the drain needed, the
+# backlog grew, and the drain collapsed to 1,664 tasks/s. Completed: the workers' own counters (their
+# heartbeat writes them); waiting: counted up to WAITING_CAP.
+WAITING_CAP = 200_000
 SAMPLE_SQL = """
-SELECT (SELECT count(*) FROM tasks_task WHERE queue = %(q)s AND status IN ('READY', 'RUNNING')),
-       (SELECT count(*) FROM tasks_task WHERE queue = %(q)s AND status = 'READY'),
+SELECT (SELECT COALESCE(sum((stats->>'succeeded')::bigint), 0) FROM tasks_worker),
+       (SELECT count(*) FROM (SELECT 1 FROM tasks_task WHERE queue = %(q)s AND status = 'READY' LIMIT %(cap)s) AS w),
        s.n_dead_tup, s.n_live_tup, s.autovacuum_count,
        pg_total_relation_size('tasks_task'),
        (SELECT COALESCE(sum(moved), 0) FROM tasks_archiveprogress)
@@ -147,7 +154,8 @@ class Producer:
 
 
 def start_leader(archive_after: str | None, log_dir: Path) -> subprocess.Popen[str]:
-    env = os.environ.copy()
+    # bench/compare.py (imported for its workers) names its own settings module in the environment
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.steady_settings"}
     env.pop("BENCH_ARCHIVE_AFTER", None)
     if archive_after is not None:
         env["BENCH_ARCHIVE_AFTER"] = archive_after
@@ -164,25 +172,25 @@ def sample(producer: Producer) -> Sample:
 
     from tasks.web.metrics import archive_metrics
 
-    with producer.lock:
-        enqueued = producer.enqueued
     with connection.cursor() as cursor:
+        cursor.execute("SET max_parallel_workers_per_gather = 0")
         cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute(SAMPLE_SQL, {"q": QUEUE})
-        pending, waiting, dead, live, autovacuums, size, moved = cursor.fetchone()
+        cursor.execute(SAMPLE_SQL, {"q": QUEUE, "cap": WAITING_CAP})
+        completed, waiting, dead, live, autovacuums, size, moved = cursor.fetchone()
     behind = [s.value for family in archive_metrics() for s in family.samples]
     return Sample(
-        time.monotonic(), enqueued - int(pending), int(waiting), int(dead), int(live), int(autovacuums), int(size),
+        time.monotonic(), int(completed), int(waiting), int(dead), int(live), int(autovacuums), int(size),
         int(moved), max(behind) if behind else None,
     )  # fmt: skip
 
 
 def fill_the_hour(rate: float) -> int:
-    """The hour so far at ``rate``, finished (HOUR_SQL); the rows put."""
+    """The last hour and the hour so far at ``rate``, finished (HOUR_SQL); the rows put. The last
+    hour's count stands minutes after the leader starts: its move falls within the run."""
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("SELECT date_trunc('hour', statement_timestamp()), statement_timestamp()")
+        cursor.execute("SELECT date_trunc('hour', statement_timestamp()) - interval '1 hour', statement_timestamp()")
         start, now = cursor.fetchone()
     rows = int((now - start).total_seconds() * rate)
     with connection.cursor() as cursor:
@@ -232,7 +240,7 @@ def probe(producer: Producer, size: int) -> dict[str, float]:
         now = sample(producer)
         if now.waiting < PROBE_DONE_BELOW or now.at - started > 600:
             break
-        time.sleep(0.2)
+        time.sleep(1.0)
     seconds = now.at - started
     return {"seconds": seconds, "capacity": producer.rate + size / seconds, "moved": now.moved - before.moved}
 
@@ -313,7 +321,7 @@ def main() -> None:
         "--probe-every", type=float, default=300.0, help="seconds between capacity probes (the first at half that)"
     )
     parser.add_argument("--window", type=float, default=WINDOW, help="seconds a printed window spans")
-    parser.add_argument("--no-fill", action="store_true", help="do not fill the hour so far first")
+    parser.add_argument("--no-fill", action="store_true", help="do not fill the last hour and this one first")
     args = parser.parse_args()
     server = prepare_database()
     log_dir = Path(tempfile.mkdtemp(prefix="leasing-steady-"))
@@ -338,7 +346,10 @@ def main() -> None:
             rows = fill_the_hour(args.rate)
             with connection.cursor() as cursor:
                 cursor.execute("VACUUM ANALYZE tasks_task")
-            print(f"steady.fill  the hour so far: {rows:,} finished tasks in {time.perf_counter() - started:.0f} s")
+            print(
+                f"steady.fill  the last hour and this one: {rows:,} finished tasks"
+                f" in {time.perf_counter() - started:.0f} s"
+            )
         workers = start_workers("django-leasing", args.processes, log_dir)
         thread.start()
         results = {"without": phase("without", args, args.baseline_minutes, None, producer, workers, log_dir)}
