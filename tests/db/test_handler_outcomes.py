@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
+from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
@@ -187,9 +188,12 @@ def test_cancel_ends_cancelled_with_its_reason_visible_in_the_api_and_dashboard(
 def test_a_handler_cancel_settles_workflow_dependants_as_any_cancel(
     running_worker: Worker, policy: str, child_status: str
 ) -> None:
-    parent = Task.objects.enqueue(H + "cancel_with", kwargs={"reason": "nothing to do"})
-    child = Task.objects.enqueue("tests.testapp.handlers.noop", depends_on=[parent], on_parent_failure=policy)
-    assert Task.objects.get(pk=child.id).status == TaskStatus.AWAITING
+    # Both in one transaction: the running worker cannot take the parent (and settle the child) before
+    # the child is enqueued and seen waiting (once in CI it had, between the two enqueues).
+    with transaction.atomic():
+        parent = Task.objects.enqueue(H + "cancel_with", kwargs={"reason": "nothing to do"})
+        child = Task.objects.enqueue("tests.testapp.handlers.noop", depends_on=[parent], on_parent_failure=policy)
+        assert Task.objects.get(pk=child.id).status == TaskStatus.AWAITING
     assert finished(parent.id).status == TaskStatus.CANCELLED
     assert finished(child.id).status == child_status
     from tasks.models import Workflow
