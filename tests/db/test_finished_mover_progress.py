@@ -97,6 +97,11 @@ def test_two_movers_at_once_over_one_status_move_each_row_once_and_the_mark_coun
     assert Task.objects.restore([first]) == [first]
     assert where(first) == "tasks_task"
     assert ArchiveProgress.objects.get(status="SUCCESSFUL").moved == 4 and finished_rows() == 3
+    # Run again and finished (as long ago as it did, to be taken now): moved again, counted again.
+    Task.objects.filter(pk=first).requeue()
+    Task.objects.filter(pk=first).update(status="SUCCESSFUL", finished_at=t0 - dt.timedelta(hours=5))
+    assert Archiver(interval=0.0).run_for(60.0) == 1
+    assert ArchiveProgress.objects.get(status="SUCCESSFUL").moved == 5 and finished_rows() == 4
 
 
 def test_a_row_another_session_holds_through_a_pass_is_behind_the_mark_until_the_full_pass() -> None:
