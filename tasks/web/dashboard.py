@@ -245,41 +245,54 @@ def task_action(request: HttpRequest) -> HttpResponse:
         return bad_request_page(request, exc.message)
     selected = Task.objects.filter(pk__in=ids, status__in=action.statuses)
     try:
-        if action.name == "run_now":
-            changed = selected.retry_now()
-        elif action.name == "cancel":
-            changed = selected.cancel()
-        else:
-            changed = selected.requeue()
-            if changed != len(set(ids)) and (restored := Task.objects.using(selected.db).restore(ids)):
-                # Those the mover took to tasks_finished (the requeue found no row: a selection of
-                # tasks in tasks_task only pays nothing more) come back, then are requeued as the
-                # others, in this request's transaction: a refused rerun leaves them where they were.
-                # A row the mover held while the requeue looked waited for its move to commit: it
-                # is in tasks_finished now, restored here too.
-                changed += Task.objects.filter(pk__in=restored, status__in=action.statuses).requeue()
+        # A savepoint: a selection the action does not fit whole is named as it was before this
+        # request's statements (read after the write, a task it had just requeued would read Ready).
+        with transaction.atomic(using=selected.db):
+            if action.name == "run_now":
+                changed = selected.retry_now()
+            elif action.name == "cancel":
+                changed = selected.cancel()
+            else:
+                changed = selected.requeue()
+                if changed != len(set(ids)) and (restored := Task.objects.using(selected.db).restore(ids)):
+                    # Those the mover took to tasks_finished (the requeue found no row: a selection of
+                    # tasks in tasks_task only pays nothing more) come back, then are requeued as the
+                    # others, in this request's transaction: a refused rerun leaves them where they
+                    # were. A row the mover held while the requeue looked waited for its move to
+                    # commit: it is in tasks_finished now, restored here too.
+                    changed += Task.objects.filter(pk__in=restored, status__in=action.statuses).requeue()
+            if changed != len(set(ids)):
+                raise _DoesNotFit
     except TaskError as exc:
         return _refused(request, f"{exc} Nothing changed.", back)
-    if changed != len(set(ids)):
-        # Each statement is conditional on the action's statuses: a row it left alone is one the action
-        # does not fit (or that is gone). Read after the write, in its transaction, to name them.
-        moved = list(
+    except _DoesNotFit:
+        # Each statement is conditional on the action's statuses: a row it left alone is one the
+        # action does not fit, has moved, or is gone. Read after the rollback to the savepoint.
+        misfits = list(
             Task.objects.filter(pk__in=ids).exclude(status__in=action.statuses).values_list("pk", "status")[:10]
         )
         seen = set(Task.objects.filter(pk__in=ids).values_list("pk", flat=True))
-        named = ", ".join(f"task {pk} is {vocabulary.label(status)}" for pk, status in moved)
-        history = archived_ids([i for i in ids if i not in seen][:10], selected_database())
-        if history:  # moved to tasks_finished: history no action changes
-            named = ", ".join(
-                [*([named] if named else []), *(f"task {pk} is {vocabulary.label(st)} history" for pk, st in history)]
-            )
-        named = named or "no such task"
+        unseen = [i for i in dict.fromkeys(ids) if i not in seen]
+        history = archived_ids(unseen[:10], selected.db)
+        # A rerun (retry, run again) brings a moved task of a status it fits back: not the reason.
+        reruns = action.name in ("retry", "run_again")
+        named = [f"task {pk} is {vocabulary.label(status)}" for pk, status in misfits]
+        named += [
+            f"task {pk} is {vocabulary.label(st)} history"
+            for pk, st in history
+            if not (reruns and st in action.statuses)
+        ]
+        kept = {pk for pk, _ in history}
+        named += [f"no task {pk}" for pk in unseen[:10] if pk not in kept]
         fits = ", ".join(vocabulary.label(status) for status in action.statuses)
-        return _refused(
-            request, back=back, reason=f"{action.label} applies to {fits} tasks only: {named}. Nothing changed."
-        )
+        reason = f"{action.label} applies to {fits} tasks only: {', '.join(named) or 'no such task'}. Nothing changed."
+        return _refused(request, back=back, reason=reason)
     messages.success(request, f"{action.label}: {changed} task(s).")
     return HttpResponseRedirect(back)
+
+
+class _DoesNotFit(Exception):
+    """Raised inside task_action's savepoint: the action changed fewer tasks than selected."""
 
 
 def _refused(request: HttpRequest, reason: str, back: str) -> HttpResponse:

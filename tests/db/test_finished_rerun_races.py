@@ -225,3 +225,47 @@ def test_a_lookup_by_id_finds_a_task_rerun_between_its_two_probes(api_on: Api) -
     assert found is not None and (found.pk, found.status, found.archived) == (task_id, "READY", False)
     status, reply = api_on.call("GET", f"/api/tasks/{task_id}")
     assert status == 200 and reply["task"]["archived"] is False
+
+
+def test_a_retry_of_hot_and_moved_tasks_while_the_mover_takes_one_reruns_each_once_and_counts_them(
+    staff: Client,
+) -> None:
+    """Retry over a failed task in tasks_task, one moved before and one the mover's batch holds (moved,
+    not committed): the requeue waits for the batch, comes back short, and the restore brings both
+    moved rows back; 302, "Retry: 3 task(s).", each READY in tasks_task once, each run once."""
+    three_hours_ago = dt.datetime.now(UTC) - dt.timedelta(hours=3)
+    moved_before = ended("FAILED", at=three_hours_ago - dt.timedelta(hours=1))
+    move(moved_before)
+    held = ended("FAILED", at=three_hours_ago)
+    hot = ended("FAILED")
+    selection = [hot, moved_before, held]
+    response = rerun_beside_a_held_move(
+        held, lambda: staff.post("/dashboard/tasks/action/", {"action": "retry", "ids": selection})
+    )
+    assert response.status_code == 302, response.content.decode()[-600:]
+    assert "Retry: 3 task(s)." in staff.get(response["Location"]).content.decode()
+    for task_id in selection:
+        assert where(task_id) == "tasks_task" and Task.objects.get(pk=task_id).status == "READY"
+    assert sorted(run_until_empty().task_ids) == sorted(selection)  # each once
+    assert Task.objects.filter(pk__in=selection, status="SUCCESSFUL").count() == 3
+
+
+def test_a_retry_of_hot_and_moved_tasks_refused_for_a_taken_key_or_a_missing_id_changes_nothing(
+    staff: Client,
+) -> None:
+    """A moved task's dedup key held by a waiting task (409 naming it), or an id that names no task
+    (409 naming it, and only it): the hot task stays failed, the moved one in tasks_finished, nothing in both tables."""
+    hot = ended("FAILED")
+    keyed = ended("FAILED", dedup_key="invoice-12")
+    plain = ended("FAILED")
+    move(keyed, plain)
+    holder = Task.objects.enqueue(NOOP, dedup_key="invoice-12").id
+    taken = staff.post("/dashboard/tasks/action/", {"action": "retry", "ids": [hot, keyed, plain]})
+    assert taken.status_code == 409 and f"task {holder}" in taken.content.decode()
+    missing = staff.post("/dashboard/tasks/action/", {"action": "retry", "ids": [hot, plain, 2**62]})
+    assert missing.status_code == 409
+    # Named as they were before the request's statements (the hot task it had requeued is no reason).
+    assert f"tasks only: no task {2**62}. Nothing changed." in missing.content.decode()
+    assert where(hot) == "tasks_task" and Task.objects.get(pk=hot).status == "FAILED"
+    assert where(keyed) == where(plain) == "tasks_finished"
+    assert Task.objects.find(keyed).status == Task.objects.find(plain).status == "FAILED"
