@@ -28,14 +28,15 @@ UTC = dt.timezone.utc
 __all__ = ["mover_on"]  # the autouse fixture: the mover on, partitions dropped around each test
 
 
-def batch_params(t0: dt.datetime) -> dict[str, Any]:
+def batch_params(t0: dt.datetime, limit: int = 10) -> dict[str, Any]:
+    """ARCHIVE_SQL's parameters for a batch of successes finished up to ten minutes before ``t0``."""
     return {
         "status": "SUCCESSFUL",
         "since": t0 - dt.timedelta(days=6),
         "until": t0 - dt.timedelta(minutes=10),
         "after_at": dt.datetime(1, 1, 1, tzinfo=UTC),
         "after_id": 0,
-        "limit": 10,
+        "limit": limit,
     }
 
 

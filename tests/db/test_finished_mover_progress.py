@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from typing import Any
 
 import psycopg
 import pytest
@@ -18,6 +17,7 @@ from tasks.maintenance.archive import ARCHIVE_SQL, Archiver
 from tasks.maintenance.recovery import MaintenanceReport, maintain_once
 from tasks.models import ArchiveProgress, Task
 from tests.db.test_finished_mover import behind, finished_at, mover_on, now, roll_up_hours, where
+from tests.db.test_finished_mover_compositions import batch_params
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)  # real second connections; DDL of partitions
@@ -39,17 +39,6 @@ def blocked_by(pid: int) -> list[str]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT query FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", [pid])
         return [row[0] for row in cursor.fetchall()]
-
-
-def batch_params(t0: dt.datetime, limit: int) -> dict[str, Any]:
-    return {
-        "status": "SUCCESSFUL",
-        "since": t0 - dt.timedelta(days=6),
-        "until": t0 - dt.timedelta(minutes=10),
-        "after_at": dt.datetime(1, 1, 1, tzinfo=UTC),
-        "after_id": 0,
-        "limit": limit,
-    }
 
 
 def test_two_movers_at_once_over_one_status_move_each_row_once_and_the_mark_counts_every_move() -> None:
