@@ -67,6 +67,18 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
                 id="tasks.E123",
             )
         )
+    try:
+        from tasks.maintenance.archive import archive_busy_fraction
+
+        archive_busy_fraction()
+    except ValueError as exc:
+        errors.append(
+            Error(
+                f"LEASING_TASKS['ARCHIVE_BUSY_FRACTION']: {exc}",
+                hint="See docs/explanation/finished-storage.md.",
+                id="tasks.E124",
+            )
+        )
     return errors
 
 

@@ -29,6 +29,10 @@ DEFAULT_RETENTION: dict[str, Any] = {
 }
 
 
+#: ARCHIVE_BUSY_FRACTION's default, and what the mover works while the setting is invalid.
+DEFAULT_ARCHIVE_BUSY_FRACTION = 0.5
+
+
 @dataclass(frozen=True, slots=True)
 class TaskSettings:
     #: Lease of a claimed task, seconds. A dead worker's tasks run again within TTL + RECOVERY_INTERVAL.
@@ -115,9 +119,11 @@ class TaskSettings:
     FINISHED_DAYS_AHEAD: int = 3
     #: Finished plain tasks older than this (a duration, e.g. "10m") are moved by the recovery leader
     #: from tasks_task to tasks_finished (tasks/maintenance/archive.py), once their hour is in the
-    #: history; None (the default for now) keeps every task in tasks_task. Not yet on by default:
-    #: the dashboard's lists, the admin, the API's listings and bulk operations read tasks_task only.
+    #: history; None (the default for now) keeps every task in tasks_task.
     ARCHIVE_AFTER: Any = None
+    #: Share of the time the recovery leader's mover thread works while it is behind (a pass not
+    #: done within its slice of MOVER_SLICE seconds); above 0, at most 1 (flat out).
+    ARCHIVE_BUSY_FRACTION: float = DEFAULT_ARCHIVE_BUSY_FRACTION
     #: Periodic tasks (tasks/maintenance/scheduler.py): name -> {"task", "cron" or "interval", "args", "kwargs",
     #: "queue", "priority", "catch_up", "timezone", "grace", "max_attempts", "timeout", "enabled"}.
     SCHEDULES: dict[str, dict[str, Any]] = field(default_factory=dict)

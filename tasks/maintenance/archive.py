@@ -55,6 +55,10 @@ _BEGINNING = dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)
 HISTORY_WAIT = dt.timedelta(hours=1, seconds=FINAL_AFTER + COUNTED_MARGIN)
 #: Seconds between the mover's full passes (from the oldest day kept; the others resume).
 FULL_PASS_INTERVAL = 3600.0
+#: Seconds the leader's mover thread works at a time while a pass is in progress (it then rests
+#: so that it works ``ARCHIVE_BUSY_FRACTION`` of the time), and the longest it sleeps between
+#: checks that a pass is due.
+MOVER_SLICE = 1.0
 
 
 # Where a pass may move up to: ARCHIVE_AFTER back from now, and no later than the oldest hour of the
@@ -124,6 +128,15 @@ def archive_after() -> dt.timedelta | None:
     """``LEASING_TASKS["ARCHIVE_AFTER"]`` as a duration; None: the mover is off."""
     value = get_settings().ARCHIVE_AFTER
     return None if value is None else parse_duration(value)
+
+
+def archive_busy_fraction() -> float:
+    """``LEASING_TASKS["ARCHIVE_BUSY_FRACTION"]``: the share of the time the leader's mover thread
+    works while it is behind, above 0 and at most 1 (1: flat out); ValueError otherwise."""
+    value = get_settings().ARCHIVE_BUSY_FRACTION
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise ValueError(f"ARCHIVE_BUSY_FRACTION must be a number above 0 and at most 1, got {value!r}")
+    return float(value)
 
 
 @dataclass
@@ -258,6 +271,8 @@ class Archiver:
     full_pass_interval: float = FULL_PASS_INTERVAL
     _full_pass_at: float = 0.0
     _resume: dict[str, tuple[dt.datetime, int]] = field(default_factory=dict)
+    #: Passes completed (each status's cursor at its limit).
+    passes: int = 0
 
     def run_for(self, budget: float) -> int:
         """Move batches for up to ``budget`` seconds (at least one batch when a pass is due; none
@@ -295,8 +310,24 @@ class Archiver:
         if not self._pass.cursors:
             self._pass = None
             self._next_pass_at = self.clock() + self.interval
+            self.passes += 1
         self.moved += moved
         return moved
+
+    @property
+    def behind(self) -> bool:
+        """A pass is in progress: its slice ended before it did."""
+        return self._pass is not None
+
+    def rest(self, worked: float, busy_fraction: float) -> float:
+        """Seconds the leader's mover thread waits after a slice of ``worked`` seconds: while a pass
+        is in progress, long enough that it works ``busy_fraction`` of the time; otherwise until the
+        next pass is due, at most MOVER_SLICE; MOVER_SLICE when no pass is due yet none began
+        (ARCHIVE_AFTER unset: it is read again then)."""
+        if self.behind:
+            return worked * (1.0 - busy_fraction) / busy_fraction
+        due_in = self._next_pass_at - self.clock()
+        return min(MOVER_SLICE, due_in) if due_in > 0 else MOVER_SLICE
 
     def reset(self) -> None:
         """Forget the pass in progress (after a database error: the next call starts a new one,

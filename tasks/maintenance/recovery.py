@@ -25,9 +25,9 @@ from django.db import DEFAULT_DB_ALIAS, Error, connections
 from leasing import clock
 from leasing.bounds import without_jit
 from leasing.election import LeaderElection, Term
-from tasks.conf import get_settings
+from tasks.conf import DEFAULT_ARCHIVE_BUSY_FRACTION, get_settings
 from tasks.lifecycle import activity, concurrency, ratelimits
-from tasks.maintenance.archive import Archiver
+from tasks.maintenance.archive import MOVER_SLICE, Archiver, archive_busy_fraction
 from tasks.maintenance.bulk import BulkRunner
 from tasks.maintenance.history import HistoryRollup, RollupRound, roll_up_hours
 from tasks.maintenance.keyless import KeylessAdopter
@@ -294,7 +294,9 @@ class RecoveryController:
         self.using = using
         # Retention runs on the recovery leader, a slice after each round (tasks/maintenance/retention.py).
         self.pruner = AutoPruner(using=using) if prune else None
-        # The mover (ARCHIVE_AFTER), its slice after retention's: finished tasks to tasks_finished.
+        # The mover (ARCHIVE_AFTER): finished tasks to tasks_finished, on a thread of its own that
+        # works ARCHIVE_BUSY_FRACTION of the time while it is behind (a backlog of an hour of a busy
+        # queue, counted at once, must neither wait behind recovery nor hold it up).
         self.archiver = Archiver(using=using)
         # Bulk operations too (tasks/maintenance/bulk.py): their progress is on their rows, so a new
         # leader resumes them where the last one stopped.
@@ -322,7 +324,7 @@ class RecoveryController:
         # and the mover's with a full pass: a controller leading again would otherwise resume its
         # last term's cursors, past the rows a lock held back then (they would wait up to an hour).
         self.archiver.reset()
-        threads = []
+        threads = [threading.Thread(target=self._move_finished, args=(term,), name="mover", daemon=True)]
         if self.history is not None:
             threads.append(threading.Thread(target=self._count_history, args=(term,), name="history", daemon=True))
         if self.partitions is not None:
@@ -372,6 +374,25 @@ class RecoveryController:
         finally:
             connections[self.using].close()  # this thread's own connection
 
+    def _move_finished(self, term: Term) -> None:
+        try:
+            while not term.should_stop:
+                began = clock.monotonic()
+                try:
+                    busy = archive_busy_fraction()
+                except ValueError as exc:  # manage.py check says so too (tasks.E124)
+                    logger.warning("archive: %s; working %s of the time", exc, DEFAULT_ARCHIVE_BUSY_FRACTION)
+                    busy = DEFAULT_ARCHIVE_BUSY_FRACTION
+                try:
+                    self.archiver.run_for(MOVER_SLICE)
+                except (Error, PartitionError) as exc:  # the next slice starts a full pass
+                    logger.warning("archive round failed: %s", exc)
+                    self.archiver.reset()
+                    connections[self.using].close()
+                term.wait(self.archiver.rest(clock.monotonic() - began, busy))
+        finally:
+            connections[self.using].close()  # this thread's own connection
+
     def _recover(self, term: Term) -> None:
         while not term.should_stop:
             try:
@@ -382,8 +403,6 @@ class RecoveryController:
                     # Its share of the interval: recovery is held up by at most one slice.
                     self.pruner.run_for(self.interval * get_settings().RETENTION_BUSY_FRACTION)
                 if not term.should_stop:
-                    self.archiver.run_for(self.interval * get_settings().RETENTION_BUSY_FRACTION)
-                if not term.should_stop:
                     self.bulk.run_for(self.interval * get_settings().BULK_BUSY_FRACTION)
                 if not term.should_stop:
                     self.keyless.run_once()
@@ -391,7 +410,6 @@ class RecoveryController:
                 logger.warning("recovery round failed: %s", exc)
                 if self.pruner is not None:
                     self.pruner.reset()
-                self.archiver.reset()
                 connections[self.using].close()
             self.rounds += 1
             term.wait(self.interval)

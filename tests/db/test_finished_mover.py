@@ -19,7 +19,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from tasks.maintenance.archive import ARCHIVE_SQL, NEXT_SQL, Archiver
+from tasks.maintenance.archive import ARCHIVE_SQL, MOVER_SLICE, NEXT_SQL, Archiver
 from tasks.maintenance.history import roll_up_hours as count_hours
 from tasks.maintenance.partitions import create_day, partitions
 from tasks.maintenance.recovery import RECOVERY_LEASE, RecoveryController, maintain_once
@@ -335,11 +335,11 @@ def test_a_leader_that_leads_again_starts_its_new_term_with_a_full_pass(settings
             wait_until(lambda: where(moved) != "tasks_task", timeout=30, what="the leader to move the free task")
             # A pass that began before the commit below may still be running: let one more end
             # after it, so the cursor surely stands past ``held``.
-            passes = controller.rounds
-            wait_until(lambda: controller.rounds >= passes + 2, timeout=30, what="a later round")
+            passes = controller.archiver.passes
+            wait_until(lambda: controller.archiver.passes >= passes + 2, timeout=30, what="a later pass")
             other.execute("COMMIT")
-            passes = controller.rounds
-            wait_until(lambda: controller.rounds >= passes + 3, timeout=30, what="rounds after the commit")
+            passes = controller.archiver.passes
+            wait_until(lambda: controller.archiver.passes >= passes + 3, timeout=30, what="passes after the commit")
             assert where(held) == "tasks_task"  # behind the resumed cursor: waits for a full pass
             # The term ends (its lease expired under it) and the same controller leads again.
             other.execute(
@@ -462,3 +462,100 @@ def test_the_mover_notes_how_far_it_came_and_the_metric_says_how_far_behind_it_i
     settings.LEASING_TASKS = {}
     assert behind() == {}
     assert "tasks_archive_behind_seconds{" not in client.get("/metrics").content.decode()
+
+
+def test_the_mover_thread_rests_so_that_it_works_its_share_while_behind_and_waits_for_the_next_pass() -> None:
+    """``Archiver.rest``, which paces the leader's mover thread: while a pass is in progress (its
+    slice ended first) it rests ``worked * (1 - f) / f`` (f = ARCHIVE_BUSY_FRACTION: half the time at
+    0.5, none at 1); once the pass is done, until the next is due, at most MOVER_SLICE."""
+    t0 = now()
+    for hours in (5, 4, 3):
+        finished_at(t0 - dt.timedelta(hours=hours))
+    roll_up_hours()
+    ticks = [0.0]
+    ticking = [True]
+
+    def tick() -> float:  # while ticking, each reading of the clock a second later: one batch a slice
+        ticks[0] += ticking[0]
+        return ticks[0]
+
+    archiver = Archiver(interval=30.0, batch_size=1, clock=tick)
+    assert archiver.run_for(0.5) == 1 and archiver.behind and archiver.passes == 0
+    assert archiver.rest(1.0, 0.5) == 1.0
+    assert archiver.rest(1.0, 0.25) == 3.0
+    assert archiver.rest(2.0, 1.0) == 0.0
+    assert archiver.run_for(100.0) == 2 and not archiver.behind and archiver.passes == 1
+    ticking[0] = False
+    assert archiver.rest(1.0, 0.5) == MOVER_SLICE  # the next pass is 30 s away: check again in a slice
+    archiver.interval = 0.5
+    ticks[0] += 30.0
+    assert archiver.run_for(100.0) == 0  # the next pass, nothing left to move
+    assert archiver.passes == 2 and archiver.rest(1.0, 0.5) == 0.5  # the next pass is due in 0.5 s
+    ticks[0] += 0.5
+    assert archiver.rest(1.0, 0.5) == MOVER_SLICE  # due: nothing began (run_for would have begun it)
+
+
+def test_the_leaders_mover_neither_waits_for_recovery_nor_holds_it_up(settings: Any) -> None:
+    """The mover runs on a thread of its own in the leader's term: while its batch waits (here on a
+    lock another session holds on its progress row), recovery rounds go on and a lapsed lease is
+    recovered; once the lock goes, the mover moves. In the recovery round, as before, the round
+    would wait with it."""
+    from tasks.models import ArchiveProgress
+
+    settings.LEASING_TASKS = {**settings.LEASING_TASKS, "RETENTION_INTERVAL": 0.2}
+    ArchiveProgress.objects.create(
+        status="SUCCESSFUL", moved_until=now() - dt.timedelta(days=1), recorded_at=now(), moved=0
+    )
+    t0 = now()
+    waiting = finished_at(t0 - dt.timedelta(hours=3))
+    roll_up_hours()
+    controller = RecoveryController(interval=0.2, history=False, partitions=False)
+    thread = threading.Thread(target=controller.run)
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
+        other.execute("BEGIN")
+        other.execute("SELECT 1 FROM tasks_archiveprogress WHERE status = 'SUCCESSFUL' FOR UPDATE")
+        thread.start()
+        try:
+            wait_until(mover_waits_on_a_lock, timeout=30, what="the mover's batch to wait")
+            rounds = controller.rounds
+            Task.objects.enqueue(NOOP, queue="lapsing")
+            [lapsing] = Task.objects.claim("gone", limit=1, queues=["lapsing"], ttl=0.2)
+            wait_until(
+                lambda: Task.objects.get(pk=lapsing.id).status != "RUNNING", timeout=30, what="the lease recovered"
+            )
+            assert controller.rounds > rounds and where(waiting) == "tasks_task"  # the mover still waits
+            other.execute("COMMIT")
+            wait_until(lambda: where(waiting) != "tasks_task", timeout=30, what="the mover to move after the lock")
+        finally:
+            if other.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                other.execute("ROLLBACK")
+            controller.stop()
+            thread.join(30)
+    assert not thread.is_alive()
+
+
+def mover_waits_on_a_lock() -> bool:
+    """A session waits for a lock in a statement naming tasks_archiveprogress (read on this test's own
+    connection: a transaction's reads of pg_stat_activity are a snapshot taken at its first)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND query LIKE %s AND pid <> pg_backend_pid()",
+            ["%tasks_archiveprogress%"],
+        )
+        return bool(cursor.fetchone()[0])
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("ARCHIVE_AFTER", "soon"), ("ARCHIVE_AFTER", -5)]
+    + [("ARCHIVE_BUSY_FRACTION", bad) for bad in (0, -0.5, 1.5, "0.5", True, None)],
+)
+def test_a_bad_mover_setting_fails_the_checks(settings: Any, setting: str, value: Any) -> None:
+    from tasks.checks import check_task_settings
+
+    code = {"ARCHIVE_AFTER": "tasks.E123", "ARCHIVE_BUSY_FRACTION": "tasks.E124"}[setting]
+    settings.LEASING_TASKS = {setting: value}
+    assert [error.id for error in check_task_settings()] == [code]
+    settings.LEASING_TASKS = {"ARCHIVE_AFTER": "10m", "ARCHIVE_BUSY_FRACTION": 1}
+    assert check_task_settings() == []
