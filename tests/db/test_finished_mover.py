@@ -10,7 +10,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from io import StringIO
 from typing import Any
 
@@ -325,33 +326,47 @@ def test_a_leader_that_leads_again_starts_its_new_term_with_a_full_pass(settings
     held = finished_at(t0 - dt.timedelta(hours=4))
     moved = finished_at(t0 - dt.timedelta(hours=3))
     roll_up_hours()
+    with leader_beside_a_lock("SELECT 1 FROM tasks_task WHERE id = %s FOR UPDATE", [held]) as (controller, other):
+        wait_until(lambda: where(moved) != "tasks_task", timeout=30, what="the leader to move the free task")
+        # A pass that began before the commit below may still be running: let one more end
+        # after it, so the cursor surely stands past ``held``.
+        passes = controller.archiver.passes
+        wait_until(lambda: controller.archiver.passes >= passes + 2, timeout=30, what="a later pass")
+        other.execute("COMMIT")
+        passes = controller.archiver.passes
+        wait_until(lambda: controller.archiver.passes >= passes + 3, timeout=30, what="passes after the commit")
+        assert where(held) == "tasks_task"  # behind the resumed cursor: waits for a full pass
+        # The term ends (its lease expired under it) and the same controller leads again.
+        other.execute(
+            "UPDATE leasing_lease SET expires_at = clock_timestamp() - interval '1 second' WHERE resource = %s",
+            [RECOVERY_LEASE],
+        )
+        wait_until(lambda: controller.election.terms >= 2, timeout=30, what="a second term")
+        wait_until(lambda: where(held) != "tasks_task", timeout=15, what="the new term's full pass")
+    assert where(held).startswith("tasks_finished_")  # type: ignore[union-attr]
+
+
+@contextmanager
+def leader_beside_a_lock(
+    lock: str, params: Sequence[Any] = ()
+) -> Iterator[tuple[RecoveryController, psycopg.Connection[Any]]]:
+    """A recovery leader (no history, no partitions' upkeep) started while another session's
+    transaction holds ``lock``; yields both. The other session's transaction is rolled back if the
+    caller did not end it, then the leader stops."""
     controller = RecoveryController(interval=0.2, history=False, partitions=False)
     thread = threading.Thread(target=controller.run)
     with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
         other.execute("BEGIN")
-        other.execute("SELECT 1 FROM tasks_task WHERE id = %s FOR UPDATE", [held])
+        other.execute(lock, params)
         thread.start()
         try:
-            wait_until(lambda: where(moved) != "tasks_task", timeout=30, what="the leader to move the free task")
-            # A pass that began before the commit below may still be running: let one more end
-            # after it, so the cursor surely stands past ``held``.
-            passes = controller.archiver.passes
-            wait_until(lambda: controller.archiver.passes >= passes + 2, timeout=30, what="a later pass")
-            other.execute("COMMIT")
-            passes = controller.archiver.passes
-            wait_until(lambda: controller.archiver.passes >= passes + 3, timeout=30, what="passes after the commit")
-            assert where(held) == "tasks_task"  # behind the resumed cursor: waits for a full pass
-            # The term ends (its lease expired under it) and the same controller leads again.
-            other.execute(
-                "UPDATE leasing_lease SET expires_at = clock_timestamp() - interval '1 second' WHERE resource = %s",
-                [RECOVERY_LEASE],
-            )
-            wait_until(lambda: controller.election.terms >= 2, timeout=30, what="a second term")
-            wait_until(lambda: where(held) != "tasks_task", timeout=15, what="the new term's full pass")
+            yield controller, other
         finally:
+            if other.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                other.execute("ROLLBACK")
             controller.stop()
             thread.join(30)
-    assert where(held).startswith("tasks_finished_")  # type: ignore[union-attr]
+    assert not thread.is_alive()
 
 
 def test_a_finish_committed_behind_the_cursor_waits_for_the_full_pass_and_is_never_in_both_tables() -> None:
@@ -509,29 +524,16 @@ def test_the_leaders_mover_neither_waits_for_recovery_nor_holds_it_up(settings: 
     t0 = now()
     waiting = finished_at(t0 - dt.timedelta(hours=3))
     roll_up_hours()
-    controller = RecoveryController(interval=0.2, history=False, partitions=False)
-    thread = threading.Thread(target=controller.run)
-    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
-        other.execute("BEGIN")
-        other.execute("SELECT 1 FROM tasks_archiveprogress WHERE status = 'SUCCESSFUL' FOR UPDATE")
-        thread.start()
-        try:
-            wait_until(mover_waits_on_a_lock, timeout=30, what="the mover's batch to wait")
-            rounds = controller.rounds
-            Task.objects.enqueue(NOOP, queue="lapsing")
-            [lapsing] = Task.objects.claim("gone", limit=1, queues=["lapsing"], ttl=0.2)
-            wait_until(
-                lambda: Task.objects.get(pk=lapsing.id).status != "RUNNING", timeout=30, what="the lease recovered"
-            )
-            assert controller.rounds > rounds and where(waiting) == "tasks_task"  # the mover still waits
-            other.execute("COMMIT")
-            wait_until(lambda: where(waiting) != "tasks_task", timeout=30, what="the mover to move after the lock")
-        finally:
-            if other.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                other.execute("ROLLBACK")
-            controller.stop()
-            thread.join(30)
-    assert not thread.is_alive()
+    progress_row = "SELECT 1 FROM tasks_archiveprogress WHERE status = 'SUCCESSFUL' FOR UPDATE"
+    with leader_beside_a_lock(progress_row) as (controller, other):
+        wait_until(mover_waits_on_a_lock, timeout=30, what="the mover's batch to wait")
+        rounds = controller.rounds
+        Task.objects.enqueue(NOOP, queue="lapsing")
+        [lapsing] = Task.objects.claim("gone", limit=1, queues=["lapsing"], ttl=0.2)
+        wait_until(lambda: Task.objects.get(pk=lapsing.id).status != "RUNNING", timeout=30, what="the lease recovered")
+        assert controller.rounds > rounds and where(waiting) == "tasks_task"  # the mover still waits
+        other.execute("COMMIT")
+        wait_until(lambda: where(waiting) != "tasks_task", timeout=30, what="the mover to move after the lock")
 
 
 def mover_waits_on_a_lock() -> bool:
