@@ -277,6 +277,10 @@ restored AS (
 )"""
         restored_count = " + (SELECT count(*) FROM restored)"
         restored_ids = ", (SELECT array_agg(id ORDER BY id) FROM restored)"
+        # missed: rows picked in tasks_task that the update found gone (the mover took them after the
+        # snapshot): the caller looks for them in tasks_finished (RETRY_MISSED_SQL).
+        restored_ids += """, (SELECT array_agg(p.id ORDER BY p.id) FROM picked AS p
+    WHERE NOT p.moved AND NOT EXISTS (SELECT 1 FROM changed AS c WHERE c.id = p.id))"""
     return f"""
 WITH op AS MATERIALIZED (
     SELECT b.id, b.cursor, b.last_id FROM tasks_bulkoperation AS b
@@ -365,6 +369,30 @@ UPDATE tasks_task AS t SET
     {_SETS["retry"]}
 WHERE t.id = ANY(%(ids)s::bigint[])
 RETURNING t.id
+"""
+
+# A retry's rows the batch picked in tasks_task but found gone when it came to change them: the mover
+# took them to tasks_finished after the batch's snapshot (its delete committed while the batch waited
+# for the row). In the batch's transaction, after its statement (a new snapshot, in which the move is
+# seen), those of them in tasks_finished that still match come back unchanged (this statement), are
+# requeued (RETRY_RESTORED_SQL: a statement of its own, which sees the rows this one inserts) and
+# counted changed, not skipped (MISSED_COUNTED_SQL). A row gone for another reason (deleted, rerun by
+# someone else) is not in tasks_finished: it stays skipped.
+RETRY_MISSED_SQL = f"""
+WITH back AS (
+    DELETE FROM tasks_finished AS t
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND {_FILTER}
+    RETURNING t.*
+)
+INSERT INTO tasks_task SELECT * FROM back
+RETURNING id
+"""
+MISSED_COUNTED_SQL = """
+UPDATE tasks_bulkoperation AS b SET
+    changed = b.changed + %(found)s,
+    skipped = b.skipped - %(found)s
+WHERE b.id = %(operation)s
+RETURNING b.status, b.cursor, b.matched, b.changed, b.skipped
 """
 
 # Progress of a batch done one row at a time (the fallback above), in the same transaction.

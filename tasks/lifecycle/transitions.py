@@ -217,7 +217,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         "a bulk operation requeues the finished tasks matching its filter, a batch per statement, as requeue "
         "does (SUCCESSFUL only when the filter names it); a row that moved meanwhile is skipped; those the "
         "mover took to tasks_finished are brought back by the batch's statement (restore) and requeued in "
-        "its transaction",
+        "its transaction, and so are those the mover took while the batch waited for them (RETRY_MISSED_SQL)",
     ),
     Transition(
         "bulk cancel",
@@ -254,7 +254,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         "restore",
         (NO_ROW,),
         FINISHED,
-        ("tasks.models.finished.RESTORE_SQL", _B + "BULK_RETRY_SQL"),
+        ("tasks.models.finished.RESTORE_SQL", _B + "BULK_RETRY_SQL", _B + "RETRY_MISSED_SQL"),
         "an operator reruns a task the mover took to tasks_finished (alone or by a bulk retry): it comes back to "
         "tasks_task as it was, in the transaction of the requeue that follows (rolled back with it when the "
         "requeue is refused)",

@@ -133,17 +133,45 @@ class BulkOperation(models.Model):
         try:
             with transaction.atomic(using=alias):
                 rows = prepared.rows(connections[alias], sql.BULK_SQL[self.kind], params)
-                restored = rows[0][7] if rows and self.kind == "retry" else None
-                if restored:
-                    # The batch brought these back from tasks_finished unchanged: they run again
-                    # now, in its transaction (a dedup key collision rolls the batch back whole).
-                    with connections[alias].cursor() as cursor:
-                        cursor.execute(sql.RETRY_RESTORED_SQL, {**params, "ids": restored})
+                if not rows:
+                    return None
+                result = sql.BatchResult(*rows[0][:7])
+                if self.kind == "retry":
+                    result = self._requeue_restored(alias, params, result, restored=rows[0][7], missed=rows[0][8])
         except IntegrityError:
             if self.kind != "retry":
                 raise
             return self._retry_one_at_a_time(alias, params)
-        return sql.BatchResult(*rows[0][:7]) if rows else None
+        return result
+
+    def _requeue_restored(
+        self,
+        alias: str,
+        params: dict[str, Any],
+        result: sql.BatchResult,
+        *,
+        restored: list[int] | None,
+        missed: list[int] | None,
+    ) -> sql.BatchResult:
+        """A retry batch's second part, in its transaction (a dedup key collision rolls the batch back
+        whole): the rows it brought back from tasks_finished unchanged run again; the rows it picked in
+        tasks_task but found gone, taken by the mover meanwhile, are brought back from tasks_finished
+        and run again too, counted changed (RETRY_MISSED_SQL)."""
+        with connections[alias].cursor() as cursor:
+            if restored:
+                cursor.execute(sql.RETRY_RESTORED_SQL, {**params, "ids": restored})
+            if not missed:
+                return result
+            cursor.execute(sql.RETRY_MISSED_SQL, {**params, "ids": missed})
+            found = [row[0] for row in cursor.fetchall()]
+            if not found:
+                return result
+            cursor.execute(sql.RETRY_RESTORED_SQL, {**params, "ids": found})
+            cursor.execute(sql.MISSED_COUNTED_SQL, {"operation": self.pk, "found": len(found)})
+            status, position, matched, changed, skipped = cursor.fetchone()
+        return sql.BatchResult(
+            status, position, matched, changed, skipped, result.batch_picked, result.batch_changed + len(found)
+        )
 
     def _retry_one_at_a_time(self, alias: str, params: dict[str, Any]) -> sql.BatchResult | None:
         with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
@@ -152,7 +180,7 @@ class BulkOperation(models.Model):
             if not picked:
                 # The rows moved meanwhile: the batch's own statement has nothing left to collide on.
                 rows = prepared.rows(connections[alias], sql.BULK_SQL[self.kind], params)
-                return sql.BatchResult(*rows[0]) if rows else None
+                return sql.BatchResult(*rows[0][:7]) if rows else None
             window_end = picked[0][1]
             changed = 0
             for task_id, _hi, moved in picked:

@@ -107,7 +107,8 @@ UPDATE tasks_bulkoperation AS b SET
                        THEN clock_timestamp() END
 FROM op, window_end AS w, counts AS c
 WHERE b.id = op.id
-RETURNING b.status, b.cursor, b.matched, b.changed, b.skipped, c.picked, c.changed, (SELECT array_agg(id ORDER BY id) FROM restored);
+RETURNING b.status, b.cursor, b.matched, b.changed, b.skipped, c.picked, c.changed, (SELECT array_agg(id ORDER BY id) FROM restored), (SELECT array_agg(p.id ORDER BY p.id) FROM picked AS p
+    WHERE NOT p.moved AND NOT EXISTS (SELECT 1 FROM changed AS c WHERE c.id = p.id));
 
 -- name: BULK_CANCEL_SQL
 WITH op AS MATERIALIZED (
@@ -364,6 +365,39 @@ UPDATE tasks_task AS t SET
     fair_key = CASE WHEN fair_key IS NULL AND queue = ANY(%(fair_queues)s::text[]) THEN '' ELSE fair_key END
 WHERE t.id = ANY(%(ids)s::bigint[])
 RETURNING t.id;
+
+-- name: RETRY_MISSED_SQL
+-- A retry's rows the batch picked in tasks_task but found gone when it came to change them: the mover
+-- took them to tasks_finished after the batch's snapshot (its delete committed while the batch waited
+-- for the row). In the batch's transaction, after its statement (a new snapshot, in which the move is
+-- seen), those of them in tasks_finished that still match come back unchanged (this statement), are
+-- requeued (RETRY_RESTORED_SQL: a statement of its own, which sees the rows this one inserts) and
+-- counted changed, not skipped (MISSED_COUNTED_SQL). A row gone for another reason (deleted, rerun by
+-- someone else) is not in tasks_finished: it stays skipped.
+WITH back AS (
+    DELETE FROM tasks_finished AS t
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND t.status = ANY(%(statuses)s::text[])
+      AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
+      AND (%(task_path)s::text IS NULL OR t.task_path = %(task_path)s::text)
+      AND (%(dedup_key)s::text IS NULL OR t.dedup_key = %(dedup_key)s::text)
+      AND (%(workflow_id)s::bigint IS NULL OR t.workflow_id = %(workflow_id)s::bigint)
+      AND (%(enqueued_after)s::timestamptz IS NULL OR t.enqueued_at >= %(enqueued_after)s::timestamptz)
+      AND (%(enqueued_before)s::timestamptz IS NULL OR t.enqueued_at < %(enqueued_before)s::timestamptz)
+      AND (%(finished_after)s::timestamptz IS NULL OR t.finished_at >= %(finished_after)s::timestamptz)
+      AND (%(finished_before)s::timestamptz IS NULL OR t.finished_at < %(finished_before)s::timestamptz)
+      AND (%(args_contains)s::jsonb IS NULL OR t.args @> %(args_contains)s::jsonb)
+      AND (%(kwargs_contains)s::jsonb IS NULL OR t.kwargs @> %(kwargs_contains)s::jsonb)
+    RETURNING t.*
+)
+INSERT INTO tasks_task SELECT * FROM back
+RETURNING id;
+
+-- name: MISSED_COUNTED_SQL
+UPDATE tasks_bulkoperation AS b SET
+    changed = b.changed + %(found)s,
+    skipped = b.skipped - %(found)s
+WHERE b.id = %(operation)s
+RETURNING b.status, b.cursor, b.matched, b.changed, b.skipped;
 
 -- name: BULK_ADVANCE_SQL
 -- Progress of a batch done one row at a time (the fallback above), in the same transaction.
