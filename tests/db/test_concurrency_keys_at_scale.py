@@ -238,11 +238,13 @@ def test_keys_held_by_open_transactions_never_make_a_statement_wait(
     release.set()
 
     def swept() -> bool:
+        # The applications commit after the release, each on its thread: until they have, their
+        # tasks are not visible at all (neither BLOCKED nor READY), so wait for all 16 admitted.
         concurrency.admit_waiting()
-        return not Task.objects.filter(concurrency_key__in=keys, status=TaskStatus.BLOCKED).exists()
+        return Task.objects.filter(concurrency_key__in=keys, status=TaskStatus.READY).count() == 16
 
     wait_until(swept, 10, 0.05, what="the applications to commit and the sweep to admit their tasks")
-    assert Task.objects.filter(concurrency_key__in=keys, status=TaskStatus.READY).count() == 16
+    assert not Task.objects.filter(concurrency_key__in=keys, status=TaskStatus.BLOCKED).exists()
     assert not ConcurrencyWake.objects.filter(key__in=keys).exists()
 
 

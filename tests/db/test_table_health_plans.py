@@ -47,6 +47,7 @@ def test_table_health_reads_the_catalog_only_whatever_the_table_size() -> None:
     assert read, "the plan names what it reads"
     assert all(name.startswith("pg_") for name in read), sorted(read)
     # The same catalog pages, give or take what the catalog caches of this database held at the time
-    # (20 and 22 seen in one run of the parallel pass): nothing that grows with the table's rows.
-    assert abs(pages(full) - pages(empty)) <= 5, (pages(empty), pages(full))
+    # (20 then 22 seen in one run of the parallel pass, 17 then 11 in another): nothing that grows
+    # with the table's rows. Fewer at 100,000 rows is the caches, not a cost.
+    assert pages(full) - pages(empty) <= 5, (pages(empty), pages(full))
     assert pages(full) < 100
