@@ -29,6 +29,8 @@ DEFAULT_RETENTION: dict[str, Any] = {
 }
 
 
+#: ARCHIVE_AFTER's default: the mover is on (None turns it off).
+DEFAULT_ARCHIVE_AFTER = "10m"
 #: ARCHIVE_BUSY_FRACTION's default, and what the mover works while the setting is invalid.
 DEFAULT_ARCHIVE_BUSY_FRACTION = 0.5
 
@@ -117,10 +119,10 @@ class TaskSettings:
     #: before a leader that cannot create them (no leader, a lock it never gets) leaves a day without
     #: its partition. ``tasks_finished_days_ahead`` and the alert TasksFinishedPartitionsBehind watch it.
     FINISHED_DAYS_AHEAD: int = 3
-    #: Finished plain tasks older than this (a duration, e.g. "10m") are moved by the recovery leader
-    #: from tasks_task to tasks_finished (tasks/maintenance/archive.py), once their hour is in the
-    #: history; None (the default for now) keeps every task in tasks_task.
-    ARCHIVE_AFTER: Any = None
+    #: Finished plain tasks older than this (a duration) are moved by the recovery leader from
+    #: tasks_task to tasks_finished (tasks/maintenance/archive.py), once their hour is in the history
+    #: (10 to 70 minutes after they finish); None keeps every task in tasks_task.
+    ARCHIVE_AFTER: Any = DEFAULT_ARCHIVE_AFTER
     #: Share of the time the recovery leader's mover thread works while it is behind (a pass not
     #: done within its slice of MOVER_SLICE seconds); above 0, at most 1 (flat out).
     ARCHIVE_BUSY_FRACTION: float = DEFAULT_ARCHIVE_BUSY_FRACTION

@@ -263,7 +263,7 @@ def _bulk_sql(kind: str) -> str:
     # else the window's end.
     restore = ""
     restored_count = ""
-    restored_ids = ""
+    id_columns = ""  # a retry's two more columns: the ids it restored, the ids it missed
     if kind == "retry":
         restore = """,
 back AS (
@@ -276,10 +276,10 @@ restored AS (
     RETURNING id
 )"""
         restored_count = " + (SELECT count(*) FROM restored)"
-        restored_ids = ", (SELECT array_agg(id ORDER BY id) FROM restored)"
+        id_columns = ", (SELECT array_agg(id ORDER BY id) FROM restored)"
         # missed: rows picked in tasks_task that the update found gone (the mover took them after the
         # snapshot): the caller looks for them in tasks_finished (RETRY_MISSED_SQL).
-        restored_ids += """, (SELECT array_agg(p.id ORDER BY p.id) FROM picked AS p
+        id_columns += """, (SELECT array_agg(p.id ORDER BY p.id) FROM picked AS p
     WHERE NOT p.moved AND NOT EXISTS (SELECT 1 FROM changed AS c WHERE c.id = p.id))"""
     return f"""
 WITH op AS MATERIALIZED (
@@ -318,7 +318,7 @@ UPDATE tasks_bulkoperation AS b SET
                        THEN clock_timestamp() END
 FROM op, window_end AS w, counts AS c
 WHERE b.id = op.id
-RETURNING b.status, b.cursor, b.matched, b.changed, b.skipped, c.picked, c.changed{restored_ids}
+RETURNING b.status, b.cursor, b.matched, b.changed, b.skipped, c.picked, c.changed{id_columns}
 """
 
 

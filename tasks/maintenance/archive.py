@@ -1,9 +1,9 @@
 """The mover: finished tasks leave the hot table ``tasks_task`` for ``tasks_finished`` (issue 43;
 docs/explanation/finished-storage.md), where retention drops them a day at a time.
 
-Off unless ``LEASING_TASKS["ARCHIVE_AFTER"]`` is set (a duration): the lists of finished tasks on the
-dashboard, the admin, the JSON API's listings and bulk operations read ``tasks_task`` only until they
-read both tables; a lookup by id already does (tasks/models/finished.py).
+On by default (``LEASING_TASKS["ARCHIVE_AFTER"]``, a duration, "10m"; None turns it off): lookups by
+id (tasks/models/finished.py), the lists and counts of the dashboard, the admin and the JSON API
+(tasks/web/queries.py), the rerun and the bulk retry read or bring back both tables.
 
 What it moves, per final status, oldest first: plain tasks (``workflow_id IS NULL``; a workflow's
 members stay with their workflow, which retention prunes as one unit, tasks/lifecycle/workflows.py)
@@ -40,7 +40,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections
 
 from leasing.bounds import without_jit
-from tasks.conf import get_settings
+from tasks.conf import DEFAULT_ARCHIVE_BUSY_FRACTION, get_settings
 from tasks.maintenance.history import COUNTED_MARGIN, FINAL_AFTER
 from tasks.maintenance.partitions import STATUS_TABLES, PartitionError, create_day, day_start, partitions
 from tasks.maintenance.retention import parse_duration, retention_policy
@@ -273,15 +273,35 @@ class Archiver:
     _resume: dict[str, tuple[dt.datetime, int]] = field(default_factory=dict)
     #: Passes completed (each status's cursor at its limit).
     passes: int = 0
+    #: The warning last logged per invalid setting: a setting read every slice is said once per
+    #: value, not every second, until it is fixed.
+    _warned: dict[str, str] = field(default_factory=dict)
+
+    def _warn_once(self, setting: str, message: str) -> None:
+        if self._warned.get(setting) != message:
+            self._warned[setting] = message
+            logger.warning("%s", message)
+
+    def busy_fraction(self) -> float:
+        """``ARCHIVE_BUSY_FRACTION``; while it is invalid (manage.py check says so too, tasks.E124)
+        the default, with a warning logged once per invalid value."""
+        try:
+            busy = archive_busy_fraction()
+        except ValueError as exc:
+            self._warn_once("busy", f"archive: {exc}; working {DEFAULT_ARCHIVE_BUSY_FRACTION} of the time")
+            return DEFAULT_ARCHIVE_BUSY_FRACTION
+        self._warned.pop("busy", None)
+        return busy
 
     def run_for(self, budget: float) -> int:
         """Move batches for up to ``budget`` seconds (at least one batch when a pass is due; none
-        while ARCHIVE_AFTER is unset); returns the rows moved."""
+        while ARCHIVE_AFTER is None); returns the rows moved."""
         try:
             after = archive_after()
         except ValueError as exc:  # manage.py check says so too (tasks.E123): nothing moves meanwhile
-            logger.warning("archive: %s", exc)
+            self._warn_once("after", f"archive: {exc}; nothing moves until it is fixed")
             return 0
+        self._warned.pop("after", None)
         now = self.clock()
         if after is None or (self._pass is None and now < self._next_pass_at):
             return 0
@@ -323,7 +343,7 @@ class Archiver:
         """Seconds the leader's mover thread waits after a slice of ``worked`` seconds: while a pass
         is in progress, long enough that it works ``busy_fraction`` of the time; otherwise until the
         next pass is due, at most MOVER_SLICE; MOVER_SLICE when no pass is due yet none began
-        (ARCHIVE_AFTER unset: it is read again then)."""
+        (ARCHIVE_AFTER None: it is read again then)."""
         if self.behind:
             return worked * (1.0 - busy_fraction) / busy_fraction
         due_in = self._next_pass_at - self.clock()

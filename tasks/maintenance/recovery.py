@@ -25,9 +25,9 @@ from django.db import DEFAULT_DB_ALIAS, Error, connections
 from leasing import clock
 from leasing.bounds import without_jit
 from leasing.election import LeaderElection, Term
-from tasks.conf import DEFAULT_ARCHIVE_BUSY_FRACTION, get_settings
+from tasks.conf import get_settings
 from tasks.lifecycle import activity, concurrency, ratelimits
-from tasks.maintenance.archive import MOVER_SLICE, Archiver, archive_busy_fraction
+from tasks.maintenance.archive import MOVER_SLICE, Archiver
 from tasks.maintenance.bulk import BulkRunner
 from tasks.maintenance.history import HistoryRollup, RollupRound, roll_up_hours
 from tasks.maintenance.keyless import KeylessAdopter
@@ -378,11 +378,7 @@ class RecoveryController:
         try:
             while not term.should_stop:
                 began = clock.monotonic()
-                try:
-                    busy = archive_busy_fraction()
-                except ValueError as exc:  # manage.py check says so too (tasks.E124)
-                    logger.warning("archive: %s; working %s of the time", exc, DEFAULT_ARCHIVE_BUSY_FRACTION)
-                    busy = DEFAULT_ARCHIVE_BUSY_FRACTION
+                busy = self.archiver.busy_fraction()
                 try:
                     self.archiver.run_for(MOVER_SLICE)
                 except (Error, PartitionError) as exc:  # the next slice starts a full pass

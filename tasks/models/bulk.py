@@ -127,9 +127,7 @@ class BulkOperation(models.Model):
         A retry whose batch collided on a dedup key is redone a row at a time (each row its own
         savepoint; a collision is counted as skipped), progress in the same transaction."""
         alias = using or self._state.db or "default"
-        params = {"operation": self.pk, "batch": batch, "span": span, **sql.filter_params(self.filter)}
-        if self.kind == "retry":  # RERUN_SET's parameter (tasks/lifecycle/transitions.py)
-            params["fair_queues"] = list(get_settings().FAIR_QUEUES)
+        params = self.batch_params(batch=batch, span=span)
         try:
             with transaction.atomic(using=alias):
                 rows = prepared.rows(connections[alias], sql.BULK_SQL[self.kind], params)
@@ -141,8 +139,15 @@ class BulkOperation(models.Model):
         except IntegrityError:
             if self.kind != "retry":
                 raise
-            return self._retry_one_at_a_time(alias, params)
+            return self.retry_one_at_a_time(alias, params)
         return result
+
+    def batch_params(self, *, batch: int, span: int) -> dict[str, Any]:
+        """The parameters of this operation's batch statements."""
+        params = {"operation": self.pk, "batch": batch, "span": span, **sql.filter_params(self.filter)}
+        if self.kind == "retry":  # RERUN_SET's parameter (tasks/lifecycle/transitions.py)
+            params["fair_queues"] = list(get_settings().FAIR_QUEUES)
+        return params
 
     def _requeue_restored(
         self,
@@ -173,7 +178,8 @@ class BulkOperation(models.Model):
             status, position, matched, changed, skipped, result.batch_picked, result.batch_changed + len(found)
         )
 
-    def _retry_one_at_a_time(self, alias: str, params: dict[str, Any]) -> sql.BatchResult | None:
+    def retry_one_at_a_time(self, alias: str, params: dict[str, Any]) -> sql.BatchResult | None:
+        """A retry's batch redone a row at a time (after its statement collided on a dedup key)."""
         with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
             cursor.execute(sql.BULK_PICK_SQL, params)
             picked = cursor.fetchall()

@@ -463,7 +463,7 @@ _ARCHIVE_PROGRESS_SQL = (
 
 def archive_metrics() -> Iterable[Metric]:
     """How far the mover (tasks/maintenance/archive.py) trails the latest finish time it could have
-    reached, per final status, with ARCHIVE_AFTER set (nothing while it is unset): the age of its
+    reached, per final status, with ARCHIVE_AFTER set (nothing while it is None): the age of its
     progress mark less the longer of ARCHIVE_AFTER and HISTORY_WAIT (the most a task waits for its
     hour's count), at least 0; +Inf before its first batch of the status. Steady, it stays within
     a pass's interval (RETENTION_INTERVAL) of 0; it grows while the mover cannot keep up, is not
@@ -472,7 +472,7 @@ def archive_metrics() -> Iterable[Metric]:
         "tasks_archive_behind_seconds",
         "Seconds the mover's progress (finished tasks moved out of tasks_task) trails the latest it could "
         "have reached: max(ARCHIVE_AFTER, 70 min) ago; +Inf before its first batch. Absent while ARCHIVE_AFTER "
-        "is unset.",
+        "is None (the mover off).",
         labels=["status"],
     )
     try:

@@ -106,3 +106,24 @@ def test_an_operator_rerunning_a_moved_task_while_a_batch_reaches_it_runs_it_onc
     assert result is not None and (result.batch_picked, result.batch_changed) == (8, 7)
     assert where(target) == "tasks_task" and Task.objects.get(pk=target).status == "READY"
     assert all(Task.objects.get(pk=i).status == "READY" for i in ids["hot"] + ids["moved"])
+
+
+def test_a_batch_redone_a_row_at_a_time_whose_rows_all_went_meanwhile_moves_on() -> None:
+    """The row-at-a-time redo of a retry's batch (its statement collided on a dedup key) picks its
+    window again; when every row it had went in between (moved and then deleted, or pruned), it
+    runs the batch's own statement, which has nothing left to collide on, and reports what that did:
+    nothing picked, the cursor past the window, the operation done. (Its result was built from all
+    the statement's columns where a batch's result has seven: a TypeError.)"""
+    ids = failed_tasks()
+    operation = BulkOperation.objects.request("retry", {"queue": "bulk"}, requested_by="ops")
+    with connection.cursor() as cursor:  # gone from both tables, as a prune or an operator's delete
+        cursor.execute("DELETE FROM tasks_task WHERE id = ANY(%s)", [ids["hot"]])
+        cursor.execute("DELETE FROM tasks_finished WHERE id = ANY(%s)", [ids["moved"]])
+    result = operation.retry_one_at_a_time("default", operation.batch_params(batch=100, span=20_000))
+    assert result is not None
+    assert (result.batch_picked, result.batch_changed, result.changed, result.skipped) == (0, 0, 0, 0)
+    assert result.cursor >= max(ids["hot"] + ids["moved"])
+    BulkRunner().run_until_idle()
+    operation.refresh_from_db()
+    assert (operation.status, operation.changed) == ("DONE", 0)
+    assert where(ids["other"][0]) == "tasks_finished"

@@ -432,7 +432,7 @@ def test_the_mover_notes_how_far_it_came_and_the_metric_says_how_far_behind_it_i
     """Its mark moves with each batch (the last row's finish time), reaches the pass's limit at the
     pass's end and never goes back (a full pass from the oldest day leaves it); the metric is the
     mark's age less max(ARCHIVE_AFTER, 70 min): +Inf before a status's first batch, the backlog's age
-    while it catches up, 0 once caught up; absent while ARCHIVE_AFTER is unset."""
+    while it catches up, 0 once caught up; absent while ARCHIVE_AFTER is None (the mover off)."""
     from tasks.models import ArchiveProgress
 
     assert behind() == dict.fromkeys(["SUCCESSFUL", "FAILED", "CANCELLED"], float("inf"))
@@ -474,7 +474,7 @@ def test_the_mover_notes_how_far_it_came_and_the_metric_says_how_far_behind_it_i
     out = StringIO()
     call_command("tasks_partitions", "list", stdout=out)
     assert "the mover: SUCCESSFUL moved up to " in out.getvalue() and "(3 rows, noted " in out.getvalue()
-    settings.LEASING_TASKS = {}
+    settings.LEASING_TASKS = {"ARCHIVE_AFTER": None}  # the mover off
     assert behind() == {}
     assert "tasks_archive_behind_seconds{" not in client.get("/metrics").content.decode()
 
@@ -561,3 +561,32 @@ def test_a_bad_mover_setting_fails_the_checks(settings: Any, setting: str, value
     assert [error.id for error in check_task_settings()] == [code]
     settings.LEASING_TASKS = {"ARCHIVE_AFTER": "10m", "ARCHIVE_BUSY_FRACTION": 1}
     assert check_task_settings() == []
+
+
+def test_an_invalid_mover_setting_met_at_run_time_is_said_once_per_value_until_fixed(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The leader's mover thread reads ARCHIVE_AFTER and ARCHIVE_BUSY_FRACTION every slice (every
+    second): a value the checks would refuse, met at run time (settings changed under a running
+    process), is logged once, not every second; a second invalid value is logged again; fixed, it
+    is forgotten, so the same mistake made later is said again. Meanwhile nothing moves (a bad
+    ARCHIVE_AFTER) or the mover works the default share (a bad ARCHIVE_BUSY_FRACTION)."""
+    archiver = Archiver(interval=0.0)
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "tasks.archive" and r.levelname == "WARNING"]
+
+    settings.LEASING_TASKS = {"ARCHIVE_AFTER": "soon", "ARCHIVE_BUSY_FRACTION": 2}
+    for _ in range(3):
+        assert archiver.run_for(0.0) == 0
+        assert archiver.busy_fraction() == 0.5
+    assert len(warnings()) == 2 and "ARCHIVE_BUSY_FRACTION" in warnings()[1]
+    settings.LEASING_TASKS = {"ARCHIVE_AFTER": "later", "ARCHIVE_BUSY_FRACTION": 0}
+    archiver.run_for(0.0), archiver.busy_fraction(), archiver.run_for(0.0), archiver.busy_fraction()
+    assert len(warnings()) == 4
+    settings.LEASING_TASKS = {"ARCHIVE_AFTER": "10m", "ARCHIVE_BUSY_FRACTION": 0.25}
+    archiver.run_for(0.0)
+    assert archiver.busy_fraction() == 0.25 and len(warnings()) == 4
+    settings.LEASING_TASKS = {"ARCHIVE_AFTER": "later", "ARCHIVE_BUSY_FRACTION": 0}
+    archiver.run_for(0.0), archiver.busy_fraction()
+    assert len(warnings()) == 6
