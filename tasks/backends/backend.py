@@ -404,7 +404,7 @@ class LeaseBackend(BaseTaskBackend):
             if not enqueued.created:
                 # A window's duplicate, or an enqueue folded into the key's waiting debounced task: the
                 # result is that task's, and nothing new was enqueued (no signal).
-                existing = Task.objects.db_manager(using).filter(pk=enqueued.id).first()
+                existing = Task.objects.db_manager(using).find(enqueued.id)  # moved: tasks_finished
                 if existing is not None:
                     return self.result_from_row(existing)
             # The result describes the task as enqueued (the insert returns what it needs).

@@ -282,8 +282,9 @@ def tasks(request: HttpRequest) -> tuple[int, Any]:
             # Same transaction as the insert (the request's): no worker can claim the row before it is
             # marked, and a worker re-checks the path of every marked row before importing it.
             Task.objects.filter(pk=enqueued.id).update(api_origin=True)
-        task = Task.objects.filter(pk=enqueued.id).first()
-        # A unique_for window outlives its task's row when retention pruned it first: the id alone.
+        # A unique_for window outlives its task's stay in tasks_task (the mover) and may outlive its
+        # row (retention pruned it first: the id alone).
+        task = Task.objects.find(enqueued.id)
         found = task_json(task, window=True) if task is not None else None
         return (201 if enqueued.created else 200), {"task": found, "task_id": enqueued.id, "created": enqueued.created}
 
