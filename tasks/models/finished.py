@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import QuerySet
 from django.db.models.sql.datastructures import BaseTable
 
@@ -58,6 +58,20 @@ def archived_ids(ids: list[int], using: str) -> list[tuple[int, str]]:
     with connections[using].cursor() as cursor:
         cursor.execute(MOVED_IDS_SQL, {"ids": ids})
         return [(row[0], row[1]) for row in cursor.fetchall()]
+
+
+def statuses(ids: list[int], using: str = DEFAULT_DB_ALIAS) -> dict[int, str]:
+    """Status per task id wherever the task lives: tasks_task, then tasks_finished for the rest (moved),
+    then tasks_task again for those in neither (a rerun brought one back between the two reads; only
+    that race pays it). A pruned task is missing."""
+    from tasks.models import Task  # the model module imports this one
+
+    found = dict(Task.objects.using(using).filter(pk__in=ids).values_list("pk", "status")) if ids else {}
+    if missing := [i for i in ids if i not in found]:
+        found.update(archived_ids(missing, using))
+        if lost := [i for i in missing if i not in found]:
+            found.update(Task.objects.using(using).filter(pk__in=lost).values_list("pk", "status"))
+    return found
 
 
 def in_finished(queryset: _Q) -> _Q:

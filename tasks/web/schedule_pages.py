@@ -17,7 +17,8 @@ from leasing.validation import parse_iso_datetime
 from tasks import redaction
 from tasks.maintenance.scheduler import schedule_status
 from tasks.maintenance.schedules import ScheduleSpec, load_schedules
-from tasks.models import ScheduleRun, Task
+from tasks.models import ScheduleRun
+from tasks.models import finished as finished_storage
 
 RUNS_PAGE = 50
 
@@ -32,7 +33,7 @@ def _declared(request: HttpRequest) -> dict[str, ScheduleSpec]:
 
 def task_statuses(ids: list[int]) -> dict[int, str]:
     """Status per task id, in one query; a pruned task is missing."""
-    return dict(Task.objects.filter(pk__in=ids).values_list("pk", "status"))
+    return finished_storage.statuses(ids)  # a run's task moved to tasks_finished keeps its status
 
 
 def runs_with_tasks(runs: list[ScheduleRun]) -> list[dict[str, Any]]:

@@ -26,7 +26,8 @@ from tasks.conf import get_settings
 from tasks.lifecycle.routing import queue_database
 from tasks.maintenance.scheduler import schedule_status
 from tasks.maintenance.schedules import InvalidSchedule, ScheduleSpec, load_schedules, stored_spec
-from tasks.models import ScheduleRun, StoredRow, StoredSchedule, Task
+from tasks.models import ScheduleRun, StoredRow, StoredSchedule
+from tasks.models import finished as finished_storage
 
 
 def schedule_json(entry: dict[str, Any], last_status: str | None) -> dict[str, Any]:
@@ -60,7 +61,7 @@ def _entries() -> tuple[list[dict[str, Any]], str | None]:
 
 
 def _statuses(ids: list[int]) -> dict[int, str]:
-    return dict(Task.objects.filter(pk__in=ids).values_list("pk", "status"))
+    return finished_storage.statuses(ids)  # a run's task moved to tasks_finished keeps its status
 
 
 # -- stored schedules --------------------------------------------------------------------------
