@@ -33,7 +33,7 @@ if __name__ == "__main__":  # run as a script: this folder would shadow the apps
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench.common import prepare_database
-from bench.pages import build, pages, print_ratios, time_pages
+from bench.pages import build, page_buffers, pages, print_ratios, time_pages
 
 #: Days of history (and partitions per status: one more, today's).
 DAYS = 7
@@ -123,6 +123,9 @@ def main() -> None:
     parser.add_argument("--hot", type=int, default=10000, help="tasks in tasks_task at every size")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--only", default="", help="time only the pages whose label contains this text")
+    parser.add_argument(
+        "--buffers", action="store_true", help="also count each page's shared buffers (EXPLAIN ANALYZE, BUFFERS)"
+    )
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
     server = prepare_database()
@@ -135,6 +138,7 @@ def main() -> None:
             "bench", "bench@example.com", "bench-password"
         )
         results: dict[int, dict[str, float]] = {}
+        buffers: dict[int, dict[str, float]] = {}
         labels: list[str] = []
         for size in sizes:
             fill_finished(size)
@@ -145,7 +149,13 @@ def main() -> None:
             labels = [label for label, _ in urls]
             print(f"# {size:,} finished tasks retained, {args.hot:,} in tasks_task: median of {args.repeat} (ms)")
             results[size] = time_pages(client, urls, args.repeat)
+            if args.buffers:
+                print(f"# {size:,} finished tasks retained: shared buffers of each page's reads (EXPLAIN)")
+                buffers[size] = page_buffers(client, urls)
         print_ratios(results, sizes, labels, what="retained", goal=1.5)
+        if args.buffers:
+            print("\nShared buffers (hit + read) of each page's read statements:")
+            print_ratios(buffers, sizes, labels, what="retained", goal=1.5)
     finally:
         if server is not None:
             from leasing.embedded import discard

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
+import re
 import statistics
 import sys
 import time
@@ -117,7 +119,7 @@ SELECT CASE WHEN g % 4 = 0 THEN 'mail' ELSE 'default' END, 0, 'app.jobs.job_' ||
        now() - interval '10 seconds', now() - interval '10 seconds', now() - interval '5 seconds',
        now() - interval '5 seconds', 1, 3, '[]', jsonb_build_array('worker-' || (g % 20)), 1, 1, 0, 0, 0, 0, true,
        false, 'worker-' || (g % 20), nextval('leasing_fence_token_seq'), now() - interval '5 seconds', now(),
-       CASE WHEN g <= 5 THEN now() - interval '3 seconds' ELSE now() + interval '30 seconds' END
+       CASE WHEN g <= 5 THEN now() - interval '3 seconds' ELSE now() + interval '1 hour' END
 FROM generate_series(1, 205) AS g
 """
 
@@ -347,6 +349,43 @@ def time_pages(client: Any, urls: list[tuple[str, str]], repeat: int) -> dict[st
         note = f" (first request {first:.0f} ms)" if label == "dashboard overview" else ""
         print(f"  {label:<44} {medians[label]:>9.1f} ms{note}", flush=True)
     return medians
+
+
+#: A statement ``page_buffers`` may run under EXPLAIN ANALYZE (which executes it): a read, not one
+#: that writes or locks.
+_WRITES = re.compile(r"\b(INSERT|UPDATE|DELETE|MERGE|NOTIFY|nextval|setval|pg_advisory)\b", re.IGNORECASE)
+_JIT_OFF = "SELECT set_config('jit', 'off', true); "
+
+
+def page_buffers(client: Any, urls: list[tuple[str, str]]) -> dict[str, float]:
+    """Shared buffers (hit + read) each page's read statements touch, from EXPLAIN (ANALYZE, BUFFERS)
+    of every SELECT the page ran (captured through Django, parameters in place): a count, not a
+    time, so a busy machine does not bend it. Statements that write or lock (the session's save,
+    the chart's catch-up) are left out; so is planning."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    found: dict[str, float] = {}
+    for label, url in urls:
+        client.get(url)  # warm: the same statements as the timed requests
+        with CaptureQueriesContext(connection) as captured:
+            client.get(url)
+        total = 0
+        for query in captured.captured_queries:
+            sql = query["sql"]
+            if sql.startswith(_JIT_OFF):
+                sql = sql[len(_JIT_OFF) :]
+            if not sql.lstrip().upper().startswith(("SELECT", "WITH")) or _WRITES.search(sql) or ";" in sql:
+                continue
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SET LOCAL jit = off")
+                cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql)
+                plan = cursor.fetchone()[0]
+            top = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+            total += top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0)
+        found[label] = float(total)
+        print(f"  {label:<44} {total:>9,} buffers", flush=True)
+    return found
 
 
 def print_ratios(

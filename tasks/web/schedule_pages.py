@@ -32,7 +32,7 @@ def _declared(request: HttpRequest) -> dict[str, ScheduleSpec]:
 
 
 def task_statuses(ids: list[int]) -> dict[int, str]:
-    """Status per task id, in one query; a pruned task is missing."""
+    """Status per task id (tasks_task, then tasks_finished for the moved); a pruned task is missing."""
     return finished_storage.statuses(ids)  # a run's task moved to tasks_finished keeps its status
 
 
