@@ -63,7 +63,13 @@ class QueueFilter(admin.SimpleListFilter):
     parameter_name = "queue__exact"  # the built-in filter's parameter: existing links keep working
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(name, name) for name in queries.queue_names()]
+        # The selected queue is a choice even when tasks_task holds none of its tasks (the mover took
+        # them all): a filter with no choices is dropped by the admin, and the list would show every
+        # queue's tasks under a URL that names one.
+        names = queries.queue_names()
+        if (selected := self.value()) and selected not in names:
+            names = [*names, selected]
+        return [(name, name) for name in names]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()

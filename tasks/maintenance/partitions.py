@@ -36,16 +36,11 @@ from django.db import DEFAULT_DB_ALIAS, Error, connections, transaction
 from leasing import clock
 from tasks.conf import get_settings
 from tasks.maintenance.retention import retention_policy
+from tasks.models.finished import FINISHED_TABLE, STATUS_TABLES
 
 logger = logging.getLogger("tasks.partitions")
 
-TABLE = "tasks_finished"
-#: The first level: a list partition per final status, each partitioned by day.
-STATUS_TABLES = {
-    "SUCCESSFUL": f"{TABLE}_successful",
-    "FAILED": f"{TABLE}_failed",
-    "CANCELLED": f"{TABLE}_cancelled",
-}
+TABLE = FINISHED_TABLE
 _NAME = re.compile(r"^tasks_finished_(successful|failed|cancelled)_(\d{8})$")
 #: Seconds between the leader's checks of the partitions (a catalog read when nothing is due).
 PARTITION_CHECK_INTERVAL = 60.0

@@ -323,12 +323,15 @@ class Listing:
         """The finished statuses' branches on tasks_finished (the mover's rows; issue 43), each with
         whether its ``hit`` flag filters (False: every row it reads is a hit).
 
-        Each is ``WHERE status = s [AND lookup] ORDER BY id DESC``: the status prunes to its own day
-        partitions, and the backward scans of their indexes are merged, so a page reads the days kept
-        and a page of entries. A lookup on ``id``, ``queue``, ``task_path``, ``dedup_key`` or
-        ``holder`` has an index of its own there, ``(column, id)`` (migration 0036); any other
-        lookup, and the residual, are checked within the window, as on tasks_task. A workflow's
-        member is never moved (tasks/maintenance/archive.py): a workflow lookup reads nothing."""
+        Each reads the status's partition, ``[WHERE lookup] ORDER BY id DESC``: its own day
+        partitions, the backward scans of their indexes merged, so a page reads the days kept and a
+        page of entries. The status there is a constant (``StatusPartition``), so the base's own
+        conditions on it are decided once (a branch of a status the base excludes reads nothing) and
+        a count or a page of ids is an index-only scan of ``(column, id)``. A lookup on ``id``,
+        ``queue``, ``task_path``, ``dedup_key`` or ``holder`` has an index of its own there,
+        ``(column, id)`` (migration 0036); any other lookup, and the residual, are checked within
+        the window, as on tasks_task. A workflow's member is never moved
+        (tasks/maintenance/archive.py): a workflow lookup reads nothing."""
         if not self.finished:
             return []
         branches: list[tuple[QuerySet[Any], bool]] = []
@@ -340,7 +343,7 @@ class Listing:
                 name = "pk" if _is_id_lookup(lookup) else (column[0] if column else None)
                 if name == "workflow_id":
                     continue
-                branch = self.base.filter(status=status)
+                branch = self.base  # read from the status's partition (its status a constant there)
                 unindexed = [] if name in FINISHED_INDEXED else [lookup]
                 if not unindexed:
                     branch = branch.filter(lookup)
@@ -348,7 +351,7 @@ class Listing:
                     branch = branch.filter(pk__lt=before)
                 conditions = [*unindexed, *([self.residual] if self.residual is not None else [])]
                 hit = reduce(operator.and_, conditions) if conditions else Q(pk__isnull=False)
-                flagged = in_finished(branch).annotate(hit=_flag(hit)).order_by("-pk").values_list("id", "hit")
+                flagged = in_finished(branch, status).annotate(hit=_flag(hit)).order_by("-pk").values_list("id", "hit")
                 branches.append((flagged, bool(conditions)))
         return branches
 

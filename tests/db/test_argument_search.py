@@ -74,7 +74,7 @@ def test_with_its_index_the_search_reads_the_matches_through_it(staff: Client, r
         assert statements
         for sql, params in statements:
             plan = explained(sql, params)
-            if '"tasks_finished"' in sql:
+            if '"tasks_finished' in sql:  # the table or a status's partition
                 # tasks_finished (the mover's rows) has no argument index: the search is checked there
                 # within the lists' window, at most SCAN_WINDOW rows of each day (issue 43)
                 assert max((n for _, n in rows_read(plan)), default=0) <= SCAN_WINDOW + 1, sql
