@@ -111,9 +111,10 @@ def in_finished(queryset: _Q, status: str | None = None) -> _Q:
     the same columns and conditions, the table swapped under its alias
     (``FROM "tasks_finished" "tasks_task"``, so every column reference stays as compiled); with
     ``status``, from that status's partition (:class:`StatusPartition`: a condition on the status
-    is decided once, not on each row). Filters, annotations and slices may follow; a lookup through another table may
-    not (Task has none), nor may it serve inside another query (its table is swapped under the
-    alias, not registered: relabelling it for a subquery fails). Rows it returns are Tasks: callers mark them ``archived`` (:func:`archived`)."""
+    is decided once, not on each row). Filters, annotations and slices may follow; a lookup
+    through another table may not (Task has none), nor may it serve inside another query (its
+    table is swapped under the alias, not registered: relabelling it for a subquery fails). Rows it
+    returns are Tasks: callers mark them ``archived`` (:func:`archived`)."""
     moved = queryset.all()
     query = moved.query
     alias = query.get_initial_alias()
