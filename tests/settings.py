@@ -44,6 +44,11 @@ DATABASES["second"] = {  # noqa: F405
     "NAME": os.environ.get("LEASING_TEST_SECOND_DATABASE", "leasing_second"),
 }
 
+# Processes started by a test get any other LEASING_TASKS setting through the environment (JSON).
+if os.environ.get("LEASING_TEST_TASKS"):
+    import json
+
+    LEASING_TASKS = {**LEASING_TASKS, **json.loads(os.environ["LEASING_TEST_TASKS"])}  # noqa: F405
 # Processes started by the scheduler tests get their schedules through the environment.
 if os.environ.get("LEASING_TEST_SCHEDULES"):
     import json

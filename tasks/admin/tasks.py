@@ -228,14 +228,21 @@ class TaskAdmin(CheckedInputAdmin):
         url = reverse("admin:tasks_task_change", args=[object_id])
         return HttpResponseRedirect(f"{url}?{request.GET.urlencode()}" if request.GET else url)
 
+    # A delete confirmed for a task the mover took meanwhile (its batch held the row while the
+    # delete waited; the delete found it gone) deletes it from tasks_finished, where it is now:
+    # what the operator confirmed is what is deleted, and Django's "deleted" message stays true.
+
     def delete_model(self, request: HttpRequest, obj: Task) -> None:
-        if obj.archived:  # kept in tasks_finished: deleted from its day there
-            Task.objects.using(obj._state.db).delete_archived([obj.pk])
-            return
-        Task.objects.filter(pk=obj.pk).delete_finished()
+        tasks = Task.objects.using(obj._state.db)
+        # Read from tasks_finished (archived): deleted from its day there; else the mover may have it.
+        if obj.archived or not tasks.filter(pk=obj.pk).delete_finished():
+            tasks.delete_archived([obj.pk])
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
-        Task.objects.filter(pk__in=queryset.values("pk")).delete_finished()
+        ids = list(queryset.values_list("pk", flat=True))
+        tasks = Task.objects.using(queryset.db)
+        if tasks.filter(pk__in=ids).delete_finished() < len(ids):
+            tasks.delete_archived(ids)
 
     @admin.action(permissions=["delete"], description="Delete selected finished tasks")
     def delete_selected(self, request: HttpRequest, queryset: QuerySet[Task]) -> Any:

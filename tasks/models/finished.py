@@ -105,20 +105,31 @@ class StatusPartition(BaseTable):
         )
         return f"(SELECT {columns} FROM {quote(self.table_name)}) {quote(self.table_alias)}", ()
 
+    def relabeled_clone(self, change_map: dict[str | None, str]) -> StatusPartition:
+        # (BaseTable's passes the table's name where this class takes the status.)
+        alias = change_map.get(self.table_alias) or self.table_alias
+        assert alias is not None  # an initial alias, never None
+        return self.__class__(self.status, alias)
+
 
 def in_finished(queryset: _Q, status: str | None = None) -> _Q:
     """``queryset`` (of Task, filtered as it is) read from ``tasks_finished`` instead of ``tasks_task``:
     the same columns and conditions, the table swapped under its alias
     (``FROM "tasks_finished" "tasks_task"``, so every column reference stays as compiled); with
     ``status``, from that status's partition (:class:`StatusPartition`: a condition on the status
-    is decided once, not on each row). Filters, annotations and slices may follow; a lookup
-    through another table may not (Task has none), nor may it serve inside another query (its
-    table is swapped under the alias, not registered: relabelling it for a subquery fails). Rows it
-    returns are Tasks: callers mark them ``archived`` (:func:`archived`)."""
+    is decided once, not on each row). Filters, annotations and slices may follow, and it may
+    serve inside another query (``pk__in=``, ``Exists``: the alias is registered under the table
+    read, so the outer query's relabelling finds it); a lookup through another table may not (Task
+    has none). Rows it returns are Tasks: callers mark them ``archived`` (:func:`archived`)."""
     moved = queryset.all()
     query = moved.query
     alias = query.get_initial_alias()
-    query.alias_map[alias] = BaseTable(FINISHED_TABLE, alias) if status is None else StatusPartition(status, alias)
+    table = BaseTable(FINISHED_TABLE, alias) if status is None else StatusPartition(status, alias)
+    # (A clone shares table_map's lists with its original: new lists, not removes and appends.)
+    swapped = query.alias_map[alias].table_name
+    query.table_map[swapped] = [a for a in query.table_map[swapped] if a != alias]
+    query.table_map[table.table_name] = [*query.table_map.get(table.table_name, []), alias]
+    query.alias_map[alias] = table
     return moved
 
 

@@ -145,6 +145,33 @@ def test_a_requeue_from_the_admin_while_the_mover_takes_the_task_reruns_it(staff
     assert where(task_id) == "tasks_task" and Task.objects.get(pk=task_id).status == "READY"
 
 
+def test_a_delete_of_a_selection_confirmed_while_the_mover_takes_one_deletes_both(staff: Client) -> None:
+    """The admin read both selected rows in tasks_task (the move not committed), its delete waited for
+    the mover's batch and found one gone: it is deleted from tasks_finished then, where it went, and
+    the message counts both. (The delete of tasks_task alone said "deleted" and kept it.)"""
+    taken = ended("FAILED", at=dt.datetime.now(UTC) - dt.timedelta(hours=3))
+    other = ended("SUCCESSFUL")
+    response = rerun_beside_a_held_move(
+        taken,
+        lambda: staff.post(
+            "/admin/tasks/task/",
+            {"action": "delete_selected", "_selected_action": [taken, other], "post": "yes"},
+            follow=True,
+        ),
+    )
+    assert "Successfully deleted 2 tasks." in response.content.decode(), response.content.decode()[-1500:]
+    assert where(taken) is None and where(other) is None
+
+
+def test_a_delete_from_a_tasks_page_confirmed_while_the_mover_takes_it_deletes_it(staff: Client) -> None:
+    taken = ended("FAILED", at=dt.datetime.now(UTC) - dt.timedelta(hours=3))
+    response = rerun_beside_a_held_move(
+        taken, lambda: staff.post(f"/admin/tasks/task/{taken}/delete/", {"post": "yes"}, follow=True)
+    )
+    assert "was deleted successfully" in response.content.decode(), response.content.decode()[-1500:]
+    assert where(taken) is None
+
+
 def slots_taken(key: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
