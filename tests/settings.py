@@ -53,7 +53,7 @@ if os.environ.get("LEASING_TEST_TASKS"):
 if os.environ.get("LEASING_TEST_SCHEDULES"):
     import json
 
-    LEASING_TASKS = {**LEASING_TASKS, "SCHEDULES": json.loads(os.environ["LEASING_TEST_SCHEDULES"])}  # noqa: F405
+    LEASING_TASKS = {**LEASING_TASKS, "SCHEDULES": json.loads(os.environ["LEASING_TEST_SCHEDULES"])}
 # ... and the task paths a stored schedule may name (tests/concurrency/test_stored_schedule_processes.py).
 if os.environ.get("LEASING_TEST_API_TASKS"):
     LEASING_TASKS = {**LEASING_TASKS, "API_TASKS": tuple(os.environ["LEASING_TEST_API_TASKS"].split(","))}

@@ -6,12 +6,13 @@ import itertools
 import json
 import threading
 from collections import defaultdict
+from contextlib import ExitStack
 from typing import Any
 
 import pytest
 from django.db import connections
 
-from tests.helpers import iso_time, read_message, start_child
+from tests.helpers import ensure_ended, iso_time, read_message, start_child
 from tests.helpers.contend import contend
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -79,12 +80,18 @@ def test_no_two_grants_of_a_resource_overlap_and_tokens_grow() -> None:
 def test_a_semaphore_of_three_raced_by_eight_processes_never_has_more_than_three_holders() -> None:
     """Issue 12: a counting semaphore on the lease core; checked on the database clock."""
     limit = 3
-    processes = [start_child("semaphore", "pool", str(limit), str(DURATION), str(i)) for i in range(8)]
-    for proc in processes:
-        assert read_message(proc).get("ready")
+    with ExitStack() as children:
+        processes = [
+            children.enter_context(ensure_ended(start_child("semaphore", "pool", str(limit), str(DURATION), str(i))))
+            for i in range(8)
+        ]
+        # Eight interpreters importing Django at once beside the other tests' workers: their start
+        # is waited for (a readiness handshake, not a deadline the race needs).
+        for proc in processes:
+            assert read_message(proc, timeout=120).get("ready")
+        outputs = [proc.communicate(timeout=60) for proc in processes]
     grants: list[dict[str, Any]] = []
-    for proc in processes:
-        out, err = proc.communicate(timeout=60)
+    for proc, (out, err) in zip(processes, outputs, strict=True):
         assert proc.returncode == 0, err
         for line in out.splitlines():
             message = json.loads(line)

@@ -80,7 +80,8 @@ def start_child(helper: str, *args: str, **env: str) -> subprocess.Popen[str]:
 
 @contextmanager
 def ensure_ended(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
-    """On the way out, resume and kill a child that is still running (a failed test)."""
+    """On the way out, resume and kill a child that is still running (a failed test), and close its
+    pipes (left to the garbage collector, they fail a later test with a ResourceWarning)."""
     try:
         yield proc
     finally:
@@ -89,6 +90,9 @@ def ensure_ended(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]
                 os.kill(proc.pid, signal.SIGCONT)
             proc.kill()
             proc.wait(30)
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 @contextmanager
