@@ -285,8 +285,9 @@ class Listing:
         #: Pages, counts and the admin's ids read the finished statuses' rows moved to tasks_finished too.
         self.finished = finished
 
-    def _branches(self, before: int | None) -> list[QuerySet[Task]]:
-        """One query per (status, lookup), newest first, in an order only its own index gives.
+    def _branches(self, before: int | None, lookups: Sequence[Q] | None = None) -> list[QuerySet[Task]]:
+        """One query per (status, lookup) (of ``lookups``, the listing's by default), newest first,
+        in an order only its own index gives.
 
         ``WHERE status = 'SUCCESSFUL' ORDER BY id DESC LIMIT n`` may be planned as a backward scan of
         the primary key filtering on the status (the planner assumes a status's rows are spread evenly
@@ -305,7 +306,7 @@ class Listing:
         and sorted them: 14,051 rows for a page after a burst.)"""
         branches = []
         for status in self.statuses:
-            for lookup in self.lookups:
+            for lookup in self.lookups if lookups is None else lookups:
                 column = _one_column(lookup)
                 if column is None:
                     branch = self.base.filter(StatusAmong(F("status"), [status])).filter(lookup)
@@ -319,7 +320,9 @@ class Listing:
                 branches.append(branch.order_by(*order))
         return branches
 
-    def _finished_branches(self, before: int | None) -> list[tuple[QuerySet[Any], bool]]:
+    def _finished_branches(
+        self, before: int | None, lookups: Sequence[Q] | None = None
+    ) -> list[tuple[QuerySet[Any], bool]]:
         """The finished statuses' branches on tasks_finished (the mover's rows; issue 43), each with
         whether its ``hit`` flag filters (False: every row it reads is a hit).
 
@@ -338,7 +341,7 @@ class Listing:
         for status in self.statuses:
             if status not in FINISHED_STATUSES:
                 continue
-            for lookup in self.lookups:
+            for lookup in self.lookups if lookups is None else lookups:
                 column = _one_column(lookup)
                 name = "pk" if _is_id_lookup(lookup) else (column[0] if column else None)
                 if name == "workflow_id":
@@ -425,16 +428,39 @@ class Listing:
         return [found[i] for i in ids if i in found and found[i].status in self.statuses]
 
     def count(self, cap: int | None = None) -> Count:
-        """How many tasks the listing has, up to ``cap`` (COUNT_CAP; no residual: admin listings)."""
+        """How many tasks the listing has, up to ``cap`` (COUNT_CAP; no residual: admin listings).
+
+        One statement. Each lookup's branches (disjoint: one status each, a row in one table at a
+        time) are read as one stream that stops at ``cap + 1`` rows; with several lookups (a search),
+        a row two of them find counts once: when one lookup alone passes the cap the count is capped
+        and no other row is read, else the lookups' rows (at most ``cap`` each) are merged. (A UNION
+        of every branch read each one to its own limit before the count began: a search by task
+        path at 10 M retained counted 10,001 entries of every status in both tables.)"""
         cap = COUNT_CAP if cap is None else cap
         self._unwindowed()
-        branches = [branch.values_list("id")[: cap + 1] for branch in self._branches(None)]
-        moved = self._moved_parts(cap + 1)
-        if not branches and not moved:
+        streams: list[tuple[str, list[Any]]] = []
+        for lookup in self.lookups:
+            branches = [branch.values_list("id")[: cap + 1] for branch in self._branches(None, [lookup])]
+            moved = self._moved_parts(cap + 1, [lookup])
+            if branches or moved:
+                sql, params = self._union(branches, moved, distinct=False)
+                streams.append((f"SELECT u.id FROM ({sql}) AS u LIMIT %s", [*params, cap + 1]))
+        if not streams:
             return Count(0, False)
-        union, params = self._union(branches, moved)
+        params = [value for _, stream_params in streams for value in stream_params]
+        if len(streams) == 1:
+            sql = f"SELECT count(*) FROM ({streams[0][0]}) AS c"
+        else:
+            names = [f"s{index}" for index in range(len(streams))]
+            ctes = ", ".join(
+                f"{name} AS MATERIALIZED ({stream})" for name, (stream, _) in zip(names, streams, strict=True)
+            )
+            over = " OR ".join(f"(SELECT count(*) FROM {name}) > %s" for name in names)
+            merged = " UNION ".join(f"SELECT id FROM {name}" for name in names)
+            sql = f"WITH {ctes} SELECT CASE WHEN {over} THEN %s ELSE (SELECT count(*) FROM ({merged}) AS m) END"
+            params += [cap] * len(names) + [cap + 1]
         with connections[self.base.db].cursor() as cursor:
-            cursor.execute(f"SELECT count(*) FROM (SELECT 1 FROM ({union}) AS u LIMIT %s) AS c", [*params, cap + 1])
+            cursor.execute(sql, params)
             value = cursor.fetchone()[0]
         return Count(min(value, cap), value > cap)
 
@@ -456,18 +482,23 @@ class Listing:
         if self.residual is not None:
             raise TypeError("count() and ids() read whole branches: a listing with a residual has only pages")
 
-    def _moved_parts(self, rows: int) -> list[tuple[str, tuple[Any, ...]]]:
-        """The finished branches on tasks_finished for count() and ids(): each its first ``rows`` ids
-        (a branch whose lookup no index there serves: the hits among its first SCAN_WINDOW rows, a
-        bounded read, so such a count is a lower bound)."""
+    def _moved_parts(self, rows: int, lookups: Sequence[Q] | None = None) -> list[tuple[str, tuple[Any, ...]]]:
+        """The finished branches on tasks_finished for count() and ids() (of ``lookups``, the
+        listing's by default): each its first ``rows`` ids (a branch whose lookup no index there
+        serves: the hits among its first SCAN_WINDOW rows, a bounded read, so such a count is a
+        lower bound)."""
         parts = []
-        for flagged, filters in self._finished_branches(None):
+        for flagged, filters in self._finished_branches(None, lookups):
             sql, params = _compiled(flagged[: SCAN_WINDOW if filters else rows])
             parts.append((f'SELECT w.id FROM ({sql}) AS w WHERE w."hit"', params))
         return parts
 
     def _union(
-        self, parts: Sequence[QuerySet[Any]], moved: Sequence[tuple[str, tuple[Any, ...]]] = ()
+        self,
+        parts: Sequence[QuerySet[Any]],
+        moved: Sequence[tuple[str, tuple[Any, ...]]] = (),
+        *,
+        distinct: bool | None = None,
     ) -> tuple[str, list[Any]]:
         """One statement (one snapshot: a row the mover takes meanwhile is read once) over tasks_task's
         branches and tasks_finished's (``moved``, from :meth:`_moved_parts`)."""
@@ -483,7 +514,9 @@ class Listing:
         # Branches of different statuses are disjoint: UNION ALL, read lazily up to the LIMIT. With
         # several lookups, UNION: a row found by two of them counts once (a hash of at most a few
         # branches of ids; excluding the other lookups in each branch would spoil its index-only scan).
-        return (" UNION " if len(self.lookups) > 1 else " UNION ALL ").join(sqls), params
+        # (``distinct`` False: the parts are of one lookup.)
+        distinct = len(self.lookups) > 1 if distinct is None else distinct
+        return (" UNION " if distinct else " UNION ALL ").join(sqls), params
 
     def _ids(self, parts: Sequence[tuple[QuerySet[Any], int | None]]) -> list[list[int]]:
         """The ids each part returns, in one statement: a part given a limit is a flagged window, its

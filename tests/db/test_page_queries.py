@@ -142,6 +142,13 @@ def test_admin_paginator_counts_up_to_the_cap_and_pages_by_offset(tasks: list[Ta
     naive = expected(Task.objects.filter(queries.any_of(search_lookups("app.b"))))
     assert listing.count() == Count(len(naive), capped=False)
     assert listing.count(cap=10) == Count(10, capped=True)
+    # Each lookup alone within the cap, together past it (or exactly at it: a row of both counts once).
+    by_path, by_holder = Task.objects.filter(task_path="app.b").count(), Task.objects.filter(holder="app.b").count()
+    both = Task.objects.filter(task_path="app.b", holder="app.b").count()
+    assert both and by_path + by_holder - both == len(naive) > max(by_path, by_holder)
+    assert listing.count(cap=max(by_path, by_holder)) == Count(max(by_path, by_holder), capped=True)
+    assert listing.count(cap=len(naive)) == Count(len(naive), capped=False)
+    assert listing.count(cap=len(naive) - 1) == Count(len(naive) - 1, capped=True)
     paginator = ListingPaginator(listing, 13)
     pages = [[task.pk for task in paginator.page(n).object_list] for n in paginator.page_range]
     assert [pk for page in pages for pk in page] == naive
