@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from io import StringIO
 from typing import Any
 from urllib.parse import urlencode
@@ -19,9 +19,9 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import Client
 
-from tasks.maintenance.partitions import create_ahead
 from tasks.models import Task
-from tests.db.test_finished_partitions import drop_partitions
+from tests.db.test_finished_lists import MOVE_SQL, days  # noqa: F401 (days: the autouse fixture, its partitions)
+from tests.db.test_finished_lists_walk import walk_dashboard
 from tests.helpers.api import TOKEN, Api
 from tests.helpers.task_paths import NOOP
 
@@ -40,11 +40,6 @@ LABEL = {
     "RUNNING": "Running",
 }
 
-MOVE_SQL = """
-WITH moved AS (DELETE FROM tasks_task WHERE id = ANY(%s) AND status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
-               RETURNING *)
-INSERT INTO tasks_finished SELECT * FROM moved RETURNING id
-"""
 BOTH_SQL = """
 SELECT id, status, queue, task_path, dedup_key, holder, fair_key, enqueued_at, kwargs, expires_at,
        failures + crashes + shared_crashes, snoozed_at, 'hot' FROM tasks_task
@@ -56,14 +51,6 @@ COLUMNS = (
     "id", "status", "queue", "task_path", "dedup_key", "holder", "fair_key", "enqueued_at", "kwargs",
     "expires_at", "failed", "snoozed_at", "table",
 )  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def days() -> Iterator[None]:
-    drop_partitions()
-    create_ahead(1)
-    yield
-    drop_partitions()
 
 
 @pytest.fixture
@@ -133,19 +120,6 @@ def searched(term: str) -> Callable[[dict[str, Any]], bool]:
     return lambda row: (
         (term.isdigit() and row["id"] == int(term)) or term in (row["dedup_key"], row["holder"], row["task_path"])
     )
-
-
-def walk_dashboard(staff: Client, url: str, query: dict[str, str]) -> list[int]:
-    seen: list[int] = []
-    before: int | None = None
-    for _ in range(100):
-        response = staff.get(url, {**query, **({"before": str(before)} if before else {})})
-        assert response.status_code == 200, (url, query, response.content.decode()[-800:])
-        seen += [task.pk for task in response.context["tasks"]]
-        before = response.context["next_before"]
-        if before is None:
-            return seen
-    raise AssertionError("no end to the pages")
 
 
 def walk_api(api: Api, query: str) -> list[int]:
