@@ -284,6 +284,9 @@ class Listing:
         self.residual = residual
         #: Pages, counts and the admin's ids read the finished statuses' rows moved to tasks_finished too.
         self.finished = finished
+        #: Every id the last :meth:`count` found, newest first, when it found no more than its cap
+        #: (it read them all; :meth:`ids` serves from them): None otherwise.
+        self.counted: list[int] | None = None
 
     def _branches(self, before: int | None, lookups: Sequence[Q] | None = None) -> list[QuerySet[Task]]:
         """One query per (status, lookup) (of ``lookups``, the listing's by default), newest first,
@@ -435,7 +438,9 @@ class Listing:
         a row two of them find counts once: when one lookup alone passes the cap the count is capped
         and no other row is read, else the lookups' rows (at most ``cap`` each) are merged. (A UNION
         of every branch read each one to its own limit before the count began: a search by task
-        path at 10 M retained counted 10,001 entries of every status in both tables.)"""
+        path at 10 M retained counted 10,001 entries of every status in both tables.) Within the cap
+        the ids read are kept (``counted``): the admin's page after the count reads no index again
+        (a search descends into every day partition of each final status for each lookup)."""
         cap = COUNT_CAP if cap is None else cap
         self._unwindowed()
         streams: list[tuple[str, list[Any]]] = []
@@ -448,8 +453,11 @@ class Listing:
         if not streams:
             return Count(0, False)
         params = [value for _, stream_params in streams for value in stream_params]
+        # Within the cap every row was read: their ids come back too, newest first, for ids().
+        newest_first = "coalesce(array_agg(m.id ORDER BY m.id DESC), '{}'::bigint[])"
         if len(streams) == 1:
-            sql = f"SELECT count(*) FROM ({streams[0][0]}) AS c"
+            sql = f"SELECT CASE WHEN count(*) > %s THEN NULL ELSE {newest_first} END FROM ({streams[0][0]}) AS m"
+            params.insert(0, cap)
         else:
             names = [f"s{index}" for index in range(len(streams))]
             ctes = ", ".join(
@@ -457,16 +465,24 @@ class Listing:
             )
             over = " OR ".join(f"(SELECT count(*) FROM {name}) > %s" for name in names)
             merged = " UNION ".join(f"SELECT id FROM {name}" for name in names)
-            sql = f"WITH {ctes} SELECT CASE WHEN {over} THEN %s ELSE (SELECT count(*) FROM ({merged}) AS m) END"
-            params += [cap] * len(names) + [cap + 1]
+            sql = (
+                f"WITH {ctes} SELECT CASE WHEN {over} THEN NULL"
+                f" ELSE (SELECT CASE WHEN count(*) > %s THEN NULL ELSE {newest_first} END FROM ({merged}) AS m) END"
+            )
+            params += [cap] * len(names) + [cap]
         with connections[self.base.db].cursor() as cursor:
             cursor.execute(sql, params)
-            value = cursor.fetchone()[0]
-        return Count(min(value, cap), value > cap)
+            ids = cursor.fetchone()[0]
+        self.counted = ids
+        return Count(cap, True) if ids is None else Count(len(ids), False)
 
     def ids(self, offset: int, limit: int) -> list[int]:
-        """Ids of rows ``offset`` to ``offset + limit`` (admin pages: offsets stay below COUNT_CAP)."""
+        """Ids of rows ``offset`` to ``offset + limit`` (admin pages: offsets stay below COUNT_CAP):
+        from the count's when it read every row (:meth:`count`, the statement before on an admin
+        page), else read."""
         self._unwindowed()
+        if self.counted is not None:
+            return self.counted[max(offset, 0) : max(offset, 0) + max(limit, 0)]
         branches = [branch.values_list("id")[: offset + limit] for branch in self._branches(None)]
         moved = self._moved_parts(offset + limit) if limit > 0 else []
         if (not branches and not moved) or limit <= 0:  # (a slice [:0] is an empty query, which does not compile)

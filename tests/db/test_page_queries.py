@@ -149,6 +149,10 @@ def test_admin_paginator_counts_up_to_the_cap_and_pages_by_offset(tasks: list[Ta
     assert listing.count(cap=max(by_path, by_holder)) == Count(max(by_path, by_holder), capped=True)
     assert listing.count(cap=len(naive)) == Count(len(naive), capped=False)
     assert listing.count(cap=len(naive) - 1) == Count(len(naive) - 1, capped=True)
+    # Capped, the count kept no ids: the pages read their own; within the cap, it kept them all.
+    assert listing.counted is None and listing.ids(5, 9) == naive[5:14]
+    assert listing.count() == Count(len(naive), capped=False) and listing.counted == naive
+    assert listing.ids(5, 9) == naive[5:14] and listing.ids(len(naive) - 2, 9) == naive[-2:]
     paginator = ListingPaginator(listing, 13)
     pages = [[task.pk for task in paginator.page(n).object_list] for n in paginator.page_range]
     assert [pk for page in pages for pk in page] == naive
