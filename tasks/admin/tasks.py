@@ -124,6 +124,14 @@ class TaskChangeList(ChangeList):
             self.result_list = listing.rows(listing.ids(0, self.result_count))
 
 
+def _refuse_if_run_again(tasks: QuerySet[Task], ids: list[int]) -> None:
+    """After a delete that found some of ``ids`` in neither table: :class:`TaskNotFinished` for those
+    a rerun brought back to tasks_task meanwhile (unfinished there now). One deleted by someone
+    else meanwhile is gone either way."""
+    if back := list(tasks.filter(pk__in=ids, status__in=UNFINISHED).order_by("pk").values_list("pk", "status")):
+        raise TaskNotFinished(back)
+
+
 @admin.register(Task)
 class TaskAdmin(CheckedInputAdmin):
     list_display = (
@@ -230,19 +238,22 @@ class TaskAdmin(CheckedInputAdmin):
 
     # A delete confirmed for a task the mover took meanwhile (its batch held the row while the
     # delete waited; the delete found it gone) deletes it from tasks_finished, where it is now:
-    # what the operator confirmed is what is deleted, and Django's "deleted" message stays true.
+    # what the operator confirmed is what is deleted, and Django's "deleted" message stays true. A
+    # task found in neither table was run again meanwhile (a rerun restored it to tasks_task):
+    # the delete is refused whole, as for any unfinished task, its log entries rolled back with it.
 
     def delete_model(self, request: HttpRequest, obj: Task) -> None:
         tasks = Task.objects.using(obj._state.db)
         # Read from tasks_finished (archived): deleted from its day there; else the mover may have it.
-        if obj.archived or not tasks.filter(pk=obj.pk).delete_finished():
-            tasks.delete_archived([obj.pk])
+        if (obj.archived or not tasks.filter(pk=obj.pk).delete_finished()) and not tasks.delete_archived([obj.pk]):
+            _refuse_if_run_again(tasks, [obj.pk])
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
         ids = list(queryset.values_list("pk", flat=True))
         tasks = Task.objects.using(queryset.db)
-        if tasks.filter(pk__in=ids).delete_finished() < len(ids):
-            tasks.delete_archived(ids)
+        deleted = tasks.filter(pk__in=ids).delete_finished()
+        if deleted < len(ids) and deleted + tasks.delete_archived(ids) < len(ids):
+            _refuse_if_run_again(tasks, ids)
 
     @admin.action(permissions=["delete"], description="Delete selected finished tasks")
     def delete_selected(self, request: HttpRequest, queryset: QuerySet[Task]) -> Any:

@@ -103,7 +103,10 @@ class StatusPartition(BaseTable):
             f"'{self.status}'::varchar AS {quote('status')}" if field.column == "status" else quote(field.column)
             for field in Task._meta.concrete_fields
         )
-        return f"(SELECT {columns} FROM {quote(self.table_name)}) {quote(self.table_alias)}", ()
+        # The alias as column references name it: Django 5.2 leaves a subquery's alias (U0) bare,
+        # 6.x quotes every one (quote_name_unless_alias, deprecated there, became quote_name).
+        alias = getattr(compiler, "quote_name", None) or compiler.quote_name_unless_alias
+        return f"(SELECT {columns} FROM {quote(self.table_name)}) {alias(self.table_alias)}", ()
 
     def relabeled_clone(self, change_map: dict[str | None, str]) -> StatusPartition:
         # (BaseTable's passes the table's name where this class takes the status.)
