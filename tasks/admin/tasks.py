@@ -249,7 +249,9 @@ class TaskAdmin(CheckedInputAdmin):
             _refuse_if_run_again(tasks, [obj.pk])
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
-        ids = list(queryset.values_list("pk", flat=True))
+        # The tasks Django read, logged and counted in its message (its queryset's cache): a task the
+        # mover took since is deleted from tasks_finished below, not left there.
+        ids = [task.pk for task in queryset]
         tasks = Task.objects.using(queryset.db)
         deleted = tasks.filter(pk__in=ids).delete_finished()
         if deleted < len(ids) and deleted + tasks.delete_archived(ids) < len(ids):
