@@ -134,6 +134,9 @@ def _refuse_if_run_again(tasks: QuerySet[Task], ids: list[int]) -> None:
 
 @admin.register(Task)
 class TaskAdmin(CheckedInputAdmin):
+    # Pages are newest first, always: each is read from ordered index scans (ListingPaginator), and
+    # an order on another column would sort every match. No header offers a sort it would ignore.
+    sortable_by = ()
     list_display = (
         "id",
         "task_path",
@@ -195,9 +198,19 @@ class TaskAdmin(CheckedInputAdmin):
             return False  # shown with the view permission, every field read-only, no action
         return super().has_change_permission(request, obj)
 
-    @staticmethod
-    def _selected_ids(request: HttpRequest) -> list[int]:
-        """The ids the operator ticked (none for a malformed one: Django's own action refuses it)."""
+    def _selected_ids(self, request: HttpRequest) -> list[int]:
+        """The ids the operator selected: those ticked (none for a malformed one: Django's own action
+        refuses it), or with "select all N" every task the list counts, in both tables (the action's
+        queryset reads tasks_task only). Past COUNT_CAP the list's tasks are not enumerated: a
+        TaskError points to the background operation of every matching task."""
+        if request.POST.get("select_across") == "1":
+            paginator = self.get_changelist_instance(request).paginator
+            if not isinstance(paginator, queries.ListingPaginator) or paginator.capped:
+                raise TaskError(
+                    f"more than {queries.COUNT_CAP:,} tasks selected: use the actions on ALL matching tasks"
+                    " (background) or narrow the filters"
+                )
+            return list(paginator.listing.counted or [])
         try:
             return [parse_whole(v, "id", low=1, high=MAX_BIGINT) for v in request.POST.getlist(ACTION_CHECKBOX_NAME)]
         except InvalidInput:
@@ -207,7 +220,9 @@ class TaskAdmin(CheckedInputAdmin):
         """The selected ids kept in tasks_finished (the action's queryset reads tasks_task only)."""
         ids = self._selected_ids(request)
         present = set(Task.objects.using(queryset.db).filter(pk__in=ids).values_list("pk", flat=True))
-        return [pk for pk, _status in archived_ids([i for i in ids if i not in present][:1000], queryset.db)]
+        return [
+            pk for pk, _status in archived_ids([i for i in ids if i not in present][: queries.COUNT_CAP], queryset.db)
+        ]
 
     # Only a finished task is deleted (the "delete" transition, tasks/lifecycle/transitions.py). A
     # running attempt deleted would leave its worker renewing nothing and its key slot unaccounted; a
@@ -267,7 +282,11 @@ class TaskAdmin(CheckedInputAdmin):
         if unfinished:
             self.message_user(request, f"Nothing deleted: {TaskNotFinished(unfinished)}.", messages.ERROR)
             return None
-        history = self._archived_selected(request, queryset)
+        try:
+            history = self._archived_selected(request, queryset)
+        except TaskError as exc:  # "select all" past the cap
+            self.message_user(request, f"Nothing deleted: {exc}.", messages.ERROR)
+            return None
         if history:  # its confirmation page would not list them: refused whole, as an unfinished one
             named = ", ".join(str(pk) for pk in history[:10])
             self.message_user(

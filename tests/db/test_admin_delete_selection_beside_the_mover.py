@@ -5,8 +5,6 @@ request between Django reading the selection and the delete), the mover's move o
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 import pytest
 from django.contrib.admin.models import DELETION, LogEntry
