@@ -106,6 +106,29 @@ def test_select_all_requeue_requeues_every_counted_task(staff: Client, monkeypat
     assert statuses == ["READY"] * 12, (statuses, [m.message for m in response.context["messages"]])
 
 
+def test_select_all_past_the_cap_is_refused_and_changes_nothing(staff: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More tasks than the count enumerates (the cap, patched down to 10): "select all" requeue and
+    delete are refused, naming the background actions; no task changes, none is restored."""
+    from tasks.web import queries
+    from tests.db.test_finished_lists import ended, move, where
+
+    monkeypatch.setattr(queries, "COUNT_CAP", 10)
+    monkeypatch.setattr(TaskAdmin, "list_per_page", 5)
+    failed = [ended("FAILED") for _ in range(12)]
+    move(*failed[:8])
+    ticked = [str(pk) for pk in sorted(failed, reverse=True)[:5]]
+    for action in ("requeue", "delete_selected"):
+        response = staff.post(
+            "/admin/tasks/task/?status__exact=FAILED",
+            {"action": action, "select_across": "1", "index": "0", "_selected_action": ticked},
+            follow=True,
+        )
+        said = [str(m.message) for m in response.context["messages"]]
+        assert any("more than 10 tasks selected" in m and "ALL matching" in m for m in said), (action, said)
+    assert sorted(Task.objects.filter(pk__in=failed).values_list("status", flat=True)) == ["FAILED"] * 4
+    assert [where(pk) for pk in failed[:8]] == ["tasks_finished"] * 8
+
+
 def test_rows_changing_between_the_count_and_the_page_give_no_duplicate_nor_a_stranger() -> None:
     import psycopg
     from django.db import connection
