@@ -44,7 +44,10 @@ INSERT INTO tasks_finished SELECT * FROM moved RETURNING id
 
 @pytest.fixture(autouse=True)
 def days() -> Iterator[None]:
+    """Today's and tomorrow's partitions, and the two days before (UTC): a task made to have
+    finished hours ago finished yesterday in the first hours of a day."""
     drop_partitions()
+    create_ahead(2, now=dt.datetime.now(UTC) - dt.timedelta(days=2))
     create_ahead(1)
     yield
     drop_partitions()
