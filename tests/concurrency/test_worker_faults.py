@@ -399,8 +399,11 @@ def terminate(pids: list[int]) -> int:
 def test_backends_terminated_in_the_middle_of_a_round_lose_nothing(workers: Workers) -> None:
     app = "fault-terminated"
     Gate.objects.create(key="finish")
+    # A TTL of 12 s: the round's lock wait lasts its longest (2 s, tasks/worker/session.py) before the
+    # worker defers the finish, time for this test to see it waiting on a loaded machine (at 2 s a
+    # wait of 333 ms could pass between two looks, and the deferred writes wait 50 ms at a time).
     proc = workers.start(
-        "terminated", "--concurrency", "1", DATABASE_URL=url_with(database_url(), application_name=app)
+        "terminated", "--concurrency", "1", "--ttl", "12", DATABASE_URL=url_with(database_url(), application_name=app)
     )
     held = Task.objects.enqueue(H + "block", kwargs={"gate": "finish"}).id
     wait_until(
