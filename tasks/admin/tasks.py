@@ -112,6 +112,7 @@ def _workflow_param(request: HttpRequest) -> int | None:
 
 _UNSEARCHED = "_tasks_unsearched_queryset"
 _UNFINISHED_DELETE = "_tasks_unfinished_delete"
+_SELECTED_ACROSS = "_tasks_selected_across"
 
 
 class TaskChangeList(ChangeList):
@@ -204,13 +205,18 @@ class TaskAdmin(CheckedInputAdmin):
         queryset reads tasks_task only). Past COUNT_CAP the list's tasks are not enumerated: a
         TaskError points to the background operation of every matching task."""
         if request.POST.get("select_across") == "1":
+            # Once per request: the requeue asks twice (before and after its update).
+            if (cached := getattr(request, _SELECTED_ACROSS, None)) is not None:
+                return list(cached)
             paginator = self.get_changelist_instance(request).paginator
             if not isinstance(paginator, queries.ListingPaginator) or paginator.capped:
                 raise TaskError(
                     f"more than {queries.COUNT_CAP:,} tasks selected: use the actions on ALL matching tasks"
                     " (background) or narrow the filters"
                 )
-            return list(paginator.listing.counted or [])
+            selected = list(paginator.listing.counted or [])
+            setattr(request, _SELECTED_ACROSS, selected)
+            return list(selected)
         try:
             return [parse_whole(v, "id", low=1, high=MAX_BIGINT) for v in request.POST.getlist(ACTION_CHECKBOX_NAME)]
         except InvalidInput:

@@ -451,6 +451,7 @@ class Listing:
                 sql, params = self._union(branches, moved, distinct=False)
                 streams.append((f"SELECT u.id FROM ({sql}) AS u LIMIT %s", [*params, cap + 1]))
         if not streams:
+            self.counted = []
             return Count(0, False)
         params = [value for _, stream_params in streams for value in stream_params]
         # Within the cap every row was read: their ids come back too, newest first, for ids().
