@@ -3,7 +3,7 @@
 
     python bench/demo_health.py [--minutes 10] [--sample 30]
 
-The demo is started exactly as a user starts it (two workers at concurrency 4, the generator at
+The demo is started exactly as a user starts it (three workers at concurrency 4, the generator at
 2 tasks/s, 5 % injected crashes that SIGKILL a worker, 10 % injected stalls past the 5 s TTL), on
 its own embedded PostgreSQL with fsync on. Every ``--sample`` seconds it prints what the dashboard
 shows; at the end one comparable figure per line:
@@ -171,14 +171,20 @@ def sample(started: float) -> Sample:
 
 
 def observe(
-    seconds: float, *, log_path: Path, every: float = 30.0, echo: bool = True, env: dict[str, str] | None = None
+    seconds: float,
+    *,
+    log_path: Path,
+    every: float = 30.0,
+    echo: bool = True,
+    env: dict[str, str] | None = None,
+    demo_args: tuple[str, ...] = (),
 ) -> Health:
     """Start ``manage.py demo`` with its defaults on DATABASE_URL (of ``env``, by default this
     process's environment), watch it for ``seconds`` through Django's connection, stop it."""
     port = free_port()
     log = open(log_path, "ab")  # noqa: SIM115 (closed below; the child keeps its own copy)
     demo = subprocess.Popen(
-        [sys.executable, "manage.py", "demo", "--port", str(port)],
+        [sys.executable, "manage.py", "demo", "--port", str(port), *demo_args],
         cwd=ROOT,
         env=os.environ.copy() if env is None else env,
         stdout=log,
@@ -224,11 +230,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--sample", type=float, default=30.0, help="seconds between samples")
+    parser.add_argument("--concurrency", type=int, help="the demo's --concurrency (default: the demo's own)")
     args = parser.parse_args()
     server = prepare_database()
     try:
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        health = observe(args.minutes * 60, log_path=Path(f"/tmp/demo-health-{stamp}.log"), every=args.sample)
+        health = observe(
+            args.minutes * 60,
+            log_path=Path(f"/tmp/demo-health-{stamp}.log"),
+            every=args.sample,
+            demo_args=() if args.concurrency is None else ("--concurrency", str(args.concurrency)),
+        )
         last = health.last
         figure("demo.minutes", args.minutes, "min")
         figure("demo.generated", last.generated, "tasks")

@@ -34,6 +34,18 @@ class TaskNotFinished(TaskError):
         )
 
 
+class TaskRunAgain(TaskError):
+    """A delete confirmed for finished tasks found some of them run again meanwhile (an operator's
+    rerun brought them back and they finished again): nothing was deleted, so that no result the
+    operator has not seen goes with them. ``found`` holds (id, status) of those, in id order."""
+
+    def __init__(self, found: list[tuple[int, str]]) -> None:
+        self.found = found
+        shown = ", ".join(f"task {task_id} ran again and is {status}" for task_id, status in found[:10])
+        more = f" and {len(found) - 10} more" if len(found) > 10 else ""
+        super().__init__(f"{shown}{more} while the delete was confirmed: look at the new run, then delete again")
+
+
 class TaskLeaseLost(TaskError):
     """This worker no longer holds the task: it expired, was recovered, cancelled or taken over."""
 

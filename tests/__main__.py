@@ -24,8 +24,10 @@ NO_TESTS_COLLECTED = 5
 
 def main(argv: list[str]) -> int:
     workers = os.environ.get("LEASING_TEST_WORKERS", "3")
-    parallel = [sys.executable, "-m", "pytest", "-n", workers, "--dist", "loadfile", "-rfE", "-m", "not serial", *argv]
-    alone = [sys.executable, "-m", "pytest", "-rfE", "-m", "serial", *argv]
+    # The 30 slowest tests of each pass close its output: where the CI's minutes go.
+    report = ["-rfE", "--durations=30", "--durations-min=5"]
+    parallel = [sys.executable, "-m", "pytest", "-n", workers, "--dist", "loadfile", *report, "-m", "not serial", *argv]
+    alone = [sys.executable, "-m", "pytest", *report, "-m", "serial", *argv]
     # LEASING_TEST_PASSES=parallel runs the first pass only (.ci/run's second stack: what the serial
     # pass measures, rates and shares, is measured once, on the README's stack).
     passes = (parallel,) if os.environ.get("LEASING_TEST_PASSES") == "parallel" else (parallel, alone)

@@ -24,7 +24,7 @@ from leasing.templatetags.leasing_tags import stamp
 from leasing.validation import MAX_BIGINT, InvalidInput, parse_whole
 from tasks import redaction
 from tasks.backends.placement import misrouted, switch_database
-from tasks.exceptions import TaskError, TaskNotFinished
+from tasks.exceptions import TaskError, TaskNotFinished, TaskRunAgain
 from tasks.lifecycle import vocabulary
 from tasks.lifecycle.bulk import BulkFilterError
 from tasks.lifecycle.routing import queue_database
@@ -126,11 +126,16 @@ class TaskChangeList(ChangeList):
 
 
 def _refuse_if_run_again(tasks: QuerySet[Task], ids: list[int]) -> None:
-    """After a delete that found some of ``ids`` in neither table: :class:`TaskNotFinished` for those
-    a rerun brought back to tasks_task meanwhile (unfinished there now). One deleted by someone
-    else meanwhile is gone either way."""
-    if back := list(tasks.filter(pk__in=ids, status__in=UNFINISHED).order_by("pk").values_list("pk", "status")):
-        raise TaskNotFinished(back)
+    """After a delete that found some of ``ids`` in neither table where it looked: a rerun brought
+    them back meanwhile. :class:`TaskNotFinished` for those unfinished now; :class:`TaskRunAgain`
+    for those that finished again within the delete's window (in tasks_task, or already moved back
+    to tasks_finished): their new run's result is not deleted unseen. One deleted by someone else
+    meanwhile is gone either way."""
+    back = list(tasks.filter(pk__in=ids).order_by("pk").values_list("pk", "status"))
+    if unfinished := [(pk, status) for pk, status in back if status in UNFINISHED]:
+        raise TaskNotFinished(unfinished)
+    if again := sorted(back + archived_ids(ids, tasks.db)):
+        raise TaskRunAgain(again)
 
 
 @admin.register(Task)
@@ -250,8 +255,8 @@ class TaskAdmin(CheckedInputAdmin):
             refused = getattr(request, _UNFINISHED_DELETE, None)
             if refused is None:
                 raise  # no delete permission at all
-            error = TaskNotFinished([(refused.pk, refused.status)])
-        except TaskNotFinished as exc:  # requeued between the page and the confirmation: rolled back
+            error: TaskError = TaskNotFinished([(refused.pk, refused.status)])
+        except (TaskNotFinished, TaskRunAgain) as exc:  # run again before the confirmation: rolled back
             error = exc
         self.message_user(request, f"Nothing deleted: {error}.", messages.ERROR)
         url = reverse("admin:tasks_task_change", args=[object_id])
@@ -261,7 +266,8 @@ class TaskAdmin(CheckedInputAdmin):
     # delete waited; the delete found it gone) deletes it from tasks_finished, where it is now:
     # what the operator confirmed is what is deleted, and Django's "deleted" message stays true. A
     # task found in neither table was run again meanwhile (a rerun restored it to tasks_task):
-    # the delete is refused whole, as for any unfinished task, its log entries rolled back with it.
+    # the delete is refused whole, its log entries rolled back with it, whether the new run is
+    # unfinished or already finished again (its result is not deleted unseen).
 
     def delete_model(self, request: HttpRequest, obj: Task) -> None:
         tasks = Task.objects.using(obj._state.db)
@@ -305,7 +311,7 @@ class TaskAdmin(CheckedInputAdmin):
             # The "deleted" log entries (the default database) and the delete go together.
             with transaction.atomic(using=DEFAULT_DB_ALIAS), transaction.atomic(using=queryset.db):
                 return django_delete_selected(self, request, queryset)
-        except TaskNotFinished as exc:  # one was requeued while the operator confirmed
+        except (TaskNotFinished, TaskRunAgain) as exc:  # one was run again while the operator confirmed
             self.message_user(request, f"Nothing deleted: {exc}.", messages.ERROR)
             return None
 

@@ -39,10 +39,10 @@ def test_demo_starts_serves_and_stops_cleanly(tmp_path: Path) -> None:
     demo = start_manage(tmp_path / "demo.log", "demo", "--port", str(port), "--rate", "5", "--ttl", "2")
     try:
         wait_until(lambda: answers(f"http://127.0.0.1:{port}/admin/login/") == 200, 60, what="the web server")
-        wait_until(lambda: Worker.objects.filter(stopped_at__isnull=True).count() >= 2, 60, what="two workers")
+        wait_until(lambda: Worker.objects.filter(stopped_at__isnull=True).count() >= 3, 60, what="three workers")
         wait_until(lambda: Task.objects.filter(status="SUCCESSFUL").exists(), 60, what="generated work to be done")
         children = psutil.Process(demo.pid).children(recursive=True)
-        assert len(children) >= 6  # web, 2 workers, 2 generators, recovery
+        assert len(children) >= 7  # web, 3 workers, 2 generators, recovery (and the fair queue's worker)
         log = (tmp_path / "demo.log").read_text()
         assert "Dashboard: http://127.0.0.1:" in log
         assert "Login:     demo / " in log

@@ -1,12 +1,12 @@
 """``python manage.py demo``: the whole system on one machine, with failures injected.
 
 Migrates, creates (or reuses) a local staff login and prints it, then starts as child processes:
-the web server, two workers, two generator instances (one leads, one stands by) and the recovery
+the web server, three workers, two generator instances (one leads, one stands by) and the recovery
 controller, all on the same database (the embedded PostgreSQL unless DATABASE_URL says otherwise).
 The demo handler crashes ~5 % of its worker processes and freezes ~10 % past their lease TTL, so
 the dashboard shows tasks being recovered; crashed workers are restarted. Unless ``--no-showcase``:
 the generator's leader also enqueues a little of every other feature (tasks/demo/showcase.py), a
-third worker serves the fair queue ``demo-fair``, and the previous 24 hours of the history are
+fourth worker serves the fair queue ``demo-fair``, and the previous 24 hours of the history are
 backfilled as demo data (tasks/demo/backfill.py, queue ``demo-backfill``). Ctrl-C stops everything:
 children get SIGTERM (then SIGKILL), and the embedded server is stopped.
 """
@@ -59,7 +59,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--port", type=positive_int, default=8000)
-        parser.add_argument("--workers", type=positive_int, default=2)
+        parser.add_argument("--workers", type=positive_int, default=3)
+        parser.add_argument(
+            "--concurrency",
+            type=positive_int,
+            default=4,
+            help="tasks each worker of the default queue runs at once (threads; the injected stalls hold theirs)",
+        )
         parser.add_argument("--rate", type=positive_float, default=2.0, help="generated tasks per second")
         parser.add_argument("--ttl", type=positive_float, default=5.0, help="task lease TTL (seconds)")
         parser.add_argument("--no-failures", action="store_true", help="turn the failure injection off")
@@ -72,6 +78,7 @@ class Command(BaseCommand):
         *,
         port: int,
         workers: int,
+        concurrency: int,
         rate: float,
         ttl: float,
         no_failures: bool,
@@ -100,7 +107,11 @@ class Command(BaseCommand):
         children = [
             Child("web", [*manage, "runserver", f"127.0.0.1:{port}", "--noreload", "--insecure"], restart=False),
             *[
-                Child(f"worker-{i + 1}", [*manage, "run_worker", "--no-recovery", "--concurrency", "4"], restart=True)
+                Child(
+                    f"worker-{i + 1}",
+                    [*manage, "run_worker", "--no-recovery", "--concurrency", str(concurrency)],
+                    restart=True,
+                )
                 for i in range(workers)
             ],
             *[
