@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from leasing.holder import default_holder_id
 from tests.helpers import start_manage, stop_process
@@ -37,13 +37,18 @@ def no_finished_history_left(request: pytest.FixtureRequest, django_db_blocker: 
     )
     if not transactional:
         return  # a test in a transaction leaves nothing: it is rolled back
-    with django_db_blocker.unblock(), connection.cursor() as cursor:
-        # A test that migrated backwards may have left no tasks_finished at all.
-        cursor.execute("SELECT to_regclass('tasks_finished') IS NOT NULL")
-        if cursor.fetchone()[0]:
-            cursor.execute("SELECT EXISTS (SELECT FROM tasks_finished)")
-            if cursor.fetchone()[0]:
-                cursor.execute("TRUNCATE tasks_finished")
+    aliases = (marker.kwargs.get("databases") if marker else None) or [DEFAULT_DB_ALIAS]
+    if aliases == "__all__":
+        aliases = list(connections)
+    with django_db_blocker.unblock():
+        for alias in aliases:
+            with connections[alias].cursor() as cursor:
+                # A test that migrated backwards may have left no tasks_finished at all.
+                cursor.execute("SELECT to_regclass('tasks_finished') IS NOT NULL")
+                if cursor.fetchone()[0]:
+                    cursor.execute("SELECT EXISTS (SELECT FROM tasks_finished)")
+                    if cursor.fetchone()[0]:
+                        cursor.execute("TRUNCATE tasks_finished")
 
 
 @pytest.fixture
