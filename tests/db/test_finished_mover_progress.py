@@ -14,6 +14,7 @@ import pytest
 from django.db import connection
 
 from tasks.maintenance.archive import ARCHIVE_SQL, Archiver
+from tasks.maintenance.partitions import create_ahead
 from tasks.maintenance.recovery import MaintenanceReport, maintain_once
 from tasks.models import ArchiveProgress, Task
 from tests.db.test_finished_mover import behind, finished_at, mover_on, now, roll_up_hours, where
@@ -52,6 +53,9 @@ def test_two_movers_at_once_over_one_status_move_each_row_once_and_the_mark_coun
     first = finished_at(t0 - dt.timedelta(hours=5))
     later = [finished_at(t0 - dt.timedelta(hours=4, minutes=m)) for m in (30, 20, 10)]
     roll_up_hours()
+    # The held statement below is ARCHIVE_SQL alone, which makes no partition: the days of `later`
+    # made first (between 04:30 and 05:00 UTC `first` and `later[0]` finished on different days).
+    create_ahead(1, now=t0 - dt.timedelta(hours=6))
     with psycopg.connect(**connection.get_connection_params(), autocommit=True) as held:
         held.execute("BEGIN")
         # The day partition first (the mover's batch creates it before its statement).
