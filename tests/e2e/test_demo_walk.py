@@ -34,21 +34,12 @@ from tasks.demo import showcase
 from tasks.lifecycle import vocabulary
 from tasks.models import Task, Workflow
 from tasks.web.queries import STATES as TABS
-from tests.db.test_finished_partitions import drop_partitions
 from tests.helpers import wait_until
 from tests.helpers.demo import Seen, running_demo
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.slow]
 
 SECONDS = float(os.environ.get("DEMO_WALK_SECONDS", "240"))
-
-
-@pytest.fixture(autouse=True)
-def no_history_of_other_tests() -> None:
-    """tasks_finished's day partitions are no model's table: a flush between tests leaves what an
-    earlier test's leader moved there (its failed tasks carry no error), and the Failed tab lists it
-    beside the demo's. The demo's leader creates the days it needs."""
-    drop_partitions()
 
 
 VIEWPORT = {"width": 1400, "height": 900}
