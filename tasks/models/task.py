@@ -439,6 +439,10 @@ class Task(LeaseFields):
 
     @property
     def is_stuck(self) -> bool:
+        """Running with no live lease. Judged at ``db_now`` when the read that fetched the task
+        annotated it (the database's clock at that read: a listing's rows, tasks.web.queries), so a
+        row is shown in the state its own statement selected it in; else at this process's clock."""
         if self.status != TaskStatus.RUNNING:
             return False
-        return self.expires_at is None or self.holder is None or self.expires_at <= dt.datetime.now(dt.timezone.utc)
+        now = self.__dict__.get("db_now") or dt.datetime.now(dt.timezone.utc)
+        return self.expires_at is None or self.holder is None or self.expires_at <= now

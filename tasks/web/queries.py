@@ -38,6 +38,7 @@ from django.core.paginator import Page as PaginatorPage
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import BooleanField, ExpressionWrapper, F, Lookup, Q, QuerySet
+from django.db.models.functions import Now
 from django.utils.functional import cached_property
 
 from leasing.pagination import COUNT_CAP, Count, bounded_count
@@ -420,14 +421,18 @@ class Listing:
         Ready page with Run now above it). An id not in tasks_task is looked for in tasks_finished
         after it (moved meanwhile, or read from there): ``archived``, no action fits it; one in
         neither is read from tasks_task once more (a rerun brought it back between the two reads)."""
-        found = {task.pk: task for task in self.base.filter(pk__in=ids)} if ids else {}
+        # Each row's state is judged at the instant of this read, on the database's clock (``db_now``,
+        # Task.is_stuck): a lease that expires between the read and the page's rendering leaves its
+        # row Running on the Running page, not Stuck there (the demo's walk in a browser saw one).
+        base = self.base.annotate(db_now=Now())
+        found = {task.pk: task for task in base.filter(pk__in=ids)} if ids else {}
         missing = [i for i in ids if i not in found]
         if missing and self.finished and FINISHED_STATUSES.intersection(self.statuses):
             found.update((task.pk, task) for task in archived(in_finished(self.base.filter(pk__in=missing))))
             # In neither: a rerun brought it back to tasks_task between the two reads (restore and
             # requeue commit together); it is there now. Only in that race does this read run.
             if lost := [i for i in missing if i not in found]:
-                found.update((task.pk, task) for task in self.base.filter(pk__in=lost))
+                found.update((task.pk, task) for task in base.filter(pk__in=lost))
         return [found[i] for i in ids if i in found and found[i].status in self.statuses]
 
     def count(self, cap: int | None = None) -> Count:

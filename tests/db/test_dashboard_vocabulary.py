@@ -4,8 +4,10 @@ the demo app is installed (issue 41)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from html.parser import HTMLParser
+from types import SimpleNamespace
 
 import pytest
 from django.test import Client
@@ -13,6 +15,7 @@ from django.test import Client
 from tasks.lifecycle import vocabulary
 from tasks.models import Task, Worker
 from tests.db.test_dashboard import make_tasks
+from tests.helpers.api import Api
 
 pytestmark = pytest.mark.django_db
 
@@ -186,3 +189,27 @@ def test_the_reference_docs_give_every_label_its_meaning() -> None:
         assert f"| {state.label} | {key} | {state.meaning[0].lower()}{state.meaning[1:]} |" in text, state
     for action in vocabulary.ACTIONS.values():
         assert f"| {action.label} | {', '.join(vocabulary.label(s) for s in action.statuses)} |" in text, action
+
+
+class _ClockAMinuteAhead(dt.datetime):
+    @classmethod
+    def now(cls, tz: dt.tzinfo | None = None) -> dt.datetime:  # type: ignore[override]
+        return dt.datetime.now(tz) + dt.timedelta(minutes=1)
+
+
+@pytest.mark.usefixtures("api_token")
+def test_a_row_is_shown_in_the_state_the_database_read_it_in(
+    staff: Client, api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page's row is judged at the read that listed it, on the database's clock, not at the moment
+    the template renders it by the web process's clock (the demo's walk in a browser saw a Stuck row on
+    the Running page: a crashed worker's lease ran out between the two). A web process whose clock runs
+    a minute ahead of the database's stands for that gap: the 30 s lease is live to the database."""
+    pk = Task.objects.enqueue("tests.testapp.handlers.noop", queue="q").id
+    (claimed,) = Task.objects.claim("w1", limit=1, queues=["q"], ttl=30)
+    assert claimed.id == pk
+    monkeypatch.setattr("tasks.models.task.dt", SimpleNamespace(datetime=_ClockAMinuteAhead, timezone=dt.timezone))
+    assert read(staff, "/dashboard/tasks/running/").badges == [("RUNNING", "Running")]
+    assert read(staff, "/dashboard/tasks/stuck/").badges == []
+    status, listed = api.call("GET", "/api/tasks?status=RUNNING")
+    assert status == 200 and [(task["id"], task["stuck"]) for task in listed["tasks"]] == [(pk, False)]
