@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import QuerySet
+from django.db.models.functions import Now
 from django.db.models.sql.datastructures import BaseTable
 
 from tasks.models.task_send import OperationsBase
@@ -167,8 +168,10 @@ class FinishedOperations(OperationsBase):
 
     def find(self, task_id: int) -> Any:
         """The task (a ``Task``) with this id, wherever it lives (this queryset's database): its row
-        in ``tasks_task``, else its row in ``tasks_finished`` (``archived`` set), else None."""
-        row = self.model._base_manager.db_manager(self.db).filter(pk=task_id).first()
+        in ``tasks_task``, else its row in ``tasks_finished`` (``archived`` set), else None. A row of
+        tasks_task carries the database's clock at its read (``db_now``: Task.is_stuck judges by it)."""
+        live = self.model._base_manager.db_manager(self.db).annotate(db_now=Now())
+        row = live.filter(pk=task_id).first()
         if row is not None:
             return row
         for found in self.model._base_manager.db_manager(self.db).raw(FIND_FINISHED_SQL, [task_id]):
@@ -176,4 +179,4 @@ class FinishedOperations(OperationsBase):
             return found
         # In neither: a rerun brought it back to tasks_task between the two probes (its restore and
         # requeue commit together), or there is no such task. Only a miss pays this probe.
-        return self.model._base_manager.db_manager(self.db).filter(pk=task_id).first()
+        return live.filter(pk=task_id).first()

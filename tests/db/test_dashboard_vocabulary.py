@@ -211,5 +211,9 @@ def test_a_row_is_shown_in_the_state_the_database_read_it_in(
     monkeypatch.setattr("tasks.models.task.dt", SimpleNamespace(datetime=_ClockAMinuteAhead, timezone=dt.timezone))
     assert read(staff, "/dashboard/tasks/running/").badges == [("RUNNING", "Running")]
     assert read(staff, "/dashboard/tasks/stuck/").badges == []
+    # A task's own page, and its worker's page, judge it by the database's clock too.
+    assert ("RUNNING", "Running") in read(staff, f"/dashboard/tasks/{pk}/").badges
+    Worker.objects.create(id="w1", hostname="h", pid=1, concurrency=1, running=1)
+    assert read(staff, "/dashboard/workers/w1/").badges == [("RUNNING", "Running")]
     status, listed = api.call("GET", "/api/tasks?status=RUNNING")
     assert status == 200 and [(task["id"], task["stuck"]) for task in listed["tasks"]] == [(pk, False)]
