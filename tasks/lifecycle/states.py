@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from django.db import models
+from django.db.models import QuerySet
+from django.db.models.functions import Now
 
 NOTIFY_CHANNEL = "leasing_tasks"
 
@@ -28,3 +32,13 @@ FINISHED = (TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED)
 #: Every status but RUNNING, as a partial index condition: ``status = 'X'`` for any X in it implies it
 #: (PostgreSQL proves an equality against an IN list, not against ``<>``).
 NOT_RUNNING_STATUSES = (TaskStatus.READY, *FINISHED)
+
+
+_QS = TypeVar("_QS", bound=QuerySet[Any])
+
+
+def with_db_clock(queryset: _QS) -> _QS:
+    """``queryset`` whose rows carry the database's clock of the statement that reads them (``db_now``):
+    a page badges each row Running or Stuck by it (``Task.is_stuck``), in the state the statement's own
+    filter selected it in, whatever the web process's clock says by the time it renders."""
+    return queryset.annotate(db_now=Now())

@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import QuerySet
-from django.db.models.functions import Now
 from django.db.models.sql.datastructures import BaseTable
 
+from tasks.lifecycle.states import with_db_clock
 from tasks.models.task_send import OperationsBase
 
 _Q = TypeVar("_Q", bound=QuerySet[Any])
@@ -170,7 +170,7 @@ class FinishedOperations(OperationsBase):
         """The task (a ``Task``) with this id, wherever it lives (this queryset's database): its row
         in ``tasks_task``, else its row in ``tasks_finished`` (``archived`` set), else None. A row of
         tasks_task carries the database's clock at its read (``db_now``: Task.is_stuck judges by it)."""
-        live = self.model._base_manager.db_manager(self.db).annotate(db_now=Now())
+        live = with_db_clock(self.model._base_manager.db_manager(self.db).all())
         row = live.filter(pk=task_id).first()
         if row is not None:
             return row

@@ -439,9 +439,8 @@ class Task(LeaseFields):
 
     @property
     def is_stuck(self) -> bool:
-        """Running with no live lease. Judged at ``db_now`` when the read that fetched the task
-        annotated it (the database's clock at that read: a listing's rows, tasks.web.queries), so a
-        row is shown in the state its own statement selected it in; else at this process's clock."""
+        """Running with no live lease: judged at the database's clock of the read when it was read
+        :func:`tasks.lifecycle.states.with_db_clock`, else at this process's clock."""
         if self.status != TaskStatus.RUNNING:
             return False
         now = self.__dict__.get("db_now") or dt.datetime.now(dt.timezone.utc)

@@ -14,7 +14,6 @@ from typing import Any
 from django.contrib import messages
 from django.db import transaction
 from django.db.models import QuerySet
-from django.db.models.functions import Now
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -40,6 +39,7 @@ from tasks.conf import get_settings
 from tasks.demo import generator
 from tasks.exceptions import TaskError
 from tasks.lifecycle import activity, concurrency, ratelimits, vocabulary
+from tasks.lifecycle.states import with_db_clock
 from tasks.models import Task, Worker, Workflow
 from tasks.models.finished import archived_ids
 from tasks.web import all_tasks, attempts, queries, workflows
@@ -386,7 +386,7 @@ def worker_detail(request: HttpRequest, worker_id: str) -> HttpResponse:
     worker = get_object_or_404(Worker, pk=worker_id)
     # Through the running-holder index: what this worker holds now, live or stuck (judged at this read,
     # on the database's clock: Task.is_stuck).
-    held = list(Task.objects.running().filter(holder=worker.id).annotate(db_now=Now()).order_by("pk")[: HELD_LIMIT + 1])
+    held = list(with_db_clock(Task.objects.running().filter(holder=worker.id)).order_by("pk")[: HELD_LIMIT + 1])
     stats = worker.stats or {}
     counters = [(key, stats.get(key, 0)) for key in WORKER_COLUMNS]
     counters += sorted((key, value) for key, value in stats.items() if key not in WORKER_COLUMNS)

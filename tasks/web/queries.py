@@ -38,11 +38,11 @@ from django.core.paginator import Page as PaginatorPage
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import BooleanField, ExpressionWrapper, F, Lookup, Q, QuerySet
-from django.db.models.functions import Now
 from django.utils.functional import cached_property
 
 from leasing.pagination import COUNT_CAP, Count, bounded_count
 from leasing.routing import selected_database
+from tasks.lifecycle.states import with_db_clock
 from tasks.models import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING_STATUSES, Task, TaskStatus
 from tasks.models.finished import archived, in_finished
 from tasks.web.argument_search import argument_lookup
@@ -424,7 +424,7 @@ class Listing:
         # Each row's state is judged at the instant of this read, on the database's clock (``db_now``,
         # Task.is_stuck): a lease that expires between the read and the page's rendering leaves its
         # row Running on the Running page, not Stuck there (the demo's walk in a browser saw one).
-        base = self.base.annotate(db_now=Now())
+        base = with_db_clock(self.base)
         found = {task.pk: task for task in base.filter(pk__in=ids)} if ids else {}
         missing = [i for i in ids if i not in found]
         if missing and self.finished and FINISHED_STATUSES.intersection(self.statuses):
