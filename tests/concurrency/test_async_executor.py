@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from django.db import connection, transaction
-from django.db.models import Min
+from django.db.models import Max, Min
 
 from tasks.compat import default_task_backend
 from tasks.models import FINISHED, Task, TaskStatus
@@ -317,7 +317,6 @@ def test_shutdown_lets_coroutines_finish_within_the_grace_then_cancels_and_hands
 # -- invariant 8 ------------------------------------------------------------------------------------
 
 
-@pytest.mark.serial  # counts heartbeat statements per beat: a loaded machine stretches the beats it waits for
 def test_one_heartbeat_statement_renews_every_held_coroutine(workers: Workers) -> None:
     held = 120
     Gate.objects.create(key="held")
@@ -338,8 +337,11 @@ def test_one_heartbeat_statement_renews_every_held_coroutine(workers: Workers) -
             what="every held attempt to be renewed three more times",
         )
         statements = proxy.count(b"WITH mine AS")
-        # Every one of the 120 attempts was renewed 3 times by at most ~4 statements: one per beat.
-        assert 3 <= statements <= 5, statements
+        most = Task.objects.filter(pk__in=ids).aggregate(most=Max("renewals"))["most"]
+        # One statement per beat renews all 120: the statements sent while counting are at most the
+        # beats any attempt gained since (+1 for a beat sent and not yet committed), however long the
+        # beats took on a loaded machine. A statement per attempt would send 120 a beat.
+        assert 2 <= statements <= most - before_renewals + 1, (statements, most, before_renewals)
         Gate.objects.filter(key="held").update(open=True)
         wait_until(lambda: all_ended(ids), 30, what="every coroutine to finish")
         assert_stops(proc, "beats")
