@@ -3,7 +3,7 @@
 what do the refused starts cost?
 
     python bench/rate_limits.py [--backlogs 600,1500] [--limit 20] [--processes 3] [--concurrency 4]
-        [--rounds 1]
+        [--rounds 1] [--flow-seconds 30] [--kill-at 10]
 
 Each case: a backlog of N no-op tasks on one rate key of ``--limit`` starts per second, enqueued in
 one statement (ids in enqueue order), then ``--processes`` worker processes (``manage.py run_worker``
@@ -19,14 +19,24 @@ at the default 2 s poll interval) drain it. From the rows afterwards (each task 
   one-period window (never more than the limit);
 - the drain, from the first start to the last.
 
+Then the flow case (``--flow-seconds``, 0 leaves it out; what tests/concurrency/test_rate_limit_processes.py
+measured until issue 55 made it a check of what holds at any speed): a backlog the key cannot finish,
+other work flowing beside it (5 unkeyed tasks and 5 of another key far from its limit every 0.25 s),
+one worker SIGKILLed ``--kill-at`` seconds in: the key's rate over the run and from 3 s after the kill
+(a killed worker's grants take no budget with it), the fullest window, and how long the other tasks
+waited for their start (p50, p95) and how many the key refused (none should be).
+
 Against the embedded PostgreSQL (or DATABASE_URL), each case on an emptied table. Timing goals belong
-here; tests/concurrency/test_rate_limit_order.py checks the order and the refusals with counts.
+here; tests/concurrency/test_rate_limit_order.py and test_rate_limit_processes.py check what holds at
+any speed (each task started once, the limit never exceeded, the other keys never refused).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -121,6 +131,85 @@ def drain(backlog: int, limit: int, processes: int, concurrency: int, log_dir: P
     )
 
 
+@dataclass(frozen=True)
+class Flow:
+    rate: float
+    rate_after_kill: float
+    fullest_window: int
+    others: int
+    others_wait_p50: float
+    others_wait_p95: float
+    others_refused: int
+
+
+def database_now() -> dt.datetime:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        now: dt.datetime = cursor.fetchone()[0]
+    return now
+
+
+def flow(limit: int, processes: int, concurrency: int, seconds: float, kill_at: float, log_dir: Path) -> Flow:
+    from django.db import connection
+
+    from tasks.models import Task
+
+    reset()
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE tasks_ratelimit")
+    Task.objects.bulk_enqueue(
+        NOOP, [{}] * int(2 * limit * seconds), queue="bench", rate_key=KEY, rate_limit=(limit, 1.0)
+    )
+    procs = start_workers(processes, "--concurrency", str(concurrency), log_dir=log_dir)
+    keyed = Task.objects.filter(queue="bench", rate_key=KEY)
+    others: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not keyed.filter(last_attempted_at__isnull=False).exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no start of the key within 120 s; see {log_dir}")
+            time.sleep(0.05)
+        began = time.monotonic()
+        killed: dt.datetime | None = None
+        while (elapsed := time.monotonic() - began) < seconds:
+            others += Task.objects.bulk_enqueue(NOOP, [{}] * 5, queue="bench")
+            others += Task.objects.bulk_enqueue(
+                NOOP, [{}] * 5, queue="bench", rate_key="bench-other", rate_limit=(1000, 1.0)
+            )
+            if killed is None and elapsed > kill_at:
+                os.kill(procs[0].pid, signal.SIGKILL)
+                procs[0].wait(10)
+                killed = database_now()
+            time.sleep(0.25)  # the feeder's pace
+        ended = database_now()
+        deadline = time.monotonic() + 120
+        while Task.objects.filter(pk__in=others).exclude(status="SUCCESSFUL").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the other tasks did not finish within 120 s; see {log_dir}")
+            time.sleep(0.1)
+    finally:
+        stop_processes(procs)
+    times = sorted(keyed.filter(last_attempted_at__lte=ended).values_list("last_attempted_at", flat=True))
+    span = (times[-1] - times[0]).total_seconds()
+    after_from = (killed or ended) + dt.timedelta(seconds=3)
+    after = [t for t in times if t > after_from]
+    waits = sorted(
+        (started - enqueued).total_seconds()
+        for started, enqueued in Task.objects.filter(pk__in=others).values_list("last_attempted_at", "enqueued_at")
+    )
+    return Flow(
+        rate=(len(times) - 1) / span,
+        rate_after_kill=len(after) / max((ended - after_from).total_seconds(), 1e-9),
+        fullest_window=fullest_window(times, 1.0),
+        others=len(others),
+        others_wait_p50=waits[len(waits) // 2],
+        others_wait_p95=waits[int(len(waits) * 0.95)],
+        others_refused=Task.objects.filter(pk__in=others, rate_refusals__gt=0).count(),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backlogs", default="600,1500", help="comma-separated backlog sizes")
@@ -128,6 +217,8 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=4, help="executor threads per process")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--flow-seconds", type=float, default=30.0, help="the flow case's length (0: none)")
+    parser.add_argument("--kill-at", type=float, default=10.0, help="seconds into the flow case of the SIGKILL")
     args = parser.parse_args()
     server = prepare_database()
     log_dir = Path(tempfile.mkdtemp(prefix="leasing-bench-rate-"))
@@ -146,6 +237,16 @@ def main() -> None:
                 figure(f"{name}.rate", d.rate, "starts/s")
                 figure(f"{name}.fullest_window", d.fullest_window, "starts")
                 figure(f"{name}.drain", d.drain_seconds, "s")
+            if args.flow_seconds > 0:
+                f = flow(args.limit, args.processes, args.concurrency, args.flow_seconds, args.kill_at, log_dir)
+                name = f"rate.flow_at_{args.limit}_per_s.procs={args.processes}"
+                figure(f"{name}.rate", f.rate, "starts/s")
+                figure(f"{name}.rate_from_3s_after_the_kill", f.rate_after_kill, "starts/s")
+                figure(f"{name}.fullest_window", f.fullest_window, "starts")
+                figure(f"{name}.others", f.others, "tasks")
+                figure(f"{name}.others_wait_p50", f.others_wait_p50 * 1000, "ms")
+                figure(f"{name}.others_wait_p95", f.others_wait_p95 * 1000, "ms")
+                figure(f"{name}.others_refused", f.others_refused, "tasks")
     finally:
         if server is not None:
             from leasing.embedded import discard
