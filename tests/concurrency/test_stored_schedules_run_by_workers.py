@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from leasing.models import Lease
+from tasks.maintenance.scheduler import SCHEDULER_LEASE
 from tasks.models import ScheduleRun
 from tasks.models.finished import statuses
 from tests.factories import StaffFactory
@@ -34,11 +36,22 @@ def api(settings: Any, client: Client) -> Api:
 
 
 @pytest.fixture
-def start_workers(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+def start_workers() -> Iterator[list[subprocess.Popen[bytes]]]:
     procs: list[subprocess.Popen[bytes]] = []
     yield procs
     for proc in procs:
         stop_process(proc)
+
+
+def start(procs: list[subprocess.Popen[bytes]], log: Path, name: str) -> None:
+    procs.append(
+        start_manage(
+            log,
+            "run_worker",
+            *("--worker-id", name, "--poll-interval", "0.1", "--concurrency", "2", "-v", "2"),
+            LEASING_TEST_API_TASKS=NOOP,
+        )
+    )
 
 
 def store(api: Api, name: str) -> None:
@@ -59,14 +72,7 @@ def test_a_stored_schedule_runs_in_workers_whether_stored_before_or_after_they_s
 ) -> None:
     store(api, "stored-before")
     for name in WORKERS:
-        start_workers.append(
-            start_manage(
-                tmp_path / f"{name}.log",
-                "run_worker",
-                *("--worker-id", name, "--poll-interval", "0.1", "--concurrency", "2", "-v", "2"),
-                LEASING_TEST_API_TASKS=NOOP,
-            )
-        )
+        start(start_workers, tmp_path / f"{name}.log", name)
     wait_until(lambda: ran("stored-before"), 60, interval=0.1, what="a slot of the schedule stored before")
 
     store(api, "stored-after")
@@ -90,3 +96,16 @@ def test_a_stored_schedule_runs_in_workers_whether_stored_before_or_after_they_s
         slots = [slot for slot, _task in runs]
         assert len(slots) == len(set(slots)) >= 1, f"{name}: a slot enqueued twice, or none"
         assert len({task for _slot, task in runs}) == len(runs), f"{name}: one task per slot"
+
+
+def test_a_workers_scheduler_takes_no_lease_while_no_schedule_is_stored(
+    api: Api, start_workers: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    log = tmp_path / "worker.log"
+    start(start_workers, log, "sched-worker-idle")
+    wait_until(lambda: "no lease taken until one is stored" in log.read_text(), 60, what="the scheduler standing aside")
+    # Standing aside, it looks for a stored schedule and takes no lease (it never led: no row at all).
+    assert not Lease.objects.filter(resource=SCHEDULER_LEASE).exists()
+    store(api, "stored-later")
+    wait_until(lambda: ran("stored-later"), 60, interval=0.1, what="a slot of the schedule stored later")
+    assert Lease.objects.filter(resource=SCHEDULER_LEASE).exists()
