@@ -129,3 +129,45 @@ def hides_part_of(args: Any = None, kwargs: Any = None) -> bool:
     args = [] if args is None else args
     kwargs = {} if kwargs is None else kwargs
     return redact("", args, kwargs) != (args, kwargs)
+
+
+_ABSENT = object()
+
+
+def keep_hidden(value: Any, stored_entry: dict[str, Any], key: str) -> Any:
+    """``value``, a form's edit of ``stored_entry[key]`` (``"args"`` or ``"kwargs"``) as
+    :func:`definition` showed it, with each ``"[redacted]"`` left where the page showed one put back
+    to the stored value there: a save of the page keeps the secrets it did not show. Raises
+    ValueError naming the place of a ``"[redacted]"`` anywhere else (nothing hidden there to keep):
+    stored, the task would get the placeholder in place of an argument."""
+    shown = definition(stored_entry).get(key, _ABSENT) if isinstance(stored_entry, dict) else _ABSENT
+    stored = stored_entry.get(key, _ABSENT) if isinstance(stored_entry, dict) else _ABSENT
+    return _keep(value, shown, stored, key)
+
+
+def _keep(value: Any, shown: Any, stored: Any, where: str) -> Any:
+    if isinstance(value, str) and value == REDACTED:
+        if isinstance(shown, str) and shown == REDACTED and stored is not _ABSENT:
+            return stored
+        raise ValueError(f"{where} holds {REDACTED!r} where no argument is hidden")
+    if isinstance(value, dict):
+        return {
+            name: _keep(
+                item,
+                shown.get(name, _ABSENT) if isinstance(shown, dict) else _ABSENT,
+                stored.get(name, _ABSENT) if isinstance(stored, dict) else _ABSENT,
+                f"{where}[{json.dumps(name)}]",
+            )
+            for name, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [
+            _keep(
+                item,
+                shown[index] if isinstance(shown, list | tuple) and index < len(shown) else _ABSENT,
+                stored[index] if isinstance(stored, list | tuple) and index < len(stored) else _ABSENT,
+                f"{where}[{index}]",
+            )
+            for index, item in enumerate(value)
+        ]
+    return value

@@ -22,6 +22,7 @@ from django.utils.html import format_html
 from leasing.admin import CheckedInputAdmin
 from leasing.routing import selected_database
 from leasing.validation import InvalidInput, loads
+from tasks import redaction
 from tasks.lifecycle.routing import queue_database
 from tasks.maintenance.schedules import CATCH_UP, InvalidSchedule, load_schedules, stored_spec
 from tasks.models import Schedule, ScheduleRun, StoredSchedule
@@ -56,10 +57,22 @@ class ScheduleAdmin(ReadOnly):
         "fence_token",
     )
     search_fields = ("name",)
+    # The definition is shown with its arguments redacted (tasks/redaction.py), in place of the column.
+    fields = [
+        "definition_display" if field.name == "definition" else field.name
+        for field in Schedule._meta.get_fields()
+        if field.concrete
+    ]
+    readonly_fields = ("definition_display",)
 
     @admin.display(description="task")
     def task(self, obj: Schedule) -> str:
         return str(obj.definition.get("task", ""))
+
+    @admin.display(description="definition")
+    def definition_display(self, obj: Schedule) -> str:
+        shown = redaction.definition(obj.definition)
+        return format_html("<pre>{}</pre>", json.dumps(shown, ensure_ascii=False, indent=2, default=str))
 
     @admin.display(description="when")
     def every(self, obj: Schedule) -> str:
@@ -154,7 +167,8 @@ class StoredScheduleForm(forms.ModelForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.instance.pk:
-            entry = self.instance.entry
+            # Shown redacted (tasks/redaction.py); clean() puts the hidden values back on save.
+            entry = redaction.definition(self.instance.entry)
             for key in _ENTRY_FIELDS:
                 if key in entry:
                     self.initial[key] = json.dumps(entry[key]) if key in _JSON_FIELDS else entry[key]
@@ -174,6 +188,17 @@ class StoredScheduleForm(forms.ModelForm):
                 except InvalidInput as exc:
                     self.add_error(key, f"{key} must be JSON: {exc.message}")
                     continue
+                if redaction.active() and redaction.holds_placeholder(value):
+                    try:
+                        value = self._keep_hidden(key, value)
+                    except ValueError as exc:
+                        self.add_error(
+                            key,
+                            f"{exc}: {redaction.REDACTED!r} is what this page shows in place of a hidden argument"
+                            " (REDACT_ARGUMENTS); leave it where it was shown to keep the stored value, or type"
+                            " the real value",
+                        )
+                        continue
             entry[key] = value
         if self.errors or not name:
             return data
@@ -197,6 +222,14 @@ class StoredScheduleForm(forms.ModelForm):
             self.add_error("name", "a stored schedule of this name exists")
         self.entry = entry
         return data
+
+    def _keep_hidden(self, key: str, value: Any) -> Any:
+        """The stored values back where the page showed "[redacted]": the row read with this request,
+        whose revision the save checks under the row lock (a value kept from another revision is
+        refused with the edit)."""
+        if not self.instance.pk:
+            raise ValueError(f"{key} holds {redaction.REDACTED!r} and a new schedule has no hidden value to keep")
+        return redaction.keep_hidden(value, self.instance.entry, key)
 
 
 @admin.register(StoredSchedule)

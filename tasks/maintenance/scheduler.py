@@ -364,6 +364,11 @@ class Scheduler:
             logger.info("scheduler %s: no schedules declared, nothing to do", self.holder)
             return False
         stopping = self.election._stopping
+        logger.info(
+            "scheduler %s: no schedule declared; no lease taken until one is stored (looking every %gs)",
+            self.holder,
+            MAX_WAIT,
+        )
         try:
             while not stopping.is_set():
                 try:

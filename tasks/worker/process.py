@@ -9,7 +9,7 @@ everything in order; each part is built from the session, the mailbox and the le
 - :mod:`~tasks.worker.heartbeat`: renews every held attempt in one statement about every ttl/3;
 - :mod:`~tasks.worker.listener`: LISTEN/NOTIFY so an idle worker starts new work at once;
 - the maintenance services, each working only while it holds its lease: recovery
-  (:mod:`tasks.maintenance.recovery`) and, when periodic tasks are declared, the scheduler.
+  (:mod:`tasks.maintenance.recovery`) and the periodic-task scheduler (declared or stored schedules).
 
 Shutdown: the first SIGTERM/SIGINT stops claiming, hands back claims that have not started, and lets
 running tasks finish within the grace period, then hands the rest back (not counted as failures);
@@ -84,7 +84,10 @@ class Worker:
             raise ValueError("async concurrency must be 0 (off) or more")
         self.recovery = recovery
         self.recovery_interval = recovery_interval or conf.RECOVERY_INTERVAL
-        self.scheduler = scheduler and bool(conf.SCHEDULES)  # the periodic-task scheduler service
+        # The periodic-task scheduler service, whether or not settings declare a schedule: one may be
+        # stored at runtime, before or after this worker starts. With none declared, it takes no lease
+        # and only looks for a stored one now and then (Scheduler._wait_for_stored).
+        self.scheduler = scheduler
         self.max_tasks = max_tasks
         self.install_signal_handlers = install_signal_handlers
         # A process worker (``run_worker``) ends for sure: task code can leave a thread that never
