@@ -26,7 +26,10 @@ transaction, through two triggers (migrations 0016 and 0017):
      nothing has joined a group (``callback_only``: a ``depends_on`` enqueue into its workflow
      clears it), its members' successes read no edges at all: the callback is their one dependant;
   3. a dependant an operator requeued in this statement waits for its parents again as they stand
-     (AWAITING while one is not final; cancelled again if one failed under "cancel");
+     (AWAITING while one is not final; cancelled again if one failed under "cancel"). One cancelled
+     again (or down the graph from one) is counted by this statement alone, as the net of both
+     (migration 0038): the nested statements' settles pass over it (``leasing.workflow_reopened``),
+     since their count-down would come before this statement's count-up (issue 56);
   4. each workflow counts its members down; at zero it ends (SUCCESSFUL, FAILED if a member failed
      or was cancelled, CANCELLED if an operator cancelled it) with ``finished_at`` on the database
      clock. A group whose callback countdown reaches zero releases the callback.

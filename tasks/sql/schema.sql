@@ -358,6 +358,9 @@ DECLARE
     reopens boolean;
     held bigint[];
     rethink bigint[];
+    reopened bigint[];
+    undone bigint[];
+    uncounted bigint[];
 BEGIN
     pending := COALESCE(NULLIF(current_setting('leasing.workflow_settle', true), ''), '0')::int;
     IF pending <= 0 THEN
@@ -494,9 +497,15 @@ BEGIN
     -- Dependants requeued by this statement (an operator's requeue made them READY), and those held
     -- back above, wait again for their parents as they stand now: AWAITING while one is not final,
     -- cancelled again when one failed under 'cancel' (requeue the parent first, or both at once).
-    SELECT array_agg(m.id) INTO rethink FROM unnest(moved, settles) AS m(id, settle) WHERE m.settle < 0;
-    rethink := rethink || held;
+    SELECT array_agg(m.id) INTO reopened FROM unnest(moved, settles) AS m(id, settle) WHERE m.settle < 0;
+    rethink := reopened || held;
     IF rethink IS NOT NULL THEN
+        -- A member this statement reopened that the update below makes final again (cancelled again,
+        -- or down the graph from one that is) is counted here alone, as the net of both (issue 56): the
+        -- settles of the nested statements pass over it. Counted there, its count-down came before
+        -- this statement's count-up and found nothing to take (remaining never goes below 0): the
+        -- workflow stayed RUNNING with every member final.
+        PERFORM set_config('leasing.workflow_reopened', COALESCE(reopened, '{}')::text, true);
         UPDATE tasks_task AS c SET
             status = CASE WHEN r.doomed THEN 'CANCELLED' ELSE 'AWAITING' END,
             finished_at = CASE WHEN r.doomed THEN clock_timestamp() ELSE NULL END,
@@ -517,12 +526,19 @@ BEGIN
               LEFT JOIN tasks_workflow AS w ON w.id = me.workflow_id AND w.kind = 'group' AND w.callback_id = m.id
               GROUP BY m.id) AS r
         WHERE c.id = r.id AND c.status IN ('READY', 'BLOCKED') AND (r.doomed OR r.unfinished > 0);
+        PERFORM set_config('leasing.workflow_reopened', '', true);
+        SELECT array_agg(t.id) INTO undone FROM tasks_task AS t
+        WHERE t.id = ANY(reopened) AND t.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED');
     END IF;
     IF several THEN
         PERFORM 1 FROM tasks_workflow WHERE id = ANY(flows) ORDER BY id FOR NO KEY UPDATE;
     END IF;
     -- Each workflow counts its members; a group's callback is released when the members it waits
-    -- for are all final.
+    -- for are all final. A member reopened and made final again in one statement counts as its net:
+    -- nothing, or one more failed when it had succeeded (a reopened member has parents, so it is
+    -- no group's member: no callback counts it). Inside that statement (uncounted), its enclosing
+    -- settle counts it; a workflow with nothing left to count is not written.
+    uncounted := NULLIF(current_setting('leasing.workflow_reopened', true), '')::bigint[];
     WITH counted AS (
         UPDATE tasks_workflow AS w SET
             remaining = GREATEST(w.remaining - x.done + x.reopened, 0),
@@ -538,12 +554,15 @@ BEGIN
             finished_at = CASE WHEN w.remaining - x.done + x.reopened > 0 THEN NULL ELSE clock_timestamp() END
         FROM (SELECT m.flow,
                      count(*) FILTER (WHERE m.settle > 0) AS done,
-                     count(*) FILTER (WHERE m.settle < 0) AS reopened,
-                     count(*) FILTER (WHERE m.settle = 2) AS bad,
-                     count(*) FILTER (WHERE m.settle = -2) AS unbad,
+                     count(*) FILTER (WHERE m.settle < 0 AND NOT m.undone) AS reopened,
+                     count(*) FILTER (WHERE m.settle = 2 OR m.settle = -1 AND m.undone) AS bad,
+                     count(*) FILTER (WHERE m.settle = -2 AND NOT m.undone) AS unbad,
                      count(*) FILTER (WHERE m.settle = 3) AS grouped
-              FROM unnest(flows, settles) AS m(flow, settle)
-              GROUP BY m.flow) AS x
+              FROM (SELECT u.flow, u.settle, u.id = ANY(COALESCE(undone, '{}')) AS undone
+                    FROM unnest(moved, flows, settles) AS u(id, flow, settle)
+                    WHERE u.id <> ALL(COALESCE(uncounted, '{}'))) AS m
+              GROUP BY m.flow
+              HAVING bool_or(NOT m.undone OR m.settle = -1)) AS x
         WHERE w.id = x.flow
         RETURNING w.kind, w.callback_id, w.callback_waiting
     )
