@@ -170,16 +170,22 @@ class LeaseTaskResult(TaskResult):  # type: ignore[misc]  # django-stubs: TaskRe
         return self
 
     async def await_(self, timeout: float | None = None) -> LeaseTaskResult:
-        """:meth:`wait` for async code: the wait runs in a thread of its own (its database connections
-        closed when it ends), the event loop goes on."""
+        """:meth:`wait` for async code: the wait runs on the event loop, holding no thread, and its
+        ``timeout`` counts from the call; cancelled (``asyncio.wait_for``, a client that hung up), it
+        lets go of its connection at once (tasks/models/task_await.py). The refresh at the end is one
+        short call on a thread of the loop's default executor, its connection closed when it returns."""
+        number, _, using = str(self.id).partition("@")
+        home = getattr(task_backends[self.backend], "using", DEFAULT_DB_ALIAS)  # a LeaseBackend's database
+        await Task.objects.db_manager(using or home).await_final(int(number), timeout=timeout)
 
-        def wait_in_a_thread() -> LeaseTaskResult:
+        def refresh() -> None:
             try:
-                return self.wait(timeout)
+                self.refresh()
             finally:
                 connections.close_all()  # this thread's own: nothing else will close them
 
-        return await sync_to_async(wait_in_a_thread, thread_sensitive=False)()
+        await sync_to_async(refresh, thread_sensitive=False)()
+        return self
 
 
 def seconds_of(value: float | dt.timedelta | None) -> float | None:

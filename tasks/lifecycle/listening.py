@@ -5,8 +5,9 @@ finish): on the alias's own connection settings when it is not pooled
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from django.db import connections
@@ -20,6 +21,8 @@ class WakeUp:
     description: str  # for the start line: never a password
     connect: Callable[[], psycopg.Connection] | None  # an autocommit connection to LISTEN on; None: poll
     using: str = "default"  # the database alias it serves
+    #: The same connection for async code (an event loop's waits), opened on the loop; None: poll.
+    aconnect: Callable[[], Awaitable[psycopg.AsyncConnection]] | None = None
 
 
 def wakeup_for(using: str, poll_interval: float) -> WakeUp:
@@ -31,7 +34,10 @@ def wakeup_for(using: str, poll_interval: float) -> WakeUp:
         return WakeUp(f"polling every {poll_interval:g}s (the LISTEN_URLS entry of {using} cannot be parsed)", None)
     if url:
         return WakeUp(
-            f"LISTEN on the direct URL of {using} ({where(url)})", lambda: psycopg.connect(url, autocommit=True), using
+            f"LISTEN on the direct URL of {using} ({where(url)})",
+            lambda: psycopg.connect(url, autocommit=True),
+            using,
+            lambda: psycopg.AsyncConnection.connect(url, autocommit=True),
         )
     if using in conf.POOLED_DATABASES:
         return WakeUp(f"polling every {poll_interval:g}s ({using} is pooled and has no LISTEN_URLS entry)", None)
@@ -42,13 +48,27 @@ def wakeup_for(using: str, poll_interval: float) -> WakeUp:
         conn.autocommit = True
         return conn
 
-    return WakeUp(f"LISTEN on {using}", connect, using)
+    return WakeUp(f"LISTEN on {using}", connect, using, lambda: connect_async(using))
+
+
+async def connect_async(using: str) -> psycopg.AsyncConnection:
+    """An autocommit async connection to the alias's database, on its own settings (through its
+    pooler, if it has one): Django's connection parameters, less its sync cursor class."""
+    params: dict[str, Any] = connections[using].get_connection_params()
+    params.pop("cursor_factory", None)
+    return await psycopg.AsyncConnection.connect(**params, autocommit=True)
 
 
 def through_a_pooler(conn: psycopg.Connection) -> bool:
     """Whether ``conn`` reaches PostgreSQL through a pooler: the backend pid its startup announced is
     not the pid of the server session that answers (see the module doc)."""
     row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    return row is not None and row[0] != conn.info.backend_pid
+
+
+async def athrough_a_pooler(conn: psycopg.AsyncConnection) -> bool:
+    """:func:`through_a_pooler` for an async connection."""
+    row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
     return row is not None and row[0] != conn.info.backend_pid
 
 

@@ -27,6 +27,7 @@ from tasks.models.bookkeeping import UniqueKey
 from tasks.models.finished import FinishedOperations
 from tasks.models.task_actions import ActionOperations
 from tasks.models.task_attempts import AttemptOperations
+from tasks.models.task_await import AwaitOperations
 from tasks.models.task_enqueue import EnqueueOperations
 from tasks.models.task_wait import WaitOperations
 
@@ -48,13 +49,15 @@ class TaskQuerySet(
     AttemptOperations,
     ActionOperations,
     WaitOperations,
+    AwaitOperations,
     FinishedOperations,
     LeaseStateQuerySet["Task"],
 ):
     """Task selection (chainable) and the queue's table-wide operations, one statement each: enqueue
     (tasks/models/task_enqueue.py), an attempt's life on the worker's hot path (task_attempts.py), the
     recovery round's sweeps and the operator's actions (task_actions.py), a caller's wait for a task to
-    finish (task_wait.py), a lookup by id that finds a task moved to tasks_finished (finished.py)."""
+    finish (task_wait.py; in async code, task_await.py), a lookup by id that finds a task moved to
+    tasks_finished (finished.py)."""
 
     # -- selection ------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """Waiting for a task to finish (``Task.objects.wait(task_id, timeout=10)``; a django.tasks result's
-``wait()`` and ``await_()`` call it).
+``wait()`` calls it). Async code waits on its event loop instead, with these statements
+(tasks/models/task_await.py).
 
 On a connection of its own (autocommit: never inside the caller's transaction, whose locks would
 hold the worker's finish back), the wait LISTENs on ``leasing_task_finished`` where the alias allows

@@ -1,6 +1,7 @@
-"""``Task.objects.wait`` (what a django.tasks result's ``wait()`` runs) through a real PgBouncer in
-transaction pooling with two server connections, declared (``DATABASE_POOLED=true``) and undeclared
-(the pooler found by the backend pid): 24 waiters at once in another process, on a task a worker
+"""``Task.objects.wait`` (what a django.tasks result's ``wait()`` runs) and ``Task.objects.await_``
+(``await_()``'s, on an event loop) through a real PgBouncer in transaction pooling with two server
+connections, declared (``DATABASE_POOLED=true``) and undeclared (the pooler found by the backend
+pid): 24 waiters at once in another process (threads, or coroutines on one loop), on a task a worker
 finishes, one an operator cancels while it waits, one cancelled while it runs, and one nobody runs
 that they wait for with a timeout. Each waiter returns its task's final status (or times out and
 leaves the task as it was), and no server connection of the pool is left LISTENing: a LISTEN
@@ -54,6 +55,28 @@ for thread in threads:
 for thread in threads:
     thread.join()
 """
+AWAITERS = r"""
+import asyncio, json, sys, time
+import django
+django.setup()
+from tasks.models import Task
+
+plan = json.loads(sys.argv[1])  # [[task_id, timeout], ...]
+
+async def wait(task_id, timeout):
+    began = time.monotonic()
+    try:
+        row = await Task.objects.await_(task_id, timeout=timeout, poll=0.2)
+        outcome = row.status
+    except Exception as exc:
+        outcome = type(exc).__name__
+    print(json.dumps({"task": task_id, "outcome": outcome, "seconds": time.monotonic() - began}), flush=True)
+
+async def main():
+    await asyncio.gather(*(wait(t, s) for t, s in plan))
+
+asyncio.run(main())
+"""
 
 
 def listening_server_sessions(bouncer: Bouncer, dbname: str) -> dict[int, int]:
@@ -73,9 +96,10 @@ def listening_server_sessions(bouncer: Bouncer, dbname: str) -> dict[int, int]:
             client.close()
 
 
+@pytest.mark.parametrize("script", [WAITERS, AWAITERS], ids=["threads", "event-loop"])
 @pytest.mark.parametrize("declared", [True, False], ids=["declared", "undeclared"])
 def test_many_waiters_through_the_pooler_poll_and_end_at_each_final_status(
-    bouncer_pool_of_2: Bouncer, declared: bool
+    bouncer_pool_of_2: Bouncer, declared: bool, script: str
 ) -> None:
     dbname = connection.settings_dict["NAME"]
     finished, cancelled, running, untouched = (Task.objects.enqueue(NOOP, queue=q).id for q in ("wa", "wb", "wc", "wd"))
@@ -85,7 +109,7 @@ def test_many_waiters_through_the_pooler_poll_and_end_at_each_final_status(
     env = child_env(DATABASE_URL=bouncer_pool_of_2.url(dbname), DATABASE_POOLED="true" if declared else "false")
     env.pop("DIRECT_DATABASE_URL", None)
     child = subprocess.Popen(
-        [sys.executable, "-c", WAITERS, json.dumps(plan)],
+        [sys.executable, "-c", script, json.dumps(plan)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

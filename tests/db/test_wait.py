@@ -122,6 +122,27 @@ def test_a_django_tasks_result_waits_and_refreshes_itself() -> None:
     assert asyncio.run(result.await_(timeout=5)) is result
 
 
+def test_an_async_wait_wakes_at_the_finish_through_its_notify_not_a_poll() -> None:
+    """On the event loop (tasks/models/task_await.py), as the sync wait does on its thread."""
+    task_id = Task.objects.enqueue(NOOP, queue="awaited").id
+
+    def finish_once_marked() -> None:
+        try:
+            wait_until(lambda: waited(task_id), 10, what="the wait to mark the row")
+            run_until_empty(["awaited"])
+        finally:
+            connections.close_all()
+
+    async def scenario() -> Task:
+        waiting = asyncio.ensure_future(Task.objects.await_(task_id, timeout=FAR, poll=FAR))
+        await asyncio.to_thread(finish_once_marked)
+        # A bound on a hang, not a measure: without the NOTIFY it would sleep its 60 s poll.
+        row: Task = await asyncio.wait_for(waiting, 10)
+        return row
+
+    assert asyncio.run(scenario()).status == TaskStatus.SUCCESSFUL
+
+
 def test_an_async_wait_times_out_with_the_same_error() -> None:
     result = option_tasks.plain.using(queue_name="nobody-runs-this").enqueue(1)
     with pytest.raises(TaskWaitTimeout):
