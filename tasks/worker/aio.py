@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
@@ -78,6 +80,15 @@ def _then_close_broken(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> 
         return fn(*args, **kwargs)
     finally:
         handlers.close_broken_connections()
+
+
+def _where(thread: threading.Thread | None, depth: int = 6) -> str:
+    """The innermost calls ``thread`` is in now (the call that blocks a loop, for its log line)."""
+    frame = None if thread is None or thread.ident is None else sys._current_frames().get(thread.ident)
+    if frame is None:
+        return "?"
+    calls = traceback.extract_stack(frame)[-depth:]
+    return " < ".join(f"{c.name} ({c.filename.rsplit('/', 2)[-1]}:{c.lineno})" for c in reversed(calls))
 
 
 class AttemptThreads(ThreadPoolExecutor):
@@ -474,10 +485,12 @@ class AsyncExecutor:
         blocker = next((e for e in attempts if tasks.get(e.key) is holding and holding is not None), None)
         what = f"task {blocker.id} {blocker.task.task_path}" if blocker is not None else "code outside any task"
         logger.error(
-            "worker %s: the event loop has not turned for %.1fs, blocked by %s; a new loop takes over",
+            "worker %s: the event loop has not turned for %.1fs, blocked by %s; a new loop takes over"
+            " (the loop's thread is in: %s)",
             self.session.id,
             lag,
             what,
+            _where(state.thread),
             extra=blocker.log_fields() if blocker is not None else {"worker_id": self.session.id},
         )
         for execution in attempts:
