@@ -426,6 +426,11 @@ class AsyncExecutor:
             return
         if why == "shutdown":
             return  # the shutdown handed it back before cancelling
+        if why == "blocked":
+            # Its loop was replaced and cancelled it, and it ended before the watchdog could abandon
+            # it (which then leaves it to us): a neighbour, uncharged like the ones the watchdog took.
+            self.mailbox.hand_back_later(execution, "handed back: the event loop it ran on was replaced")
+            return
         self.mailbox.deliver(outcome)
 
     async def _execute(self, state: _Loop, execution: Execution) -> Outcome:
@@ -468,9 +473,17 @@ class AsyncExecutor:
             state = self._current
             if state is None:
                 continue
-            lag = clock.monotonic() - state.tick
-            if lag > self.block_limit:
-                self._replace(state, lag)
+            seen = state.tick
+            if clock.monotonic() - seen <= self.block_limit:
+                continue
+            # A pause of the whole process (SIGSTOP, a starved or suspended machine) looks the same
+            # from here, and this thread may wake before the loop's: the loop is blocked only if it
+            # still does not tick once both can run. Replacing a paused loop would abandon a coroutine
+            # that blocked nothing and hand its neighbours back.
+            if self._stopping.wait(min(1.0, self.block_limit / 2)):
+                return
+            if state.tick == seen and not state.retired:
+                self._replace(state, clock.monotonic() - seen)
 
     def _replace(self, state: _Loop, lag: float) -> None:
         with self._switch:
