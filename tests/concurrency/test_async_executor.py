@@ -292,7 +292,8 @@ def test_a_paused_process_is_not_taken_for_a_blocked_loop(workers: Workers) -> N
     proc = workers.start("paused", "--async-concurrency", "8", "--ttl", "10", TASKS_ASYNC_BLOCK_LIMIT="1")
     done = Task.objects.filter(pk__in=ids, status=TaskStatus.SUCCESSFUL)
     for pause in range(1, 5):
-        wait_until(lambda n=8 * pause: done.count() >= n, 30, what="coroutines running")
+        wanted = 8 * pause
+        wait_until(lambda: done.count() >= wanted, 30, what="coroutines running")  # noqa: B023 (called here)
         os.kill(proc.pid, signal.SIGSTOP)
         time.sleep(2)  # the fault itself: paused past the block limit (1 s), well within the TTL (10 s)
         os.kill(proc.pid, signal.SIGCONT)
