@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
@@ -78,6 +80,15 @@ def _then_close_broken(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> 
         return fn(*args, **kwargs)
     finally:
         handlers.close_broken_connections()
+
+
+def _where(thread: threading.Thread | None, depth: int = 6) -> str:
+    """The innermost calls ``thread`` is in now (the call that blocks a loop, for its log line)."""
+    frame = None if thread is None or thread.ident is None else sys._current_frames().get(thread.ident)
+    if frame is None:
+        return "?"
+    calls = traceback.extract_stack(frame)[-depth:]
+    return " < ".join(f"{c.name} ({c.filename.rsplit('/', 2)[-1]}:{c.lineno})" for c in reversed(calls))
 
 
 class AttemptThreads(ThreadPoolExecutor):
@@ -415,6 +426,11 @@ class AsyncExecutor:
             return
         if why == "shutdown":
             return  # the shutdown handed it back before cancelling
+        if why == "blocked":
+            # Its loop was replaced and cancelled it, and it ended before the watchdog could abandon
+            # it (which then leaves it to us): a neighbour, uncharged like the ones the watchdog took.
+            self.mailbox.hand_back_later(execution, "handed back: the event loop it ran on was replaced")
+            return
         self.mailbox.deliver(outcome)
 
     async def _execute(self, state: _Loop, execution: Execution) -> Outcome:
@@ -457,9 +473,17 @@ class AsyncExecutor:
             state = self._current
             if state is None:
                 continue
-            lag = clock.monotonic() - state.tick
-            if lag > self.block_limit:
-                self._replace(state, lag)
+            seen = state.tick
+            if clock.monotonic() - seen <= self.block_limit:
+                continue
+            # A pause of the whole process (SIGSTOP, a starved or suspended machine) looks the same
+            # from here, and this thread may wake before the loop's: the loop is blocked only if it
+            # still does not tick once both can run. Replacing a paused loop would abandon a coroutine
+            # that blocked nothing and hand its neighbours back.
+            if self._stopping.wait(min(1.0, self.block_limit / 2)):
+                return
+            if state.tick == seen and not state.retired:
+                self._replace(state, clock.monotonic() - seen)
 
     def _replace(self, state: _Loop, lag: float) -> None:
         with self._switch:
@@ -474,10 +498,12 @@ class AsyncExecutor:
         blocker = next((e for e in attempts if tasks.get(e.key) is holding and holding is not None), None)
         what = f"task {blocker.id} {blocker.task.task_path}" if blocker is not None else "code outside any task"
         logger.error(
-            "worker %s: the event loop has not turned for %.1fs, blocked by %s; a new loop takes over",
+            "worker %s: the event loop has not turned for %.1fs, blocked by %s; a new loop takes over"
+            " (the loop's thread is in: %s)",
             self.session.id,
             lag,
             what,
+            _where(state.thread),
             extra=blocker.log_fields() if blocker is not None else {"worker_id": self.session.id},
         )
         for execution in attempts:

@@ -14,6 +14,12 @@ everything in order; each part is built from the session, the mailbox and the le
 Shutdown: the first SIGTERM/SIGINT stops claiming, hands back claims that have not started, and lets
 running tasks finish within the grace period, then hands the rest back (not counted as failures);
 a second signal skips the wait.
+
+Run on the main thread with its signal handlers (``run_worker``), the worker's own work (register,
+dispatch, shut down) runs on a thread of its own and the main thread only watches for stop signals:
+a statement can wait without any bound the server's timeouts give (queued at a transaction pooler
+whose every server connection is taken: ``statement_timeout`` starts only once a server runs it), and
+a stop request must be acted on whatever the database does.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from leasing import clock
 from leasing.bounds import unbound
 from tasks.conf import get_settings
 from tasks.lifecycle.listening import wakeup_for
@@ -50,6 +57,13 @@ from tasks.worker.threads import ThreadExecutors
 from tasks.worker.writer import OutcomeWriter
 
 logger = logging.getLogger("tasks.worker")
+
+#: How often the main thread looks for a stop signal while the worker runs on its own thread.
+SIGNAL_POLL = 0.1
+#: After the second stop request, the seconds the worker's last writes (the hand-backs) get before a
+#: ``run_worker`` process exits anyway (status 70, as its hard exit): a statement queued at a pooler
+#: with no server connection free waits as long as the pooler lets it (PgBouncer: 120 s).
+HURRY_EXIT_AFTER = 5.0
 
 
 class Worker:
@@ -170,6 +184,7 @@ class Worker:
         self.wakeup = wakeup_for(using, session.poll_interval)
         self.services = Services()
         self._stopped = threading.Event()  # run() has returned
+        self._signals_received = 0  # counted by the signal handler, acted on by the main thread
 
     # The session's fields, as the worker's own (the commands, the tests and the dashboard read them).
     @property
@@ -209,18 +224,18 @@ class Worker:
         assert self.hard_exit_after is not None
         if self._stopped.wait(self.hard_exit_after):
             return
-        logger.critical(
-            "worker %s still running %.0fs after the stop request (stuck task code or database): exiting now",
-            self.id,
-            self.hard_exit_after,
-        )
-        logging.shutdown()
-        os._exit(70)
+        self._give_up(f"{self.hard_exit_after:.0f}s after the stop request")
 
     def run(self) -> None:
+        if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
+            self._run_watched()
+        else:
+            self._run()
+
+    def _run(self) -> None:
+        """Register, dispatch until drained, stop (on the calling thread)."""
         self.session.own_thread()
         register(self.session, queues=self.queues, concurrency=self.concurrency)
-        previous_handlers = self._install_signals()
         try:
             self._start()
             logger.info(
@@ -242,8 +257,79 @@ class Worker:
                 # connection serves the caller again, unbounded.
                 unbound(connections[self.using])
                 self._stopped.set()
-                for signum, handler in previous_handlers.items():
-                    signal.signal(signum, handler)
+
+    def _run_watched(self) -> None:
+        """The worker on a thread of its own; the main thread acts on stop signals. Every database
+        wait of the worker's (a statement queued at a pooler, a connect) happens on other threads,
+        so a stop request is logged and acted on within SIGNAL_POLL whatever the database does.
+        After the second one the worker gets HURRY_EXIT_AFTER more seconds."""
+        errors: list[BaseException] = []
+
+        def body() -> None:
+            try:
+                self._run()
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                connections.close_all()  # this thread's own; the caller's stay as they were
+
+        # The handler only counts: it runs between two bytecodes of the main thread, which may then
+        # hold a lock that request_stop() would take (an Event's, the logging handler's).
+        def on_signal(*_: Any) -> None:
+            self._signals_received += 1
+
+        previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            thread = threading.Thread(target=body, name="worker-main", daemon=True)
+            thread.start()
+            self._watch(thread)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        if errors:
+            raise errors[0]
+
+    def _watch(self, thread: threading.Thread) -> None:
+        acted_on = 0
+        give_up_at: float | None = None
+        while thread.is_alive():
+            thread.join(SIGNAL_POLL)
+            while acted_on < self._signals_received:
+                acted_on += 1
+                first = not self.session.draining.is_set()
+                self.request_stop()
+                if first:
+                    logger.info(
+                        "worker %s draining: stop requested; claiming nothing more, running tasks get %gs"
+                        " (a second signal hands them back at once)",
+                        self.id,
+                        self.shutdown_grace,
+                        extra={"worker_id": self.id},
+                    )
+                elif give_up_at is None:
+                    give_up_at = clock.monotonic() + HURRY_EXIT_AFTER
+                    logger.info(
+                        "worker %s: second stop request; handing back what runs", self.id, extra={"worker_id": self.id}
+                    )
+            if give_up_at is not None and clock.monotonic() >= give_up_at and thread.is_alive():
+                self._give_up(f"{HURRY_EXIT_AFTER:.0f}s after the second stop request")
+                return
+
+    def _give_up(self, when: str) -> None:
+        """The worker's thread did not end in time (its statements wait on the database): a
+        ``run_worker`` process exits now (its claims lapse and are recovered); run in a caller's
+        process, run() returns and the worker's thread ends when the database lets it."""
+        process = self.hard_exit_after is not None
+        logger.critical(
+            "worker %s still running %s (stuck task code or database): %s",
+            self.id,
+            when,
+            "exiting now" if process else "returning; its thread ends when the database lets it",
+            extra={"worker_id": self.id},
+        )
+        if process:
+            logging.shutdown()
+            os._exit(70)
 
     def _start(self) -> None:
         self.threads.start()
@@ -277,11 +363,3 @@ class Worker:
         self.services.join(timeout=5)
         self.signals.close(timeout=5)
         record_stop(self.session)
-
-    def _install_signals(self) -> dict[int, Any]:
-        if not self.install_signal_handlers or threading.current_thread() is not threading.main_thread():
-            return {}
-        previous: dict[int, Any] = {}
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            previous[signum] = signal.signal(signum, lambda *_: self.request_stop())
-        return previous

@@ -6,8 +6,10 @@ and the worker goes on serving and stops cleanly. Waits poll the database with d
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import time
 from typing import Any
 
 import pytest
@@ -279,6 +281,27 @@ def test_coroutine_blocking_the_loop_is_abandoned_and_its_neighbours_go_on(worke
     assert_serves("blocked")
     stats = assert_stops(proc, "blocked")
     assert stats["rejected"] == 0
+
+
+def test_a_paused_process_is_not_taken_for_a_blocked_loop(workers: Workers) -> None:
+    """A process stopped longer than ASYNC_BLOCK_LIMIT (SIGSTOP here; a starved machine on CI) stops the
+    loop and the watchdog alike, and the watchdog may wake first: it must not take the pause for a
+    coroutine blocking the loop (it abandoned whichever attempt the loop was in, charged, and handed the
+    others back; issue 56's CI log blamed an attempt that only awaits asyncio.sleep)."""
+    ids = [Task.objects.enqueue(H + "async_sleep", kwargs={"seconds": 0.3}).id for _ in range(60)]
+    proc = workers.start("paused", "--async-concurrency", "8", "--ttl", "10", TASKS_ASYNC_BLOCK_LIMIT="1")
+    done = Task.objects.filter(pk__in=ids, status=TaskStatus.SUCCESSFUL)
+    for pause in range(1, 5):
+        wanted = 8 * pause
+        wait_until(lambda: done.count() >= wanted, 30, what="coroutines running")  # noqa: B023 (called here)
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(2)  # the fault itself: paused past the block limit (1 s), well within the TTL (10 s)
+        os.kill(proc.pid, signal.SIGCONT)
+    wait_until(lambda: done.count() == len(ids), 60, what="every task done")
+    assert "has not turned" not in workers.log("paused")
+    for task in Task.objects.filter(pk__in=ids):
+        assert charges(task) == (0, 0, 0), task.errors
+    assert_stops(proc, "paused")
 
 
 def test_shutdown_lets_coroutines_finish_within_the_grace_then_cancels_and_hands_back(workers: Workers) -> None:

@@ -18,6 +18,7 @@ from django.core.management import call_command
 from django.db import connection
 
 from tasks.models import Task, TaskStatus
+from tasks.worker.process import HURRY_EXIT_AFTER
 from tests.helpers import test_database_url as database_url
 from tests.helpers import wait_until, worker_row
 from tests.helpers.pgbouncer import Bouncer
@@ -57,6 +58,39 @@ def test_sigterm_while_the_listener_reconnects_ends_at_once(proxy: PgProxy, work
     assert proc.wait(30) == 0
     assert time.monotonic() - began < 5
     assert worker_row("lis").stopped_at is not None
+
+
+def test_a_stop_is_acted_on_while_every_statement_waits_at_the_pooler(
+    bouncer_pool_of_1: Bouncer, workers: Workers
+) -> None:
+    """Another client holds the pooler's one server connection in an open transaction: every
+    statement of the worker's waits in the pooler's queue, where no statement_timeout runs (the
+    server never saw it). The stop request is acted on at once all the same (the drain begins and
+    is logged), and after the second one the process ends within its bound, with the status of a
+    hard exit: nothing could be handed back, its claims lapse and are recovered."""
+    name = connection.settings_dict["NAME"]
+    url = bouncer_pool_of_1.url(name)
+    served = Task.objects.enqueue(H + "add", kwargs={"a": 1, "b": 2})
+    proc = workers.start(
+        "queued", "--concurrency", "1", "--shutdown-grace", "30", DATABASE_URL=url, DATABASE_POOLED="true"
+    )
+    wait_until(
+        lambda: Task.objects.filter(pk=served.id, status=TaskStatus.SUCCESSFUL).exists(), 30, what="a task served"
+    )
+    with psycopg.connect(url, prepare_threshold=None) as holder:
+        holder.execute("SELECT 1")  # its transaction stays open: the pool's one server connection is its
+        # No client of the worker's idle any more (its dispatcher's included): each waits for a server.
+        wait_until(
+            lambda: bouncer_pool_of_1.clients(name)[0] == 1 and bouncer_pool_of_1.clients(name)[1] > 0,
+            20,
+            what="every connection of the worker's to queue at the pooler",
+        )
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "draining" in workers.log("queued"), 5, what="the drain to begin")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(HURRY_EXIT_AFTER + 10) == 70
+        holder.rollback()
+    assert "after the second stop request (stuck task code or database): exiting now" in workers.log("queued")
 
 
 def test_mixed_fleet_through_pgbouncer_stopped_twice_and_killed_loses_and_charges_nothing(

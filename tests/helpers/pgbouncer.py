@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import psycopg
+
 from tests.helpers import wait_until
 
 INSTALL_HINT = "PgBouncer is not installed: apt-get install pgbouncer (.ci/run installs it)"
@@ -40,6 +42,19 @@ class Bouncer:
 
     def conninfo(self, dbname: str) -> str:
         return f"host=127.0.0.1 port={self.port} dbname={dbname} user={self.user}"
+
+    def clients(self, dbname: str) -> tuple[int, int]:
+        """The pool of ``dbname`` from the admin console's SHOW POOLS: its clients that hold a server
+        connection or sit idle (``cl_active``), and those queued for one (``cl_waiting``)."""
+        # The admin console speaks the simple query protocol only: a client-side cursor sends that.
+        with psycopg.connect(self.conninfo("pgbouncer"), autocommit=True, cursor_factory=psycopg.ClientCursor) as admin:
+            cursor = admin.execute("SHOW POOLS")
+            names = [column.name for column in cursor.description or ()]
+            for row in cursor.fetchall():
+                pool = dict(zip(names, row, strict=True))
+                if pool["database"] == dbname:
+                    return int(pool["cl_active"]), int(pool["cl_waiting"])
+        return 0, 0
 
 
 def free_port() -> int:
