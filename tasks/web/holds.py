@@ -80,7 +80,7 @@ WITH RECURSIVE waiting(queue) AS (
     SELECT k.rate_key, h.held, h.seen, h.next_due,
            (SELECT t.run_after FROM tasks_task AS t WHERE t.rate_key = k.rate_key AND t.status IN ('READY', 'BLOCKED')
             ORDER BY t.run_after DESC LIMIT 1)
-    FROM (SELECT rate_key FROM keys WHERE rate_key IS NOT NULL LIMIT %(keys)s + 1) AS k
+    FROM (SELECT rate_key FROM keys WHERE rate_key IS NOT NULL LIMIT %(keys)s) AS k
     CROSS JOIN LATERAL (
         SELECT count(*) FILTER (WHERE w.status = 'READY' AND w.rate_refusals > 0
                                   AND w.queue <> ALL(%(paused)s::text[])) AS held,

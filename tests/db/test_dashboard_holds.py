@@ -146,13 +146,13 @@ def test_the_breakdown_adds_up_to_the_ready_count() -> None:
 
 def test_the_breakdown_reads_at_most_its_cap_per_part() -> None:
     """Every part of the breakdown is an ordered index scan that stops at its cap: a backlog of each
-    reason ten times the cap is read no further (EXPLAIN ANALYZE: no node reads more than cap + 1
+    reason thirty times the cap is read no further (EXPLAIN ANALYZE: no node reads more than cap + 1
     rows per loop, no sequential scan), and the counts say they stopped."""
     from django.db import connection
 
     from tests.helpers.plans import add_rows, explained, rows_read, seq_scans_of_tasks
 
-    cap, n = 100, 1000
+    cap, n = 100, 3000
     later = "now() + interval '1 hour'"
     for queue in ("mailq", "q", "frozen", "later", "snoozing", "failing"):
         add_rows(queue, "READY", n)
@@ -186,3 +186,18 @@ def test_the_breakdown_reads_at_most_its_cap_per_part() -> None:
         "backoff": True,
         "scheduled": True,  # not known: the parts stopped at their caps
     }
+
+
+def test_more_rate_keys_than_are_looked_at_leave_scheduled_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(holds, "SHOWN_KEYS", 1)
+    for key in ("a-key", "b-key"):
+        Task.objects.bulk_enqueue(NOOP, [{}] * 3, queue="mailq", rate_key=key, rate_limit=(1, 3600))
+    claimed = Task.objects.claim(W, limit=6, ttl=30, queues=["mailq"])
+    for c in claimed:
+        Task.objects.rate_start(c.id, W, c.token)
+    found = holds.waiting_holds()
+    assert found.cut_short
+    assert [(hold.reason, hold.name, str(hold.count)) for hold in found.holds] == [
+        ("rate", "a-key", "2"),
+        ("scheduled", "", "0+"),
+    ]
