@@ -10,6 +10,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from tasks.lifecycle import vocabulary
+from tasks.lifecycle.states import TaskStatus
 
 register = template.Library()
 
@@ -113,3 +114,18 @@ def last_error(task: Any) -> SafeString:
         ": " if short else "",
         short,
     )
+
+
+@register.filter
+def attempts_cell(task: Any) -> str:
+    """A task's attempts as an operator reads them: ``1/3`` (attempts begun / allowed), but a claimed
+    task whose attempt has not begun yet (``attempt_started`` false: prefetched, or its start not
+    recorded yet) reads "claimed, starting", never "0/3", which reads as a stall."""
+    if task.status == TaskStatus.RUNNING and not task.attempt_started:
+        return format_html(
+            '<span class="claimed" title="claimed by a worker; its attempt has not begun yet'
+            ' ({} begun before, {} allowed)">claimed, starting</span>',
+            task.attempts,
+            task.max_attempts,
+        )
+    return f"{task.attempts}/{task.max_attempts}"

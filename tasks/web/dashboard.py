@@ -40,9 +40,9 @@ from tasks.demo import generator
 from tasks.exceptions import TaskError
 from tasks.lifecycle import activity, concurrency, ratelimits, vocabulary
 from tasks.lifecycle.states import with_db_clock
-from tasks.models import Task, Worker, Workflow
+from tasks.models import Task, TaskStatus, Worker, Workflow
 from tasks.models.finished import archived_ids
-from tasks.web import all_tasks, attempts, queries, workflows
+from tasks.web import all_tasks, attempts, holds, queries, workflows
 from tasks.web.queries import STATES, Count, state_counts
 
 PAGE_SIZE = 50
@@ -126,18 +126,21 @@ def chart(series: dict[str, list[int]], *, width: int = 720, height: int = 140) 
 # The overview shows tasks, leases, workers and the generator: it needs the view permission of each.
 @staff_page(GET=[VIEW_TASK, VIEW_LEASE, VIEW_WORKER, VIEW_GENERATOR])
 def overview(request: HttpRequest) -> HttpResponse:
+    counts = task_counts()
+    keys = concurrency.key_states()
     return render(
         request,
         "tasks/dashboard/overview.html",
         {
             # The lease pages' tabs, one card each: every lease counted once (held, expired, released).
-            "lease_cards": [(name, label, counts[name]) for counts in [lease_counts()] for name, label in LEASE_TABS],
-            "task_counts": task_counts(),
-            "tabs": tabs(task_counts()),
+            "lease_cards": [(name, label, leases[name]) for leases in [lease_counts()] for name, label in LEASE_TABS],
+            "task_counts": counts,
+            "tabs": tabs(counts),
             "states": TASK_STATES,
             "queues": queue_stats(),
+            **waiting_holds(counts, keys),
             # Keys at their limit first; at most concurrency.SHOWN_KEYS, each read from its indexes.
-            "concurrency_keys": concurrency.key_states(),
+            "concurrency_keys": keys,
             # Rate keys started most recently (at most ratelimits.SHOWN_KEYS), those at their limit first.
             "rate_keys": ratelimits.rate_key_states(),
             "workers": list(live_workers()),
@@ -145,6 +148,16 @@ def overview(request: HttpRequest) -> HttpResponse:
             "generator": generator.status() if demo.installed() else None,
         },
     )
+
+
+def waiting_holds(counts: dict[str, Count], keys: list[concurrency.KeyState]) -> dict[str, Any]:
+    """What holds the waiting tasks (tasks/web/holds.py): the Ready count by reason, the concurrency
+    keys at their limit with Blocked tasks, and the Awaiting count (a dependency not finished)."""
+    return {
+        "holds": holds.waiting_holds(),
+        "full_keys": [key for key in keys if key.full and key.waiting],
+        "awaiting": counts["awaiting"],
+    }
 
 
 def filter_value(request: HttpRequest, name: str, parse: Any) -> Any:
@@ -174,6 +187,13 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
         messages.error(request, f"Search refused: {exc.message}.")
         listing = queries.Listing(Task.objects.none(), (), lookups=[])
     page = listing.page(limit=PAGE_SIZE, before=before)
+    counts = task_counts()
+    if status in (TaskStatus.READY, TaskStatus.AWAITING, TaskStatus.BLOCKED):
+        # Each waiting row says what holds it (its queue paused, a rate key's line, its run after, a
+        # concurrency key, the tasks it depends on): from its own columns.
+        context = holds.RowContext.read()
+        for task in page.tasks:
+            task.held_by = holds.row_reason(task, context)  # type: ignore[attr-defined]
     return render(
         request,
         "tasks/dashboard/task_list.html",
@@ -181,7 +201,9 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
             "state": state,
             "label": state_label(state),
             "description": description,
-            "tabs": tabs(task_counts()),
+            "tabs": tabs(counts),
+            # The Ready list says what holds the waiting tasks, as the overview does.
+            **(waiting_holds(counts, concurrency.key_states()) if state == "pending" else {}),
             # The rows of a state page share its status: the buttons are the actions that fit it.
             "actions": vocabulary.actions_for([status]),
             "tasks": page.tasks,

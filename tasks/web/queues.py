@@ -8,13 +8,16 @@ keys with waiting tasks are counted by a loose index scan too, stopped at ``KEY_
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django.db import connections
+from django.utils import timezone
 
 from leasing.routing import selected_database
 from tasks.conf import get_settings
-from tasks.models import QueueControl
+from tasks.lifecycle.routing import queue_database
+from tasks.models import QueueControl, Worker
 
 #: Waiting counts stop here (shown as "10,000+"): counting a backlog is a scan of it.
 COUNT_CAP = 10_000
@@ -82,9 +85,34 @@ def fair_keys_waiting(queue: str, using: str | None = None) -> int:
         return int(cursor.fetchone()[0])
 
 
+def declared_queues(using: str) -> set[str]:
+    """The queues a project declares, of database ``using`` (listed even while empty): the fair queues,
+    the routed ones (LEASING_TASKS["QUEUE_DATABASES"]), those named in SCHEDULES, and those the live
+    workers of that database serve (tasks_worker.queues: a handful of rows, from the live index)."""
+    settings = get_settings()
+    names = set(settings.FAIR_QUEUES) | set(settings.QUEUE_DATABASES)
+    names |= {
+        entry.get("queue") or "default"
+        for entry in settings.SCHEDULES.values()
+        if isinstance(entry, dict) and isinstance(entry.get("queue") or "default", str)
+    }
+    horizon = timezone.now() - dt.timedelta(seconds=settings.TTL * 2)
+    for queues in (
+        Worker.objects.using(using)
+        .filter(stopped_at__isnull=True, last_seen_at__gte=horizon)
+        .values_list("queues", flat=True)[:LIVE_WORKERS_READ]
+    ):
+        names |= {queue for queue in queues or () if isinstance(queue, str)}
+    return {name for name in names if name and queue_database(name) == using}
+
+
+#: Live workers whose served queues the page reads at most.
+LIVE_WORKERS_READ = 1000
+
+
 def queue_overview(using: str | None = None) -> list[dict[str, Any]]:
-    """One entry per known queue (waiting, waiting for a concurrency slot, running or with a
-    control row), by name."""
+    """One entry per known queue (waiting, waiting for a concurrency slot, running, with a control
+    row, or declared: :func:`declared_queues`, with zero counts while empty), by name."""
     using = using or selected_database()
     controls = {c.name: c for c in QueueControl.objects.using(using).all()}
     with connections[using].cursor() as cursor:
@@ -94,7 +122,7 @@ def queue_overview(using: str | None = None) -> list[dict[str, Any]]:
             names |= {row[0] for row in cursor.fetchall()}
         cursor.execute("SELECT DISTINCT queue FROM tasks_task WHERE status = 'RUNNING'")
         names |= {row[0] for row in cursor.fetchall()}
-        names |= set(controls)
+        names |= set(controls) | declared_queues(using)
         ordered = sorted(names)
         cursor.execute(_COUNTS_SQL, {"names": ordered, "cap": COUNT_CAP + 1})
         counts = {name: (waiting, blocked, running) for name, waiting, blocked, running in cursor.fetchall()}
