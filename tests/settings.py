@@ -77,6 +77,11 @@ if os.environ.get("LEASING_TEST_LOGGING"):
 
     LOGGING = json.loads(os.environ["LEASING_TEST_LOGGING"])
 
+# ... or none: a `django-admin startproject` project has no LOGGING, Django's DEFAULT_LOGGING alone
+# (tests/concurrency/test_worker_log_lines.py).
+if os.environ.get("LEASING_TEST_NO_LOGGING"):
+    LOGGING = {}
+
 # ... and the bulk tests a small batch (tests/concurrency/test_bulk_processes.py).
 if os.environ.get("LEASING_TEST_BULK_BATCH_SIZE"):
     LEASING_TASKS = {**LEASING_TASKS, "BULK_BATCH_SIZE": int(os.environ["LEASING_TEST_BULK_BATCH_SIZE"])}

@@ -254,12 +254,19 @@ _RETRYABLE = "(d.kind = 'fail' AND d.retry AND t.failures + 1 < COALESCE(d.max_a
 _WAITS = f"({_SNOOZE} OR {_RETRYABLE})"
 
 
+# When an attempt whose start marker rides on this statement began (a short attempt ends before the
+# dispatcher sends its marker, and so does one whose marker waited behind a long poll): the epoch the
+# worker stamped as it called the handler (``d.at``, Failure.started), as COMPLETE_SQL records it. This
+# statement's own clock is the attempt's end: as its start it made every such attempt last 0 s.
+# NULL (an API client's report) falls back to that clock.
+_ATTEMPT_START = "COALESCE(to_timestamp(d.at), clock_timestamp())"
+
 # The error entry of a failed or cancelled attempt (a snooze writes none): the handler's own error with
 # the attempt it ended.
-_FAIL_ENTRY = """d.error || jsonb_build_object(
+_FAIL_ENTRY = f"""d.error || jsonb_build_object(
         'attempt', t.attempts + (NOT t.attempt_started)::int, 'worker', t.holder, 'token', t.token,
         'kind', CASE WHEN d.kind = 'cancel' THEN 'cancel' ELSE 'failure' END, 'at', clock_timestamp(),
-        'started_at', CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
+        'started_at', CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE {_ATTEMPT_START} END,
         'position', jsonb_array_length(t.worker_ids) + (NOT t.attempt_started)::int)"""
 
 
@@ -281,16 +288,16 @@ UPDATE tasks_task AS t SET
     attempt_isolated = false,
     attempts = CASE WHEN {_SNOOZE} THEN t.attempts - t.attempt_started::int
                     ELSE t.attempts + (NOT t.attempt_started)::int END,
-    started_at = COALESCE(t.started_at, clock_timestamp()),
-    last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), clock_timestamp()),
+    last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE {_ATTEMPT_START} END,
     worker_ids = CASE WHEN {_SNOOZE} THEN (CASE WHEN t.attempt_started THEN t.worker_ids - (-1) ELSE t.worker_ids END)
                       WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
     {append_error(_FAIL_ENTRY, when="d.kind <> 'snooze'")},
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(errors)s::jsonb[], %(retry)s::boolean[], %(kinds)s::text[],
-            %(delays)s::float8[], %(max_attempts)s::int[])
-     AS d(id, token, error, retry, kind, delay, max_attempts)
+            %(delays)s::float8[], %(max_attempts)s::int[], %(started)s::float8[])
+     AS d(id, token, error, retry, kind, delay, max_attempts, at)
 WHERE {OWNED} AND {LIVE}
 RETURNING t.id, t.status, t.run_after,
           -- how long until it is due again, on the database clock (the worker's log says it)

@@ -193,6 +193,9 @@ class Failure:
     delay: float | None = None
     #: The retry policy's limit when it is not the row's own (None: the row's ``max_attempts``).
     max_attempts: int | None = None
+    #: When the worker called the handler (epoch seconds), for an attempt whose start marker rides on
+    #: this report (None: the attempt's start is recorded already, or unknown: the report's own clock).
+    started: float | None = None
 
     @property
     def key(self) -> tuple[int, int]:

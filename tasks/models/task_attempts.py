@@ -322,6 +322,7 @@ class AttemptOperations(OperationsBase):
             "kinds": [f.kind for f in failures],
             "delays": [f.delay for f in failures],
             "max_attempts": [f.max_attempts for f in failures],
+            "started": [f.started for f in failures],
             "backoff_base": conf.BACKOFF_BASE,
             "backoff_max": conf.BACKOFF_MAX,
         }

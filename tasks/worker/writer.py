@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
@@ -92,7 +92,9 @@ class OutcomeWriter:
     # -- failures ------------------------------------------------------------------------------
 
     def send_failures(self, items: Sequence[Outcome]) -> set[Key]:
-        reports = [o.failure for o in items if o.failure is not None]
+        # Each report carries when its handler was called: an attempt that ended before its start marker
+        # was sent is marked by this statement, which records that start rather than its own clock.
+        reports = [replace(o.failure, started=o.execution.started_epoch) for o in items if o.failure is not None]
         written = self._manager.fail_many(self.session.id, reports)
         self.fail_results.update(written)
         return set(written)

@@ -650,3 +650,41 @@ def composed(fail_first: bool = False, snooze_first: bool = False, **kwargs: Any
     if fail_first and not ran_before:
         raise Discard("the first execution fails on purpose")
     return run.attempt
+
+
+#: Database clock readings a handler took, by the ``key`` its task was given (tests/db/test_attempt_durations.py).
+CLOCK_READINGS: dict[str, list[Any]] = {}
+#: Released by the test that started a handler waiting on it (an overrun handler's thread ends then).
+RELEASES: dict[str, Any] = {}
+
+
+def _db_clock(key: str) -> Any:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        reading = cursor.fetchone()[0]
+    CLOCK_READINGS.setdefault(key, []).append(reading)
+    return reading
+
+
+def work_then_fail(key: str, work: float = 0.05, **kwargs: Any) -> None:
+    """Read the database clock, work until it has moved on by ``work`` seconds, read it again, raise."""
+    from django.db import connection
+
+    first = _db_clock(key)
+    with connection.cursor() as cursor:
+        while True:  # the work: reads until the database clock says it is done (no sleep, no wall clock)
+            cursor.execute("SELECT clock_timestamp() >= %s + make_interval(secs => %s)", [first, work])
+            if cursor.fetchone()[0]:
+                break
+    _db_clock(key)
+    raise ValueError("fails after doing its work")
+
+
+def read_clock_then_overrun(key: str, **kwargs: Any) -> None:
+    """Read the database clock, then wait (past the task's timeout) until the test releases it."""
+    _db_clock(key)
+    release = RELEASES.get(key)
+    if release is not None:
+        release.wait(120)

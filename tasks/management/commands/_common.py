@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -70,11 +71,48 @@ def queue_names(value: str) -> list[str]:
 
 
 def configure_logging(verbosity: int) -> None:
+    """The level of the ``tasks`` and ``leasing`` loggers; and, when ``LOGGING`` gave the root logger
+    no handler (a ``startproject`` project has no ``LOGGING``), one on the root that prints to stderr
+    what no console handler below it printed already (:func:`not_printed_below`)."""
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
     for name in ("tasks", "leasing"):
         logging.getLogger(name).setLevel(level)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        handler.addFilter(not_printed_below)
+        root.addHandler(handler)
+
+
+def _prints_to_console(handler: logging.Handler) -> bool:
+    stream = getattr(handler, "stream", None)
+    return (
+        isinstance(handler, logging.StreamHandler)
+        and not isinstance(handler, logging.FileHandler)
+        and stream is not None
+        and stream in (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)
+    )
+
+
+def not_printed_below(record: logging.LogRecord) -> bool:
+    """False for a record that a console handler of a logger between its own and the root accepted.
+
+    Django's DEFAULT_LOGGING prints the ``django`` loggers' INFO records to the console while DEBUG is
+    on, and Django 6 logs every django.tasks Task's start and end under ``django.tasks``: the root
+    handler the worker adds printed each of them (with its traceback) a second time. The worker's own
+    handler leaves those to the handler that took them, whatever ``LOGGING`` says (and prints them
+    itself when that handler's filters refuse them, as Django's console does with DEBUG off); it
+    changes no logger's configuration, Django's or the project's."""
+    logger: logging.Logger | None = logging.getLogger(record.name)
+    while logger is not None and logger.parent is not None:  # the root's own handlers are not "below"
+        for handler in logger.handlers:
+            if _prints_to_console(handler) and record.levelno >= handler.level and handler.filter(record):
+                return False
+        if not logger.propagate:
+            break
+        logger = logger.parent
+    return True
 
 
 class LongRunningCommand(BaseCommand):

@@ -182,22 +182,22 @@ UPDATE tasks_task AS t SET
     attempt_isolated = false,
     attempts = CASE WHEN (d.kind = 'snooze') THEN t.attempts - t.attempt_started::int
                     ELSE t.attempts + (NOT t.attempt_started)::int END,
-    started_at = COALESCE(t.started_at, clock_timestamp()),
-    last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), clock_timestamp()),
+    last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE COALESCE(to_timestamp(d.at), clock_timestamp()) END,
     worker_ids = CASE WHEN (d.kind = 'snooze') THEN (CASE WHEN t.attempt_started THEN t.worker_ids - (-1) ELSE t.worker_ids END)
                       WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
     errors = CASE WHEN NOT (d.kind <> 'snooze') THEN t.errors WHEN (jsonb_array_length(t.errors) >= 10) THEN (t.errors - 1) ELSE t.errors END
         || CASE WHEN (d.kind <> 'snooze') THEN jsonb_build_array(d.error || jsonb_build_object(
         'attempt', t.attempts + (NOT t.attempt_started)::int, 'worker', t.holder, 'token', t.token,
         'kind', CASE WHEN d.kind = 'cancel' THEN 'cancel' ELSE 'failure' END, 'at', clock_timestamp(),
-        'started_at', CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE clock_timestamp() END,
+        'started_at', CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE COALESCE(to_timestamp(d.at), clock_timestamp()) END,
         'position', jsonb_array_length(t.worker_ids) + (NOT t.attempt_started)::int)) ELSE '[]'::jsonb END,
     errors_dropped = t.errors_dropped + ((d.kind <> 'snooze') AND (jsonb_array_length(t.errors) >= 10))::int,
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(errors)s::jsonb[], %(retry)s::boolean[], %(kinds)s::text[],
-            %(delays)s::float8[], %(max_attempts)s::int[])
-     AS d(id, token, error, retry, kind, delay, max_attempts)
+            %(delays)s::float8[], %(max_attempts)s::int[], %(started)s::float8[])
+     AS d(id, token, error, retry, kind, delay, max_attempts, at)
 WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
 RETURNING t.id, t.status, t.run_after,
           -- how long until it is due again, on the database clock (the worker's log says it)
