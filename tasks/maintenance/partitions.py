@@ -42,7 +42,9 @@ from tasks.models.finished import FINISHED_TABLE, STATUS_TABLES
 logger = logging.getLogger("tasks.partitions")
 
 TABLE = FINISHED_TABLE
-_NAME = re.compile(r"^tasks_finished_(successful|failed|cancelled)_(\d{8})$")
+# The day as YYYYMMDD, the year zero-padded. 5 to 7 digits: a day before the year 1000 as this module
+# named it before it padded (strftime's %Y does not), read as that day: used, not made again, retired.
+_NAME = re.compile(r"^tasks_finished_(successful|failed|cancelled)_(\d{1,4}?)(\d{2})(\d{2})$")
 #: Seconds between the leader's checks of the partitions (a catalog read when nothing is due).
 PARTITION_CHECK_INTERVAL = 60.0
 #: At least tomorrow's partition (a leader missing at midnight must not stop the mover), at most a
@@ -101,12 +103,18 @@ def day_start(day: dt.date) -> dt.datetime:
 
 
 def partition_name(status: str, day: dt.date) -> str:
-    return f"{STATUS_TABLES[status]}_{day:%Y%m%d}"
+    # Not strftime's %Y: it does not pad a year before 1000, and that name would not read back as a day.
+    return f"{STATUS_TABLES[status]}_{day.year:04d}{day.month:02d}{day.day:02d}"
 
 
 def _day_of(name: str) -> dt.date | None:
     match = _NAME.match(name)
-    return None if match is None else dt.datetime.strptime(match.group(2), "%Y%m%d").date()
+    if match is None:
+        return None
+    try:
+        return dt.date(*(int(part) for part in match.group(2, 3, 4)))
+    except ValueError:  # no such day (a table named so by hand): not one of ours
+        return None
 
 
 def _statuses(statuses: Iterable[str] | None) -> list[str]:
@@ -290,7 +298,7 @@ def _retire(cutoffs: Mapping[str, dt.datetime], held: LeaseHolder, using: str) -
 _DETACHED_SQL = r"""
 SELECT c.relname FROM pg_class AS c
 WHERE c.relkind = 'r' AND c.relnamespace = current_schema()::regnamespace
-  AND c.relname ~ '^tasks_finished_(successful|failed|cancelled)_[0-9]{8}$'
+  AND c.relname ~ '^tasks_finished_(successful|failed|cancelled)_[0-9]{5,8}$'
   AND NOT EXISTS (SELECT FROM pg_inherits AS i WHERE i.inhrelid = c.oid)
 """
 
@@ -299,7 +307,7 @@ def _detached(using: str) -> list[tuple[str, str]]:
     status_of = {table: status for status, table in STATUS_TABLES.items()}
     with connections[using].cursor() as cursor:
         cursor.execute(_DETACHED_SQL)
-        return [(status_of[name[: -len("_YYYYMMDD")]], name) for (name,) in cursor.fetchall()]
+        return [(status_of[name.rsplit("_", 1)[0]], name) for (name,) in cursor.fetchall()]
 
 
 def retention_cutoffs(
