@@ -495,8 +495,13 @@ def test_a_day_before_the_year_1000_is_named_with_a_padded_year_used_once_and_re
     first = finish_at(dt.datetime(1, 1, 2, 12, tzinfo=UTC))
     assert archive.Archiver(interval=0.0).run_for(60.0) == 1
     assert [(p.name, p.day) for p in partitions()] == [("tasks_finished_successful_00010102", day)]
-    made = []
-    monkeypatch.setattr(archive, "create_day", lambda *a, **k: made.append(a) or True)
+    made: list[tuple[Any, ...]] = []
+
+    def create_day(*args: Any, **kwargs: Any) -> bool:
+        made.append(args)
+        return True
+
+    monkeypatch.setattr(archive, "create_day", create_day)
     second = finish_at(dt.datetime(1, 1, 2, 13, tzinfo=UTC))
     assert archive.Archiver(interval=0.0).run_for(60.0) == 1 and made == []  # its day is there
     assert located(first) == located(second) == "tasks_finished_successful_00010102"
