@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 
 from django.db import DEFAULT_DB_ALIAS, Error, connections, transaction
 
-from leasing import clock
+from leasing import LeaseAcquisitionError, LeaseLost, clock
+from leasing.holder import LeaseHolder, lease
 from tasks.conf import get_settings
 from tasks.maintenance.retention import retention_policy
 from tasks.models.finished import FINISHED_TABLE, STATUS_TABLES
@@ -41,7 +42,9 @@ from tasks.models.finished import FINISHED_TABLE, STATUS_TABLES
 logger = logging.getLogger("tasks.partitions")
 
 TABLE = FINISHED_TABLE
-_NAME = re.compile(r"^tasks_finished_(successful|failed|cancelled)_(\d{8})$")
+# The day as YYYYMMDD, the year zero-padded. 5 to 7 digits: a day before the year 1000 as this module
+# named it before it padded (strftime's %Y does not), read as that day: used, not made again, retired.
+_NAME = re.compile(r"^tasks_finished_(successful|failed|cancelled)_(\d{1,4}?)(\d{2})(\d{2})$")
 #: Seconds between the leader's checks of the partitions (a catalog read when nothing is due).
 PARTITION_CHECK_INTERVAL = 60.0
 #: At least tomorrow's partition (a leader missing at midnight must not stop the mover), at most a
@@ -49,13 +52,22 @@ PARTITION_CHECK_INTERVAL = 60.0
 MAX_DAYS_AHEAD = 366
 #: The longest a creation waits for its lock on a status table before it gives up until the next check.
 CREATE_LOCK_TIMEOUT = "5s"
+#: The lease a retirement holds (renewed while its detaches wait): two retirements of one day would
+#: meet in DETACH ... FINALIZE, which holds the partition while it waits for older snapshots. A
+#: transaction's lock cannot serialise them (the detach commits in between), nor can a session's
+#: advisory lock behind a transaction pooler.
+RETIREMENT_LEASE = "tasks:partitions:retire"
 
 # Every partition of the status tables, with its bounds as PostgreSQL states them, its planner
 # estimate of rows (reltuples: -1 before the first VACUUM/ANALYZE) and its size with indexes and TOAST.
-# Catalog reads: the cost is the number of partitions, not of rows.
+# Catalog reads: the cost is the number of partitions, not of rows. No lock on a partition being
+# detached: a DETACH ... FINALIZE holds it (ACCESS EXCLUSIVE) while it waits for every older snapshot,
+# this statement's among them, so a read waiting for it would wait for itself ("deadlock detected",
+# once the other snapshots end). So its size is not read (pg_total_relation_size locks), and bounds
+# are deparsed with no relation (0: pg_get_expr locks the one named; a bound names no column).
 PARTITIONS_SQL = """
-SELECT parent.relname, c.relname, pg_get_expr(c.relpartbound, c.oid), c.reltuples::bigint,
-       pg_total_relation_size(c.oid), i.inhdetachpending
+SELECT parent.relname, c.relname, pg_get_expr(c.relpartbound, 0), c.reltuples::bigint,
+       CASE WHEN NOT i.inhdetachpending THEN pg_total_relation_size(c.oid) END, i.inhdetachpending
 FROM unnest(%(parents)s::text[]) AS p(name)
 JOIN pg_class AS parent ON parent.oid = to_regclass(p.name)
 JOIN pg_inherits AS i ON i.inhparent = parent.oid
@@ -91,12 +103,18 @@ def day_start(day: dt.date) -> dt.datetime:
 
 
 def partition_name(status: str, day: dt.date) -> str:
-    return f"{STATUS_TABLES[status]}_{day:%Y%m%d}"
+    # Not strftime's %Y: it does not pad a year before 1000, and that name would not read back as a day.
+    return f"{STATUS_TABLES[status]}_{day.year:04d}{day.month:02d}{day.day:02d}"
 
 
 def _day_of(name: str) -> dt.date | None:
     match = _NAME.match(name)
-    return None if match is None else dt.datetime.strptime(match.group(2), "%Y%m%d").date()
+    if match is None:
+        return None
+    try:
+        return dt.date(*(int(part) for part in match.group(2, 3, 4)))
+    except ValueError:  # no such day (a table named so by hand): not one of ours
+        return None
 
 
 def _statuses(statuses: Iterable[str] | None) -> list[str]:
@@ -114,11 +132,12 @@ def partitions(using: str = DEFAULT_DB_ALIAS) -> list[Partition]:
     with connections[using].cursor() as cursor:
         cursor.execute(PARTITIONS_SQL, {"parents": list(STATUS_TABLES.values())})
         # A partition another session drops while this reads the catalog (a retirement, a scrape of
-        # /metrics beside it) has no size any more: it is gone, not listed.
+        # /metrics beside it) has no size any more: it is gone, not listed. One being detached is
+        # listed without its bytes (PARTITIONS_SQL: its size is not read): retention's already.
         found = [
-            Partition(status_of[parent], name, _day_of(name), bounds, int(rows), int(size), bool(pending))
+            Partition(status_of[parent], name, _day_of(name), bounds, int(rows), int(size or 0), bool(pending))
             for parent, name, bounds, rows, size, pending in cursor.fetchall()
-            if size is not None
+            if size is not None or pending
         ]
     order = list(STATUS_TABLES)
     return sorted(found, key=lambda p: (order.index(p.status), p.day is None, p.day or dt.date.min, p.name))
@@ -217,26 +236,48 @@ def retire_before(
 
 
 def retire(cutoffs: Mapping[str, dt.datetime], *, using: str = DEFAULT_DB_ALIAS) -> list[str]:
-    """Retire, per status, the days that ended at or before its cutoff (a status not named: none)."""
+    """Retire, per status, the days that ended at or before its cutoff (a status not named: none).
+
+    One retirement at a time per database, under the lease ``RETIREMENT_LEASE``: one begun while
+    another holds it (the leader's keeper and the command by hand, a new leader while the last
+    term's detach still waits) retires nothing and returns ``[]``; the holder retires the days."""
     _statuses(cutoffs)
-    connection = connections[using]
-    if connection.in_atomic_block:
+    if connections[using].in_atomic_block:
         raise PartitionError("partitions are retired outside a transaction (DETACH PARTITION ... CONCURRENTLY)")
+    held = lease(RETIREMENT_LEASE, timeout=0, using=using)
+    try:
+        held.acquire()
+    except LeaseAcquisitionError:
+        logger.info("partitions: another retirement is under way; its days are left to it")
+        return []
+    try:
+        return _retire(cutoffs, held, using)
+    finally:
+        held.release()
+
+
+def _retire(cutoffs: Mapping[str, dt.datetime], held: LeaseHolder, using: str) -> list[str]:
+    connection = connections[using]
     retired = []
     for partition in partitions(using):
         ends, cutoff = partition.ends, cutoffs.get(partition.status)
         if ends is None or cutoff is None or ends > cutoff:
             continue
+        try:
+            held.check()  # a retirement whose lease ran out starts no detach: another may have begun
+        except LeaseLost as exc:
+            raise PartitionError(f"retirement stopped: {exc}") from None
         parent = STATUS_TABLES[partition.status]
         with connection.cursor() as cursor:
+            # Pending: a detach interrupted half-way (the lease says no other retirement runs).
             how = "FINALIZE" if partition.detach_pending else "CONCURRENTLY"
             try:
                 cursor.execute(f'ALTER TABLE "{parent}" DETACH PARTITION "{partition.name}" {how}')
                 cursor.execute(f'DROP TABLE "{partition.name}"')
             except Error as exc:
-                # Another session retiring the same day (a leader whose term ended while its detach
-                # waited, the command run by hand) may have detached it first: then it only needs
-                # dropping, if that session has not yet.
+                # A detach begun outside this module's lease (by hand in psql, a retirement that
+                # outlived its lease) may have detached it first: then it only needs dropping, if
+                # that session has not yet.
                 cursor.execute(_ATTACHED_SQL, [partition.name])
                 if cursor.fetchone()[0]:
                     raise PartitionError(f"could not retire {partition.name}: {exc}") from exc
@@ -257,7 +298,7 @@ def retire(cutoffs: Mapping[str, dt.datetime], *, using: str = DEFAULT_DB_ALIAS)
 _DETACHED_SQL = r"""
 SELECT c.relname FROM pg_class AS c
 WHERE c.relkind = 'r' AND c.relnamespace = current_schema()::regnamespace
-  AND c.relname ~ '^tasks_finished_(successful|failed|cancelled)_[0-9]{8}$'
+  AND c.relname ~ '^tasks_finished_(successful|failed|cancelled)_[0-9]{5,8}$'
   AND NOT EXISTS (SELECT FROM pg_inherits AS i WHERE i.inhrelid = c.oid)
 """
 
@@ -266,7 +307,7 @@ def _detached(using: str) -> list[tuple[str, str]]:
     status_of = {table: status for status, table in STATUS_TABLES.items()}
     with connections[using].cursor() as cursor:
         cursor.execute(_DETACHED_SQL)
-        return [(status_of[name[: -len("_YYYYMMDD")]], name) for (name,) in cursor.fetchall()]
+        return [(status_of[name.rsplit("_", 1)[0]], name) for (name,) in cursor.fetchall()]
 
 
 def retention_cutoffs(

@@ -37,6 +37,23 @@ if TYPE_CHECKING:
 
 
 NOT_RUNNING = Q(status__in=NOT_RUNNING_STATUSES)
+
+
+class FiniteDateTimeField(models.DateTimeField):
+    """A timestamp read as None where the row holds ``infinity`` or ``-infinity``: PostgreSQL takes
+    them (a hand edit, a restored dump), Python's datetime has no such value, and psycopg would refuse
+    the whole row (a listing's 500, the API's 400). Written and compared as any DateTimeField."""
+
+    def select_format(self, compiler: Any, sql: str, params: Any) -> tuple[str, Any]:
+        # Every SELECT of the column (model rows, values(), an aggregate over it) goes through here.
+        return f"CASE WHEN isfinite({sql}) THEN {sql} END", (*params, *params)
+
+    def deconstruct(self) -> Any:
+        # Migrations see a DateTimeField: reading it so changes no schema.
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.DateTimeField", args, kwargs
+
+
 #: An attempt of the task failed or its worker died with it: a waiting task so marked is "retrying".
 #: These counters change only in statements that also change the status (fail, recover, requeue),
 #: never in a start marker, so an index on them costs the start marker nothing.
@@ -101,7 +118,7 @@ class Task(LeaseFields):
     enqueued_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True, help_text="First attempt's start.")
     last_attempted_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    finished_at = FiniteDateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0, help_text="Attempts that started (charged or not).")
     max_attempts = models.PositiveIntegerField(default=3, help_text="Failed attempts (the handler's own) allowed.")
     failures = models.PositiveIntegerField(default=0, help_text="Attempts that ended in the handler's own failure.")

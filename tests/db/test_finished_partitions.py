@@ -479,3 +479,60 @@ def test_the_recovery_leader_keeps_the_partitions_and_a_detach_held_up_does_not_
     with connection.cursor() as cursor:
         cursor.execute("SELECT to_regclass(%s)", [doomed])
         assert cursor.fetchone() == (None,)
+
+
+def test_a_day_before_the_year_1000_is_named_with_a_padded_year_used_once_and_retired(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """strftime's %Y does not pad a year before 1000: the 2nd of January of the year 1 was named
+    ``..._10102``, which never read back as a day, so the mover made it again at every batch and
+    retention never retired it. Its name now pads the year; a partition named the old way is read as
+    its day too, used by the mover and retired."""
+    from tasks.maintenance import archive
+
+    settings.LEASING_TASKS = {"ARCHIVE_AFTER": "10m", "RETENTION": {"SUCCESSFUL": None, "FAILED": None}}
+    day = dt.date(1, 1, 2)
+    first = finish_at(dt.datetime(1, 1, 2, 12, tzinfo=UTC))
+    assert archive.Archiver(interval=0.0).run_for(60.0) == 1
+    assert [(p.name, p.day) for p in partitions()] == [("tasks_finished_successful_00010102", day)]
+    made: list[tuple[Any, ...]] = []
+
+    def create_day(*args: Any, **kwargs: Any) -> bool:
+        made.append(args)
+        return True
+
+    monkeypatch.setattr(archive, "create_day", create_day)
+    second = finish_at(dt.datetime(1, 1, 2, 13, tzinfo=UTC))
+    assert archive.Archiver(interval=0.0).run_for(60.0) == 1 and made == []  # its day is there
+    assert located(first) == located(second) == "tasks_finished_successful_00010102"
+    # A day named before the year was padded: read as the same day, not made again.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            'CREATE TABLE "tasks_finished_failed_10105" (LIKE tasks_finished INCLUDING DEFAULTS INCLUDING CONSTRAINTS)'
+        )
+        cursor.execute(
+            'ALTER TABLE tasks_finished_failed ATTACH PARTITION "tasks_finished_failed_10105"'
+            " FOR VALUES FROM ('0001-01-05 00:00+00') TO ('0001-01-06 00:00+00')"
+        )
+    assert create_ahead(0, now=dt.datetime(1, 1, 5, 12, tzinfo=UTC), statuses=["FAILED"]) == []
+    failed = finish_at(dt.datetime(1, 1, 5, 12, tzinfo=UTC), "FAILED")
+    assert archive.Archiver(interval=0.0).run_for(60.0) == 1 and made == []
+    assert located(failed) == "tasks_finished_failed_10105"
+    assert retire_before(dt.datetime(1, 1, 6, tzinfo=UTC)) == [
+        "tasks_finished_successful_00010102",
+        "tasks_finished_failed_10105",
+    ]
+    assert names() == []
+
+
+def finish_at(finished_at: dt.datetime, status: str = "SUCCESSFUL") -> int:
+    task_id = Task.objects.enqueue(NOOP).id
+    Task.objects.filter(pk=task_id).update(status=status, finished_at=finished_at)
+    return task_id
+
+
+def located(task_id: int) -> str | None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT tableoid::regclass::text FROM tasks_finished WHERE id = %s", [task_id])
+        row = cursor.fetchone()
+    return None if row is None else row[0]

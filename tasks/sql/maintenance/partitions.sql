@@ -5,9 +5,13 @@
 -- name: PARTITIONS_SQL
 -- Every partition of the status tables, with its bounds as PostgreSQL states them, its planner
 -- estimate of rows (reltuples: -1 before the first VACUUM/ANALYZE) and its size with indexes and TOAST.
--- Catalog reads: the cost is the number of partitions, not of rows.
-SELECT parent.relname, c.relname, pg_get_expr(c.relpartbound, c.oid), c.reltuples::bigint,
-       pg_total_relation_size(c.oid), i.inhdetachpending
+-- Catalog reads: the cost is the number of partitions, not of rows. No lock on a partition being
+-- detached: a DETACH ... FINALIZE holds it (ACCESS EXCLUSIVE) while it waits for every older snapshot,
+-- this statement's among them, so a read waiting for it would wait for itself ("deadlock detected",
+-- once the other snapshots end). So its size is not read (pg_total_relation_size locks), and bounds
+-- are deparsed with no relation (0: pg_get_expr locks the one named; a bound names no column).
+SELECT parent.relname, c.relname, pg_get_expr(c.relpartbound, 0), c.reltuples::bigint,
+       CASE WHEN NOT i.inhdetachpending THEN pg_total_relation_size(c.oid) END, i.inhdetachpending
 FROM unnest(%(parents)s::text[]) AS p(name)
 JOIN pg_class AS parent ON parent.oid = to_regclass(p.name)
 JOIN pg_inherits AS i ON i.inhparent = parent.oid
