@@ -191,13 +191,16 @@ def flow(limit: int, processes: int, concurrency: int, seconds: float, kill_at: 
             time.sleep(0.1)
     finally:
         stop_processes(procs)
-    times = sorted(keyed.filter(last_attempted_at__lte=ended).values_list("last_attempted_at", flat=True))
+    times: list[dt.datetime] = sorted(
+        at for at in keyed.filter(last_attempted_at__lte=ended).values_list("last_attempted_at", flat=True) if at
+    )
     span = (times[-1] - times[0]).total_seconds()
     after_from = (killed or ended) + dt.timedelta(seconds=3)
     after = [t for t in times if t > after_from]
     waits = sorted(
         (started - enqueued).total_seconds()
         for started, enqueued in Task.objects.filter(pk__in=others).values_list("last_attempted_at", "enqueued_at")
+        if started is not None
     )
     return Flow(
         rate=(len(times) - 1) / span,

@@ -22,10 +22,6 @@ DURATION = 4.0
 
 
 def test_no_two_grants_of_a_resource_overlap_and_tokens_grow() -> None:
-    processes = [start_child("contend", ",".join(RESOURCES), str(DURATION), str(i)) for i in range(4)]
-    for proc in processes:
-        assert read_message(proc).get("ready")
-
     grants: list[dict[str, Any]] = []
     lock = threading.Lock()
 
@@ -37,21 +33,30 @@ def test_no_two_grants_of_a_resource_overlap_and_tokens_grow() -> None:
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=run_thread, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    with ExitStack() as children:
+        # Ended and their pipes closed whatever happens (a leaked pipe fails a later test).
+        processes = [
+            children.enter_context(ensure_ended(start_child("contend", ",".join(RESOURCES), str(DURATION), str(i))))
+            for i in range(4)
+        ]
+        for proc in processes:
+            assert read_message(proc).get("ready")  # a handshake: the children's start is waited for
 
-    for proc in processes:
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
-        for line in out.splitlines():
-            message = json.loads(line)
-            if "token" in message:
-                message["start"] = iso_time(message["start"])
-                message["end"] = iso_time(message["end"])
-                grants.append(message)
+        threads = [threading.Thread(target=run_thread, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+
+        for proc in processes:
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+            for line in out.splitlines():
+                message = json.loads(line)
+                if "token" in message:
+                    message["start"] = iso_time(message["start"])
+                    message["end"] = iso_time(message["end"])
+                    grants.append(message)
 
     by_resource: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for grant in grants:

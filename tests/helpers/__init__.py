@@ -109,8 +109,9 @@ def sql_installed(create: str, drop: str) -> Iterator[None]:
             cursor.execute(drop)
 
 
-def read_message(proc: subprocess.Popen[str], timeout: float = 30.0) -> dict[str, Any]:
-    """The next JSON line the child prints, or fail after ``timeout`` seconds."""
+def read_message(proc: subprocess.Popen[str], timeout: float = 120.0) -> dict[str, Any]:
+    """The next JSON line the child prints, or fail after ``timeout`` seconds: a ceiling for a child
+    that hangs, not a claim of speed (a child's start took over 30 s once beside the suite's load)."""
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     if not ready:

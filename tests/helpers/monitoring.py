@@ -1,6 +1,6 @@
 """What the shipped monitoring files (docs/monitoring/) refer to: the PromQL expressions of the alert
 rules and of the Grafana dashboard, and the metric names each expression reads. For
-tests/unit/test_alert_rules.py and tests/db/test_monitoring_names.py."""
+tests/unit/test_alert_rules.py, tests/monitoring/ and tests/db/test_monitoring_names.py."""
 
 from __future__ import annotations
 
