@@ -139,18 +139,18 @@ def test_the_statements_read_the_rollup_only() -> None:
     and the hours are a range of the rollup's unique index."""
     zeros = [0] * BUCKETS
     start = hour_ago(168)
-    ActivityHour.objects.bulk_create(
-        ActivityHour(
-            hour=start + (hour_ago(0) - start) * h / 168,
-            queue=f"q{k % 10}",
-            task_path=f"app.jobs.t{k}",
-            succeeded=1,
-            wait_buckets=zeros,
-            run_buckets=zeros,
+    with connection.cursor() as cursor:  # one statement: the ORM's bulk_create of 33,600 rows took 20 s
+        cursor.execute(
+            """
+            INSERT INTO tasks_activityhour (hour, queue, task_path, succeeded, failed, cancelled,
+                attempt_failures, timed, wait_sum, wait_max, run_sum, run_max, wait_buckets, run_buckets)
+            SELECT %(start)s::timestamptz + (%(now)s::timestamptz - %(start)s::timestamptz) * h / 168,
+                   'q' || (k %% 10), 'app.jobs.t' || k, 1, 0, 0, 0, 0, 0, 0, 0, 0, %(zeros)s, %(zeros)s
+            FROM generate_series(0, 167) AS h, generate_series(0, 199) AS k
+            """,
+            {"start": start, "now": hour_ago(0), "zeros": zeros},
         )
-        for h in range(168)
-        for k in range(200)
-    )
+    assert ActivityHour.objects.count() == 168 * 200
     ActivityHourMark.objects.bulk_create(
         ActivityHourMark(hour=start + (hour_ago(0) - start) * h / 168, counted_at=start) for h in range(168)
     )
