@@ -58,3 +58,22 @@ def test_requeue_and_ordering_over_infinite_rows(value: str) -> None:
     assert before == ({*ids} if value.startswith("-") else {ids[0], ids[2]})
     assert Task.objects.filter(pk__in=ids).requeue() == 3
     assert set(Task.objects.filter(pk__in=ids).values_list("status", "finished_at")) == {("READY", None)}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_bulk_retry_by_finish_time_takes_the_rows_before_it_and_reruns_them(staff: Client) -> None:
+    from tasks.maintenance.bulk import BulkRunner
+    from tasks.models import BulkOperation
+
+    early, late, dated = (Task.objects.enqueue(NOOP).id for _ in range(3))
+    Task.objects.filter(pk__in=[early, late, dated]).update(
+        status="FAILED", finished_at=dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
+    )
+    set_finished_at(early, "-infinity")
+    set_finished_at(late, "infinity")
+    operation = BulkOperation.objects.request("retry", {"finished_before": "2021-01-01T00:00:00Z"})
+    assert staff.get(f"/dashboard/tasks/bulk/{operation.pk}/").status_code == 200
+    assert staff.get("/dashboard/tasks/bulk/").status_code == 200
+    assert BulkRunner(batch_size=10, span=25).run_until_idle() == 2
+    statuses = dict(Task.objects.filter(pk__in=[early, late, dated]).values_list("id", "status"))
+    assert statuses == {early: "READY", late: "FAILED", dated: "READY"}
