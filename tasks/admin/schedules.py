@@ -178,6 +178,7 @@ class StoredScheduleForm(forms.ModelForm):
         data = super().clean() or {}
         name = self.instance.name if self.instance.pk else data.get("name")
         entry: dict[str, Any] = {}
+        kept: dict[str, Any] = {}  # the JSON fields as given, where a placeholder was kept
         for key in _ENTRY_FIELDS:
             value = data.get(key)
             if value in (None, ""):
@@ -189,6 +190,7 @@ class StoredScheduleForm(forms.ModelForm):
                     self.add_error(key, f"{key} must be JSON: {exc.message}")
                     continue
                 if redaction.active() and redaction.holds_placeholder(value):
+                    kept[key] = value
                     try:
                         value = self._keep_hidden(key, value)
                     except ValueError as exc:
@@ -200,6 +202,19 @@ class StoredScheduleForm(forms.ModelForm):
                         )
                         continue
             entry[key] = value
+        for key, given in kept.items():
+            if key not in entry:
+                continue
+            try:
+                # A value kept is hidden where it is stored too: under a redactor that hides by task
+                # path, the task changed beside it might show it.
+                redaction.keep_hidden(given, entry, key)
+            except ValueError as exc:
+                self.add_error(
+                    key,
+                    f"{exc} as this schedule would be saved (its task shows what the page hid): type the"
+                    f" real values in place of {redaction.REDACTED!r}, or keep the task",
+                )
         if self.errors or not name:
             return data
         try:

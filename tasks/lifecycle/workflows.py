@@ -275,9 +275,11 @@ UPDATE tasks_workflow SET status = 'CANCELLED' WHERE id = ANY(%(ids)s::bigint[])
 
 CALLBACK_WAITING_SQL = "SELECT callback_waiting FROM tasks_workflow WHERE id = %(id)s AND callback_id = %(task)s"
 
-# The parents of a task, with what they returned: for a callback or a dependant reading its inputs.
+# The parents of a task, with what they returned: for a callback or a dependant reading its inputs
+# (a finish time of infinity or -infinity, a hand edit, as none: FiniteDateTimeField, tasks/models/task.py).
 PARENTS_SQL = """
-SELECT p.id, p.status, p.task_path, p.return_value, p.errors, p.finished_at
+SELECT p.id, p.status, p.task_path, p.return_value, p.errors,
+       CASE WHEN isfinite(p.finished_at) THEN p.finished_at END AS finished_at
 FROM tasks_taskdependency AS d JOIN tasks_task AS p ON p.id = d.parent_id
 WHERE d.child_id = %(id)s
 ORDER BY p.id

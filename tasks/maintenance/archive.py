@@ -215,8 +215,10 @@ def move_batch(cursor: MoveCursor, *, limit: int, days: set[tuple[str, dt.date]]
             rows = db.fetchall()
         except IntegrityError:
             # No partition for the row: retention retired the day under this pass (the partition
-            # keeper runs beside it; the day passed its retention since the pass began). Its rows stay
-            # for the prune; the statement changed nothing. Another failure is the caller's.
+            # keeper runs beside it; the day passed its retention since the pass began), or a
+            # retirement interrupted half-way left its detach pending (a hand retirement cancelled:
+            # the next retirement finishes it). Its rows stay, for the prune or for a later pass once
+            # the detach is finished; the statement changed nothing. Another failure is the caller's.
             if connections[using].in_atomic_block or _attached(cursor.status, day, using):
                 raise
             days.discard((cursor.status, day))
@@ -237,7 +239,9 @@ def move_batch(cursor: MoveCursor, *, limit: int, days: set[tuple[str, dt.date]]
 
 
 def _attached(status: str, day: dt.date, using: str) -> bool:
-    return any(p.status == status and p.day == day for p in partitions(using))
+    # A partition whose detach is pending (a retirement interrupted half-way) takes no row: its day is
+    # retention's, as if it were retired (the next retirement finishes the detach, whatever its cutoff).
+    return any(p.status == status and p.day == day and not p.detach_pending for p in partitions(using))
 
 
 def record_progress(cursor: MoveCursor, *, using: str = DEFAULT_DB_ALIAS) -> None:

@@ -261,7 +261,12 @@ def _retire(cutoffs: Mapping[str, dt.datetime], held: LeaseHolder, using: str) -
     retired = []
     for partition in partitions(using):
         ends, cutoff = partition.ends, cutoffs.get(partition.status)
-        if ends is None or cutoff is None or ends > cutoff:
+        # A detach left pending (a retirement interrupted half-way: a hand retirement cancelled, a
+        # holder that died) is finished whatever the cutoffs: the partition takes no row meanwhile (the
+        # mover could not move its day's tasks), and nothing else would ever finish it where the day
+        # is kept longer than the interrupted retirement's cutoff said, or for ever.
+        pending = partition.detach_pending and partition.day is not None
+        if not pending and (ends is None or cutoff is None or ends > cutoff):
             continue
         try:
             held.check()  # a retirement whose lease ran out starts no detach: another may have begun

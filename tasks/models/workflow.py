@@ -19,6 +19,7 @@ from django.db.models.functions import Now
 from leasing.routing import SelectedManager
 from tasks.lifecycle.states import UNFINISHED
 from tasks.lifecycle.workflows import MARK_CANCELLED_SQL, ON_PARENT_FAILURE, WorkflowKind, WorkflowStatus
+from tasks.models.task import FiniteDateTimeField
 
 
 class WorkflowQuerySet(models.QuerySet["Workflow"]):
@@ -69,7 +70,8 @@ class Workflow(models.Model):
         help_text="The task run when the others are final (a group's callback, a chain's last step).",
     )
     created_at = models.DateTimeField(db_default=Now())
-    finished_at = models.DateTimeField(null=True, blank=True, help_text="When the last member became final.")
+    # Read as None where a hand edit left infinity or -infinity, as a task's finish time is.
+    finished_at = FiniteDateTimeField(null=True, blank=True, help_text="When the last member became final.")
 
     objects = SelectedManager.from_queryset(WorkflowQuerySet)()
 

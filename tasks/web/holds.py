@@ -232,13 +232,16 @@ def waiting_holds(*, using: str | None = None, cap: int = COUNT_CAP) -> Holds:
         ),
         key=lambda hold: (-hold.count.value, hold.name),
     )
+    # A rate key's window that stopped at its cap having seen none of its Ready rows held (cap + 1 of
+    # its Blocked rows due first) names no line, yet its Ready rows behind them are not known.
+    lines_capped = any(kind == "rate" and seen > cap for kind, _, _, seen, _, _ in rows)
     for reason in ("snoozed", "backoff"):
         n, seen = scalars[reason]
         if n:
             holds.append(Hold(reason, _count(n, seen, cap)))
     # Scheduled: the rest of the Ready count, not known once a part stopped at its cap (a rate key's
     # window reads its Blocked rows too) or keys or queues were cut short.
-    if ready.capped or cut_short or runnable.capped or any(hold.count.capped for hold in holds):
+    if ready.capped or cut_short or runnable.capped or lines_capped or any(hold.count.capped for hold in holds):
         holds.append(Hold("scheduled", Count(0, True)))
     elif (scheduled := ready.value - runnable.value - sum(hold.count.value for hold in holds)) > 0:
         holds.append(Hold("scheduled", Count(scheduled, False)))

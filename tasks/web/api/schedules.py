@@ -107,6 +107,27 @@ def _validated(name: str, entry: dict[str, Any], paused: bool) -> ScheduleSpec:
     return spec
 
 
+def _still_hidden(stored: dict[str, Any], entry: dict[str, Any], given: dict[str, Any]) -> None:
+    """A 400 when a PATCH keeps stored arguments that this API hid and the patched entry would show
+    (a redactor that hides by task path, the task patched): the client never read them, and the
+    answer, or any later read, would show them."""
+    if not redaction.active():
+        return
+    shown = redaction.definition(stored)
+    for key in ("args", "kwargs"):
+        if key in given or key not in entry or not redaction.holds_placeholder(shown.get(key)):
+            continue
+        try:
+            redaction.keep_hidden(shown[key], entry, key)
+        except ValueError:
+            raise ApiError(
+                400,
+                f"{key} holds values this API hides (REDACT_ARGUMENTS) that the patched schedule would show:"
+                f" send {key} with the real values to change the task",
+                key,
+            ) from None
+
+
 def _paused(body: Body, default: bool) -> bool:
     value = body.data.get("paused", default)
     if not isinstance(value, bool):
@@ -172,6 +193,7 @@ def change_schedule(request: HttpRequest, name: str) -> tuple[int, Any]:
     if request.method == "PATCH":  # a JSON merge patch (RFC 7396) of the entry: null removes a key
         entry = {**current.entry, **given}
         entry = {k: v for k, v in entry.items() if v is not None}
+        _still_hidden(current.entry, entry, given)
     else:
         entry = given
     paused = _paused(body, current.paused)
