@@ -203,7 +203,8 @@ class AwaitOperations(OperationsBase):
                     raise TaskWaitTimeout(task_id, status, timeout or 0.0)
                 step = poll if left is None else min(poll, left)
                 if hub.listening and marked:
-                    with contextlib.suppress(TimeoutError):
+                    # asyncio's own TimeoutError: not the builtin one before Python 3.11
+                    with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(woken.wait(), step)
                 else:
                     await asyncio.sleep(min(pause, step))

@@ -147,3 +147,43 @@ def test_an_async_wait_times_out_with_the_same_error() -> None:
     result = option_tasks.plain.using(queue_name="nobody-runs-this").enqueue(1)
     with pytest.raises(TaskWaitTimeout):
         asyncio.run(result.await_(timeout=0.2))
+
+
+def test_an_async_wait_goes_on_past_its_unnotified_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listening wait sleeps one poll step at a time for the finish's NOTIFY; a step that passes
+    with none is the wait going on, not its end. (On Python 3.10, asyncio.wait_for's TimeoutError is
+    not the builtin one: the step's timeout escaped the wait as a bare asyncio.TimeoutError, and a
+    wait with a timeout never raised TaskWaitTimeout.) The task finishes only once the wait has
+    read its row three times: two steps passed with no notify, whatever the machine's speed."""
+    from tasks.models.task_await import Hub
+
+    task_id = Task.objects.enqueue(NOOP, queue="awaited").id
+    reads = 0
+    status = Hub.status
+
+    async def counted(self: Hub, task_id: int, *, mark: bool) -> tuple[str, bool]:
+        nonlocal reads
+        reads += 1
+        return await status(self, task_id, mark=mark)
+
+    monkeypatch.setattr(Hub, "status", counted)
+
+    def finish() -> None:
+        try:
+            run_until_empty(["awaited"])
+        finally:
+            connections.close_all()
+
+    async def scenario() -> Task:
+        waiting = asyncio.ensure_future(Task.objects.await_(task_id, poll=0.01))
+        while reads < 3 and not waiting.done():
+            await asyncio.sleep(0.01)  # looks again: the verdict does not depend on how long
+        assert not waiting.done(), waiting.exception()
+        await asyncio.to_thread(finish)
+        row: Task = await asyncio.wait_for(waiting, 30)  # a bound on a hang
+        return row
+
+    assert asyncio.run(scenario()).status == TaskStatus.SUCCESSFUL
+    result = option_tasks.plain.using(queue_name="nobody-runs-this").enqueue(1)
+    with pytest.raises(TaskWaitTimeout):  # a step of FAR cut to the 0.2 s left
+        asyncio.run(result.await_(timeout=0.2))
