@@ -99,8 +99,12 @@ class Hub:
                     async for notify in listener.notifies():
                         with contextlib.suppress(ValueError):
                             self.wake(self.woken.get(int(notify.payload), ()))
-                # The listener broke: the waits poll from now on, each woken to re-read first.
+                # The listener broke: this hub's waits poll from now on, each woken to re-read first,
+                # and the waits that start later open a hub of their own, listening again (joined
+                # before this one's last wait left, they would all poll, on a loop that never lacks
+                # a wait for as long as it runs: an ASGI server's).
                 self.listening = False
+                self.retire()
                 self.wake(event for events in self.woken.values() for event in events)
             await asyncio.get_running_loop().create_future()  # until the last wait leaves
         finally:
@@ -203,7 +207,8 @@ class AwaitOperations(OperationsBase):
                     raise TaskWaitTimeout(task_id, status, timeout or 0.0)
                 step = poll if left is None else min(poll, left)
                 if hub.listening and marked:
-                    with contextlib.suppress(TimeoutError):
+                    # asyncio's own TimeoutError: not the builtin one before Python 3.11
+                    with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(woken.wait(), step)
                 else:
                     await asyncio.sleep(min(pause, step))

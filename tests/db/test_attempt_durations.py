@@ -9,6 +9,7 @@ the checks are orderings on that clock, not durations against a threshold of the
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import threading
 from collections.abc import Iterator
@@ -89,3 +90,34 @@ def test_a_timed_out_attempt_records_the_start_before_the_handler_ran(worker: Wo
     assert attempt.duration is not None and attempt.duration >= TIMEOUT
     shown = durations_shown(staff.get(f"/dashboard/tasks/{task_id}/").content.decode())
     assert len(shown) == 1 and float(shown[0]) >= TIMEOUT
+
+
+@pytest.mark.parametrize("skew", [3600.0, -3600.0], ids=["clock-ahead", "clock-behind"])
+def test_a_worker_whose_clock_is_off_records_no_start_outside_its_claim_and_its_end(
+    monkeypatch: pytest.MonkeyPatch, skew: float
+) -> None:
+    """A worker on a host whose clock is an hour ahead (or behind) of the database's: the start it
+    stamps rides on the statement that records the attempt's end (its marker waits), the failure's
+    and then the success's. The database clock decides (invariant 3): an attempt starts neither
+    before its claim nor after its end. (Before: the stamp was written as it came, a start an hour
+    after the task finished, or an hour before it was enqueued.)"""
+    from tasks.runtime import Execution
+
+    stamped = Execution.started_epoch.fget
+    assert stamped is not None
+    monkeypatch.setattr(
+        Execution, "started_epoch", property(lambda e: None if stamped(e) is None else stamped(e) + skew)
+    )
+    monkeypatch.setattr(dispatcher, "MARKER_DELAY", 600.0)
+    task_id = Task.objects.enqueue("tests.testapp.handlers.fail_until", kwargs={"succeed_on": 2}, max_attempts=2).id
+    with worker_in_thread(Worker(concurrency=1, ttl=5, recovery_interval=0.1, install_signal_handlers=False)):
+        task = wait_until(
+            lambda: Task.objects.filter(pk=task_id, status="SUCCESSFUL").first(), 30, what="the retry to succeed"
+        )
+    assert task.started_at is not None and task.last_attempted_at is not None and task.finished_at is not None
+    assert task.enqueued_at <= task.started_at <= task.last_attempted_at <= task.finished_at
+    [failure] = task.errors
+    assert (
+        task.started_at <= dt.datetime.fromisoformat(failure["started_at"]) <= dt.datetime.fromisoformat(failure["at"])
+    )
+    assert dt.datetime.fromisoformat(failure["at"]) <= task.last_attempted_at

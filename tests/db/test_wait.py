@@ -147,3 +147,101 @@ def test_an_async_wait_times_out_with_the_same_error() -> None:
     result = option_tasks.plain.using(queue_name="nobody-runs-this").enqueue(1)
     with pytest.raises(TaskWaitTimeout):
         asyncio.run(result.await_(timeout=0.2))
+
+
+def test_an_async_wait_goes_on_past_its_unnotified_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listening wait sleeps one poll step at a time for the finish's NOTIFY; a step that passes
+    with none is the wait going on, not its end. (On Python 3.10, asyncio.wait_for's TimeoutError is
+    not the builtin one: the step's timeout escaped the wait as a bare asyncio.TimeoutError, and a
+    wait with a timeout never raised TaskWaitTimeout.) The task finishes only once the wait has
+    read its row three times: two steps passed with no notify, whatever the machine's speed."""
+    from tasks.models.task_await import Hub
+
+    task_id = Task.objects.enqueue(NOOP, queue="awaited").id
+    reads = 0
+    status = Hub.status
+
+    async def counted(self: Hub, task_id: int, *, mark: bool) -> tuple[str, bool]:
+        nonlocal reads
+        reads += 1
+        return await status(self, task_id, mark=mark)
+
+    monkeypatch.setattr(Hub, "status", counted)
+
+    def finish() -> None:
+        try:
+            run_until_empty(["awaited"])
+        finally:
+            connections.close_all()
+
+    async def scenario() -> Task:
+        waiting = asyncio.ensure_future(Task.objects.await_(task_id, poll=0.01))
+        while reads < 3 and not waiting.done():
+            await asyncio.sleep(0.01)  # looks again: the verdict does not depend on how long
+        assert not waiting.done(), waiting.exception()
+        await asyncio.to_thread(finish)
+        row: Task = await asyncio.wait_for(waiting, 30)  # a bound on a hang
+        return row
+
+    assert asyncio.run(scenario()).status == TaskStatus.SUCCESSFUL
+    result = option_tasks.plain.using(queue_name="nobody-runs-this").enqueue(1)
+    with pytest.raises(TaskWaitTimeout):  # a step of FAR cut to the 0.2 s left
+        asyncio.run(result.await_(timeout=0.2))
+
+
+def test_waits_that_start_after_their_hubs_listener_broke_listen_again() -> None:
+    """The LISTEN connection of a loop's waits is dropped (terminated, a network cut) while a wait
+    keeps their hub open: that wait polls on, and a wait that starts later opens a hub of its own
+    with a listener. (Before, it joined the hub that no longer listened, and so did every later
+    wait for as long as the loop never ran out of them, as an ASGI server's does: all polled.)"""
+    from tasks.models.task_await import _hubs
+    from tasks.models.task_wait import FINISHED_CHANNEL
+
+    listeners = (
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        f" AND query = 'LISTEN {FINISHED_CHANNEL}'"
+    )
+    stuck = option_tasks.plain.using(queue_name="nobody-runs-this").enqueue(1)
+    later = Task.objects.enqueue(NOOP, queue="awaited").id
+
+    def on_its_connection(sql: str) -> list[Any]:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(sql)
+                return list(cursor.fetchall())
+        finally:
+            connections.close_all()
+
+    async def until(predicate: Callable[[], bool]) -> None:
+        for _ in range(3000):  # a bound on a hang (30 s), not a measure
+            if predicate():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("not reached")
+
+    async def scenario() -> tuple[list[Any], str]:
+        first = asyncio.ensure_future(stuck.await_(timeout=FAR))
+        key = (asyncio.get_running_loop(), "default")
+        await until(lambda: key in _hubs and _hubs[key].listening)
+        hub = _hubs[key]
+        killed = await asyncio.to_thread(on_its_connection, f"SELECT pg_terminate_backend(pid) FROM ({listeners}) AS l")
+        assert killed == [(True,)]
+        await until(lambda: not hub.listening)
+        second = asyncio.ensure_future(Task.objects.await_(later, timeout=FAR, poll=FAR))
+        await asyncio.to_thread(wait_until, lambda: waited(later), 30, what="the later wait to mark its row")
+        listening = await asyncio.to_thread(on_its_connection, listeners)
+        await asyncio.to_thread(finish_awaited)
+        row: Task = await asyncio.wait_for(second, 30)  # a bound on a hang
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        return listening, row.status
+
+    def finish_awaited() -> None:
+        try:
+            run_until_empty(["awaited"])
+        finally:
+            connections.close_all()
+
+    listening, status = asyncio.run(scenario())
+    assert len(listening) == 1, "the later wait's hub does not listen"
+    assert status == TaskStatus.SUCCESSFUL

@@ -114,7 +114,17 @@ class Command(LongRunningCommand):
         if self.main_program:
             # Past the grace period, the hand-back and a TTL's worth of retries, the process ends anyway.
             worker.hard_exit_after = worker.shutdown_grace + 2 * worker.ttl + 5
-        worker.run()
+        try:
+            worker.run()
+        except BaseException:
+            if not self.main_program:
+                raise
+            # The worker's own thread raised (a bug): what it held was handed back on its way out. Task
+            # code may have left non-daemon threads behind, which would keep the interpreter (and a
+            # worker that serves nothing) alive for ever: the process ends now, as a failure.
+            logging.getLogger("tasks.worker").critical("worker %s failed; exiting", worker.id, exc_info=True)
+            logging.shutdown()
+            os._exit(1)
         connections.close_all()
         if self.main_program:
             # Task code may have left non-daemon threads behind; they must not keep a stopped worker
