@@ -33,7 +33,7 @@ ARGS = ("--queues", QUEUE, "--concurrency", str(CLAIM), "--batch-size", str(CLAI
 #: (0.25 s, judged by how fast its slots free): on a loaded machine a claim of 0.2 s tasks went back,
 #: its keys passed over for a RESCAN_INTERVAL, by speed alone. These workers keep what they claim.
 KEEP_CLAIMS = json.dumps({"PREFETCH_WINDOW": 60})
-FAIR = {"LEASING_TEST_FAIR_QUEUES": QUEUE, "LEASING_TEST_TASKS": KEEP_CLAIMS}
+FAIR: dict[str, Any] = {"LEASING_TEST_FAIR_QUEUES": QUEUE, "LEASING_TEST_TASKS": KEEP_CLAIMS}
 
 
 def enqueue(using: str = "default", per_key: int = 3) -> None:
