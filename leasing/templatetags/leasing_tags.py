@@ -53,7 +53,7 @@ def stamp(value: Any) -> str:
     if moment is None:
         return ""
     if timezone.is_naive(moment):
-        moment = timezone.make_aware(moment, dt.UTC)
+        moment = timezone.make_aware(moment, dt.timezone.utc)  # dt.UTC is Python 3.11+
     moment = timezone.localtime(moment)
     return f"{moment:%Y-%m-%d %H:%M:%S} {moment.tzname()}"
 

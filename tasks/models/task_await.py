@@ -35,6 +35,8 @@ from tasks.models.task_wait import FINISHED_CHANNEL, FIRST_POLL, MARK_WAITED_SQL
 _hubs: dict[tuple[asyncio.AbstractEventLoop, str], Hub] = {}
 #: Hubs closing (their last wait left): held here until their connections are closed.
 _closing: set[asyncio.Task[None]] = set()
+#: Hubs whose connections are open (or opening), whether or not a new wait may still join them.
+_open: set[Hub] = set()
 
 
 class Hub:
@@ -47,15 +49,19 @@ class Hub:
         self.woken: dict[int, set[asyncio.Event]] = {}
         self.reads: set[asyncio.Task[Any]] = set()
         self.reader: psycopg.AsyncConnection | None = None
+        self.listener: psycopg.AsyncConnection | None = None
+        self.abandoned = False
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.life = asyncio.get_running_loop().create_task(self.live(), name=f"task waits on {using}")
 
     @classmethod
     def join(cls, using: str) -> Hub:
+        _close_abandoned()
         key = (asyncio.get_running_loop(), using)
         hub = _hubs.get(key)
         if hub is None:
             hub = _hubs[key] = cls(using)
+            _open.add(hub)
         hub.waits += 1
         return hub
 
@@ -63,6 +69,9 @@ class Hub:
         self.waits -= 1
         if self.waits == 0:
             self.retire()
+            if self.life.get_loop().is_closed():  # a pending wait collected after its loop was closed
+                self.abandon()
+                return
             self.life.cancel()
             _closing.add(self.life)
             self.life.add_done_callback(_closing.discard)
@@ -81,10 +90,10 @@ class Hub:
             try:
                 aconnect = wakeup_for(self.using, FIRST_POLL).aconnect
                 if aconnect is not None:
-                    listener = await aconnect()
+                    self.listener = listener = await aconnect()
                     if await athrough_a_pooler(listener):
                         await listener.close()  # an undeclared pooler: its LISTEN would be lost
-                        listener = None
+                        self.listener = listener = None
                     else:
                         await listener.execute(f"LISTEN {FINISHED_CHANNEL}")
                 self.reader = await (aconnect or (lambda: connect_async(self.using)))()
@@ -108,13 +117,26 @@ class Hub:
                 self.wake(event for events in self.woken.values() for event in events)
             await asyncio.get_running_loop().create_future()  # until the last wait leaves
         finally:
-            if not self.ready.done():
-                self.ready.cancel()
-            if self.reads:
-                await asyncio.gather(*self.reads, return_exceptions=True)
-            for conn in (listener, self.reader):
-                if conn is not None:
-                    await conn.close()
+            # Closed by abandon(), its loop closed: nothing may be awaited.
+            if not self.abandoned:
+                if not self.ready.done():
+                    self.ready.cancel()
+                if self.reads:
+                    await asyncio.gather(*self.reads, return_exceptions=True)
+                for conn in (self.listener, self.reader):
+                    if conn is not None:
+                        await conn.close()
+                _open.discard(self)
+
+    def abandon(self) -> None:
+        """Its loop was closed with waits pending (this hub never ran to its end): close its
+        connections from here, as the loop can no longer."""
+        _open.discard(self)
+        self.abandoned = True
+        self.retire()
+        for conn in (self.listener, self.reader):
+            if conn is not None and not conn.closed:
+                conn.pgconn.finish()  # the socket closed at once; nothing of the loop's is needed
 
     @staticmethod
     def wake(events: Any) -> None:
@@ -156,6 +178,14 @@ class Hub:
                 raise LookupError(task_id)  # in neither table
             row = (found[0], False)
         return row[0], bool(row[1])
+
+
+def _close_abandoned() -> None:
+    """The connections of hubs whose event loop was closed while waits were pending (``loop.close()``
+    with the waits' tasks never finished: asyncio.run cancels them first, a hand-made loop may not):
+    nothing will run their close, and the module keeps them. Looked for at each wait's start."""
+    for hub in [h for h in _open if h.life.get_loop().is_closed()]:
+        hub.abandon()
 
 
 class AwaitOperations(OperationsBase):

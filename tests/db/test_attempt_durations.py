@@ -103,11 +103,13 @@ def test_a_worker_whose_clock_is_off_records_no_start_outside_its_claim_and_its_
     after the task finished, or an hour before it was enqueued.)"""
     from tasks.runtime import Execution
 
-    stamped = Execution.__dict__["started_epoch"].fget
-    assert stamped is not None
-    monkeypatch.setattr(
-        Execution, "started_epoch", property(lambda e: None if stamped(e) is None else stamped(e) + skew)
-    )
+    stamped: property = vars(Execution)["started_epoch"]
+
+    def off(execution: Execution) -> float | None:
+        at = stamped.__get__(execution)
+        return None if at is None else at + skew
+
+    monkeypatch.setattr(Execution, "started_epoch", property(off))
     monkeypatch.setattr(dispatcher, "MARKER_DELAY", 600.0)
     task_id = Task.objects.enqueue("tests.testapp.handlers.fail_until", kwargs={"succeed_on": 2}, max_attempts=2).id
     with worker_in_thread(Worker(concurrency=1, ttl=5, recovery_interval=0.1, install_signal_handlers=False)):

@@ -245,3 +245,41 @@ def test_waits_that_start_after_their_hubs_listener_broke_listen_again() -> None
     listening, status = asyncio.run(scenario())
     assert len(listening) == 1, "the later wait's hub does not listen"
     assert status == TaskStatus.SUCCESSFUL
+
+
+def test_loops_closed_with_waits_pending_leave_no_connection_open() -> None:
+    """A hand-made event loop closed while an await_() is pending (its task never finished: asyncio.run
+    cancels such tasks first, loop.close() does not): nothing runs on that loop again, so nothing there
+    closes the connections its waits shared. The next wait, on any loop, closes them. (Before: the
+    module kept them, and their server connections, for the life of the process: two per loop.)"""
+    from tasks.models.task_await import _hubs
+
+    stuck = option_tasks.plain.using(queue_name="nobody-runs-this").enqueue(1)
+    others = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        " AND backend_type = 'client backend'"
+    )
+
+    def count() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(others)
+            return int(cursor.fetchone()[0])
+
+    before = count()
+    pending = []
+    for _ in range(3):
+        loop = asyncio.new_event_loop()
+
+        async def begin() -> asyncio.Future[Any]:
+            waiting = asyncio.ensure_future(stuck.await_(timeout=FAR))
+            key = (asyncio.get_running_loop(), "default")
+            while not (key in _hubs and _hubs[key].listening):  # its connections are open
+                await asyncio.sleep(0.01)
+            return waiting
+
+        pending.append(loop.run_until_complete(asyncio.wait_for(begin(), 30)))
+        loop.close()
+    assert count() > before  # the last closed loop's listener and reader are still connected
+    with pytest.raises(TaskWaitTimeout):
+        asyncio.run(stuck.await_(timeout=0))  # a later wait, on a loop of its own
+    wait_until(lambda: count() == before, 10, what="the closed loops' connections to be closed")
