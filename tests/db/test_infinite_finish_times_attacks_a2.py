@@ -50,11 +50,11 @@ def test_a_workflow_with_an_infinite_member_reads_everywhere(
 @pytest.mark.parametrize("value", ["infinity", "-infinity"])
 def test_requeue_and_ordering_over_infinite_rows(value: str) -> None:
     ids = [Task.objects.enqueue(NOOP).id for _ in range(3)]
-    Task.objects.filter(pk__in=ids).update(status="FAILED", finished_at=dt.datetime(2020, 1, 1, tzinfo=dt.UTC))
+    Task.objects.filter(pk__in=ids).update(status="FAILED", finished_at=dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc))
     set_finished_at(ids[1], value)
     ordered = list(Task.objects.filter(pk__in=ids).order_by("finished_at", "id").values_list("id", flat=True))
     assert ordered == ([ids[1], ids[0], ids[2]] if value.startswith("-") else [ids[0], ids[2], ids[1]])
-    cutoff = dt.datetime(2021, 1, 1, tzinfo=dt.UTC)
+    cutoff = dt.datetime(2021, 1, 1, tzinfo=dt.timezone.utc)
     before = set(Task.objects.filter(pk__in=ids, finished_at__lt=cutoff).values_list("id", flat=True))
     assert before == ({*ids} if value.startswith("-") else {ids[0], ids[2]})
     assert Task.objects.filter(pk__in=ids).requeue() == 3
@@ -68,7 +68,7 @@ def test_a_bulk_retry_by_finish_time_takes_the_rows_before_it_and_reruns_them(st
 
     early, late, dated = (Task.objects.enqueue(NOOP).id for _ in range(3))
     Task.objects.filter(pk__in=[early, late, dated]).update(
-        status="FAILED", finished_at=dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
+        status="FAILED", finished_at=dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc)
     )
     set_finished_at(early, "-infinity")
     set_finished_at(late, "infinity")
@@ -84,7 +84,9 @@ def test_a_prune_deletes_what_its_dry_run_counts() -> None:
     """-infinity is before every cutoff: the dry run counted it, and the prune never deleted it (its
     cursor started after the year 1). Each batch goes on after the last, -infinity rows among them."""
     ids = [Task.objects.enqueue(NOOP).id for _ in range(5)]
-    Task.objects.filter(pk__in=ids).update(status="SUCCESSFUL", finished_at=dt.datetime(2020, 1, 1, tzinfo=dt.UTC))
+    Task.objects.filter(pk__in=ids).update(
+        status="SUCCESSFUL", finished_at=dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc)
+    )
     for task_id in ids[:3]:
         set_finished_at(task_id, "-infinity")
     age = dt.timedelta(days=1)
