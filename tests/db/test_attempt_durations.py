@@ -9,7 +9,6 @@ the checks are orderings on that clock, not durations against a threshold of the
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 import threading
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from tasks.models import Task
 from tasks.web import attempts
 from tasks.worker import dispatcher
 from tasks.worker.process import Worker
-from tests.helpers import wait_until, worker_in_thread
+from tests.helpers import iso_time, wait_until, worker_in_thread
 from tests.testapp import handlers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -119,7 +118,5 @@ def test_a_worker_whose_clock_is_off_records_no_start_outside_its_claim_and_its_
     assert task.started_at is not None and task.last_attempted_at is not None and task.finished_at is not None
     assert task.enqueued_at <= task.started_at <= task.last_attempted_at <= task.finished_at
     [failure] = task.errors
-    assert (
-        task.started_at <= dt.datetime.fromisoformat(failure["started_at"]) <= dt.datetime.fromisoformat(failure["at"])
-    )
-    assert dt.datetime.fromisoformat(failure["at"]) <= task.last_attempted_at
+    assert task.started_at <= iso_time(failure["started_at"]) <= iso_time(failure["at"])
+    assert iso_time(failure["at"]) <= task.last_attempted_at
