@@ -29,17 +29,7 @@ start) and every write to a held row is a compare-and-set on id + holder + token
 
 from __future__ import annotations
 
-from tasks.lifecycle.fragments import (
-    HELD,
-    LIVE,
-    OWNED,
-    START_SET,
-    STARTS,
-    WAITING_STATUS,
-    append_error,
-    attempt_start,
-    backoff_sql,
-)
+from tasks.lifecycle.fragments import HELD, LIVE, OWNED, START_SET, STARTS, WAITING_STATUS, append_error, backoff_sql
 
 # A suspect's attempt is marked before its handler runs (one statement, by the executor).
 START_SQL = f"""
@@ -268,10 +258,8 @@ _WAITS = f"({_SNOOZE} OR {_RETRYABLE})"
 # dispatcher sends its marker, and so does one whose marker waited behind a long poll): the epoch the
 # worker stamped as it called the handler (``d.at``, Failure.started), as COMPLETE_SQL records it. This
 # statement's own clock is the attempt's end: as its start it made every such attempt last 0 s.
-# NULL (an API client's report) falls back to the statement's start. The stamp is held within the
-# attempt's claim and the statement's start (attempt_start: a worker's clock may be off the database's),
-# never past a clock_timestamp() this statement reads for the end.
-_ATTEMPT_START = attempt_start("statement_timestamp()")
+# NULL (an API client's report) falls back to that clock.
+_ATTEMPT_START = "COALESCE(to_timestamp(d.at), clock_timestamp())"
 
 # The error entry of a failed or cancelled attempt (a snooze writes none): the handler's own error with
 # the attempt it ended.
@@ -300,7 +288,7 @@ UPDATE tasks_task AS t SET
     attempt_isolated = false,
     attempts = CASE WHEN {_SNOOZE} THEN t.attempts - t.attempt_started::int
                     ELSE t.attempts + (NOT t.attempt_started)::int END,
-    started_at = COALESCE(t.started_at, {_ATTEMPT_START}),
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), clock_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE {_ATTEMPT_START} END,
     worker_ids = CASE WHEN {_SNOOZE} THEN (CASE WHEN t.attempt_started THEN t.worker_ids - (-1) ELSE t.worker_ids END)
                       WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,

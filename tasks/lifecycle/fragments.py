@@ -33,21 +33,12 @@ CLAIM_RETURNING = (
 # means "now" on the database clock (the statement's timestamp: one value for both columns).
 # An attempt that ended before its marker was sent is marked by the statement that records its end
 # (finish or fail: a row may be changed only once per statement, so the marker never goes beside it).
-#
-# The stamp is read on the database clock (invariant 3): a worker whose host clock runs ahead of the
-# database's or behind it records no start after the statement that writes it (which is before the
-# attempt's end) nor before the attempt's claim (``acquired_at``, the claim's clock).
-def attempt_start(now: str) -> str:
-    """The attempt's start: the stamp ``d.at`` (epoch seconds) held within [claim, ``now``]; NULL: ``now``."""
-    return f"CASE WHEN d.at IS NULL THEN {now} ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), {now}) END"
-
-
-START_SET = f"""
+START_SET = """
     attempt_started = true,
     attempts = t.attempts + (NOT t.attempt_started)::int,
-    started_at = COALESCE(t.started_at, {attempt_start("statement_timestamp()")}),
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), statement_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
-                             ELSE {attempt_start("statement_timestamp()")} END,
+                             ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END"""
 STARTS = "unnest(%(start_ids)s::bigint[], %(start_tokens)s::bigint[], %(start_at)s::float8[]) AS d(id, token, at)"
 

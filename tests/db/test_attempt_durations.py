@@ -20,7 +20,7 @@ from tasks.models import Task
 from tasks.web import attempts
 from tasks.worker import dispatcher
 from tasks.worker.process import Worker
-from tests.helpers import iso_time, wait_until, worker_in_thread
+from tests.helpers import wait_until, worker_in_thread
 from tests.testapp import handlers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -89,34 +89,3 @@ def test_a_timed_out_attempt_records_the_start_before_the_handler_ran(worker: Wo
     assert attempt.duration is not None and attempt.duration >= TIMEOUT
     shown = durations_shown(staff.get(f"/dashboard/tasks/{task_id}/").content.decode())
     assert len(shown) == 1 and float(shown[0]) >= TIMEOUT
-
-
-@pytest.mark.parametrize("skew", [3600.0, -3600.0], ids=["clock-ahead", "clock-behind"])
-def test_a_worker_whose_clock_is_off_records_no_start_outside_its_claim_and_its_end(
-    monkeypatch: pytest.MonkeyPatch, skew: float
-) -> None:
-    """A worker on a host whose clock is an hour ahead (or behind) of the database's: the start it
-    stamps rides on the statement that records the attempt's end (its marker waits), the failure's
-    and then the success's. The database clock decides (invariant 3): an attempt starts neither
-    before its claim nor after its end. (Before: the stamp was written as it came, a start an hour
-    after the task finished, or an hour before it was enqueued.)"""
-    from tasks.runtime import Execution
-
-    stamped: property = vars(Execution)["started_epoch"]
-
-    def off(execution: Execution) -> float | None:
-        at = stamped.__get__(execution)
-        return None if at is None else at + skew
-
-    monkeypatch.setattr(Execution, "started_epoch", property(off))
-    monkeypatch.setattr(dispatcher, "MARKER_DELAY", 600.0)
-    task_id = Task.objects.enqueue("tests.testapp.handlers.fail_until", kwargs={"succeed_on": 2}, max_attempts=2).id
-    with worker_in_thread(Worker(concurrency=1, ttl=5, recovery_interval=0.1, install_signal_handlers=False)):
-        task = wait_until(
-            lambda: Task.objects.filter(pk=task_id, status="SUCCESSFUL").first(), 30, what="the retry to succeed"
-        )
-    assert task.started_at is not None and task.last_attempted_at is not None and task.finished_at is not None
-    assert task.enqueued_at <= task.started_at <= task.last_attempted_at <= task.finished_at
-    [failure] = task.errors
-    assert task.started_at <= iso_time(failure["started_at"]) <= iso_time(failure["at"])
-    assert iso_time(failure["at"]) <= task.last_attempted_at

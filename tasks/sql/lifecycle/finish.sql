@@ -7,9 +7,9 @@
 UPDATE tasks_task AS t SET 
     attempt_started = true,
     attempts = t.attempts + (NOT t.attempt_started)::int,
-    started_at = COALESCE(t.started_at, CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END),
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), statement_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
-                             ELSE CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END END,
+                             ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
     attempt_isolated = %(isolated)s::boolean
 FROM unnest(%(start_ids)s::bigint[], %(start_tokens)s::bigint[], %(start_at)s::float8[]) AS d(id, token, at)
@@ -150,9 +150,9 @@ WHERE id = %(id)s AND holder = %(worker)s AND token = %(token)s AND status = 'RU
 UPDATE tasks_task AS t SET 
     attempt_started = true,
     attempts = t.attempts + (NOT t.attempt_started)::int,
-    started_at = COALESCE(t.started_at, CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END),
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), statement_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
-                             ELSE CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END END,
+                             ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
     status = 'SUCCESSFUL',
     return_value = d.return_value,
@@ -182,15 +182,15 @@ UPDATE tasks_task AS t SET
     attempt_isolated = false,
     attempts = CASE WHEN (d.kind = 'snooze') THEN t.attempts - t.attempt_started::int
                     ELSE t.attempts + (NOT t.attempt_started)::int END,
-    started_at = COALESCE(t.started_at, CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END),
-    last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END END,
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), clock_timestamp()),
+    last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE COALESCE(to_timestamp(d.at), clock_timestamp()) END,
     worker_ids = CASE WHEN (d.kind = 'snooze') THEN (CASE WHEN t.attempt_started THEN t.worker_ids - (-1) ELSE t.worker_ids END)
                       WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
     errors = CASE WHEN NOT (d.kind <> 'snooze') THEN t.errors WHEN (jsonb_array_length(t.errors) >= 10) THEN (t.errors - 1) ELSE t.errors END
         || CASE WHEN (d.kind <> 'snooze') THEN jsonb_build_array(d.error || jsonb_build_object(
         'attempt', t.attempts + (NOT t.attempt_started)::int, 'worker', t.holder, 'token', t.token,
         'kind', CASE WHEN d.kind = 'cancel' THEN 'cancel' ELSE 'failure' END, 'at', clock_timestamp(),
-        'started_at', CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END END,
+        'started_at', CASE WHEN t.attempt_started THEN t.last_attempted_at ELSE COALESCE(to_timestamp(d.at), clock_timestamp()) END,
         'position', jsonb_array_length(t.worker_ids) + (NOT t.attempt_started)::int)) ELSE '[]'::jsonb END,
     errors_dropped = t.errors_dropped + ((d.kind <> 'snooze') AND (jsonb_array_length(t.errors) >= 10))::int,
     released_at = clock_timestamp(),

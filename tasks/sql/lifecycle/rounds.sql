@@ -8,9 +8,9 @@ WITH finished AS (
     UPDATE tasks_task AS t SET 
     attempt_started = true,
     attempts = t.attempts + (NOT t.attempt_started)::int,
-    started_at = COALESCE(t.started_at, CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END),
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), statement_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
-                             ELSE CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END END,
+                             ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
     status = 'SUCCESSFUL',
     return_value = d.return_value,
@@ -102,9 +102,9 @@ WITH finished AS (
     UPDATE tasks_task AS t SET 
     attempt_started = true,
     attempts = t.attempts + (NOT t.attempt_started)::int,
-    started_at = COALESCE(t.started_at, CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END),
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), statement_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
-                             ELSE CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END END,
+                             ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
     status = 'SUCCESSFUL',
     return_value = d.return_value,
@@ -213,9 +213,9 @@ WITH finished AS (
     UPDATE tasks_task AS t SET 
     attempt_started = true,
     attempts = t.attempts + (NOT t.attempt_started)::int,
-    started_at = COALESCE(t.started_at, CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END),
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), statement_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
-                             ELSE CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END END,
+                             ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
     status = 'SUCCESSFUL',
     return_value = d.return_value,
@@ -230,9 +230,9 @@ WITH finished AS (
     UPDATE tasks_task AS t SET 
     attempt_started = true,
     attempts = t.attempts + (NOT t.attempt_started)::int,
-    started_at = COALESCE(t.started_at, CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END),
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), statement_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
-                             ELSE CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END END,
+                             ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END
     FROM unnest(%(start_ids)s::bigint[], %(start_tokens)s::bigint[], %(start_at)s::float8[]) AS d(id, token, at)
     WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
@@ -322,9 +322,9 @@ WITH finished AS (
     UPDATE tasks_task AS t SET 
     attempt_started = true,
     attempts = t.attempts + (NOT t.attempt_started)::int,
-    started_at = COALESCE(t.started_at, CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END),
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), statement_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
-                             ELSE CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END END,
+                             ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
     status = 'SUCCESSFUL',
     return_value = d.return_value,
@@ -339,9 +339,9 @@ WITH finished AS (
     UPDATE tasks_task AS t SET 
     attempt_started = true,
     attempts = t.attempts + (NOT t.attempt_started)::int,
-    started_at = COALESCE(t.started_at, CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END),
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), statement_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
-                             ELSE CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END END,
+                             ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END
     FROM unnest(%(start_ids)s::bigint[], %(start_tokens)s::bigint[], %(start_at)s::float8[]) AS d(id, token, at)
     WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
@@ -450,9 +450,9 @@ WITH RECURSIVE finished AS (
     UPDATE tasks_task AS t SET 
     attempt_started = true,
     attempts = t.attempts + (NOT t.attempt_started)::int,
-    started_at = COALESCE(t.started_at, CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END),
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), statement_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
-                             ELSE CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END END,
+                             ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
     status = 'SUCCESSFUL',
     return_value = d.return_value,
@@ -667,9 +667,9 @@ WITH RECURSIVE finished AS (
     UPDATE tasks_task AS t SET 
     attempt_started = true,
     attempts = t.attempts + (NOT t.attempt_started)::int,
-    started_at = COALESCE(t.started_at, CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END),
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), statement_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
-                             ELSE CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END END,
+                             ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
     status = 'SUCCESSFUL',
     return_value = d.return_value,
@@ -830,9 +830,9 @@ WITH RECURSIVE finished AS (
     UPDATE tasks_task AS t SET 
     attempt_started = true,
     attempts = t.attempts + (NOT t.attempt_started)::int,
-    started_at = COALESCE(t.started_at, CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END),
+    started_at = COALESCE(t.started_at, to_timestamp(d.at), statement_timestamp()),
     last_attempted_at = CASE WHEN t.attempt_started THEN t.last_attempted_at
-                             ELSE CASE WHEN d.at IS NULL THEN statement_timestamp() ELSE LEAST(GREATEST(to_timestamp(d.at), t.acquired_at), statement_timestamp()) END END,
+                             ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END
     FROM unnest(%(start_ids)s::bigint[], %(start_tokens)s::bigint[], %(start_at)s::float8[]) AS d(id, token, at)
     WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
