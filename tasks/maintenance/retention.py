@@ -98,9 +98,7 @@ def retention_policy(setting: Any = ...) -> dict[str, dt.timedelta | None] | Non
 # -- statements ----------------------------------------------------------------------------------
 #
 # One shape for every kind: pick the oldest ``limit`` rows past the cutoff after the cursor (the
-# last (time, id) deleted), lock them skipping locked ones, delete them, return their keys. A time of
-# -infinity (a hand edit, a restored dump) is before every cutoff: the first batch starts before it
-# (no cursor: NULL) and returns it as _BEGINNING, which the next batch reads as no cursor again. The
+# last (time, id) deleted), lock them skipping locked ones, delete them, return their keys. The
 # database clock decides the cutoff, read once per statement: ``statement_timestamp()`` is stable,
 # so the cutoff bounds the index scan (``clock_timestamp()``, volatile, would be a filter, and the
 # last batch of a pass would walk every row still kept).
@@ -113,7 +111,7 @@ WITH picked AS MATERIALIZED (
     SELECT id FROM {table} AS candidate
     WHERE {condition}
       AND {at} < statement_timestamp() - make_interval(secs => %(age)s)
-      AND ({at}, id) > (COALESCE(%(after_at)s::timestamptz, '-infinity'), %(after_id)s)
+      AND ({at}, id) > (%(after_at)s, %(after_id)s)
     ORDER BY {at}, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -121,7 +119,7 @@ WITH picked AS MATERIALIZED (
 DELETE FROM {table} AS doomed
 USING picked
 WHERE doomed.id = picked.id
-RETURNING GREATEST(doomed.{at}, %(beginning)s::timestamptz), doomed.id
+RETURNING doomed.{at}, doomed.id
 """
 
 
@@ -244,10 +242,9 @@ def prune_batch(cursor: PruneCursor, *, limit: int, queue: str | None = None, us
         "status": cursor.kind,
         "queue": queue,
         "age": cursor.age.total_seconds(),
-        "after_at": None if cursor.after[0] <= _BEGINNING else cursor.after[0],
+        "after_at": cursor.after[0],
         "after_id": cursor.after[1],
         "limit": limit,
-        "beginning": _BEGINNING,
     }
     started = time.perf_counter()
     with without_jit(), connections[using].cursor() as db:

@@ -164,7 +164,6 @@ def test_a_row_past_retention_on_the_oldest_day_kept_ends_moved_or_deleted_never
                 "after_at": EPOCH,
                 "after_id": 0,
                 "limit": 2,
-                "beginning": EPOCH,
             }
             held = [r[1] for r in other.execute(PRUNE_TASKS_SQL, params).fetchall()]
             assert archive() == 2  # the mover passes over the rows the open prune holds

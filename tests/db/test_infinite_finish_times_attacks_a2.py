@@ -12,7 +12,6 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from tasks.maintenance.retention import PruneCursor, count_prunable, prune_batch
 from tasks.models import Task
 from tasks.workflows import chain, parent_results, step
 from tests.db.test_workflow_settle_races import run_all
@@ -78,23 +77,3 @@ def test_a_bulk_retry_by_finish_time_takes_the_rows_before_it_and_reruns_them(st
     assert BulkRunner(batch_size=10, span=25).run_until_idle() == 2
     statuses = dict(Task.objects.filter(pk__in=[early, late, dated]).values_list("id", "status"))
     assert statuses == {early: "READY", late: "FAILED", dated: "READY"}
-
-
-def test_a_prune_deletes_what_its_dry_run_counts() -> None:
-    """-infinity is before every cutoff: the dry run counted it, and the prune never deleted it (its
-    cursor started after the year 1). Each batch goes on after the last, -infinity rows among them."""
-    ids = [Task.objects.enqueue(NOOP).id for _ in range(5)]
-    Task.objects.filter(pk__in=ids).update(
-        status="SUCCESSFUL", finished_at=dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc)
-    )
-    for task_id in ids[:3]:
-        set_finished_at(task_id, "-infinity")
-    age = dt.timedelta(days=1)
-    assert count_prunable("SUCCESSFUL", age) == 5
-    cursor = PruneCursor("SUCCESSFUL", age)
-    batches = []
-    while cursor.stage == "tasks":
-        batches.append(prune_batch(cursor, limit=2).deleted)
-    assert batches == [2, 2, 1]
-    assert not Task.objects.filter(pk__in=ids).exists()
-    assert count_prunable("SUCCESSFUL", age) == 0

@@ -9,7 +9,7 @@ WITH picked AS MATERIALIZED (
     SELECT id FROM tasks_task AS candidate
     WHERE status = %(status)s AND finished_at IS NOT NULL AND workflow_id IS NULL AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND finished_at < statement_timestamp() - make_interval(secs => %(age)s)
-      AND (finished_at, id) > (COALESCE(%(after_at)s::timestamptz, '-infinity'), %(after_id)s)
+      AND (finished_at, id) > (%(after_at)s, %(after_id)s)
     ORDER BY finished_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -17,7 +17,7 @@ WITH picked AS MATERIALIZED (
 DELETE FROM tasks_task AS doomed
 USING picked
 WHERE doomed.id = picked.id
-RETURNING GREATEST(doomed.finished_at, %(beginning)s::timestamptz), doomed.id;
+RETURNING doomed.finished_at, doomed.id;
 
 -- name: PRUNE_LEASES_SQL
 -- Leases that ended (released: expires_at was set to the release time; or expired) before the
@@ -26,7 +26,7 @@ WITH picked AS MATERIALIZED (
     SELECT id FROM leasing_lease AS candidate
     WHERE true
       AND expires_at < statement_timestamp() - make_interval(secs => %(age)s)
-      AND (expires_at, id) > (COALESCE(%(after_at)s::timestamptz, '-infinity'), %(after_id)s)
+      AND (expires_at, id) > (%(after_at)s, %(after_id)s)
     ORDER BY expires_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -34,7 +34,7 @@ WITH picked AS MATERIALIZED (
 DELETE FROM leasing_lease AS doomed
 USING picked
 WHERE doomed.id = picked.id
-RETURNING GREATEST(doomed.expires_at, %(beginning)s::timestamptz), doomed.id;
+RETURNING doomed.expires_at, doomed.id;
 
 -- name: PRUNE_WORKERS_SQL
 -- Workers that stopped (cleanly, or recorded dead by recovery) before the cutoff and hold no
@@ -43,7 +43,7 @@ WITH picked AS MATERIALIZED (
     SELECT id FROM tasks_worker AS candidate
     WHERE stopped_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM tasks_task AS t WHERE t.status = 'RUNNING' AND t.holder = candidate.id)
       AND stopped_at < statement_timestamp() - make_interval(secs => %(age)s)
-      AND (stopped_at, id) > (COALESCE(%(after_at)s::timestamptz, '-infinity'), %(after_id)s)
+      AND (stopped_at, id) > (%(after_at)s, %(after_id)s)
     ORDER BY stopped_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -51,7 +51,7 @@ WITH picked AS MATERIALIZED (
 DELETE FROM tasks_worker AS doomed
 USING picked
 WHERE doomed.id = picked.id
-RETURNING GREATEST(doomed.stopped_at, %(beginning)s::timestamptz), doomed.id;
+RETURNING doomed.stopped_at, doomed.id;
 
 -- name: PRUNE_SCHEDULE_RUNS_SQL
 -- Enqueued slots of periodic tasks (the schedule row keeps the newest), through
@@ -60,7 +60,7 @@ WITH picked AS MATERIALIZED (
     SELECT id FROM tasks_schedulerun AS candidate
     WHERE true
       AND enqueued_at < statement_timestamp() - make_interval(secs => %(age)s)
-      AND (enqueued_at, id) > (COALESCE(%(after_at)s::timestamptz, '-infinity'), %(after_id)s)
+      AND (enqueued_at, id) > (%(after_at)s, %(after_id)s)
     ORDER BY enqueued_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -68,7 +68,7 @@ WITH picked AS MATERIALIZED (
 DELETE FROM tasks_schedulerun AS doomed
 USING picked
 WHERE doomed.id = picked.id
-RETURNING GREATEST(doomed.enqueued_at, %(beginning)s::timestamptz), doomed.id;
+RETURNING doomed.enqueued_at, doomed.id;
 
 -- name: PRUNE_UNIQUE_KEYS_SQL
 -- Windows of unique keys (tasks/lifecycle/windows.py) that passed before the cutoff, through
@@ -95,7 +95,7 @@ WITH picked AS MATERIALIZED (
     SELECT id FROM tasks_bulkoperation AS candidate
     WHERE finished_at IS NOT NULL AND status IN ('DONE', 'CANCELLED', 'FAILED')
       AND finished_at < statement_timestamp() - make_interval(secs => %(age)s)
-      AND (finished_at, id) > (COALESCE(%(after_at)s::timestamptz, '-infinity'), %(after_id)s)
+      AND (finished_at, id) > (%(after_at)s, %(after_id)s)
     ORDER BY finished_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -103,4 +103,4 @@ WITH picked AS MATERIALIZED (
 DELETE FROM tasks_bulkoperation AS doomed
 USING picked
 WHERE doomed.id = picked.id
-RETURNING GREATEST(doomed.finished_at, %(beginning)s::timestamptz), doomed.id;
+RETURNING doomed.finished_at, doomed.id;
