@@ -52,11 +52,14 @@ def test_injected_stall_makes_only_that_task_miss_its_heartbeats(spawn: Any) -> 
     # One executor: while its attempt stalls, the staller has no free slot to win the task back, so
     # the healthy worker takes it over (a staller that won it back would stall it again: each of
     # those stalls is charged to the task, and five in a row would end it FAILED, rightly).
-    staller = spawn("staller", "--concurrency", "1", TASKS_DEMO_STALL_RATE="1.0", TASKS_TTL="1")
+    # A 4 s TTL (a 6 s stall): the healthy worker, started after the claim, is serving before the
+    # staller's slot frees on any machine (with 1 s, a loaded one started it after the staller had won
+    # the task back and stalled again, until its crashes ended it FAILED).
+    staller = spawn("staller", "--concurrency", "1", "--ttl", "4", TASKS_DEMO_STALL_RATE="1.0", TASKS_TTL="4")
     wait_until(lambda: Task.objects.filter(pk=task_id, holder__startswith="staller:").exists(), 30, what="the claim")
     seen = worker_row("staller").last_seen_at
     spawn("healthy")
-    done = wait_until(lambda: Task.objects.filter(pk=task_id, status="SUCCESSFUL").first(), 30, what="takeover")
+    done = wait_until(lambda: Task.objects.filter(pk=task_id, status="SUCCESSFUL").first(), 120, what="takeover")
     assert worker_names(done.worker_ids)[0] == "staller"
     assert worker_names(done.worker_ids)[-1] == "healthy"
     # The stalled attempt's worker lived on: the crash is the attempt's own, charged; not a failure.

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 H = "tests.testapp.outcome_handlers."
 #: Only the fail statement (snooze, cancel, discard, failure) has this text.
-FAIL_STATEMENT = b"AS d(id, token, error, retry, kind, delay, max_attempts)"
+FAIL_STATEMENT = b"AS d(id, token, error, retry, kind, delay, max_attempts, at)"
 
 
 def wait_for_end(task_id: int, timeout: float = 30) -> Task:

