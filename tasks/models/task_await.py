@@ -29,7 +29,13 @@ from tasks.lifecycle.listening import athrough_a_pooler, connect_async, wakeup_f
 from tasks.lifecycle.states import FINISHED
 from tasks.models.finished import FINISHED_STATUS_SQL
 from tasks.models.task_send import OperationsBase
-from tasks.models.task_wait import FINISHED_CHANNEL, FIRST_POLL, MARK_WAITED_SQL, READ_STATUS_SQL
+from tasks.models.task_wait import (
+    FINISHED_CHANNEL,
+    FIRST_POLL,
+    MARK_WAITED_SQL,
+    READ_STATUS_SQL,
+    not_in_database,
+)
 
 #: Open hubs: one per event loop and alias while a wait of that loop on that alias is under way.
 _hubs: dict[tuple[asyncio.AbstractEventLoop, str], Hub] = {}
@@ -226,10 +232,7 @@ class AwaitOperations(OperationsBase):
             try:
                 status, marked = await hub.status(task_id, mark=True)
             except LookupError:
-                raise self.model.DoesNotExist(
-                    f"task {task_id} is not in database {using!r} (or not yet visible: an enqueue inside a"
-                    " transaction is seen once it commits; wait after the commit, e.g. in transaction.on_commit)"
-                ) from None
+                raise self.model.DoesNotExist(not_in_database(task_id, using)) from None
             pause = FIRST_POLL
             while status not in FINISHED:
                 left = None if deadline is None else deadline - time.monotonic()

@@ -77,10 +77,7 @@ class WaitOperations(OperationsBase):
                 if row is None:  # moved to tasks_finished: final
                     row = _finished_status(conn, task_id)
                 if row is None:
-                    raise self.model.DoesNotExist(
-                        f"task {task_id} is not in database {using!r} (or not yet visible: an enqueue inside a"
-                        " transaction is seen once it commits; wait after the commit, e.g. in transaction.on_commit)"
-                    )
+                    raise self.model.DoesNotExist(not_in_database(task_id, using))
                 status, marked = row
                 pause = FIRST_POLL
                 while status not in FINISHED:
@@ -131,3 +128,11 @@ def _connection(using: str, poll: float) -> tuple[bool, Callable[[], psycopg.Con
         return conn
 
     return False, pooled
+
+
+def not_in_database(task_id: int, using: str) -> str:
+    """Why a wait found no task: the sync and the async wait say it alike."""
+    return (
+        f"task {task_id} is not in database {using!r} (or not yet visible: an enqueue inside a"
+        " transaction is seen once it commits; wait after the commit, e.g. in transaction.on_commit)"
+    )

@@ -21,6 +21,16 @@ RESOURCES = ["alpha", "beta", "gamma"]
 DURATION = 4.0
 
 
+def grants_in(out: str) -> list[dict[str, Any]]:
+    """The grants a child printed (its JSON lines with a token), their times read."""
+    grants = []
+    for line in out.splitlines():
+        message = json.loads(line)
+        if "token" in message:
+            grants.append({**message, "start": iso_time(message["start"]), "end": iso_time(message["end"])})
+    return grants
+
+
 def test_no_two_grants_of_a_resource_overlap_and_tokens_grow() -> None:
     grants: list[dict[str, Any]] = []
     lock = threading.Lock()
@@ -51,12 +61,7 @@ def test_no_two_grants_of_a_resource_overlap_and_tokens_grow() -> None:
         for proc in processes:
             out, err = proc.communicate(timeout=60)
             assert proc.returncode == 0, err
-            for line in out.splitlines():
-                message = json.loads(line)
-                if "token" in message:
-                    message["start"] = iso_time(message["start"])
-                    message["end"] = iso_time(message["end"])
-                    grants.append(message)
+            grants += grants_in(out)
 
     by_resource: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for grant in grants:
@@ -98,12 +103,7 @@ def test_a_semaphore_of_three_raced_by_eight_processes_never_has_more_than_three
     grants: list[dict[str, Any]] = []
     for proc, (out, err) in zip(processes, outputs, strict=True):
         assert proc.returncode == 0, err
-        for line in out.splitlines():
-            message = json.loads(line)
-            if "token" in message:
-                message["start"] = iso_time(message["start"])
-                message["end"] = iso_time(message["end"])
-                grants.append(message)
+        grants += grants_in(out)
     assert len(grants) >= 100, f"too little contention to prove anything ({len(grants)} grants)"
     assert {grant["slot"] for grant in grants} == {f"pool#{k}" for k in range(limit)}
     assert len({grant["token"] for grant in grants}) == len(grants), "a token was granted twice"
