@@ -13,7 +13,7 @@ import pytest
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from leasing.holder import default_holder_id
-from tests.helpers import start_manage, stop_process
+from tests.helpers import flush, start_manage, stop_process
 from tests.helpers import test_database_url as database_url  # not collected as a test
 from tests.helpers.api import TOKEN, Api
 from tests.helpers.pgbouncer import Bouncer, pgbouncer
@@ -22,6 +22,9 @@ from tests.helpers.task_paths import NOOP
 
 # The time each lane took, at the end of every run (docs/CONTRIBUTING.md).
 pytest_plugins = ["tests.helpers.lanes"]
+
+# A transactional test ends by emptying the tables it wrote to, not all of them (tests/helpers/flush.py).
+flush.install()
 
 
 @pytest.fixture(autouse=True)

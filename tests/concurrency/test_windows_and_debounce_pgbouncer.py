@@ -205,7 +205,7 @@ def test_unique_windows_from_8_processes_through_pgbouncer_with_rolled_back_enqu
     bouncer_pool_of_4: Bouncer, prune: bool
 ) -> None:
     keys = ["w:a", "w:b", "w:c"]
-    spec = {"keys": keys, "seconds": 8.0, "window": 0.5, "hold": 0.6, "queue": "windows33", "path": NOOP}
+    spec = {"keys": keys, "seconds": 4.0, "window": 0.5, "hold": 0.6, "queue": "windows33", "path": NOOP}
     pruner = Pruner()
     if prune:
         pruner.thread.start()

@@ -14,29 +14,38 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.db.models import Min
 
 from tasks.models import Task, Worker, Workflow
 from tasks.workflows import Workflow as Flow
 from tasks.workflows import chain, group, step
-from tests.helpers import start_manage, stop_process, wait_until
+from tests.helpers import start_manage, stop_process, wait_until, wait_while_moving
 from tests.testapp.models import Effect, Once
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 H = "tests.testapp.workflow_handlers."
 FAST = ["--ttl", "1", "--recovery-interval", "0.2", "--poll-interval", "0.2", "-v", "2"]
-#: A workflow must end within this many seconds, crashes included.
-ENDS_WITHIN = 240.0
+#: A workflow that moved nothing (no member's state, no start) for this many seconds is stuck.
+STALL = 120.0
+
+
+def starts() -> int:
+    """Every start of a task's attempt so far (the handlers mark each: tests.testapp.workflow_handlers)."""
+    return Effect.objects.filter(phase="started").count()
 
 
 class Chaos:
-    """Worker processes under fire: about every ``pause`` seconds one of them (chosen at random) is
-    SIGKILLed and started again, twice, then one is SIGSTOPped for longer than its lease and
-    continued, and so on until :meth:`stop`."""
+    """Worker processes under fire: after every ``every`` starts of a task and about ``pause``
+    seconds, one of them (chosen at random) is SIGKILLed and started again, twice, then one is
+    SIGSTOPped for longer than its lease and continued, and so on until :meth:`stop`. Paced by the
+    work, not the clock alone: on a loaded machine, where a restarted worker takes seconds to come
+    up, a strike every half second kept the workers from running at all."""
 
-    def __init__(self, logs: Path, names: list[str], seed: int, pause: float = 1.0) -> None:
+    def __init__(self, logs: Path, names: list[str], seed: int, pause: float = 0.5, every: int = 12) -> None:
         self.logs = logs
+        self.every = every
         self.names = names
         self.random = random.Random(seed)
         self.pause = pause
@@ -61,8 +70,23 @@ class Chaos:
         return self
 
     def _run(self) -> None:
+        try:
+            self._strike()
+        finally:
+            connection.close()  # this thread's own
+
+    def _moved(self, since: int) -> bool:
+        """Wait until the work has made ``every`` more starts; False once stopped."""
+        while starts() < since + self.every:
+            if self._stopped.wait(0.1):
+                return False
+        return True
+
+    def _strike(self) -> None:
         round = 0
-        while not self._stopped.wait(self.pause * (0.5 + self.random.random())):
+        since = starts()
+        while self._moved(since) and not self._stopped.wait(self.pause * (0.5 + self.random.random())):
+            since = starts()
             name = self.random.choice(self.names)
             proc = self.procs[name]
             round += 1
@@ -98,7 +122,10 @@ def wait_for_end(workflow_id: int) -> Workflow:
     def ended() -> bool:
         return not Workflow.objects.filter(pk=workflow_id, status="RUNNING").exists()
 
-    wait_until(ended, ENDS_WITHIN, interval=0.2, what=f"workflow {workflow_id} to end")
+    def moved() -> tuple[int, int]:
+        return Workflow.objects.get(pk=workflow_id).remaining, starts()
+
+    wait_while_moving(ended, moved, STALL, what=f"workflow {workflow_id} to end")
     return Workflow.objects.get(pk=workflow_id)
 
 
@@ -108,21 +135,27 @@ def starts_of(ids: list[int]) -> dict[int, Any]:
     return {row["task_id"]: row["first"] for row in rows}
 
 
-@pytest.mark.parametrize("seed", [11, 23, 37])
-def test_a_callback_runs_once_after_a_thousand_members_under_kills_and_stops(logs: Path, seed: int) -> None:
+#: A group's size: 400 members take about 30 strikes of the chaos (1,000 took 80-250 s a seed
+#: on a loaded two-core machine and proved nothing more: the callback's release is one row's
+#: count reaching zero, whatever the count).
+MEMBERS = 400
+
+
+@pytest.mark.parametrize("seed", [11, 23])
+def test_a_callback_runs_once_after_four_hundred_members_under_kills_and_stops(logs: Path, seed: int) -> None:
     members = [
-        step(H + "member", n=n, seed=seed, fail_every=97, work=0.08).options(max_attempts=3) for n in range(1000)
+        step(H + "member", n=n, seed=seed, fail_every=97, work=0.08).options(max_attempts=3) for n in range(MEMBERS)
     ]
     done = group(members, then=step(H + "callback", key=f"group-{seed}"), on_failure="run").enqueue()
-    with Chaos(logs, ["wf-a", "wf-b", "wf-c"], seed, pause=0.5) as chaos:
+    with Chaos(logs, ["wf-a", "wf-b", "wf-c"], seed) as chaos:
         ended = wait_for_end(done.id)
     assert chaos.kills >= 2 and chaos.stops >= 1, "the workers were not disturbed"
     rows = {t.id: t for t in Task.objects.filter(workflow_id=done.id)}
     assert done.callback_id is not None
     callback = rows.pop(done.callback_id)
     statuses = [t.status for t in rows.values()]
-    assert len(statuses) == 1000 and set(statuses) <= {"SUCCESSFUL", "FAILED"}
-    assert statuses.count("FAILED") >= 10  # every 97th fails for good, and some flaky ones ran out
+    assert len(statuses) == MEMBERS and set(statuses) <= {"SUCCESSFUL", "FAILED"}
+    assert statuses.count("FAILED") >= MEMBERS // 97  # every 97th fails for good, some flaky ones ran out
     # The callback's effect happened once, and it found every member final.
     (once,) = Once.objects.filter(key=f"group-{seed}")
     assert once.value == {s: statuses.count(s) for s in set(statuses)}
@@ -134,7 +167,8 @@ def test_a_callback_runs_once_after_a_thousand_members_under_kills_and_stops(log
     first_callback = Effect.objects.filter(task_id=callback.id).aggregate(first=Min("created_at"))["first"]
     assert first_callback > last_member
     assert ended.finished_at and callback.finished_at and ended.finished_at >= callback.finished_at
-    assert (ended.status, ended.remaining, ended.failed, ended.total) == ("FAILED", 0, statuses.count("FAILED"), 1001)
+    failed = statuses.count("FAILED")
+    assert (ended.status, ended.remaining, ended.failed, ended.total) == ("FAILED", 0, failed, MEMBERS + 1)
     # Released once: the callback's row went AWAITING -> READY once, and ran one attempt per start
     # (a rerun only after its own worker died under it). An attempt handed to the executors when its
     # worker was killed is charged as a crash whether or not it had begun (it may have run: issue 38),
@@ -145,10 +179,10 @@ def test_a_callback_runs_once_after_a_thousand_members_under_kills_and_stops(log
 
 
 def test_a_chain_of_fifty_runs_in_order_across_kills_and_stops_at_a_failure(logs: Path) -> None:
-    # 50 steps of 0.1 s: at least 5 s, in which the chaos kills twice and stops once at the least.
+    # 41 steps start (the 41st fails for good): a strike every 5 starts, eight at the least.
     steps = [step(H + "link", i, fail_at=40, work=0.1).options(max_attempts=2) for i in range(50)]
     done = chain(*steps).enqueue()
-    with Chaos(logs, ["ch-a", "ch-b"], seed=5, pause=0.5) as chaos:
+    with Chaos(logs, ["ch-a", "ch-b"], seed=5, every=5) as chaos:
         ended = wait_for_end(done.id)
     assert chaos.kills >= 2 and chaos.stops >= 1, "the workers were not disturbed"
     ids = done.task_ids
@@ -174,7 +208,7 @@ def test_a_graph_of_two_hundred_starts_nothing_before_its_parents_succeeded(logs
         parents[n] = ups
         graph.add(step(H + "node", n, work=0.3), after=ups)
     done = graph.enqueue()
-    with Chaos(logs, ["dag-a", "dag-b", "dag-c"], seed=7, pause=0.5) as chaos:
+    with Chaos(logs, ["dag-a", "dag-b", "dag-c"], seed=7) as chaos:
         ended = wait_for_end(done.id)
     assert chaos.kills >= 2 and chaos.stops >= 1, "the workers were not disturbed"
     assert ended.status == "SUCCESSFUL", ended

@@ -216,7 +216,7 @@ def assert_rejections_change_nothing(response: Any, before: Any, what: Any) -> N
         assert database_state() == before, f"a rejected request changed something: {what}"
 
 
-@settings(FUZZ, max_examples=500)
+@settings(FUZZ, max_examples=200)
 @given(route=st.sampled_from([r for r in BODY_ROUTES if not r[1].endswith(("/cancel", "/requeue"))]), data=st.data())
 def test_a_valid_body_with_hostile_fields_is_400_and_changes_nothing(
     client: Client, seeded: dict[str, int], route: tuple[str, str], data: st.DataObject
@@ -234,7 +234,7 @@ def test_a_valid_body_with_hostile_fields_is_400_and_changes_nothing(
     assert database_state() == before, f"a rejected request changed something: {url} {raw[:300]}"
 
 
-@settings(FUZZ, max_examples=200)
+@settings(FUZZ, max_examples=80)
 @given(run_after=extreme_dates)
 def test_enqueue_with_any_date_is_stored_readably_or_refused(client: Client, run_after: str) -> None:
     before = database_state()
@@ -249,7 +249,7 @@ def test_enqueue_with_any_date_is_stored_readably_or_refused(client: Client, run
         assert client.get("/api/tasks?limit=500", headers=HEADERS).status_code == 200
 
 
-@settings(FUZZ, max_examples=300)
+@settings(FUZZ, max_examples=120)
 @given(route=st.sampled_from(BODY_ROUTES), body=bodies, ident=ids)
 def test_no_body_or_id_causes_a_server_error(
     client: Client, seeded: dict[str, int], route: tuple[str, str], body: Any, ident: str
@@ -265,7 +265,7 @@ def test_no_body_or_id_causes_a_server_error(
         assert "error" in json.loads(response.content)
 
 
-@settings(FUZZ, max_examples=300)
+@settings(FUZZ, max_examples=120)
 @given(route=st.sampled_from(sorted(GET_ROUTES)), ident=ids, data=st.data())
 def test_no_query_string_causes_a_server_error_in_the_api(
     client: Client, seeded: dict[str, int], route: str, ident: str, data: st.DataObject
@@ -278,7 +278,7 @@ def test_no_query_string_causes_a_server_error_in_the_api(
     assert response["Content-Type"].startswith("application/json")
 
 
-@settings(FUZZ, max_examples=300)
+@settings(FUZZ, max_examples=120)
 @given(route=st.sampled_from(sorted(PAGE_ROUTES)), ident=ids, data=st.data())
 def test_no_query_string_causes_a_server_error_on_pages_or_in_the_admin(
     client: Client, seeded: dict[str, int], route: str, ident: str, data: st.DataObject
@@ -291,7 +291,7 @@ def test_no_query_string_causes_a_server_error_on_pages_or_in_the_admin(
     assert_rejections_change_nothing(response, before, url)
 
 
-@settings(FUZZ, max_examples=200)
+@settings(FUZZ, max_examples=80)
 @given(
     form=st.fixed_dictionaries(
         {},
@@ -320,7 +320,7 @@ def test_no_form_causes_a_server_error_or_an_off_site_redirect(
         assert not response["Location"].startswith("//"), response["Location"]
 
 
-@settings(FUZZ, max_examples=200)
+@settings(FUZZ, max_examples=80)
 @given(raw=st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
 def test_raw_garbage_bodies_are_400(client: Client, raw: bytes) -> None:
     before = database_state()

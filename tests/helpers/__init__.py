@@ -141,6 +141,27 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: fl
         time.sleep(interval)
 
 
+def wait_while_moving(
+    predicate: Callable[[], Any], progress: Callable[[], Any], stall: float = 120.0, what: str = ""
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy, failing only when ``progress()`` (a
+    count, a tuple of counts: anything that changes while the work moves) stayed the same for
+    ``stall`` seconds: a hang fails, a slow machine only waits longer (a fixed deadline failed runs
+    on a loaded two-core machine where the work was moving)."""
+    seen = progress()
+    moved = time.monotonic()
+    while True:
+        result = predicate()
+        if result:
+            return result
+        now = progress()
+        if now != seen:
+            seen, moved = now, time.monotonic()
+        elif time.monotonic() - moved > stall:
+            raise AssertionError(f"nothing moved for {stall}s (still at {seen!r}) waiting for {what or predicate}")
+        time.sleep(0.2)
+
+
 def emit(**message: Any) -> None:
     """For child scripts: one JSON line on stdout."""
     print(json.dumps(message, default=str), flush=True)
