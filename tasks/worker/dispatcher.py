@@ -248,7 +248,9 @@ class Dispatcher:
                     return
                 self.mailbox.wait(0.1)
                 continue
-            if not self.mailbox.wait(self._next_wait(census)):
+            # Counted again: the round may have claimed attempts (unstarted, each with its timeout
+            # to come); the counts read before it would sleep the whole poll past their deadlines.
+            if not self.mailbox.wait(self._next_wait(self.ledger.census(clock.monotonic()))):
                 may_have_work = True  # the fallback poll
 
     def drain(self) -> bool:
@@ -304,6 +306,8 @@ class Dispatcher:
         return due
 
     def _next_wait(self, census: Census) -> float:
+        if census.overdue:
+            return 0.0  # an attempt ran past its timeout: abandoned by the next round, now
         wait = self.session.poll_interval
         now = clock.monotonic()
         for at, _o in self._deferred:

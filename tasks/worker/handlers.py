@@ -134,8 +134,7 @@ def failure_outcome(execution: Execution, exc: BaseException, target: Any = None
     failure = failure_from(execution, exc, retry=retry)
     if retry:
         failure = with_policy(failure, execution, exc, target)
-    if sentry.AVAILABLE:
-        sentry.report(execution, exc, failure)  # the "sentry" extra: only with LeasingIntegration active
+    sentry.report(execution, exc, failure)  # the "sentry" extra: only with LeasingIntegration active
     return Outcome(execution, failure=failure, error=exc)
 
 

@@ -21,39 +21,72 @@ from typing import TYPE_CHECKING, Any
 from tasks.exceptions import Discard
 
 if TYPE_CHECKING:
+    from sentry_sdk.integrations import Integration
+
     from tasks.lifecycle.values import Failure
     from tasks.runtime import Execution
 
 #: Whether sentry_sdk can be imported at all (the extra is installed): checked once.
 AVAILABLE = importlib.util.find_spec("sentry_sdk") is not None
 
-if TYPE_CHECKING or AVAILABLE:
-    from sentry_sdk.integrations import Integration
-else:  # without the extra, a name that can be subclassed and is never registered
-
-    class Integration:
-        identifier = ""
+#: The integration's class, made when a project first imports it (``LeasingIntegration``, below):
+#: sentry_sdk is imported then, not with the worker (it was a sixth of a worker's start-up: every
+#: process paid it, with Sentry or without). None: no client can have the integration.
+_made: type | None = None
 
 
-class LeasingIntegration(Integration):
-    """Sends handler failures to Sentry with their task (the module doc)."""
+def _integration_class() -> type:
+    global _made
+    if _made is None:
+        if AVAILABLE:
+            from sentry_sdk.integrations import Integration as base
+        else:  # without the extra, a name that can be subclassed and is never registered
 
-    identifier = "django_leasing"
+            class base:  # type: ignore[no-redef]
+                identifier = ""
 
-    @staticmethod
-    def setup_once() -> None:
-        """Nothing to patch: the worker calls :func:`report` where an attempt fails."""
+        class LeasingIntegration(base):
+            """Sends handler failures to Sentry with their task (the module doc)."""
+
+            identifier = "django_leasing"
+
+            @staticmethod
+            def setup_once() -> None:
+                """Nothing to patch: the worker calls :func:`report` where an attempt fails."""
+
+        LeasingIntegration.__module__ = __name__
+        LeasingIntegration.__qualname__ = "LeasingIntegration"
+        _made = LeasingIntegration
+    return _made
+
+
+if TYPE_CHECKING:
+
+    class LeasingIntegration(Integration):
+        """Sends handler failures to Sentry with their task (the module doc)."""
+
+        identifier = "django_leasing"
+
+        @staticmethod
+        def setup_once() -> None: ...
+
+else:
+
+    def __getattr__(name: str) -> Any:
+        if name == "LeasingIntegration":
+            return _integration_class()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def report(execution: Execution, exc: BaseException, failure: Failure) -> None:
     """Send ``exc``, the failure of ``execution``'s handler, to the active Sentry client if it has
     :class:`LeasingIntegration`; otherwise nothing."""
-    if not AVAILABLE or isinstance(exc, Discard):
-        return
+    if _made is None or not AVAILABLE or isinstance(exc, Discard):
+        return  # nobody made the integration: no client has it
     import sentry_sdk
 
     client = sentry_sdk.get_client()
-    if not client.is_active() or client.get_integration(LeasingIntegration) is None:
+    if not client.is_active() or client.get_integration(_made) is None:
         return
     task = execution.task
     tags: dict[str, Any] = {
