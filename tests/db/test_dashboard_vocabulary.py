@@ -258,3 +258,19 @@ def test_the_cancelled_tab_says_who_cancels_and_a_row_cancelled_for_a_failed_dep
         assert "dependency" not in shown[by_operator], url
     workflow = Task.objects.get(pk=dependant).workflow_id
     assert "Cancelled by a failed dependency" in rows(staff, f"/dashboard/workflows/{workflow}/")[dependant]
+
+
+def test_a_task_cancelled_before_it_ran_says_so_not_that_it_waits_for_an_attempt(staff: Client) -> None:
+    def text(pk: int) -> str:
+        return " ".join(" ".join(read(staff, f"/dashboard/tasks/{pk}/").parts).split())
+
+    dependant, by_operator = cancelled_by_a_failed_dependency()
+    claimed_never_started = Task.objects.enqueue(NOOP, queue="claimed").id
+    assert Task.objects.claim("w2", limit=1, queues=["claimed"])[0].id == claimed_never_started
+    Task.objects.filter(pk=claimed_never_started).cancel()
+    for pk in (by_operator, claimed_never_started):
+        assert "Cancelled before it ran: never attempted." in text(pk), pk
+    assert "Cancelled by a failed dependency before it ran: never attempted." in text(dependant)
+    for pk in (dependant, by_operator, claimed_never_started):
+        assert "Not attempted yet" not in text(pk), pk
+    assert "Not attempted yet." in text(Task.objects.enqueue(NOOP).id)  # still waiting: it may run yet
