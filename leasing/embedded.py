@@ -44,6 +44,7 @@ import shutil
 import stat
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -450,6 +451,17 @@ def discard(server: EmbeddedServer) -> None:
 #: The server that :func:`database_url` started or reused in this process (the demo stops it).
 _in_use: EmbeddedServer | None = None
 
+#: ``manage.py embedded_postgres`` (leasing/management/commands): the settings it loads name the
+#: server without starting it, or its ``status`` would always find the server running and ``stop``
+#: would start a stopped one first.
+COMMAND = "embedded_postgres"
+
+
+def _loaded_for_the_command() -> bool:
+    # Django loads the settings before it loads a command; its subcommand is argv[1] (manage.py,
+    # django-admin, python -m django alike).
+    return len(sys.argv) > 1 and sys.argv[1] == COMMAND
+
 
 def database_url(pgdata: Path | str, *, database: str = DEFAULT_DATABASE, export: bool = True) -> str:
     """``DATABASE_URL`` when it is set; otherwise start (or reuse) the embedded server on ``pgdata``
@@ -458,6 +470,9 @@ def database_url(pgdata: Path | str, *, database: str = DEFAULT_DATABASE, export
     global _in_use
     if os.environ.get("DATABASE_URL"):
         return os.environ["DATABASE_URL"]
+    if _loaded_for_the_command():
+        _in_use = EmbeddedServer.at(pgdata)
+        return _in_use.url(database)
     server = ensure_server(pgdata, database=database)
     _in_use = server
     url = server.url(database)

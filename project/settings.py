@@ -173,6 +173,8 @@ LEASING_TASKS = {
     "LISTEN_URLS": {"default": env("DIRECT_DATABASE_URL")} if env("DIRECT_DATABASE_URL", default="") else {},
     # Queues whose claims take turns between tenants (fair_key=): docs/howto/pausing-and-keys.md.
     "FAIR_QUEUES": env.list("TASKS_FAIR_QUEUES", default=[]),
+    # What the JSON API may enqueue (none by default): the demo's handler, for docs/howto/api-clients.md.
+    "API_TASKS": ["tasks.demo.sleep"],
 }
 
 # The demo's showcase (``manage.py demo`` sets TASKS_DEMO_SHOWCASE for its processes): beside the

@@ -88,7 +88,8 @@ class TaskSettings:
     #: a task's path, so an API client must not be able to name any callable it likes: whatever the
     #: lists say, only a public function (or django.tasks Task) defined at module level in the named
     #: module is accepted, and a worker checks again before it runs a task that came through the API.
-    API_TASKS: tuple[str, ...] = ("tasks.demo.sleep",)
+    #: Empty by default: a project lists what its API clients may enqueue (the demo lists its handler).
+    API_TASKS: tuple[str, ...] = ()
     API_TASK_PATTERNS: tuple[str, ...] = ()
     #: Failure injection of the demo handler (fractions of tasks). Off unless configured.
     DEMO_CRASH_RATE: float = 0.0

@@ -34,6 +34,9 @@ DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]  # noqa: F405
+# Processes started by a test of a project of your own get no demo app (tests/db/test_demo_app.py).
+if os.environ.get("LEASING_TEST_WITHOUT_DEMO"):
+    INSTALLED_APPS = [app for app in INSTALLED_APPS if app != "tasks.demo"]
 
 # A second database on the same server, for the several-databases tests. pytest-django creates
 # (and migrates) its test database only when a collected test asks for it with

@@ -1,5 +1,6 @@
 """The Django admin of the task queue: tasks, workers and queue switches (``tasks.py``), periodic
-tasks (``schedules.py``), workflows (``workflows.py``). Importing this package registers them all."""
+tasks (``schedules.py``), workflows (``workflows.py``). Importing this package registers them all.
+The demo's generator state is the demo app's (``tasks/demo/admin.py``): registered where it is installed."""
 
 from tasks.admin import schedules, tasks, workflows
 

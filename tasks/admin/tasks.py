@@ -30,7 +30,7 @@ from tasks.lifecycle.bulk import BulkFilterError
 from tasks.lifecycle.routing import queue_database
 from tasks.lifecycle.states import UNFINISHED
 from tasks.lifecycle.workflows import WorkflowStatus
-from tasks.models import BulkOperation, GeneratorState, QueueControl, Task, Worker
+from tasks.models import BulkOperation, QueueControl, Task, Worker
 from tasks.models.finished import archived_ids
 from tasks.web import queries
 from tasks.web.attempts import history
@@ -537,12 +537,6 @@ class WorkerAdmin(CheckedInputAdmin):
     def tasks_link(self, obj: Worker) -> str:
         url = reverse("admin:tasks_task_changelist") + f"?q={obj.id}&status__exact=RUNNING"
         return format_html('<a href="{}">tasks</a>', url)
-
-
-@admin.register(GeneratorState)
-class GeneratorStateAdmin(CheckedInputAdmin):
-    list_display = ("name", "running", "rate", "generated", "leader", "leader_seen_at")
-    readonly_fields = ("generated", "leader", "leader_seen_at", "observed_running", "ticks", "fence_token")
 
 
 @admin.register(QueueControl)

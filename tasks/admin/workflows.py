@@ -110,12 +110,12 @@ class WorkflowAdmin(CheckedInputAdmin):
     def progress(self, obj: Workflow) -> str:
         return f"{obj.succeeded} successful, {obj.failed} failed, {obj.remaining} remaining of {obj.total}"
 
-    @admin.display(description="callback")
+    @admin.display(description="callback or last step")
     def callback(self, obj: Workflow) -> str:
         if obj.callback_id is None:
             return "-"
         url = reverse("admin:tasks_task_change", args=[obj.callback_id])
-        return format_html('<a href="{}">task {}</a>', url, obj.callback_id)
+        return format_html('<a href="{}">task {}</a> ({})', url, obj.callback_id, obj.callback_role)
 
     @admin.display(description="members")
     def members(self, obj: Workflow) -> str:

@@ -95,6 +95,12 @@ class Workflow(models.Model):
     def succeeded(self) -> int:
         return self.total - self.remaining - self.failed
 
+    @property
+    def callback_role(self) -> str:
+        """What the task of ``callback_id`` is to a reader: a chain has no callback, its last step
+        ends it; a group's (or a graph's) is its callback."""
+        return "last step" if self.kind == WorkflowKind.CHAIN else "callback"
+
 
 class TaskDependency(models.Model):
     """``child`` waits for ``parent``: it runs once every parent is final (SUCCESSFUL, or any final

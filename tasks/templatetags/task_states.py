@@ -93,6 +93,15 @@ def error_class(entry: Any) -> str:
     return str(entry.get("exception_class_path") or entry.get("type") or entry.get("kind") or "error")
 
 
+@register.filter
+def cancelled_for_a_dependency(task: Any) -> bool:
+    """Whether a CANCELLED task was cancelled because a task it depends on failed or was cancelled
+    (its last entry is the workflow settlement's, kind ``dependency``), not by an operator or its handler."""
+    errors = getattr(task, "errors", None) or []
+    entry = errors[-1] if errors and isinstance(errors[-1], dict) else None
+    return task.status == TaskStatus.CANCELLED and entry is not None and entry.get("kind") == "dependency"
+
+
 #: How much of an error's message a list shows; the task's page has it whole.
 ERROR_SUMMARY_CHARS = 120
 

@@ -39,6 +39,7 @@ from tasks.conf import get_settings
 from tasks.demo import generator
 from tasks.exceptions import TaskError
 from tasks.lifecycle import activity, concurrency, ratelimits, vocabulary
+from tasks.lifecycle.bulk import KIND_STATUSES, KINDS
 from tasks.lifecycle.states import with_db_clock
 from tasks.models import Task, TaskStatus, Worker, Workflow
 from tasks.models.finished import archived_ids
@@ -172,6 +173,12 @@ def filter_value(request: HttpRequest, name: str, parse: Any) -> Any:
         return None
 
 
+def bulk_kinds(status: str) -> str:
+    """The bulk operations that apply to tasks of ``status``, as a task list's hint offers them
+    ("Retry", "Cancel or discard"); "" for none (a running task is never a bulk operation's)."""
+    return " or ".join(kind for kind in KINDS if status in KIND_STATUSES[kind]).capitalize()
+
+
 @staff_page(GET=[VIEW_TASK])
 def task_list(request: HttpRequest, state: str) -> HttpResponse:
     if state not in TASK_STATES:
@@ -214,8 +221,11 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
             "query": search or "",
             "now": timezone.now(),
             # "All matching" goes to the bulk page with this status (and queue) filled in; a running
-            # task is never a bulk operation's.
-            "bulk_status": "" if status == "RUNNING" else vocabulary.label(status),
+            # task is never a bulk operation's. A view (Retrying, Snoozed) is no status a bulk filter
+            # takes: its hint says the operation takes every task of the status.
+            "bulk_status": vocabulary.label(status) if bulk_kinds(status) else "",
+            "bulk_kinds": bulk_kinds(status),
+            "bulk_view": state in vocabulary.VIEWS,
             # A finished task holds no lease and reports no progress: those columns would be empty.
             "finished": status in FINISHED_STATUSES,
             "show_errors": state in ERROR_STATES,

@@ -152,7 +152,8 @@ STATES: dict[str, TaskState] = {
     ),
     "succeeded": TaskState("finished successfully", TaskStatus.SUCCESSFUL),
     "failed": TaskState("out of attempts or not retryable (dead)", TaskStatus.FAILED),
-    "cancelled": TaskState("cancelled by an operator", TaskStatus.CANCELLED),
+    # Not an operator's only: a handler's Cancel and a failed dependency (workflows) end tasks here too.
+    "cancelled": TaskState("cancelled by an operator, its handler or a failed dependency", TaskStatus.CANCELLED),
 }
 
 

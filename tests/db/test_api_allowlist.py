@@ -90,7 +90,17 @@ def test_public_module_level_functions_and_django_tasks_are_admitted(client: Cli
 
 
 @pytest.mark.django_db
-def test_by_default_only_the_demo_handler_by_exact_name(client: Client) -> None:
+def test_by_default_the_api_may_enqueue_nothing(client: Client, settings: Any) -> None:
+    # A project of your own that names no API_TASKS: its API clients may not run the demo's handler
+    # (nor anything else) until the project lists what they may enqueue.
+    settings.LEASING_TASKS = {}
+    for path in ("tasks.demo.sleep", "tests.testapp.api_targets.public", "tests.testapp.handlers.noop"):
+        assert enqueue(client, path)[0] == 400, path
+    assert not Task.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_demo_project_lists_its_handler_by_exact_name(client: Client) -> None:
     assert enqueue(client, "tasks.demo.sleep")[0] == 201
     for path in ("tasks.demo.sleepy", "tasks.demo.slee", "tasks.demoXsleep", "tests.testapp.api_targets.public"):
         assert enqueue(client, path)[0] == 400, path

@@ -4,6 +4,9 @@ refused form writes nothing; cancel is a POST."""
 
 from __future__ import annotations
 
+import html
+import re
+
 import pytest
 from django.db import connection
 from django.test import Client
@@ -107,3 +110,24 @@ def test_the_admin_action_applies_to_the_lists_filters_not_the_selection(staff: 
     ).content.decode()
     assert "Nothing requested" in wrong
     assert BulkOperation.objects.count() == 1
+
+
+def bulk_hint(staff: Client, tab: str, **query: str) -> str:
+    """The text of a task list's hint that links to the bulk page."""
+    page = staff.get(f"/dashboard/tasks/{tab}/", query).content.decode()
+    (hint,) = [p for p in re.findall(r"<p[^>]*>(.*?)</p>", page, re.S) if 'id="bulk-all-matching"' in p]
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", "", hint)).split())
+
+
+def test_each_tab_s_bulk_hint_names_the_tab_s_state_and_what_a_bulk_operation_takes(staff: Client) -> None:
+    from tasks.web.dashboard import state_label
+
+    offered = {"pending": "Cancel or discard", "awaiting": "Cancel or discard", "blocked": "Cancel or discard"}
+    offered |= {"succeeded": "Retry", "failed": "Retry", "cancelled": "Retry"}
+    for tab, kinds in offered.items():
+        assert bulk_hint(staff, tab).startswith(f"{kinds} every {state_label(tab)} task, not only this page"), tab
+    # A view is no status: a bulk operation filters by status, so the hint says it takes every Ready task.
+    for tab in ("retrying", "snoozed"):
+        hint = bulk_hint(staff, tab, queue="mail")
+        assert hint.startswith(f"A bulk operation cannot take the {state_label(tab)} tasks alone"), hint
+        assert "every Ready task of this queue" in hint and f"({state_label(tab)} or not)" in hint, hint

@@ -13,9 +13,11 @@ import pytest
 from django.test import Client
 
 from tasks.lifecycle import vocabulary
-from tasks.models import Task, Worker
+from tasks.models import Failure, Task, Worker
+from tasks.workflows import chain, step
 from tests.db.test_dashboard import make_tasks
 from tests.helpers.api import Api
+from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db
 
@@ -217,3 +219,58 @@ def test_a_row_is_shown_in_the_state_the_database_read_it_in(
     assert read(staff, "/dashboard/workers/w1/").badges == [("RUNNING", "Running")]
     status, listed = api.call("GET", "/api/tasks?status=RUNNING")
     assert status == 200 and [(task["id"], task["stuck"]) for task in listed["tasks"]] == [(pk, False)]
+
+
+def rows(staff: Client, url: str) -> dict[int, str]:
+    """The text of each task row of a list page (``<tr data-task="id">``), by task id."""
+    response = staff.get(url)
+    assert response.status_code == 200, url
+    found = {}
+    for pk, html in re.findall(r'<tr data-task="(\d+)">(.*?)</tr>', response.content.decode(), re.S):
+        parsed = _Text()
+        parsed.feed(html)
+        found[int(pk)] = " ".join(" ".join(parsed.parts).split())
+    return found
+
+
+def cancelled_by_a_failed_dependency() -> tuple[int, int]:
+    """A chain whose first step failed for good, its second cancelled for it; and a task an operator
+    cancelled. Their ids (dependant, operator's)."""
+    first, second = chain(step(NOOP), step(NOOP)).enqueue().task_ids
+    (claimed,) = Task.objects.claim("w1", limit=1)
+    assert claimed.id == first
+    Task.objects.fail(Failure(claimed.id, claimed.token, "builtins.KeyError", "dead", "", retry=False), "w1")
+    by_operator = Task.objects.enqueue(NOOP).id
+    Task.objects.filter(pk=by_operator).cancel()
+    assert Task.objects.filter(pk__in=[second, by_operator], status="CANCELLED").count() == 2
+    return second, by_operator
+
+
+def test_the_cancelled_tab_says_who_cancels_and_a_row_cancelled_for_a_failed_dependency_says_so(
+    staff: Client,
+) -> None:
+    dependant, by_operator = cancelled_by_a_failed_dependency()
+    heading = " ".join(" ".join(read(staff, "/dashboard/tasks/cancelled/").parts).split())
+    assert "cancelled by an operator, its handler or a failed dependency" in heading
+    for url in ("/dashboard/tasks/cancelled/", "/dashboard/tasks/?status=Cancelled"):
+        shown = rows(staff, url)
+        assert "Cancelled by a failed dependency" in shown[dependant], url
+        assert "dependency" not in shown[by_operator], url
+    workflow = Task.objects.get(pk=dependant).workflow_id
+    assert "Cancelled by a failed dependency" in rows(staff, f"/dashboard/workflows/{workflow}/")[dependant]
+
+
+def test_a_task_cancelled_before_it_ran_says_so_not_that_it_waits_for_an_attempt(staff: Client) -> None:
+    def text(pk: int) -> str:
+        return " ".join(" ".join(read(staff, f"/dashboard/tasks/{pk}/").parts).split())
+
+    dependant, by_operator = cancelled_by_a_failed_dependency()
+    claimed_never_started = Task.objects.enqueue(NOOP, queue="claimed").id
+    assert Task.objects.claim("w2", limit=1, queues=["claimed"])[0].id == claimed_never_started
+    Task.objects.filter(pk=claimed_never_started).cancel()
+    for pk in (by_operator, claimed_never_started):
+        assert "Cancelled before it ran: never attempted." in text(pk), pk
+    assert "Cancelled by a failed dependency before it ran: never attempted." in text(dependant)
+    for pk in (dependant, by_operator, claimed_never_started):
+        assert "Not attempted yet" not in text(pk), pk
+    assert "Not attempted yet." in text(Task.objects.enqueue(NOOP).id)  # still waiting: it may run yet

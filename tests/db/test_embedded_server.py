@@ -12,6 +12,7 @@ import json
 import os
 import pwd
 import secrets
+import shlex
 import shutil
 import stat
 import subprocess
@@ -26,6 +27,7 @@ import pytest
 
 from leasing import embedded
 from leasing.embedded import EmbeddedServer, discard, ensure_server, temporary_server
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -239,3 +241,38 @@ def test_a_socket_directory_owned_by_someone_else_is_refused(other_user: pwd.str
         EmbeddedServer.at(pgdata).stop("immediate")
         shutil.rmtree(planted, ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+# -- manage.py embedded_postgres ----------------------------------------------------------------------
+
+
+def manage_embedded_postgres(line: str, server: EmbeddedServer) -> str:
+    """A ``python manage.py embedded_postgres …`` line of docs/howto/demo.md, run as written in the demo
+    project on ``server``'s data directory (LEASING_PGDATA; no DATABASE_URL: the embedded server)."""
+    words = shlex.split(line, comments=True)
+    assert words[:3] == ["python", "manage.py", "embedded_postgres"], line
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "DJANGO_SETTINGS_MODULE"}}
+    env.update(LEASING_PGDATA=str(server.pgdata), SECRET_KEY="embedded-command-test", PYTHONUNBUFFERED="1")
+    result = subprocess.run(
+        [sys.executable, *words[1:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_manage_py_embedded_postgres_says_whether_it_runs_and_stops_it(server: EmbeddedServer) -> None:
+    from tests.helpers.doc_blocks import block_of
+
+    block = block_of("docs/howto/demo.md", "python manage.py embedded_postgres status")
+    status, stop = block.text.splitlines()
+    pid = server.pid
+    assert pid is not None
+    assert f"running (pid {pid})" in manage_embedded_postgres(status, server)
+    assert "stopped" in manage_embedded_postgres(stop, server)
+    assert server.pid is None and (server.pgdata / "PG_VERSION").exists()  # stopped, its data kept
+    # Asking does not start it again (the settings of any other command would).
+    assert "stopped" in manage_embedded_postgres(status, server)
+    assert server.pid is None
+    assert "not running" in manage_embedded_postgres(stop, server)
+    # The next command of the project starts it again, on the same data.
+    assert ensure_server(server.pgdata).pid is not None

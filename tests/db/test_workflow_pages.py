@@ -317,3 +317,23 @@ def test_hostile_query_strings_are_a_400_page_or_an_ignored_filter(staff: Client
             for value in ("%00", "%C2%B2", "9" * 5000, "9" * 20, "%ED%A0%80", "x" * 5000, "-1", "0"):
                 status = staff.get(f"{url}?{param}={value}").status_code
                 assert status in (200, 400), (url, param, value[:20], status)
+
+
+def test_a_chain_s_last_step_is_its_last_step_and_a_group_s_callback_its_callback(staff: Client) -> None:
+    import re
+
+    def words(html: str) -> str:
+        return " ".join(re.sub(r"<[^>]+>", " ", html).split())
+
+    last = chain(step(NOOP), step(NOOP), name="two steps").enqueue()
+    grouped = report_group()
+    workflow = words(staff.get(f"/dashboard/workflows/{last.id}/").content.decode())
+    assert "Last step task" in workflow and f"{last.callback_id} last step" in workflow
+    assert "callback" not in workflow.lower()
+    assert "(its last step)" in words(staff.get(f"/dashboard/tasks/{last.callback_id}/").content.decode())
+    workflow = words(staff.get(f"/dashboard/workflows/{grouped.id}/").content.decode())
+    assert "Callback task" in workflow and f"{grouped.callback_id} callback" in workflow
+    assert "last step" not in workflow
+    assert "(its callback)" in words(staff.get(f"/dashboard/tasks/{grouped.callback_id}/").content.decode())
+    listed = words(staff.get("/dashboard/workflows/").content.decode())
+    assert f"task {last.callback_id} last step" in listed and f"task {grouped.callback_id} callback" in listed

@@ -56,3 +56,19 @@ def test_an_old_backport_or_one_not_installed_as_an_app_fails_the_check(monkeypa
     if not apps.is_installed("django_tasks"):  # Django 6 settings: the backport's app is not there
         assert "INSTALLED_APPS" in found.pop("tasks.E108")
     assert found == {}
+
+
+def test_the_readme_s_settings_block_installs_the_backport_s_app_on_django_5_2() -> None:
+    """README "Add it to your project", step 2: the block a user copies is right on either Django, not
+    only with the prose above it read (tests/install/test_add_to_project.py applies it as written, on
+    the Django 5.2 leg too)."""
+    from tests.helpers.doc_blocks import block_of
+
+    block = block_of("README.md", "# settings.py\nimport django\n\nINSTALLED_APPS +=")
+    startproject = ["django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes"]
+    namespace: dict[str, Any] = {"INSTALLED_APPS": list(startproject)}
+    exec(compile(block.text, block.where, "exec"), namespace)
+    added = namespace["INSTALLED_APPS"][len(startproject) :]
+    assert added == ["leasing", "tasks", *(["django_tasks"] if django.VERSION < (6, 0) else [])]
+    # On this machine's Django 6 the line for 5.2 does not run: the block must still carry it.
+    assert re.search(r'^if django\.VERSION < \(6, 0\):.*\n +INSTALLED_APPS \+= \["django_tasks"\]', block.text, re.M)
