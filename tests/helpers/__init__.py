@@ -111,15 +111,24 @@ def sql_installed(create: str, drop: str) -> Iterator[None]:
 
 def read_message(proc: subprocess.Popen[str], timeout: float = 120.0) -> dict[str, Any]:
     """The next JSON line the child prints, or fail after ``timeout`` seconds: a ceiling for a child
-    that hangs, not a claim of speed (a child's start took over 30 s once beside the suite's load)."""
+    that hangs, not a claim of speed (a child's start took over 30 s once beside the suite's load).
+
+    Read from the pipe a byte at a time, never past the line: ``communicate()`` reads the pipe itself,
+    not the file object's buffer, so a buffered read here lost what the child printed after the line
+    (a child that raced on while the test waited for another's start: a grant's JSON cut in two)."""
     assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    if not ready:
-        raise AssertionError(f"child printed nothing within {timeout}s")
-    line = proc.stdout.readline()
-    if not line:
-        stderr = proc.stderr.read() if proc.stderr else ""
-        raise AssertionError(f"child exited ({proc.wait()}) without a message: {stderr}")
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    line = bytearray()
+    while not line.endswith(b"\n"):
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise AssertionError(f"child printed no whole line within {timeout}s: {bytes(line)!r}")
+        byte = os.read(fd, 1)
+        if not byte:
+            stderr = proc.stderr.read() if proc.stderr else ""
+            raise AssertionError(f"child exited ({proc.wait()}) without a message: {bytes(line)!r} {stderr}")
+        line += byte
     return json.loads(line)
 
 

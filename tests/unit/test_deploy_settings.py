@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import django
-
 from tests.helpers import ROOT
 from tests.helpers.doc_blocks import block_of
 
@@ -89,9 +87,7 @@ def check_deploy_in(project: Path, environment: dict[str, str]) -> subprocess.Co
 
 def readme_settings() -> list[str]:
     """The README's step 2 (the apps, TASKS, the database), as a new project appends them."""
-    apps = block_of("README.md", "# settings.py\nINSTALLED_APPS").text
-    if django.VERSION < (6, 0):  # the README: on Django 5.2 add the backport's app too
-        apps += 'INSTALLED_APPS += ["django_tasks"]\n'
+    apps = block_of("README.md", "# settings.py\nimport django\n\nINSTALLED_APPS").text  # the backport's app on 5.2
     return [apps, block_of("README.md", "# settings.py\nimport environ").text]
 
 
