@@ -41,7 +41,7 @@ def described_api() -> OpenAPI:
     a valid OpenAPI 3.1 document is its own test (tests/db/test_api_answers_documented.py): checked
     here, it would cost every process two seconds."""
     # An object schema without additionalProperties is closed: a field the API answers and the document
-    # does not name is a mismatch, as is a documented required field it leaves out.
+    # does not name is a mismatch (one it leaves out is, by the schema's own "required").
     closed = Config(spec_validator_cls=None, additional_properties_default_policy="forbid")
     return OpenAPI.from_dict(document(ROOT), config=closed)
 
@@ -95,10 +95,16 @@ def _check_unserved(response: TestResponse, where: str, route: str | None) -> No
         raise UndocumentedAnswer(f"{where}: {response['Content-Type']}, not JSON\nbody: {_excerpt(response)}")
     if method == "HEAD":
         return  # the test client drops a HEAD answer's body, as a server does
-    schema = {"$ref": "#/components/schemas/Error", "components": document(ROOT)["components"]}
-    errors = list(Draft202012Validator(schema).iter_errors(json.loads(response.content or b"null")))
+    errors = list(_error_body().iter_errors(json.loads(response.content or b"null")))
     if errors:
         raise UndocumentedAnswer(f"{where}: not the Error body: {errors[0].message}\nbody: {_excerpt(response)}")
+
+
+@functools.cache
+def _error_body() -> Draft202012Validator:
+    """The document's Error schema (OpenAPI 3.1's schemas are JSON Schema 2020-12)."""
+    schema = {"$ref": "#/components/schemas/Error", "components": document(ROOT)["components"]}
+    return Draft202012Validator(schema)
 
 
 def _explained(exc: ValidationError) -> str:
