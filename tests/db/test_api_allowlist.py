@@ -17,7 +17,7 @@ from tasks.exceptions import TaskPathRefused
 from tasks.models import Task
 from tasks.worker.process import Worker
 from tests.helpers import wait_until
-from tests.helpers.api import TOKEN
+from tests.helpers.api import TOKEN, check_answer
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.usefixtures("api_token")
@@ -30,6 +30,7 @@ def enqueue(client: Client, path: str) -> tuple[int, Any]:
     response = client.post(
         "/api/tasks", json.dumps({"task_path": path}), content_type="application/json", headers=HEADERS
     )
+    check_answer(response)
     return response.status_code, response.json()
 
 

@@ -12,21 +12,14 @@ from django.test import Client
 
 from tasks.maintenance.bulk import BulkRunner
 from tasks.models import BulkOperation, Task
-from tests.helpers.api import TOKEN
+from tests.helpers.api import TOKEN, Api
 from tests.helpers.task_paths import NOOP
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("api_token_and_reader")]
 
 
 def call(method: str, url: str, body: Any = None, *, raw: str | None = None, token: str = TOKEN) -> tuple[int, Any]:
-    client = Client()
-    headers = {"Authorization": f"Bearer {token}"}
-    if method == "GET":
-        response = client.get(url, headers=headers)
-    else:
-        data = raw if raw is not None else (json.dumps(body) if body is not None else "")
-        response = client.generic(method, url, data, content_type="application/json", headers=headers)
-    return response.status_code, json.loads(response.content) if response.content else None
+    return Api(Client(), headers={"Authorization": f"Bearer {token}"}).call(method, url, body, raw=raw)
 
 
 def failed(count: int, queue: str = "default") -> list[int]:

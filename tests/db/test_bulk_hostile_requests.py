@@ -27,7 +27,7 @@ from leasing.validation import InvalidInput
 from tasks.maintenance.bulk import BulkRunner
 from tasks.models import BulkOperation, Task
 from tasks.web.queries import search_lookups
-from tests.helpers.api import TOKEN
+from tests.helpers.api import TOKEN, check_answer
 from tests.helpers.task_paths import NOOP
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("api_token")]
@@ -42,6 +42,7 @@ def post(body: Any = None, *, raw: str | None = None) -> tuple[int, Any]:
         content_type="application/json",
         headers={"Authorization": f"Bearer {TOKEN}"},
     )
+    check_answer(response)
     return response.status_code, json.loads(response.content) if response.content else None
 
 

@@ -21,6 +21,7 @@ from tasks.models import FINISHED, Failure, Task, TaskStatus
 from tasks.worker.process import Worker
 from tests.factories import StaffFactory
 from tests.helpers import db_now, iso_time, wait_until, worker_in_thread
+from tests.helpers.api import check_answer
 from tests.testapp import outcome_handlers as oh
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -111,7 +112,9 @@ def test_a_snoozed_task_is_listed_with_its_wake_time_in_the_api_the_dashboard_an
     overview = client.get("/dashboard/").content.decode()
     assert "snoozed" in overview
 
-    shown = client.get(f"/api/tasks/{task_id}").json()["task"]
+    answer = client.get(f"/api/tasks/{task_id}")
+    check_answer(answer)
+    shown = answer.json()["task"]
     assert (shown["snoozed"], shown["snoozes"], shown["attempts"]) == (True, 1, 0)
     assert iso_time(shown["wakes_at"]) == task.run_after
 

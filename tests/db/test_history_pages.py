@@ -17,7 +17,7 @@ from tasks.models import ActivityHour, ActivityHourMark
 from tasks.web import history as views
 from tests.db.test_history import PATH, finished, hour_ago, known_hour
 from tests.factories import StaffFactory
-from tests.helpers.api import TOKEN
+from tests.helpers.api import TOKEN, check_answer
 from tests.helpers.plans import explained
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("api_token")]
@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("api_token")]
 
 def get_api(client: Client, query: str = "") -> tuple[int, Any]:
     response = client.get(f"/api/history{query}", headers={"Authorization": f"Bearer {TOKEN}"})
+    check_answer(response)
     return response.status_code, json.loads(response.content)
 
 

@@ -16,7 +16,7 @@ from leasing.access import SCOPES
 from leasing.models import Lease
 from tasks.models import Task
 from tests.factories import StaffFactory
-from tests.helpers.api import TOKEN
+from tests.helpers.api import TOKEN, check_answer
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("api_token")]
 
@@ -84,6 +84,8 @@ def send(client: Client, method: str, url: str, **headers: str) -> int:
         response = call(url, data=json.dumps({}), content_type="application/json", headers=headers)
     if response.status_code == 302 and response["Location"].startswith("/admin/login/"):
         return 401
+    if url.startswith("/api/"):
+        check_answer(response)  # every route, every method, every caller: as the OpenAPI document says
     return response.status_code
 
 

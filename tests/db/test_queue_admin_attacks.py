@@ -15,6 +15,7 @@ from django.test import Client
 from tasks.backends.placement import misrouted
 from tasks.models import QueueControl, Task
 from tests.helpers import test_database_url as database_url
+from tests.helpers.api import check_answer
 from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "second"])
@@ -167,15 +168,18 @@ def test_the_api_pauses_a_pinned_queue_where_its_workers_claim(admin_client: Cli
     Task.objects.db_manager("second").enqueue(NOOP, queue="mail")
     paused = admin_client.post("/api/queues/mail/pause?db=second", "{}", content_type="application/json")
     assert paused.status_code == 200, paused.content
+    check_answer(paused)
     assert paused.json()["queue"]["paused"]
     assert QueueControl.objects.using("second").get(name="mail").paused
     assert Task.objects.db_manager("second").claim("w1", queues=["mail"]) == []
     refused = admin_client.post("/api/queues/reports/pause?db=default", "{}", content_type="application/json")
     assert refused.status_code == 400 and refused.json()["field"] == "db"
+    check_answer(refused)
     assert not QueueControl.objects.filter(name="reports").exists()
     assert not QueueControl.objects.using("second").filter(name="reports").exists()
     resumed = admin_client.post("/api/queues/mail/resume?db=second", "{}", content_type="application/json")
     assert resumed.status_code == 200 and not QueueControl.objects.using("second").get(name="mail").paused
+    check_answer(resumed)
     assert not QueueControl.objects.using("default").exists()
 
 

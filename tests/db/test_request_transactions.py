@@ -16,6 +16,7 @@ from django.utils import timezone
 from leasing.models import Lease
 from tasks.models import Task
 from tests.factories import StaffFactory
+from tests.helpers.api import check_answer
 from tests.helpers.db_state import database_state
 
 pytestmark = pytest.mark.django_db
@@ -58,7 +59,7 @@ def api(method: str, url: str, body: Any = None, token: str = TOKEN) -> Callable
         response = getattr(client, method)(
             url, data=data, content_type="application/json", headers={"Authorization": f"Bearer {token}"}
         )
-        assert response["Content-Type"].startswith("application/json")
+        check_answer(response)  # JSON, as the OpenAPI document describes it
         return response.status_code
 
     return send

@@ -14,6 +14,7 @@ from leasing.models import Lease
 from tasks.maintenance.scheduler import SCHEDULER_LEASE, SlotWriter, database_now
 from tasks.maintenance.schedules import load_schedules
 from tasks.models import Schedule, ScheduleRun, Task
+from tests.helpers.api import check_answer
 from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db
@@ -91,6 +92,7 @@ def test_the_schedule_page_lists_runs_with_their_tasks(staff: Client) -> None:
 
 def api_get(client: Client, url: str) -> tuple[int, Any]:
     response = client.get(url, headers={"Authorization": f"Bearer {TOKEN}"})
+    check_answer(response)
     return response.status_code, json.loads(response.content)
 
 

@@ -6,7 +6,6 @@ Found by a bug hunt (breaker) on issue 13's several databases."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ from django.test import Client
 
 from leasing.models import Lease
 from tasks.models import Task
-from tests.helpers.api import TOKEN
+from tests.helpers.api import Api
 from tests.helpers.task_paths import NOOP
 
 pytestmark = [pytest.mark.django_db(databases=["default", "second"]), pytest.mark.usefixtures("routes")]
@@ -35,15 +34,7 @@ HOSTILE = [
 
 
 def api(client: Client, method: str, url: str, body: Any = None) -> tuple[int, Any]:
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    if method == "GET":
-        response = client.get(url, headers=headers)
-    else:
-        response = getattr(client, method.lower())(
-            url, data=json.dumps(body) if body is not None else "", content_type="application/json", headers=headers
-        )
-    assert response["Content-Type"].startswith("application/json"), (url, response.status_code)
-    return response.status_code, json.loads(response.content) if response.content else None
+    return Api(client).call(method, url, body)
 
 
 def snapshot() -> list[tuple[str, int, str, int | None]]:

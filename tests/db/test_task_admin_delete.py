@@ -22,6 +22,7 @@ from tasks.models import Failure, Task
 from tasks.workflows import chain, step
 from tests.factories import StaffFactory
 from tests.helpers import wait_until
+from tests.helpers.api import check_answer
 from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -191,4 +192,5 @@ def test_the_json_api_has_no_delete_of_a_task(client: Client) -> None:
         response = client.delete(url)
         assert response.status_code == 405, (url, response.status_code)
         assert "DELETE" not in response["Allow"]
+        check_answer(response)
     assert Task.objects.get(pk=running).status == "RUNNING"

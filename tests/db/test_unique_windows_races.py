@@ -20,6 +20,7 @@ from tasks.lifecycle import concurrency
 from tasks.maintenance.retention import prune
 from tasks.models import Task, TaskStatus, UniqueKey
 from tests.helpers import db_now, wait_until
+from tests.helpers.api import check_answer
 from tests.helpers.connections import OnItsOwnConnection, waits_for_a_lock
 from tests.helpers.task_paths import NOOP
 
@@ -268,5 +269,6 @@ def test_the_api_answers_a_refused_requeue_with_409_naming_the_key_and_its_task(
     response = client.post(f"/api/tasks/{old}/requeue", headers={"Authorization": "Bearer races-token"})
     body = json.loads(response.content)
     assert response.status_code == 409, body
+    check_answer(response)
     assert "debounce key 'feed:7'" in body["error"] and f"task {newer}" in body["error"]
     assert Task.objects.get(pk=old).status == TaskStatus.CANCELLED

@@ -1,9 +1,14 @@
 """The OpenAPI 3.1 document of the JSON API, served at ``/api/openapi.json``.
 
-Why one module of ~850 lines (over the 700 of docs/CONTRIBUTING.md): it is one document, data and
+Why one module of ~1,000 lines (over the 700 of docs/CONTRIBUTING.md): it is one document, data and
 no logic, read top to bottom as a reader of the API reads it; its paths share the schemas defined at
 the top (``STRING``, ``TOKEN``, ``ERROR``, ...), and split in files each path would import them back.
-``tests/db/test_api.py`` reads it whole (every route of the API described)."""
+
+The tests hold the API to it: ``tests/db/test_api.py`` checks that it names every route and exactly
+the methods each serves, and every answer a test gets is validated against its operation's
+responses (tests/helpers/api.py), an object's undeclared field refused. So an answer object lists
+all its fields, ``required`` all but the conditional ones (``_object``), and free-form ones say so
+(``ANY_OBJECT``)."""
 
 from __future__ import annotations
 
@@ -23,10 +28,18 @@ PAGE = [
 ]
 STATUSES = ["AWAITING", "BLOCKED", "READY", "RUNNING", "SUCCESSFUL", "FAILED", "CANCELLED"]
 WORKFLOW_STATUSES = ["RUNNING", "SUCCESSFUL", "FAILED", "CANCELLED"]
+_STAMP = {"type": ["string", "null"], "format": "date-time"}
 ERROR = {
     "type": "object",
     "required": ["error"],
-    "properties": {"error": {"type": "string"}, "field": {"type": "string"}},
+    "additionalProperties": False,
+    "properties": {
+        "error": {"type": "string"},
+        "field": {"type": "string", "description": "the body field or query parameter refused"},
+        "status": {"type": "string", "description": "409: the status of the task, workflow or bulk operation"},
+        "holder": {"type": ["string", "null"], "description": "409 on a lease: who holds it now"},
+        "expires_at": {**_STAMP, "description": "409 on a lease: when the current holder's lease expires"},
+    },
 }
 
 
@@ -45,33 +58,54 @@ def _body(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
     }
 
 
-def _responses(ok: int, schema: dict[str, Any], *errors: int) -> dict[str, Any]:
+def _responses(ok: int | tuple[int, ...], schema: dict[str, Any], *errors: int) -> dict[str, Any]:
+    """``ok`` the success status(es), each answering ``schema``; every operation may answer 400 (its
+    query string is checked), 401 and 403."""
     described = {
-        400: "invalid body or query",
+        400: "invalid body or query (any route: a query string that cannot be stored, an unknown ?db=)",
         401: "no valid credentials",
         403: "not staff, CSRF token missing, or without the route's permission (a token: its scope)",
         404: "unknown id",
         409: "conflict: held by another holder, lease lost, or already finished",
     }
-    responses: dict[str, Any] = {str(ok): {"description": "success", **_json(schema)}}
-    for status in sorted({401, 403, *errors}):
-        responses[str(status)] = {"description": described[status], **_json(ERROR)}
+    responses: dict[str, Any] = {
+        str(status): {"description": "success", **_json(schema)} for status in (ok if isinstance(ok, tuple) else (ok,))
+    }
+    for status in sorted({400, 401, 403, *errors}):
+        responses[str(status)] = {"description": described[status], **_json(_ref("Error"))}
     return responses
 
 
-def _op(summary: str, ok: int, schema: dict[str, Any], *errors: int, **extra: Any) -> dict[str, Any]:
+def _op(summary: str, ok: int | tuple[int, ...], schema: dict[str, Any], *errors: int, **extra: Any) -> dict[str, Any]:
     return {"summary": summary, "responses": _responses(ok, schema, *errors), **extra}
 
 
-LEASE_LIST = {"type": "object", "properties": {"leases": {"type": "array", "items": _ref("Lease")}, "next": {}}}
-TASK_LIST = {"type": "object", "properties": {"tasks": {"type": "array", "items": _ref("Task")}, "next": {}}}
-ONE_TASK = {"type": "object", "properties": {"task": _ref("Task")}}
-_TIMES = {
-    "type": "object",
-    "description": "seconds; null when no task was timed",
-    "properties": {name: {"type": ["number", "null"]} for name in ("mean", "max", "p50", "p95", "p99")}
+def _object(properties: dict[str, Any], *optional: str, **extra: Any) -> dict[str, Any]:
+    """An object the API answers: every property is in every answer, but the ``optional`` ones. The
+    tests hold each answer to it and refuse a field it does not name (tests/helpers/api.py)."""
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": [name for name in properties if name not in optional],
+        **extra,
+    }
+
+
+def _list(name: str, item: dict[str, Any]) -> dict[str, Any]:
+    return _object({name: {"type": "array", "items": item}, "next": NEXT})
+
+
+#: Any keys (a handler's arguments, a lease's metadata, ...): said so, as an answer's objects are closed.
+ANY_OBJECT = {"type": "object", "additionalProperties": True}
+NEXT = {"type": ["string", "null"], "description": "the query string of the next page; null on the last"}
+LEASE_LIST = _list("leases", _ref("Lease"))
+TASK_LIST = _list("tasks", _ref("Task"))
+ONE_TASK = _object({"task": _ref("Task")})
+_TIMES = _object(
+    {name: {"type": ["number", "null"]} for name in ("mean", "max", "p50", "p95", "p99")}
     | {"count": {"type": "integer"}},
-}
+    description="seconds; null when no task was timed",
+)
 _HISTORY_COUNTS: dict[str, Any] = {
     **{
         name: {"type": "integer", "minimum": 0}
@@ -81,58 +115,47 @@ _HISTORY_COUNTS: dict[str, Any] = {
     "wait_seconds": _TIMES,
     "run_seconds": _TIMES,
 }
-HISTORY = {
-    "type": "object",
-    "properties": {
+HISTORY = _object(
+    {
         "hours": {"type": "integer"},
         "queue": {"type": ["string", "null"]},
         "task_path": {"type": ["string", "null"]},
-        "totals": {"type": "object", "properties": _HISTORY_COUNTS},
+        "totals": _object(_HISTORY_COUNTS),
         "series": {
             "type": "array",
             "description": "one entry per hour, oldest first; counted: false until the rollup has counted it",
-            "items": {
-                "type": "object",
-                "properties": {"hour": {"type": "string", "format": "date-time"}, "counted": {"type": "boolean"}}
-                | _HISTORY_COUNTS,
-            },
+            "items": _object(
+                {"hour": {"type": "string", "format": "date-time"}, "counted": {"type": "boolean"}} | _HISTORY_COUNTS
+            ),
         },
         "keys": {
             "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"queue": {"type": "string"}, "task_path": {"type": "string"}} | _HISTORY_COUNTS,
-            },
+            "items": _object({"queue": {"type": "string"}, "task_path": {"type": "string"}} | _HISTORY_COUNTS),
         },
-    },
-}
-WORKFLOW_LIST = {
-    "type": "object",
-    "properties": {"workflows": {"type": "array", "items": _ref("Workflow")}, "next": {}},
-}
+    }
+)
+WORKFLOW_LIST = _list("workflows", _ref("Workflow"))
 WORKFLOW_PROPERTIES: dict[str, Any] = {
     "workflow": _ref("Workflow"),
-    "members": {
-        "type": "object",
-        "description": "the workflow's tasks per status (every status, 0 when none)",
-        "properties": {status: {"type": "integer", "minimum": 0} for status in STATUSES},
-    },
+    "members": _object(
+        {status: {"type": "integer", "minimum": 0} for status in STATUSES},
+        description="the workflow's tasks per status (every status, 0 when none)",
+    ),
     "callback": {
         "oneOf": [
-            {
-                "type": "object",
-                "properties": {
+            _object(
+                {
                     "id": {"type": "integer"},
                     "status": {"oneOf": [{"enum": STATUSES}, {"type": "null"}], "description": "null: pruned"},
-                },
-            },
+                }
+            ),
             {"type": "null"},
         ]
     },
 }
-ONE_WORKFLOW = {"type": "object", "properties": WORKFLOW_PROPERTIES}
+ONE_WORKFLOW = _object(WORKFLOW_PROPERTIES)
 WORKER_TOKEN = {"worker": HOLDER, "token": TOKEN}
-ONE_BULK = {"type": "object", "properties": {"operation": _ref("BulkOperation")}}
+ONE_BULK = _object({"operation": _ref("BulkOperation")})
 #: A stored schedule's entry: the keys of a LEASING_TASKS["SCHEDULES"] entry (validated as they are).
 SCHEDULE_ENTRY = {
     "task": {"type": "string", "maxLength": 255, "description": "import path the API allow-list admits"},
@@ -140,7 +163,7 @@ SCHEDULE_ENTRY = {
     "interval": {"type": ["number", "null"], "minimum": 0.001},
     "timezone": {"type": ["string", "null"], "maxLength": 255},
     "args": {"type": "array"},
-    "kwargs": {"type": "object"},
+    "kwargs": ANY_OBJECT,
     "queue": {"type": "string", "minLength": 1, "maxLength": 100},
     "priority": {"type": "integer", "minimum": -100, "maximum": 100},
     "catch_up": {"enum": ["skip", "last", "all"]},
@@ -150,20 +173,120 @@ SCHEDULE_ENTRY = {
     "fair_key": {"type": ["string", "null"], "maxLength": 255},
     "paused": {"type": "boolean"},
 }
-STORED_SCHEDULE = {
-    "type": "object",
-    "properties": {
+#: What the scheduler runs (tasks/maintenance/schedules.py ``ScheduleSpec.definition``).
+SCHEDULE_DEFINITION = _object(
+    {
+        **{name: schema for name, schema in SCHEDULE_ENTRY.items() if name != "paused"},
+        "timezone": {"type": ["string", "null"], "description": "a cron's; null for an interval"},
+        "enabled": {"type": "boolean"},
+    },
+    "fair_key",
+)
+STORED_SCHEDULE = _object(
+    {
         "name": {"type": "string"},
         "kind": {"enum": ["stored"]},
         "paused": {"type": "boolean"},
         "revision": TOKEN,
-        "entry": {"type": "object"},
-        "definition": {"type": ["object", "null"]},
+        "entry": {
+            "type": "object",
+            "description": "the keys stored (arguments redacted as a task's)",
+            "properties": {name: schema for name, schema in SCHEDULE_ENTRY.items() if name != "paused"},
+        },
+        "definition": {
+            "oneOf": [SCHEDULE_DEFINITION, {"type": "null"}],
+            "description": "null: the entry is not valid any more (its task path no longer allowed, ...)",
+        },
         "effective_from": {"type": "string", "format": "date-time"},
         "created_at": {"type": "string", "format": "date-time"},
         "updated_at": {"type": "string", "format": "date-time"},
-    },
-}
+    }
+)
+#: A schedule as ``GET /schedules`` lists it (tasks/web/api/schedules.py ``schedule_json``).
+SCHEDULE = _object(
+    {
+        "name": {"type": "string"},
+        "declared": {"type": "boolean", "description": "false: a progress row whose schedule is gone"},
+        "kind": {"enum": ["settings", "stored", None]},
+        "paused": {"type": "boolean"},
+        "revision": {"type": ["integer", "null"], "description": "a stored schedule's"},
+        "error": {"type": ["string", "null"], "description": "why a stored schedule is not run"},
+        "enabled": {"type": "boolean"},
+        "definition": {
+            **ANY_OBJECT,
+            "description": "what runs (as a stored schedule's definition); not valid: the entry stored; gone"
+            " from settings: its last definition",
+        },
+        "description": {"type": "string"},
+        "last_run": {
+            "oneOf": [
+                _object(
+                    {
+                        "slot": _STAMP,
+                        "task_id": {"type": "integer"},
+                        "task_status": {"oneOf": [{"enum": STATUSES}, {"type": "null"}], "description": "null: pruned"},
+                    }
+                ),
+                {"type": "null"},
+            ]
+        },
+        "last_enqueued_at": _STAMP,
+        "next_run": _STAMP,
+        "enqueued": {"type": "integer"},
+        "skipped": {"type": "integer"},
+    }
+)
+SCHEDULE_RUN = _object(
+    {
+        "slot": _STAMP,
+        "task_id": {"type": ["integer", "null"]},
+        "task_status": {"oneOf": [{"enum": STATUSES}, {"type": "null"}], "description": "null: pruned"},
+        "enqueued_at": _STAMP,
+        "token": {"type": ["integer", "null"]},
+    }
+)
+QUEUE = _object(
+    {
+        "name": {"type": "string"},
+        "paused": {"type": "boolean"},
+        "waiting": {"type": "integer", "minimum": 0},
+        "waiting_capped": {"type": "boolean", "description": "more than waiting (its cap)"},
+        "blocked": {"type": "integer", "minimum": 0, "description": "waiting for a concurrency slot"},
+        "blocked_capped": {"type": "boolean"},
+        "running": {"type": "integer", "minimum": 0},
+        "fair": {"type": "boolean", "description": "claims take turns between its keys"},
+        "fair_keys": {"type": "integer", "minimum": 0, "description": "keys with waiting tasks"},
+        "fair_keys_capped": {"type": "boolean"},
+        "changed_at": {**_STAMP, "description": "last paused or resumed"},
+        "changed_by": {"type": "string"},
+        "reason": {"type": "string"},
+    }
+)
+GENERATOR = _object(
+    {
+        "name": {"type": "string"},
+        "running": {"type": "boolean"},
+        "rate": {"type": "number"},
+        "max_sleep": {"type": "number"},
+        "queue": {"type": "string"},
+        "generated": {"type": "integer"},
+        "leader": {"type": ["string", "null"], "description": "the instance holding the generator lease"},
+        "leader_expires_at": _STAMP,
+        "leader_sees_running": {"type": "boolean"},
+    }
+)
+RATE_KEY = _object(
+    {
+        "key": {"type": "string"},
+        "limit": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2},
+        "starts_in_window": {"type": "integer"},
+        "full": {"type": "boolean"},
+        "granted": {"type": "integer"},
+        "refused": {"type": "integer"},
+        "last_refused_until": _STAMP,
+        "last_decided_at": _STAMP,
+    }
+)
 NO_BODY = {
     "required": False,
     "content": {"application/json": {"schema": {"type": "object", "additionalProperties": False}}},
@@ -210,7 +333,7 @@ def document(server_url: str = "/api") -> dict[str, Any]:
             "post": _op(
                 "Acquire a lease",
                 201,
-                {"type": "object", "properties": {"grant": _ref("Grant"), "lease": _ref("Lease")}},
+                _object({"grant": _ref("Grant"), "lease": _ref("Lease")}),
                 400,
                 409,
                 requestBody=_body(
@@ -223,7 +346,7 @@ def document(server_url: str = "/api") -> dict[str, Any]:
             "put": _op(
                 "Renew a lease you hold",
                 200,
-                {"type": "object", "properties": {"grant": _ref("Grant")}},
+                _object({"grant": _ref("Grant")}),
                 400,
                 404,
                 409,
@@ -239,11 +362,11 @@ def document(server_url: str = "/api") -> dict[str, Any]:
         },
         "/leases/{id}": {
             "parameters": [ID],
-            "get": _op("One lease", 200, {"type": "object", "properties": {"lease": _ref("Lease")}}, 404),
+            "get": _op("One lease", 200, _object({"lease": _ref("Lease")}), 404),
             "delete": _op(
                 "Release a lease you hold",
                 200,
-                {"type": "object", "properties": {"released": {"type": "boolean"}, "lease": _ref("Lease")}},
+                _object({"released": {"type": "boolean"}, "lease": _ref("Lease")}),
                 400,
                 404,
                 409,
@@ -275,18 +398,17 @@ def document(server_url: str = "/api") -> dict[str, Any]:
             "post": _op(
                 "Enqueue a task (200 with created=false when an unfinished task has the dedup_key, its "
                 "unique_for window is open, or the enqueue was folded into its waiting debounced task)",
-                201,
-                {
-                    "type": "object",
-                    "properties": {
+                (201, 200),
+                _object(
+                    {
                         "task": {
                             "oneOf": [_ref("Task"), {"type": "null"}],
                             "description": "null only when a window's task was pruned before its window ended",
                         },
                         "task_id": {"type": "integer"},
                         "created": {"type": "boolean"},
-                    },
-                },
+                    }
+                ),
                 400,
                 requestBody=_body(
                     {
@@ -349,9 +471,8 @@ def document(server_url: str = "/api") -> dict[str, Any]:
             "post": _op(
                 "Claim the next runnable task(s) under a lease (task is null when there is none)",
                 200,
-                {
-                    "type": "object",
-                    "properties": {
+                _object(
+                    {
                         "task": {"oneOf": [_ref("Task"), {"type": "null"}]},
                         "tasks": {"type": "array", "items": _ref("Task")},
                         "fair_after": {
@@ -359,7 +480,8 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                             "description": "from a fair queue only: send it back as fair_after (where the turns go on)",
                         },
                     },
-                },
+                    "fair_after",
+                ),
                 400,
                 requestBody=_body(
                     {
@@ -419,7 +541,7 @@ def document(server_url: str = "/api") -> dict[str, Any]:
             "put": _op(
                 "Report a failed attempt (retried with backoff unless retry=false or out of attempts)",
                 200,
-                {"type": "object", "properties": {"task": _ref("Task"), "retrying": {"type": "boolean"}}},
+                _object({"task": _ref("Task"), "retrying": {"type": "boolean"}}),
                 400,
                 404,
                 409,
@@ -450,10 +572,7 @@ def document(server_url: str = "/api") -> dict[str, Any]:
             "get": _op(
                 "List bulk operations, newest first",
                 200,
-                {
-                    "type": "object",
-                    "properties": {"operations": {"type": "array", "items": _ref("BulkOperation")}, "next": {}},
-                },
+                _list("operations", _ref("BulkOperation")),
                 400,
                 parameters=PAGE,
             ),
@@ -461,7 +580,7 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                 "Request a bulk retry, cancel or discard of every task matching a filter: 202 with the operation"
                 " to poll (the recovery leader works through it in batches); a refused request writes nothing",
                 202,
-                {"type": "object", "properties": {"operation": _ref("BulkOperation"), "poll": {"type": "string"}}},
+                _object({"operation": _ref("BulkOperation"), "poll": {"type": "string", "description": "its URL"}}),
                 400,
                 requestBody=_body({"kind": {"enum": ["retry", "cancel", "discard"]}, "filter": BULK_FILTER}, ["kind"]),
             ),
@@ -504,7 +623,7 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                 "Cancel a running workflow: every unfinished member is cancelled (a running one's worker loses"
                 " its lease); 409 when it has already ended",
                 200,
-                {"type": "object", "properties": {**WORKFLOW_PROPERTIES, "cancelled": {"type": "integer"}}},
+                _object({**WORKFLOW_PROPERTIES, "cancelled": {"type": "integer"}}),
                 400,
                 404,
                 409,
@@ -515,11 +634,11 @@ def document(server_url: str = "/api") -> dict[str, Any]:
             ),
         },
         "/generator": {
-            "get": _op("Demo generator state and leader", 200, {"type": "object"}),
+            "get": _op("Demo generator state and leader", 200, _object({"generator": GENERATOR})),
             "put": _op(
                 "Change the generator's desired state (reaches the leader from any replica)",
                 200,
-                {"type": "object"},
+                _object({"generator": GENERATOR}),
                 400,
                 requestBody=_body(
                     {
@@ -536,7 +655,7 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                 "Rate keys started most recently (at most 50), those at their limit first: starts in the window "
                 "ending now, the limit, and the starts granted and refused (handed back) so far",
                 200,
-                {"type": "object", "properties": {"rate_keys": {"type": "array"}}},
+                _object({"rate_keys": {"type": "array", "items": RATE_KEY}}),
             )
         },
         "/schedules": {
@@ -544,7 +663,16 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                 "Periodic tasks: every schedule, declared in settings or stored (kind), with its last and next run"
                 " and its paused state",
                 200,
-                {"type": "object", "properties": {"scheduler": {"type": "object"}, "schedules": {"type": "array"}}},
+                _object(
+                    {
+                        "scheduler": _object({"leader": {"type": ["string", "null"]}}),
+                        "schedules": {"type": "array", "items": SCHEDULE},
+                        "settings_error": {
+                            "type": ["string", "null"],
+                            "description": "LEASING_TASKS['SCHEDULES'] is invalid: only the stored ones are listed",
+                        },
+                    }
+                ),
             ),
             "post": _op(
                 "Store a schedule (a settings entry's keys, validated as settings are; the task must be one the"
@@ -562,7 +690,7 @@ def document(server_url: str = "/api") -> dict[str, Any]:
             "get": _op(
                 "One schedule and its runs (each with its task), newest first",
                 200,
-                {"type": "object", "properties": {"schedule": {"type": "object"}, "runs": {"type": "array"}}},
+                _object({"schedule": SCHEDULE, "runs": {"type": "array", "items": SCHEDULE_RUN}, "next": NEXT}),
                 400,
                 404,
                 parameters=[
@@ -593,7 +721,7 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                 "Delete a stored schedule: nothing more is enqueued; its progress row and runs stay as history."
                 " 409 for a schedule declared in settings",
                 200,
-                {"type": "object", "properties": {"deleted": {"type": "string"}, "revision": TOKEN}},
+                _object({"deleted": {"type": "string"}, "revision": TOKEN}),
                 404,
                 409,
             ),
@@ -627,7 +755,7 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                 "Every known queue: paused or not, waiting, waiting for a concurrency slot (blocked; both capped"
                 " at 10,000) and running tasks",
                 200,
-                {"type": "object", "properties": {"queues": {"type": "array"}}},
+                _object({"queues": {"type": "array", "items": QUEUE}}),
             )
         },
         "/history": {
@@ -662,7 +790,7 @@ def document(server_url: str = "/api") -> dict[str, Any]:
             "post": _op(
                 "Pause a queue: no worker or client claims from it from its next claim; running tasks finish",
                 200,
-                {"type": "object", "properties": {"queue": {"type": "object"}}},
+                _object({"queue": QUEUE}),
                 400,
                 409,
                 requestBody={
@@ -680,12 +808,18 @@ def document(server_url: str = "/api") -> dict[str, Any]:
             "post": _op(
                 "Resume a paused queue (idle workers are woken at once)",
                 200,
-                {"type": "object", "properties": {"queue": {"type": "object"}}},
+                _object({"queue": QUEUE}),
                 400,
             ),
         },
+        "/openapi.json": {
+            "get": _op(
+                "This document; its server is where the API is mounted",
+                200,
+                {**ANY_OBJECT, "required": ["openapi", "info", "paths"]},
+            )
+        },
     }
-    stamp = {"type": ["string", "null"], "format": "date-time"}
     return {
         "openapi": "3.1.0",
         "info": {
@@ -711,37 +845,38 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                 "session": {"type": "apiKey", "in": "cookie", "name": "sessionid"},
             },
             "schemas": {
-                "Grant": {
-                    "type": "object",
-                    "properties": {
+                "Error": ERROR,
+                "Grant": _object(
+                    {
                         "resource": {"type": "string"},
                         "holder": {"type": "string"},
                         "token": {"type": "integer"},
-                        "acquired_at": stamp,
-                        "expires_at": stamp,
-                    },
-                },
-                "Lease": {
-                    "type": "object",
-                    "properties": {
+                        "acquired_at": _STAMP,
+                        "expires_at": _STAMP,
+                    }
+                ),
+                "Lease": _object(
+                    {
                         "id": {"type": "integer"},
                         "resource": {"type": "string"},
-                        "holder": {"type": "string"},
-                        "token": {"type": "integer"},
-                        "state": {"enum": ["active", "renewed", "expired", "released"]},
-                        "created_at": stamp,
-                        "acquired_at": stamp,
-                        "renewed_at": stamp,
-                        "released_at": stamp,
-                        "expires_at": stamp,
+                        "holder": {"type": ["string", "null"]},
+                        "token": {"type": ["integer", "null"]},
+                        "state": {
+                            "enum": ["active", "renewed", "expired", "released", "unheld"],
+                            "description": "unheld: a row never granted (no expiry)",
+                        },
+                        "created_at": _STAMP,
+                        "acquired_at": _STAMP,
+                        "renewed_at": _STAMP,
+                        "released_at": _STAMP,
+                        "expires_at": _STAMP,
                         "renewals": {"type": "integer"},
                         "transitions": {"type": "integer"},
                         "metadata": {},
-                    },
-                },
-                "Task": {
-                    "type": "object",
-                    "properties": {
+                    }
+                ),
+                "Task": _object(
+                    {
                         "id": {"type": "integer"},
                         "task_path": {"type": "string"},
                         "queue": {"type": "string"},
@@ -752,45 +887,71 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                             "type": "boolean",
                             "description": "kept in the finished history (tasks_finished): no action changes it",
                         },
-                        "concurrency_key": {"type": ["string", "null"]},
-                        "concurrency_limit": {"type": ["integer", "null"]},
-                        "rate_key": {"type": ["string", "null"]},
-                        "rate_limit": {"type": ["array", "null"], "description": "[count, seconds]"},
-                        "rate_refusals": {"type": "integer"},
+                        "args": {"type": "array", "description": "redacted (REDACT_ARGUMENTS) but for its claimer"},
+                        "kwargs": ANY_OBJECT,
+                        "attempts": {"type": "integer"},
+                        "max_attempts": {"type": "integer"},
+                        "timeout": {"type": ["number", "null"], "description": "seconds an attempt may run"},
                         "dedup_key": {"type": ["string", "null"]},
                         "unique_window": {
+                            **_object({"key": {"type": "string"}, "accepted_at": _STAMP, "expires_at": _STAMP}),
                             "type": ["object", "null"],
                             "description": "the unique_for window this task opened, while open (GET /tasks/{id} "
                             "and the enqueue only)",
-                            "properties": {"key": {"type": "string"}, "accepted_at": stamp, "expires_at": stamp},
                         },
                         "debounce_key": {"type": ["string", "null"]},
-                        "debounce_until": {**stamp, "description": "debounces never push its start past this"},
+                        "debounce_until": {**_STAMP, "description": "debounces never push its start past this"},
                         "debounces": {
                             "type": ["integer", "null"],
                             "description": "enqueues folded into it while it waited (null: not debounced)",
                         },
+                        "concurrency_key": {"type": ["string", "null"]},
                         "fair_key": {"type": ["string", "null"]},
-                        "args": {"type": "array"},
-                        "kwargs": {"type": "object"},
-                        "attempts": {"type": "integer"},
-                        "max_attempts": {"type": "integer"},
+                        "concurrency_limit": {"type": ["integer", "null"]},
+                        "rate_key": {"type": ["string", "null"]},
+                        "rate_limit": {
+                            "type": ["array", "null"],
+                            "items": {"type": "number"},
+                            "description": "[count, seconds]",
+                        },
+                        "rate_refusals": {"type": "integer"},
+                        "run_after": _STAMP,
+                        "enqueued_at": _STAMP,
+                        "started_at": _STAMP,
+                        "last_attempted_at": _STAMP,
+                        "finished_at": _STAMP,
                         "holder": {"type": ["string", "null"]},
                         "token": {"type": ["integer", "null"]},
-                        "expires_at": stamp,
+                        "expires_at": _STAMP,
+                        "renewed_at": _STAMP,
                         "progress": {},
                         "output": {},
-                        "errors": {"type": "array"},
+                        "errors": {
+                            "type": "array",
+                            "description": "every failed attempt's error, oldest first",
+                            "items": {
+                                **ANY_OBJECT,
+                                "properties": {
+                                    "message": {"type": "string"},
+                                    "traceback": {"type": "string"},
+                                    "traceback_truncated": {
+                                        "type": "boolean",
+                                        "description": "in a list: its last 500 characters (the task has it whole)",
+                                    },
+                                },
+                            },
+                        },
                         "errors_dropped": {"type": "integer"},
                         "snoozes": {"type": "integer", "description": "times its handler snoozed it (not attempts)"},
                         "snoozed": {"type": "boolean", "description": "waiting after its handler snoozed it"},
-                        "wakes_at": {**stamp, "description": "when a snoozed task runs again (its run_after)"},
+                        "wakes_at": {**_STAMP, "description": "when a snoozed task runs again (its run_after)"},
                         "cancel_reason": {
                             "type": ["string", "null"],
                             "description": "why its handler cancelled it (tasks.exceptions.Cancel)",
                         },
                         "retry_policy": {
                             "type": ["object", "null"],
+                            "additionalProperties": True,
                             "description": "the retry policy given at enqueue (docs/howto/retries.md)",
                         },
                         "worker_ids": {"type": "array", "items": {"type": "string"}},
@@ -801,10 +962,10 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                             "description": "tasks it depends on that are not final yet (AWAITING until 0)",
                         },
                     },
-                },
-                "BulkOperation": {
-                    "type": "object",
-                    "properties": {
+                    "unique_window",
+                ),
+                "BulkOperation": _object(
+                    {
                         "id": {"type": "integer"},
                         "kind": {"enum": ["retry", "cancel", "discard"]},
                         "filter": BULK_FILTER,
@@ -820,17 +981,16 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                         "cursor": {"type": "integer", "description": "the last task id gone through"},
                         "last_id": {"type": "integer", "description": "the newest task id when requested"},
                         "requested_by": {"type": "string"},
-                        "created_at": stamp,
-                        "started_at": stamp,
-                        "updated_at": stamp,
-                        "finished_at": stamp,
+                        "created_at": _STAMP,
+                        "started_at": _STAMP,
+                        "updated_at": _STAMP,
+                        "finished_at": _STAMP,
                         "error": {"type": ["string", "null"]},
                         "url": {"type": "string"},
-                    },
-                },
-                "Workflow": {
-                    "type": "object",
-                    "properties": {
+                    }
+                ),
+                "Workflow": _object(
+                    {
                         "id": {"type": "integer"},
                         "name": {"type": "string"},
                         "kind": {"enum": ["chain", "group", "graph"]},
@@ -840,10 +1000,10 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                         "failed": {"type": "integer", "description": "members that ended FAILED or CANCELLED"},
                         "remaining": {"type": "integer", "description": "members not final yet"},
                         "callback_id": {"type": ["integer", "null"]},
-                        "created_at": stamp,
-                        "finished_at": stamp,
-                    },
-                },
+                        "created_at": _STAMP,
+                        "finished_at": _STAMP,
+                    }
+                ),
             },
         },
     }
