@@ -141,11 +141,15 @@ class SharedFairCursor:
             return
         with self._lock:
             while self._claims:  # newest first, back to the earliest handed back (as far as remembered)
-                at, before = self._claims.pop()
+                at, before = self._claims[-1]
                 if at < earliest:
                     break
+                self._claims.pop()
                 self._value = before
-            self._claims.clear()
+            # The older claims stay remembered: a drain hands back in two steps (what no executor
+            # had taken at once, what an executor gives back later), and the later one may be of an
+            # earlier claim (clearing them left the cursor past that claim's keys: a lap without
+            # their turn).
 
     def sync(self) -> None:
         """Write a move back, unless the last write is less than ``interval`` old (the first at once)."""

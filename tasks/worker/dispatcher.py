@@ -208,7 +208,9 @@ class Dispatcher:
             )
             self._abandon(census.overdue)
             self.slots.release_returned()
-            self.handbacks.take_returns()
+            returned = self.handbacks.take_returns()
+            if session.draining.is_set():
+                self._rewind_fair_cursor(returned)  # given back by an executor after the drain began
             for due in self.handbacks.take_refused():
                 heapq.heappush(self._rate_wakes, due)
             while self._rate_wakes and self._rate_wakes[0] <= clock.monotonic():
@@ -687,7 +689,7 @@ class Dispatcher:
         self.reservation.release()
         self._abandon(self.ledger.census(clock.monotonic()).overdue)
         self.slots.release_returned()  # handlers still running keep theirs: recovery frees them once we stop
-        self.handbacks.take_returns()
+        self._rewind_fair_cursor(self.handbacks.take_returns())
         self.handbacks.take_refused()
         self.handbacks.take_handbacks()
         # Outcomes may still arrive while the last rounds are in flight: write until none is left.

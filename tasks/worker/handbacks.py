@@ -69,10 +69,11 @@ class HandBacks:
         self.ledger.remove(e.key for e, _, _ in refused)
         return [due for _, due, _ in refused]
 
-    def take_returns(self) -> None:
+    def take_returns(self) -> list[Execution]:
+        """Claims the executors could not begin go back to the queue, uncharged; returns them."""
         returns = self.mailbox.take_returns()
         if not returns:
-            return
+            return []
         # Lapsed ones too: "lost" is this worker's own (early) verdict; if the row is still ours, it
         # goes back now rather than after its lease (the compare-and-set refuses the rest).
         self._send(
@@ -80,6 +81,7 @@ class HandBacks:
         )
         self.session.handed_back += len(returns)
         self.ledger.remove(e.key for e in returns)
+        return returns
 
     def unstarted(self, waiting: list[Execution] | None = None) -> list[Execution]:
         """On drain, claims not yet begun go back to the queue at once, uncharged: those the executors

@@ -212,6 +212,21 @@ def test_a_stop_handing_back_unstarted_claims_rewinds_to_where_the_earliest_bega
     assert cursor.current() == "t05"
     cursor.advance("t09", claim=6.0)
     cursor.rewind([0.5])  # older than anything remembered: as far back as is remembered
-    assert cursor.current() == "t05"
+    assert cursor.current() is None
     cursor.rewind([6.0])  # nothing remembered any more: the cursor stays
-    assert cursor.current() == "t05"
+    assert cursor.current() is None
+
+
+def test_a_drain_handing_back_in_two_steps_rewinds_to_the_earliest_of_both() -> None:
+    """A drain hands back what no executor had taken at once, and what an executor gives back later:
+    the later step may be of an earlier claim. The first rewind forgot every older claim, so the
+    second left the cursor past that claim's keys (a fair test's next life started four keys on,
+    on a loaded machine)."""
+    cursor = SharedFairCursor("fair", "default", interval=3600)
+    cursor.advance("t03", claim=1.0)
+    cursor.advance("t07", claim=2.0)  # taken by an executor, given back after the drain began
+    cursor.advance("t11", claim=3.0)  # never handed to an executor
+    cursor.rewind([3.0])
+    assert cursor.current() == "t07"
+    cursor.rewind([2.0])
+    assert cursor.current() == "t03"
