@@ -34,14 +34,44 @@ def prefixes_of(names: tuple[str, ...]) -> dict[str, str]:
     return dict(zip(names, ("a-", "m-", "z-"), strict=True))
 
 
+#: leasing_lease's indexes and constraints but its primary key: (name, CREATE INDEX, constraint, its definition).
+SECONDARY_INDEXES_SQL = """
+SELECT i.indexname, i.indexdef, con.conname, pg_get_constraintdef(con.oid)
+FROM pg_indexes i
+LEFT JOIN pg_constraint con ON con.conname = i.indexname AND con.conrelid = 'leasing_lease'::regclass
+WHERE i.schemaname = current_schema() AND i.tablename = 'leasing_lease' AND i.indexname <> 'leasing_lease_pkey'
+ORDER BY i.indexname
+"""
+
+
 def fill(names: tuple[str, ...]) -> None:
     """200,000 expired, 5,000 held and 1,000,000 released leases, named so that the states sort in the
-    order ``names`` gives."""
+    order ``names`` gives. The secondary indexes are dropped for the inserts and built again after
+    (the same indexes and constraints, by their own definitions): building one sorts the rows once,
+    where 1.2 M inserts each walked seven indexes (13.5 s of an order's 18.5 s; about half with the
+    build). The plans below read the rebuilt indexes as a migrated table's."""
     prefixes = prefixes_of(names)
-    add(prefixes["e-"], 200_000, released=False, expires_in="-1 hour")
-    add(prefixes["h-"], 5_000, released=False, expires_in="1 hour")
-    add(prefixes["r-"], 1_000_000, released=True, expires_in="-1 day")
     with connection.cursor() as cursor:
+        cursor.execute(SECONDARY_INDEXES_SQL)
+        indexes = cursor.fetchall()
+        assert len(indexes) >= 6, indexes  # the unique resource and its pattern twin, holder, expiry, two states
+        for name, _definition, constraint, _constraint_definition in indexes:
+            cursor.execute(
+                f'ALTER TABLE leasing_lease DROP CONSTRAINT "{constraint}"' if constraint else f'DROP INDEX "{name}"'
+            )
+        try:
+            add(prefixes["e-"], 200_000, released=False, expires_in="-1 hour")
+            add(prefixes["h-"], 5_000, released=False, expires_in="1 hour")
+            add(prefixes["r-"], 1_000_000, released=True, expires_in="-1 day")
+        finally:  # the indexes come back whatever failed: the next test in this database needs them
+            for _name, definition, constraint, constraint_definition in indexes:
+                cursor.execute(
+                    f'ALTER TABLE leasing_lease ADD CONSTRAINT "{constraint}" {constraint_definition}'
+                    if constraint
+                    else definition
+                )
+        cursor.execute(SECONDARY_INDEXES_SQL)
+        assert cursor.fetchall() == indexes
         cursor.execute("VACUUM ANALYZE leasing_lease")
 
 
