@@ -8,7 +8,6 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -17,6 +16,8 @@ from typing import Any
 from urllib.parse import quote
 
 from django.db import connection
+
+from tests.helpers import zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,8 +68,8 @@ def child_env(**extra: str) -> dict[str, str]:
 
 def start_child(helper: str, *args: str, **env: str) -> subprocess.Popen[str]:
     """Start ``tests/helpers/<helper>.py``'s ``main(args)`` in a new process, with pipes for JSON lines."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.helpers.child", helper, *args],
+    return zygote.popen_python(
+        ["-m", "tests.helpers.child", helper, *args],
         cwd=ROOT,
         env=child_env(**env),
         stdin=subprocess.PIPE,
@@ -179,17 +180,15 @@ def emit(**message: Any) -> None:
 def start_manage(log_path: Path, command: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
     """Start ``python manage.py command args`` on the test database, logging to ``log_path``
     (a file, not a pipe: a worker that logs a lot would block on a full pipe nobody reads)."""
-    log = open(log_path, "ab")  # noqa: SIM115 (closed by the caller through stop_process)
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", command, *args],
-        cwd=ROOT,
-        env=child_env(**env),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    log.close()  # the child has its own copy
-    return proc
+    with open(log_path, "ab") as log:  # the child has its own copy
+        return zygote.popen_python(
+            ["manage.py", command, *args],
+            cwd=ROOT,
+            env=child_env(**env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def stop_process(proc: subprocess.Popen[Any], timeout: float = 30.0) -> int:
