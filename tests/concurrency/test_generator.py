@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,23 +71,17 @@ def test_status_and_state_validation() -> None:
 
 def test_generator_control_commands(tmp_path: Path) -> None:
     from tests.helpers import child_env
+    from tests.helpers.zygote import run_python
 
-    done = subprocess.run(
-        [sys.executable, "manage.py", "run_generator", "--start", "--rate", "7"],
+    done = run_python(
+        ["manage.py", "run_generator", "--start", "--rate", "7"],
         cwd=Path(__file__).resolve().parents[2],
         env=child_env(),
-        capture_output=True,
-        text=True,
         check=True,
     )
     assert "desired=running rate=7.0/s" in done.stdout
-    bad = subprocess.run(
-        [sys.executable, "manage.py", "run_generator", "--rate", "-1"],
-        cwd=Path(__file__).resolve().parents[2],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        check=False,
+    bad = run_python(
+        ["manage.py", "run_generator", "--rate", "-1"], cwd=Path(__file__).resolve().parents[2], env=child_env()
     )
     assert bad.returncode != 0
     assert "must be positive" in bad.stderr

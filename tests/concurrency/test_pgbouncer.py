@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from collections import defaultdict
 from typing import Any
 
@@ -29,6 +27,7 @@ from tests.helpers import ROOT, child_env, wait_until
 from tests.helpers import test_database_url as direct_url
 from tests.helpers.pgbouncer import Bouncer
 from tests.helpers.workers import Workers
+from tests.helpers.zygote import run_python
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -88,14 +87,11 @@ for path in (reverse("tasks:overview"), reverse("tasks:task-state", args=["succe
     print(path, response.status_code, len(response.content))
     assert response.status_code == 200, (path, response.status_code)
 """
-    done = subprocess.run(
-        [sys.executable, "-c", script],
+    done = run_python(
+        ["-c", script],
         cwd=ROOT,
         env=child_env(DATABASE_URL=url, DATABASE_POOLED="true"),
-        capture_output=True,
-        text=True,
         timeout=120,
-        check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout

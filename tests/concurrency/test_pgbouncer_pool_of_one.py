@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from tasks.models import Task, TaskStatus
 from tests.helpers import ROOT, child_env, wait_until
 from tests.helpers.pgbouncer import Bouncer
 from tests.helpers.workers import Workers
+from tests.helpers.zygote import run_python
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -122,14 +121,11 @@ print("held", sorted(resources))
 def test_lease_heartbeats_through_a_pool_of_one_leave_no_session_state(bouncer_pool_of_1: Bouncer) -> None:
     """Lease heartbeats (a plain lease and two slots of a semaphore) renew through a pool of one
     server connection, which the test's own reads share; the session keeps the server's defaults."""
-    done = subprocess.run(
-        [sys.executable, "-c", LEASE_SCRIPT],
+    done = run_python(
+        ["-c", LEASE_SCRIPT],
         cwd=ROOT,
         env=child_env(DATABASE_URL=pooled_url(bouncer_pool_of_1), DATABASE_POOLED="true"),
-        capture_output=True,
-        text=True,
         timeout=120,
-        check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "held" in done.stdout

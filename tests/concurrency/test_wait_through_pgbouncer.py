@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from typing import Any
 
 import psycopg
@@ -23,6 +22,7 @@ from tasks.testing import run_until_empty
 from tests.helpers import ROOT, child_env, wait_until
 from tests.helpers.pgbouncer import Bouncer
 from tests.helpers.task_paths import NOOP
+from tests.helpers.zygote import popen_python
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -108,8 +108,8 @@ def test_many_waiters_through_the_pooler_poll_and_end_at_each_final_status(
     plan += [[untouched, 1.0]] * PER_TASK
     env = child_env(DATABASE_URL=bouncer_pool_of_2.url(dbname), DATABASE_POOLED="true" if declared else "false")
     env.pop("DIRECT_DATABASE_URL", None)
-    child = subprocess.Popen(
-        [sys.executable, "-c", script, json.dumps(plan)],
+    child = popen_python(
+        ["-c", script, json.dumps(plan)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

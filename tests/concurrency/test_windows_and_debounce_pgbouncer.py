@@ -25,7 +25,6 @@ import datetime as dt
 import itertools
 import json
 import subprocess
-import sys
 import threading
 from collections import defaultdict
 from typing import Any
@@ -39,6 +38,7 @@ from tests.helpers import ROOT, child_env, ensure_ended, iso_time, read_message,
 from tests.helpers.pgbouncer import Bouncer
 from tests.helpers.task_paths import NOOP
 from tests.helpers.workers import Workers
+from tests.helpers.zygote import popen_python
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -132,8 +132,8 @@ sys.stdin.readline()
 def run_children(bouncer: Bouncer, role: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
     env = child_env(DATABASE_URL=bouncer.url(connection.settings_dict["NAME"]), DATABASE_POOLED="true")
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CHILD, role, f"{role}-{n}", json.dumps(spec)],
+        popen_python(
+            ["-c", CHILD, role, f"{role}-{n}", json.dumps(spec)],
             cwd=ROOT,
             env=env,
             stdin=subprocess.PIPE,

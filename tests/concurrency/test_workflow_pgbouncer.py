@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from typing import Any
 
 import psycopg
@@ -21,6 +19,7 @@ from tasks.models import Task, Workflow
 from tests.helpers import ROOT, child_env, wait_until
 from tests.helpers.pgbouncer import Bouncer
 from tests.helpers.workers import Workers
+from tests.helpers.zygote import run_python
 from tests.testapp.models import Effect, Once
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -44,14 +43,11 @@ print(json.dumps({"group": g.id, "callback": g.callback_id, "chain": c.id, "step
 def test_workflows_through_pgbouncer_with_a_kill(bouncer_pool_of_3: Bouncer, workers: Workers) -> None:
     dbname = connection.settings_dict["NAME"]
     pooled: dict[str, Any] = {"DATABASE_URL": bouncer_pool_of_3.url(dbname), "DATABASE_POOLED": "true"}
-    done = subprocess.run(
-        [sys.executable, "-c", ENQUEUE],
+    done = run_python(
+        ["-c", ENQUEUE],
         cwd=ROOT,
         env=child_env(**pooled),
-        capture_output=True,
-        text=True,
         timeout=120,
-        check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     made = json.loads(done.stdout.strip().splitlines()[-1])

@@ -5,8 +5,6 @@ and a statement over thousands of keys admits for each of them (tasks/lifecycle/
 from __future__ import annotations
 
 import datetime as dt
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +17,7 @@ from tasks.lifecycle import concurrency
 from tasks.models import ConcurrencyKey, ConcurrencyWake, Task, TaskStatus
 from tests.helpers import child_env, wait_until
 from tests.helpers.task_paths import NOOP
+from tests.helpers.zygote import run_python
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -80,13 +79,7 @@ def test_a_deferred_task_of_a_key_after_a_thousand_full_ones_is_admitted_by_reco
     wait_until(lambda: due_now(late), 10, 0.05, what="the deferred task to come due")
     runs = 0
     while status(late) == TaskStatus.BLOCKED and runs < 2:
-        subprocess.run(
-            [sys.executable, "manage.py", "recover_tasks", "--once"],
-            cwd=ROOT,
-            env=child_env(),
-            check=True,
-            capture_output=True,
-        )
+        run_python(["manage.py", "recover_tasks", "--once"], cwd=ROOT, env=child_env(), check=True)
         runs += 1
     assert status(late) == TaskStatus.READY
     assert runs == 1  # within one round

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,6 +14,7 @@ from django.db import connection
 from tests.helpers import ROOT, child_env, wait_until
 from tests.helpers import test_database_url as database_url  # not collected as a test
 from tests.helpers.pgproxy import PgProxy
+from tests.helpers.zygote import run_python
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -133,14 +132,11 @@ def test_a_dropped_reply_fails_a_django_process_whose_write_committed(proxy: PgP
         "from django.db import connection\n"
         "connection.cursor().execute(\"INSERT INTO pgproxy_probe (id, note) VALUES (3, 'from a child')\")\n"
     )
-    child = subprocess.run(
-        [sys.executable, "-c", script],
+    child = run_python(
+        ["-c", script],
         cwd=ROOT,
         env=child_env(DATABASE_URL=proxy_url),
-        capture_output=True,
-        text=True,
         timeout=60,
-        check=False,
     )
     assert child.returncode == 1
     assert "django.db.utils.OperationalError: consuming input failed: server closed the connection" in child.stderr

@@ -5,7 +5,6 @@ no, and an undeclared transaction pooler costs a fallback, not a failure (tasks/
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 from django.db import connection, transaction
@@ -15,6 +14,7 @@ from leasing.bounds import bound, unbound
 from tasks.lifecycle import prepared
 from tasks.models import Task
 from tests.helpers import ROOT, child_env
+from tests.helpers.zygote import popen_python
 
 pytestmark = pytest.mark.django_db
 
@@ -148,8 +148,8 @@ print(claimed, len(refused))
 def test_an_undeclared_transaction_pooler_costs_a_fallback_not_a_failure(bouncer_pool_of_2):
     url = bouncer_pool_of_2.url(connection.settings_dict["NAME"])
     clients = [
-        subprocess.Popen(
-            [sys.executable, "-c", CLIENT, str(index)],
+        popen_python(
+            ["-c", CLIENT, str(index)],
             cwd=ROOT,
             env=child_env(DATABASE_URL=url),  # not declared pooled
             stdout=subprocess.PIPE,

@@ -39,6 +39,7 @@ import tempfile
 import threading
 import time
 import traceback
+import types
 from pathlib import Path
 from typing import Any
 
@@ -184,9 +185,9 @@ def run_child(request: dict[str, Any], fds: list[int]) -> int:
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         elif argv[0] == "-c":
             sys.argv = ["-c", *argv[2:]]
-            main = sys.modules["__main__"]
-            main.__dict__.clear()
-            main.__dict__.update(__name__="__main__", __builtins__=builtins)
+            main = types.ModuleType("__main__")  # not the server's own __main__, which runs this
+            main.__dict__["__builtins__"] = builtins
+            sys.modules["__main__"] = main
             exec(compile(argv[1], "<string>", "exec"), main.__dict__)
         else:
             sys.argv = list(argv)
@@ -317,6 +318,27 @@ def popen_python(
             os.close(fd)
     proc.attach(ours[0], ours[1], ours[2], text=text)
     return proc
+
+
+def run_python(
+    argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float | None = None, check: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run([sys.executable, *argv], capture_output=True, text=True, ...)`` through
+    :func:`popen_python`; the child is killed when ``timeout`` passes, as ``run`` kills it."""
+    proc = popen_python(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        raise
+    done = subprocess.CompletedProcess([sys.executable, *argv], proc.returncode, out, err)
+    if check:
+        done.check_returncode()
+    return done
 
 
 _server: ForkServer | None = None
