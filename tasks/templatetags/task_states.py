@@ -3,11 +3,12 @@ and the action buttons that fit a set of statuses."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django import template
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils.html import conditional_escape, format_html
+from django.utils.safestring import SafeString, mark_safe
 
 from tasks.lifecycle import vocabulary
 from tasks.lifecycle.states import TaskStatus
@@ -138,3 +139,17 @@ def attempts_cell(task: Any) -> str:
             task.max_attempts,
         )
     return f"{task.attempts}/{task.max_attempts}"
+
+
+#: The characters an identifier breaks after when its cell is narrower than it: the separators of a
+#: task path (``app.tasks.send``), a worker id (``name:suffix``), a queue or key (``a-b_c/d``).
+#: None of them is changed by escaping, and no entity escaping writes holds one.
+_SEPARATOR = re.compile(r"([./:_-])")
+
+
+@register.filter
+def breakable(value: Any) -> SafeString:
+    """``value`` escaped, with a line-break opportunity (``<wbr>``) after each separator: a narrow
+    column breaks ``tests.testapp.handlers.noop`` at its dots rather than inside a word
+    (``defaul|t``), which it still does for a single word longer than the column."""
+    return mark_safe(_SEPARATOR.sub(r"\1<wbr>", conditional_escape("" if value is None else str(value))))
