@@ -160,8 +160,9 @@ class TaskAdmin(CheckedInputAdmin):
     # Search is exact on indexed columns (get_search_results): no LIKE '%…%' over the table.
     search_fields = ("=id", "=dedup_key", "=holder", "=task_path")
     search_help_text = (
-        'Exact id, dedup key, worker id (holder) or task path; kwargs:{"customer": 7} or args:[7] searches the'
-        " arguments (with the opt-in index: manage.py tasks_search_index create)."
+        "Exact id, dedup key, worker id (holder) or task path, whole or its last part (send_email finds"
+        ' app.tasks.send_email); kwargs:{"customer": 7} or args:[7] searches the arguments (with the opt-in'
+        " index: manage.py tasks_search_index create). Nothing matches a part of a word."
     )
     show_full_result_count = False  # no full-table COUNT on a large queue
     show_facets = admin.ShowFacets.NEVER  # facet counts would COUNT every filter choice over the table

@@ -116,9 +116,12 @@ def _all_of(conditions: list[Q]) -> Q | None:
     return reduce(operator.and_, conditions) if conditions else None
 
 
-def listings(filters: Filters, using: str) -> list[Listing]:
-    """One :class:`Listing` per group of statuses read the same way."""
-    lookups: list[Q] | None = search_lookups(filters.search) if filters.search else None  # may raise InvalidInput
+def listings(filters: Filters, using: str, matched_paths: list[str] | None = None) -> list[Listing]:
+    """One :class:`Listing` per group of statuses read the same way (the task paths a search named by
+    their last part appended to ``matched_paths``)."""
+    lookups: list[Q] | None = (
+        search_lookups(filters.search, matched_paths) if filters.search else None
+    )  # may raise InvalidInput
     times: list[Q] = []
     if filters.enqueued_after is not None:
         times.append(Q(enqueued_at__gte=filters.enqueued_after))
@@ -152,10 +155,12 @@ def listings(filters: Filters, using: str) -> list[Listing]:
     return result
 
 
-def page(filters: Filters, *, using: str, limit: int, before: int | None) -> Page:
+def page(
+    filters: Filters, *, using: str, limit: int, before: int | None, matched_paths: list[str] | None = None
+) -> Page:
     """One page of the merged listings: the newest ``limit`` tasks below ``before`` that every group
     has looked at (a group cut short by its window stops the page where it stopped)."""
-    pages = [listing.page(limit=limit, before=before) for listing in listings(filters, using)]
+    pages = [listing.page(limit=limit, before=before) for listing in listings(filters, using, matched_paths)]
     if len(pages) == 1:
         return pages[0]
     horizon = max((p.next_before for p in pages if p.next_before is not None), default=None)

@@ -188,8 +188,9 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
     queue = filter_value(request, "queue", lambda v: clean_text(v, "queue", max_length=100))
     search = filter_value(request, "q", lambda v: clean_text(v, "search", max_length=255))
     before = filter_value(request, "before", lambda v: parse_whole(v, "before", low=1, high=MAX_BIGINT))
+    matched_paths: list[str] = []
     try:
-        listing = queries.state_listing(state, queue=queue, search=(search or "").strip())
+        listing = queries.state_listing(state, queue=queue, search=(search or "").strip(), matched_paths=matched_paths)
     except InvalidInput as exc:  # an argument search without its index, or malformed
         messages.error(request, f"Search refused: {exc.message}.")
         listing = queries.Listing(Task.objects.none(), (), lookups=[])
@@ -219,6 +220,7 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
             "scan_window": queries.SCAN_WINDOW,
             "queue": queue or "",
             "query": search or "",
+            "matched_paths": matched_paths,
             "now": timezone.now(),
             # "All matching" goes to the bulk page with this status (and queue) filled in; a running
             # task is never a bulk operation's. A view (Retrying, Snoozed) is no status a bulk filter
@@ -338,11 +340,14 @@ def _refused(request: HttpRequest, reason: str, back: str) -> HttpResponse:
 @staff_page(GET=[VIEW_TASK])
 def every_task(request: HttpRequest) -> HttpResponse:
     """Every task, newest first, filtered (tasks/web/all_tasks.py); a bad filter is a 400 page."""
+    matched_paths: list[str] = []
     try:
         filters = all_tasks.parse_filters(request.GET, request.GET.getlist)
         text = request.GET.get("before", "").strip()
         before = parse_whole(text, "before", low=1, high=MAX_BIGINT) if text else None
-        page = all_tasks.page(filters, using=selected_database(), limit=PAGE_SIZE, before=before)
+        page = all_tasks.page(
+            filters, using=selected_database(), limit=PAGE_SIZE, before=before, matched_paths=matched_paths
+        )
     except InvalidInput as exc:
         return bad_request_page(request, exc.message)
     shown = {task.status for task in page.tasks}
@@ -354,6 +359,7 @@ def every_task(request: HttpRequest) -> HttpResponse:
         {
             "filters": filters,
             "params": request.GET,
+            "matched_paths": matched_paths,
             "statuses": vocabulary.STATUSES.values(),
             "tasks": page.tasks,
             "next_before": page.next_before,

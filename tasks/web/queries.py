@@ -29,6 +29,7 @@ so conditions on them (a live or expired lease) need no index of their own.
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import reduce
@@ -191,16 +192,68 @@ class Page:
     scanned_to: int | None = None
 
 
-def search_lookups(term: str) -> list[Q]:
-    """Exact lookups for a search term: the id, a dedup key, a holder (worker id), a task path.
-    Each is an equality on an indexed column; a term that fits none finds nothing. An argument search
-    (``kwargs:{…}``, ``args:[…]``) is one containment lookup served by its opt-in GIN index
-    (tasks/web/argument_search.py); raises InvalidInput when that index is absent (or the term is
-    malformed) rather than scan the table."""
+#: The task paths that hold a task, each read by one index probe (a loose index scan: the next path
+#: after the last one found), from tasks_task's task-path index (READY and finished rows), from
+#: tasks_finished's, and from the running, awaiting and blocked rows (at most 5,000 of those read:
+#: no task-path index holds them). At most %(limit)s paths; a cost that grows with the number of
+#: distinct paths, never with the number of tasks.
+TASK_PATHS_SQL = """
+WITH RECURSIVE live(path) AS (
+    (SELECT task_path FROM tasks_task WHERE status = ANY(%(not_running)s::text[]) ORDER BY task_path LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.task_path FROM tasks_task AS t
+            WHERE t.status = ANY(%(not_running)s::text[]) AND t.task_path > live.path ORDER BY t.task_path LIMIT 1)
+    FROM live WHERE live.path IS NOT NULL
+), moved(path) AS (
+    (SELECT task_path FROM tasks_finished ORDER BY task_path LIMIT 1)
+    UNION ALL
+    SELECT (SELECT f.task_path FROM tasks_finished AS f WHERE f.task_path > moved.path ORDER BY f.task_path LIMIT 1)
+    FROM moved WHERE moved.path IS NOT NULL
+)
+SELECT DISTINCT path FROM (
+    (SELECT path FROM live WHERE path IS NOT NULL LIMIT %(limit)s)
+    UNION ALL
+    (SELECT path FROM moved WHERE path IS NOT NULL LIMIT %(limit)s)
+    UNION ALL
+    (SELECT task_path FROM tasks_task WHERE status = ANY(%(own_way)s::text[]) ORDER BY status, id DESC LIMIT 5000)
+) AS paths
+"""
+#: How many distinct task paths a search by a path's last part looks among, and expands to.
+TASK_PATHS_READ = 1000
+LAST_PART_MATCHES = 5
+_LAST_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def paths_ending_with(term: str, using: str) -> list[str]:
+    """The task paths (of tasks the database holds) whose last part is ``term`` (``send_email`` finds
+    ``app.tasks.send_email``): what people type. At most :data:`LAST_PART_MATCHES`, in order."""
+    if not _LAST_PART.fullmatch(term):
+        return []
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            TASK_PATHS_SQL,
+            {
+                "not_running": [str(status) for status in NOT_RUNNING_STATUSES],
+                "own_way": [str(TaskStatus.RUNNING), str(TaskStatus.AWAITING), str(TaskStatus.BLOCKED)],
+                "limit": TASK_PATHS_READ,
+            },
+        )
+        paths = sorted(path for (path,) in cursor.fetchall() if path.rsplit(".", 1)[-1] == term and path != term)
+    return paths[:LAST_PART_MATCHES]
+
+
+def search_lookups(term: str, matched_paths: list[str] | None = None) -> list[Q]:
+    """Exact lookups for a search term: the id, a dedup key, a holder (worker id), a task path, whole
+    or by its last part (each path it names, :func:`paths_ending_with`, appended to ``matched_paths``
+    when given: the page says what the term matched). Each is an equality on an indexed column; a
+    term that fits none finds nothing. An argument search (``kwargs:{…}``, ``args:[…]``) is one
+    containment lookup served by its opt-in GIN index (tasks/web/argument_search.py); raises
+    InvalidInput when that index is absent (or the term is malformed) rather than scan the table."""
     term = term.strip()
     if not term or "\x00" in term:
         return []
-    argument = argument_lookup(term, selected_database())
+    using = selected_database()
+    argument = argument_lookup(term, using)
     if argument is not None:
         return [argument]
     lookups = []
@@ -212,6 +265,10 @@ def search_lookups(term: str) -> list[Q]:
         lookups.append(Q(holder=term))
     if len(term) <= 255:
         lookups.append(Q(task_path=term))
+        for path in paths_ending_with(term, using):
+            lookups.append(Q(task_path=path))
+            if matched_paths is not None:
+                matched_paths.append(path)
     return lookups
 
 
@@ -576,8 +633,11 @@ class Listing:
         return [extents[index] for index in range(len(parts))]
 
 
-def state_listing(state: str, *, queue: str | None = None, search: str = "") -> Listing:
-    """A dashboard state's tasks, optionally in one queue and matching a search."""
+def state_listing(
+    state: str, *, queue: str | None = None, search: str = "", matched_paths: list[str] | None = None
+) -> Listing:
+    """A dashboard state's tasks, optionally in one queue and matching a search (the task paths it
+    named by their last part appended to ``matched_paths``)."""
     spec = STATES[state]
     base = spec.base()
     if queue and "\x00" in queue:  # no queue has that name (PostgreSQL text cannot hold NUL)
@@ -585,7 +645,7 @@ def state_listing(state: str, *, queue: str | None = None, search: str = "") -> 
     lookups: list[Q] | None = None
     unindexed: list[Q] = []  # conditions left over once a lookup's index drives the scan
     if search:
-        lookups = search_lookups(search)
+        lookups = search_lookups(search, matched_paths)
         if queue:
             unindexed.append(Q(queue=queue))
     elif queue:

@@ -2,6 +2,32 @@
 -- included). Generated from the module's constants by `python manage.py tasks_schema --write`; do
 -- not edit: change the module, then regenerate (tests/unit/test_sql_files.py compares them).
 
+-- name: TASK_PATHS_SQL
+-- : The task paths that hold a task, each read by one index probe (a loose index scan: the next path
+-- : after the last one found), from tasks_task's task-path index (READY and finished rows), from
+-- : tasks_finished's, and from the running, awaiting and blocked rows (at most 5,000 of those read:
+-- : no task-path index holds them). At most %(limit)s paths; a cost that grows with the number of
+-- : distinct paths, never with the number of tasks.
+WITH RECURSIVE live(path) AS (
+    (SELECT task_path FROM tasks_task WHERE status = ANY(%(not_running)s::text[]) ORDER BY task_path LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.task_path FROM tasks_task AS t
+            WHERE t.status = ANY(%(not_running)s::text[]) AND t.task_path > live.path ORDER BY t.task_path LIMIT 1)
+    FROM live WHERE live.path IS NOT NULL
+), moved(path) AS (
+    (SELECT task_path FROM tasks_finished ORDER BY task_path LIMIT 1)
+    UNION ALL
+    SELECT (SELECT f.task_path FROM tasks_finished AS f WHERE f.task_path > moved.path ORDER BY f.task_path LIMIT 1)
+    FROM moved WHERE moved.path IS NOT NULL
+)
+SELECT DISTINCT path FROM (
+    (SELECT path FROM live WHERE path IS NOT NULL LIMIT %(limit)s)
+    UNION ALL
+    (SELECT path FROM moved WHERE path IS NOT NULL LIMIT %(limit)s)
+    UNION ALL
+    (SELECT task_path FROM tasks_task WHERE status = ANY(%(own_way)s::text[]) ORDER BY status, id DESC LIMIT 5000)
+) AS paths;
+
 -- name: QUEUE_STATS_SQL
 -- Loose index scans over the claim index (tasks_task_claim_idx: queue, priority DESC, run_after, ...
 -- WHERE READY): each step finds the next queue name after the previous one (one index descent), so
