@@ -43,6 +43,9 @@ def test_demo_starts_serves_and_stops_cleanly(tmp_path: Path) -> None:
         wait_until(lambda: Task.objects.filter(status="SUCCESSFUL").exists(), 60, what="generated work to be done")
         children = psutil.Process(demo.pid).children(recursive=True)
         assert len(children) >= 7  # web, 3 workers, 2 generators, recovery (and the fair queue's worker)
+        # The demo prints its addresses once its own request to the web server was answered, which
+        # may come after the test's: wait for the last of those lines, then read them.
+        wait_until(lambda: "Login:" in (tmp_path / "demo.log").read_text(), 60, what="the demo's addresses")
         log = (tmp_path / "demo.log").read_text()
         assert "Dashboard: http://127.0.0.1:" in log
         assert "Login:     demo / " in log
