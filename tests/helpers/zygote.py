@@ -15,8 +15,8 @@ server answers ``{"pid": N}`` once forked, then ``{"code": C}`` when the child e
 ``Popen.returncode``: minus the signal's number when a signal ended it), and closes.
 :class:`ForkedProcess` is the test's side: a ``subprocess.Popen`` in every way the tests use one.
 
-``LEASING_TEST_FORK_SERVER=0`` makes :func:`tests.helpers.start_manage` and ``start_child`` exec a new
-interpreter instead, as they did before.
+Off by default (:func:`enabled`): ``LEASING_TEST_FORK_SERVER=1`` makes :func:`tests.helpers.start_manage`,
+``start_child``, :func:`popen_python` and :func:`run_python` fork; otherwise they exec a new interpreter.
 """
 
 from __future__ import annotations
@@ -271,12 +271,13 @@ def popen_python(
     stdout: Any = None,
     stderr: Any = None,
     text: bool = False,
+    fork: bool | None = None,
 ) -> subprocess.Popen[Any]:
     """``subprocess.Popen([sys.executable, *argv], start_new_session=True, ...)`` for ``manage.py …``,
     ``-m module …`` or ``-c script …``, forked from the fork server when it is enabled. Each stream is
     None (the test process's own), ``subprocess.PIPE``, ``subprocess.DEVNULL``, ``subprocess.STDOUT``
-    (stderr only) or a file object."""
-    if not enabled():
+    (stderr only) or a file object. ``fork``: forked or exec'd whatever :func:`enabled` says."""
+    if not (enabled() if fork is None else fork):
         return subprocess.Popen(
             [sys.executable, *argv],
             cwd=cwd,
@@ -321,11 +322,17 @@ def popen_python(
 
 
 def run_python(
-    argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float | None = None, check: bool = False
+    argv: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    timeout: float | None = None,
+    check: bool = False,
+    fork: bool | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``subprocess.run([sys.executable, *argv], capture_output=True, text=True, ...)`` through
     :func:`popen_python`; the child is killed when ``timeout`` passes, as ``run`` kills it."""
-    proc = popen_python(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = popen_python(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, fork=fork)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -354,7 +361,10 @@ def server() -> ForkServer:
 
 
 def enabled() -> bool:
-    return os.environ.get("LEASING_TEST_FORK_SERVER", "1") != "0" and hasattr(os, "pidfd_open")
+    """Whether the tests' children are forked: ``LEASING_TEST_FORK_SERVER=1``. Off by default until
+    the two timing-dependent failures its faster starts brought out are understood (stop 61's note:
+    a fair life's second claim passed over, a pooler test's clients never all queued)."""
+    return os.environ.get("LEASING_TEST_FORK_SERVER", "0") == "1" and hasattr(os, "pidfd_open")
 
 
 class ForkedProcess(subprocess.Popen):

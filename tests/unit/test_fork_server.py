@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, wait_until
-from tests.helpers.zygote import enabled, popen_python, run_python, server
-
-pytestmark = pytest.mark.skipif(not enabled(), reason="LEASING_TEST_FORK_SERVER=0: children are exec'd")
+from tests.helpers.zygote import popen_python, run_python, server
 
 ENV = {"PATH": os.environ.get("PATH", ""), "PYTHONUNBUFFERED": "1"}
 
@@ -28,7 +26,7 @@ def test_exit_code_streams_environment_cwd_and_arguments(tmp_path: Path) -> None
         "print('oops', file=sys.stderr)\n"
         "sys.exit(3)\n"
     )
-    done = run_python(["-c", script, "a", "b c"], cwd=tmp_path, env={**ENV, "ONLY_HERE": "yes"})
+    done = run_python(fork=True, argv=["-c", script, "a", "b c"], cwd=tmp_path, env={**ENV, "ONLY_HERE": "yes"})
     assert done.returncode == 3
     assert done.stdout == f"yes {tmp_path} ['a', 'b c']\n"
     assert done.stderr == "oops\n"
@@ -36,7 +34,7 @@ def test_exit_code_streams_environment_cwd_and_arguments(tmp_path: Path) -> None
 
 
 def test_a_signal_ends_it_as_popen_reports_and_wait_times_out_while_it_runs() -> None:
-    proc = popen_python(["-c", "import time\nwhile True: time.sleep(1)"], cwd=ROOT, env=ENV)
+    proc = popen_python(fork=True, argv=["-c", "import time\nwhile True: time.sleep(1)"], cwd=ROOT, env=ENV)
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(0.2)
     assert proc.poll() is None
@@ -48,7 +46,8 @@ def test_a_signal_ends_it_as_popen_reports_and_wait_times_out_while_it_runs() ->
 
 def test_stdin_pipe_and_a_log_file(tmp_path: Path) -> None:
     proc = popen_python(
-        ["-c", "import sys; print(sys.stdin.read().upper())"],
+        fork=True,
+        argv=["-c", "import sys; print(sys.stdin.read().upper())"],
         cwd=ROOT,
         env=ENV,
         stdin=subprocess.PIPE,
@@ -61,7 +60,8 @@ def test_stdin_pipe_and_a_log_file(tmp_path: Path) -> None:
     log = tmp_path / "log"
     with open(log, "ab") as file:
         proc = popen_python(
-            ["-c", "import sys; print('out'); print('err', file=sys.stderr)"],
+            fork=True,
+            argv=["-c", "import sys; print('out'); print('err', file=sys.stderr)"],
             cwd=ROOT,
             env=ENV,
             stdout=file,
@@ -78,9 +78,9 @@ def test_it_exits_as_the_interpreter_joining_threads_and_running_atexit() -> Non
         "threading.Thread(target=lambda: (time.sleep(0.1), print('thread'))).start()\n"
         "raise SystemExit('a message')\n"
     )
-    done = run_python(["-c", script], cwd=ROOT, env=ENV, timeout=60)
+    done = run_python(fork=True, argv=["-c", script], cwd=ROOT, env=ENV, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (1, "thread\natexit\n", "a message\n")
-    raised = run_python(["-c", "raise ValueError('boom')"], cwd=ROOT, env=ENV, timeout=60)
+    raised = run_python(fork=True, argv=["-c", "raise ValueError('boom')"], cwd=ROOT, env=ENV, timeout=60)
     assert raised.returncode == 1
     assert "ValueError: boom" in raised.stderr
 
@@ -92,7 +92,7 @@ def test_each_child_reads_its_own_settings_none_shared_with_the_server() -> None
     names = []
     for name in ("first_db", "second_db"):
         env = {**ENV, "DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": f"postgres://u@localhost/{name}"}
-        done = run_python(["-c", script], cwd=ROOT, env=env, timeout=120)
+        done = run_python(fork=True, argv=["-c", script], cwd=ROOT, env=env, timeout=120)
         assert done.returncode == 0, done.stderr
         names.append(done.stdout.split()[-1])
     assert names == ["first_db", "second_db"]
@@ -100,7 +100,10 @@ def test_each_child_reads_its_own_settings_none_shared_with_the_server() -> None
 
 def test_a_manage_py_command_runs_as_its_main() -> None:
     done = run_python(
-        ["manage.py", "help", "run_worker"], cwd=ROOT, env={**ENV, "DATABASE_URL": "postgres://u@localhost/x"}
+        fork=True,
+        argv=["manage.py", "help", "run_worker"],
+        cwd=ROOT,
+        env={**ENV, "DATABASE_URL": "postgres://u@localhost/x"},
     )
     assert done.returncode == 0, done.stderr
     assert "usage: manage.py run_worker" in done.stdout
