@@ -98,8 +98,9 @@ class SharedFairCursor:
         self._stored: str | None = None  # the table's value as this claimer last read or wrote it
         self._read_due = 0.0  # local clock: a failed read is tried again from then on
         self._write_due = 0.0  # local clock: the next write may go from then on (the first at once)
-        # (claim sent at, the cursor its turns started after), oldest first: see rewind()
-        self._claims: deque[tuple[float, str | None]] = deque(maxlen=REMEMBERED_CLAIMS)
+        # (claim sent at, the cursor its turns started after, its turns' keys in the order it dealt
+        # them, how many of those the cursor is past), oldest first: see rewind()
+        self._claims: deque[tuple[float, str | None, tuple[str, ...], int]] = deque(maxlen=REMEMBERED_CLAIMS)
 
     def current(self) -> str | None:
         """Where the next claim's turns start: the shared cursor on the first call, then this
@@ -116,33 +117,51 @@ class SharedFairCursor:
                     self._value = self._stored = stored
             return self._value
 
-    def advance(self, fair_after: str | None, *, claim: float | None = None) -> None:
+    def advance(self, fair_after: str | None, *, claim: float | None = None, turns: Iterable[str] = ()) -> None:
         """A claim's turns went on to ``fair_after`` (``fair_after_claim``; None: the claim found no
         keys, the cursor stays). In memory only: :meth:`sync` writes it back. ``claim``: when the
-        claim was sent (its tasks' ``claimed_at``), remembered with where its turns started, for
-        :meth:`rewind`."""
+        claim was sent (its tasks' ``claimed_at``), remembered with where its turns started and
+        ``turns``, the keys whose turn its rows took (``ClaimedTask.fair_turn``), for :meth:`rewind`."""
         if fair_after is not None:
             with self._lock:
                 if claim is not None:
-                    self._claims.append((claim, self._value))
+                    before = self._value
+                    # the order the claim dealt them: the keys after where it started, then round to the first
+                    dealt = tuple(sorted(set(turns), key=lambda key: (before is not None and key <= before, key)))
+                    self._claims.append((claim, before, dealt, len(dealt)))
                 self._value = fair_after
                 self._known = True  # ours wins over a read that has not succeeded yet
 
-    def rewind(self, claims: Iterable[float]) -> None:
-        """Tasks of these claims (when each was sent) go back to the queue unstarted (a worker's
-        drain): the cursor goes back to where the earliest of them started its turns, so the keys
-        whose turns those tasks were are served again by the next claimer, not passed over. Each stop
-        of a rolling deploy moved the shared cursor past the keys of the claims it handed back
-        (breaker 34), so the same keys went without a start life after life. The keys of those claims
-        whose tasks did start are served twice at worst. A claim older than what is remembered goes
-        back as far as is remembered."""
-        earliest = min(claims, default=None)
-        if earliest is None:
+    def rewind(self, turns: Iterable[tuple[float, str | None]]) -> None:
+        """Turns handed back unstarted, each as (when its claim was sent, its key; None: the claim's
+        earliest turn): a worker's drain, or an executor returning a claim it could not begin. The
+        cursor goes back to just before the earliest turn handed back, so the next claimer serves that
+        key and the ones after it, not passes over them. Each stop of a rolling deploy moved the
+        shared cursor past the keys of the claims it handed back (breaker 34), so the same keys went
+        without a start life after life; an executor's return mid-stream did the same (stop 61).
+
+        Within a claim the cursor goes back to the key before the first turn handed back, not to the
+        claim's start: its turns that did start are not dealt again (a stop in the middle of a claim
+        served them twice, and the next life started behind the last turn it left). A turn started
+        after one handed back (the executors took them out of order) is served twice at worst; a claim
+        older than what is remembered goes back as far as is remembered."""
+        handed = list(turns)
+        if not handed:
             return
+        earliest = min(at for at, _key in handed)
+        keys = {key for at, key in handed if at == earliest}
         with self._lock:
             while self._claims:  # newest first, back to the earliest handed back (as far as remembered)
-                at, before = self._claims[-1]
+                at, before, dealt, past = self._claims[-1]
                 if at < earliest:
+                    break
+                if at == earliest and None not in keys and keys <= set(dealt):
+                    first = min(past, *(dealt.index(key) for key in keys))
+                    # The claim stays remembered, cut at its first turn handed back: a later return
+                    # of one of its later turns leaves the cursor, one of its earlier ones goes
+                    # further back, never forward.
+                    self._claims[-1] = (at, before, dealt, first)
+                    self._value = dealt[first - 1] if first else before
                     break
                 self._claims.pop()
                 self._value = before

@@ -208,9 +208,11 @@ class Dispatcher:
             )
             self._abandon(census.overdue)
             self.slots.release_returned()
-            returned = self.handbacks.take_returns()
-            if session.draining.is_set():
-                self._rewind_fair_cursor(returned)  # given back by an executor after the drain began
+            # Given back unstarted by an executor (a lapsed claim, no free slot of its kind, the drain
+            # begun): a fair queue's turns go back to where their claim began, drain or not. Rewound at
+            # the drain only, a claim an executor returned mid-stream (its keys' turns already dealt)
+            # was passed over: the next claims went on past its keys, for a lap.
+            self._rewind_fair_cursor(self.handbacks.take_returns())
             for due in self.handbacks.take_refused():
                 heapq.heappush(self._rate_wakes, due)
             while self._rate_wakes and self._rate_wakes[0] <= clock.monotonic():
@@ -386,7 +388,11 @@ class Dispatcher:
                 handoff.timed(clock.monotonic() - sent)
                 if claim:
                     if self.fair_cursor is not None:
-                        self.fair_cursor.advance(fair_after_claim(claimed, fair_after), claim=sent)
+                        self.fair_cursor.advance(
+                            fair_after_claim(claimed, fair_after),
+                            claim=sent,
+                            turns=[t.fair_key for t in claimed if t.fair_turn and t.fair_key is not None],
+                        )
                     self._remember(claimed, sent, resumed=resume)
                     self._resume = len(claimed) == claim
                     self._resumed_short = resume and len(claimed) < claim
@@ -678,11 +684,17 @@ class Dispatcher:
     # -- the end ------------------------------------------------------------------------------------
 
     def _rewind_fair_cursor(self, handed_back: list[Execution]) -> None:
-        """Claims handed back at a stop without having started: a fair queue's turns go back to
-        where the earliest of their claims began (SharedFairCursor.rewind), so the next worker serves
+        """Claims handed back without having started (at a stop, or returned by an executor at any
+        time): a fair queue's turns go back to where the earliest of their claims began
+        (SharedFairCursor.rewind), so the next claim (this worker's or the next worker's) serves
         those keys instead of passing over them."""
         if self.fair_cursor is not None:
-            self.fair_cursor.rewind(e.claimed_at for e in handed_back if e.started is None)
+            # A fill row (not its key's turn: the key had its turn in the same claim) loses no turn.
+            self.fair_cursor.rewind(
+                (e.claimed_at, e.task.fair_key)
+                for e in handed_back
+                if e.started is None and e.task.fair_turn and e.task.fair_key is not None
+            )
 
     def close(self) -> None:
         """After the drain: write what has ended, and hand back everything still held."""

@@ -150,16 +150,12 @@ def test_a_life_of_several_claims_within_the_interval_leaves_its_last_turn(worke
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_life_stopped_by_sigterm_mid_stream_leaves_its_last_turn(
-    workers: Workers, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # KNOWN BUG, open (issue 56's note of stop 61): a life sometimes never starts its second claim
-    # (k04-k07 claimed, handed back unstarted without the cursor going back, passed over for a lap).
-    # It shows with exec'd workers too (1 of 6 runs with PYTHONHASHSEED=6, and in a clean-clone run of
-    # fa4e177), and in 3 of 8 runs when the workers are forked from the fork server, whose faster start
-    # changes the timing. Until it is fixed these workers are exec'd as before the fork server, so the
-    # landing is not held on a bug this change did not make; the assertion below is unchanged.
-    monkeypatch.setenv("LEASING_TEST_FORK_SERVER", "0")
+def test_a_life_stopped_by_sigterm_mid_stream_leaves_its_last_turn(workers: Workers) -> None:
+    """A life SIGTERMed two claims in: the next life deals on from the key after the last turn the
+    first life started. Two ways it did not (stop 61): a claim an executor returned unstarted before
+    the drain (no free slot of its kind) was never rewound, so its keys went without a turn for a
+    lap; and a stop inside a claim rewound to the claim's start, so its turns that had started were
+    dealt again. Both showed in one run of several, more often with forked (faster-starting) workers."""
     many = [f"k{n:02d}" for n in range(40)]
     for key in many:
         Task.objects.bulk_enqueue("tests.testapp.handlers.work", [{"seconds": 0.2}] * 2, queue=QUEUE, fair_key=key)

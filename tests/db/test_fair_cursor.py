@@ -205,15 +205,15 @@ def test_a_stop_handing_back_unstarted_claims_rewinds_to_where_the_earliest_bega
     cursor.advance("t11", claim=4.0)
     cursor.rewind([])  # nothing handed back: the cursor stays
     assert cursor.current() == "t11"
-    cursor.rewind([4.0, 3.0])  # the last two claims' tasks never started
+    cursor.rewind([(4.0, None), (3.0, None)])  # the last two claims' tasks never started
     assert cursor.current() == "t05"
     cursor.advance("t07", claim=5.0)
-    cursor.rewind([4.5])  # a claim not remembered (it found no keys): back to the next one's start
+    cursor.rewind([(4.5, None)])  # a claim not remembered (it found no keys): back to the next one's start
     assert cursor.current() == "t05"
     cursor.advance("t09", claim=6.0)
-    cursor.rewind([0.5])  # older than anything remembered: as far back as is remembered
+    cursor.rewind([(0.5, None)])  # older than anything remembered: as far back as is remembered
     assert cursor.current() is None
-    cursor.rewind([6.0])  # nothing remembered any more: the cursor stays
+    cursor.rewind([(6.0, None)])  # nothing remembered any more: the cursor stays
     assert cursor.current() is None
 
 
@@ -226,7 +226,50 @@ def test_a_drain_handing_back_in_two_steps_rewinds_to_the_earliest_of_both() -> 
     cursor.advance("t03", claim=1.0)
     cursor.advance("t07", claim=2.0)  # taken by an executor, given back after the drain began
     cursor.advance("t11", claim=3.0)  # never handed to an executor
-    cursor.rewind([3.0])
+    cursor.rewind([(3.0, None)])
     assert cursor.current() == "t07"
-    cursor.rewind([2.0])
+    cursor.rewind([(2.0, None)])
+    assert cursor.current() == "t03"
+
+
+def test_a_claim_handed_back_in_part_rewinds_to_the_key_before_its_first_turn_handed_back() -> None:
+    """A stop in the middle of a claim: its first turns started, the rest went back unstarted. The
+    cursor goes back to the last key before the first turn handed back, not to the claim's start, so
+    the turns that started are not dealt again and the next life starts at the first key that lost
+    its turn (a fair test's next life started three keys behind the first life's last turn)."""
+    cursor = SharedFairCursor("fair", "default", interval=3600)
+    cursor.advance("t03", claim=1.0, turns=["t00", "t01", "t02", "t03"])
+    cursor.advance("t07", claim=2.0, turns=["t07", "t05", "t06", "t04"])  # any order: dealt in key order
+    cursor.advance("t11", claim=3.0, turns=["t08", "t09", "t10", "t11"])
+    cursor.rewind([(3.0, "t10"), (3.0, "t11")])
+    assert cursor.current() == "t09"
+    cursor.rewind([(3.0, "t11")])  # a later return of a later turn of the same claim: never forward
+    assert cursor.current() == "t09"
+    cursor.rewind([(3.0, "t09")])  # of an earlier turn: further back
+    assert cursor.current() == "t08"
+    cursor.rewind([(3.0, "t08")])  # its first turn: the claim's start
+    assert cursor.current() == "t07"
+    cursor.rewind([(2.0, "t06"), (3.0, "t08")])  # the earliest claim decides
+    assert cursor.current() == "t05"
+
+
+def test_a_claim_that_wrapped_rewinds_in_the_order_it_dealt_its_turns() -> None:
+    """A claim that started after t08 dealt t09, t10, then wrapped to t00, t01: handing back t00
+    goes back to t10, and handing back t10 to t09, whatever the keys' alphabetical order."""
+    cursor = SharedFairCursor("fair", "default", interval=3600)
+    cursor.advance("t08", claim=1.0, turns=["t07", "t08"])
+    cursor.advance("t01", claim=2.0, turns=["t00", "t01", "t09", "t10"])
+    cursor.rewind([(2.0, "t00"), (2.0, "t01")])
+    assert cursor.current() == "t10"
+    cursor.rewind([(2.0, "t10")])
+    assert cursor.current() == "t09"
+
+
+def test_a_turn_the_claim_did_not_deal_rewinds_to_the_claims_start() -> None:
+    """A key the claim does not know as one of its turns (or none given): the claim's start, as far
+    back as the claim goes, rather than a guess past a turn that may not have started."""
+    cursor = SharedFairCursor("fair", "default", interval=3600)
+    cursor.advance("t03", claim=1.0, turns=["t00", "t01", "t02", "t03"])
+    cursor.advance("t07", claim=2.0, turns=["t04", "t05", "t06", "t07"])
+    cursor.rewind([(2.0, "t99")])
     assert cursor.current() == "t03"
