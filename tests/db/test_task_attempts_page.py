@@ -190,3 +190,6 @@ def test_arguments_results_and_progress_are_json(staff: Client) -> None:
     assert "&quot;sent&quot;: 7" in page and "{&#x27;sent&#x27;: 7}" not in page
     assert "&quot;flag&quot;: true" in page and "True" not in page.split('id="task-kwargs"')[1][:200]
     assert "null" in page.split('id="task-args"')[1][:100]
+    # each box says which arguments it holds (two unlabelled boxes read as one list: issue 56)
+    assert re.search(r"<dt>Positional arguments</dt><dd><pre [^>]*id=\"task-args\"", page)
+    assert re.search(r"<dt>Keyword arguments</dt><dd><pre [^>]*id=\"task-kwargs\"", page)
