@@ -13,7 +13,7 @@ import pytest
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from leasing.holder import default_holder_id
-from tests.helpers import flush, start_manage, stop_process
+from tests.helpers import flush, order, start_manage, stop_process
 from tests.helpers import test_database_url as database_url  # not collected as a test
 from tests.helpers.api import TOKEN, Api
 from tests.helpers.pgbouncer import Bouncer, pgbouncer
@@ -25,6 +25,11 @@ pytest_plugins = ["tests.helpers.lanes"]
 
 # A transactional test ends by emptying the tables it wrote to, not all of them (tests/helpers/flush.py).
 flush.install()
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[Any]) -> None:
+    """The longest files first (tests/helpers/order.py): xdist hands out files in this order."""
+    items[:] = order.longest_first(items)
 
 
 @pytest.fixture(autouse=True)
