@@ -155,11 +155,6 @@ RETURNING t.id, t.status, EXTRACT(EPOCH FROM clock_timestamp() - picked.expires_
 RECOVER_CTES = _recover_ctes(_PICK_EXPIRED)
 RECOVER_SINCE_CTES = _recover_ctes(_PICK_EXPIRED_SINCE)
 
-RECOVER_SQL = f"""
-WITH {RECOVER_CTES}
-SELECT id, status, expired_for, kind, queue, attempts, holder FROM recovered
-"""
-
 # A lease left live on a row that is not running (it can only come from hand edits or a bug):
 # release it, so the lease state querysets and the dashboard stay truthful.
 RELEASE_STRAY_LEASES_SQL = """

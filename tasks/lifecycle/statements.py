@@ -75,7 +75,6 @@ from tasks.lifecycle.recover import (  # noqa: F401
     MARK_DEAD_WORKERS_SQL,
     RECOVER_CTES,
     RECOVER_SINCE_CTES,
-    RECOVER_SQL,
     RELEASE_STRAY_LEASES_SQL,
 )
 from tasks.lifecycle.rounds import (  # noqa: F401

@@ -187,7 +187,6 @@ TRANSITIONS: tuple[Transition, ...] = (
         (
             "tasks.lifecycle.recover.RECOVER_CTES",
             "tasks.lifecycle.recover.RECOVER_SINCE_CTES",
-            "tasks.lifecycle.recover.RECOVER_SQL",
             "tasks.lifecycle.activity.RECOVER_AND_RECORD_SQL",
             "tasks.lifecycle.activity.RECOVER_SINCE_AND_RECORD_SQL",
         ),
