@@ -330,6 +330,9 @@ def test_a_paused_schedule_enqueues_nothing_and_resumes_without_back_fill(api: A
     api.call("POST", "/api/schedules", tick())
     leader = Leader()
     leader.round()
+    # The first round may have enqueued a slot already due (a second went by since the POST on a
+    # loaded machine): what counts is that nothing more comes while paused and on resume.
+    before = Task.objects.count()
     assert api.call("POST", "/api/schedules/tick/pause")[0] == 200
     # Paused for ten seconds: the slots of that time are due now...
     Schedule.objects.filter(name="tick").update(last_slot=database_now() - dt.timedelta(seconds=10))
@@ -337,9 +340,9 @@ def test_a_paused_schedule_enqueues_nothing_and_resumes_without_back_fill(api: A
     assert leader.round() == []  # ... and not enqueued while paused
     assert api.call("POST", "/api/schedules/tick/resume")[0] == 200
     assert leader.round() == []  # nor on resume (catch-up "all" notwithstanding)
-    assert not Task.objects.exists()
-    wait_until(lambda: leader.round(), 10, interval=0.05, what="the first slot after the resume")
-    assert Task.objects.count() == 1
+    assert Task.objects.count() == before
+    resumed = wait_until(lambda: leader.round(), 10, interval=0.05, what="the first slot after the resume")
+    assert len(resumed) >= 1 and Task.objects.count() == before + len(resumed)
 
 
 def test_a_deleted_schedule_stops_and_keeps_its_history(api: Api) -> None:
