@@ -8,6 +8,7 @@ connection, held inside its step while the test takes the task from it."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -330,3 +331,26 @@ def test_a_django_task_s_steps_are_stored_the_same(worker: Any) -> None:
     task = wait_until(lambda: Task.objects.filter(pk=int(result.id), status="SUCCESSFUL").first(), 60, what="the task")
     assert [s["phase"] for s in task.return_value] == ["step-one", "step-two"]
     assert list(TaskStep.objects.filter(task_id=task.pk).values_list("name", "attempt")) == [("one", 1), ("two", 2)]
+
+
+def test_the_task_page_lists_its_steps_in_order_redacted_as_its_arguments(
+    task_id: int, current: None, staff: Any, settings: Any
+) -> None:
+    settings.LEASING_TASKS = {**getattr(settings, "LEASING_TASKS", {}), "REDACT_ARGUMENTS": ["card"]}
+    first = attempt(task_id, "w1")
+    _set_current(first)
+    step("charge", lambda: {"payment": "pay-7", "card": {"number": "4242 4242 4242 4242"}})
+    take_away(task_id)
+    second = attempt(task_id, "w2")
+    _set_current(second)
+    step("charge", lambda: None)  # stored: not run
+    step("ship", lambda: "parcel-7")
+    page = staff.get(f"/dashboard/tasks/{task_id}/").content.decode()
+    table = page.split('<table id="steps">', 1)[1].split("</table>", 1)[0]
+    rows = re.findall(r'<tr data-step="(\d+)"><td>\d+</td><td class="mono">(.*?)</td><td>(\d+)</td>', table)
+    assert [(position, re.sub("<wbr>", "", name), attempt) for position, name, attempt in rows] == [
+        ("0", "charge", str(first.attempt)),
+        ("1", "ship", str(second.attempt)),
+    ]
+    assert "pay-7" in table and "parcel-7" in table
+    assert "4242" not in page and "[redacted]" in table
