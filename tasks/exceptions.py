@@ -50,6 +50,11 @@ class TaskLeaseLost(TaskError):
     """This worker no longer holds the task: it expired, was recovered, cancelled or taken over."""
 
 
+class StepMismatch(TaskError):
+    """A durable step's stored sequence does not fit the code that resumes it: the handler called a
+    different step at a position an earlier attempt recorded (tasks/steps.py)."""
+
+
 class UnknownHandler(TaskError):
     """The task's handler path does not name an importable callable."""
 

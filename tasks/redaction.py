@@ -92,6 +92,19 @@ def arguments(task: Any) -> dict[str, Any]:
     return {"args": args, "kwargs": kwargs}
 
 
+def value(task_path: str, shown: Any) -> Any:
+    """A value a task's code produced and a page shows (a durable step's result), redacted as its
+    arguments are: the named keys hidden at any depth, or the redactor's verdict on it as the one
+    positional argument (hidden whole when the redactor fails)."""
+    rule = _rule()
+    if rule is None:
+        return shown
+    if isinstance(rule, frozenset):
+        return _hide(shown, rule)
+    args, _kwargs = redact(task_path, [shown], {})
+    return args[0] if args else REDACTED
+
+
 def definition(entry: Any) -> Any:
     """A schedule's entry or definition (a dict with ``task``, ``args``, ``kwargs``, ...) as it may be
     shown: a copy with its arguments redacted as its tasks' are."""

@@ -70,6 +70,10 @@ class Execution:
         self.finished_at = 0.0  # local clock when it finished
         self.gate_slot: str | None = None  # "shared" / "exclusive" while it holds the isolation gate
         self.progress: Any = task.progress
+        # Durable steps (tasks/steps.py): the task's stored steps, read at this attempt's first step,
+        # and the position of the next step the handler calls.
+        self.steps: dict[int, tuple[str, str | None]] | None = None
+        self.step_position = 0
         self.attempt = task.attempts  # the attempt number once START charged it
         # The claim does not read the task's start times (fewer columns on the hot path); a start
         # marker that returns them fills these in.

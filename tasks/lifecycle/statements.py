@@ -7,6 +7,7 @@ gathers them for the callers that read ``statements.X`` (``from tasks.lifecycle 
 - ``finish.py``: start markers, the rate grant, heartbeat, checkpoint, complete, fail / retry / snooze,
   hand-back; and how an attempt is accounted;
 - ``recover.py``: expired leases, stray leases, orphans, dead workers, attempt fates;
+- ``steps.py``: a durable step's stored result and the fence its transaction commits under;
 - ``operations.py``: the operator's delete (cancel and requeue are ``TaskQuerySet`` updates);
 - ``fragments.py``: what several of them share.
 
@@ -83,3 +84,4 @@ from tasks.lifecycle.rounds import (  # noqa: F401
     FINISH_AND_CLAIM_SQL,
     FINISH_START_CLAIM_SQL,
 )
+from tasks.lifecycle.steps import STEP_RECORD_SQL, STEPS_READ_SQL  # noqa: F401

@@ -41,7 +41,7 @@ from tasks.exceptions import TaskError
 from tasks.lifecycle import activity, concurrency, ratelimits, vocabulary
 from tasks.lifecycle.bulk import KIND_STATUSES, KINDS
 from tasks.lifecycle.states import with_db_clock
-from tasks.models import Task, TaskStatus, Worker, Workflow
+from tasks.models import Task, TaskStatus, TaskStep, Worker, Workflow
 from tasks.models.finished import archived_ids
 from tasks.web import all_tasks, attempts, holds, queries, workflows
 from tasks.web.queries import STATES, Count, state_counts
@@ -235,6 +235,10 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
     )
 
 
+#: The durable steps a task's page lists (the first ones, in order).
+STEP_ROWS = 200
+
+
 @staff_page(GET=[VIEW_TASK])
 def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
     task = Task.objects.find(task_id) if 0 < task_id <= MAX_BIGINT else None
@@ -244,6 +248,11 @@ def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
     # page reads nothing more.
     member = task.workflow_id is not None
     window = task.unique_window()  # one primary-key probe, only for a task with a dedup key
+    # Its durable steps (tasks/steps.py), in the order they ran: a range of the (task, position) index.
+    steps = list(TaskStep.objects.filter(task_id=task.pk).order_by("position")[: STEP_ROWS + 1])
+    for completed in steps:
+        completed.shown = redaction.value(task.task_path, completed.result)
+        completed.seconds = max(0.0, (completed.completed_at - completed.started_at).total_seconds())
     return render(
         request,
         "tasks/dashboard/task_detail.html",
@@ -258,6 +267,8 @@ def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
             "edges": workflows.edges(task.pk) if member else None,
             "window": window,
             "window_seconds": window.seconds if window else None,
+            "steps": steps[:STEP_ROWS],
+            "more_steps": len(steps) > STEP_ROWS,
         },
     )
 

@@ -688,3 +688,70 @@ def read_clock_then_overrun(key: str, **kwargs: Any) -> None:
     release = RELEASES.get(key)
     if release is not None:
         release.wait(120)
+
+
+def _step_effect(phase: str) -> dict[str, Any]:
+    """A durable step's write (an Effect row, committed with the step or not at all)."""
+    _effect(phase)
+    return {"phase": phase, "attempt": current_task().attempt}
+
+
+def stepped(**kwargs: Any) -> list[Any]:
+    """Two durable steps, the first attempt crashing between them: the retry gets the first step's
+    stored result and runs only the second."""
+    from tasks.steps import step
+
+    first = step("one", _step_effect, "step-one")
+    if current_task().attempt == 1:
+        raise RuntimeError("crashed between its steps")
+    return [first, step("two", _step_effect, "step-two")]
+
+
+@task()
+def stepped_django_task() -> list[Any]:
+    """The same as ``stepped``, as a django.tasks task."""
+    return stepped()
+
+
+async def async_stepped(**kwargs: Any) -> list[Any]:
+    """``stepped`` from an ``async def`` handler on the worker's event loop."""
+    from tasks.steps import astep
+
+    first = await astep("one", _step_effect, "astep-one")
+    if current_task().attempt == 1:
+        raise RuntimeError("crashed between its steps")
+    return [first, await astep("two", _step_effect, "astep-two")]
+
+
+def _effect_outside_the_step(phase: str) -> None:
+    """An Effect row committed on a connection of its own, outside the step's open transaction."""
+    from django.db import connections
+
+    from tests.testapp.models import Effect
+
+    run = current_task()
+    connection = connections.create_connection("default")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {Effect._meta.db_table} (task_id, token, attempt, phase, pid, created_at)"
+                " VALUES (%s, %s, %s, %s, %s, now())",
+                [run.id, run.token, run.attempt, phase, os.getpid()],
+            )
+    finally:
+        connection.close()
+
+
+def step_then_wait(gate: str, **kwargs: Any) -> dict[str, Any]:
+    """One durable step that writes, then waits inside the step for the gate ``<gate>:<token>`` of
+    its attempt (a worker paused there past its lease is the zombie whose step must roll back)."""
+    from tasks.steps import step
+
+    def charge() -> dict[str, Any]:
+        _effect("charge")
+        _effect_outside_the_step("inside")  # committed at once: the test sees the worker is in the step
+        _wait_for_gate(f"{gate}:{current_task().token}")
+        return {"pid": os.getpid()}
+
+    _effect("entering")
+    return step("charge", charge)

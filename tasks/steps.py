@@ -1,0 +1,165 @@
+"""Durable steps: a part of a task that, once done, is never done again, and whose database writes
+commit only while its attempt still holds the task.
+
+.. code-block:: python
+
+    from tasks.steps import step, step_key
+
+    def fulfil(order_id):
+        charge = step("charge", charge_card, order_id)       # once per task, whatever the retries
+        step("ship", create_shipment, order_id, charge["id"])
+        return charge["id"]
+
+    def charge_card(order_id):
+        order = Order.objects.select_for_update().get(pk=order_id)
+        order.charged = True
+        order.save()                                          # commits with the step, or not at all
+        return payments.charge(order.total, idempotency_key=step_key())   # the callee deduplicates
+
+``step(name, fn, *args, **kwargs)`` calls ``fn`` inside one transaction of its own and stores what it
+returned (JSON, as a task's result is) in that same transaction, fenced by the attempt's lease
+(tasks/lifecycle/steps.py): the transaction commits only if this attempt still holds the task, on the
+database clock, under the task row's lock. A worker paused past its TTL that wakes up inside a step has
+the whole step rolled back, its writes included, and gets :class:`~tasks.exceptions.TaskLeaseLost`.
+A later attempt of the task (a retry, a crash recovered, an operator's requeue) gets the stored result
+of each step it calls again, in order, without running it; the first step with no stored result runs.
+
+Steps are recorded by position: the n-th step called. An attempt whose handler calls a different name
+where an earlier attempt recorded one raises :class:`~tasks.exceptions.StepMismatch` naming both (a
+code change the stored results do not fit), never returns the wrong step's result.
+
+What a step does outside the database cannot be rolled back: ``step_key()`` inside a step is a key
+stable across every attempt of that step (the task, the step's position and name), for the callee to
+deduplicate with (a payment provider's idempotency key). What a step returns is what every later
+attempt gets: its JSON round trip, on the first run too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from django.db import connections, transaction
+from django.utils import timezone
+
+from tasks.exceptions import StepMismatch, TaskLeaseLost
+from tasks.lifecycle import statements as sql
+from tasks.lifecycle.storable import storable_json
+from tasks.runtime import Execution, current_task
+
+T = TypeVar("T")
+
+#: The longest step name tasks_taskstep stores.
+MAX_NAME = 200
+
+
+@dataclass(frozen=True, slots=True)
+class StepRun:
+    """The step running in this thread or coroutine."""
+
+    task_id: int
+    position: int
+    name: str
+
+    @property
+    def key(self) -> str:
+        return f"task-{self.task_id}-step-{self.position}-{self.name}"
+
+
+_running: ContextVar[StepRun | None] = ContextVar("tasks_running_step", default=None)
+
+
+def step_key() -> str:
+    """Inside a step: a key the same in every attempt of this step of this task, and in no other
+    step's, for a call outside the database to be deduplicated by its callee."""
+    run = _running.get()
+    if run is None:
+        raise RuntimeError("step_key() is only available inside a step (tasks.steps.step)")
+    return run.key
+
+
+def _stored(execution: Execution) -> dict[int, tuple[str, str | None]]:
+    """The task's stored steps (position -> name, result as JSON text), read once per attempt."""
+    if execution.steps is None:
+        with connections[execution.using].cursor() as cursor:
+            cursor.execute(sql.STEPS_READ_SQL, {"id": execution.id})
+            execution.steps = {position: (name, result) for position, name, result, _attempt in cursor.fetchall()}
+    return execution.steps
+
+
+def step(name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """Run ``fn(*args, **kwargs)`` as the task's next step, once per task: see the module's text."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+        raise ValueError(f"a step's name is a non-empty string of at most {MAX_NAME} characters: {name!r}")
+    execution = current_task()
+    connection = connections[execution.using]
+    if connection.in_atomic_block:
+        raise RuntimeError(
+            f"step {name!r} was called inside an open transaction: a step commits its own (its commit is"
+            " the fence), so it cannot be part of another"
+        )
+    stored = _stored(execution)
+    position = execution.step_position
+    execution.step_position += 1
+    recorded = stored.get(position)
+    if recorded is not None:
+        recorded_name, text = recorded
+        if recorded_name != name:
+            raise StepMismatch(
+                f"task {execution.id} calls step {name!r} at position {position}, where an earlier attempt"
+                f" recorded step {recorded_name!r}: the code changed under a task in flight"
+            )
+        return None if text is None else json.loads(text)
+    execution.check()
+    started_at = timezone.now()
+    running = _running.set(StepRun(execution.id, position, name))
+    try:
+        with transaction.atomic(using=execution.using):
+            text = storable_json(fn(*args, **kwargs))
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    sql.STEP_RECORD_SQL,
+                    {
+                        "id": execution.id,
+                        "worker": execution.worker_id,
+                        "token": execution.token,
+                        "attempt": execution.attempt,
+                        "position": position,
+                        "name": name,
+                        "result": text,
+                        "started_at": started_at,
+                    },
+                )
+                fenced = cursor.fetchone() is not None
+            if not fenced:
+                execution.mark_lost(f"step {name!r} found the task no longer held: its writes were rolled back")
+                raise TaskLeaseLost(
+                    f"task {execution.id} is no longer held by this worker: step {name!r} was rolled back"
+                )
+    finally:
+        _running.reset(running)
+    stored[position] = (name, text)
+    return json.loads(text)
+
+
+async def astep(name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """:func:`step` from an ``async def`` handler: ``fn`` is a plain function (its database writes are
+    Django's synchronous ORM), run with its fenced transaction on the worker's small pool of database
+    threads, as ``acheckpoint`` is."""
+    from asgiref.sync import sync_to_async
+    from django.db import close_old_connections
+
+    def run() -> Any:
+        try:
+            return step(name, fn, *args, **kwargs)
+        except Exception:
+            close_old_connections()  # a pool thread's broken connection is replaced next time
+            raise
+
+    return await sync_to_async(run, thread_sensitive=False)()
+
+
+__all__ = ["MAX_NAME", "StepRun", "astep", "step", "step_key"]
