@@ -6,6 +6,7 @@ than the test's deadline can only end in time through the finish's NOTIFY."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -247,6 +248,13 @@ def test_waits_that_start_after_their_hubs_listener_broke_listen_again() -> None
     assert status == TaskStatus.SUCCESSFUL
 
 
+# The scenario leaves tasks pending on closed loops, on purpose: asyncio says so ("Task was destroyed but
+# it is pending", "coroutine ... was never awaited") when they are collected. They are collected at the
+# end of this test (gc.collect() below), so that what asyncio says is this test's and not whichever
+# test the collector happened to run in: the 3.11 leg of a clean-clone run failed a conformance test
+# on them.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
 def test_loops_closed_with_waits_pending_leave_no_connection_open() -> None:
     """A hand-made event loop closed while an await_() is pending (its task never finished: asyncio.run
     cancels such tasks first, loop.close() does not): nothing runs on that loop again, so nothing there
@@ -283,3 +291,5 @@ def test_loops_closed_with_waits_pending_leave_no_connection_open() -> None:
     with pytest.raises(TaskWaitTimeout):
         asyncio.run(stuck.await_(timeout=0))  # a later wait, on a loop of its own
     wait_until(lambda: count() == before, 10, what="the closed loops' connections to be closed")
+    del pending, begin, loop
+    gc.collect()
