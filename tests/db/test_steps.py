@@ -354,3 +354,33 @@ def test_the_task_page_lists_its_steps_in_order_redacted_as_its_arguments(
     ]
     assert "pay-7" in table and "parcel-7" in table
     assert "4242" not in page and "[redacted]" in table
+
+
+@pytest.mark.parametrize("returned", [float("nan"), {"total": float("inf")}])
+def test_a_result_json_cannot_hold_rolls_the_step_back(task_id: int, current: None, returned: Any) -> None:
+    _set_current(attempt(task_id, "w1"))
+
+    def charge() -> Any:
+        effect("nan")
+        return returned
+
+    with pytest.raises(UnstorableResult):
+        step("charge", charge)
+    assert not Effect.objects.filter(phase="nan").exists() and not TaskStep.objects.exists()
+
+
+def test_a_base_exception_from_a_step_rolls_it_back_and_leaves_no_running_step(task_id: int, current: None) -> None:
+    """Task code raising what is not an Exception (a KeyboardInterrupt, a SystemExit from a library):
+    the step is not recorded, its writes go back, and step_key() is no longer the step's."""
+    _set_current(attempt(task_id, "w1"))
+
+    def interrupted() -> None:
+        effect("interrupted")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        step("charge", interrupted)
+    assert not Effect.objects.filter(phase="interrupted").exists() and not TaskStep.objects.exists()
+    with pytest.raises(RuntimeError, match="only available inside a step"):
+        step_key()
+    assert step("charge", effect, "after") == {"phase": "after", "count": 1}  # the same position runs again
