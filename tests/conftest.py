@@ -20,8 +20,8 @@ from tests.helpers.pgbouncer import Bouncer, pgbouncer
 from tests.helpers.pgproxy import PgProxy
 from tests.helpers.task_paths import NOOP
 
-# The time each lane took, at the end of every run (docs/CONTRIBUTING.md).
-pytest_plugins = ["tests.helpers.lanes"]
+# The time each lane took, at the end of every run (docs/CONTRIBUTING.md); a repair fails its test.
+pytest_plugins = ["tests.helpers.lanes", "tests.helpers.repairs"]
 
 # A transactional test ends by emptying the tables it wrote to, not all of them (tests/helpers/flush.py).
 flush.install()

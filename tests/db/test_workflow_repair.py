@@ -58,6 +58,7 @@ def repairs() -> dict[str, int]:
     return dict(Repair.objects.values_list("kind", "count"))
 
 
+@pytest.mark.repairs
 def test_the_sweep_releases_a_member_stranded_behind_final_parents_and_ends_its_workflow() -> None:
     flow, a, b = strand_a_dependant()
     report = recover_once()
@@ -76,6 +77,7 @@ def test_the_sweep_releases_a_member_stranded_behind_final_parents_and_ends_its_
     assert repairs() == {"dependant": 1, "workflow": 1}
 
 
+@pytest.mark.repairs
 def test_the_sweep_cancels_a_member_stranded_behind_a_failed_parent() -> None:
     flow, a, b = strand_a_dependant()
     with transaction.atomic(), connection.cursor() as cursor:
@@ -118,6 +120,7 @@ def test_the_sweep_leaves_members_that_legitimately_wait() -> None:
     assert repairs() == {}
 
 
+@pytest.mark.repairs
 def test_the_sweep_ends_a_workflow_whose_count_was_lost() -> None:
     done = chain(step(NOOP), step(NOOP)).enqueue()
     run_all()
@@ -130,6 +133,7 @@ def test_the_sweep_ends_a_workflow_whose_count_was_lost() -> None:
     assert repairs() == {"workflow": 1}
 
 
+@pytest.mark.repairs
 def test_repairs_are_in_the_metrics() -> None:
     from tasks.web.metrics import task_metrics
 
