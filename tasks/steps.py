@@ -32,10 +32,17 @@ What a step does outside the database cannot be rolled back: ``step_key()`` insi
 stable across every attempt of that step (the task, the step's position and name), for the callee to
 deduplicate with (a payment provider's idempotency key). What a step returns is what every later
 attempt gets: its JSON round trip, on the first run too.
+
+``sleep(seconds)`` and ``sleep_until(when)`` are durable sleeps: the first attempt to reach one stores
+its wake time (the database clock plus the sleep) as a step and ends as a snooze until then, holding
+no worker slot, connection or lease while the task waits (it is not charged as an attempt). The
+attempt that runs at the wake time gets every step before the sleep back stored, passes the sleep,
+and goes on. A sleep is a step: its place in the sequence is checked as a step's is.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -45,8 +52,9 @@ from typing import Any, TypeVar
 from django.db import connections, transaction
 from django.utils import timezone
 
-from tasks.exceptions import StepMismatch, TaskLeaseLost
+from tasks.exceptions import Snooze, StepMismatch, TaskLeaseLost
 from tasks.lifecycle import statements as sql
+from tasks.lifecycle.policy import MAX_DELAY, checked_delay
 from tasks.lifecycle.storable import storable_json
 from tasks.runtime import Execution, current_task
 
@@ -162,4 +170,75 @@ async def astep(name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any)
     return await sync_to_async(run, thread_sensitive=False)()
 
 
-__all__ = ["MAX_NAME", "StepRun", "astep", "step", "step_key"]
+# -- durable sleeps ----------------------------------------------------------------------------------
+
+
+def _seconds(duration: float | dt.timedelta) -> float:
+    if isinstance(duration, dt.timedelta):
+        duration = duration.total_seconds()
+    return checked_delay(duration, what="a durable sleep")
+
+
+def _wake_at(when: dt.datetime) -> str:
+    if not isinstance(when, dt.datetime) or timezone.is_naive(when):
+        raise ValueError(f"sleep_until() takes an aware datetime (timezone.now() + ...), not {when!r}")
+    if (when - timezone.now()).total_seconds() > MAX_DELAY:
+        raise ValueError(f"sleep_until() wakes at most {MAX_DELAY:g} seconds from now, not at {when.isoformat()}")
+    return when.isoformat()
+
+
+def _wake_after(seconds: float) -> str:
+    """Inside the sleep's step: the wake time, on the database clock."""
+    with connections[current_task().using].cursor() as cursor:
+        cursor.execute(sql.SLEEP_WAKE_SQL, {"seconds": seconds})
+        return str(cursor.fetchone()[0].isoformat())
+
+
+def _snooze_until(wake: str) -> None:
+    """Snooze the task until ``wake`` (its stored wake time), unless the database clock is past it."""
+    with connections[current_task().using].cursor() as cursor:
+        cursor.execute(sql.SLEEP_REMAINING_SQL, {"wake": wake})
+        (left,) = cursor.fetchone()
+    if left > 0:
+        raise Snooze(min(left, MAX_DELAY))
+
+
+def sleep(duration: float | dt.timedelta, *, name: str = "sleep") -> None:
+    """Sleep ``duration`` (seconds or a timedelta, up to a year) without a worker: see the module's
+    text. ``name`` tells the sleeps of one task apart on its page and in mismatch errors."""
+    _snooze_until(step(name, _wake_after, _seconds(duration)))
+
+
+def sleep_until(when: dt.datetime, *, name: str = "sleep") -> None:
+    """Sleep until ``when`` (an aware datetime) without a worker: a time already past goes on at once."""
+    _snooze_until(step(name, _wake_at, when))
+
+
+async def asleep(duration: float | dt.timedelta, *, name: str = "sleep") -> None:
+    """:func:`sleep` from an ``async def`` handler."""
+    from asgiref.sync import sync_to_async
+
+    seconds = _seconds(duration)
+    wake = await astep(name, _wake_after, seconds)
+    await sync_to_async(_snooze_until, thread_sensitive=False)(wake)
+
+
+async def asleep_until(when: dt.datetime, *, name: str = "sleep") -> None:
+    """:func:`sleep_until` from an ``async def`` handler."""
+    from asgiref.sync import sync_to_async
+
+    wake = await astep(name, _wake_at, when)
+    await sync_to_async(_snooze_until, thread_sensitive=False)(wake)
+
+
+__all__ = [
+    "MAX_NAME",
+    "StepRun",
+    "asleep",
+    "asleep_until",
+    "astep",
+    "sleep",
+    "sleep_until",
+    "step",
+    "step_key",
+]

@@ -84,4 +84,9 @@ from tasks.lifecycle.rounds import (  # noqa: F401
     FINISH_AND_CLAIM_SQL,
     FINISH_START_CLAIM_SQL,
 )
-from tasks.lifecycle.steps import STEP_RECORD_SQL, STEPS_READ_SQL  # noqa: F401
+from tasks.lifecycle.steps import (  # noqa: F401
+    SLEEP_REMAINING_SQL,
+    SLEEP_WAKE_SQL,
+    STEP_RECORD_SQL,
+    STEPS_READ_SQL,
+)

@@ -13,6 +13,10 @@ fence against, and the whole step is undone.
 The share lock is held only from the fence to the commit (the end of the step): the heartbeat's
 renewal and the finish of the same task wait that long, never the step's own work.
 
+A durable sleep (tasks/steps.py ``sleep``) is a step whose result is its wake time, taken on the
+database clock (``SLEEP_WAKE_SQL``); each attempt that reaches it asks the same clock how long is left
+(``SLEEP_REMAINING_SQL``) and snoozes that long, or goes on.
+
 Steps are keyed by their position in the task's run (the n-th step called), with the name it was
 called by: a later attempt that calls a different name at a recorded position is a code change the
 stored results do not fit (``STEPS_READ_SQL`` returns them in order; tasks/steps.py refuses it).
@@ -38,4 +42,15 @@ FROM (
     FOR SHARE
 ) AS t
 RETURNING position
+"""
+
+# A durable sleep's wake time: the database clock plus the sleep (stored as the sleep's step).
+SLEEP_WAKE_SQL = """
+SELECT clock_timestamp() + make_interval(secs => %(seconds)s)
+"""
+
+# The seconds left until a durable sleep's stored wake time, on the database clock (not above zero:
+# it has passed).
+SLEEP_REMAINING_SQL = """
+SELECT EXTRACT(EPOCH FROM (%(wake)s::timestamptz - clock_timestamp()))::float8
 """

@@ -723,6 +723,25 @@ async def async_stepped(**kwargs: Any) -> list[Any]:
     return [first, await astep("two", _step_effect, "astep-two")]
 
 
+def sleeper(seconds: float, **kwargs: Any) -> list[Any]:
+    """A step, a durable sleep of ``seconds``, a step: the attempt that reaches the sleep ends there,
+    and the one that runs after it gets the first step back stored."""
+    from tasks.steps import sleep, step
+
+    first = step("before", _step_effect, "before-sleep")
+    sleep(seconds, name="nap")
+    return [first, step("after", _step_effect, "after-sleep")]
+
+
+async def async_sleeper(seconds: float, **kwargs: Any) -> list[Any]:
+    """``sleeper`` from an ``async def`` handler on the worker's event loop."""
+    from tasks.steps import asleep, astep
+
+    first = await astep("before", _step_effect, "abefore-sleep")
+    await asleep(seconds, name="nap")
+    return [first, await astep("after", _step_effect, "aafter-sleep")]
+
+
 def _effect_outside_the_step(phase: str) -> None:
     """An Effect row committed on a connection of its own, outside the step's open transaction."""
     from django.db import connections

@@ -19,3 +19,12 @@ FROM (
     FOR SHARE
 ) AS t
 RETURNING position;
+
+-- name: SLEEP_WAKE_SQL
+-- A durable sleep's wake time: the database clock plus the sleep (stored as the sleep's step).
+SELECT clock_timestamp() + make_interval(secs => %(seconds)s);
+
+-- name: SLEEP_REMAINING_SQL
+-- The seconds left until a durable sleep's stored wake time, on the database clock (not above zero:
+-- it has passed).
+SELECT EXTRACT(EPOCH FROM (%(wake)s::timestamptz - clock_timestamp()))::float8;
