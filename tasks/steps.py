@@ -38,6 +38,11 @@ its wake time (the database clock plus the sleep) as a step and ends as a snooze
 no worker slot, connection or lease while the task waits (it is not charged as an attempt). The
 attempt that runs at the wake time gets every step before the sleep back stored, passes the sleep,
 and goes on. A sleep is a step: its place in the sequence is checked as a step's is.
+
+``wait_for_event(name, timeout=...)`` suspends the task the same way until ``send_event(task_id, name,
+payload)`` (this module, the JSON API's ``POST /api/tasks/<id>/events``) stores an event of that name
+for it, and returns its payload (None at the timeout). The first payload sent under a name is the one
+every attempt gets; the wait is two steps (its deadline, then what it got).
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ from typing import Any, TypeVar
 from django.db import connections, transaction
 from django.utils import timezone
 
-from tasks.exceptions import Snooze, StepMismatch, TaskLeaseLost
+from tasks.exceptions import Snooze, StepMismatch, TaskError, TaskLeaseLost
 from tasks.lifecycle import statements as sql
 from tasks.lifecycle.policy import MAX_DELAY, checked_delay
 from tasks.lifecycle.storable import storable_json
@@ -231,14 +236,106 @@ async def asleep_until(when: dt.datetime, *, name: str = "sleep") -> None:
     await sync_to_async(_snooze_until, thread_sensitive=False)(wake)
 
 
+# -- events --------------------------------------------------------------------------------------------
+
+#: The longest event name (its wait's steps are named ``wait:<name>`` and ``event:<name>``).
+MAX_EVENT_NAME = 150
+
+
+class _NotYet(Exception):
+    """Inside the wait's second step: no event yet, and ``left`` seconds to its deadline (None: none)."""
+
+    def __init__(self, left: float | None) -> None:
+        super().__init__(left)
+        self.left = left
+
+
+def _event_name(name: Any) -> str:
+    if not isinstance(name, str) or not name.strip() or len(name) > MAX_EVENT_NAME:
+        raise ValueError(f"an event's name is a non-empty string of at most {MAX_EVENT_NAME} characters: {name!r}")
+    return name
+
+
+def _deadline(seconds: float | None) -> str | None:
+    """Inside the wait's first step: its deadline on the database clock (None: it waits without one)."""
+    return None if seconds is None else _wake_after(seconds)
+
+
+def _look_for(name: str, deadline: str | None) -> dict[str, Any]:
+    """Inside the wait's second step: the event, the timeout, or :class:`_NotYet` (rolls the step back)."""
+    execution = current_task()
+    with connections[execution.using].cursor() as cursor:
+        cursor.execute(sql.EVENT_CHECK_SQL, {"id": execution.id, "name": name, "deadline": deadline})
+        text, found, left = cursor.fetchone()
+        if found:
+            cursor.execute(sql.EVENT_TAKEN_SQL, {"id": execution.id, "name": name})
+            return {"payload": None if text is None else json.loads(text)}
+    if left is not None and left <= 0:
+        return {"timed_out": True}
+    raise _NotYet(left)
+
+
+def _waited(resolved: dict[str, Any]) -> Any:
+    return resolved.get("payload")
+
+
+def wait_for_event(name: str, *, timeout: float | dt.timedelta | None = None) -> Any:
+    """Suspend the task until an event ``name`` is sent to it, and return its payload; None once
+    ``timeout`` (seconds or a timedelta, up to a year; None: no deadline) has passed without one."""
+    _event_name(name)
+    seconds = None if timeout is None else _seconds(timeout)
+    deadline = step(f"wait:{name}", _deadline, seconds)
+    try:
+        return _waited(step(f"event:{name}", _look_for, name, deadline))
+    except _NotYet as waiting:
+        raise Snooze(MAX_DELAY if waiting.left is None else min(waiting.left, MAX_DELAY)) from None
+
+
+async def await_event(name: str, *, timeout: float | dt.timedelta | None = None) -> Any:
+    """:func:`wait_for_event` from an ``async def`` handler."""
+    _event_name(name)
+    seconds = None if timeout is None else _seconds(timeout)
+    deadline = await astep(f"wait:{name}", _deadline, seconds)
+    try:
+        return _waited(await astep(f"event:{name}", _look_for, name, deadline))
+    except _NotYet as waiting:
+        raise Snooze(MAX_DELAY if waiting.left is None else min(waiting.left, MAX_DELAY)) from None
+
+
+def send_event(task_id: int, name: str, payload: Any = None, *, using: str | None = None) -> bool:
+    """Send the event ``name`` with ``payload`` (JSON) to an unfinished task: True when it is stored,
+    False when one of that name was sent to the task before (the first payload stands). A task that
+    waits for it is made due at once. Raises ``Task.DoesNotExist`` for no such task and
+    :class:`~tasks.exceptions.TaskError` for a finished one (nothing waits for its events)."""
+    from tasks.models import Task
+
+    _event_name(name)
+    text = storable_json(payload)
+    manager = Task.objects.db_manager(using) if using else Task.objects
+    with connections[manager.db].cursor() as cursor:
+        cursor.execute(sql.EVENT_SEND_SQL, {"id": task_id, "name": name, "payload": text})
+        if cursor.fetchone() is not None:
+            return True
+    task = manager.find(task_id)
+    if task is None:
+        raise Task.DoesNotExist(f"no task with id {task_id}")
+    if task.archived or task.status in ("SUCCESSFUL", "FAILED", "CANCELLED"):
+        raise TaskError(f"task {task_id} is {task.status.lower()}: no event reaches it any more")
+    return False
+
+
 __all__ = [
+    "MAX_EVENT_NAME",
     "MAX_NAME",
     "StepRun",
     "asleep",
     "asleep_until",
     "astep",
+    "await_event",
+    "send_event",
     "sleep",
     "sleep_until",
     "step",
     "step_key",
+    "wait_for_event",
 ]

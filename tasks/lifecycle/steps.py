@@ -54,3 +54,62 @@ SELECT clock_timestamp() + make_interval(secs => %(seconds)s)
 SLEEP_REMAINING_SQL = """
 SELECT EXTRACT(EPOCH FROM (%(wake)s::timestamptz - clock_timestamp()))::float8
 """
+
+# -- events (tasks/steps.py send_event, wait_for_event) ------------------------------------------------
+# An event is stored once per (task, name): the first payload wins. A task waiting in the queue (READY
+# or BLOCKED, a wait's snooze) is made due at once by the send. A task RUNNING when its event comes may
+# have looked for it already and be about to snooze: its event stays undelivered, and the recovery
+# round's ``EVENTS_WAKE_SQL`` wakes it once it waits. The attempt that takes an event marks it
+# delivered in its step (``EVENT_TAKEN_SQL``), so that no round wakes the task for it again.
+
+# The send: the task made due (if it waits, and has no event of this name yet) and the event stored
+# (if the task is unfinished in tasks_task, and none of this name was sent before). Returns
+# (delivered) for a stored event; no row: the task is finished, moved, absent, or had one of the name.
+EVENT_SEND_SQL = """
+WITH woken AS (
+    UPDATE tasks_task SET run_after = LEAST(run_after, clock_timestamp())
+    WHERE id = %(id)s AND status IN ('READY', 'BLOCKED')
+      AND NOT EXISTS (SELECT FROM tasks_taskevent WHERE task_id = %(id)s AND name = %(name)s)
+    RETURNING id
+)
+INSERT INTO tasks_taskevent (task_id, name, payload, sent_at, delivered)
+SELECT t.id, %(name)s, %(payload)s::jsonb, clock_timestamp(), EXISTS (SELECT FROM woken)
+FROM tasks_task AS t
+WHERE t.id = %(id)s AND t.status NOT IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
+ON CONFLICT (task_id, name) DO NOTHING
+RETURNING delivered
+"""
+
+# A wait's look: the event's payload if one was sent (found), and the seconds left to the wait's
+# deadline on the database clock (NULL: it waits without one).
+EVENT_CHECK_SQL = """
+SELECT e.payload::text, e.id IS NOT NULL, EXTRACT(EPOCH FROM (%(deadline)s::timestamptz - clock_timestamp()))::float8
+FROM (SELECT 1) AS one
+LEFT JOIN tasks_taskevent AS e ON e.task_id = %(id)s AND e.name = %(name)s
+"""
+
+# Inside the step that takes the event: nothing need wake the task for it any more.
+EVENT_TAKEN_SQL = """
+UPDATE tasks_taskevent SET delivered = true WHERE task_id = %(id)s AND name = %(name)s AND NOT delivered
+"""
+
+# The recovery round: each undelivered event of a task no longer RUNNING makes its task due if it
+# waits, and is delivered (a finished or moved task, or a member AWAITING its parents, sees its events
+# when it runs, or never will). Events of RUNNING tasks stay for a later round.
+EVENTS_WAKE_SQL = """
+WITH pending AS (
+    SELECT e.id, e.task_id, t.status FROM tasks_taskevent AS e
+    LEFT JOIN tasks_task AS t ON t.id = e.task_id
+    WHERE NOT e.delivered AND t.status IS DISTINCT FROM 'RUNNING'
+    ORDER BY e.id LIMIT %(limit)s
+), woken AS (
+    UPDATE tasks_task AS t SET run_after = clock_timestamp()
+    FROM pending AS p
+    WHERE t.id = p.task_id AND p.status IN ('READY', 'BLOCKED') AND t.status IN ('READY', 'BLOCKED')
+      AND t.run_after > clock_timestamp()
+    RETURNING t.id
+)
+UPDATE tasks_taskevent AS e SET delivered = true
+FROM pending AS p WHERE e.id = p.id
+RETURNING e.task_id, e.task_id IN (SELECT id FROM woken)
+"""

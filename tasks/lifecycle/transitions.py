@@ -287,6 +287,9 @@ STATUS_PRESERVING: tuple[str, ...] = (
     "tasks.maintenance.keyless.ADOPT_KEYLESS_SQL",
     "tasks.maintenance.keyless.ADOPT_NEW_KEYLESS_SQL",
     "tasks.models.task_wait.MARK_WAITED_SQL",
+    # An event sent to a waiting task makes it due (run_after), at the send or at a recovery round.
+    "tasks.lifecycle.steps.EVENT_SEND_SQL",
+    "tasks.lifecycle.steps.EVENTS_WAKE_SQL",
 )
 
 

@@ -27,6 +27,7 @@ from leasing.bounds import without_jit
 from leasing.election import LeaderElection, Term
 from tasks.conf import get_settings
 from tasks.lifecycle import activity, concurrency, ratelimits
+from tasks.lifecycle import statements as sql
 from tasks.maintenance.archive import MOVER_SLICE, Archiver
 from tasks.maintenance.bulk import BulkRunner
 from tasks.maintenance.history import HistoryRollup, RollupRound, roll_up_hours
@@ -114,6 +115,8 @@ class RecoveryReport:
     full_scan: bool = True
     #: What the repair sweep set right (tasks/maintenance/repair.py): nothing, unless a settle was lost.
     repairs: RepairReport = field(default_factory=RepairReport)
+    #: Tasks made due for an event that came while they ran (tasks/lifecycle/steps.py EVENTS_WAKE_SQL).
+    woken_for_events: list[int] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -170,6 +173,8 @@ def _recover_once(*, using: str, repair: bool, batch: int, window: RecoveryWindo
         # Workflow members and workflows left waiting for what will never happen (a second line of
         # defence: each repair is counted, logged as an error and alerted on).
         report.repairs = repair_stranded(using=using)
+    # Tasks that had an event sent while they ran, and then went to wait for it: due now.
+    report.woken_for_events = wake_for_events(using=using)
     # Slots kept for handlers that outlived their rows, in processes known dead now (admits for their keys).
     report.slots_released = concurrency.release_dead(using=using)
     # Keyed tasks whose deferral ended, or that an admission skipped, get their slots now.
@@ -194,6 +199,18 @@ def _recover_once(*, using: str, repair: bool, batch: int, window: RecoveryWindo
             max(report.delays, default=0.0),
         )
     return report
+
+
+#: Undelivered events looked at per recovery round (the next round goes on with the rest).
+EVENTS_BATCH = 1000
+
+
+def wake_for_events(*, using: str = DEFAULT_DB_ALIAS) -> list[int]:
+    """Make due each waiting task with an event it was not woken for (sent while it ran, when its
+    attempt may have looked for it already): one batch, the ids of the tasks woken."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.EVENTS_WAKE_SQL, {"limit": EVENTS_BATCH})
+        return sorted({task_id for task_id, woken in cursor.fetchall() if woken})
 
 
 def _log_recovered(recovered: list[Recovered]) -> None:

@@ -44,7 +44,7 @@ from tasks.models.bulk import BulkOperation, BulkOperationQuerySet
 from tasks.models.fair_cursor import FairCursor, FairCursorQuerySet, SharedFairCursor
 from tasks.models.queue_control import PAUSE_LOCK_TIMEOUT_MS, QueueControl, QueueControlQuerySet
 from tasks.models.schedule import Schedule, ScheduleRun, StoredRow, StoredSchedule, StoredScheduleQuerySet
-from tasks.models.step import TaskStep
+from tasks.models.step import TaskEvent, TaskStep
 from tasks.models.task import FAILED_BEFORE, NEVER_FAILED, NOT_RUNNING, Task, TaskQuerySet
 from tasks.models.worker import Worker, WorkerQuerySet
 from tasks.models.workflow import TaskDependency, Workflow, WorkflowQuerySet
@@ -92,6 +92,7 @@ __all__ = [
     "StoredScheduleQuerySet",
     "Task",
     "TaskDependency",
+    "TaskEvent",
     "TaskQuerySet",
     "TaskStatus",
     "TaskStep",

@@ -32,3 +32,25 @@ class TaskStep(models.Model):
 
     def __str__(self) -> str:
         return f"task {self.task_id} step {self.position} {self.name!r} (attempt {self.attempt})"
+
+
+class TaskEvent(models.Model):
+    """An event sent to a task (tasks/steps.py ``send_event``): the first payload under a name wins,
+    and ``wait_for_event`` returns it. ``delivered``: the task was woken for it, or it was sent while
+    the task waited for nothing yet (the recovery round wakes a task whose event came while it ran)."""
+
+    task_id = models.BigIntegerField(help_text="The task the event was sent to.")
+    name = models.CharField(max_length=150, help_text="The name the task waits for it by.")
+    payload = models.JSONField(null=True, help_text="What was sent (JSON).")
+    sent_at = models.DateTimeField(help_text="When it was stored (the database clock).")
+    delivered = models.BooleanField(default=False, help_text="The task was woken for it (or needs no waking).")
+
+    objects = SelectedManager()
+
+    class Meta:
+        ordering = ["task_id", "id"]
+        constraints = [models.UniqueConstraint(fields=["task_id", "name"], name="tasks_taskevent_task_name")]
+        indexes = [models.Index(fields=["id"], name="tasks_taskevent_pending_idx", condition=models.Q(delivered=False))]
+
+    def __str__(self) -> str:
+        return f"event {self.name!r} to task {self.task_id}"

@@ -679,6 +679,9 @@ CREATE INDEX tasks_task_status_idx ON public.tasks_task USING btree (status, id 
 CREATE INDEX tasks_task_stray_lease_idx ON public.tasks_task USING btree (id) WHERE ((expires_at IS NOT NULL) AND (released_at IS NULL) AND (NOT ((status)::text = 'RUNNING'::text)));
 CREATE INDEX tasks_task_workflow_idx ON public.tasks_task USING btree (workflow_id, status, id DESC) WHERE (workflow_id IS NOT NULL);
 CREATE UNIQUE INDEX tasks_taskdependency_pkey ON public.tasks_taskdependency USING btree (id);
+CREATE INDEX tasks_taskevent_pending_idx ON public.tasks_taskevent USING btree (id) WHERE (NOT delivered);
+CREATE UNIQUE INDEX tasks_taskevent_pkey ON public.tasks_taskevent USING btree (id);
+CREATE UNIQUE INDEX tasks_taskevent_task_name ON public.tasks_taskevent USING btree (task_id, name);
 CREATE UNIQUE INDEX tasks_taskstep_pkey ON public.tasks_taskstep USING btree (id);
 CREATE UNIQUE INDEX tasks_taskstep_task_position ON public.tasks_taskstep USING btree (task_id, "position");
 CREATE INDEX tasks_uniquekey_expires_idx ON public.tasks_uniquekey USING btree (expires_at, key);

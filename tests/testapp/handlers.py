@@ -742,6 +742,26 @@ async def async_sleeper(seconds: float, **kwargs: Any) -> list[Any]:
     return [first, await astep("after", _step_effect, "aafter-sleep")]
 
 
+def event_waiter(event: str, timeout: float | None = None, **kwargs: Any) -> dict[str, Any]:
+    """A step, a wait for the event ``event`` (its payload, None at the timeout), a step."""
+    from tasks.steps import step, wait_for_event
+
+    step("before", _step_effect, "before-event")
+    payload = wait_for_event(event, timeout=timeout)
+    step("after", _step_effect, "after-event")
+    return {"payload": payload}
+
+
+async def async_event_waiter(event: str, timeout: float | None = None, **kwargs: Any) -> dict[str, Any]:
+    """``event_waiter`` from an ``async def`` handler."""
+    from tasks.steps import astep, await_event
+
+    await astep("before", _step_effect, "before-event")
+    payload = await await_event(event, timeout=timeout)
+    await astep("after", _step_effect, "after-event")
+    return {"payload": payload}
+
+
 def _effect_outside_the_step(phase: str) -> None:
     """An Effect row committed on a connection of its own, outside the step's open transaction."""
     from django.db import connections

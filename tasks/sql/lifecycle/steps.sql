@@ -28,3 +28,51 @@ SELECT clock_timestamp() + make_interval(secs => %(seconds)s);
 -- The seconds left until a durable sleep's stored wake time, on the database clock (not above zero:
 -- it has passed).
 SELECT EXTRACT(EPOCH FROM (%(wake)s::timestamptz - clock_timestamp()))::float8;
+
+-- name: EVENT_SEND_SQL
+-- The send: the task made due (if it waits, and has no event of this name yet) and the event stored
+-- (if the task is unfinished in tasks_task, and none of this name was sent before). Returns
+-- (delivered) for a stored event; no row: the task is finished, moved, absent, or had one of the name.
+WITH woken AS (
+    UPDATE tasks_task SET run_after = LEAST(run_after, clock_timestamp())
+    WHERE id = %(id)s AND status IN ('READY', 'BLOCKED')
+      AND NOT EXISTS (SELECT FROM tasks_taskevent WHERE task_id = %(id)s AND name = %(name)s)
+    RETURNING id
+)
+INSERT INTO tasks_taskevent (task_id, name, payload, sent_at, delivered)
+SELECT t.id, %(name)s, %(payload)s::jsonb, clock_timestamp(), EXISTS (SELECT FROM woken)
+FROM tasks_task AS t
+WHERE t.id = %(id)s AND t.status NOT IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
+ON CONFLICT (task_id, name) DO NOTHING
+RETURNING delivered;
+
+-- name: EVENT_CHECK_SQL
+-- A wait's look: the event's payload if one was sent (found), and the seconds left to the wait's
+-- deadline on the database clock (NULL: it waits without one).
+SELECT e.payload::text, e.id IS NOT NULL, EXTRACT(EPOCH FROM (%(deadline)s::timestamptz - clock_timestamp()))::float8
+FROM (SELECT 1) AS one
+LEFT JOIN tasks_taskevent AS e ON e.task_id = %(id)s AND e.name = %(name)s;
+
+-- name: EVENT_TAKEN_SQL
+-- Inside the step that takes the event: nothing need wake the task for it any more.
+UPDATE tasks_taskevent SET delivered = true WHERE task_id = %(id)s AND name = %(name)s AND NOT delivered;
+
+-- name: EVENTS_WAKE_SQL
+-- The recovery round: each undelivered event of a task no longer RUNNING makes its task due if it
+-- waits, and is delivered (a finished or moved task, or a member AWAITING its parents, sees its events
+-- when it runs, or never will). Events of RUNNING tasks stay for a later round.
+WITH pending AS (
+    SELECT e.id, e.task_id, t.status FROM tasks_taskevent AS e
+    LEFT JOIN tasks_task AS t ON t.id = e.task_id
+    WHERE NOT e.delivered AND t.status IS DISTINCT FROM 'RUNNING'
+    ORDER BY e.id LIMIT %(limit)s
+), woken AS (
+    UPDATE tasks_task AS t SET run_after = clock_timestamp()
+    FROM pending AS p
+    WHERE t.id = p.task_id AND p.status IN ('READY', 'BLOCKED') AND t.status IN ('READY', 'BLOCKED')
+      AND t.run_after > clock_timestamp()
+    RETURNING t.id
+)
+UPDATE tasks_taskevent AS e SET delivered = true
+FROM pending AS p WHERE e.id = p.id
+RETURNING e.task_id, e.task_id IN (SELECT id FROM woken);

@@ -568,6 +568,19 @@ def document(server_url: str = "/api") -> dict[str, Any]:
             "parameters": [ID],
             "post": _op("Run a finished or waiting task again now", 200, ONE_TASK, 404, 409),
         },
+        "/tasks/{id}/events": {
+            "parameters": [ID],
+            "post": _op(
+                "Send an event to an unfinished task, for its wait_for_event (a waiting task is made due at once);"
+                " 409 when one of the name was sent before (the first payload stands) or the task is finished",
+                201,
+                _object({"task_id": {"type": "integer"}, "event": {"type": "string"}}),
+                400,
+                404,
+                409,
+                requestBody=_body({"name": {"type": "string", "maxLength": 150}, "payload": {}}, ["name"]),
+            ),
+        },
         "/tasks/bulk": {
             "get": _op(
                 "List bulk operations, newest first",

@@ -450,6 +450,32 @@ def requeue(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     return 200, {"task": task_json(task)}
 
 
+@api_view(POST=[CHANGE_TASK])
+def send_event(request: HttpRequest, task_id: int) -> tuple[int, Any]:
+    """An event for a task's ``wait_for_event`` (tasks/steps.py): 201 when stored, 409 when one of the
+    name was sent before (the first payload stands) or the task is finished, 404 for no task."""
+    from tasks import steps
+
+    task = _task_or_404(task_id)
+    body = Body(request)
+    body.only("name", "payload")
+    name = body.text("name", max_length=steps.MAX_EVENT_NAME)
+    if not name.strip():
+        raise ApiError(400, "name must not be blank", "name")
+    payload = body.data.get("payload")
+    if not is_storable(payload):
+        raise ApiError(400, "payload cannot be stored as JSON (NaN, infinity, NUL or a lone surrogate)", "payload")
+    try:
+        stored = steps.send_event(task_id, name, payload)
+    except Task.DoesNotExist:
+        raise ApiError(404, f"no task with id {task_id}") from None
+    except TaskError as exc:
+        raise ApiError(409, str(exc), status=task.status) from None
+    if not stored:
+        raise ApiError(409, f"an event {name!r} was sent to task {task_id} before: the first payload stands", "name")
+    return 201, {"task_id": task_id, "event": name}
+
+
 def rate_key_json(state: RateKeyState) -> dict[str, Any]:
     return {
         "key": state.key,
@@ -529,6 +555,7 @@ urlpatterns = [
     path("tasks/<int:task_id>/fail", fail, name="api-task-fail"),
     path("tasks/<int:task_id>/cancel", cancel, name="api-task-cancel"),
     path("tasks/<int:task_id>/requeue", requeue, name="api-task-requeue"),
+    path("tasks/<int:task_id>/events", send_event, name="api-task-events"),
     path("generator", generator_state, name="api-generator"),
     path("rate-keys", rate_keys, name="api-rate-keys"),
     *schedule_api.urlpatterns,
