@@ -175,6 +175,78 @@ async def astep(name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any)
     return await sync_to_async(run, thread_sensitive=False)()
 
 
+# -- re-running from a step (an operator's action) -----------------------------------------------------
+
+
+def rerun_from_step(task_id: int, position: int, *, using: str | None = None) -> int:
+    """Discard the task's stored steps from ``position`` on (its events stay: they were sent) and run
+    it again now: a finished task is requeued with a fresh set of attempts (a task the mover took to
+    the finished history comes back first), a waiting one is made due; a workflow member AWAITING its
+    parents keeps waiting. Returns how many steps were discarded. In one transaction under the task
+    row's lock, so no claim or fence comes between: a RUNNING task is refused (its attempt holds its
+    steps; cancel it or let it end), as a position past its last step, and a requeue its dedup key
+    refuses (TaskError) changes nothing."""
+    from tasks.lifecycle.states import FINISHED, WAITING
+    from tasks.models import Task, TaskStep
+
+    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        raise ValueError(f"a step's position is a whole number from 0, not {position!r}")
+    manager = Task.objects.db_manager(using) if using else Task.objects
+    with transaction.atomic(using=manager.db):
+        task = manager.find(task_id)
+        if task is None:
+            raise Task.DoesNotExist(f"no task with id {task_id}")
+        if task.archived:
+            manager.restore([task_id])
+        status = manager.select_for_update().filter(pk=task_id).values_list("status", flat=True).first()
+        if status is None:
+            raise Task.DoesNotExist(f"no task with id {task_id}")
+        if status == "RUNNING":
+            raise TaskError(f"task {task_id} is running: its attempt holds its steps (cancel it, or wait for its end)")
+        steps = TaskStep.objects.using(manager.db).filter(task_id=task_id)
+        stored = steps.count()
+        if position > stored:
+            raise ValueError(f"task {task_id} has {stored} stored steps: re-run from one of 0 to {stored}")
+        discarded, _ = steps.filter(position__gte=position).delete()
+        if status in FINISHED:
+            manager.filter(pk=task_id).requeue()
+        elif status in WAITING:
+            manager.filter(pk=task_id).retry_now()
+    return discarded
+
+
+# -- patch markers ----------------------------------------------------------------------------------
+
+
+def patched(name: str) -> bool:
+    """Whether this run of the task takes a code path a deploy added at this point of its steps::
+
+        if patched("tax-2027"):
+            total = step("total", total_with_new_tax, order_id)
+        else:
+            total = step("total", total_with_old_tax, order_id)
+
+    True for a task that had not reached this point before the deploy (a new task, or one whose
+    attempts recorded no step here yet): the marker is recorded as a step (``patch:<name>``) and
+    every later attempt takes the same path. False for a task whose earlier attempts recorded another
+    step here (they ran the old code past this point): it goes on the old path, and its stored steps
+    fit. Once no task from before the deploy is left, the old branch and the marker can go (a task
+    that recorded the marker then sees a mismatch: remove both only when none is in flight)."""
+    marker = f"patch:{name}"
+    if not isinstance(name, str) or not name or len(marker) > MAX_NAME:
+        raise ValueError(f"a patch's name is a non-empty string of at most {MAX_NAME - 6} characters: {name!r}")
+    execution = current_task()
+    recorded = _stored(execution).get(execution.step_position)
+    if recorded is not None and recorded[0] != marker:
+        return False  # recorded by an attempt that ran the code from before the patch
+    step(marker, _true)
+    return True
+
+
+def _true() -> bool:
+    return True
+
+
 # -- durable sleeps ----------------------------------------------------------------------------------
 
 
@@ -332,6 +404,8 @@ __all__ = [
     "asleep_until",
     "astep",
     "await_event",
+    "patched",
+    "rerun_from_step",
     "send_event",
     "sleep",
     "sleep_until",

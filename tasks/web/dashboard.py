@@ -268,9 +268,34 @@ def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
             "window": window,
             "window_seconds": window.seconds if window else None,
             "steps": steps[:STEP_ROWS],
+            # "Re-run from here" on each step, but while an attempt runs (it holds its steps).
+            "steps_rerunnable": task.status != "RUNNING",
             "more_steps": len(steps) > STEP_ROWS,
         },
     )
+
+
+@staff_page(POST=[CHANGE_TASK])
+def task_rerun_from_step(request: HttpRequest, task_id: int) -> HttpResponse:
+    """The steps table's "Re-run from here": the task's stored steps from that position on are
+    discarded and it runs again (tasks/steps.py ``rerun_from_step``); a running task is a 409 page."""
+    from tasks import steps as durable
+
+    page = with_database(reverse("tasks:task-detail", args=[task_id]))
+    try:
+        position = parse_whole(request.POST.get("position", ""), "position", low=0, high=2**31 - 1)
+    except InvalidInput as exc:
+        return bad_request_page(request, exc.message)
+    try:
+        discarded = durable.rerun_from_step(task_id, position, using=selected_database())
+    except Task.DoesNotExist:
+        raise Http404(f"no task with id {task_id}") from None
+    except ValueError as exc:
+        return bad_request_page(request, str(exc))
+    except TaskError as exc:
+        return _refused(request, f"{exc}. Nothing changed.", page)
+    messages.success(request, f"Task {task_id} runs again from step {position} ({discarded} stored step(s) discarded).")
+    return HttpResponseRedirect(page)
 
 
 @staff_page(POST=[CHANGE_TASK])

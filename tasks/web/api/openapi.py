@@ -568,6 +568,19 @@ def document(server_url: str = "/api") -> dict[str, Any]:
             "parameters": [ID],
             "post": _op("Run a finished or waiting task again now", 200, ONE_TASK, 404, 409),
         },
+        "/tasks/{id}/rerun-from-step": {
+            "parameters": [ID],
+            "post": _op(
+                "Discard the task's stored durable steps from a position on and run it again (a finished task"
+                " requeued, a waiting one made due); 409 while it runs",
+                200,
+                _object({"task": _ref("Task"), "discarded": {"type": "integer"}}),
+                400,
+                404,
+                409,
+                requestBody=_body({"position": {"type": "integer", "minimum": 0}}, ["position"]),
+            ),
+        },
         "/tasks/{id}/events": {
             "parameters": [ID],
             "post": _op(

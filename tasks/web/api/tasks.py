@@ -476,6 +476,27 @@ def send_event(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     return 201, {"task_id": task_id, "event": name}
 
 
+@api_view(POST=[CHANGE_TASK])
+def rerun_from_step(request: HttpRequest, task_id: int) -> tuple[int, Any]:
+    """Discard the task's stored steps from ``position`` on and run it again (tasks/steps.py)."""
+    from tasks import steps
+
+    _found_or_404(task_id)
+    body = Body(request)
+    body.only("position")
+    position = body.whole("position", low=0, high=2**31 - 1)
+    try:
+        discarded = steps.rerun_from_step(task_id, position)
+    except Task.DoesNotExist:
+        raise ApiError(404, f"no task with id {task_id}") from None
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "position") from None
+    except TaskError as exc:
+        raise ApiError(409, str(exc)) from None
+    task = Task.objects.get(pk=task_id)
+    return 200, {"task": task_json(task), "discarded": discarded}
+
+
 def rate_key_json(state: RateKeyState) -> dict[str, Any]:
     return {
         "key": state.key,
@@ -556,6 +577,7 @@ urlpatterns = [
     path("tasks/<int:task_id>/cancel", cancel, name="api-task-cancel"),
     path("tasks/<int:task_id>/requeue", requeue, name="api-task-requeue"),
     path("tasks/<int:task_id>/events", send_event, name="api-task-events"),
+    path("tasks/<int:task_id>/rerun-from-step", rerun_from_step, name="api-task-rerun-from-step"),
     path("generator", generator_state, name="api-generator"),
     path("rate-keys", rate_keys, name="api-rate-keys"),
     *schedule_api.urlpatterns,
