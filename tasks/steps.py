@@ -105,7 +105,7 @@ def _stored(execution: Execution) -> dict[int, tuple[str, str | None]]:
 
 def step(name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     """Run ``fn(*args, **kwargs)`` as the task's next step, once per task: see the module's text."""
-    if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME or "\x00" in name:
         raise ValueError(f"a step's name is a non-empty string of at most {MAX_NAME} characters: {name!r}")
     execution = current_task()
     connection = connections[execution.using]
@@ -199,6 +199,9 @@ def rerun_from_step(task_id: int, position: int, *, using: str | None = None) ->
         if task.archived:
             manager.restore([task_id])
         status = manager.select_for_update().filter(pk=task_id).values_list("status", flat=True).first()
+        if status is None and manager.restore([task_id]):
+            # Read in tasks_task, then taken by the mover before the lock: back, and read again.
+            status = manager.select_for_update().filter(pk=task_id).values_list("status", flat=True).first()
         if status is None:
             raise Task.DoesNotExist(f"no task with id {task_id}")
         if status == "RUNNING":
@@ -323,7 +326,7 @@ class _NotYet(Exception):
 
 
 def _event_name(name: Any) -> str:
-    if not isinstance(name, str) or not name.strip() or len(name) > MAX_EVENT_NAME:
+    if not isinstance(name, str) or not name.strip() or len(name) > MAX_EVENT_NAME or "\x00" in name:
         raise ValueError(f"an event's name is a non-empty string of at most {MAX_EVENT_NAME} characters: {name!r}")
     return name
 
@@ -340,7 +343,6 @@ def _look_for(name: str, deadline: str | None) -> dict[str, Any]:
         cursor.execute(sql.EVENT_CHECK_SQL, {"id": execution.id, "name": name, "deadline": deadline})
         text, found, left = cursor.fetchone()
         if found:
-            cursor.execute(sql.EVENT_TAKEN_SQL, {"id": execution.id, "name": name})
             return {"payload": None if text is None else json.loads(text)}
     if left is not None and left <= 0:
         return {"timed_out": True}
@@ -384,10 +386,12 @@ def send_event(task_id: int, name: str, payload: Any = None, *, using: str | Non
     _event_name(name)
     text = storable_json(payload)
     manager = Task.objects.db_manager(using) if using else Task.objects
-    with connections[manager.db].cursor() as cursor:
+    with transaction.atomic(using=manager.db), connections[manager.db].cursor() as cursor:
+        cursor.execute(sql.EVENT_LOCK_SQL, {"id": task_id})
         cursor.execute(sql.EVENT_SEND_SQL, {"id": task_id, "name": name, "payload": text})
-        if cursor.fetchone() is not None:
-            return True
+        stored = cursor.fetchone() is not None
+    if stored:
+        return True
     task = manager.find(task_id)
     if task is None:
         raise Task.DoesNotExist(f"no task with id {task_id}")

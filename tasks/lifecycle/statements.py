@@ -86,8 +86,8 @@ from tasks.lifecycle.rounds import (  # noqa: F401
 )
 from tasks.lifecycle.steps import (  # noqa: F401
     EVENT_CHECK_SQL,
+    EVENT_LOCK_SQL,
     EVENT_SEND_SQL,
-    EVENT_TAKEN_SQL,
     EVENTS_WAKE_SQL,
     SLEEP_REMAINING_SQL,
     SLEEP_WAKE_SQL,

@@ -56,21 +56,35 @@ SELECT EXTRACT(EPOCH FROM (%(wake)s::timestamptz - clock_timestamp()))::float8
 """
 
 # -- events (tasks/steps.py send_event, wait_for_event) ------------------------------------------------
-# An event is stored once per (task, name): the first payload wins. A task waiting in the queue (READY
-# or BLOCKED, a wait's snooze) is made due at once by the send. A task RUNNING when its event comes may
-# have looked for it already and be about to snooze: its event stays undelivered, and the recovery
-# round's ``EVENTS_WAKE_SQL`` wakes it once it waits. The attempt that takes an event marks it
-# delivered in its step (``EVENT_TAKEN_SQL``), so that no round wakes the task for it again.
+# An event is stored once per (task, name): the first payload wins. A task suspended on a wait for it
+# (its ``wait:<name>`` step stored, its ``event:<name>`` not: _WAITS_FOR) and waiting in the queue is
+# made due at once by the send (``statement_timestamp()``, so the notify trigger wakes idle workers);
+# a task that waits for something else, a backoff or a schedule is left where it is (it reads its
+# events when it reaches their wait). A task RUNNING when its event comes may have looked for it
+# already and be about to snooze: its event stays undelivered, and the recovery round's
+# ``EVENTS_WAKE_SQL`` wakes it once it waits for it. Neither ever waits on a row another session
+# holds (a worker frozen inside a step stalls nothing but its own task).
 
-# The send: the task made due (if it waits, and has no event of this name yet) and the event stored
-# (if the task is unfinished in tasks_task, and none of this name was sent before). Returns
-# (delivered) for a stored event; no row: the task is finished, moved, absent, or had one of the name.
-EVENT_SEND_SQL = """
+# Whether task ``t`` is suspended on a wait for the event named by the expression ``name``.
+_WAITS_FOR = """EXISTS (SELECT FROM tasks_taskstep AS s WHERE s.task_id = t.id AND s.name = 'wait:' || {name})
+      AND NOT EXISTS (SELECT FROM tasks_taskstep AS s WHERE s.task_id = t.id AND s.name = 'event:' || {name})"""
+
+# The send, first: the task's row under a share lock, so that a cancel or finish in flight commits
+# before the send reads it (``EVENT_SEND_SQL`` runs next, in the same transaction, on a new snapshot).
+EVENT_LOCK_SQL = """
+SELECT status FROM tasks_task WHERE id = %(id)s FOR SHARE
+"""
+
+# The send: the task made due (if it waits for this event in the queue, and none of the name was sent
+# before) and the event stored (if the task is unfinished in tasks_task). Returns (delivered) for a
+# stored event; no row: the task is finished, moved, absent, or had one of the name.
+EVENT_SEND_SQL = f"""
 WITH woken AS (
-    UPDATE tasks_task SET run_after = LEAST(run_after, clock_timestamp())
-    WHERE id = %(id)s AND status IN ('READY', 'BLOCKED')
+    UPDATE tasks_task AS t SET run_after = LEAST(t.run_after, statement_timestamp())
+    WHERE t.id = %(id)s AND t.status IN ('READY', 'BLOCKED')
+      AND {_WAITS_FOR.format(name="%(name)s")}
       AND NOT EXISTS (SELECT FROM tasks_taskevent WHERE task_id = %(id)s AND name = %(name)s)
-    RETURNING id
+    RETURNING t.id
 )
 INSERT INTO tasks_taskevent (task_id, name, payload, sent_at, delivered)
 SELECT t.id, %(name)s, %(payload)s::jsonb, clock_timestamp(), EXISTS (SELECT FROM woken)
@@ -80,36 +94,40 @@ ON CONFLICT (task_id, name) DO NOTHING
 RETURNING delivered
 """
 
-# A wait's look: the event's payload if one was sent (found), and the seconds left to the wait's
-# deadline on the database clock (NULL: it waits without one).
+# A wait's look: the event's payload if one was sent by its deadline (found), and the seconds left
+# to the deadline on the database clock (NULL: it waits without one).
 EVENT_CHECK_SQL = """
 SELECT e.payload::text, e.id IS NOT NULL, EXTRACT(EPOCH FROM (%(deadline)s::timestamptz - clock_timestamp()))::float8
 FROM (SELECT 1) AS one
 LEFT JOIN tasks_taskevent AS e ON e.task_id = %(id)s AND e.name = %(name)s
+    AND e.sent_at <= COALESCE(%(deadline)s::timestamptz, 'infinity')
 """
 
-# Inside the step that takes the event: nothing need wake the task for it any more.
-EVENT_TAKEN_SQL = """
-UPDATE tasks_taskevent SET delivered = true WHERE task_id = %(id)s AND name = %(name)s AND NOT delivered
-"""
-
-# The recovery round: each undelivered event of a task no longer RUNNING makes its task due if it
-# waits, and is delivered (a finished or moved task, or a member AWAITING its parents, sees its events
-# when it runs, or never will). Events of RUNNING tasks stay for a later round.
-EVENTS_WAKE_SQL = """
+# The recovery round: the undelivered events of tasks not RUNNING (rows no other session holds, and
+# tasks no other session holds: a held one is left for a later round). A task suspended on the wait
+# for one is made due; every one looked at is delivered (a task that waits for something else reads
+# its events when it reaches their wait; a finished or moved task never will).
+EVENTS_WAKE_SQL = f"""
 WITH pending AS (
-    SELECT e.id, e.task_id, t.status FROM tasks_taskevent AS e
+    SELECT e.id, e.task_id, e.name FROM tasks_taskevent AS e
     LEFT JOIN tasks_task AS t ON t.id = e.task_id
     WHERE NOT e.delivered AND t.status IS DISTINCT FROM 'RUNNING'
     ORDER BY e.id LIMIT %(limit)s
+    FOR UPDATE OF e SKIP LOCKED
+), held AS (
+    SELECT t.id FROM tasks_task AS t
+    WHERE t.id IN (SELECT task_id FROM pending) AND t.status <> 'RUNNING'
+    FOR UPDATE SKIP LOCKED
 ), woken AS (
-    UPDATE tasks_task AS t SET run_after = clock_timestamp()
+    UPDATE tasks_task AS t SET run_after = statement_timestamp()
     FROM pending AS p
-    WHERE t.id = p.task_id AND p.status IN ('READY', 'BLOCKED') AND t.status IN ('READY', 'BLOCKED')
-      AND t.run_after > clock_timestamp()
+    WHERE t.id = p.task_id AND t.id IN (SELECT id FROM held) AND t.status IN ('READY', 'BLOCKED')
+      AND t.run_after > statement_timestamp() AND {_WAITS_FOR.format(name="p.name")}
     RETURNING t.id
 )
 UPDATE tasks_taskevent AS e SET delivered = true
-FROM pending AS p WHERE e.id = p.id
+FROM pending AS p
+WHERE e.id = p.id
+  AND (p.task_id IN (SELECT id FROM held) OR NOT EXISTS (SELECT FROM tasks_task AS t WHERE t.id = p.task_id))
 RETURNING e.task_id, e.task_id IN (SELECT id FROM woken)
 """

@@ -36,8 +36,8 @@ class TaskStep(models.Model):
 
 class TaskEvent(models.Model):
     """An event sent to a task (tasks/steps.py ``send_event``): the first payload under a name wins,
-    and ``wait_for_event`` returns it. ``delivered``: the task was woken for it, or it was sent while
-    the task waited for nothing yet (the recovery round wakes a task whose event came while it ran)."""
+    and ``wait_for_event`` returns it. ``delivered``: no wake is owed for it any more (the send woke the
+    task suspended on it, or the recovery round looked at it once the task no longer ran)."""
 
     task_id = models.BigIntegerField(help_text="The task the event was sent to.")
     name = models.CharField(max_length=150, help_text="The name the task waits for it by.")

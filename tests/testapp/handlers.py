@@ -794,3 +794,24 @@ def step_then_wait(gate: str, **kwargs: Any) -> dict[str, Any]:
 
     _effect("entering")
     return step("charge", charge)
+
+
+def event_taken_then_frozen(**kwargs: Any) -> dict[str, Any]:
+    """Attempt 1 records the wait's deadline, waits for gate ``sent`` (the test sends the
+    event while it runs: stored undelivered), then runs the wait's second step exactly as
+    wait_for_event does, but stays inside it after taking the event (for the test to SIGSTOP it)."""
+    from tasks.steps import _look_for, _waited, step, wait_for_event
+
+    run = current_task()
+    if run.attempt == 1:
+        step("wait:go", lambda: None)
+        _wait_for_gate("sent")
+
+        def look(name: str, deadline: Any) -> Any:
+            found = _look_for(name, deadline)
+            _effect_outside_the_step("taken")
+            _wait_for_gate(f"never:{run.token}")
+            return found
+
+        return {"payload": _waited(step("event:go", look, "go", None))}
+    return {"payload": wait_for_event("go")}
