@@ -274,13 +274,18 @@ def _wake_after(seconds: float) -> str:
         return str(cursor.fetchone()[0].isoformat())
 
 
+def _suspended(left: float | None) -> Snooze:
+    """The snooze that suspends the task for ``left`` seconds (None: until woken), at most a year."""
+    return Snooze(MAX_DELAY if left is None else min(left, MAX_DELAY))
+
+
 def _snooze_until(wake: str) -> None:
     """Snooze the task until ``wake`` (its stored wake time), unless the database clock is past it."""
     with connections[current_task().using].cursor() as cursor:
         cursor.execute(sql.SLEEP_REMAINING_SQL, {"wake": wake})
         (left,) = cursor.fetchone()
     if left > 0:
-        raise Snooze(min(left, MAX_DELAY))
+        raise _suspended(left)
 
 
 def sleep(duration: float | dt.timedelta, *, name: str = "sleep") -> None:
@@ -362,7 +367,7 @@ def wait_for_event(name: str, *, timeout: float | dt.timedelta | None = None) ->
     try:
         return _waited(step(f"event:{name}", _look_for, name, deadline))
     except _NotYet as waiting:
-        raise Snooze(MAX_DELAY if waiting.left is None else min(waiting.left, MAX_DELAY)) from None
+        raise _suspended(waiting.left) from None
 
 
 async def await_event(name: str, *, timeout: float | dt.timedelta | None = None) -> Any:
@@ -373,7 +378,7 @@ async def await_event(name: str, *, timeout: float | dt.timedelta | None = None)
     try:
         return _waited(await astep(f"event:{name}", _look_for, name, deadline))
     except _NotYet as waiting:
-        raise Snooze(MAX_DELAY if waiting.left is None else min(waiting.left, MAX_DELAY)) from None
+        raise _suspended(waiting.left) from None
 
 
 def send_event(task_id: int, name: str, payload: Any = None, *, using: str | None = None) -> bool:

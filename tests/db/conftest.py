@@ -81,3 +81,13 @@ def spans(settings: Any) -> Iterator[InMemorySpanExporter]:
     settings.LEASING_TASKS = {"BACKOFF_BASE": 0.01, "BACKOFF_MAX": 0.05}
     with global_provider() as exporter:
         yield exporter
+
+
+@pytest.fixture
+def current() -> Iterator[None]:
+    """A test that sets an attempt as the current task (tasks.runtime._set_current, as an executor
+    does, for durable steps) ends with none set."""
+    from tasks.runtime import _set_current
+
+    yield
+    _set_current(None)

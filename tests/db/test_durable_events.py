@@ -37,12 +37,6 @@ def task_id() -> int:
     return Task.objects.enqueue("tests.testapp.handlers.noop", queue=QUEUE).id
 
 
-@pytest.fixture
-def current() -> Iterator[None]:
-    yield
-    _set_current(None)
-
-
 def steps_of(task_id: int) -> list[str]:
     return list(TaskStep.objects.filter(task_id=task_id).order_by("position").values_list("name", flat=True))
 

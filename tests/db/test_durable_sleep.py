@@ -35,12 +35,6 @@ def task_id() -> int:
     return Task.objects.enqueue("tests.testapp.handlers.noop", queue=QUEUE).id
 
 
-@pytest.fixture
-def current() -> Iterator[None]:
-    yield
-    _set_current(None)
-
-
 def wake_of(task_id: int, name: str = "nap") -> dt.datetime:
     (stored,) = TaskStep.objects.filter(task_id=task_id, name=name).values_list("result", flat=True)
     return dt.datetime.fromisoformat(stored)

@@ -4,7 +4,6 @@ keyed, paused and fair queues."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -25,12 +24,6 @@ from tests.helpers.connections import OnItsOwnConnection, waits_for_a_lock
 pytestmark = pytest.mark.django_db(transaction=True)
 
 QUEUE = "steps"
-
-
-@pytest.fixture
-def current() -> Iterator[None]:
-    yield
-    _set_current(None)
 
 
 def suspended_waiting(event: str = "paid", timeout: float | None = 3600, **enqueue: Any) -> int:

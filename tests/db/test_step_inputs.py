@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,12 +26,6 @@ UTC = dt.timezone.utc
 @pytest.fixture
 def task_id() -> int:
     return Task.objects.enqueue("tests.testapp.handlers.noop", queue=QUEUE).id
-
-
-@pytest.fixture
-def current() -> Iterator[None]:
-    yield
-    _set_current(None)
 
 
 @pytest.mark.parametrize(

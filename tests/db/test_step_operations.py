@@ -31,12 +31,6 @@ QUEUE = "steps"
 STEPPED = "tests.testapp.handlers.stepped"
 
 
-@pytest.fixture
-def current() -> Iterator[None]:
-    yield
-    _set_current(None)
-
-
 def names(task_id: int) -> list[str]:
     return list(TaskStep.objects.filter(task_id=task_id).order_by("position").values_list("name", flat=True))
 

@@ -52,12 +52,6 @@ def task_id() -> int:
     return Task.objects.enqueue("tests.testapp.handlers.noop", queue=QUEUE).id
 
 
-@pytest.fixture
-def current() -> Iterator[None]:
-    yield
-    _set_current(None)
-
-
 def effect(phase: str) -> dict[str, Any]:
     Effect.objects.create(task_id=0, token=0, attempt=0, phase=phase, pid=0)
     return {"phase": phase, "count": Effect.objects.filter(phase=phase).count()}

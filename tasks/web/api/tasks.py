@@ -460,13 +460,13 @@ def send_event(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     body = Body(request)
     body.only("name", "payload")
     name = body.text("name", max_length=steps.MAX_EVENT_NAME)
-    if not name.strip():
-        raise ApiError(400, "name must not be blank", "name")
     payload = body.data.get("payload")
     if not is_storable(payload):
         raise ApiError(400, "payload cannot be stored as JSON (NaN, infinity, NUL or a lone surrogate)", "payload")
     try:
         stored = steps.send_event(task_id, name, payload)
+    except ValueError as exc:  # a name tasks.steps refuses (blank)
+        raise ApiError(400, str(exc), "name") from None
     except Task.DoesNotExist:
         raise ApiError(404, f"no task with id {task_id}") from None
     except TaskError as exc:
