@@ -155,6 +155,23 @@ WHERE NOT EXISTS (SELECT 1 FROM tasks_activityhourmark AS m WHERE m.hour = h.hou
 ORDER BY h.hour DESC
 """
 
+# The due hours that end before the earliest finish in tasks_task (a fresh install's window, a long
+# quiet spell) marked counted with nothing in them, all in one statement: each of them would be one
+# COUNT_HOUR_SQL finding no task, 168 on a first start (its planning alone cost 3 ms each). An hour
+# with keys stored is left to COUNT_HOUR_SQL, which deletes them. A finish is stamped with the
+# database's clock and lands in an hour not yet due; the hours at or after the earliest finish are
+# counted one by one as before.
+MARK_EMPTY_HOURS_SQL = """
+INSERT INTO tasks_activityhourmark AS m (hour, counted_at, keys, tasks)
+SELECT h.hour, clock_timestamp(), 0, 0
+FROM unnest(%(hours)s::timestamptz[]) AS h(hour)
+WHERE h.hour + interval '1 hour' <= COALESCE(
+        (SELECT min(finished_at) FROM tasks_task WHERE finished_at IS NOT NULL), 'infinity'::timestamptz)
+  AND NOT EXISTS (SELECT 1 FROM tasks_activityhour AS a WHERE a.hour = h.hour)
+ON CONFLICT (hour) DO NOTHING
+RETURNING m.hour
+"""
+
 # Hours past the kept window (the unique index's leading column; the marks' primary key).
 PRUNE_HOURS_SQL = """
 DELETE FROM tasks_activityhour
@@ -180,6 +197,16 @@ def due_hours(*, using: str = DEFAULT_DB_ALIAS, hours: int | None = None) -> lis
     with connections[using].cursor() as cursor:
         cursor.execute(DUE_HOURS_SQL, params)
         return [row[0] for row in cursor.fetchall()]
+
+
+def mark_empty_hours(hours: Sequence[dt.datetime], *, using: str = DEFAULT_DB_ALIAS) -> set[dt.datetime]:
+    """Mark counted, with no task, those of ``hours`` that end before any task in tasks_task
+    finished and have no keys stored; returns the hours it marked."""
+    if not hours:
+        return set()
+    with connections[using].cursor() as cursor:
+        cursor.execute(MARK_EMPTY_HOURS_SQL, {"hours": list(hours)})
+        return {row[0] for row in cursor.fetchall()}
 
 
 def prune_history(*, using: str = DEFAULT_DB_ALIAS, hours: int | None = None) -> int:
@@ -210,16 +237,19 @@ def roll_up_hours(
     clock: Callable[[], float] = time.monotonic,
 ) -> RollupRound:
     """Count the due hours, newest first, for up to ``budget`` seconds (at least one hour; None:
-    every due hour), then delete the hours past the window."""
+    every due hour), then delete the hours past the window. The hours before the earliest finish
+    are marked empty first, in one statement, and are among those counted."""
     due = due_hours(using=using)
+    empty = mark_empty_hours(due, using=using)
     deadline = None if budget is None else clock() + budget
     counted: list[dt.datetime] = []
     tasks = 0
-    for hour in due:
+    for hour in (hour for hour in due if hour not in empty):
         if counted and deadline is not None and clock() >= deadline:
             break
         tasks += count_hour(hour, using=using)
         counted.append(hour)
+    counted += [hour for hour in due if hour in empty]  # the oldest: before the earliest finish
     pruned = prune_history(using=using)
     if tasks:
         logger.info("history: counted %d hour(s), %d finished task(s)", len(counted), tasks)

@@ -168,6 +168,7 @@ def test_a_round_that_crashes_leaves_nothing_and_its_rerun_counts_the_hour_once(
 @pytest.mark.django_db
 def test_the_window_is_counted_newest_first_within_the_budget_and_pruned() -> None:
     ticks = iter(range(1000))
+    finished(hour_ago(168))  # a finish in the window's oldest hour: no hour is before every finish
     # A round with a budget of 1.5 ticks of a clock that advances one tick per read: two hours.
     done = roll_up_hours(budget=1.5, clock=lambda: float(next(ticks)))
     assert len(done.counted) == 2
@@ -187,6 +188,43 @@ def test_the_window_is_counted_newest_first_within_the_budget_and_pruned() -> No
     assert not ActivityHour.objects.filter(hour=old).exists()
     assert not ActivityHourMark.objects.filter(hour=old).exists()
     assert ActivityHour.objects.filter(hour=kept).exists()
+
+
+@pytest.mark.django_db
+def test_the_hours_before_the_earliest_finish_are_marked_empty_in_one_statement() -> None:
+    """A window with tasks finished 5 hours ago and none before: the older due hours are marked with
+    no task in one statement (not one count each), an older hour with keys stored from an earlier
+    count is counted (its keys deleted), and the hours from the earliest finish on are counted."""
+    earliest = hour_ago(5)
+    finished(earliest, at_minute=30)
+    finished(hour_ago(3))
+    stale = hour_ago(40)
+    ActivityHour.objects.create(hour=stale, queue="q1", task_path=PATH, succeeded=3, wait_buckets=[0] * BUCKETS,
+                                run_buckets=[0] * BUCKETS)  # fmt: skip
+    sent: list[str] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        done = roll_up_hours()
+    assert done.left == 0 and done.tasks == 2
+    due = len(done.counted)
+    counts = [sql for sql in sent if sql == history.COUNT_HOUR_SQL]
+    # Each hour from the earliest finish on (5 hours ago to 1 hour ago, or 2 once FINAL_AFTER is not
+    # yet past) and the stale hour, one statement each; every older hour in one.
+    assert len(counts) in (5, 6), len(counts)
+    assert sent.count(history.MARK_EMPTY_HOURS_SQL) == 1 and due > 160
+    marks = ActivityHourMark.objects.filter(hour__lt=earliest)
+    assert marks.count() == due - len(counts) + 1  # the stale hour's mark is a count's
+    assert set(marks.exclude(hour=stale).values_list("tasks", "keys").distinct()) == {(0, 0)}
+    assert not ActivityHour.objects.filter(hour=stale).exists()  # counted: its stale keys gone
+    assert ActivityHour.objects.get(hour=earliest).succeeded == 1
+    assert roll_up_hours().counted == ()
+    # A task found later in a marked hour (a hand edit, a restored dump) is not counted: as for any
+    # counted hour, a count begun COUNTED_MARGIN after the mark changes nothing.
+    assert history.mark_empty_hours([]) == set()
 
 
 @pytest.mark.django_db

@@ -85,6 +85,22 @@ FROM generate_series(
 WHERE NOT EXISTS (SELECT 1 FROM tasks_activityhourmark AS m WHERE m.hour = h.hour)
 ORDER BY h.hour DESC;
 
+-- name: MARK_EMPTY_HOURS_SQL
+-- The due hours that end before the earliest finish in tasks_task (a fresh install's window, a long
+-- quiet spell) marked counted with nothing in them, all in one statement: each of them would be one
+-- COUNT_HOUR_SQL finding no task, 168 on a first start (its planning alone cost 3 ms each). An hour
+-- with keys stored is left to COUNT_HOUR_SQL, which deletes them. A finish is stamped with the
+-- database's clock and lands in an hour not yet due; the hours at or after the earliest finish are
+-- counted one by one as before.
+INSERT INTO tasks_activityhourmark AS m (hour, counted_at, keys, tasks)
+SELECT h.hour, clock_timestamp(), 0, 0
+FROM unnest(%(hours)s::timestamptz[]) AS h(hour)
+WHERE h.hour + interval '1 hour' <= COALESCE(
+        (SELECT min(finished_at) FROM tasks_task WHERE finished_at IS NOT NULL), 'infinity'::timestamptz)
+  AND NOT EXISTS (SELECT 1 FROM tasks_activityhour AS a WHERE a.hour = h.hour)
+ON CONFLICT (hour) DO NOTHING
+RETURNING m.hour;
+
 -- name: PRUNE_HOURS_SQL
 -- Hours past the kept window (the unique index's leading column; the marks' primary key).
 DELETE FROM tasks_activityhour
