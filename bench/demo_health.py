@@ -16,6 +16,12 @@ shows; at the end one comparable figure per line:
 - tasks stuck longer than TTL + recovery interval + 2 s (goal: 0);
 - recoveries, crashes charged, failures charged, claims returned uncharged, worker restarts.
 
+- attempts the task pages show with a duration of 0.000 s because their start and end are the same
+  stamp (issue 56: a failed or timed-out attempt that ran showed its end as its start; goal: 0);
+- samples whose "What holds the waiting tasks" panel left Ready tasks without a reason: its parts
+  (runnable, paused, rate lines, snoozed, backoff) more than the Ready count, or more "scheduled"
+  than Ready tasks due later in the same snapshot (goal: 0);
+- the rows the repair sweep repaired (tasks_repair: each repair is a bug; goal: 0);
 - how long after its start the demo had shown every feature (``Seen``: each state and view the
   dashboard lists and each showcase feature's mark; issue 41's goal: two minutes). The test suite
   checks that every feature shows (tests/concurrency/test_demo_features.py), not how soon.
@@ -67,6 +73,8 @@ class Sample:
     cancelled: int = 0
     rate_refusals: int = 0
     snoozes: int = 0
+    #: The holds panel's parts did not add up to its Ready count (see unexplained_ready).
+    unexplained_ready: int = 0
 
     @property
     def finished(self) -> int:
@@ -84,6 +92,11 @@ class Health:
     log: str = ""
     #: Seconds from the demo's start to the first poll that had seen every feature (None: not in the run).
     every_feature_after: float | None = None
+    #: Attempts with a start and an end at the end of the run, and those whose end is their start.
+    timed_attempts: int = 0
+    zero_durations: int = 0
+    #: The repair sweep's counts by kind at the end (tasks_repair; each a bug to report).
+    repairs: dict[str, int] = field(default_factory=dict)
 
     @property
     def last(self) -> Sample:
@@ -152,6 +165,7 @@ def sample(started: float) -> Sample:
         returned=Sum("unstarted_returns"),
     )
     generated = GeneratorState.objects.aggregate(n=Sum("generated"))["n"] or 0
+    unexplained = unexplained_ready()
     return Sample(
         at=time.monotonic() - started,
         generated=generated,
@@ -171,7 +185,48 @@ def sample(started: float) -> Sample:
         cancelled=cancelled,
         rate_refusals=rate_refusals,
         snoozes=snoozes,
+        unexplained_ready=unexplained,
     )
+
+
+def unexplained_ready() -> int:
+    """Ready tasks the overview's "What holds the waiting tasks" panel gives no reason for, read in
+    one snapshot (REPEATABLE READ): its parts beyond its Ready count, or a "scheduled" remainder
+    larger than the Ready tasks whose run_after is later than the snapshot's start (a remainder
+    that is not scheduled is a reason the panel does not know). 0 when a part stopped at its cap."""
+    from django.db import connection, transaction
+
+    from tasks.web.holds import waiting_holds
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cursor.execute("SELECT count(*) FROM tasks_task WHERE status = 'READY' AND run_after > now()")
+            (later,) = cursor.fetchone()
+        holds = waiting_holds(using="default")
+    if holds.ready.capped or any(hold.count.capped for hold in holds.holds):
+        return 0
+    parts = holds.runnable.value + sum(hold.count.value for hold in holds.held)
+    scheduled = sum(hold.count.value for hold in holds.held if hold.reason == "scheduled")
+    return max(parts - holds.ready.value, 0) + max(scheduled - later, 0)
+
+
+def zero_durations() -> tuple[int, int]:
+    """Attempts with a start and an end, over every task in either table, as the task page lists them
+    (tasks.web.attempts.history); and those of them whose end is their start (shown as 0.000 s)."""
+    from tasks.models import Task
+    from tasks.models.finished import FINISHED_TABLE
+    from tasks.web.attempts import history
+
+    timed = same = 0
+    tasks = list(Task.objects.exclude(worker_ids=[]).iterator())
+    tasks += list(Task.objects.raw(f"SELECT * FROM {FINISHED_TABLE} WHERE worker_ids <> '[]'::jsonb"))
+    for task in tasks:
+        for attempt in history(task).attempts:
+            if attempt.started_at is not None and attempt.ended_at is not None:
+                timed += 1
+                same += attempt.started_at == attempt.ended_at
+    return timed, same
 
 
 class Seen:
@@ -263,11 +318,15 @@ def observe(
                         f"  backlog {s.backlog:4d}  running {s.running:3d}  stuck {s.stuck:2d} (long {s.stuck_long})"
                         f"  recoveries {s.recoveries:4d}  crashes {s.crashes:4d}/{s.shared_crashes:4d} shared"
                         f"  returned {s.returned:4d}  showcase {s.showcase_succeeded}/{s.showcase_failed} failed"
-                        f"/{s.cancelled} cancelled",
+                        f"/{s.cancelled} cancelled  ready without a reason {s.unexplained_ready}",
                         flush=True,
                     )
             time.sleep(min(1.0, max(0.0, next_sample - now)))
         health.samples.append(sample(started))
+        health.timed_attempts, health.zero_durations = zero_durations()
+        from tasks.models import Repair
+
+        health.repairs = {r.kind: r.count for r in Repair.objects.filter(count__gt=0)}
     finally:
         if demo.poll() is None:
             demo.send_signal(signal.SIGINT)
@@ -318,6 +377,12 @@ def main() -> None:
         figure("demo.failures", last.failures, "failed attempts (the handler's own)")
         figure("demo.returned_uncharged", last.returned, "claims returned uncharged")
         figure("demo.worker_restarts", health.restarts, "worker processes killed by injected crashes")
+        figure("demo.attempts_timed", health.timed_attempts, "attempts with a start and an end")
+        figure("demo.attempts_zero_duration", health.zero_durations, "of them ending at their start (goal 0)")
+        repaired = f"rows repaired by the sweep (goal 0) {health.repairs or ''}"
+        figure("demo.repairs", sum(health.repairs.values()), repaired)
+        unexplained = sum(1 for s in health.samples if s.unexplained_ready)
+        figure("demo.samples_with_unexplained_ready", unexplained, f"of {len(health.samples)} samples (goal 0)")
     finally:
         if server is not None:
             from leasing.embedded import discard
