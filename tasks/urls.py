@@ -15,6 +15,7 @@ urlpatterns = [
     path("tasks/<int:task_id>/", views.task_detail, name="task-detail"),
     path("tasks/action/", views.task_action, name="task-action"),
     path("tasks/<int:task_id>/rerun-from-step/", views.task_rerun_from_step, name="task-rerun-from-step"),
+    path("tasks/<int:task_id>/events/", views.task_send_event, name="task-send-event"),
     path("tasks/bulk/", bulk_views.bulk_operations, name="bulk"),
     path("tasks/bulk/<int:operation_id>/", bulk_views.bulk_detail, name="bulk-detail"),
     path("tasks/bulk/<int:operation_id>/cancel/", bulk_views.bulk_cancel, name="bulk-cancel"),

@@ -9,6 +9,7 @@ is an exact lookup, and the last-hour chart reads a per-minute rollup (tasks/lif
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 from django.contrib import messages
@@ -18,6 +19,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from leasing.access import (
     CHANGE_GENERATOR,
@@ -41,7 +43,8 @@ from tasks.exceptions import TaskError
 from tasks.lifecycle import activity, concurrency, ratelimits, vocabulary
 from tasks.lifecycle.bulk import KIND_STATUSES, KINDS
 from tasks.lifecycle.states import with_db_clock
-from tasks.models import Task, TaskStatus, TaskStep, Worker, Workflow
+from tasks.lifecycle.storable import is_storable
+from tasks.models import Task, TaskEvent, TaskStatus, TaskStep, Worker, Workflow
 from tasks.models.finished import archived_ids
 from tasks.web import all_tasks, attempts, holds, queries, workflows
 from tasks.web.queries import STATES, Count, state_counts
@@ -235,8 +238,9 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
     )
 
 
-#: The durable steps a task's page lists (the first ones, in order).
+#: The durable steps a task's page lists (the first ones, in order), and the events sent to it.
 STEP_ROWS = 200
+EVENT_ROWS = 100
 
 
 @staff_page(GET=[VIEW_TASK])
@@ -253,6 +257,18 @@ def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
     for completed in steps:
         completed.shown = redaction.value(task.task_path, completed.result)
         completed.seconds = max(0.0, (completed.completed_at - completed.started_at).total_seconds())
+    # Its events (wait_for_event / send_event): those sent (the (task, name) index), and the waits
+    # whose event step has not run: a ``wait:<name>`` step (its deadline) without ``event:<name>``.
+    events = list(TaskEvent.objects.filter(task_id=task.pk).order_by("id")[: EVENT_ROWS + 1])
+    for event in events:
+        event.shown = redaction.value(task.task_path, event.payload)
+    final = task.archived or task.status in FINISHED_STATUSES
+    resolved = {row.name.removeprefix("event:") for row in steps if row.name.startswith("event:")}
+    awaited = [
+        (row.name.removeprefix("wait:"), parse_datetime(row.result) if isinstance(row.result, str) else None)
+        for row in steps
+        if row.name.startswith("wait:") and row.name.removeprefix("wait:") not in resolved and not final
+    ]
     return render(
         request,
         "tasks/dashboard/task_detail.html",
@@ -271,8 +287,48 @@ def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
             # "Re-run from here" on each step, but while an attempt runs (it holds its steps).
             "steps_rerunnable": task.status != "RUNNING",
             "more_steps": len(steps) > STEP_ROWS,
+            "events": events[:EVENT_ROWS],
+            "more_events": len(events) > EVENT_ROWS,
+            "awaited": awaited,
+            # An unfinished task takes events (one may be sent before its wait begins).
+            "event_sendable": not final,
         },
     )
+
+
+@staff_page(POST=[CHANGE_TASK])
+def task_send_event(request: HttpRequest, task_id: int) -> HttpResponse:
+    """The task page's "Send event": ``send_event`` (tasks/steps.py) with the form's name and JSON
+    payload, as ``POST /api/tasks/<id>/events`` does. A bad name or payload is a 400 page; a finished
+    task, or an event of that name sent before (the first payload stands), a 409 page; nothing changes."""
+    from tasks import steps as durable
+
+    page = with_database(reverse("tasks:task-detail", args=[task_id]))
+    name = request.POST.get("name", "")
+    text = request.POST.get("payload", "").strip() or "null"
+
+    def refuse_constant(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+
+    try:
+        payload = json.loads(text, parse_constant=refuse_constant)
+    except ValueError as exc:  # json.JSONDecodeError is one
+        return bad_request_page(request, f"payload must be JSON (null, a number, a string, a list or an object): {exc}")
+    if not is_storable(payload):
+        return bad_request_page(request, "payload cannot be stored as JSON (NUL or a lone surrogate)")
+    try:
+        stored = durable.send_event(task_id, name, payload, using=selected_database())
+    except ValueError as exc:  # a name tasks.steps refuses (blank, too long, NUL)
+        return bad_request_page(request, str(exc))
+    except Task.DoesNotExist:
+        raise Http404(f"no task with id {task_id}") from None
+    except TaskError as exc:
+        return _refused(request, f"{exc}. Nothing changed.", page)
+    if not stored:
+        before = f"An event {name!r} was sent to task {task_id} before: the first payload stands."
+        return _refused(request, f"{before} Nothing changed.", page)
+    messages.success(request, f"Event {name!r} sent to task {task_id}.")
+    return HttpResponseRedirect(page)
 
 
 @staff_page(POST=[CHANGE_TASK])
