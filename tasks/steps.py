@@ -57,6 +57,7 @@ from typing import Any, TypeVar
 from django.db import connections, transaction
 from django.utils import timezone
 
+from tasks import tracing
 from tasks.exceptions import Snooze, StepMismatch, TaskError, TaskLeaseLost
 from tasks.lifecycle import statements as sql
 from tasks.lifecycle.policy import MAX_DELAY, checked_delay
@@ -117,45 +118,51 @@ def step(name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any
     stored = _stored(execution)
     position = execution.step_position
     execution.step_position += 1
-    recorded = stored.get(position)
-    if recorded is not None:
-        recorded_name, text = recorded
-        if recorded_name != name:
-            raise StepMismatch(
-                f"task {execution.id} calls step {name!r} at position {position}, where an earlier attempt"
-                f" recorded step {recorded_name!r}: the code changed under a task in flight"
-            )
-        return None if text is None else json.loads(text)
-    execution.check()
-    started_at = timezone.now()
-    running = _running.set(StepRun(execution.id, position, name))
-    try:
-        with transaction.atomic(using=execution.using):
-            text = storable_json(fn(*args, **kwargs))
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    sql.STEP_RECORD_SQL,
-                    {
-                        "id": execution.id,
-                        "worker": execution.worker_id,
-                        "token": execution.token,
-                        "attempt": execution.attempt,
-                        "position": position,
-                        "name": name,
-                        "result": text,
-                        "started_at": started_at,
-                    },
+    with tracing.stepping(execution, name, position) as traced:
+        recorded = stored.get(position)
+        if recorded is not None:
+            recorded_name, text = recorded
+            if recorded_name != name:
+                raise StepMismatch(
+                    f"task {execution.id} calls step {name!r} at position {position}, where an earlier attempt"
+                    f" recorded step {recorded_name!r}: the code changed under a task in flight"
                 )
-                fenced = cursor.fetchone() is not None
-            if not fenced:
-                execution.mark_lost(f"step {name!r} found the task no longer held: its writes were rolled back")
-                raise TaskLeaseLost(
-                    f"task {execution.id} is no longer held by this worker: step {name!r} was rolled back"
-                )
-    finally:
-        _running.reset(running)
-    stored[position] = (name, text)
-    return json.loads(text)
+            traced["outcome"] = "replayed"
+            return None if text is None else json.loads(text)
+        execution.check()
+        started_at = timezone.now()
+        running = _running.set(StepRun(execution.id, position, name))
+        try:
+            with transaction.atomic(using=execution.using):
+                text = storable_json(fn(*args, **kwargs))
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        sql.STEP_RECORD_SQL,
+                        {
+                            "id": execution.id,
+                            "worker": execution.worker_id,
+                            "token": execution.token,
+                            "attempt": execution.attempt,
+                            "position": position,
+                            "name": name,
+                            "result": text,
+                            "started_at": started_at,
+                        },
+                    )
+                    fenced = cursor.fetchone() is not None
+                if not fenced:
+                    traced["outcome"] = "lease_lost"
+                    execution.mark_lost(f"step {name!r} found the task no longer held: its writes were rolled back")
+                    raise TaskLeaseLost(
+                        f"task {execution.id} is no longer held by this worker: step {name!r} was rolled back"
+                    )
+        except _NotYet:
+            traced["outcome"] = "waiting"
+            raise
+        finally:
+            _running.reset(running)
+        stored[position] = (name, text)
+        return json.loads(text)
 
 
 async def astep(name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:

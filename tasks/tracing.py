@@ -260,3 +260,70 @@ def _end(span: Span, execution: Execution, outcome: str, ended: Outcome | None, 
     elif outcome == "rejected":
         span.set_status(Status(StatusCode.ERROR, execution.lost_reason or "the outcome was refused: lease lost"))
     span.end()
+
+
+# -- durable steps ------------------------------------------------------------------------------------
+
+#: How a step ended (tasks/steps.py) -> whether its span's status is ERROR.
+STEP_OUTCOMES = {
+    "committed": False,  # it ran, and its transaction stored its result
+    "replayed": False,  # an earlier attempt stored it: its result returned, nothing ran
+    "waiting": False,  # a wait's event step found no event yet: rolled back, the task suspends
+    "lease_lost": True,  # the fence refused its commit: its writes rolled back
+    "raised": True,  # its function (or the step's own checks) raised: rolled back
+}
+
+
+@contextmanager
+def stepping(execution: Execution, name: str, position: int) -> Iterator[dict[str, str]]:
+    """An INTERNAL span ``step <name>`` around one step (a child of the attempt's span, current in
+    the handler), current inside the block. The block sets ``outcome`` in the dict it is given (one
+    of :data:`STEP_OUTCOMES`); an exception leaving it without one is "raised", recorded on the span.
+    Nothing when tracing is off; a tracing failure never reaches the step."""
+    ended: dict[str, str] = {}
+    found = tracer()
+    span = None
+    if found is not None:
+        try:
+            from opentelemetry.trace import SpanKind
+
+            span = found.start_span(
+                f"step {name}",
+                kind=SpanKind.INTERNAL,
+                attributes={
+                    "leasing.step.name": name,
+                    "leasing.step.position": position,
+                    "leasing.task.id": execution.id,
+                    "leasing.task.attempt": execution.attempt,
+                    "leasing.task.token": execution.token,
+                },
+            )
+        except Exception:
+            logger.warning("task %d: step %r's span could not be started", execution.id, name, exc_info=True)
+    if span is None:
+        yield ended
+        return
+    from opentelemetry import trace
+
+    try:
+        with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+            yield ended
+    except BaseException as error:
+        _end_step(span, execution, ended.get("outcome", "raised"), error)
+        raise
+    _end_step(span, execution, ended.get("outcome", "committed"), None)
+
+
+def _end_step(span: Span, execution: Execution, outcome: str, error: BaseException | None) -> None:
+    try:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_attribute("leasing.step.outcome", outcome)
+        if STEP_OUTCOMES.get(outcome, True):
+            if error is not None and outcome == "raised":
+                span.record_exception(error)
+            described = outcome if error is None else f"{outcome}: {type(error).__name__}"
+            span.set_status(Status(StatusCode.ERROR, described))
+        span.end()
+    except Exception:
+        logger.warning("task %d: a step's span could not be ended", execution.id, exc_info=True)

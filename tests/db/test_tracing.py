@@ -530,3 +530,56 @@ def test_the_how_to_pages_configuration_block_turns_tracing_on(settings: Any) ->
         namespace["provider"].shutdown()
     finally:
         reset_provider()
+
+
+# -- durable steps ----------------------------------------------------------------------------------
+
+
+def test_each_step_is_a_span_of_its_attempt_saying_how_it_ended(
+    spans: InMemorySpanExporter, traced_worker: Worker
+) -> None:
+    """A step run, a wait with no event yet (the attempt suspends), then, woken by its event, the
+    stored steps replayed and a step whose function raises: each a ``step <name>`` span, child of
+    its attempt's span, its own spans under it, with its outcome."""
+    from tasks.steps import send_event
+
+    task_id = Task.objects.enqueue(H + "stepped_and_waiting", kwargs={"event": "paid"}, queue="traced",
+                                   max_attempts=1).id  # fmt: skip
+    (first,) = ended(spans, f"run {H}stepped_and_waiting")
+    assert dict(first.attributes or {})["leasing.task.outcome"] == "snoozed"
+    assert send_event(task_id, "paid", {"amount": 3})
+    assert finished(task_id).status == TaskStatus.FAILED
+    attempts = ended(spans, f"run {H}stepped_and_waiting", 2)
+    steps = [s for s in spans.get_finished_spans() if s.name.startswith("step ")]
+
+    def of(attempt: ReadableSpan) -> list[tuple[str, Any, Any]]:
+        return [
+            (s.name, dict(s.attributes or {})["leasing.step.outcome"], s.status.status_code)
+            for s in sorted(steps, key=lambda s: s.start_time or 0)
+            if parent_id(s) == attempt.context.span_id
+        ]
+
+    assert of(attempts[0]) == [
+        ("step reserve", "committed", StatusCode.UNSET),
+        ("step wait:paid", "committed", StatusCode.UNSET),
+        ("step event:paid", "waiting", StatusCode.UNSET),
+    ]
+    assert of(attempts[1]) == [
+        ("step reserve", "replayed", StatusCode.UNSET),
+        ("step wait:paid", "replayed", StatusCode.UNSET),
+        ("step event:paid", "committed", StatusCode.UNSET),
+        ("step ship", "raised", StatusCode.ERROR),
+    ]
+    reserve = next(s for s in steps if s.name == "step reserve" and parent_id(s) == attempts[0].context.span_id)
+    assert dict(reserve.attributes or {}) == {
+        "leasing.step.name": "reserve",
+        "leasing.step.position": 0,
+        "leasing.task.id": task_id,
+        "leasing.task.attempt": 1,
+        "leasing.task.token": dict(attempts[0].attributes or {})["leasing.task.token"],
+        "leasing.step.outcome": "committed",
+    }
+    inside = one(spans.get_finished_spans(), "inside reserved")
+    assert parent_id(inside) == reserve.context.span_id, "the step's span is current inside its function"
+    ship = next(s for s in steps if s.name == "step ship")
+    assert [e.attributes["exception.type"] for e in ship.events if e.attributes] == ["KeyError"]

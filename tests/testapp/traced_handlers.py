@@ -73,3 +73,21 @@ def dj_inner(label: str) -> str:
 
 def noop(**kwargs: Any) -> None:
     return None
+
+
+def _stored(value: Any) -> Any:
+    with _tracer().start_as_current_span(f"inside {value}"):
+        return value
+
+
+def _refused(value: Any) -> Any:
+    raise KeyError(value)
+
+
+def stepped_and_waiting(event: str) -> Any:
+    """Durable steps (tasks/steps.py): one stored, a wait for ``event``, then one whose function raises."""
+    from tasks.steps import step, wait_for_event
+
+    step("reserve", _stored, "reserved")
+    payload = wait_for_event(event)
+    step("ship", _refused, payload)
