@@ -583,3 +583,20 @@ def test_each_step_is_a_span_of_its_attempt_saying_how_it_ended(
     assert parent_id(inside) == reserve.context.span_id, "the step's span is current inside its function"
     ship = next(s for s in steps if s.name == "step ship")
     assert [e.attributes["exception.type"] for e in ship.events if e.attributes] == ["KeyError"]
+
+
+def test_a_step_the_fence_refuses_ends_its_span_as_lease_lost(spans: InMemorySpanExporter, current: None) -> None:
+    """The step ran, but its attempt no longer held the task when it came to commit (recovery had
+    requeued it): its writes are rolled back and its span says lease_lost, with status ERROR."""
+    from tasks.exceptions import TaskLeaseLost
+    from tasks.runtime import _set_current
+    from tasks.steps import step
+    from tests.db.test_steps import QUEUE, attempt, take_away
+
+    task_id = Task.objects.enqueue("tests.testapp.handlers.noop", queue=QUEUE).id
+    _set_current(attempt(task_id, "w1"))
+    with pytest.raises(TaskLeaseLost):
+        step("charge", lambda: take_away(task_id))
+    (span,) = by_name(spans.get_finished_spans(), "step charge")
+    assert dict(span.attributes or {})["leasing.step.outcome"] == "lease_lost"
+    assert span.status.status_code == StatusCode.ERROR
