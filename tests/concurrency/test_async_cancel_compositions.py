@@ -3,14 +3,14 @@ real worker processes: an operator's cancel, a lost lease (expired under the wor
 or a timeout cancels a coroutine, and while its cleanup still awaits (recorded as the effect
 "cleaning"), the worker is SIGTERMed: the shutdown asks to cancel again, from stop() and from the
 ticker. The cleanup runs once and to its end (its last await writes the effect "cancelled"), the worker
-exits within its bound, and the row ends once, recorded. And a coroutine that swallows the shutdown's
-cancellation: the worker still stops in time, the row handed back once, nothing double-finished."""
+exits (code 0), and the row ends once, recorded. And a coroutine that swallows the shutdown's
+cancellation and sleeps on for ever: the worker still stops (it does not wait for it: ``STOP_WITHIN``
+is a hang guard), the row handed back once, nothing double-finished."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
-import time
 
 import pytest
 from django.db import connection
@@ -31,12 +31,10 @@ def started(task_id: int) -> bool:
     return bool(effects(task_id, "started")) and Task.objects.filter(pk=task_id, attempt_started=True).exists()
 
 
-def sigterm_during_cleanup(proc: subprocess.Popen[bytes], task_id: int) -> float:
+def sigterm_during_cleanup(proc: subprocess.Popen[bytes], task_id: int) -> None:
     wait_until(lambda: effects(task_id, "cleaning") == 1, 30, what="the cleanup to begin")
-    began = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(STOP_WITHIN) == 0
-    return time.monotonic() - began
+    assert proc.wait(STOP_WITHIN) == 0  # a hang guard
 
 
 def assert_cleanup_ran_once_to_its_end(task_id: int) -> None:
@@ -93,11 +91,10 @@ def test_a_coroutine_swallowing_the_shutdowns_cancel_is_handed_back_once(workers
     task_id = Task.objects.enqueue(H + "async_swallow_cancel", max_attempts=2).id
     wait_until(lambda: started(task_id), 30, what="the coroutine to start")
     token = Task.objects.get(pk=task_id).token
-    began = time.monotonic()
     proc.send_signal(signal.SIGTERM)
+    # The coroutine never ends (it swallows every cancel and sleeps an hour): a stop that waited for
+    # it would still be running at the hang guard.
     assert proc.wait(STOP_WITHIN) == 0
-    stopped_in = time.monotonic() - began
-    assert stopped_in < STOP_WITHIN
     task = Task.objects.get(pk=task_id)
     assert task.status == TaskStatus.READY and charges(task) == (0, 0, 0), task.errors
     assert [(e["kind"], e["token"]) for e in task.errors] == [("shutdown", token)]

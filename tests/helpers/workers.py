@@ -11,8 +11,10 @@ from tests.helpers import start_manage, wait_until
 
 #: Short lease, recovery and poll intervals: faults show within seconds.
 FAST = ("--ttl", "2", "--recovery-interval", "0.2", "--poll-interval", "0.2", "-v", "2")
-#: A SIGTERMed worker must have exited (code 0) within this many seconds.
-STOP_WITHIN = 15.0
+#: A hang guard, not a deadline: a SIGTERMed worker still running this many seconds later is hung (a
+#: test fails instead of hanging). What a stop must not wait for (a handler that never ends, a poll
+#: of an hour, a lease's TTL) each test makes far longer; how soon it stops is the machine's load.
+STOP_WITHIN = 60.0
 
 
 @dataclass
