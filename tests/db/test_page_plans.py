@@ -2,8 +2,8 @@
 
 The table is filled with 50,000 tasks in the mix bench/pages.py uses (big enough for the planner
 to care: on a small table a sequential scan is the right plan; with the dedup key's index dropped,
-four pages' statements scan it at this size, as at the 200,000 it was once filled with), then every page of the benchmark
-(dashboard with its searches and filters, admin list, filters and search, API lists, /metrics) is
+four pages' statements scan it at this size, as at the 200,000 it was once filled with), then every
+page of the benchmark (dashboard with its searches and filters, admin list, filters and search, API lists, /metrics) is
 requested while its SQL is recorded, and each statement that touches tasks_task is EXPLAINed: no
 plan may have a sequential scan of it. Timing is bench/pages.py's job; this test pins the plans.
 """
