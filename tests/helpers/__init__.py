@@ -139,8 +139,10 @@ def send(proc: subprocess.Popen[str], message: dict[str, Any]) -> None:
     proc.stdin.flush()
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:
-    """Poll ``predicate`` until it returns something truthy, or fail after ``timeout`` seconds."""
+def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.02, what: str = "") -> Any:
+    """Poll ``predicate`` until it returns something truthy, or fail after ``timeout`` seconds: a hang
+    guard, not a deadline (a loaded two-core machine may take many times as long as a quiet one, and
+    a test that is right waits only as long as the work takes)."""
     deadline = time.monotonic() + timeout
     while True:
         result = predicate()
