@@ -106,28 +106,32 @@ LEFT JOIN tasks_taskevent AS e ON e.task_id = %(id)s AND e.name = %(name)s
 # The recovery round: the undelivered events of tasks not RUNNING (rows no other session holds, and
 # tasks no other session holds: a held one is left for a later round). A task suspended on the wait
 # for one is made due; every one looked at is delivered (a task that waits for something else reads
-# its events when it reaches their wait; a finished or moved task never will).
+# its events when it reaches their wait; a finished or moved task never will). Each read is by key:
+# the undelivered events' partial index in id order, each task's status probed by its primary key,
+# the batch's tasks and events by ``= ANY`` of their ids (joins here were planned as sequential scans
+# of tasks_task and tasks_taskevent, every round: tests/db/test_step_plans.py).
 EVENTS_WAKE_SQL = f"""
 WITH pending AS (
     SELECT e.id, e.task_id, e.name FROM tasks_taskevent AS e
-    LEFT JOIN tasks_task AS t ON t.id = e.task_id
-    WHERE NOT e.delivered AND t.status IS DISTINCT FROM 'RUNNING'
+    WHERE NOT e.delivered
+      AND (SELECT t.status FROM tasks_task AS t WHERE t.id = e.task_id) IS DISTINCT FROM 'RUNNING'
     ORDER BY e.id LIMIT %(limit)s
     FOR UPDATE OF e SKIP LOCKED
 ), held AS (
     SELECT t.id FROM tasks_task AS t
-    WHERE t.id IN (SELECT task_id FROM pending) AND t.status <> 'RUNNING'
+    WHERE t.id = ANY (ARRAY(SELECT task_id FROM pending)) AND t.status <> 'RUNNING'
     FOR UPDATE SKIP LOCKED
 ), woken AS (
     UPDATE tasks_task AS t SET run_after = statement_timestamp()
     FROM pending AS p
-    WHERE t.id = p.task_id AND t.id IN (SELECT id FROM held) AND t.status IN ('READY', 'BLOCKED')
+    WHERE t.id = ANY (ARRAY(SELECT id FROM held)) AND t.id = p.task_id AND t.status IN ('READY', 'BLOCKED')
       AND t.run_after > statement_timestamp() AND {_WAITS_FOR.format(name="p.name")}
     RETURNING t.id
 )
 UPDATE tasks_taskevent AS e SET delivered = true
 FROM pending AS p
-WHERE e.id = p.id
-  AND (p.task_id IN (SELECT id FROM held) OR NOT EXISTS (SELECT FROM tasks_task AS t WHERE t.id = p.task_id))
-RETURNING e.task_id, e.task_id IN (SELECT id FROM woken)
+WHERE e.id = ANY (ARRAY(SELECT id FROM pending)) AND e.id = p.id
+  AND (p.task_id = ANY (ARRAY(SELECT id FROM held))
+       OR (SELECT 1 FROM tasks_task AS t WHERE t.id = p.task_id) IS NULL)
+RETURNING e.task_id, e.task_id = ANY (ARRAY(SELECT id FROM woken))
 """
