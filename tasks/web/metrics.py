@@ -18,7 +18,7 @@ from tasks.maintenance.partitions import STATUS_TABLES, day_start, horizons, par
 from tasks.maintenance.recovery import RECOVERY_LEASE
 from tasks.maintenance.repair import REPAIR_KINDS
 from tasks.maintenance.scheduler import SCHEDULER_LEASE
-from tasks.models import Repair, Task, UniqueKey
+from tasks.models import Repair, Task, TaskEvent, UniqueKey
 from tasks.web.queries import COUNT_CAP, bounded_count
 from tasks.web.queues import KEY_CAP, fair_keys_waiting
 from tasks.web.workflows import running_workflows
@@ -233,6 +233,14 @@ def task_metrics() -> Iterable[Metric]:
         "tasks_rate_keys_full", "Rate keys at their limit now (of those shown).", value=sum(s.full for s in rates)
     )
     yield from window_metrics()
+    # Durable events (tasks/steps.py) not yet taken: sent to a task running now, or to one that waits
+    # for another name, or not yet at its wait. From the undelivered events' partial index, capped.
+    undelivered = bounded_count(TaskEvent.objects.using(selected_database()).filter(delivered=False))
+    yield GaugeMetricFamily(
+        "tasks_events_undelivered",
+        "Durable events sent that no waiting task has been woken for yet (counted up to 10,000).",
+        value=undelivered.value,
+    )
     alive = list(live_workers().values_list("queues", flat=True))
     yield GaugeMetricFamily("tasks_workers_alive", "Workers that heartbeated recently.", value=len(alive))
     # Per queue with runnable tasks or a live worker: a queue with work and no worker is the one

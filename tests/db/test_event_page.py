@@ -113,3 +113,18 @@ def test_payloads_are_redacted_as_arguments_are(staff: Client, settings: Any) ->
     staff.post(f"/dashboard/tasks/{task_id}/events/", {"name": "login", "payload": '{"password": "hunter2"}'})
     html = staff.get(f"/dashboard/tasks/{task_id}/").content.decode()
     assert 'data-event="login"' in html and "hunter2" not in html and "[redacted]" in html
+
+
+def test_metrics_count_the_events_no_waiting_task_was_woken_for(client: Client, settings: Any) -> None:
+    from leasing.metrics import scrape_values
+    from tasks.steps import send_event
+
+    settings.LEASING_METRICS_PUBLIC = True
+    waiting = suspended("approved", timeout=None)
+    assert send_event(waiting, "approved", 1)  # woke it: delivered
+    elsewhere = suspended("approved", timeout=None)
+    assert send_event(elsewhere, "other", 2)  # it waits for another name
+    early = Task.objects.enqueue("tests.testapp.handlers.noop", queue=QUEUE).id
+    assert send_event(early, "approved", 3)  # not at its wait yet
+    values = scrape_values(client.get("/metrics").content.decode())
+    assert values['tasks_events_undelivered{database="default"}'] == 2
