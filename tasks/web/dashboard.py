@@ -46,7 +46,7 @@ from tasks.lifecycle.states import with_db_clock
 from tasks.lifecycle.storable import is_storable
 from tasks.models import Task, TaskEvent, TaskStatus, TaskStep, Worker, Workflow
 from tasks.models.finished import archived_ids
-from tasks.web import all_tasks, attempts, holds, queries, workflows
+from tasks.web import all_tasks, attempts, filter_box, holds, queries, workflows
 from tasks.web.queries import STATES, Count, state_counts
 
 PAGE_SIZE = 50
@@ -431,9 +431,15 @@ def _refused(request: HttpRequest, reason: str, back: str) -> HttpResponse:
 
 @staff_page(GET=[VIEW_TASK])
 def every_task(request: HttpRequest) -> HttpResponse:
-    """Every task, newest first, filtered (tasks/web/all_tasks.py); a bad filter is a 400 page."""
+    """Every task, newest first, filtered (tasks/web/all_tasks.py); a bad filter is a 400 page. The
+    search box's ``name:value`` tokens are answered with a redirect to their parameters
+    (tasks/web/filter_box.py), once they read as the parameters would."""
     matched_paths: list[str] = []
     try:
+        lifted = filter_box.lift(request.GET)
+        if lifted is not None:
+            all_tasks.parse_filters(lifted, lifted.getlist)  # a bad value: the parameter's own 400
+            return HttpResponseRedirect(f"{request.path}?{lifted.urlencode()}")
         filters = all_tasks.parse_filters(request.GET, request.GET.getlist)
         text = request.GET.get("before", "").strip()
         before = parse_whole(text, "before", low=1, high=MAX_BIGINT) if text else None
@@ -445,6 +451,7 @@ def every_task(request: HttpRequest) -> HttpResponse:
     shown = {task.status for task in page.tasks}
     query = request.GET.copy()
     query.pop("before", None)
+    selected = filters.status_labels
     return render(
         request,
         "tasks/dashboard/every_task.html",
@@ -452,7 +459,11 @@ def every_task(request: HttpRequest) -> HttpResponse:
             "filters": filters,
             "params": request.GET,
             "matched_paths": matched_paths,
-            "statuses": vocabulary.STATUSES.values(),
+            "box": filter_box.box_text(request.GET, selected),
+            "status_chips": filter_box.status_chips(
+                request.path, request.GET, selected, [s.label for s in vocabulary.STATUSES.values()]
+            ),
+            "filter_chips": filter_box.filter_chips(request.path, request.GET),
             "tasks": page.tasks,
             "next_before": page.next_before,
             "scanned_to": page.scanned_to,

@@ -1,6 +1,8 @@
 """``/dashboard/tasks/``: every task, filtered by status label, queue, path, keys, workflow, time and the
 search; keyset pages whose statements read about a page of index entries (or a scan window for a
-filter no index holds), whatever the table holds; a bad filter is a 400 page."""
+filter no index holds), whatever the table holds; a bad filter is a 400 page. The one search box's
+``name:value`` tokens are redirected to those parameters (tasks/web/filter_box.py; its grammar:
+tests/unit/test_filter_box.py), and the page's chips link to the query with one filter more or less."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import datetime as dt
 
 import pytest
 from django.db import connection
+from django.http import QueryDict
 from django.test import Client
 from django.utils import timezone
 
@@ -81,6 +84,89 @@ def test_a_bad_filter_is_a_400_page_with_its_reason(staff: Client, query: str, r
     response = staff.get("/dashboard/tasks/?" + query)
     assert response.status_code == 400
     assert reason in response.content.decode()
+
+
+@pytest.mark.django_db
+def test_the_boxs_tokens_redirect_to_the_parameters_they_name_and_filter_alike(staff: Client) -> None:
+    ids = make_tasks()
+    keyed = Task.objects.enqueue(
+        "tests.testapp.handlers.echo", queue="mail box", rate_key="acme:eu", rate_limit=(1, 3600)
+    ).id
+    Task.objects.filter(pk=keyed).cancel()
+    response = staff.get(
+        "/dashboard/tasks/", {"q": 'queue:"mail box" status:Cancelled,failed rate_key:acme:eu', "before": "999999999"}
+    )
+    assert response.status_code == 302
+    path, _, query = response["Location"].partition("?")
+    assert path == "/dashboard/tasks/"
+    assert QueryDict(query) == QueryDict(
+        "before=999999999&status=Cancelled&status=failed&queue=mail+box&rate_key=acme%3Aeu"
+    )
+    assert shown(staff, query) == [keyed]
+    # The rest of the box stays the search, as it was.
+    location = staff.get("/dashboard/tasks/", {"q": f"status:Running {ids['stuck']}"})["Location"]
+    assert QueryDict(location.partition("?")[2]) == QueryDict(f"status=Running&q={ids['stuck']}")
+    assert shown(staff, location.partition("?")[2]) == [ids["stuck"]]
+    # Without a token nothing moves: the search and an argument search are answered in place.
+    assert staff.get("/dashboard/tasks/", {"q": "vm:4242:demo"}).status_code == 200
+    refused = staff.get("/dashboard/tasks/", {"q": 'kwargs:{"queue": "mail"}'})
+    assert refused.status_code == 400 and "needs its opt-in index" in refused.content.decode()
+
+
+@pytest.mark.django_db(databases=["default", "second"])
+@pytest.mark.usefixtures("routes")
+def test_the_redirect_keeps_the_database_and_the_other_parameters(staff: Client) -> None:
+    response = staff.get("/dashboard/tasks/?db=second&task_path=app.x&q=queue:mail+send_email")
+    assert response.status_code == 302
+    assert response["Location"] == "/dashboard/tasks/?db=second&task_path=app.x&q=send_email&queue=mail"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("token", "parameter"),
+    [
+        ("q=enqueued_after:yesterday", "enqueued_after=yesterday"),
+        ("q=enqueued_before:2030-13-01T00:00:00Z", "enqueued_before=2030-13-01T00:00:00Z"),
+        ("q=status:Pending+send_email", "status=Pending"),
+        ("q=workflow:x", "workflow=x"),
+        ("q=queue:" + "q" * 101, "queue=" + "q" * 101),
+    ],
+)
+def test_a_bad_token_is_the_same_400_page_as_its_parameter(staff: Client, token: str, parameter: str) -> None:
+    by_token, by_parameter = staff.get("/dashboard/tasks/?" + token), staff.get("/dashboard/tasks/?" + parameter)
+    assert by_token.status_code == by_parameter.status_code == 400
+    assert by_token.context["reason"] == by_parameter.context["reason"]
+
+
+@pytest.mark.django_db
+def test_an_open_quote_is_a_400_page_saying_so(staff: Client) -> None:
+    response = staff.get("/dashboard/tasks/", {"q": 'queue:"mail box'})
+    assert response.status_code == 400
+    assert response.context["reason"] == 'q: the quoted value of queue: needs its closing " (then a space)'
+
+
+@pytest.mark.django_db
+def test_the_page_shows_the_filters_in_the_box_and_as_chips(staff: Client) -> None:
+    make_tasks()
+    response = staff.get("/dashboard/tasks/?status=failed&queue=mail+box&q=send_email&before=999999999")
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert response.context["box"] == 'status:Failed queue:"mail box" send_email'
+    assert 'name="q" value="status:Failed queue:&quot;mail box&quot; send_email"' in page
+    for name in ("queue", "task_path", "enqueued_after", "status"):
+        assert f'name="{name}"' not in page  # one box, no input per filter
+    status = {chip.key: chip for chip in response.context["status_chips"]}
+    assert status["Failed"].on and not status["Ready"].on
+    assert status["Failed"].href == "/dashboard/tasks/?queue=mail+box&q=send_email"
+    assert status["Ready"].href == "/dashboard/tasks/?status=Failed&status=Ready&queue=mail+box&q=send_email"
+    assert f'data-status="Ready" href="{status["Ready"].href.replace("&", "&amp;")}"' in page
+    chips = {chip.key: chip.href for chip in response.context["filter_chips"]}
+    assert chips == {
+        "queue": "/dashboard/tasks/?status=failed&q=send_email",
+        "q": "/dashboard/tasks/?status=failed&queue=mail+box",
+    }
+    assert 'data-filter="queue" href="/dashboard/tasks/?status=failed&amp;q=send_email"' in page
+    assert "title='Finds a task by its id, its dedup key, the worker holding it" in page
 
 
 @pytest.mark.django_db

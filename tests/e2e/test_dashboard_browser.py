@@ -144,3 +144,54 @@ def test_the_workflows_page_and_a_workflows_page_show_its_members_by_status(
     page.wait_for_url(f"{live_server.url}/dashboard/workflows/{done.id}/")
     assert page.locator("#workflow-status").inner_text() == "Cancelled"
     assert count("CANCELLED") == "1"
+
+
+def failed_in(queue: str, n: int) -> list[int]:
+    ids = Task.objects.bulk_enqueue("tests.testapp.handlers.noop", ({} for _ in range(n)), queue=queue)
+    claimed = Task.objects.claim("w-e2e", limit=n, queues=[queue])
+    Task.objects.fail_many(
+        "w-e2e", [Failure(c.id, c.token, "builtins.ValueError", "no", "", retry=False) for c in claimed]
+    )
+    return ids
+
+
+def test_the_tasks_page_filters_from_one_box_and_its_chips(browser_page: Any, live_server: Any) -> None:
+    """Typed into the one box, ``queue:X status:Failed`` becomes the page's filters, shown as chips;
+    the queue chip's remove link takes that filter away alone, and the list still refreshes in place."""
+    mail_failed = failed_in("mail", 2)
+    other_failed = failed_in("other", 1)
+    mail_ready = Task.objects.enqueue("tests.testapp.handlers.noop", queue="mail").id
+
+    page = browser_page
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/dashboard/tasks/")
+
+    def rows() -> set[int]:
+        return {int(pk) for pk in page.locator("#tasks tbody tr").evaluate_all("rs => rs.map(r => r.dataset.task)")}
+
+    assert rows() == {*mail_failed, *other_failed, mail_ready}
+    removable = ["Failed \N{MULTIPLICATION SIGN}", "queue:mail \N{MULTIPLICATION SIGN}"]
+    page.get_by_label("Search", exact=True).fill("queue:mail status:Failed")
+    page.keyboard.press("Enter")
+    page.wait_for_url(f"{live_server.url}/dashboard/tasks/?queue=mail&status=Failed")
+    assert rows() == set(mail_failed)
+    assert page.locator("#task-search-box").input_value() == "status:Failed queue:mail"
+    assert page.locator("#task-chips a.chip.on").all_inner_texts() == removable
+    assert page.locator("#task-chips a[data-status=Ready]").get_attribute("class") == "chip"
+
+    page.get_by_role("link", name="Remove queue:mail").click()
+    page.wait_for_url(f"{live_server.url}/dashboard/tasks/?status=Failed")
+    assert rows() == {*mail_failed, *other_failed}
+    assert page.locator("#task-chips a.chip.on").all_inner_texts() == removable[:1]
+    assert page.locator("#task-search-box").input_value() == "status:Failed"
+
+    # The live refresh still swaps the list in place under the chips.
+    page.evaluate("window.__noReload = 'still here'")
+    (late,) = failed_in("late", 1)
+    page.wait_for_selector(f"#tasks tr[data-task='{late}']")
+    assert page.evaluate("window.__noReload") == "still here"
+
+    page.get_by_role("link", name="Failed: remove from the status filter").click()
+    page.wait_for_url(f"{live_server.url}/dashboard/tasks/")
+    assert rows() == {*mail_failed, *other_failed, mail_ready, late}
+    assert page.locator("#task-chips a.chip.on").count() == 0

@@ -11,6 +11,7 @@ import datetime as dt
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from django.conf import settings
@@ -129,8 +130,26 @@ def test_every_dashboard_page_fits_1280_px(browser_page: Any, live_server: Any, 
     )
     assert page.viewport_size["width"] == 1280
 
+    # The all-tasks page with every filter set, each value as long as its column allows: the box and
+    # its chips wrap inside the window too.
+    every_filter = urlencode(
+        {
+            "status": ["Failed", "Cancelled", "Ready"],
+            "queue": QUEUE,
+            "task_path": PATH,
+            "workflow": str(2**63 - 1),
+            **{key: f"{key}-" + "k" * (254 - len(key)) for key in ("dedup_key", "concurrency_key", "rate_key")},
+            **{key: f"{key}-" + "k" * (254 - len(key)) for key in ("fair_key", "debounce_key")},
+            "enqueued_after": "2000-01-01T00:00:00+00:00",
+            "enqueued_before": "2999-12-31T23:59:59.999999+00:00",
+            "q": "d" * 1000,
+        },
+        doseq=True,
+    )
     pages = {
         "overview": "/dashboard/",
+        "tasks-all": "/dashboard/tasks/",
+        "tasks-all-filtered": f"/dashboard/tasks/?{every_filter}",
         **{f"tasks-{state}": f"/dashboard/tasks/{state}/" for state in ids},
         **{f"task-{state}": f"/dashboard/tasks/{task_id}/" for state, task_id in ids.items()},
         "workers": "/dashboard/workers/",
@@ -160,3 +179,6 @@ def test_every_dashboard_page_fits_1280_px(browser_page: Any, live_server: Any, 
     assert page.locator("#workers td.mono a").inner_text() == WORKER
     page.goto(live_server.url + f"/dashboard/tasks/{ids['failed']}/")
     assert WORD in page.locator("main").inner_text()
+    page.goto(live_server.url + pages["tasks-all-filtered"])
+    assert page.locator("#task-chips a[data-filter]").count() == 11  # every filter but the statuses
+    assert page.locator("#task-chips a.chip.on[data-status]").count() == 3
