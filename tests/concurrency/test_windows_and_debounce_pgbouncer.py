@@ -308,15 +308,28 @@ def test_debounce_with_a_concurrency_key_of_limit_1_through_pgbouncer(
         finally:
             connections.close_all()
 
+    def pushed_back() -> list[int]:
+        return [
+            task_id
+            for task_id, statuses in seen.items()
+            if "READY" in statuses and "BLOCKED" in statuses[statuses.index("READY") :]
+        ]
+
     thread = threading.Thread(target=sampler, daemon=True)
     thread.start()
+    results: list[dict[str, Any]] = []
+    rounds = 0
     try:
-        results = run_children(bouncer_pool_of_4, "debounce", spec)
-        wait_until(
-            lambda: not Task.objects.filter(queue="debounce33").exclude(status="SUCCESSFUL").exists(),
-            120,
-            what="every debounced task to finish",
-        )
+        # Whether a push lands between two samples is the machine's timing: rounds until one was seen
+        # (at most 5), every round's samples held to the same verdicts.
+        while rounds < 5 and (rounds == 0 or not pushed_back()):
+            rounds += 1
+            results += run_children(bouncer_pool_of_4, "debounce", spec)
+            wait_until(
+                lambda: not Task.objects.filter(queue="debounce33").exclude(status="SUCCESSFUL").exists(),
+                120,
+                what="every debounced task to finish",
+            )
     finally:
         done.set()
         thread.join(30)
@@ -325,12 +338,8 @@ def test_debounce_with_a_concurrency_key_of_limit_1_through_pgbouncer(
     idle = [s for _, s in samples if s]
     assert not idle, f"in {len(idle)} samples a due task waited while the slot held nothing runnable"
     ids = {r["id"] for r in results}
-    pushed = [
-        task_id
-        for task_id, statuses in seen.items()
-        if "READY" in statuses and "BLOCKED" in statuses[statuses.index("READY") :]
-    ]
-    print(f"{len(results)} enqueues, {len(ids)} tasks, {len(samples)} samples, {len(pushed)} pushed back")
+    pushed = pushed_back()
+    print(f"{rounds} rounds, {len(results)} enqueues, {len(ids)} tasks, {len(samples)} samples, {len(pushed)} pushed")
     assert pushed, "no admitted task was pushed back by a debounce: the case was not exercised"
     ran = dict(Task.objects.filter(pk__in=ids).values_list("pk", "attempts"))
     assert set(ran) == ids
