@@ -34,7 +34,8 @@ THREADS = 4  # the loop's default executor: far fewer threads than waits
 #: Seconds an outcome below may take at most: a bound on a hang, never a measure of speed.
 HANG = 30.0
 OTHER_CONNECTIONS = """
-SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
 """
 
 
@@ -124,8 +125,8 @@ def test_cancelled_awaits_let_go_of_their_threads_and_connections_at_once(mode: 
         )
         assert returned is done and done.status == "SUCCESSFUL" and done.return_value == 41, returned
         assert isinstance(timed_out, TaskWaitTimeout), repr(timed_out)
-        await aside(lambda: wait_until(lambda: pool.held == 0, 10, what="the default executor's threads to be free"))
-        await aside(lambda: wait_until(lambda: others() <= baseline, 10, what="the waits' connections to close"))
+        await aside(lambda: wait_until(lambda: pool.held == 0, what="the default executor's threads to be free"))
+        await aside(lambda: wait_until(lambda: others() <= baseline, what="the waits' connections to close"))
 
     def release() -> None:
         # A wait left blocked on a thread (the bug) ends once its task is final.
@@ -147,7 +148,7 @@ def test_a_timeout_counts_from_the_call_while_every_executor_thread_is_busy(mode
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         blockers = [loop.run_in_executor(None, gate.wait) for _ in range(THREADS)]
-        await aside(lambda: wait_until(lambda: pool.held == THREADS, 10, what="the blockers to run"))
+        await aside(lambda: wait_until(lambda: pool.held == THREADS, what="the blockers to run"))
         # Its own timeout fires while every thread of the executor is still held: it never needed one.
         with pytest.raises(TaskWaitTimeout, match=r"still READY after 0\.3s"):
             await asyncio.wait_for(stuck.await_(timeout=0.3), HANG)
