@@ -223,13 +223,18 @@ def test_an_isolated_task_runs_alone_in_its_worker(worker_with_quick_retries: Wo
         Task.objects.filter(pk=suspect).update(shared_crashes=2)
     # A free executor exists (concurrency 2), yet the suspect waits for the running task to end.
     with pytest.raises(AssertionError, match="timed out"):
-        wait_until(lambda: started(suspect), 1.0, what="the suspect to start beside another task")
+        wait_until(lambda: started(suspect), 1.0, what="the suspect to start beside another task", expect_timeout=True)
     Gate.objects.filter(key="a").update(open=True)
     wait_until(lambda: started(suspect), 20, what="the suspect to start alone")
     assert Task.objects.get(pk=suspect).attempt_isolated
     later = Task.objects.enqueue("tests.testapp.handlers.record").id
     with pytest.raises(AssertionError, match="timed out"):
-        wait_until(lambda: Effect.objects.filter(task_id=later).exists(), 1.0, what="a task to start beside it")
+        wait_until(
+            lambda: Effect.objects.filter(task_id=later).exists(),
+            1.0,
+            what="a task to start beside it",
+            expect_timeout=True,
+        )
     Gate.objects.filter(key="b").update(open=True)
     assert finished(suspect).status == "SUCCESSFUL"
     assert finished(later).status == "SUCCESSFUL"
