@@ -11,12 +11,12 @@ import signal
 from collections import Counter
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import connection
 
 from tasks.models import Task, TaskStep
 from tasks.steps import send_event
+from tests.concurrency.test_pgbouncer import settings_of_every_server_connection
 from tests.helpers import wait_until
 from tests.helpers.pgbouncer import Bouncer
 from tests.helpers.workers import Workers
@@ -80,18 +80,5 @@ def test_steps_sleeps_and_events_through_pgbouncer_with_a_kill(bouncer_pool_of_3
             proc.send_signal(signal.SIGTERM)
     for proc in workers.procs.values():
         proc.wait(60)
-    # Every server connection of the pool, each held in a transaction of its own while read.
-    clients = [psycopg.connect(bouncer_pool_of_3.conninfo(dbname)) for _ in range(bouncer_pool_of_3.pool_size)]
-    try:
-        seen = {}
-        for client in clients:
-            row = client.execute(
-                "SELECT pg_backend_pid(), current_setting('statement_timeout'), current_setting('lock_timeout')"
-            ).fetchone()
-            assert row is not None
-            seen[row[0]] = row[1:]
-    finally:
-        for client in clients:
-            client.rollback()
-            client.close()
-    assert set(seen.values()) == {("0", "0")}, seen
+    # Every server connection of the pool, each read in a transaction of its own.
+    assert set(settings_of_every_server_connection(bouncer_pool_of_3, dbname).values()) == {("0", "0")}
