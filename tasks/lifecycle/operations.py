@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+from tasks.lifecycle.steps import forget_steps_ctes
+
 # An operator's delete (the admin; TaskQuerySet.delete_finished): the rows named go only if every one
 # of them is finished. One that is not (a RUNNING attempt, a task still waiting) refuses the whole
 # delete and changes nothing (invariant 12): no transition deletes an unfinished row, whose worker, key
 # slot or dependants would wait for it. ``picked`` locks the rows first, in id order (FOR UPDATE: a
 # requeue or claim committing meanwhile is read as it committed), so the check and the DELETE see the
-# same statuses; the refused rows come back with their statuses, for the message.
-DELETE_FINISHED_SQL = """
+# same statuses; the refused rows come back with their statuses, for the message. The deleted tasks'
+# steps and events go with them (forget_steps_ctes).
+DELETE_FINISHED_SQL = f"""
 WITH picked AS MATERIALIZED (
     SELECT t.id, t.status FROM tasks_task AS t
     WHERE t.id = ANY(%(ids)s::bigint[])
@@ -20,7 +23,7 @@ WITH picked AS MATERIALIZED (
     WHERE t.id = p.id
       AND NOT EXISTS (SELECT 1 FROM picked AS u WHERE u.status NOT IN ('SUCCESSFUL', 'FAILED', 'CANCELLED'))
     RETURNING t.id
-)
+), {forget_steps_ctes("deleted")}
 SELECT true, id, NULL::text FROM deleted
 UNION ALL
 SELECT false, id, status FROM picked WHERE status NOT IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')

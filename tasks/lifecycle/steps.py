@@ -24,6 +24,22 @@ stored results do not fit (``STEPS_READ_SQL`` returns them in order; tasks/steps
 
 from __future__ import annotations
 
+
+def forget_steps_ctes(deleted: str) -> str:
+    """The WITH items that delete the steps and events of the tasks a statement deletes (``deleted``:
+    the name of its CTE of deleted task rows, ``RETURNING id``). Keyed by task id with no foreign key
+    (the mover keeps a task's steps), nothing else would remove them: each statement that deletes task
+    rows carries these, so the tasks and their steps go together, or neither (a rolled-back delete
+    keeps both). Each reads its table's unique index by its leading column (``task_id``:
+    tasks_taskstep_task_position, tasks_taskevent_task_name), the ids given as one array (an InitPlan:
+    the plan does not hang on an estimate of how many rows the delete returns)."""
+    return f"""gone_steps AS (
+    DELETE FROM tasks_taskstep AS s WHERE s.task_id = ANY(ARRAY(SELECT {deleted}.id FROM {deleted}))
+), gone_events AS (
+    DELETE FROM tasks_taskevent AS e WHERE e.task_id = ANY(ARRAY(SELECT {deleted}.id FROM {deleted}))
+)"""
+
+
 # The stored steps of a task, in the order they ran: read once by each attempt, at its first step.
 STEPS_READ_SQL = """
 SELECT position, name, result::text, attempt FROM tasks_taskstep WHERE task_id = %(id)s ORDER BY position

@@ -55,6 +55,7 @@ from typing import Any
 from django.db import models
 
 from tasks.exceptions import UnstorableResult
+from tasks.lifecycle.steps import forget_steps_ctes
 from tasks.lifecycle.storable import storable_json
 
 ON_PARENT_FAILURE = ("cancel", "run")
@@ -293,8 +294,9 @@ MEMBER_COUNTS_SQL = "SELECT status, count(*) FROM tasks_task WHERE workflow_id =
 # members and edges (one statement: the unit goes at once or not at all). Locks are taken in the
 # order every finishing statement takes them: members first (in id order, SKIP LOCKED: a member an
 # operator is requeueing right now is passed over), then the workflows whose members are all held
-# and final (SKIP LOCKED too, status re-checked); the rest wait for the next pass.
-PRUNE_WORKFLOWS_SQL = """
+# and final (SKIP LOCKED too, status re-checked); the rest wait for the next pass. The members' steps
+# and events go with them (forget_steps_ctes).
+PRUNE_WORKFLOWS_SQL = f"""
 WITH candidates AS MATERIALIZED (
     SELECT id FROM tasks_workflow
     WHERE status = %(status)s AND finished_at IS NOT NULL
@@ -323,7 +325,7 @@ WITH candidates AS MATERIALIZED (
     DELETE FROM tasks_taskdependency AS d USING members WHERE d.child_id = members.id
 ), gone_members AS (
     DELETE FROM tasks_task AS t USING members WHERE t.id = members.id RETURNING t.id
-)
+), {forget_steps_ctes("gone_members")}
 DELETE FROM tasks_workflow AS w USING picked
 WHERE w.id = picked.id
 RETURNING w.finished_at, w.id, (SELECT count(*) FROM gone_members)

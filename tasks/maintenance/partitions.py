@@ -36,6 +36,7 @@ from django.db import DEFAULT_DB_ALIAS, Error, connections, transaction
 from leasing import LeaseAcquisitionError, LeaseLost, clock
 from leasing.holder import LeaseHolder, lease
 from tasks.conf import get_settings
+from tasks.lifecycle.steps import forget_steps_ctes
 from tasks.maintenance.retention import retention_policy
 from tasks.models.finished import FINISHED_TABLE, STATUS_TABLES
 
@@ -76,6 +77,20 @@ JOIN pg_class AS c ON c.oid = i.inhrelid
 
 
 _ATTACHED_SQL = "SELECT EXISTS (SELECT FROM pg_inherits WHERE inhrelid = to_regclass(%s))"
+
+# The steps and events of a retired day's tasks (issue 58), deleted before its table is dropped: a
+# batch of the table's ids after the last one done, through its primary key (id leads it), and their
+# rows through the steps' and events' unique indexes (forget_steps_ctes). Run on the detached table
+# (it takes no new row: the mover cannot move into a day no longer attached), each batch its own
+# statement; a retirement interrupted between batches or before its DROP leaves the table, and the
+# next one (FINALIZE, or the drop of a detached table) does the day again from its first id.
+# ``{table}``: the day's table, named by this module (_NAME), quoted by the caller.
+FORGET_DAY_STEPS_SQL = f"""
+WITH picked AS MATERIALIZED (
+    SELECT d.id FROM "{{table}}" AS d WHERE d.id > %(after)s ORDER BY d.id LIMIT %(limit)s
+), {forget_steps_ctes("picked")}
+SELECT max(id), count(*) FROM picked
+"""
 
 
 class PartitionError(Exception):
@@ -278,7 +293,6 @@ def _retire(cutoffs: Mapping[str, dt.datetime], held: LeaseHolder, using: str) -
             how = "FINALIZE" if partition.detach_pending else "CONCURRENTLY"
             try:
                 cursor.execute(f'ALTER TABLE "{parent}" DETACH PARTITION "{partition.name}" {how}')
-                cursor.execute(f'DROP TABLE "{partition.name}"')
             except Error as exc:
                 # A detach begun outside this module's lease (by hand in psql, a retirement that
                 # outlived its lease) may have detached it first: then it only needs dropping, if
@@ -286,16 +300,42 @@ def _retire(cutoffs: Mapping[str, dt.datetime], held: LeaseHolder, using: str) -
                 cursor.execute(_ATTACHED_SQL, [partition.name])
                 if cursor.fetchone()[0]:
                     raise PartitionError(f"could not retire {partition.name}: {exc}") from exc
-                cursor.execute(f'DROP TABLE IF EXISTS "{partition.name}"')
+        _drop_detached(partition.name, held, using)
         retired.append(partition.name)
     for status, name in _detached(using):  # detached by a retirement whose DROP never ran
         day, cutoff = _day_of(name), cutoffs.get(status)
         if day is not None and cutoff is not None and day_start(day) + dt.timedelta(days=1) <= cutoff:
-            with connection.cursor() as cursor:
-                # IF EXISTS: the retirement that detached it may be dropping it now.
-                cursor.execute(f'DROP TABLE IF EXISTS "{name}"')
+            _drop_detached(name, held, using)
             retired.append(name)
     return retired
+
+
+def _drop_detached(name: str, held: LeaseHolder, using: str) -> None:
+    """Drop a detached day's table, its tasks' steps and events first (FORGET_DAY_STEPS_SQL, a batch at
+    a time: the work is the day's rows, never the whole steps table). A table dropped meanwhile by
+    another session (a retirement that outlived its lease) is not an error."""
+    batch = get_settings().RETENTION_BATCH_SIZE
+    statement = FORGET_DAY_STEPS_SQL.format(table=name)
+    after = 0
+    with connections[using].cursor() as cursor:
+        while True:
+            try:
+                cursor.execute(statement, {"after": after, "limit": batch})
+            except Error:
+                cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [name])
+                if cursor.fetchone()[0]:
+                    raise
+                return  # dropped by the other session, with what it held
+            last, count = cursor.fetchone()
+            if count < batch:
+                break
+            after = last
+            try:
+                held.check()  # each batch is done for good: the next retirement starts the day again
+            except LeaseLost as exc:
+                raise PartitionError(f"retirement stopped: {exc}") from None
+        # IF EXISTS: another session's retirement of it may have dropped it meanwhile.
+        cursor.execute(f'DROP TABLE IF EXISTS "{name}"')
 
 
 # Tables named as this module names day partitions that are attached to nothing: a retirement that

@@ -36,6 +36,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from leasing.bounds import without_jit
 from tasks.conf import DEFAULT_RETENTION, get_settings
+from tasks.lifecycle.steps import forget_steps_ctes
 from tasks.lifecycle.workflows import PRUNE_WORKFLOWS_SQL
 
 logger = logging.getLogger("tasks.retention")
@@ -124,13 +125,26 @@ RETURNING doomed.{at}, doomed.id
 
 
 # Finished tasks of one status (and optionally one queue), through tasks_task_prune_idx
-# (status, finished_at, id) WHERE finished_at IS NOT NULL: an exact range scan of that status.
-PRUNE_TASKS_SQL = _prune_sql(
-    "tasks_task",
-    "finished_at",
-    "status = %(status)s AND finished_at IS NOT NULL AND workflow_id IS NULL"
-    " AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)",
-)
+# (status, finished_at, id) WHERE finished_at IS NOT NULL: an exact range scan of that status. Their
+# steps and events go in the same statement (forget_steps_ctes).
+PRUNE_TASKS_SQL = f"""
+WITH picked AS MATERIALIZED (
+    SELECT id FROM tasks_task AS candidate
+    WHERE status = %(status)s AND finished_at IS NOT NULL AND workflow_id IS NULL
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND finished_at < statement_timestamp() - make_interval(secs => %(age)s)
+      AND (finished_at, id) > (%(after_at)s, %(after_id)s)
+    ORDER BY finished_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), deleted AS (
+    DELETE FROM tasks_task AS doomed
+    USING picked
+    WHERE doomed.id = picked.id
+    RETURNING doomed.finished_at, doomed.id
+), {forget_steps_ctes("deleted")}
+SELECT finished_at, id FROM deleted
+"""
 # Workflow members are pruned with their workflow, as one unit, once the workflow is finished and
 # older than its status's age (tasks/lifecycle/workflows.py, PRUNE_WORKFLOWS_SQL).
 
@@ -175,6 +189,38 @@ RETURNING doomed.expires_at, doomed.key
 PRUNE_BULK_OPERATIONS_SQL = _prune_sql(
     "tasks_bulkoperation", "finished_at", "finished_at IS NOT NULL AND status IN ('DONE', 'CANCELLED', 'FAILED')"
 )
+
+
+# The safety net under the deletes that take a task's steps and events with it (issue 58): steps and
+# events whose task is in neither tasks_task nor tasks_finished (orphaned before those deletes did, or
+# by a hand edit). A batch: the next ``limit`` task ids after the cursor, read in order from the
+# table's unique index (task_id leads it: the scan stops at the limit-th id, reading those tasks' rows
+# only), looked up by primary key in tasks_task and in tasks_finished (its day partitions' keys, id
+# first) as one array each (an InitPlan: a probe per id whatever the tables' sizes, never a scan of
+# every task); the orphans' rows go through the same index. One statement, one snapshot: a move or a
+# restore is one statement too, so a task is seen in one table or the other, never in neither.
+def _orphans_sql(table: str) -> str:
+    return f"""
+WITH picked AS MATERIALIZED (
+    SELECT DISTINCT o.task_id FROM {table} AS o
+    WHERE o.task_id > %(after)s
+    ORDER BY o.task_id
+    LIMIT %(limit)s
+), kept AS MATERIALIZED (
+    SELECT t.id FROM tasks_task AS t WHERE t.id = ANY(ARRAY(SELECT picked.task_id FROM picked))
+    UNION ALL
+    SELECT f.id FROM tasks_finished AS f WHERE f.id = ANY(ARRAY(SELECT picked.task_id FROM picked))
+), orphaned AS MATERIALIZED (
+    SELECT p.task_id FROM picked AS p WHERE NOT EXISTS (SELECT FROM kept WHERE kept.id = p.task_id)
+), gone AS (
+    DELETE FROM {table} AS o WHERE o.task_id = ANY(ARRAY(SELECT orphaned.task_id FROM orphaned))
+    RETURNING 1
+)
+SELECT (SELECT max(task_id) FROM picked), (SELECT count(*) FROM picked), (SELECT count(*) FROM gone)
+"""
+
+
+ORPHANS_SQL = {"steps": _orphans_sql("tasks_taskstep"), "events": _orphans_sql("tasks_taskevent")}
 
 _STATEMENTS = {
     **dict.fromkeys(FINISHED_STATUSES, PRUNE_TASKS_SQL),
@@ -315,6 +361,20 @@ def prune(
     return totals
 
 
+def sweep_orphans(after: dict[str, int], *, limit: int, using: str = DEFAULT_DB_ALIAS) -> int:
+    """One batch of each of the steps and the events tables (ORPHANS_SQL), from ``after`` (the last
+    task id each batch read, moved on here; back to 0 once a table's end is reached, so each batch
+    reads the next part and a pass over the table is spread over many calls); returns rows deleted."""
+    deleted = 0
+    with without_jit(), connections[using].cursor() as db:
+        for table, statement in ORPHANS_SQL.items():
+            db.execute(statement, {"after": after.get(table, 0), "limit": limit})
+            last, picked, gone = db.fetchone()
+            after[table] = last if picked >= limit else 0
+            deleted += gone
+    return deleted
+
+
 @dataclass
 class AutoPruner:
     """Automatic pruning for the recovery leader: a pass over every kind every ``interval``
@@ -329,6 +389,8 @@ class AutoPruner:
     _current: PruneCursor | None = None
     _next_pass_at: float = 0.0
     deleted: dict[str, int] = field(default_factory=dict)
+    #: Where the sweep of orphaned steps and events stands (sweep_orphans): a batch per completed pass.
+    orphans_after: dict[str, int] = field(default_factory=dict)
 
     def _new_pass(self) -> Iterator[PruneCursor] | None:
         policy = retention_policy()
@@ -357,8 +419,11 @@ class AutoPruner:
                 self._current = next(self._pass, None)
                 if self._current is None:  # pass complete
                     self._pass = None
+                    orphans = sweep_orphans(self.orphans_after, limit=self.batch_size, using=self.using)
+                    if orphans:
+                        logger.info("retention: deleted %d orphaned steps and events", orphans)
                     self._next_pass_at = self.clock() + self.interval
-                    return deleted
+                    return deleted + orphans
             batch = prune_batch(self._current, limit=self.batch_size, using=self.using)
             deleted += batch.deleted
             self.deleted[batch.kind] = self.deleted.get(batch.kind, 0) + batch.deleted

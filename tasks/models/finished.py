@@ -24,6 +24,7 @@ from django.db.models import QuerySet
 from django.db.models.sql.datastructures import BaseTable
 
 from tasks.lifecycle.states import with_db_clock
+from tasks.lifecycle.steps import forget_steps_ctes
 from tasks.models.task_send import OperationsBase
 
 _Q = TypeVar("_Q", bound=QuerySet[Any])
@@ -51,8 +52,13 @@ INSERT INTO tasks_task SELECT * FROM back RETURNING id
 """
 # An operator's delete of tasks kept in tasks_finished (the admin's delete of a moved task: history
 # that must go before its day does, say a customer's data). Its row is deleted from its day partition
-# (a dead tuple there until autovacuum or the day's retirement); an id not there is left out.
-DELETE_ARCHIVED_SQL = "DELETE FROM tasks_finished WHERE id = ANY(%(ids)s::bigint[]) RETURNING id"
+# (a dead tuple there until autovacuum or the day's retirement); an id not there is left out. Its
+# steps and events go with it (forget_steps_ctes); a restore or the mover keeps them (a move).
+DELETE_ARCHIVED_SQL = f"""
+WITH deleted AS (DELETE FROM tasks_finished WHERE id = ANY(%(ids)s::bigint[]) RETURNING id),
+{forget_steps_ctes("deleted")}
+SELECT id FROM deleted
+"""
 # Which of the ids a statement on tasks_task did not find were moved here (an error's message only:
 # no common path pays for it).
 MOVED_IDS_SQL = "SELECT id, status FROM tasks_finished WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id"

@@ -132,7 +132,8 @@ SELECT status, count(*) FROM tasks_task WHERE workflow_id = %(id)s GROUP BY stat
 -- members and edges (one statement: the unit goes at once or not at all). Locks are taken in the
 -- order every finishing statement takes them: members first (in id order, SKIP LOCKED: a member an
 -- operator is requeueing right now is passed over), then the workflows whose members are all held
--- and final (SKIP LOCKED too, status re-checked); the rest wait for the next pass.
+-- and final (SKIP LOCKED too, status re-checked); the rest wait for the next pass. The members' steps
+-- and events go with them (forget_steps_ctes).
 WITH candidates AS MATERIALIZED (
     SELECT id FROM tasks_workflow
     WHERE status = %(status)s AND finished_at IS NOT NULL
@@ -161,6 +162,10 @@ WITH candidates AS MATERIALIZED (
     DELETE FROM tasks_taskdependency AS d USING members WHERE d.child_id = members.id
 ), gone_members AS (
     DELETE FROM tasks_task AS t USING members WHERE t.id = members.id RETURNING t.id
+), gone_steps AS (
+    DELETE FROM tasks_taskstep AS s WHERE s.task_id = ANY(ARRAY(SELECT gone_members.id FROM gone_members))
+), gone_events AS (
+    DELETE FROM tasks_taskevent AS e WHERE e.task_id = ANY(ARRAY(SELECT gone_members.id FROM gone_members))
 )
 DELETE FROM tasks_workflow AS w USING picked
 WHERE w.id = picked.id

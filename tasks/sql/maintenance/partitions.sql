@@ -16,3 +16,20 @@ FROM unnest(%(parents)s::text[]) AS p(name)
 JOIN pg_class AS parent ON parent.oid = to_regclass(p.name)
 JOIN pg_inherits AS i ON i.inhparent = parent.oid
 JOIN pg_class AS c ON c.oid = i.inhrelid;
+
+-- name: FORGET_DAY_STEPS_SQL
+-- The steps and events of a retired day's tasks (issue 58), deleted before its table is dropped: a
+-- batch of the table's ids after the last one done, through its primary key (id leads it), and their
+-- rows through the steps' and events' unique indexes (forget_steps_ctes). Run on the detached table
+-- (it takes no new row: the mover cannot move into a day no longer attached), each batch its own
+-- statement; a retirement interrupted between batches or before its DROP leaves the table, and the
+-- next one (FINALIZE, or the drop of a detached table) does the day again from its first id.
+-- ``{table}``: the day's table, named by this module (_NAME), quoted by the caller.
+WITH picked AS MATERIALIZED (
+    SELECT d.id FROM "{table}" AS d WHERE d.id > %(after)s ORDER BY d.id LIMIT %(limit)s
+), gone_steps AS (
+    DELETE FROM tasks_taskstep AS s WHERE s.task_id = ANY(ARRAY(SELECT picked.id FROM picked))
+), gone_events AS (
+    DELETE FROM tasks_taskevent AS e WHERE e.task_id = ANY(ARRAY(SELECT picked.id FROM picked))
+)
+SELECT max(id), count(*) FROM picked;

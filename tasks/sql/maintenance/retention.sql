@@ -4,20 +4,28 @@
 
 -- name: PRUNE_TASKS_SQL
 -- Finished tasks of one status (and optionally one queue), through tasks_task_prune_idx
--- (status, finished_at, id) WHERE finished_at IS NOT NULL: an exact range scan of that status.
+-- (status, finished_at, id) WHERE finished_at IS NOT NULL: an exact range scan of that status. Their
+-- steps and events go in the same statement (forget_steps_ctes).
 WITH picked AS MATERIALIZED (
     SELECT id FROM tasks_task AS candidate
-    WHERE status = %(status)s AND finished_at IS NOT NULL AND workflow_id IS NULL AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+    WHERE status = %(status)s AND finished_at IS NOT NULL AND workflow_id IS NULL
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND finished_at < statement_timestamp() - make_interval(secs => %(age)s)
       AND (finished_at, id) > (%(after_at)s, %(after_id)s)
     ORDER BY finished_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), deleted AS (
+    DELETE FROM tasks_task AS doomed
+    USING picked
+    WHERE doomed.id = picked.id
+    RETURNING doomed.finished_at, doomed.id
+), gone_steps AS (
+    DELETE FROM tasks_taskstep AS s WHERE s.task_id = ANY(ARRAY(SELECT deleted.id FROM deleted))
+), gone_events AS (
+    DELETE FROM tasks_taskevent AS e WHERE e.task_id = ANY(ARRAY(SELECT deleted.id FROM deleted))
 )
-DELETE FROM tasks_task AS doomed
-USING picked
-WHERE doomed.id = picked.id
-RETURNING doomed.finished_at, doomed.id;
+SELECT finished_at, id FROM deleted;
 
 -- name: PRUNE_LEASES_SQL
 -- Leases that ended (released: expires_at was set to the release time; or expired) before the
@@ -104,3 +112,39 @@ DELETE FROM tasks_bulkoperation AS doomed
 USING picked
 WHERE doomed.id = picked.id
 RETURNING doomed.finished_at, doomed.id;
+
+-- name: ORPHANS_SQL['steps']
+WITH picked AS MATERIALIZED (
+    SELECT DISTINCT o.task_id FROM tasks_taskstep AS o
+    WHERE o.task_id > %(after)s
+    ORDER BY o.task_id
+    LIMIT %(limit)s
+), kept AS MATERIALIZED (
+    SELECT t.id FROM tasks_task AS t WHERE t.id = ANY(ARRAY(SELECT picked.task_id FROM picked))
+    UNION ALL
+    SELECT f.id FROM tasks_finished AS f WHERE f.id = ANY(ARRAY(SELECT picked.task_id FROM picked))
+), orphaned AS MATERIALIZED (
+    SELECT p.task_id FROM picked AS p WHERE NOT EXISTS (SELECT FROM kept WHERE kept.id = p.task_id)
+), gone AS (
+    DELETE FROM tasks_taskstep AS o WHERE o.task_id = ANY(ARRAY(SELECT orphaned.task_id FROM orphaned))
+    RETURNING 1
+)
+SELECT (SELECT max(task_id) FROM picked), (SELECT count(*) FROM picked), (SELECT count(*) FROM gone);
+
+-- name: ORPHANS_SQL['events']
+WITH picked AS MATERIALIZED (
+    SELECT DISTINCT o.task_id FROM tasks_taskevent AS o
+    WHERE o.task_id > %(after)s
+    ORDER BY o.task_id
+    LIMIT %(limit)s
+), kept AS MATERIALIZED (
+    SELECT t.id FROM tasks_task AS t WHERE t.id = ANY(ARRAY(SELECT picked.task_id FROM picked))
+    UNION ALL
+    SELECT f.id FROM tasks_finished AS f WHERE f.id = ANY(ARRAY(SELECT picked.task_id FROM picked))
+), orphaned AS MATERIALIZED (
+    SELECT p.task_id FROM picked AS p WHERE NOT EXISTS (SELECT FROM kept WHERE kept.id = p.task_id)
+), gone AS (
+    DELETE FROM tasks_taskevent AS o WHERE o.task_id = ANY(ARRAY(SELECT orphaned.task_id FROM orphaned))
+    RETURNING 1
+)
+SELECT (SELECT max(task_id) FROM picked), (SELECT count(*) FROM picked), (SELECT count(*) FROM gone);

@@ -21,8 +21,15 @@ INSERT INTO tasks_task SELECT * FROM back RETURNING id;
 -- name: DELETE_ARCHIVED_SQL
 -- An operator's delete of tasks kept in tasks_finished (the admin's delete of a moved task: history
 -- that must go before its day does, say a customer's data). Its row is deleted from its day partition
--- (a dead tuple there until autovacuum or the day's retirement); an id not there is left out.
-DELETE FROM tasks_finished WHERE id = ANY(%(ids)s::bigint[]) RETURNING id;
+-- (a dead tuple there until autovacuum or the day's retirement); an id not there is left out. Its
+-- steps and events go with it (forget_steps_ctes); a restore or the mover keeps them (a move).
+WITH deleted AS (DELETE FROM tasks_finished WHERE id = ANY(%(ids)s::bigint[]) RETURNING id),
+gone_steps AS (
+    DELETE FROM tasks_taskstep AS s WHERE s.task_id = ANY(ARRAY(SELECT deleted.id FROM deleted))
+), gone_events AS (
+    DELETE FROM tasks_taskevent AS e WHERE e.task_id = ANY(ARRAY(SELECT deleted.id FROM deleted))
+)
+SELECT id FROM deleted;
 
 -- name: MOVED_IDS_SQL
 -- Which of the ids a statement on tasks_task did not find were moved here (an error's message only:
