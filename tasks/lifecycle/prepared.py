@@ -300,15 +300,40 @@ def _cursor(raw: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
     return cursor
 
 
+#: The statements run under a generic plan: planned once per connection, not on every run.
+#:
+#: PostgreSQL plans a prepared statement anew on each of its first five runs, then keeps its
+#: generic plan only if that plan's estimated cost is no higher than the custom plans' average. For
+#: the claim and round statements (CTEs over unnest() of array parameters, a LIMIT parameter) it
+#: never is, so each run was planned again: 6-8 ms of planning a round on PostgreSQL 15 for 1-7 ms of
+#: execution, idle polls included (docs/explanation/benchmarks.md, "Generic plans"). These are sent
+#: after ``plan_cache_mode = force_generic_plan``, local to their transaction (the same pipeline and
+#: Sync as the bounds above; inside a caller's transaction it holds to that transaction's end, for
+#: prepared statements and PL/pgSQL only: Django's own statements are not prepared). The generic
+#: plans read the same bounded index ranges as the custom ones: tests/db/test_generic_round_plans.py
+#: runs each beside backlogs of 100,000 rows on every PostgreSQL major CI runs. Registered by the
+#: modules that define the statements (:func:`plan_once`).
+GENERIC_PLAN: set[str] = set()
+_GENERIC_PLAN_PREFIX = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
+
+
+def plan_once(*texts: str) -> None:
+    """Run ``texts`` (when prepared) under one generic plan per connection (:data:`GENERIC_PLAN`)."""
+    GENERIC_PLAN.update(texts)
+
+
 def _run(raw: psycopg.Connection[Any], wrappers: list[Any], sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
     params = {name: _array(value) if value.__class__ is list else value for name, value in params.items()}
+    generic = sql in GENERIC_PLAN
     with _cursor(raw) as cursor:
-        if not wrappers:
+        if not wrappers and not generic:
             cursor.execute(sql, params, prepare=True)
             return _fetched(cursor)
         with raw.pipeline():
             for wrapper in wrappers:
                 cursor.execute(wrapper.prefix, prepare=True)
+            if generic:
+                cursor.execute(_GENERIC_PLAN_PREFIX, prepare=True)
             cursor.execute(sql, params, prepare=True)
         # After the pipeline's one Sync: the cursor holds every statement's result, the last one ours.
         while cursor.nextset():

@@ -69,6 +69,7 @@ from tasks.lifecycle.fragments import (  # noqa: F401
 from tasks.lifecycle.operations import (  # noqa: F401
     DELETE_FINISHED_SQL,
 )
+from tasks.lifecycle.prepared import plan_once
 from tasks.lifecycle.recover import (  # noqa: F401
     ATTEMPT_FATE_SQL,
     EXPIRE_ORPHANS_SQL,
@@ -94,3 +95,7 @@ from tasks.lifecycle.steps import (  # noqa: F401
     STEP_RECORD_SQL,
     STEPS_READ_SQL,
 )
+
+# The claims and rounds (not their fair forms, whose keys' turns are planned from the statistics of
+# the moment: tests/db/test_fair_plans_without_statistics.py) run under one generic plan per connection.
+plan_once(*CLAIM_SQL, *FINISH_AND_CLAIM_SQL, *FINISH_START_CLAIM_SQL)
