@@ -307,9 +307,10 @@ def _cursor(raw: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
 #: the claim and round statements (CTEs over unnest() of array parameters, a LIMIT parameter) it
 #: never is, so each run was planned again: 6-8 ms of planning a round on PostgreSQL 15 for 1-7 ms of
 #: execution, idle polls included (docs/explanation/benchmarks.md, "Generic plans"). These are sent
-#: after ``plan_cache_mode = force_generic_plan``, local to their transaction (the same pipeline and
-#: Sync as the bounds above; inside a caller's transaction it holds to that transaction's end, for
-#: prepared statements and PL/pgSQL only: Django's own statements are not prepared). The generic
+#: after ``plan_cache_mode = force_generic_plan``, local to their own implicit transaction (the same
+#: pipeline and Sync as the bounds above), so only when the connection is in autocommit, as a
+#: worker's is: inside a caller's transaction the setting would hold to that transaction's end, for
+#: the statements after it, so there they are planned as PostgreSQL chooses. The generic
 #: plans read the same bounded index ranges as the custom ones: tests/db/test_generic_round_plans.py
 #: runs each beside backlogs of 100,000 rows on every PostgreSQL major CI runs. Registered by the
 #: modules that define the statements (:func:`plan_once`).
@@ -324,7 +325,7 @@ def plan_once(*texts: str) -> None:
 
 def _run(raw: psycopg.Connection[Any], wrappers: list[Any], sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
     params = {name: _array(value) if value.__class__ is list else value for name, value in params.items()}
-    generic = sql in GENERIC_PLAN
+    generic = raw.autocommit and sql in GENERIC_PLAN  # never past a statement: not in a caller's transaction
     with _cursor(raw) as cursor:
         if not wrappers and not generic:
             cursor.execute(sql, params, prepare=True)

@@ -20,6 +20,7 @@ from django.db import connection, transaction
 
 from tasks.lifecycle import statements as sql
 from tasks.lifecycle.prepared import GENERIC_PLAN
+from tasks.models import Task
 from tests.helpers.task_paths import NOOP
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -137,3 +138,46 @@ def test_the_generic_plan_reads_only_the_rows_it_claims_and_finishes(name: str) 
     # backlog (100,000 rows) would be thousands of blocks.
     touched = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
     assert touched < 2_500, touched
+
+
+def claim_plans() -> tuple[int, int]:
+    """How often this connection's prepared claim statement ran its generic plan, and a custom one."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%UPDATE tasks_task AS t SET%FOR UPDATE SKIP LOCKED%"],
+        )
+        rows = cursor.fetchall()
+    assert len(rows) == 1, rows  # one claim statement prepared on this connection
+    return rows[0]
+
+
+def plan_cache_mode() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('plan_cache_mode')")
+        return str(cursor.fetchone()[0])
+
+
+def test_a_claim_in_autocommit_is_planned_once_and_leaves_the_setting_as_it_was() -> None:
+    """Seven claims on one connection in autocommit: each ran the generic plan (built once and kept
+    with the prepared statement), none a custom one (PostgreSQL's own choice plans the first five
+    custom, then keeps choosing custom for these statements), and the session's plan_cache_mode is
+    still the default after each."""
+    connection.close()  # a connection of its own: no statement prepared on it yet
+    for _ in range(7):
+        Task.objects.enqueue(NOOP, queue="generic-once")
+        assert len(Task.objects.claim("plan", queues=["generic-once"])) == 1
+        assert plan_cache_mode() == "auto"
+    assert claim_plans() == (7, 0)
+
+
+def test_a_claim_inside_a_callers_transaction_is_planned_as_postgresql_chooses() -> None:
+    """Inside the caller's transaction the setting would hold for the statements after the claim, to
+    the transaction's end: there the claim is sent without it, and nothing changes the session."""
+    connection.close()
+    for _ in range(3):
+        Task.objects.enqueue(NOOP, queue="generic-once")
+        with transaction.atomic():
+            assert len(Task.objects.claim("plan", queues=["generic-once"])) == 1
+            assert plan_cache_mode() == "auto"
+    assert claim_plans() == (0, 3)
