@@ -13,7 +13,7 @@ import pytest
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from leasing.holder import default_holder_id
-from tests.helpers import flush, order, start_manage, stop_process
+from tests.helpers import flush, order, start_manage, stop_process, zygote
 from tests.helpers import test_database_url as database_url  # not collected as a test
 from tests.helpers.api import TOKEN, Api
 from tests.helpers.pgbouncer import Bouncer, pgbouncer
@@ -57,6 +57,19 @@ def no_finished_history_left(request: pytest.FixtureRequest, django_db_blocker: 
                     cursor.execute("SELECT EXISTS (SELECT FROM tasks_finished)")
                     if cursor.fetchone()[0]:
                         cursor.execute("TRUNCATE tasks_finished")
+
+
+@pytest.fixture(autouse=True)
+def no_child_left() -> Iterator[None]:
+    """A child process the test started (``start_manage``, ``start_child``, ``popen_python``) and left
+    running is killed when the test ends, and fails it: a test that failed before its ``finally``
+    once left a worker that claimed the next tests' tasks in its worker's database, and one of them
+    waited for a task that worker had taken until the run was stopped. Set up before, so ended after,
+    the test's own function-scoped fixtures: what they stop on the way out is not counted."""
+    place = zygote.mark()
+    yield
+    left = zygote.end_started_since(place)
+    assert not left, f"the test left these processes running (killed now): {left}"
 
 
 @pytest.fixture

@@ -385,17 +385,37 @@ def worker_process(workdir: Any, events_path: str, worker_id: str, *args: str) -
 
 @SETTINGS
 class KilledWorkerTestCase(BackendTestCase):
+    def _stalled(self, result: TaskResult, worker_id: str) -> str:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid, state, wait_event_type, wait_event, pg_blocking_pids(pid), xact_start,"
+                " left(query, 200) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()"
+            )
+            sessions = "\n".join(map(repr, cursor.fetchall()))
+        row = TaskRow.objects.filter(pk=int(result.id)).values("status", "attempts", "worker_ids", "run_after").first()
+        log = (self.workdir / f"{worker_id}.log").read_text()[-4000:]
+        return f"task: {row}\nsessions:\n{sessions}\nworker log (tail):\n{log}"
+
     def _start_blocked(self, gate: str, worker_id: str, *args: str) -> tuple[TaskResult, subprocess.Popen[bytes]]:
         Gate.objects.create(key=gate)
         result = lease_tasks.block_first_attempt.using(priority=3).enqueue(gate)
         process = worker_process(self.workdir, self.events_path, worker_id, *args)
-        wait_until(
-            lambda: (
-                process.poll() is not None or TaskRow.objects.filter(pk=int(result.id), attempt_started=True).exists()
-            ),
-            WAIT,
-            what="attempt 1 to start in the worker process",
-        )
+        try:
+            wait_until(
+                lambda: (
+                    process.poll() is not None
+                    or TaskRow.objects.filter(pk=int(result.id), attempt_started=True).exists()
+                ),
+                WAIT,
+                what="attempt 1 to start in the worker process",
+            )
+        except AssertionError as timed_out:
+            # Seen once in a full run: what the worker wrote, where the task stood and what every
+            # other session of this database was doing say why (the worker is ended by conftest.py).
+            raise AssertionError(f"{timed_out}\n{self._stalled(result, worker_id)}") from None
         self.assertIsNone(process.poll(), (self.workdir / f"{worker_id}.log").read_text())
         wait_until(lambda: self.events(result.id, "started"), WAIT, what="task_started of attempt 1")
         return result, process

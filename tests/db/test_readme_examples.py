@@ -13,6 +13,7 @@ import pytest
 
 from tasks.compat import FRAMEWORK, TaskResultStatus
 from tasks.worker import Worker
+from tests.helpers import wait_until, worker_in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,8 +51,12 @@ def test_the_task_example_runs_once_on_a_worker(settings: Any) -> None:
         assert result.status == TaskResultStatus.READY
         args = blocks()[2][1].split()
         queues = args[args.index("--queues") + 1].split(",")
-        Worker(queues=queues, max_tasks=1, install_signal_handlers=False, recovery=False, worker_id="readme").run()
-        result.refresh()
+        worker = Worker(queues=queues, max_tasks=1, install_signal_handlers=False, recovery=False, worker_id="readme")
+        with worker_in_thread(worker):  # stopped on the way out, should the task never reach it
+            wait_until(
+                lambda: (result.refresh(), result.status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED))[1],
+                what="the example's task to finish",
+            )
         assert result.status == TaskResultStatus.SUCCESSFUL and result.attempts == 1
     finally:
         del sys.modules[module.__name__]

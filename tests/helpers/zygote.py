@@ -279,15 +279,17 @@ def popen_python(
     None (the test process's own), ``subprocess.PIPE``, ``subprocess.DEVNULL``, ``subprocess.STDOUT``
     (stderr only) or a file object. ``fork``: forked or exec'd whatever :func:`enabled` says."""
     if not (enabled() if fork is None else fork):
-        return subprocess.Popen(
-            [sys.executable, *argv],
-            cwd=cwd,
-            env=env,
-            stdin=stdin,
-            stdout=stdout,
-            stderr=stderr,
-            text=text,
-            start_new_session=True,
+        return started(
+            subprocess.Popen(
+                [sys.executable, *argv],
+                cwd=cwd,
+                env=env,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                text=text,
+                start_new_session=True,
+            )
         )
     child_ends: list[int] = []
     opened: list[int] = []  # descriptors this function opened for the child: closed once it has them
@@ -319,7 +321,43 @@ def popen_python(
         for fd in opened:
             os.close(fd)
     proc.attach(ours[0], ours[1], ours[2], text=text)
+    return started(proc)
+
+
+#: Every child :func:`popen_python` started in this process, in order (tests/conftest.py ends, after each
+#: test, those of its own still running: a test that failed before its ``finally`` left a worker
+#: claiming the next tests' tasks, and one of them waited for a task that worker had taken).
+_started: list[subprocess.Popen[Any]] = []
+
+
+def started(proc: subprocess.Popen[Any]) -> subprocess.Popen[Any]:
+    _started.append(proc)
     return proc
+
+
+def mark() -> int:
+    """A place in the list of started children: :func:`end_started_since` takes it."""
+    return len(_started)
+
+
+def end_started_since(place: int) -> list[str]:
+    """Kill (SIGKILL to its session, after a SIGCONT) each child started since ``place`` that is still
+    running, wait for it, and forget them all; the command lines of those that were running."""
+    left = []
+    for proc in _started[place:]:
+        with contextlib.suppress(RuntimeError):  # the fork server lost it: nothing to end
+            if proc.poll() is not None:
+                continue
+        if proc.returncode is not None:
+            continue
+        left.append(str(proc.args))
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)  # its own session: the worker's children go with it
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            proc.wait(30)
+    del _started[place:]
+    return left
 
 
 def run_python(
