@@ -269,7 +269,12 @@ def _seconds(duration: float | dt.timedelta) -> float:
 def _wake_at(when: dt.datetime) -> str:
     if not isinstance(when, dt.datetime) or timezone.is_naive(when):
         raise ValueError(f"sleep_until() takes an aware datetime (timezone.now() + ...), not {when!r}")
-    if (when - timezone.now()).total_seconds() > MAX_DELAY:
+    # How far ahead, on the database clock the sleep's wake is read by (an application server's
+    # clock ahead of it would otherwise let a sleep of more than the bound through).
+    with connections[current_task().using].cursor() as cursor:
+        cursor.execute(sql.SLEEP_REMAINING_SQL, {"wake": when.isoformat()})
+        (ahead,) = cursor.fetchone()
+    if ahead > MAX_DELAY:
         raise ValueError(f"sleep_until() wakes at most {MAX_DELAY:g} seconds from now, not at {when.isoformat()}")
     return when.isoformat()
 

@@ -1,4 +1,4 @@
-"""Issue 41's bounded lease counts: the helpers that attack them at 1,000,000 released and 200,000
+"""Issue 41's bounded lease counts: the helpers that attack them at 100,000 released and 40,000
 expired leases (test_lease_counts_every_order.py, in each order the states' names can sort in, on
 every stack CI runs: the lease pages, the overview, /metrics and the admin's lease list and search
 read no whole table and no node reads more than the count cap's rows); the admin's refused orders;

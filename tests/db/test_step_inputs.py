@@ -58,6 +58,24 @@ def test_a_sleep_until_the_far_future_is_refused_before_anything_is_stored(task_
     assert 0 < snoozed.value.seconds <= MAX_DELAY
 
 
+def test_the_bound_of_a_sleep_until_is_read_on_the_database_clock(
+    task_id: int, current: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An application server whose clock runs two years ahead of the database's: 400 days from the
+    database's now is still more than the bound, however near it looks from that server."""
+    _set_current(attempt(task_id, "w1"))
+    real_now = timezone.now()
+    monkeypatch.setattr(timezone, "now", lambda: real_now + dt.timedelta(days=730))
+    with pytest.raises(ValueError, match="sleep_until"):
+        sleep_until(real_now + dt.timedelta(days=400))
+    assert not TaskStep.objects.filter(task_id=task_id).exists()
+    # ... and a server two years behind does not refuse a wake a day ahead of the database's clock.
+    monkeypatch.setattr(timezone, "now", lambda: real_now - dt.timedelta(days=730))
+    with pytest.raises(Snooze) as snoozed:
+        sleep_until(real_now + dt.timedelta(days=1))
+    assert 0 < snoozed.value.seconds <= 86_400
+
+
 @pytest.mark.parametrize("name", ["a\x00b", "\ud800"], ids=["nul", "lone-surrogate"])
 def test_a_send_with_an_unstorable_name_is_a_value_error(task_id: int, name: str) -> None:
     try:
