@@ -417,6 +417,29 @@ def send_event(task_id: int, name: str, payload: Any = None, *, using: str | Non
     return False
 
 
+def send_workflow_event(workflow_id: int, name: str, payload: Any = None, *, using: str | None = None) -> list[int]:
+    """Send the event ``name`` with ``payload`` (JSON) to every unfinished member of a workflow, as
+    :func:`send_event` to each: the ids of the members it was stored for, in id order (a member that
+    had one of the name keeps its first payload and is not among them; a finished member is left
+    out). Members waiting for it are made due at once. Raises ``Workflow.DoesNotExist`` for no such
+    workflow. One transaction, whatever the number of members; a cancel of the workflow or a finish
+    in flight commits first."""
+    from tasks.models import Workflow
+
+    _event_name(name)
+    text = storable_json(payload)
+    manager = Workflow.objects.db_manager(using) if using else Workflow.objects
+    if not manager.filter(pk=workflow_id).exists():
+        raise Workflow.DoesNotExist(f"no workflow with id {workflow_id}")
+    with transaction.atomic(using=manager.db), connections[manager.db].cursor() as cursor:
+        cursor.execute(sql.WORKFLOW_EVENT_LOCK_SQL, {"workflow": workflow_id})
+        members = [member for (member,) in cursor.fetchall()]
+        if not members:
+            return []
+        cursor.execute(sql.WORKFLOW_EVENT_SEND_SQL, {"ids": members, "name": name, "payload": text})
+        return sorted(member for (member,) in cursor.fetchall())
+
+
 __all__ = [
     "MAX_EVENT_NAME",
     "MAX_NAME",
@@ -428,6 +451,7 @@ __all__ = [
     "patched",
     "rerun_from_step",
     "send_event",
+    "send_workflow_event",
     "sleep",
     "sleep_until",
     "step",

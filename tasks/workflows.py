@@ -216,6 +216,12 @@ class EnqueuedWorkflow:
         """Cancel every unfinished member (see :meth:`tasks.models.WorkflowQuerySet.cancel`)."""
         return WorkflowRow.objects.using(self.database).filter(pk=self.id).cancel()
 
+    def send_event(self, name: str, payload: Any = None) -> list[int]:
+        """Send an event to every unfinished member (see :func:`tasks.steps.send_workflow_event`)."""
+        from tasks.steps import send_workflow_event
+
+        return send_workflow_event(self.id, name, payload, using=self.database)
+
 
 @dataclass
 class _Node:

@@ -110,6 +110,36 @@ ON CONFLICT (task_id, name) DO NOTHING
 RETURNING delivered
 """
 
+# An event to every unfinished member of a workflow (tasks/steps.py send_workflow_event): the members
+# under a share lock, in id order (the order a workflow's cancel and every finish lock them: no
+# deadlock with either), so that a cancel or finish in flight commits first ...
+WORKFLOW_EVENT_LOCK_SQL = """
+SELECT id FROM tasks_task
+WHERE workflow_id = %(workflow)s AND status NOT IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
+ORDER BY id
+FOR SHARE
+"""
+
+# ... then EVENT_SEND_SQL for each of them in one statement, on a new snapshot: the members waiting
+# for it in the queue made due, the event stored for each unfinished one that had none of the name.
+# Returns the ids it was stored for.
+WORKFLOW_EVENT_SEND_SQL = f"""
+WITH woken AS (
+    UPDATE tasks_task AS t SET run_after = LEAST(t.run_after, statement_timestamp())
+    WHERE t.id = ANY (%(ids)s::bigint[]) AND t.status IN ('READY', 'BLOCKED')
+      AND {_WAITS_FOR.format(name="%(name)s")}
+      AND NOT EXISTS (SELECT FROM tasks_taskevent AS e WHERE e.task_id = t.id AND e.name = %(name)s)
+    RETURNING t.id
+)
+INSERT INTO tasks_taskevent (task_id, name, payload, sent_at, delivered)
+SELECT t.id, %(name)s, %(payload)s::jsonb, clock_timestamp(), t.id IN (SELECT id FROM woken)
+FROM tasks_task AS t
+WHERE t.id = ANY (%(ids)s::bigint[]) AND t.status NOT IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
+ORDER BY t.id
+ON CONFLICT (task_id, name) DO NOTHING
+RETURNING task_id
+"""
+
 # A wait's look: the event's payload if one was sent by its deadline (found), and the seconds left
 # to the deadline on the database clock (NULL: it waits without one).
 EVENT_CHECK_SQL = """

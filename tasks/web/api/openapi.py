@@ -659,6 +659,26 @@ def document(server_url: str = "/api") -> dict[str, Any]:
                 },
             ),
         },
+        "/workflows/{id}/events": {
+            "parameters": [ID],
+            "post": _op(
+                "Send an event to every unfinished member of a workflow, for their wait_for_event (those waiting"
+                " are made due at once): 201 with the members it was stored for; 409 when it reached none (the"
+                " workflow has ended, or each unfinished member had one of the name: the first payload stands)",
+                201,
+                _object(
+                    {
+                        "workflow_id": {"type": "integer"},
+                        "event": {"type": "string"},
+                        "task_ids": {"type": "array", "items": {"type": "integer"}},
+                    }
+                ),
+                400,
+                404,
+                409,
+                requestBody=_body({"name": {"type": "string", "maxLength": 150}, "payload": {}}, ["name"]),
+            ),
+        },
         "/generator": {
             "get": _op("Demo generator state and leader", 200, _object({"generator": GENERATOR})),
             "put": _op(

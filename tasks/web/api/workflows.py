@@ -1,6 +1,6 @@
 """JSON API of workflows: the list (newest first, by status), one workflow with its members counted
-by status, and cancel. A workflow's members are listed by ``GET /api/tasks?workflow_id=<id>``
-(tasks/web/api/tasks.py). The reads are in tasks/web/workflows.py."""
+by status, cancel, and an event to every unfinished member. A workflow's members are listed by
+``GET /api/tasks?workflow_id=<id>`` (tasks/web/api/tasks.py). The reads are in tasks/web/workflows.py."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from django.urls import path
 from leasing.access import CHANGE_TASK, VIEW_TASK
 from leasing.http import ApiError, Body, api_view, iso, page_args
 from leasing.validation import MAX_BIGINT
+from tasks.lifecycle.storable import is_storable
 from tasks.models import Task, Workflow
 from tasks.web.workflows import WORKFLOW_STATUSES, member_counts, workflow_page
 
@@ -81,8 +82,41 @@ def cancel(request: HttpRequest, workflow_id: int) -> tuple[int, Any]:
     return 200, {**_detail(workflow), "cancelled": cancelled}
 
 
+@api_view(POST=[CHANGE_TASK])
+def send_event(request: HttpRequest, workflow_id: int) -> tuple[int, Any]:
+    """An event for every unfinished member's ``wait_for_event`` (tasks/steps.py
+    ``send_workflow_event``): 201 with the members it was stored for, 409 when it reached none (the
+    workflow has ended, or each unfinished member had one of the name: the first payload stands), 404
+    for no workflow, 400 for a bad name or payload (nothing stored)."""
+    from tasks import steps
+
+    workflow = _workflow_or_404(workflow_id)
+    body = Body(request)
+    body.only("name", "payload")
+    name = body.text("name", max_length=steps.MAX_EVENT_NAME)
+    payload = body.data.get("payload")
+    if not is_storable(payload):
+        raise ApiError(400, "payload cannot be stored as JSON (NaN, infinity, NUL or a lone surrogate)", "payload")
+    try:
+        stored = steps.send_workflow_event(workflow.pk, name, payload)
+    except ValueError as exc:  # a name tasks.steps refuses (blank)
+        raise ApiError(400, str(exc), "name") from None
+    except Workflow.DoesNotExist:
+        raise ApiError(404, f"no workflow with id {workflow_id}") from None
+    if not stored:
+        workflow.refresh_from_db()
+        raise ApiError(
+            409,
+            f"event {name!r} reached no member of workflow {workflow_id}: it has no unfinished member, or "
+            "each had one of the name (the first payload stands)",
+            status=workflow.status,
+        )
+    return 201, {"workflow_id": workflow.pk, "event": name, "task_ids": stored}
+
+
 urlpatterns = [
     path("workflows", workflows, name="api-workflows"),
     path("workflows/<int:workflow_id>", workflow_detail, name="api-workflow-detail"),
     path("workflows/<int:workflow_id>/cancel", cancel, name="api-workflow-cancel"),
+    path("workflows/<int:workflow_id>/events", send_event, name="api-workflow-events"),
 ]
