@@ -525,7 +525,7 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return [plan, *(node for child in plan.get("Plans", []) for node in _nodes(child))]
 
 
-# Each case claims from queues of its own, used by no other test: a case's 600,000 rows are rolled back,
+# Each case claims from queues of its own, used by no other test: a case's 200,000 rows are rolled back,
 # not vacuumed, and their index entries stay, and so do those of every other test that inserted rows
 # into a queue and rolled them back. The manual skip scan's step to the next priority must find a live
 # row, so a queue's aborted entries would be walked by a later claim (until vacuum; PostgreSQL 18's
@@ -535,9 +535,11 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
 def test_a_claim_reads_only_its_own_runnable_rows_whatever_other_queues_and_deferred_rows_hold(
     queues: list[str],
 ) -> None:
-    """Issue 13: 300,000 READY rows in another queue and 300,000 deferred higher-priority rows in
+    """Issue 13: 100,000 READY rows in another queue and 100,000 deferred higher-priority rows in
     this one must not cost a claim anything (each used to add a scan of all of them; on PostgreSQL
-    15, without skip scan, the deferred rows still did until the claim walked priorities itself)."""
+    15, without skip scan, the deferred rows still did until the claim walked priorities itself).
+    The backlogs were 300,000 each: a third of that still puts either far above both bounds below
+    (a scan of one is thousands of blocks), at a third of the fill's time."""
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at,"
@@ -547,7 +549,7 @@ def test_a_claim_reads_only_its_own_runnable_rows_whatever_other_queues_and_defe
             " %s, '[]', '{}', 'READY',"
             " CASE WHEN g %% 2 = 0 THEN now() ELSE now() + interval '1 day' END, now(),"
             " 0, 3, '[]', '[]', 0, 0, 0, 0, 0, 0, false, false"
-            " FROM generate_series(1, 600000) AS g",
+            " FROM generate_series(1, 200000) AS g",
             [queues[0], NOOP],
         )
         cursor.execute("ANALYZE tasks_task")
@@ -566,7 +568,7 @@ def test_a_claim_reads_only_its_own_runnable_rows_whatever_other_queues_and_defe
         # small. The statement as a whole also maintains the indexes for the two rows it updates, and
         # that depends on the garbage earlier tests left in the indexes (a btree insertion may first
         # visit heap pages to delete dead entries): 840 blocks once in the full suite. A read of the
-        # backlogs themselves would be thousands (600,000 rows).
+        # backlogs themselves would be thousands (200,000 rows).
         picks = [node for node in nodes if node.get("Parent Relationship") == "InitPlan"]
         assert picks, kinds
         read = sum(node["Shared Hit Blocks"] + node["Shared Read Blocks"] for node in picks)
