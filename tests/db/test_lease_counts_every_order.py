@@ -82,12 +82,13 @@ def fill(names: tuple[str, ...]) -> None:
 def test_counts_and_pages_read_bounded_rows_in_every_order(
     client: Client, names: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One fill per order (145,000 leases), then the counts, the pages and the admin's search
-    (by the released leases' prefix: its count and page read a bounded range, not all the prefix's rows)."""
+    """One fill per order (145,000 leases), then the counts, the pages and the admin's search (by a
+    prefix 1 % of the released leases share, as 9,999 of the million did at the old size: its count
+    and page read a bounded range, not the prefix's rows; at 10 %, PostgreSQL 15 rightly scans)."""
     fill(names)
     check_counts(client, monkeypatch)
     check_pages(client)
-    search = f"/admin/leasing/lease/?q={prefixes_of(names)['r-']}0000"
+    search = f"/admin/leasing/lease/?q={prefixes_of(names)['r-']}00000"
     assert problems_of(statements_of(client, (search,))) == []
 
 
