@@ -87,12 +87,13 @@ def test_every_list_shows_every_task_once_while_a_leader_moves_them(staff: Clien
                 wrong.append(("admin page", queue, moved, len(shown)))
         return moved
 
-    # Reads of two kinds: one while the leader moves (moves commit between a read's statements), then
-    # three while it is stopped, each once a batch more has moved (a half-moved state, read whole).
-    # The stopped reads make the half-moved reads a count of the loop, not of the machine's speed:
-    # beside two busy loops, one free-running read once spanned 8,600 of the 10,000 moves.
+    # Reads of two kinds: three while the leader is stopped, each once a batch more has moved (a
+    # half-moved state, read whole), then one while it moves (moves commit between the read's
+    # statements). The stopped reads come first and make the half-moved reads a count of the loop,
+    # not of the machine's speed: beside two busy loops, one free-running read once spanned all
+    # 10,000 moves, and another 8,600.
     try:
-        while read_every_list() < n:
+        while True:
             for _ in range(3):
                 before = moved_so_far()
                 if before == n:
@@ -104,6 +105,8 @@ def test_every_list_shows_every_task_once_while_a_leader_moves_them(staff: Clien
                         paused_reads.append(moved)
                 finally:
                     proc.send_signal(signal.SIGCONT)
+            if read_every_list() == n:
+                break
     finally:
         stop_process(proc)
     assert len(set(paused_reads)) >= 3 and not wrong, (seen_moved, wrong[:10])
