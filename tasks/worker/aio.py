@@ -401,8 +401,8 @@ class AsyncExecutor:
                 now = time.time()
                 execution.begin_local(now)
                 tracing.start_attempt(execution, "async")
+                self.mailbox.started(execution)  # before the ledger counts it running, as in threads.py
                 self.ledger.begin(execution)
-            self.mailbox.started(execution)
         self.session.stats["started"] += 1
         try:
             outcome = await self._execute(state, execution)

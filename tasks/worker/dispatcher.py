@@ -322,8 +322,10 @@ class Dispatcher:
             wait = min(wait, max(0.0, when - now) + 0.001)
         if self._rate_wakes:
             wait = min(wait, max(0.0, self._rate_wakes[0] - now) + 0.001)
-        if census.unstarted:
-            wait = min(wait, MARKER_DELAY)  # an executor may start one at any moment
+        if census.unstarted or self.mailbox.has_starts():
+            # An executor may start one at any moment, or has started one since this round took the
+            # markers: its marker is put in before the ledger counts it running (Mailbox.started).
+            wait = min(wait, MARKER_DELAY)
         return wait
 
     # -- one round ----------------------------------------------------------------------------------

@@ -76,7 +76,10 @@ class Mailbox:
     def started(self, execution: Execution) -> None:
         """An attempt began (``begin_local``): its start marker goes with the next round, carrying the
         very epoch the attempt's TaskResult was built from. No wake-up: the dispatcher looks every
-        MARKER_DELAY while it holds claims that may start."""
+        MARKER_DELAY while it holds claims that may start or a marker it has not taken
+        (``has_starts``). So an executor calls this *before* the ledger counts the attempt running:
+        called after, a dispatcher reading the ledger in between saw neither and slept its whole
+        poll interval with the marker unsent (a CI run waited 60 s on it)."""
         at = execution.started_epoch
         assert at is not None, "started() follows begin_local()"
         self._starts.put((execution, at))
@@ -128,6 +131,10 @@ class Mailbox:
 
     def take_starts(self) -> list[tuple[Execution, float]]:
         return _take(self._starts)
+
+    def has_starts(self) -> bool:
+        """A start marker is waiting that no round has taken yet."""
+        return not self._starts.empty()
 
     def take_returns(self) -> list[Execution]:
         return _take(self._returns)

@@ -136,8 +136,11 @@ class ThreadExecutors:
             now = time.time()
             execution.begin_local(now)
             tracing.start_attempt(execution, "isolated" if isolated else "thread")
-            self.ledger.begin(execution)
+            # The marker goes in before the ledger counts the attempt running: a dispatcher that reads
+            # the ledger after that finds the marker waiting (``Dispatcher._next_wait``), so it never
+            # sleeps the whole poll interval past a marker it was not woken for.
             self.mailbox.started(execution)
+            self.ledger.begin(execution)
         session.stats["started"] += 1
         try:
             outcome = self._execute(execution)
