@@ -405,7 +405,7 @@ def send_event(task_id: int, name: str, payload: Any = None, *, using: str | Non
     manager = Task.objects.db_manager(using) if using else Task.objects
     with transaction.atomic(using=manager.db), connections[manager.db].cursor() as cursor:
         cursor.execute(sql.EVENT_LOCK_SQL, {"id": task_id})
-        cursor.execute(sql.EVENT_SEND_SQL, {"id": task_id, "name": name, "payload": text})
+        cursor.execute(sql.EVENT_SEND_SQL, {"ids": [task_id], "name": name, "payload": text})
         stored = cursor.fetchone() is not None
     if stored:
         return True
@@ -436,7 +436,7 @@ def send_workflow_event(workflow_id: int, name: str, payload: Any = None, *, usi
         members = [member for (member,) in cursor.fetchall()]
         if not members:
             return []
-        cursor.execute(sql.WORKFLOW_EVENT_SEND_SQL, {"ids": members, "name": name, "payload": text})
+        cursor.execute(sql.EVENT_SEND_SQL, {"ids": members, "name": name, "payload": text})
         return sorted(member for (member,) in cursor.fetchall())
 
 

@@ -95,7 +95,6 @@ from tasks.lifecycle.steps import (  # noqa: F401
     STEP_RECORD_SQL,
     STEPS_READ_SQL,
     WORKFLOW_EVENT_LOCK_SQL,
-    WORKFLOW_EVENT_SEND_SQL,
 )
 
 # The claims and rounds (not their fair forms, whose keys' turns are planned from the statistics of

@@ -289,7 +289,6 @@ STATUS_PRESERVING: tuple[str, ...] = (
     "tasks.models.task_wait.MARK_WAITED_SQL",
     # An event sent to a waiting task makes it due (run_after), at the send or at a recovery round.
     "tasks.lifecycle.steps.EVENT_SEND_SQL",
-    "tasks.lifecycle.steps.WORKFLOW_EVENT_SEND_SQL",
     "tasks.lifecycle.steps.EVENTS_WAKE_SQL",
 )
 

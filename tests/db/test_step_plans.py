@@ -107,7 +107,7 @@ def test_every_step_statement_reads_its_task_not_the_tables() -> None:
         ("steps read", sql.STEPS_READ_SQL, {"id": waiting}, 10),
         ("step record", sql.STEP_RECORD_SQL, record, 10),
         ("event lock", sql.EVENT_LOCK_SQL, {"id": waiting}, 10),
-        ("event send", sql.EVENT_SEND_SQL, {"id": waiting, "name": "go", "payload": "{}"}, 10),
+        ("event send", sql.EVENT_SEND_SQL, {"ids": [waiting], "name": "go", "payload": "{}"}, 10),
         ("event check", sql.EVENT_CHECK_SQL, {"id": waiting, "name": "go", "deadline": None}, 10),
         # The round's batch: every undelivered event of a RUNNING task is walked past (not delivered
         # while it runs), then the batch of the others.

@@ -35,37 +35,10 @@ SELECT EXTRACT(EPOCH FROM (%(wake)s::timestamptz - clock_timestamp()))::float8;
 SELECT status FROM tasks_task WHERE id = %(id)s FOR SHARE;
 
 -- name: EVENT_SEND_SQL
--- The send: the task made due (if it waits for this event in the queue, and none of the name was sent
--- before) and the event stored (if the task is unfinished in tasks_task). Returns (delivered) for a
--- stored event; no row: the task is finished, moved, absent, or had one of the name.
-WITH woken AS (
-    UPDATE tasks_task AS t SET run_after = LEAST(t.run_after, statement_timestamp())
-    WHERE t.id = %(id)s AND t.status IN ('READY', 'BLOCKED')
-      AND EXISTS (SELECT FROM tasks_taskstep AS s WHERE s.task_id = t.id AND s.name = 'wait:' || %(name)s)
-      AND NOT EXISTS (SELECT FROM tasks_taskstep AS s WHERE s.task_id = t.id AND s.name = 'event:' || %(name)s)
-      AND NOT EXISTS (SELECT FROM tasks_taskevent WHERE task_id = %(id)s AND name = %(name)s)
-    RETURNING t.id
-)
-INSERT INTO tasks_taskevent (task_id, name, payload, sent_at, delivered)
-SELECT t.id, %(name)s, %(payload)s::jsonb, clock_timestamp(), EXISTS (SELECT FROM woken)
-FROM tasks_task AS t
-WHERE t.id = %(id)s AND t.status NOT IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
-ON CONFLICT (task_id, name) DO NOTHING
-RETURNING delivered;
-
--- name: WORKFLOW_EVENT_LOCK_SQL
--- An event to every unfinished member of a workflow (tasks/steps.py send_workflow_event): the members
--- under a share lock, in id order (the order a workflow's cancel and every finish lock them: no
--- deadlock with either), so that a cancel or finish in flight commits first ...
-SELECT id FROM tasks_task
-WHERE workflow_id = %(workflow)s AND status NOT IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
-ORDER BY id
-FOR SHARE;
-
--- name: WORKFLOW_EVENT_SEND_SQL
--- ... then EVENT_SEND_SQL for each of them in one statement, on a new snapshot: the members waiting
--- for it in the queue made due, the event stored for each unfinished one that had none of the name.
--- Returns the ids it was stored for.
+-- The send, to the tasks ``ids`` (one for send_event, a workflow's unfinished members for
+-- send_workflow_event): each waiting for this event in the queue made due, unless one of the name was
+-- sent to it before, and the event stored for each unfinished one in tasks_task. Returns the ids it
+-- was stored for; an id left out is finished, moved, absent, or had one of the name.
 WITH woken AS (
     UPDATE tasks_task AS t SET run_after = LEAST(t.run_after, statement_timestamp())
     WHERE t.id = ANY (%(ids)s::bigint[]) AND t.status IN ('READY', 'BLOCKED')
@@ -81,6 +54,16 @@ WHERE t.id = ANY (%(ids)s::bigint[]) AND t.status NOT IN ('SUCCESSFUL', 'FAILED'
 ORDER BY t.id
 ON CONFLICT (task_id, name) DO NOTHING
 RETURNING task_id;
+
+-- name: WORKFLOW_EVENT_LOCK_SQL
+-- An event to every unfinished member of a workflow (tasks/steps.py send_workflow_event): the members
+-- under a share lock, in id order (the order a workflow's cancel and every finish lock them: no
+-- deadlock with either), so that a cancel or finish in flight commits first; then EVENT_SEND_SQL
+-- for all of them in one statement, on a new snapshot.
+SELECT id FROM tasks_task
+WHERE workflow_id = %(workflow)s AND status NOT IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
+ORDER BY id
+FOR SHARE;
 
 -- name: EVENT_CHECK_SQL
 -- A wait's look: the event's payload if one was sent by its deadline (found), and the seconds left

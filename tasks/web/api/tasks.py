@@ -41,6 +41,7 @@ from tasks.web import queue_pages as queue_views
 from tasks.web.api import bulk as bulk_api
 from tasks.web.api import schedules as schedule_api
 from tasks.web.api import workflows as workflow_api
+from tasks.web.api.events import event_body
 from tasks.web.queries import ALL_STATUSES, Listing
 
 MAX_TTL = 86_400.0
@@ -457,12 +458,7 @@ def send_event(request: HttpRequest, task_id: int) -> tuple[int, Any]:
     from tasks import steps
 
     task = _task_or_404(task_id)
-    body = Body(request)
-    body.only("name", "payload")
-    name = body.text("name", max_length=steps.MAX_EVENT_NAME)
-    payload = body.data.get("payload")
-    if not is_storable(payload):
-        raise ApiError(400, "payload cannot be stored as JSON (NaN, infinity, NUL or a lone surrogate)", "payload")
+    name, payload = event_body(request)
     try:
         stored = steps.send_event(task_id, name, payload)
     except ValueError as exc:  # a name tasks.steps refuses (blank)

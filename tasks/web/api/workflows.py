@@ -13,8 +13,8 @@ from django.urls import path
 from leasing.access import CHANGE_TASK, VIEW_TASK
 from leasing.http import ApiError, Body, api_view, iso, page_args
 from leasing.validation import MAX_BIGINT
-from tasks.lifecycle.storable import is_storable
 from tasks.models import Task, Workflow
+from tasks.web.api.events import event_body
 from tasks.web.workflows import WORKFLOW_STATUSES, member_counts, workflow_page
 
 
@@ -91,12 +91,7 @@ def send_event(request: HttpRequest, workflow_id: int) -> tuple[int, Any]:
     from tasks import steps
 
     workflow = _workflow_or_404(workflow_id)
-    body = Body(request)
-    body.only("name", "payload")
-    name = body.text("name", max_length=steps.MAX_EVENT_NAME)
-    payload = body.data.get("payload")
-    if not is_storable(payload):
-        raise ApiError(400, "payload cannot be stored as JSON (NaN, infinity, NUL or a lone surrogate)", "payload")
+    name, payload = event_body(request)
     try:
         stored = steps.send_workflow_event(workflow.pk, name, payload)
     except ValueError as exc:  # a name tasks.steps refuses (blank)
