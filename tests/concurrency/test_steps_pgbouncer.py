@@ -2,7 +2,13 @@
 workers poll through a pool of three server connections, one of them SIGKILLed while tasks sleep and
 wait. Each step's write commits exactly once (its fenced transaction is one pooled transaction),
 every wait gets the payload sent to its task, every sleeper wakes and finishes, and no server
-connection of the pool is left with a setting of ours."""
+connection of the pool is left with a setting of ours.
+
+Events to whole workflows go through the pool too, from another process, while a third process
+cancels one of the two workflows through it: the share locks of the send and the cancel's row locks
+are one pooled transaction each, so every member of the other workflow resumes with the payload once,
+and each member of the cancelled one either finished with it or was cancelled and ran nothing after
+its wait."""
 
 from __future__ import annotations
 
@@ -14,10 +20,12 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from tasks.models import Task, TaskStep
+from tasks.lifecycle.workflows import WorkflowStatus
+from tasks.models import Task, TaskEvent, TaskStep, Workflow
 from tasks.steps import send_event
+from tasks.workflows import group, step
 from tests.concurrency.test_pgbouncer import settings_of_every_server_connection
-from tests.helpers import wait_until
+from tests.helpers import start_manage, wait_until
 from tests.helpers.pgbouncer import Bouncer
 from tests.helpers.workers import Workers
 from tests.testapp.models import Effect
@@ -81,4 +89,87 @@ def test_steps_sleeps_and_events_through_pgbouncer_with_a_kill(bouncer_pool_of_3
     for proc in workers.procs.values():
         proc.wait(60)
     # Every server connection of the pool, each read in a transaction of its own.
+    assert set(settings_of_every_server_connection(bouncer_pool_of_3, dbname).values()) == {("0", "0")}
+
+
+MEMBERS = 12
+FINAL = ("SUCCESSFUL", "CANCELLED")
+
+
+def test_workflow_events_and_a_workflow_cancel_through_pgbouncer(
+    bouncer_pool_of_3: Bouncer, workers: Workers, tmp_path: Any
+) -> None:
+    dbname = connection.settings_dict["NAME"]
+    pooled: dict[str, Any] = {"DATABASE_URL": bouncer_pool_of_3.url(dbname), "DATABASE_POOLED": "true"}
+
+    def through_the_pool(name: str, code: str) -> Any:
+        return start_manage(tmp_path / f"{name}.log", "shell", "-c", code, **pooled)
+
+    def ended(proc: Any, name: str) -> None:
+        assert proc.wait(120) == 0, (tmp_path / f"{name}.log").read_text()
+
+    send = "from tasks.steps import send_workflow_event as send\n"
+    sent = group([step(H + "event_waiter", event="go") for _ in range(MEMBERS)], name="sent").enqueue()
+    # Half the members of the other wait for "go", half for "later".
+    halves = [step(H + "event_waiter", event="go" if n % 2 else "later") for n in range(MEMBERS)]
+    raced = group(halves, name="raced").enqueue()
+    members = [*sent.task_ids, *raced.task_ids]
+    workers.start("ew-0", "--concurrency", "4", **pooled)
+    workers.start("ew-1", "--concurrency", "4", **pooled)
+    wait_until(
+        lambda: TaskStep.objects.filter(task_id__in=members, name__startswith="wait:").count() == 2 * MEMBERS,
+        120,
+        what="every member to wait",
+    )
+    early = sorted(raced.task_ids[1::2])
+    # Stored for every unfinished member (a member waiting for "later" would read it at a wait for
+    # "go"); only the members waiting for it are made due.
+    ended(through_the_pool("go", send + f"assert send({raced.id}, 'go', 1) == {sorted(raced.task_ids)}"), "go")
+    wait_until(
+        lambda: Task.objects.filter(pk__in=early, status="SUCCESSFUL").count() == len(early),
+        120,
+        what="the members that got 'go' to finish",
+    )
+
+    # Both through the pool at once: "later" to the half still waiting, and the cancel of their workflow
+    # (whichever commits first, the other finds it); and "go" to every member of the first workflow.
+    sender = through_the_pool("later", send + f"send({raced.id}, 'later', 2)\nsend({sent.id}, 'go', 3)")
+    cancel = f"from tasks.models import Workflow\nprint('CANCELLED', Workflow.objects.filter(pk={raced.id}).cancel())"
+    canceller = through_the_pool("cancel", cancel)
+    ended(sender, "later")
+    ended(canceller, "cancel")
+    wait_until(
+        lambda: not Task.objects.filter(pk__in=members).exclude(status__in=FINAL).exists(),
+        180,
+        what="every member to finish or be cancelled",
+    )
+
+    after = Counter(Effect.objects.filter(task_id__in=members, phase="after-event").values_list("task_id", flat=True))
+    for task in Task.objects.filter(pk__in=sent.task_ids):
+        assert (task.status, task.return_value, task.attempts) == ("SUCCESSFUL", {"payload": 3}, 1)
+        assert after[task.id] == 1
+    events = dict(TaskEvent.objects.filter(task_id__in=sent.task_ids, name="go").values_list("task_id", "payload"))
+    assert events == dict.fromkeys(sent.task_ids, 3)
+    raced_tasks = {task.id: task for task in Task.objects.filter(pk__in=raced.task_ids)}
+    for task_id in early:
+        assert (raced_tasks[task_id].status, raced_tasks[task_id].return_value) == ("SUCCESSFUL", {"payload": 1})
+        assert after[task_id] == 1
+    for task_id in raced.task_ids[0::2]:
+        task = raced_tasks[task_id]
+        # Finished with the payload, or cancelled: its fenced step after the wait never committed.
+        assert task.status in FINAL
+        assert after[task_id] == (task.status == "SUCCESSFUL"), (task_id, task.status)
+        if task.status == "SUCCESSFUL":
+            assert task.return_value == {"payload": 2}
+    assert Workflow.objects.get(pk=sent.id).status == WorkflowStatus.SUCCESSFUL
+    cancelled = sum(task.status == "CANCELLED" for task in raced_tasks.values())
+    assert Workflow.objects.get(pk=raced.id).status == (
+        WorkflowStatus.CANCELLED if cancelled else WorkflowStatus.SUCCESSFUL
+    )
+    print(f"raced: {cancelled} cancelled; {(tmp_path / 'cancel.log').read_text()[-60:]!r}")
+
+    for proc in workers.procs.values():
+        proc.send_signal(signal.SIGTERM)
+    for proc in workers.procs.values():
+        proc.wait(60)
     assert set(settings_of_every_server_connection(bouncer_pool_of_3, dbname).values()) == {("0", "0")}
