@@ -264,16 +264,19 @@ def test_loops_closed_with_waits_pending_leave_no_connection_open() -> None:
 
     stuck = option_tasks.plain.using(queue_name="nobody-runs-this").enqueue(1)
     others = (
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
         " AND backend_type = 'client backend'"
     )
 
-    def count() -> int:
+    def opened() -> set[int]:
+        """Client connections to the test database that were not there when the test began (by pid:
+        one an earlier test left closing may end meanwhile, and a count would then never come back)."""
         with connection.cursor() as cursor:
             cursor.execute(others)
-            return int(cursor.fetchone()[0])
+            return {pid for (pid,) in cursor.fetchall()} - before
 
-    before = count()
+    before: set[int] = set()
+    before = opened()
     pending = []
     for _ in range(3):
         loop = asyncio.new_event_loop()
@@ -287,9 +290,18 @@ def test_loops_closed_with_waits_pending_leave_no_connection_open() -> None:
 
         pending.append(loop.run_until_complete(asyncio.wait_for(begin(), 30)))
         loop.close()
-    assert count() > before  # the last closed loop's listener and reader are still connected
+    assert opened()  # the last closed loop's listener and reader are still connected
     with pytest.raises(TaskWaitTimeout):
         asyncio.run(stuck.await_(timeout=0))  # a later wait, on a loop of its own
-    wait_until(lambda: count() == before, 10, what="the closed loops' connections to be closed")
+    try:
+        wait_until(lambda: not opened(), 10, what="the closed loops' connections to be closed")
+    except AssertionError as still_open:
+        with connection.cursor() as cursor:  # which they are, for the next reader of a failure
+            cursor.execute(
+                "SELECT pid, application_name, state, backend_start, left(query, 120) FROM pg_stat_activity"
+                " WHERE pid = ANY(%s)",
+                [sorted(opened())],
+            )
+            raise AssertionError(f"{still_open}: {cursor.fetchall()}") from None
     del pending, begin, loop
     gc.collect()
