@@ -73,3 +73,55 @@ def misbehave(key: str, kind: str) -> object:
     if kind == "poison":
         os._exit(7)  # kills every worker it lands on
     raise ValueError(f"unknown kind {kind}")
+
+
+# -- durable steps (bench/durable_steps.py) -----------------------------------------------------------
+
+
+def stepped(steps: int, slow: float = 0.0) -> int:
+    """``steps`` durable steps, each writing an effect row inside its fenced transaction and calling a
+    counting "external service" with its step key (bench/durable_steps.py counts both). ``slow``: the
+    second step takes that many seconds (a zombie paused in it wakes while the worker that took the
+    task over is still inside the same step)."""
+    from tasks.steps import step
+
+    for n in range(steps):
+        step(f"part-{n}", _step_effect, n, slow if n == 1 else 0.0)
+    return steps
+
+
+def _step_effect(n: int, slow: float = 0.0) -> int:
+    from tasks.steps import step_key
+    from tests.testapp.models import Effect
+
+    run = current_task()
+    Effect.objects.create(task_id=run.id, token=run.token, attempt=run.attempt, phase=f"step-{n}", pid=os.getpid())
+    # A kill or a pause lands inside the step (its write made, not committed) as often as between steps.
+    time.sleep(slow or random.uniform(0.01, 0.05))
+    _external_call(step_key(), run.attempt)
+    return n
+
+
+def _external_call(key: str, attempt: int) -> None:
+    """The payment provider of the benchmark: it records every call (key, attempt, the time on this
+    machine's clock) in a file, which survives SIGKILL the moment after."""
+    directory = os.environ["DURABLE_CALL_LOG"]
+    line = f"{key} {attempt} {time.time():.6f}\n".encode()
+    fd = os.open(os.path.join(directory, f"calls-{os.getpid()}.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def noop_steps(steps: int) -> int:
+    """``steps`` steps that do nothing: what a step costs (bench/durable_steps.py overhead)."""
+    from tasks.steps import step
+
+    for n in range(steps):
+        step(f"noop-{n}", _nothing)
+    return steps
+
+
+def _nothing() -> None:
+    return None
