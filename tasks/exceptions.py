@@ -5,6 +5,7 @@ error entries), so that ``TaskError.exception_class`` of a recorded attempt impo
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from leasing.exceptions import LeasingError
 from tasks.compat import InvalidTask
@@ -53,6 +54,27 @@ class TaskLeaseLost(TaskError):
 class StepMismatch(TaskError):
     """A durable step's stored sequence does not fit the code that resumes it: the handler called a
     different step at a position an earlier attempt recorded (tasks/steps.py)."""
+
+
+class ChildTaskFailed(TaskError):
+    """A child task this one waited for (``tasks.steps.wait_for_task``) ended FAILED or CANCELLED:
+    ``status`` says which, ``error`` is its last error entry (exception class path, message), if any."""
+
+    def __init__(self, task_id: int, status: str, error: dict[str, Any] | None) -> None:
+        reason = f": {error.get('exception_class_path')}: {error.get('message')}" if error else ""
+        super().__init__(f"child task {task_id} ended {status}{reason}")
+        self.task_id = task_id
+        self.status = status
+        self.error = error
+
+
+class ChildTaskTimeout(TaskError, TimeoutError):
+    """A child task this one waited for (``tasks.steps.wait_for_task``) had not ended by the wait's
+    timeout. The child goes on; what it ends with reaches no later attempt of this wait."""
+
+    def __init__(self, task_id: int) -> None:
+        super().__init__(f"child task {task_id} had not ended within the wait's timeout")
+        self.task_id = task_id
 
 
 class UnknownHandler(TaskError):

@@ -58,7 +58,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from tasks import tracing
-from tasks.exceptions import Snooze, StepMismatch, TaskError, TaskLeaseLost
+from tasks.exceptions import ChildTaskFailed, ChildTaskTimeout, Snooze, StepMismatch, TaskError, TaskLeaseLost
 from tasks.lifecycle import statements as sql
 from tasks.lifecycle.policy import MAX_DELAY, checked_delay
 from tasks.lifecycle.storable import storable_json
@@ -440,21 +440,146 @@ def send_workflow_event(workflow_id: int, name: str, payload: Any = None, *, usi
         return sorted(member for (member,) in cursor.fetchall())
 
 
+# -- child tasks ---------------------------------------------------------------------------------------
+
+#: The prefix of a spawn's step name (``spawn:<the child's task path>``).
+SPAWN = "spawn:"
+
+
+def spawn(task: Any, /, *args: Any, **kwargs: Any) -> int:
+    """Enqueue ``task(*args, **kwargs)`` as a child of the running task, once, and return its id.
+
+    ``task``: a django.tasks Task (its options through ``task.using(...)``), an import path, or a
+    workflow step with options (``tasks.workflows.step("app.jobs.resize", photo).options(queue="images")``).
+    The enqueue is a step: it commits with the step's fenced transaction, so a later attempt gets the
+    same child's id back instead of enqueuing another. The child goes in this task's database and
+    reports to this task: when it ends, whatever ends it (its worker, a cancel, a bulk operation,
+    recovery), its outcome is stored in the same statement for :func:`wait_for_task`."""
+    from tasks.workflows import Step
+
+    child = task if isinstance(task, Step) else None
+    if child is not None and (args or kwargs):
+        raise TypeError("spawn() takes a workflow step's arguments in the step, not after it")
+    child = child or Step(task, tuple(args), dict(kwargs))
+    path = child.task if isinstance(child.task, str) else getattr(child.task, "module_path", repr(child.task))
+    return int(step(f"{SPAWN}{path}"[:MAX_NAME], _enqueue_child, child))
+
+
+def _enqueue_child(child: Any) -> int:
+    """Inside the spawn's step: the child enqueued and bound to the running task, in its transaction."""
+    from tasks.compat import Task as DjangoTask
+    from tasks.models import Task
+
+    execution = current_task()
+    columns, database, django_task, _backend = child.row()
+    if database != execution.using:
+        raise ValueError(
+            f"a spawned task goes in its parent's database ({execution.using!r}): queue {columns['queue']!r}"
+            f" routes to {database!r}"
+        )
+    if isinstance(child.task, DjangoTask):
+        task_id = int(str(django_task.enqueue(*child.args, **child.kwargs).id).partition("@")[0])
+    else:
+        options = {
+            key: columns[key]
+            for key in ("queue", "priority", "run_after", "max_attempts", "timeout", "concurrency_key")
+            if columns[key] is not None
+        }
+        for key in ("concurrency_limit", "fair_key"):
+            if columns[key] is not None:
+                options[key] = columns[key]
+        if child.rate_key is not None or child.rate_limit is not None:
+            options |= {"rate_key": child.rate_key, "rate_limit": child.rate_limit}
+        task_id = (
+            Task.objects.db_manager(database)
+            .enqueue(columns["task_path"], args=columns["args"], kwargs=columns["kwargs"], **options)
+            .id
+        )
+    with connections[database].cursor() as cursor:
+        cursor.execute(sql.SPAWN_BIND_SQL, {"child": task_id, "parent": execution.id})
+        if cursor.fetchone() is None:
+            raise ValueError(
+                f"task {task_id} (an existing task of the same dedup or unique key) reports to another task:"
+                " a child reports to one parent"
+            )
+    return task_id
+
+
+def _spawned(task_id: Any) -> int:
+    """The id of a child the running task spawned, from an id or a django.tasks result."""
+    raw = getattr(task_id, "id", task_id)
+    if isinstance(raw, str) and raw.partition("@")[0].isdigit():
+        raw = int(raw.partition("@")[0])
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw <= 0:
+        raise ValueError(f"wait_for_task() takes the id spawn() returned, not {task_id!r}")
+    spawned = {text for name, text in _stored(current_task()).values() if name.startswith(SPAWN)}
+    if str(raw) not in spawned:
+        raise ValueError(
+            f"task {raw} was not spawned by this task: wait_for_task() waits for a child from spawn(),"
+            " whose end is reported to its parent"
+        )
+    return raw
+
+
+def _child_outcome(child: int, outcome: Any) -> Any:
+    if outcome is None:
+        raise ChildTaskTimeout(child)
+    if outcome.get("status") == "SUCCESSFUL":
+        return outcome.get("result")
+    raise ChildTaskFailed(child, str(outcome.get("status")), outcome.get("error"))
+
+
+def wait_for_task(task_id: Any, *, timeout: float | dt.timedelta | None = None) -> Any:
+    """Suspend the task until its child ``task_id`` (from :func:`spawn`) ends, and return what the child
+    returned; without a worker, a connection or a lease meanwhile, as :func:`wait_for_event`.
+
+    A child that ended FAILED or CANCELLED raises :class:`~tasks.exceptions.ChildTaskFailed` (its status
+    and last error); ``timeout`` (seconds or a timedelta, up to a year) passed first raises
+    :class:`~tasks.exceptions.ChildTaskTimeout`. The outcome is stored as a step (two steps:
+    ``wait:task:<id>``, ``event:task:<id>``): every later attempt gets the same, raised or returned."""
+    child = _spawned(task_id)
+    return _child_outcome(child, wait_for_event(f"task:{child}", timeout=timeout))
+
+
+async def aspawn(task: Any, /, *args: Any, **kwargs: Any) -> int:
+    """:func:`spawn` from an ``async def`` handler."""
+    from tasks.workflows import Step
+
+    if isinstance(task, Step) and (args or kwargs):
+        raise TypeError("spawn() takes a workflow step's arguments in the step, not after it")
+    child = task if isinstance(task, Step) else Step(task, tuple(args), dict(kwargs))
+    path = child.task if isinstance(child.task, str) else getattr(child.task, "module_path", repr(child.task))
+    return int(await astep(f"{SPAWN}{path}"[:MAX_NAME], _enqueue_child, child))
+
+
+async def await_task(task_id: Any, *, timeout: float | dt.timedelta | None = None) -> Any:
+    """:func:`wait_for_task` from an ``async def`` handler."""
+    from asgiref.sync import sync_to_async
+
+    child = await sync_to_async(_spawned, thread_sensitive=False)(task_id)
+    return _child_outcome(child, await await_event(f"task:{child}", timeout=timeout))
+
+
 __all__ = [
     "MAX_EVENT_NAME",
     "MAX_NAME",
+    "SPAWN",
     "StepRun",
     "asleep",
     "asleep_until",
+    "aspawn",
     "astep",
     "await_event",
+    "await_task",
     "patched",
     "rerun_from_step",
     "send_event",
     "send_workflow_event",
     "sleep",
     "sleep_until",
+    "spawn",
     "step",
     "step_key",
     "wait_for_event",
+    "wait_for_task",
 ]

@@ -92,6 +92,7 @@ from tasks.lifecycle.steps import (  # noqa: F401
     EVENTS_WAKE_SQL,
     SLEEP_REMAINING_SQL,
     SLEEP_WAKE_SQL,
+    SPAWN_BIND_SQL,
     STEP_RECORD_SQL,
     STEPS_READ_SQL,
     WORKFLOW_EVENT_LOCK_SQL,

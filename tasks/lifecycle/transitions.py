@@ -290,6 +290,10 @@ STATUS_PRESERVING: tuple[str, ...] = (
     # An event sent to a waiting task makes it due (run_after), at the send or at a recovery round.
     "tasks.lifecycle.steps.EVENT_SEND_SQL",
     "tasks.lifecycle.steps.EVENTS_WAKE_SQL",
+    # A child bound to the task that spawned it; the child's end makes that task due, in the
+    # statement that ends the child (its trigger), when it waits for it.
+    "tasks.lifecycle.steps.SPAWN_BIND_SQL",
+    "db:tasks_report_to_parent",
 )
 
 

@@ -248,6 +248,12 @@ class Task(LeaseFields):
         help_text="Tasks it depends on that are not final yet (Awaiting until 0); a group's callback is "
         "counted on its workflow instead (see parents_left).",
     )
+    awaited_by = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="The task that spawned this one (tasks.steps.spawn): when this one ends, its outcome is "
+        "sent to that task as the event task:<id> (a trigger, tasks/migrations/0041_task_awaited_by.py).",
+    )
 
     # The lease columns' plain index on holder (and its LIKE twin) is replaced by
     # tasks_task_holder_newest_idx below (holder, status, id), which serves the same lookups and also

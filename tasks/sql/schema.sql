@@ -299,6 +299,28 @@ BEGIN
     END LOOP;
 END $function$;
 
+CREATE OR REPLACE FUNCTION public.tasks_report_to_parent()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    event_name text := 'task:' || NEW.id;
+    woken boolean;
+BEGIN
+    UPDATE tasks_task AS t SET run_after = LEAST(t.run_after, statement_timestamp())
+    WHERE t.id = (SELECT p.id FROM tasks_task AS p WHERE p.id = NEW.awaited_by FOR UPDATE SKIP LOCKED)
+      AND t.status IN ('READY', 'BLOCKED')
+      AND EXISTS (SELECT FROM tasks_taskstep AS s WHERE s.task_id = t.id AND s.name = 'wait:' || event_name)
+      AND NOT EXISTS (SELECT FROM tasks_taskstep AS s WHERE s.task_id = t.id AND s.name = 'event:' || event_name);
+    woken := FOUND;
+    INSERT INTO tasks_taskevent (task_id, name, payload, sent_at, delivered)
+    VALUES (NEW.awaited_by, event_name,
+            jsonb_build_object('status', NEW.status, 'result', NEW.return_value, 'error', NEW.errors -> -1),
+            clock_timestamp(), woken)
+    ON CONFLICT (task_id, name) DO NOTHING;
+    RETURN NULL;
+END $function$;
+
 CREATE OR REPLACE FUNCTION public.tasks_task_notify_finished()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -604,6 +626,8 @@ CREATE TRIGGER tasks_task_notify_finished AFTER UPDATE OF status ON tasks_task F
 CREATE TRIGGER tasks_task_notify_insert AFTER INSERT ON tasks_task REFERENCING NEW TABLE AS inserted_rows FOR EACH STATEMENT EXECUTE FUNCTION tasks_task_notify_inserted();
 
 CREATE TRIGGER tasks_task_notify_ready AFTER UPDATE OF status, run_after ON tasks_task FOR EACH ROW WHEN (new.status::text = 'READY'::text AND new.run_after <= statement_timestamp() AND (old.status::text <> 'READY'::text OR old.run_after > statement_timestamp())) EXECUTE FUNCTION tasks_task_notify_ready();
+
+CREATE TRIGGER tasks_task_report_to_parent AFTER UPDATE ON tasks_task FOR EACH ROW WHEN (new.awaited_by IS NOT NULL AND (new.status::text = ANY (ARRAY['SUCCESSFUL'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying]::text[])) AND (old.status::text <> ALL (ARRAY['SUCCESSFUL'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying]::text[]))) EXECUTE FUNCTION tasks_report_to_parent();
 
 CREATE TRIGGER tasks_workflow_mark AFTER UPDATE ON tasks_task FOR EACH ROW WHEN (new.workflow_id IS NOT NULL AND (old.status::text = ANY (ARRAY['SUCCESSFUL'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying]::text[])) IS DISTINCT FROM (new.status::text = ANY (ARRAY['SUCCESSFUL'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying]::text[])) AND set_config('leasing.workflow_settle'::text, (COALESCE(NULLIF(current_setting('leasing.workflow_settle'::text, true), ''::text), '0'::text)::integer + 1)::text, true) IS NULL) EXECUTE FUNCTION tasks_workflow_mark();
 

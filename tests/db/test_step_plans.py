@@ -109,6 +109,7 @@ def test_every_step_statement_reads_its_task_not_the_tables() -> None:
         ("event lock", sql.EVENT_LOCK_SQL, {"id": waiting}, 10),
         ("event send", sql.EVENT_SEND_SQL, {"ids": [waiting], "name": "go", "payload": "{}"}, 10),
         ("event check", sql.EVENT_CHECK_SQL, {"id": waiting, "name": "go", "deadline": None}, 10),
+        ("spawn bind", sql.SPAWN_BIND_SQL, {"child": waiting, "parent": running}, 10),
         # The round's batch: every undelivered event of a RUNNING task is walked past (not delivered
         # while it runs), then the batch of the others.
         ("events wake", sql.EVENTS_WAKE_SQL, {"limit": EVENTS_BATCH}, RUNNING_WITH_EVENTS + EVENTS_BATCH + 10),

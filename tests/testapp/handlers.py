@@ -815,3 +815,43 @@ def event_taken_then_frozen(**kwargs: Any) -> dict[str, Any]:
 
         return {"payload": _waited(step("event:go", look, "go", None))}
     return {"payload": wait_for_event("go")}
+
+
+def parent_of(
+    child: str,
+    child_kwargs: dict[str, Any] | None = None,
+    child_options: dict[str, Any] | None = None,
+    timeout: float | None = None,
+    django_task: bool = False,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """A step, a spawned child (``child``: an import path; a django.tasks Task's with ``django_task``), a
+    wait for it, a step: what the child returned, or how it ended (tests/db/test_child_tasks.py)."""
+    from django.utils.module_loading import import_string
+
+    from tasks.exceptions import ChildTaskFailed, ChildTaskTimeout
+    from tasks.steps import spawn, step, wait_for_task
+    from tasks.workflows import step as child_step
+
+    step("before", _step_effect, "before-child")
+    target: Any = import_string(child) if django_task else child
+    child_id = spawn(child_step(target, **(child_kwargs or {})).options(**(child_options or {})))
+    try:
+        outcome: dict[str, Any] = {"result": wait_for_task(child_id, timeout=timeout)}
+    except ChildTaskFailed as failed:
+        outcome = {"status": failed.status, "error": (failed.error or {}).get("exception_class_path")}
+    except ChildTaskTimeout:
+        outcome = {"timed_out": True}
+    step("after", _step_effect, "after-child")
+    return {"child": child_id, **outcome}
+
+
+async def async_parent_of(child: str, child_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+    """``parent_of`` from an ``async def`` handler."""
+    from tasks.steps import aspawn, astep, await_task
+
+    await astep("before", _step_effect, "abefore-child")
+    child_id = await aspawn(child, **(child_kwargs or {}))
+    result = await await_task(child_id)
+    await astep("after", _step_effect, "aafter-child")
+    return {"child": child_id, "result": result}

@@ -105,3 +105,24 @@ WHERE e.id = ANY (ARRAY(SELECT id FROM pending)) AND e.id = p.id
   AND (p.task_id = ANY (ARRAY(SELECT id FROM held))
        OR (SELECT 1 FROM tasks_task AS t WHERE t.id = p.task_id) IS NULL)
 RETURNING e.task_id, e.task_id = ANY (ARRAY(SELECT id FROM woken));
+
+-- name: SPAWN_BIND_SQL
+-- Inside a spawn's step, after the child's enqueue in the same transaction: the child bound to the
+-- task that spawned it (``awaited_by``), whose trigger (tasks_report_to_parent, migration 0041) stores
+-- the child's outcome as the parent's event ``task:<child id>`` when its status becomes final. An
+-- existing task an enqueue returned (its dedup or unique key) is bound too, unless it reports to
+-- another task already (no row back: refused); one that has ended already has its outcome stored here,
+-- as its trigger would have (delivered: the parent is running this step and reads it at its wait).
+WITH bound AS (
+    UPDATE tasks_task SET awaited_by = %(parent)s
+    WHERE id = %(child)s AND (awaited_by IS NULL OR awaited_by = %(parent)s)
+    RETURNING id, status, return_value, errors
+), ended AS (
+    INSERT INTO tasks_taskevent (task_id, name, payload, sent_at, delivered)
+    SELECT %(parent)s, 'task:' || b.id,
+           jsonb_build_object('status', b.status, 'result', b.return_value, 'error', b.errors -> -1),
+           clock_timestamp(), true
+    FROM bound AS b WHERE b.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
+    ON CONFLICT (task_id, name) DO NOTHING
+)
+SELECT id FROM bound;
