@@ -342,9 +342,19 @@ class _NotYet(Exception):
         self.left = left
 
 
+#: Event names beginning with this are a child task's outcome (``task:<child id>``), stored only by
+#: the child's end (migration 0041's trigger): no send may store one, no wait_for_event read one.
+CHILD_EVENT = "task:"
+
+
 def _event_name(name: Any) -> str:
     if not isinstance(name, str) or not name.strip() or len(name) > MAX_EVENT_NAME or "\x00" in name:
         raise ValueError(f"an event's name is a non-empty string of at most {MAX_EVENT_NAME} characters: {name!r}")
+    if name.startswith(CHILD_EVENT):
+        raise ValueError(
+            f"event names beginning with {CHILD_EVENT!r} are a child task's outcome, stored by its end only"
+            f" (spawn() and wait_for_task()): {name!r}"
+        )
     return name
 
 
@@ -373,7 +383,10 @@ def _waited(resolved: dict[str, Any]) -> Any:
 def wait_for_event(name: str, *, timeout: float | dt.timedelta | None = None) -> Any:
     """Suspend the task until an event ``name`` is sent to it, and return its payload; None once
     ``timeout`` (seconds or a timedelta, up to a year; None: no deadline) has passed without one."""
-    _event_name(name)
+    return _wait(_event_name(name), timeout)
+
+
+def _wait(name: str, timeout: float | dt.timedelta | None) -> Any:
     seconds = None if timeout is None else _seconds(timeout)
     deadline = step(f"wait:{name}", _deadline, seconds)
     try:
@@ -384,7 +397,10 @@ def wait_for_event(name: str, *, timeout: float | dt.timedelta | None = None) ->
 
 async def await_event(name: str, *, timeout: float | dt.timedelta | None = None) -> Any:
     """:func:`wait_for_event` from an ``async def`` handler."""
-    _event_name(name)
+    return await _await(_event_name(name), timeout)
+
+
+async def _await(name: str, timeout: float | dt.timedelta | None) -> Any:
     seconds = None if timeout is None else _seconds(timeout)
     deadline = await astep(f"wait:{name}", _deadline, seconds)
     try:
@@ -538,7 +554,7 @@ def wait_for_task(task_id: Any, *, timeout: float | dt.timedelta | None = None) 
     :class:`~tasks.exceptions.ChildTaskTimeout`. The outcome is stored as a step (two steps:
     ``wait:task:<id>``, ``event:task:<id>``): every later attempt gets the same, raised or returned."""
     child = _spawned(task_id)
-    return _child_outcome(child, wait_for_event(f"task:{child}", timeout=timeout))
+    return _child_outcome(child, _wait(f"{CHILD_EVENT}{child}", timeout))
 
 
 async def aspawn(task: Any, /, *args: Any, **kwargs: Any) -> int:
@@ -557,10 +573,11 @@ async def await_task(task_id: Any, *, timeout: float | dt.timedelta | None = Non
     from asgiref.sync import sync_to_async
 
     child = await sync_to_async(_spawned, thread_sensitive=False)(task_id)
-    return _child_outcome(child, await await_event(f"task:{child}", timeout=timeout))
+    return _child_outcome(child, await _await(f"{CHILD_EVENT}{child}", timeout))
 
 
 __all__ = [
+    "CHILD_EVENT",
     "MAX_EVENT_NAME",
     "MAX_NAME",
     "SPAWN",

@@ -330,3 +330,23 @@ def test_one_cancel_of_a_parent_and_its_child_together_ends_both_and_leaves_noth
     assert (event.payload["status"], event.delivered) == ("CANCELLED", False)
     assert wake_for_events() == []
     assert TaskEvent.objects.get(task_id=task_id).delivered
+
+
+def test_no_send_can_forge_a_child_s_outcome(task_id: int, client: Any, api_token: None, current: None) -> None:
+    """``task:<id>`` events are stored by a child's end only: a send under such a name (Python, the
+    JSON API, a workflow send) is refused and stores nothing, and wait_for_event does not read one."""
+    from tasks.steps import send_event, send_workflow_event, wait_for_event
+    from tests.helpers.api import Api
+
+    _set_current(attempt(task_id, "w1"))
+    child = spawn(child_step(H + "noop").options(queue="idle"))
+    with pytest.raises(ValueError, match="child task's outcome"):
+        send_event(task_id, f"task:{child}", {"status": "SUCCESSFUL", "result": "forged"})
+    with pytest.raises(ValueError, match="child task's outcome"):
+        send_workflow_event(1, f"task:{child}")
+    status, body = Api(client).call("POST", f"/api/tasks/{task_id}/events", {"name": f"task:{child}"})
+    assert status == 400 and "child task's outcome" in str(body), body
+    with pytest.raises(ValueError, match="child task's outcome"):
+        wait_for_event(f"task:{child}")
+    assert not TaskEvent.objects.exists()
+    assert [s.name for s in TaskStep.objects.filter(task_id=task_id)] == [f"spawn:{H}noop"]
