@@ -7,7 +7,9 @@ that task, the first outcome winning as any event's first payload does. A parent
 made due there and then, unless another session holds its row (``SKIP LOCKED``: a trigger that waited
 for a row lock here could deadlock with a bulk statement locking the two rows the other way); then
 the event is left undelivered, and the recovery round's EVENTS_WAKE_SQL wakes the parent once it no
-longer runs, as it does for an event sent to a running task.
+longer runs, as it does for an event sent to a running task. As for any send (EVENT_SEND_SQL), the
+outcome is stored only for a parent that is an unfinished row of tasks_task: one that has ended, been
+moved to tasks_finished or deleted reads no more events, and a row stored for it would outlive it.
 
 The trigger's WHEN clause is evaluated in C as a row is updated: for a task nobody awaits it is false
 at its first term, no row event is queued and no function runs. The finished table takes the column
@@ -31,9 +33,11 @@ BEGIN
       AND NOT EXISTS (SELECT FROM tasks_taskstep AS s WHERE s.task_id = t.id AND s.name = 'event:' || event_name);
     woken := FOUND;
     INSERT INTO tasks_taskevent (task_id, name, payload, sent_at, delivered)
-    VALUES (NEW.awaited_by, event_name,
-            jsonb_build_object('status', NEW.status, 'result', NEW.return_value, 'error', NEW.errors -> -1),
-            clock_timestamp(), woken)
+    SELECT p.id, event_name,
+           jsonb_build_object('status', NEW.status, 'result', NEW.return_value, 'error', NEW.errors -> -1),
+           clock_timestamp(), woken
+    FROM tasks_task AS p
+    WHERE p.id = NEW.awaited_by AND p.status NOT IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
     ON CONFLICT (task_id, name) DO NOTHING;
     RETURN NULL;
 END $$;

@@ -314,9 +314,11 @@ BEGIN
       AND NOT EXISTS (SELECT FROM tasks_taskstep AS s WHERE s.task_id = t.id AND s.name = 'event:' || event_name);
     woken := FOUND;
     INSERT INTO tasks_taskevent (task_id, name, payload, sent_at, delivered)
-    VALUES (NEW.awaited_by, event_name,
-            jsonb_build_object('status', NEW.status, 'result', NEW.return_value, 'error', NEW.errors -> -1),
-            clock_timestamp(), woken)
+    SELECT p.id, event_name,
+           jsonb_build_object('status', NEW.status, 'result', NEW.return_value, 'error', NEW.errors -> -1),
+           clock_timestamp(), woken
+    FROM tasks_task AS p
+    WHERE p.id = NEW.awaited_by AND p.status NOT IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
     ON CONFLICT (task_id, name) DO NOTHING;
     RETURN NULL;
 END $function$;

@@ -48,8 +48,17 @@ def worker(settings: Any) -> Iterator[Any]:
     from tasks.worker.process import Worker
     from tests.helpers import worker_in_thread
 
-    # One slot: the child can run only once its parent has suspended and given the slot up.
-    running = Worker(concurrency=1, ttl=5, poll_interval=0.05, install_signal_handlers=False, worker_id="children")
+    # One slot of each kind, and each parent's child of its own kind (a sync child for a sync parent,
+    # an async one for an async parent): the child can run only once its parent has suspended and
+    # given the slot up.
+    running = Worker(
+        concurrency=1,
+        async_concurrency=1,
+        ttl=5,
+        poll_interval=0.05,
+        install_signal_handlers=False,
+        worker_id="children",
+    )
     with worker_in_thread(running):
         yield running
 
@@ -62,9 +71,14 @@ def finished(task_id: int) -> Task:
     )
 
 
-@pytest.mark.parametrize("path", [H + "parent_of", H + "async_parent_of"])
-def test_a_parent_suspends_until_its_child_ends_and_resumes_with_its_result(worker: Any, path: str) -> None:
-    parent = Task.objects.enqueue(path, kwargs={"child": H + "add", "child_kwargs": {"a": 2, "b": 3}}).id
+@pytest.mark.parametrize(
+    "path, child_path, child_kwargs",
+    [(H + "parent_of", H + "add", {"a": 2, "b": 3}), (H + "async_parent_of", H + "async_double", {"n": 2.5})],
+)
+def test_a_parent_suspends_until_its_child_ends_and_resumes_with_its_result(
+    worker: Any, path: str, child_path: str, child_kwargs: dict[str, Any]
+) -> None:
+    parent = Task.objects.enqueue(path, kwargs={"child": child_path, "child_kwargs": child_kwargs}).id
     task = finished(parent)
     [child] = Task.objects.filter(awaited_by=parent)
     assert (task.status, task.return_value) == ("SUCCESSFUL", {"child": child.id, "result": 5})
@@ -75,7 +89,7 @@ def test_a_parent_suspends_until_its_child_ends_and_resumes_with_its_result(work
     assert phases in (["after-child", "before-child"], ["aafter-child", "abefore-child"])
     assert [s.name for s in TaskStep.objects.filter(task_id=parent)] == [
         "before",
-        f"spawn:{H}add",
+        f"spawn:{child_path}",
         f"wait:task:{child.id}",
         f"event:task:{child.id}",
         "after",
@@ -119,8 +133,8 @@ def test_a_wait_past_its_timeout_raises_in_the_parent_and_the_child_goes_on(work
     [child] = Task.objects.filter(awaited_by=parent)
     assert task.return_value == {"child": child.id, "timed_out": True}
     assert child.status == "READY", "only the wait ended"
-    Task.objects.filter(pk=child.id).cancel()  # its outcome still goes to the parent, which no longer reads it
-    assert TaskEvent.objects.filter(task_id=parent, name=f"task:{child.id}").exists()
+    assert Task.objects.filter(pk=child.id).cancel() == 1
+    assert not TaskEvent.objects.filter(task_id=parent).exists(), "a parent that has ended reads no more events"
 
 
 def test_a_spawn_is_a_step_a_later_attempt_gets_the_same_child_and_its_outcome(task_id: int, current: None) -> None:
@@ -321,15 +335,32 @@ def test_one_cancel_of_a_parent_and_its_child_together_ends_both_and_leaves_noth
     task_id: int, current: None
 ) -> None:
     """An operator's cancel (or a bulk one) of both at once: the child's trigger runs after the
-    statement has cancelled the parent too; its outcome is kept, undelivered, for a parent that will
-    never read it, and the recovery round marks it looked at without waking anything."""
+    statement has cancelled the parent too (AFTER ROW triggers fire at the statement's end, whichever
+    row it updated first), so no outcome is stored for a parent that will never read it, and the
+    recovery round has nothing to wake."""
     child, _later = suspended_parent_of_an_idle_child(task_id)
     assert Task.objects.filter(pk__in=[task_id, child]).cancel() == 2
     assert set(Task.objects.filter(pk__in=[task_id, child]).values_list("status", flat=True)) == {"CANCELLED"}
-    event = TaskEvent.objects.get(task_id=task_id)
-    assert (event.payload["status"], event.delivered) == ("CANCELLED", False)
+    assert not TaskEvent.objects.filter(task_id=task_id).exists()
     assert wake_for_events() == []
-    assert TaskEvent.objects.get(task_id=task_id).delivered
+
+
+@pytest.mark.parametrize("gone", ["cancelled", "deleted"])
+def test_a_child_that_ends_after_its_parent_ended_stores_nothing_for_it(
+    task_id: int, current: None, gone: str
+) -> None:
+    """A parent an operator cancelled (and deleted) while its child still runs: the child's end must
+    not fail, and leaves no event row for a task that will never read one (a deleted parent's row would
+    otherwise outlive it)."""
+    child, _later = suspended_parent_of_an_idle_child(task_id)
+    assert Task.objects.filter(pk=task_id).cancel() == 1
+    if gone == "deleted":
+        assert Task.objects.filter(pk=task_id).delete_finished() == 1
+        assert not Task.objects.filter(pk=task_id).exists()
+    assert run_until_empty(["idle"]).task_ids == (child,)
+    assert Task.objects.get(pk=child).status == "SUCCESSFUL"
+    assert not TaskEvent.objects.exists()
+    assert wake_for_events() == []
 
 
 def test_no_send_can_forge_a_child_s_outcome(task_id: int, client: Any, api_token: None, current: None) -> None:
