@@ -221,19 +221,7 @@ def faults(args: argparse.Namespace, database: Database) -> int:
                         print(f"durable steps: PostgreSQL restarted at {done:.0%}", flush=True)
                 elif time.monotonic() >= next_chaos:
                     next_chaos = time.monotonic() + args.chaos_every
-                    name = rng.choice(sorted(fleet.workers))
-                    proc = fleet.workers[name]
-                    if rng.random() < 0.5:
-                        proc.send_signal(signal.SIGKILL)
-                        proc.wait()
-                        chaos.kills.append((name, 0.0))
-                        del fleet.workers[name]
-                        fleet.start_worker()
-                    else:
-                        chaos.pauses += 1
-                        proc.send_signal(signal.SIGSTOP)
-                        time.sleep(args.ttl * 1.5)
-                        proc.send_signal(signal.SIGCONT)
+                    fleet.strike(chaos, rng, 0.5, lambda: 0.0)
                 time.sleep(0.1)
         finally:
             fleet.stop()

@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,26 @@ class Fleet:
             del self.workers[name]
             self.start_worker()
         return dead
+
+    def strike(self, chaos: Chaos, rng: random.Random, kill_share: float, when: Callable[[], float]) -> str:
+        """One fault on a worker ``rng`` picks: SIGKILL (a share ``kill_share`` of strikes; a new worker
+        started in its place, the kill recorded at ``when()``) or SIGSTOP for 1.5 TTL, then SIGCONT: a
+        zombie that wakes to find its lease taken. Returns what it did, for the log."""
+        name = rng.choice(sorted(self.workers))
+        proc = self.workers[name]
+        if rng.random() < kill_share:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            chaos.kills.append((name, when()))
+            del self.workers[name]
+            return f"SIGKILL {name}, started {self.start_worker()}"
+        chaos.pauses += 1
+        chaos.paused.add(name)
+        pause = self.ttl * 1.5
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(pause)
+        proc.send_signal(signal.SIGCONT)
+        return f"SIGSTOP {name} for {pause:.1f}s"
 
     def stop(self) -> None:
         for proc in [*self.workers.values(), *self.others]:
@@ -233,23 +254,8 @@ def _soak(args: argparse.Namespace, rng: random.Random, server: Any) -> int:
                 server.restart("fast")
             elif time.monotonic() >= next_chaos:
                 next_chaos = time.monotonic() + args.chaos_every
-                name = rng.choice(sorted(fleet.workers))
-                proc = fleet.workers[name]
-                if rng.random() < 0.6:
-                    proc.send_signal(signal.SIGKILL)
-                    proc.wait()
-                    chaos.kills.append((name, retrying(db_epoch)))
-                    del fleet.workers[name]
-                    replacement = fleet.start_worker()
-                    print(f"soak: SIGKILL {name}, started {replacement} ({done_fraction:.0%} done)", flush=True)
-                else:
-                    chaos.pauses += 1
-                    chaos.paused.add(name)
-                    proc.send_signal(signal.SIGSTOP)
-                    pause = args.ttl * 1.5
-                    print(f"soak: SIGSTOP {name} for {pause:.1f}s ({done_fraction:.0%} done)", flush=True)
-                    time.sleep(pause)
-                    proc.send_signal(signal.SIGCONT)
+                did = fleet.strike(chaos, rng, 0.6, lambda: retrying(db_epoch))
+                print(f"soak: {did} ({done_fraction:.0%} done)", flush=True)
             time.sleep(0.1)
     finally:
         fleet.stop()

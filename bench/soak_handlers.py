@@ -38,12 +38,17 @@ def _record_start() -> None:
     directory = os.environ.get("SOAK_START_LOG")
     if directory:
         run = current_task()
-        line = f"{run.id} {run.attempt}\n".encode()
-        fd = os.open(os.path.join(directory, f"starts-{os.getpid()}.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
+        _append_line(directory, "starts", f"{run.id} {run.attempt}")
+
+
+def _append_line(directory: str, prefix: str, line: str) -> None:
+    """``line`` appended to this process's file ``<prefix>-<pid>.txt`` in ``directory``: one write of
+    O_APPEND, in the kernel's page cache once it returns, so a SIGKILL the moment after keeps it."""
+    fd = os.open(os.path.join(directory, f"{prefix}-{os.getpid()}.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        os.write(fd, f"{line}\n".encode())
+    finally:
+        os.close(fd)
 
 
 def misbehave(key: str, kind: str) -> object:
@@ -105,13 +110,7 @@ def _step_effect(n: int, slow: float = 0.0) -> int:
 def _external_call(key: str, attempt: int) -> None:
     """The payment provider of the benchmark: it records every call (key, attempt, the time on this
     machine's clock) in a file, which survives SIGKILL the moment after."""
-    directory = os.environ["DURABLE_CALL_LOG"]
-    line = f"{key} {attempt} {time.time():.6f}\n".encode()
-    fd = os.open(os.path.join(directory, f"calls-{os.getpid()}.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    _append_line(os.environ["DURABLE_CALL_LOG"], "calls", f"{key} {attempt} {time.time():.6f}")
 
 
 def noop_steps(steps: int) -> int:

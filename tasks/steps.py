@@ -62,6 +62,7 @@ from tasks.exceptions import ChildTaskFailed, ChildTaskTimeout, Snooze, StepMism
 from tasks.lifecycle import statements as sql
 from tasks.lifecycle.policy import MAX_DELAY, checked_delay
 from tasks.lifecycle.storable import storable_json
+from tasks.lifecycle.values import CHILD_EVENT, MAX_EVENT_NAME, event_name
 from tasks.runtime import Execution, current_task
 
 T = TypeVar("T")
@@ -330,9 +331,6 @@ async def asleep_until(when: dt.datetime, *, name: str = "sleep") -> None:
 
 # -- events --------------------------------------------------------------------------------------------
 
-#: The longest event name (its wait's steps are named ``wait:<name>`` and ``event:<name>``).
-MAX_EVENT_NAME = 150
-
 
 class _NotYet(Exception):
     """Inside the wait's second step: no event yet, and ``left`` seconds to its deadline (None: none)."""
@@ -340,22 +338,6 @@ class _NotYet(Exception):
     def __init__(self, left: float | None) -> None:
         super().__init__(left)
         self.left = left
-
-
-#: Event names beginning with this are a child task's outcome (``task:<child id>``), stored only by
-#: the child's end (migration 0041's trigger): no send may store one, no wait_for_event read one.
-CHILD_EVENT = "task:"
-
-
-def _event_name(name: Any) -> str:
-    if not isinstance(name, str) or not name.strip() or len(name) > MAX_EVENT_NAME or "\x00" in name:
-        raise ValueError(f"an event's name is a non-empty string of at most {MAX_EVENT_NAME} characters: {name!r}")
-    if name.startswith(CHILD_EVENT):
-        raise ValueError(
-            f"event names beginning with {CHILD_EVENT!r} are a child task's outcome, stored by its end only"
-            f" (spawn() and wait_for_task()): {name!r}"
-        )
-    return name
 
 
 def _deadline(seconds: float | None) -> str | None:
@@ -383,7 +365,7 @@ def _waited(resolved: dict[str, Any]) -> Any:
 def wait_for_event(name: str, *, timeout: float | dt.timedelta | None = None) -> Any:
     """Suspend the task until an event ``name`` is sent to it, and return its payload; None once
     ``timeout`` (seconds or a timedelta, up to a year; None: no deadline) has passed without one."""
-    return _wait(_event_name(name), timeout)
+    return _wait(event_name(name), timeout)
 
 
 def _wait(name: str, timeout: float | dt.timedelta | None) -> Any:
@@ -397,7 +379,7 @@ def _wait(name: str, timeout: float | dt.timedelta | None) -> Any:
 
 async def await_event(name: str, *, timeout: float | dt.timedelta | None = None) -> Any:
     """:func:`wait_for_event` from an ``async def`` handler."""
-    return await _await(_event_name(name), timeout)
+    return await _await(event_name(name), timeout)
 
 
 async def _await(name: str, timeout: float | dt.timedelta | None) -> Any:
@@ -416,7 +398,7 @@ def send_event(task_id: int, name: str, payload: Any = None, *, using: str | Non
     :class:`~tasks.exceptions.TaskError` for a finished one (nothing waits for its events)."""
     from tasks.models import Task
 
-    _event_name(name)
+    event_name(name)
     text = storable_json(payload)
     manager = Task.objects.db_manager(using) if using else Task.objects
     with transaction.atomic(using=manager.db), connections[manager.db].cursor() as cursor:
@@ -435,25 +417,11 @@ def send_event(task_id: int, name: str, payload: Any = None, *, using: str | Non
 
 def send_workflow_event(workflow_id: int, name: str, payload: Any = None, *, using: str | None = None) -> list[int]:
     """Send the event ``name`` with ``payload`` (JSON) to every unfinished member of a workflow, as
-    :func:`send_event` to each: the ids of the members it was stored for, in id order (a member that
-    had one of the name keeps its first payload and is not among them; a finished member is left
-    out). Members waiting for it are made due at once. Raises ``Workflow.DoesNotExist`` for no such
-    workflow. One transaction, whatever the number of members; a cancel of the workflow or a finish
-    in flight commits first."""
-    from tasks.models import Workflow
+    :func:`send_event` to each (see :func:`tasks.workflows.send_workflow_event`): the ids of the
+    members it was stored for, in id order."""
+    from tasks import workflows
 
-    _event_name(name)
-    text = storable_json(payload)
-    manager = Workflow.objects.db_manager(using) if using else Workflow.objects
-    if not manager.filter(pk=workflow_id).exists():
-        raise Workflow.DoesNotExist(f"no workflow with id {workflow_id}")
-    with transaction.atomic(using=manager.db), connections[manager.db].cursor() as cursor:
-        cursor.execute(sql.WORKFLOW_EVENT_LOCK_SQL, {"workflow": workflow_id})
-        members = [member for (member,) in cursor.fetchall()]
-        if not members:
-            return []
-        cursor.execute(sql.EVENT_SEND_SQL, {"ids": members, "name": name, "payload": text})
-        return sorted(member for (member,) in cursor.fetchall())
+    return workflows.send_workflow_event(workflow_id, name, payload, using=using)
 
 
 # -- child tasks ---------------------------------------------------------------------------------------

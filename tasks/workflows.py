@@ -41,10 +41,12 @@ from tasks.compat import Task as DjangoTask
 from tasks.compat import TaskResult, TaskResultStatus, normalize_json, task_enqueued
 from tasks.conf import get_settings
 from tasks.lifecycle import prepared
+from tasks.lifecycle import statements as sql
 from tasks.lifecycle import workflows as wf_sql
 from tasks.lifecycle.ratelimits import rate_for_enqueue
 from tasks.lifecycle.routing import queue_database
-from tasks.lifecycle.values import fair_key_for, validate_concurrency, validate_enqueue
+from tasks.lifecycle.storable import storable_json
+from tasks.lifecycle.values import event_name, fair_key_for, validate_concurrency, validate_enqueue
 from tasks.lifecycle.workflows import ON_PARENT_FAILURE, WorkflowError, WorkflowKind, WorkflowStatus
 from tasks.models import Workflow as WorkflowRow
 from tasks.models.task_enqueue import announce_enqueued
@@ -217,10 +219,29 @@ class EnqueuedWorkflow:
         return WorkflowRow.objects.using(self.database).filter(pk=self.id).cancel()
 
     def send_event(self, name: str, payload: Any = None) -> list[int]:
-        """Send an event to every unfinished member (see :func:`tasks.steps.send_workflow_event`)."""
-        from tasks.steps import send_workflow_event
-
+        """Send an event to every unfinished member (see :func:`send_workflow_event`)."""
         return send_workflow_event(self.id, name, payload, using=self.database)
+
+
+def send_workflow_event(workflow_id: int, name: str, payload: Any = None, *, using: str | None = None) -> list[int]:
+    """Send the event ``name`` with ``payload`` (JSON) to every unfinished member of a workflow, as
+    :func:`tasks.steps.send_event` to each: the ids of the members it was stored for, in id order (a
+    member that had one of the name keeps its first payload and is not among them; a finished member
+    is left out). Members waiting for it are made due at once. Raises
+    ``tasks.models.Workflow.DoesNotExist`` for no such workflow. One transaction, whatever the
+    number of members; a cancel of the workflow or a finish in flight commits first."""
+    event_name(name)
+    text = storable_json(payload)
+    manager = WorkflowRow.objects.db_manager(using) if using else WorkflowRow.objects
+    if not manager.filter(pk=workflow_id).exists():
+        raise WorkflowRow.DoesNotExist(f"no workflow with id {workflow_id}")
+    with transaction.atomic(using=manager.db), connections[manager.db].cursor() as cursor:
+        cursor.execute(sql.WORKFLOW_EVENT_LOCK_SQL, {"workflow": workflow_id})
+        members = [member for (member,) in cursor.fetchall()]
+        if not members:
+            return []
+        cursor.execute(sql.EVENT_SEND_SQL, {"ids": members, "name": name, "payload": text})
+        return sorted(member for (member,) in cursor.fetchall())
 
 
 @dataclass

@@ -504,3 +504,23 @@ def fair_after_claim(claimed: Sequence[ClaimedTask], before: str | None) -> str 
         if task.fair_cursor is not None:
             return task.fair_cursor
     return before
+
+
+#: The longest event name (its wait's steps are named ``wait:<name>`` and ``event:<name>``).
+MAX_EVENT_NAME = 150
+
+#: Event names beginning with this are a child task's outcome (``task:<child id>``), stored only by
+#: the child's end (migration 0041's trigger): no send may store one, no wait_for_event read one.
+CHILD_EVENT = "task:"
+
+
+def event_name(name: Any) -> str:
+    """``name`` if an event may be sent or waited for under it (tasks.steps, tasks.workflows)."""
+    if not isinstance(name, str) or not name.strip() or len(name) > MAX_EVENT_NAME or "\x00" in name:
+        raise ValueError(f"an event's name is a non-empty string of at most {MAX_EVENT_NAME} characters: {name!r}")
+    if name.startswith(CHILD_EVENT):
+        raise ValueError(
+            f"event names beginning with {CHILD_EVENT!r} are a child task's outcome, stored by its end only"
+            f" (spawn() and wait_for_task()): {name!r}"
+        )
+    return name

@@ -72,7 +72,7 @@ def finished(task_id: int) -> Task:
 
 
 @pytest.mark.parametrize(
-    "path, child_path, child_kwargs",
+    ("path", "child_path", "child_kwargs"),
     [(H + "parent_of", H + "add", {"a": 2, "b": 3}), (H + "async_parent_of", H + "async_double", {"n": 2.5})],
 )
 def test_a_parent_suspends_until_its_child_ends_and_resumes_with_its_result(
@@ -346,9 +346,7 @@ def test_one_cancel_of_a_parent_and_its_child_together_ends_both_and_leaves_noth
 
 
 @pytest.mark.parametrize("gone", ["cancelled", "deleted"])
-def test_a_child_that_ends_after_its_parent_ended_stores_nothing_for_it(
-    task_id: int, current: None, gone: str
-) -> None:
+def test_a_child_that_ends_after_its_parent_ended_stores_nothing_for_it(task_id: int, current: None, gone: str) -> None:
     """A parent an operator cancelled (and deleted) while its child still runs: the child's end must
     not fail, and leaves no event row for a task that will never read one (a deleted parent's row would
     otherwise outlive it)."""
