@@ -19,16 +19,18 @@ ROWS_SQL = """
 INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, finished_at,
     attempts, max_attempts, errors, worker_ids, renewals, transitions, failures, crashes, shared_crashes,
     unstarted_returns, attempt_started, attempt_isolated, concurrency_key, concurrency_limit)
-SELECT %(queue)s, 0, 'app.jobs.x', '[]', '{}', %(status)s, now(), now(),
+SELECT %(queue)s, 0, 'app.jobs.x', '[]', '{}', %(status)s, now() + make_interval(secs => %(ahead)s), now(),
        CASE WHEN %(status)s = 'SUCCESSFUL' THEN now() END, 0, 3, '[]', '[]', 0, 0, 0, 0, 0, 0, false, false,
        CASE WHEN %(keyed)s THEN %(queue)s || ':k' || (g %% 10) END, CASE WHEN %(keyed)s THEN 1 END
 FROM generate_series(1, %(n)s) AS g
 """
 
 
-def add_rows(queue: str, status: str, n: int, *, keyed: bool = False) -> None:
+def add_rows(queue: str, status: str, n: int, *, keyed: bool = False, ahead: float = 0) -> None:
+    """``n`` rows of ``status`` in ``queue``, due ``ahead`` seconds from now (a READY row with a
+    later ``run_after`` is what a sleeping or waiting task is)."""
     with connection.cursor() as cursor:
-        cursor.execute(ROWS_SQL, {"queue": queue, "status": status, "n": n, "keyed": keyed})
+        cursor.execute(ROWS_SQL, {"queue": queue, "status": status, "n": n, "keyed": keyed, "ahead": ahead})
 
 
 def seq_scans_of_tasks(plan: dict[str, Any]) -> list[str]:
