@@ -12,9 +12,9 @@
   visible when its transaction commits. A finish committed more than ``LAG`` seconds after it was
   stamped would be missed by the first count, so every minute is counted a second (final) time once
   it is ``FINAL_AFTER`` old. A finish committed later still is not in the chart.
-- **Recoveries are recorded by the recovery statement itself** (``RECOVER_AND_RECORD_SQL``, one
-  statement: the requeue and its record commit together), so the recovered series and the
-  death-to-requeue figures are exact and read from at most 60 rows.
+- **Recoveries are recorded by the recovery statement itself** (``RECOVER_EXPIRED_SQL`` in
+  tasks/lifecycle/recover.py, one statement: the requeue and its record commit together), so the
+  recovered series and the death-to-requeue figures are exact and read from at most 60 rows.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import Any
 from django.db import connections
 
 from leasing.routing import selected_database
-from tasks.lifecycle import statements as sql
 
 #: Seconds a minute stays open after it ends (finishes still committing land in its first count).
 LAG = 5
@@ -36,35 +35,6 @@ MINUTES = 60
 #: Rows older than this are deleted when a minute is closed.
 KEEP = "1 day"
 
-
-# The recovery statement, unchanged, with what it recovered added to the current minute's row. The
-# other CTE reads tasks_task as it was before the statement (one snapshot for the whole statement),
-# which is where the lease times of each recovered attempt still are.
-def _recover_and_record(ctes: str) -> str:
-    return f"""
-WITH {ctes}, timed AS (
-    SELECT EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(held.renewed_at, held.acquired_at))::float8 AS silent,
-           recovered.expired_for
-    FROM recovered JOIN tasks_task AS held ON held.id = recovered.id
-), recorded AS (
-    INSERT INTO tasks_activityminute AS a
-        (minute, succeeded, failed, closed, final, recovered, silent_total, silent_max, delay_max)
-    SELECT date_trunc('minute', clock_timestamp()), 0, 0, false, false, count(*),
-           COALESCE(sum(silent), 0), COALESCE(max(silent), 0), COALESCE(max(expired_for), 0)
-    FROM timed
-    HAVING count(*) > 0
-    ON CONFLICT (minute) DO UPDATE SET
-        recovered = a.recovered + EXCLUDED.recovered,
-        silent_total = a.silent_total + EXCLUDED.silent_total,
-        silent_max = GREATEST(a.silent_max, EXCLUDED.silent_max),
-        delay_max = GREATEST(a.delay_max, EXCLUDED.delay_max)
-)
-SELECT id, status, expired_for, kind, queue, attempts, holder FROM recovered
-"""
-
-
-RECOVER_AND_RECORD_SQL = _recover_and_record(sql.RECOVER_CTES)
-RECOVER_SINCE_AND_RECORD_SQL = _recover_and_record(sql.RECOVER_SINCE_CTES)
 
 # The closed minutes of the last hour still to count: never counted, or counted but not final
 # while they are old enough to be. Times come from the database clock.

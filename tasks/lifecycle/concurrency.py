@@ -53,7 +53,7 @@ READY and RUNNING tasks:
 
 - the worker writes it (KEEP_SLOTS_SQL) when it abandons an attempt at its timeout, before the
   timeout is recorded; recovery writes it in the statement that requeues a lapsed attempt whose
-  worker stamped its row after the attempt's last renewal (RECOVER_CTES);
+  worker stamped its row after the attempt's last renewal (RECOVER_EXPIRED_SQL);
 - the worker deletes it (RELEASE_KEPT_SQL) once the handler has returned; recovery deletes those of
   workers that stopped or were presumed dead (RELEASE_DEAD_SQL): a process known dead runs nothing.
   Deleting one admits for its key (a statement trigger, migration 0015).

@@ -7,7 +7,7 @@ from __future__ import annotations
 from tasks.lifecycle.fragments import WAITING_STATUS, append_error, backoff_sql
 
 _NO_LEASE = "(t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)"
-# Handed to an executor by its worker (the ``handed`` CTE of RECOVER_CTES: its holder's row names its
+# Handed to an executor by its worker (the ``handed`` CTE of RECOVER_EXPIRED_SQL: its holder's row names its
 # token) while its start marker had not committed: it may have run, so it counts as begun (invariant 14).
 _HANDED = f"(handed.id IS NOT NULL AND NOT t.attempt_started AND NOT {_NO_LEASE})"
 _STARTED = f"((t.attempt_started OR {_HANDED}) AND NOT {_NO_LEASE})"
@@ -43,7 +43,7 @@ _CRASHED = f"({_STARTED} AND {_ATTRIBUTABLE})"
 _SHARED = f"({_STARTED} AND NOT {_ATTRIBUTABLE})"
 _STILL_ALLOWED = f"(NOT {_CRASHED} OR t.crashes + 1 < %(max_crashes)s)"
 # A keyed attempt that stalled while its worker lived on keeps its key slot for its handler (the kept
-# CTE of RECOVER_CTES), so the task gives up the slot of its row and waits BLOCKED: it runs again
+# CTE of RECOVER_EXPIRED_SQL), so the task gives up the slot of its row and waits BLOCKED: it runs again
 # when the key has room, never beside its own stalled handler.
 _KEEPS_SLOT = (
     f"(t.concurrency_key IS NOT NULL AND {_CRASHED}"
@@ -77,8 +77,8 @@ _RECOVERY_ENTRY = f"""jsonb_build_object(
 # last renewal and has not stopped) may still be running its handler: its key slot is kept in
 # tasks_concurrencyhold by the same statement, so the admission this requeue triggers (at the end of
 # the statement, seeing the insert) does not hand the slot on (tasks/lifecycle/concurrency.py).
-# The statement's CTEs apart, so that activity.py's recording statement can add its own beside them
-# (a data-modifying CTE must be at the top level of a statement).
+# What it recovered is added to the current minute of the activity rollup in the same statement
+# (tasks/lifecycle/activity.py reads it), so the chart and /metrics count every recovery once.
 #
 # An attempt its worker had handed to an executor counts as started even if its marker never
 # committed (invariant 14; tasks/worker/handoff.py): its start is charged here (``attempts``,
@@ -105,9 +105,9 @@ _PICK_EXPIRED_SINCE = """
     ORDER BY expires_at"""
 
 
-def _recover_ctes(pick: str) -> str:
+def _recover_expired(pick: str) -> str:
     return f"""
-picked AS MATERIALIZED (
+WITH picked AS MATERIALIZED (
     SELECT id, expires_at, holder, token FROM tasks_task{pick}
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -149,11 +149,30 @@ RETURNING t.id, t.status, EXTRACT(EPOCH FROM clock_timestamp() - picked.expires_
     SELECT r.concurrency_key, r.id, r.token, r.holder, 'lapsed' FROM recovered AS r
     WHERE r.concurrency_key IS NOT NULL AND r.kind = 'crash' AND {_stalled_in_live_worker("r", "r.last_renewed")}
     ON CONFLICT DO NOTHING
-)"""
+), timed AS (
+    -- tasks_task as it was before the statement (one snapshot): each recovered lease's last renewal
+    SELECT EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(held.renewed_at, held.acquired_at))::float8 AS silent,
+           recovered.expired_for
+    FROM recovered JOIN tasks_task AS held ON held.id = recovered.id
+), recorded AS (
+    INSERT INTO tasks_activityminute AS a
+        (minute, succeeded, failed, closed, final, recovered, silent_total, silent_max, delay_max)
+    SELECT date_trunc('minute', clock_timestamp()), 0, 0, false, false, count(*),
+           COALESCE(sum(silent), 0), COALESCE(max(silent), 0), COALESCE(max(expired_for), 0)
+    FROM timed
+    HAVING count(*) > 0
+    ON CONFLICT (minute) DO UPDATE SET
+        recovered = a.recovered + EXCLUDED.recovered,
+        silent_total = a.silent_total + EXCLUDED.silent_total,
+        silent_max = GREATEST(a.silent_max, EXCLUDED.silent_max),
+        delay_max = GREATEST(a.delay_max, EXCLUDED.delay_max)
+)
+SELECT id, status, expired_for, kind, queue, attempts, holder FROM recovered
+"""
 
 
-RECOVER_CTES = _recover_ctes(_PICK_EXPIRED)
-RECOVER_SINCE_CTES = _recover_ctes(_PICK_EXPIRED_SINCE)
+RECOVER_EXPIRED_SQL = _recover_expired(_PICK_EXPIRED)
+RECOVER_EXPIRED_SINCE_SQL = _recover_expired(_PICK_EXPIRED_SINCE)
 
 # A lease left live on a row that is not running (it can only come from hand edits or a bug):
 # release it, so the lease state querysets and the dashboard stay truthful.

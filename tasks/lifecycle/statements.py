@@ -75,8 +75,8 @@ from tasks.lifecycle.recover import (  # noqa: F401
     EXPIRE_ORPHANS_SQL,
     HELD_SQL,
     MARK_DEAD_WORKERS_SQL,
-    RECOVER_CTES,
-    RECOVER_SINCE_CTES,
+    RECOVER_EXPIRED_SINCE_SQL,
+    RECOVER_EXPIRED_SQL,
     RELEASE_STRAY_LEASES_SQL,
 )
 from tasks.lifecycle.rounds import (  # noqa: F401

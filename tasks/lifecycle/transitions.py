@@ -185,10 +185,8 @@ TRANSITIONS: tuple[Transition, ...] = (
         (RUNNING,),
         (READY, BLOCKED, FAILED),
         (
-            "tasks.lifecycle.recover.RECOVER_CTES",
-            "tasks.lifecycle.recover.RECOVER_SINCE_CTES",
-            "tasks.lifecycle.activity.RECOVER_AND_RECORD_SQL",
-            "tasks.lifecycle.activity.RECOVER_SINCE_AND_RECORD_SQL",
+            "tasks.lifecycle.recover.RECOVER_EXPIRED_SQL",
+            "tasks.lifecycle.recover.RECOVER_EXPIRED_SINCE_SQL",
         ),
         "the lease expired (the worker died or hung): requeued, charged to the attempt when attributable; "
         "FAILED once it crashed MAX_CRASHES times; a keyed attempt still running in a live worker keeps "

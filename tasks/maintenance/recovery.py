@@ -72,7 +72,7 @@ WHERE status = 'RUNNING' AND expires_at > %(after)s::timestamptz AND expires_at 
 class RecoveryWindow:
     """Where the leader's next scan of expired leases starts. A full scan reads every RUNNING entry
     of the expiry index up to now, and beside an old snapshot that is every RUNNING version since the
-    snapshot (tasks/lifecycle/recover.py, RECOVER_SINCE_CTES); between full scans, every
+    snapshot (tasks/lifecycle/recover.py, RECOVER_EXPIRED_SINCE_SQL); between full scans, every
     FULL_SCAN_INTERVAL, a scan reads the leases that expired since the last one began (less
     RECOVERY_MARGIN), or since the oldest one a scan had to leave (locked by another session), so
     that one is taken by the first round after its lock goes. A new leader starts with a full scan."""

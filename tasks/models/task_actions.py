@@ -14,7 +14,6 @@ from django.db.models.functions import Now
 
 from tasks.conf import get_settings
 from tasks.exceptions import TaskError, TaskNotFinished
-from tasks.lifecycle import activity
 from tasks.lifecycle import statements as sql
 from tasks.lifecycle.states import FINISHED, UNFINISHED, WAITING, TaskStatus
 from tasks.lifecycle.transitions import CANCEL_SET, RERUN_FAIR_QUEUES, RERUN_SET
@@ -30,7 +29,7 @@ class ActionOperations(OperationsBase):
         """Requeue (or fail, after MAX_CRASHES) running tasks whose lease expired, and running rows
         without a lease. Returns what it recovered, with seconds from expiry to requeue. With
         ``after`` (database time), only leases that expired since then, and no repair of running
-        rows without one (tasks/lifecycle/recover.py, RECOVER_SINCE_CTES)."""
+        rows without one (tasks/lifecycle/recover.py, RECOVER_EXPIRED_SINCE_SQL)."""
         conf = get_settings()
         params = {
             "limit": limit,
@@ -41,7 +40,7 @@ class ActionOperations(OperationsBase):
         }
         # The statement also adds what it recovered to the per-minute activity rollup (same
         # statement, so the chart and /metrics count every recovery once, without scanning errors).
-        statement = activity.RECOVER_AND_RECORD_SQL if after is None else activity.RECOVER_SINCE_AND_RECORD_SQL
+        statement = sql.RECOVER_EXPIRED_SQL if after is None else sql.RECOVER_EXPIRED_SINCE_SQL
         rows = fetch(self, statement, params)
         return [Recovered(row[0], row[1], row[2], row[3] or "", row[4], row[5], row[6]) for row in rows]
 

@@ -3,7 +3,7 @@ reservation by which a busy worker makes itself idle for one waiting in its queu
 (:class:`IsolationReservation`).
 
 A task whose workers vanished beside other attempts ISOLATE_AFTER times runs alone in its process, so
-that a next crash is attributable (tasks/lifecycle/recover.py, RECOVER_CTES). Only a worker holding nothing
+that a next crash is attributable (tasks/lifecycle/recover.py, RECOVER_EXPIRED_SQL). Only a worker holding nothing
 takes it; a busy worker's claims pass over it. Under a steady stream no worker is ever idle, so the
 task (and, behind it, its concurrency key) would wait until the whole backlog drained.
 

@@ -2,7 +2,7 @@
 
 A keyed attempt whose lease lapses while its worker lives on (the attempt alone stalled: the demo's
 latency spike, ``Execution.miss_heartbeats``) is requeued by recovery, which keeps a slot for its
-handler (RECOVER_CTES' ``kept``). The key's limit is "at most N of its handlers running" on the
+handler (RECOVER_EXPIRED_SQL's ``kept``). The key's limit is "at most N of its handlers running" on the
 database clock (the handlers' own start and end marks).
 
 

@@ -2,8 +2,8 @@
 -- included). Generated from the module's constants by `python manage.py tasks_schema --write`; do
 -- not edit: change the module, then regenerate (tests/unit/test_sql_files.py compares them).
 
--- name: RECOVER_CTES
-picked AS MATERIALIZED (
+-- name: RECOVER_EXPIRED_SQL
+WITH picked AS MATERIALIZED (
     SELECT id, expires_at, holder, token FROM tasks_task
     WHERE status = 'RUNNING'
       AND (expires_at <= clock_timestamp() OR expires_at IS NULL OR holder IS NULL OR token IS NULL)
@@ -141,10 +141,28 @@ RETURNING t.id, t.status, EXTRACT(EPOCH FROM clock_timestamp() - picked.expires_
         WHERE w.id = r.holder AND w.stopped_at IS NULL
           AND w.last_seen_at > r.last_renewed + make_interval(secs => w.ttl / 6))
     ON CONFLICT DO NOTHING
-);
+), timed AS (
+    -- tasks_task as it was before the statement (one snapshot): each recovered lease's last renewal
+    SELECT EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(held.renewed_at, held.acquired_at))::float8 AS silent,
+           recovered.expired_for
+    FROM recovered JOIN tasks_task AS held ON held.id = recovered.id
+), recorded AS (
+    INSERT INTO tasks_activityminute AS a
+        (minute, succeeded, failed, closed, final, recovered, silent_total, silent_max, delay_max)
+    SELECT date_trunc('minute', clock_timestamp()), 0, 0, false, false, count(*),
+           COALESCE(sum(silent), 0), COALESCE(max(silent), 0), COALESCE(max(expired_for), 0)
+    FROM timed
+    HAVING count(*) > 0
+    ON CONFLICT (minute) DO UPDATE SET
+        recovered = a.recovered + EXCLUDED.recovered,
+        silent_total = a.silent_total + EXCLUDED.silent_total,
+        silent_max = GREATEST(a.silent_max, EXCLUDED.silent_max),
+        delay_max = GREATEST(a.delay_max, EXCLUDED.delay_max)
+)
+SELECT id, status, expired_for, kind, queue, attempts, holder FROM recovered;
 
--- name: RECOVER_SINCE_CTES
-picked AS MATERIALIZED (
+-- name: RECOVER_EXPIRED_SINCE_SQL
+WITH picked AS MATERIALIZED (
     SELECT id, expires_at, holder, token FROM tasks_task
     WHERE status = 'RUNNING' AND expires_at > %(after)s::timestamptz AND expires_at <= clock_timestamp()
     ORDER BY expires_at
@@ -281,7 +299,25 @@ RETURNING t.id, t.status, EXTRACT(EPOCH FROM clock_timestamp() - picked.expires_
         WHERE w.id = r.holder AND w.stopped_at IS NULL
           AND w.last_seen_at > r.last_renewed + make_interval(secs => w.ttl / 6))
     ON CONFLICT DO NOTHING
-);
+), timed AS (
+    -- tasks_task as it was before the statement (one snapshot): each recovered lease's last renewal
+    SELECT EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(held.renewed_at, held.acquired_at))::float8 AS silent,
+           recovered.expired_for
+    FROM recovered JOIN tasks_task AS held ON held.id = recovered.id
+), recorded AS (
+    INSERT INTO tasks_activityminute AS a
+        (minute, succeeded, failed, closed, final, recovered, silent_total, silent_max, delay_max)
+    SELECT date_trunc('minute', clock_timestamp()), 0, 0, false, false, count(*),
+           COALESCE(sum(silent), 0), COALESCE(max(silent), 0), COALESCE(max(expired_for), 0)
+    FROM timed
+    HAVING count(*) > 0
+    ON CONFLICT (minute) DO UPDATE SET
+        recovered = a.recovered + EXCLUDED.recovered,
+        silent_total = a.silent_total + EXCLUDED.silent_total,
+        silent_max = GREATEST(a.silent_max, EXCLUDED.silent_max),
+        delay_max = GREATEST(a.delay_max, EXCLUDED.delay_max)
+)
+SELECT id, status, expired_for, kind, queue, attempts, holder FROM recovered;
 
 -- name: RELEASE_STRAY_LEASES_SQL
 -- A lease left live on a row that is not running (it can only come from hand edits or a bug):

@@ -33,7 +33,10 @@ SELECT DISTINCT path FROM (
 -- WHERE READY): each step finds the next queue name after the previous one (one index descent), so
 -- the cost is per queue, not per task. Per queue, the oldest waiting run_after is the smallest of the
 -- first entries of each priority (the same kind of scan over the few priorities in use), and the
--- runnable depth is counted up to the cap. No index of its own: every index is written by every enqueue.
+-- runnable depth is counted up to the cap, priority by priority: within one, run_after is the index's
+-- next column, so the count reads the due entries only, never the tasks asleep until later (without
+-- PostgreSQL 18's skip scan, a count over the whole queue stepped over every one of them). No index
+-- of its own: every index is written by every enqueue.
 WITH RECURSIVE waiting(queue) AS (
     (SELECT queue FROM tasks_task WHERE status = 'READY' ORDER BY queue LIMIT 1)
     UNION ALL
@@ -60,8 +63,14 @@ SELECT oldest.queue, depth.n, EXTRACT(EPOCH FROM statement_timestamp() - oldest.
 FROM oldest
 CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM (
-        SELECT 1 FROM tasks_task AS t
-        WHERE t.status = 'READY' AND t.queue = oldest.queue AND t.run_after <= statement_timestamp()
+        SELECT 1 FROM levels AS l
+        CROSS JOIN LATERAL (
+            SELECT 1 FROM tasks_task AS t
+            WHERE t.status = 'READY' AND t.queue = l.queue AND t.priority = l.priority
+              AND t.run_after <= statement_timestamp()
+            LIMIT %(cap)s + 1
+        ) AS due
+        WHERE l.queue = oldest.queue AND l.priority IS NOT NULL
         LIMIT %(cap)s + 1
     ) AS runnable
 ) AS depth
