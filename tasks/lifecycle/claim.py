@@ -29,57 +29,16 @@ CLAIM_SET = f"""
     worker_ids = CASE WHEN {_STARTS_NOW} THEN t.worker_ids || jsonb_build_array(%(worker)s::text)
                       ELSE t.worker_ids END"""
 
-# The subquery picks and locks; SKIP LOCKED lets concurrent workers pick different rows without
-# waiting. It reads the partial index tasks_task_claim_idx (queue, priority DESC, run_after, id,
-# shared_crashes) WHERE status = 'READY', so a claim reads only runnable rows of its own queue:
-# finished rows and other queues' backlogs cost it nothing. A task that must run isolated
-# (``shared_crashes`` at ISOLATE_AFTER) is taken only by a worker that holds nothing else:
-# ``isolation_bar`` is ISOLATE_AFTER for a busy worker and no bar at all for an idle one (one
-# statement text either way).
-#
-# Deferred rows: one ordered scan ``queue = q AND run_after <= now ORDER BY priority DESC, run_after,
-# id`` meets a higher priority's deferred rows before a lower priority's due ones, and (run_after being
-# behind priority in the index) steps over every one of them. PostgreSQL 18's skip scan jumps over
-# them; 13-17 have none, and 300,000 deferred rows made a claim cost x32 on PostgreSQL 15. So the
-# claim walks the priorities itself (a manual skip scan, on every major): ``levels`` is the queue's
-# distinct priorities among READY rows, highest first, each found by one index probe (the next
-# priority below the last: ``ORDER BY priority DESC LIMIT 1``, an index-only scan that stops at the
-# first live entry); for each, in that order, a LATERAL range scan ``priority = p AND run_after <=
-# now ORDER BY run_after, id`` takes the due rows, locking as it goes. A nested loop pulls rows one by
-# one through the outer LIMIT, so no row is locked that is not claimed (tests/db/test_claim_plans.py
-# counts the LockRows output), and a level is probed only once the levels above it gave too little.
-# The recursion emits one row per step, so the CTE scan yields the levels in priority order with no
-# Sort. Its cost: one probe per distinct priority holding READY rows above the first one with due
-# rows (a handful), not one per deferred row. A step to the next priority must find a *live* entry:
-# index entries of rows that left READY and are not yet vacuumed are stepped over (as the old scan
-# stepped over those at the front of its range; each is marked dead in the index on first visit).
-#
-# A pick that locks with LIMIT … FOR UPDATE SKIP LOCKED must run exactly once per statement: as an
-# uncorrelated ARRAY(…) (an InitPlan) here, as a MATERIALIZED CTE where its columns are needed. Joined
-# as a subquery (FROM (…) AS picked WHERE t.id = picked.id), it may be planned as the inner side of
-# a nested loop and run again for every row of the outer table (statistics that say the table is
-# empty lead there); each run skips the rows the statement already changed and locks the next ones,
-# so a claim of 5 took a queue's every task (tests/db/test_pick_once.py).
-# A paused queue (a row of tasks_queuecontrol) gives nothing: checked once per queue per statement
-# (a primary-key probe), so a pause holds from the next claim of every worker and HTTP client.
-#
-# Resuming where the last claims stopped. Beside an old snapshot (a forgotten
-# transaction, an analytics query, pg_dump) no claimed row's index entry can be removed, nor marked
-# dead: each claim used to step over every row claimed since the snapshot was taken, one heap visit
-# each, from the front of its level (100,000 tasks drained at 0.40x of their free rate). A worker
-# passes, per queue and priority level, the position (run_after, id) of the last row it claimed
-# there (``after_queues``, ``after_priorities``, ``after_run_afters``, ``after_ids``; empty arrays: a
-# scan from the start). A worker of several queues keeps one per queue and level: both steps of
-# PICK_MANY (the shares and the locking) scan each level after its queue's position.
-# A level with a position is range-scanned after it. The walk over the levels never crosses the front
-# of a level it has a position for: from a level L it probes only the priorities between L and the
-# highest positioned level below L, and falls back to that level itself (K below). A level above
-# every position is found by the same probe from the top, so a new higher-priority task is taken at
-# once. What a position passes over, a READY row that appeared behind it (a hand-back keeping its
-# place, a keyed task admitted when a slot freed, a row another claimer skipped and let go), the
-# worker's next scan from the start takes: a worker resumes only while its claims come back full (a
-# backlog), scans from the start after a short one, and at least every RESCAN_INTERVAL
-# (tasks/worker/dispatcher.py), so such a row waits at most that long.
+# The plain claim (the whole why: docs/explanation/claims.md, "The plain claim"). The pick reads the
+# partial index tasks_task_claim_idx (queue, priority DESC, run_after, id, shared_crashes) WHERE READY
+# and locks with SKIP LOCKED, so it reads only its own queue's runnable rows. It walks the queue's
+# priorities itself (``levels``: one index probe per priority, a manual skip scan) and range-scans
+# each level's due rows, so deferred rows cost nothing on any PostgreSQL major. The pick runs once
+# per statement (an InitPlan, or a MATERIALIZED CTE: tests/db/test_pick_once.py). A paused queue gives
+# nothing; a task that must run isolated goes only to an idle worker (``isolation_bar``). While its
+# claims come back full, a worker resumes after its last claimed position per queue and level (the
+# ``after_*`` arrays), so an old snapshot's unremovable entries are not stepped over again; it scans
+# from the start after a short claim and at least every RESCAN_INTERVAL.
 _POSITIONS = (
     "unnest(%(after_queues)s::text[], %(after_priorities)s::smallint[], %(after_run_afters)s::timestamptz[],"
     " %(after_ids)s::bigint[]) AS k(queue, priority, run_after, id)"
@@ -111,6 +70,10 @@ def _start(queue: str) -> str:
                COALESCE((SELECT k.id {where}), 0) AS id"""
 
 
+# One queue: the ``levels`` walk, then each level's due rows after its start, locking as it goes,
+# all inside ARRAY(...): an uncorrelated InitPlan, run once per statement. Joined as a subquery it may
+# run again for every row of the outer table, each run locking the next rows (a claim of 5 took a
+# queue's every task: tests/db/test_pick_once.py; docs/explanation/claims.md, "A pick runs once").
 PICK_ONE = f"""
 WHERE t.id = ANY(ARRAY(
     WITH RECURSIVE levels(priority) AS (
@@ -185,103 +148,14 @@ WHERE t.id = ANY(ARRAY(
     LIMIT %(limit)s -- cuts nothing (the shares add up to at most this); tells the planner how few rows come
 ))"""
 
-# Fair queues (LEASING_TASKS["FAIR_QUEUES"]): a claim takes turns between the queue's keys (tenants,
-# ``fair_key``) instead of draining the oldest key first. Plain queues never send this pick (their
-# statements are the ones above, unchanged). It reads tasks_task_fair_idx (queue, fair_key, priority
-# DESC, run_after, id) WHERE status = 'READY' AND fair_key IS NOT NULL:
-#
-# - ``walk``: the keys with due rows, in key order, starting after ``fair_after`` (where this
-#   claimer's last walk went: FAIR_CURSOR; NULL: from the first key) and wrapping around once, at
-#   most ``limit`` of them: a loose index scan, one index probe per key (the first entry above the
-#   last key in the index's own order, ``ORDER BY fair_key, priority DESC, run_after, id LIMIT 1``,
-#   as the levels walk finds priorities). That entry is the first READY row of the key's highest
-#   priority level, and a level's first row is its earliest (run_after is the next index column), so
-#   the same probe says whether that level is due; when it is not, the key's lower levels are probed
-#   one at a time until one is (``_due``: lazy, the ``own`` walk's probes). ``wrapped``: past the
-#   last key, back from the first; the lap ends at ``fair_after`` itself (served last).
-#   A key with nothing due (every READY row of it deferred: run_after in the future, snoozed,
-#   scheduled) takes no turn: the walk passes over it. When it took one (breaker 33), 100 tenants
-#   with only deferred tasks took nearly every turn of every claim, and the room they left went to
-#   the fill, the oldest tenant's backlog: a noisy tenant started 1,020 tasks while four small ones
-#   started their 40. A fair fill (the room dealt again to the walked keys with due rows) could not
-#   mend that: when the walk's ``limit`` keys have nothing due there is no such key to deal to. The
-#   walk has to reach further, and once it does, the quotas below deal the whole ``limit`` between
-#   the keys it found. So that 100,000 keys with nothing due still cost a bounded claim, the walk
-#   visits at most _WALK_KEYS keys in all (FAIR_WALK_KEYS_PER_TURN * limit + FAIR_WALK_KEYS_EXTRA,
-#   72 for a claim of 10), those it passes over included (two probes each: its entry, and the level
-#   below it that is not there): its cost is bounded by the claim's limit, never by the number of
-#   keys or rows. When it stops there, the next claim goes on from the last key it visited
-#   (FAIR_CURSOR), so every key with due rows is reached within keys / _WALK_KEYS claims; during
-#   such a lap, claims whose walk finds fewer than ``limit`` keys with due rows leave the room to the
-#   fill. A key whose due rows are all locked by other claimers (or wait for an idle worker: the
-#   isolation bar) still takes its turn; SKIP LOCKED decides what its turn gives.
-# - ``fair``: each key of the walk, in walk order, gives its due rows in its own claim order
-#   (priority DESC, run_after, id), at most its turn's quota, locking as it goes (SKIP LOCKED): the
-#   claim's ``limit`` turns dealt one at a time round the lap's keys, so key number n of k takes
-#   (limit - n) / k + 1 and the quotas add up to ``limit`` exactly (none is cut short by the LIMIT):
-#   two tenants share a claim half and half, a thousand take one each, ``limit`` at a time, the
-#   next claim dealing on after the key that took the last turn (FAIR_CURSOR, returned on each row:
-#   the statement's walk says where it went, the client reasons about no key order). With 3 turns
-#   over keys a and b, a takes 2 and b 1, and the next claim starts at b (b 2, a 1).
-#   Priorities order a key's own tasks; they do not let one key go before the others: a tenant that
-#   enqueues everything at a high priority cannot starve the rest (keys take turns whatever their
-#   priorities). A key's turn walks its own priorities (``own``: one probe per level, for the level's
-#   first READY row, where that level's scan starts), and each level's scan ends at its first row not
-#   yet due (run_after is the next index column), so deferred rows of a higher priority in front of a
-#   key's due ones are passed over level by level, never read one by one (one range scan over the key
-#   in (priority DESC, run_after, id) order read every one of them: 3,056 blocks for a claim of 10
-#   behind 200,000 such rows on PostgreSQL 15, 164 now, bench/fair_claims.py; 18's skip scan did the
-#   same walk by itself). The walk is lazy: it stops at the level that fills the key's quota. Its
-#   scans start after the claimer's positions in the key (below).
-# - the fill: a claim is never short while due rows are left. When the keys' turns leave room (fewer
-#   keys with due rows within the walk's reach than the claim's limit, with fewer due rows than
-#   their quota, or locked; rows of the queue enqueued before it became fair, with no key), the
-#   rest comes from the plain pick over tasks_task_claim_idx (the levels walk of PICK_ONE from
-#   each level's front, or after the claimer's positions: below), passing over the rows ``fair``
-#   took.
-#   Its LIMIT is the room left: 0 when ``fair`` filled the claim, and a Limit of 0 reads nothing.
-#
-# ``fair`` is a MATERIALIZED CTE (locking rows, it must run exactly once: see above), bounded by
-# ``limit`` inside; the fill reads its ids once (an InitPlan). The CTEs sit at the top of the claim
-# statement (WITH RECURSIVE: ``walk`` and ``levels`` recurse) so that RETURNING can read the walk;
-# the finish-and-claim forms put them after ``finished``.
-#
-# Resuming beside an old snapshot (breaker 33): no claimed row's entry can be removed from either
-# index while the snapshot lives, and a scan from a key's front (or a level's, for the fill) steps
-# over every row of it claimed since the snapshot began, one heap visit each: under a noisy tenant
-# (the case fair queues exist for) each claim's cost grew with the rows claimed (368 -> 14,637 blocks
-# after 50,000 claims, 1,000,000 rows, PostgreSQL 15). So a fair claim resumes as a plain one does
-# ("Resuming where the last claims stopped" above, the same worker rules: positions only while its
-# claims come back full, dropped at each claim from the front, at least every RESCAN_INTERVAL):
-# - each key's turn starts after the claimer's last row of that key and level (``after_key_positions``:
-#   ``mine``, the key's own, read once per turn): ``own`` walks the key's levels as _next_level walks
-#   a queue's, its probe bounded by the highest positioned level below (a new higher priority of the
-#   key, or a level between two positioned ones, is found at once; a positioned level is scanned
-#   after its position, never from its front). A worker keeps the positions of the keys it claimed
-#   from most recently (4 x its batch size: FairPositions), and sends them only while its claims come
-#   back to those keys (going round more keys, it would send them for nothing); a key without one
-#   starts from its front.
-# - the fill starts each level after the claimer's plain positions (``placed``; from its front
-#   without one), which come from the rows the fill took only (FAIR_CLAIM_RETURNING says which): the
-#   rows a key's turn took are no place in the level's order (the other keys' rows before them are
-#   not claimed).
-# - the walk never probes across a key the claimer has positions in (the next one above the last
-#   key, found in their sorted names: ``_positioned_after``): its probe for the next key stops short
-#   of it, and when nothing lies between, that key is the next one, its due rows looked for after
-#   its positions (``_due_after_positions``: its turn's own levels, each probed for a due row after
-#   where its scan starts). A probe from the key's front stepped over every row of it claimed since
-#   the snapshot began: under a noisy tenant, most of what a claim still read (3,511 of 3,773 blocks
-#   beside 50,000 claimed, bench/fair_claims.py --only-noisy, PostgreSQL 15; 93 now, 86 without the
-#   snapshot, 7,650 from the front). A positioned key with nothing due after its positions takes no
-#   turn, as any key with nothing due.
-# What a position passes over (a hand-back, a recovered row, an enqueue with run_after in the past,
-# behind the key's last claimed row) is taken by the key's first turn after the next claim from the
-# front: never skipped for good, as in a plain queue. A turn given positions takes the rows a turn
-# from the front takes otherwise (tests/db/test_fair_positions.py drains twin queues both ways).
-# Measured (bench/fair_claims.py, PostgreSQL 15, 1,000,000 rows, 1,000 keys): a claim of 10 reads 158
-# blocks in its pick; beside a REPEATABLE READ snapshot held while 20,000 rows (20 per key) were
-# claimed, 584. A claim of 10 whose walk starts among 100,000 keys with nothing due reads 459 (its 72
-# keys), where the walk that gave them turns read 148 and gave the claim to the fill.
+# Fair queues (LEASING_TASKS["FAIR_QUEUES"]; the whole why: docs/explanation/claims.md, "The fair
+# claim"). A claim takes turns between the queue's keys over tasks_task_fair_idx (queue, fair_key,
+# priority DESC, run_after, id). ``walk``: the keys with due rows, in key order after FAIR_CURSOR, one
+# index probe per key, at most _WALK_KEYS visited (bounded by the claim's limit, never by keys or
+# rows). ``fair``: each walked key's due rows up to its quota (the limit dealt round the keys), its
+# own priorities walked level by level. The fill: the plain pick takes the room left, so a claim is
+# never short while due rows are left. Beside an old snapshot, each key's turn, the fill and the walk
+# resume after the claimer's positions, as the plain claim does.
 _FAIR_ROWS = "status = 'READY' AND queue = %(queue)s"
 # The scans of one key's rows (``fair_key = ...``, a strict comparison, implies tasks_task_fair_idx's
 # ``fair_key IS NOT NULL``) do not repeat that predicate: written out, it is one more index condition

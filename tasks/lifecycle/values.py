@@ -275,7 +275,7 @@ def claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
 @dataclass(frozen=True, slots=True)
 class ClaimPosition:
     """A place in a queue's claim order (priority high to low, then run_after, then id): a claim
-    given one starts after it in that queue and level (tasks/lifecycle/claim.py, "Resuming
+    given one starts after it in that queue and level (docs/explanation/claims.md, "Resuming
     where the last claims stopped")."""
 
     queue: str

@@ -52,7 +52,7 @@ class AttemptOperations(OperationsBase):
         With ``start`` the attempts begin (and are charged) at once, as for an HTTP client; a
         worker claims without it and sends :meth:`start` when an executor begins the task. With
         ``after`` (positions, at most one per priority; one queue only) the claim resumes after them
-        instead of scanning each level from its front (tasks/lifecycle/claim.py, "Resuming
+        instead of scanning each level from its front (docs/explanation/claims.md, "Resuming
         where the last claims stopped").
 
         From one fair queue (LEASING_TASKS["FAIR_QUEUES"]) the claim takes turns between the keys,

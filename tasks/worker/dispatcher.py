@@ -123,7 +123,7 @@ class Dispatcher:
         self._pending_starts: dict[Key, tuple[Execution, float, float]] = {}
         self._deferred: list[tuple[float, Outcome]] = []  # outcomes whose row was locked: (retry at, outcome)
         # Where the last claims stopped, per priority level: the next claims resume there instead of
-        # stepping over every row claimed since an old snapshot began (tasks/lifecycle/claim.py,
+        # stepping over every row claimed since an old snapshot began (docs/explanation/claims.md,
         # "Resuming where the last claims stopped"). Until the next scan from the start is due.
         # Only while claims come back full (a backlog is being drained): after a short one the next
         # scans from the start. Rows become READY behind the positions all the time where a queue
