@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
@@ -72,6 +73,18 @@ FAIR_POSITIONS_PER_BATCH = 4
 #: The lock wait of a retried write that met a lock (ms): short, so that the retry keeps its rows
 #: locked, away from the heartbeat, no longer than that while the other session holds on.
 DEFERRED_LOCK_WAIT_MS = 50
+
+
+@dataclass
+class _Written:
+    """What a round's writes came to: the outcomes accepted, the start markers' answers, the claim
+    (None: it failed), the results the database refused, and whether the round's statement committed."""
+
+    accepted: set[Key]
+    marked: dict[Key, Any]
+    claimed: list[ClaimedTask] | None
+    refused: list[Outcome] = field(default_factory=list)
+    committed: bool = True
 
 
 class Dispatcher:
@@ -339,132 +352,152 @@ class Dispatcher:
         to_hand: dict[bool, int] | None = None,
     ) -> list[ClaimedTask] | None:
         """Write outcomes and start markers, claim ``claim`` more, hand the executors as many attempts
-        as ``to_hand`` allows per kind (none at the end): one statement in the steady state."""
-        session = self.session
-        manager = session.tasks()
+        as ``to_hand`` allows per kind (none at the end): one statement in the steady state. A pipeline:
+        the failures written (``writer.fail``), the round's statement (:meth:`_write`, or
+        :meth:`_reconcile` when it did not commit), the markers' answers, the outcomes whose row was
+        locked put off, the results the database refused failed instead, every outcome settled, and
+        the claimed attempts routed to the executors."""
         failures = [o for o in outcomes if not o.ok]
         successes = [o for o in outcomes if o.ok]
         ended = {o.key for o in outcomes}
         # An attempt that already ended is marked by the statement that records its end.
         starts = [(e, at) for e, at in starts if e.key not in ended]
         failed = self.writer.fail(failures) if failures else set()
+        plan = Plan()
+        if to_hand is not None:
+            plan = self.handoff.plan(
+                to_hand, claim=claim, async_share=self.pace.async_share, has_loop=self.aio is not None
+            )
+        sent = clock.monotonic()
+        try:
+            written = self._write(successes, starts, claim, plan, sent, idle=idle)
+        except (*CONNECTION_ERRORS, DatabaseError) as exc:
+            written = self._reconcile(exc, successes, starts, claim)
+            self.handoff.not_sent(plan)
+        self._mark_started(starts, written.marked)
+        successes, failures = self._put_off_locked(successes, failures)
+        if written.refused:
+            for outcome in written.refused:
+                outcome.failure = minimal_failure(outcome, "the database refused the result")
+                outcome.value_json = None
+            failed |= self.writer.fail(written.refused)
+            failures += written.refused
+            successes = [o for o in successes if o.ok]
+        self._settle(successes, written.accepted, failures, failed)
+        if written.committed and (written.claimed or plan.releasing):
+            session = self.session
+            tasks = written.claimed or []
+            self._route(plan, tasks, [Execution(task, session.id, session.ttl, sent, session.using) for task in tasks])
+        return written.claimed
+
+    def _write(
+        self, successes: list[Outcome], starts: list[tuple[Execution, float]], claim: int, plan: Plan, sent: float, *,
+        idle: bool,
+    ) -> _Written:  # fmt: skip
+        """The round's one statement (FINISH_START_CLAIM_SQL): the results, the start markers, the
+        claim and the names the hand-off puts on the worker's row; only results, the lighter finish."""
+        session = self.session
+        manager = session.tasks()
         results = [
             (o.execution.id, o.execution.token, o.value_json or "null", o.execution.started_epoch) for o in successes
         ]
         markers = [(e.id, e.token, at) for e, at in starts]
-        accepted: set[Key] = set()
-        claimed: list[ClaimedTask] | None = []
-        refused: list[Outcome] = []
-        sent = clock.monotonic()
+        session.bind()
+        if not (markers or claim or plan.names is not None):
+            return _Written(manager.complete_many(session.id, results) if results else set(), {}, [])
         resume = bool(claim) and self._resume and sent < self._scan_from_start_at
-        after = list(self._positions.values()) if resume else []
         # (a worker that goes round more keys than it keeps positions in would send them for nothing)
         send_keys = resume and self.fair_cursor is not None and self._fair_positions.revisits
-        fair_positions = self._fair_positions if send_keys else ()
         fair_after = self.fair_cursor.current() if claim and self.fair_cursor is not None else None
-        handoff = self.handoff
-        plan = Plan()
-        if to_hand is not None:
-            plan = handoff.plan(to_hand, claim=claim, async_share=self.pace.async_share, has_loop=self.aio is not None)
-        committed = False
-        try:
-            session.bind()
-            if markers or claim or plan.names is not None:
-                accepted, marked, claimed = manager.finish_start_claim(
-                    session.id,
-                    results,
-                    markers,
-                    limit=claim,
-                    queues=self.queues,
-                    ttl=session.ttl,
-                    isolate_after=self.isolate_after,
-                    # a task to run isolated goes only to a worker holding nothing else
-                    take_isolated=idle and self.zombies() == 0,
-                    after=after,
-                    fair_after=fair_after,
-                    fair_positions=fair_positions,
-                    handed=plan.names,
-                    release=plan.release,
-                    rated_queues=sorted(plan.rated_queues),
+        accepted, marked, claimed = manager.finish_start_claim(
+            session.id,
+            results,
+            markers,
+            limit=claim,
+            queues=self.queues,
+            ttl=session.ttl,
+            isolate_after=self.isolate_after,
+            # a task to run isolated goes only to a worker holding nothing else
+            take_isolated=idle and self.zombies() == 0,
+            after=list(self._positions.values()) if resume else [],
+            fair_after=fair_after,
+            fair_positions=self._fair_positions if send_keys else (),
+            handed=plan.names,
+            release=plan.release,
+            rated_queues=sorted(plan.rated_queues),
+        )
+        self.handoff.timed(clock.monotonic() - sent)
+        if claim:
+            if self.fair_cursor is not None:
+                self.fair_cursor.advance(
+                    fair_after_claim(claimed, fair_after),
+                    claim=sent,
+                    turns=[t.fair_key for t in claimed if t.fair_turn and t.fair_key is not None],
                 )
-                handoff.timed(clock.monotonic() - sent)
-                if claim:
-                    if self.fair_cursor is not None:
-                        self.fair_cursor.advance(
-                            fair_after_claim(claimed, fair_after),
-                            claim=sent,
-                            turns=[t.fair_key for t in claimed if t.fair_turn and t.fair_key is not None],
-                        )
-                    self._remember(claimed, sent, resumed=resume)
-                    self._resume = len(claimed) == claim
-                    self._resumed_short = resume and len(claimed) < claim
-            else:  # only results: the plain finish statement is lighter to send
-                accepted, marked = (manager.complete_many(session.id, results) if results else set()), {}
-            committed = True
-        except CONNECTION_ERRORS as exc:
-            claimed = None
-            if is_lock_wait(exc):
-                # A row of ours is locked by another session: nothing committed, the connection is
-                # fine. Write the rest one by one now; the locked one waits for a later round.
-                logger.warning(
-                    "worker %s: what it is finishing waits for a lock another session holds (a row, or a workflow's"
-                    " settle while an operator's transaction requeues a member): %s",
-                    session.id,
-                    exc,
-                )
-                accepted, refused = self.writer.complete(successes)
-                marked = self._resend_markers(starts)
-            else:
-                self.writer.connection_lost("finish-start-claim", exc)
-                accepted, refused = self.writer.reconcile(self.writer.completions, successes)
-                marked = self._resend_markers(starts)
-                if claim:
-                    self.writer.return_unknown_claims(lambda key: key in self.ledger)
-                self.mailbox.wait(min(session.poll_interval, 0.5))
-        except DatabaseError as exc:
-            # Refused, not lost: something in it cannot be stored. Nothing committed; isolate.
-            logger.warning("worker %s: round refused by the database (%s); isolating", session.id, exc)
-            claimed = None
-            accepted, refused = self.writer.complete(successes)
+            self._remember(claimed, sent, resumed=resume)
+            self._resume = len(claimed) == claim
+            self._resumed_short = resume and len(claimed) < claim
+        return _Written(accepted, marked, claimed)
+
+    def _reconcile(
+        self, exc: Exception, successes: list[Outcome], starts: list[tuple[Execution, float]], claim: int
+    ) -> _Written:
+        """The one path of a round whose statement did not commit (nothing of it did): its results
+        written again one by one, or, its connection lost, found out from the database (a commit may
+        have landed before the reply was lost); its markers sent again; its claim, if any landed,
+        given back. Nothing is claimed."""
+        session = self.session
+        writer = self.writer
+        if isinstance(exc, CONNECTION_ERRORS) and not is_lock_wait(exc):
+            writer.connection_lost("finish-start-claim", exc)
+            accepted, refused = writer.reconcile(writer.completions, successes)
             marked = self._resend_markers(starts)
+            if claim:
+                writer.return_unknown_claims(lambda key: key in self.ledger)
+            self.mailbox.wait(min(session.poll_interval, 0.5))
+            return _Written(accepted, marked, None, refused, committed=False)
+        if isinstance(exc, CONNECTION_ERRORS):
+            # A row of ours is locked by another session: the connection is fine. The locked one
+            # waits for a later round (the writer puts it off).
+            logger.warning(
+                "worker %s: what it is finishing waits for a lock another session holds (a row, or a workflow's"
+                " settle while an operator's transaction requeues a member): %s",
+                session.id,
+                exc,
+            )
+        else:  # refused, not lost: something in it cannot be stored; written one by one, it is isolated
+            logger.warning("worker %s: round refused by the database (%s); isolating", session.id, exc)
+        accepted, refused = writer.complete(successes)
+        return _Written(accepted, self._resend_markers(starts), None, refused, committed=False)
+
+    def _mark_started(self, starts: list[tuple[Execution, float]], marked: dict[Key, Any]) -> None:
+        """The start markers' answers: recorded (the attempt's number from its row), met a locked row
+        (sent again a little later), or refused (the claim is no longer ours: the attempt is lost)."""
         for execution, at in starts:
             started = marked.get(execution.key)
-            if started is not None:
-                if started is not LOCKED:
-                    execution.attempt = started.attempt
-                    handoff.on_row([execution.key])
-                else:  # its row is locked right now: send the marker again a little later
-                    self._pending_starts[execution.key] = (execution, at, clock.monotonic() + 0.5)
-            else:
-                handoff.refused([execution.key])
+            if started is None:
+                self.handoff.refused([execution.key])
                 if not execution.lost:
                     execution.mark_lost("its start could not be recorded: the claim is no longer ours")
+            elif started is LOCKED:
+                self._pending_starts[execution.key] = (execution, at, clock.monotonic() + 0.5)
+            else:
+                execution.attempt = started.attempt
+                self.handoff.on_row([execution.key])
+
+    def _put_off_locked(self, successes: list[Outcome], failures: list[Outcome]) -> tuple[list[Outcome], list[Outcome]]:
+        """Outcomes whose write met a locked row wait for a round of their own (_write_deferred); the
+        heartbeat keeps their leases until the write goes through (``write_waits``). Returns the rest."""
         deferred = self.writer.deferred
-        if deferred:
-            self.writer.deferred = []
-            keys = {o.key for o in deferred}
-            successes = [o for o in successes if o.key not in keys]
-            failures = [o for o in failures if o.key not in keys]
-            retry_at = clock.monotonic() + 0.5
-            for outcome in deferred:
-                # The heartbeat keeps its lease until the write goes through (write_waits), and each
-                # retry holds the rows only DEFERRED_LOCK_WAIT_MS (_write_deferred).
-                outcome.execution.write_waits = True
-                self._deferred.append((retry_at, outcome))
-        if refused:
-            for outcome in refused:
-                outcome.failure = minimal_failure(outcome, "the database refused the result")
-                outcome.value_json = None
-            failed |= self.writer.fail(refused)
-            failures += refused
-            successes = [o for o in successes if o.ok]
-        if not committed:
-            handoff.not_sent(plan)
-        self._settle(successes, accepted, failures, failed)
-        if committed and (claimed or plan.releasing):
-            tasks = claimed or []
-            self._route(plan, tasks, [Execution(task, session.id, session.ttl, sent, session.using) for task in tasks])
-        return claimed
+        if not deferred:
+            return successes, failures
+        self.writer.deferred = []
+        keys = {o.key for o in deferred}
+        retry_at = clock.monotonic() + 0.5
+        for outcome in deferred:
+            outcome.execution.write_waits = True
+            self._deferred.append((retry_at, outcome))
+        return [o for o in successes if o.key not in keys], [o for o in failures if o.key not in keys]
 
     def _remember(self, claimed: list[ClaimedTask], sent: float, *, resumed: bool) -> None:
         """Where this claim stopped in each level it took rows from. A scan from the start replaces
