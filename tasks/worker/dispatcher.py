@@ -87,52 +87,61 @@ class _Written:
     committed: bool = True
 
 
+@dataclass(frozen=True)
+class DispatcherSettings:
+    """What the worker's options fix for its rounds."""
+
+    queues: list[str]
+    batch_size: int
+    prefetch_window: float
+    isolate_after: int
+    max_tasks: int | None = None
+
+
+@dataclass(frozen=True)
+class DispatcherParts:
+    """The worker's parts the dispatcher drives, each built by the Worker from its one Session."""
+
+    threads: ThreadExecutors
+    aio: AsyncExecutor | None
+    gate: IsolationGate
+    reservation: IsolationReservation
+    slots: KeptSlots
+    heartbeat: Heartbeat
+    writer: OutcomeWriter
+    signals: FinishedSignals
+    resolve: HandlerCache
+    pace: Pace
+    request_stop: Callable[[], None]
+    # A fair queue's turns start where the database's claimers left them (tasks/models/fair_cursor.py).
+    fair_cursor: SharedFairCursor | None = None
+
+
 class Dispatcher:
     def __init__(
-        self,
-        session: Session,
-        mailbox: Mailbox,
-        ledger: Ledger,
-        *,
-        queues: list[str],
-        batch_size: int,
-        prefetch_window: float,
-        isolate_after: int,
-        max_tasks: int | None,
-        threads: ThreadExecutors,
-        aio: AsyncExecutor | None,
-        gate: IsolationGate,
-        reservation: IsolationReservation,
-        slots: KeptSlots,
-        heartbeat: Heartbeat,
-        writer: OutcomeWriter,
-        signals: FinishedSignals,
-        resolve: HandlerCache,
-        pace: Pace,
-        request_stop: Callable[[], None],
-        fair_cursor: SharedFairCursor | None = None,
+        self, session: Session, mailbox: Mailbox, ledger: Ledger, settings: DispatcherSettings, parts: DispatcherParts
     ) -> None:
         self.session = session
         self.mailbox = mailbox
         self.ledger = ledger
-        self.queues = queues
-        self.batch_size = batch_size
-        self.prefetch_window = prefetch_window
-        self.isolate_after = isolate_after
-        self.max_tasks = max_tasks
-        self.threads = threads
-        self.aio = aio
-        self.gate = gate
-        self.reservation = reservation
-        self.slots = slots
-        self.heartbeat = heartbeat
-        self.writer = writer
-        self.signals = signals
-        self.resolve = resolve
-        self.pace = pace
-        self.request_stop = request_stop
+        self.queues = settings.queues
+        self.batch_size = settings.batch_size
+        self.prefetch_window = settings.prefetch_window
+        self.isolate_after = settings.isolate_after
+        self.max_tasks = settings.max_tasks
+        self.threads = parts.threads
+        self.aio = parts.aio
+        self.gate = parts.gate
+        self.reservation = parts.reservation
+        self.slots = parts.slots
+        self.heartbeat = parts.heartbeat
+        self.writer = parts.writer
+        self.signals = signals = parts.signals
+        self.resolve = parts.resolve
+        self.pace = parts.pace
+        self.request_stop = parts.request_stop
         self.handbacks = HandBacks(session, mailbox, ledger, signals)
-        self.handoff = HandOff(ledger, queues=queues)
+        self.handoff = HandOff(ledger, queues=self.queues)
         self._pending_starts: dict[Key, tuple[Execution, float, float]] = {}
         self._deferred: list[tuple[float, Outcome]] = []  # outcomes whose row was locked: (retry at, outcome)
         # Where the last claims stopped, per priority level: the next claims resume there instead of
@@ -147,7 +156,7 @@ class Dispatcher:
         # The same for a fair queue's keys: where its last claims stopped in each key (and level) they
         # took rows from, so that a key's next turn resumes there (tasks/lifecycle/claim.py,
         # ``mine``), kept and dropped with the positions above; the most recent few only (FairPositions).
-        self._fair_positions = FairPositions(FAIR_POSITIONS_PER_BATCH * batch_size)
+        self._fair_positions = FairPositions(FAIR_POSITIONS_PER_BATCH * self.batch_size)
         self._scan_from_start_at = 0.0
         self._resume = False  # the last claim came back full
         self._resumed_short = False  # the last claim resumed and came back short: look again at once
@@ -158,7 +167,7 @@ class Dispatcher:
         # them all rather than starting from the first key every time; its first claim starts where
         # the database's claimers left the turns (the shared cursor, written back at most once a
         # second and at a clean stop: tasks/models/fair_cursor.py). None for any other claim.
-        self.fair_cursor = fair_cursor
+        self.fair_cursor = parts.fair_cursor
 
     # -- sizing -------------------------------------------------------------------------------------
 

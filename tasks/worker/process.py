@@ -41,7 +41,7 @@ from tasks.maintenance.service import Services
 from tasks.models import SharedFairCursor
 from tasks.models.task_attempts import is_fair_claim
 from tasks.worker.aio import AsyncExecutor
-from tasks.worker.dispatcher import Dispatcher
+from tasks.worker.dispatcher import Dispatcher, DispatcherParts, DispatcherSettings
 from tasks.worker.handlers import HandlerCache
 from tasks.worker.heartbeat import Heartbeat
 from tasks.worker.identity import default_worker_name, incarnation_id, record_stop, register
@@ -150,37 +150,38 @@ class Worker:
             running=lambda now: ledger.census(now).running + self.dispatcher.zombies(),
             live=self.slots.live_attempts,
         )
-        self.dispatcher = Dispatcher(
-            session,
-            mailbox,
-            ledger,
+        settings = DispatcherSettings(
             queues=self.queues,
             batch_size=self.batch_size,
             prefetch_window=conf.PREFETCH_WINDOW if prefetch_window is None else prefetch_window,
             isolate_after=conf.ISOLATE_AFTER,
             max_tasks=max_tasks,
+        )
+        reservation = IsolationReservation(
+            using=using,
+            worker_id=session.id,
+            queues=self.queues,
+            isolate_after=conf.ISOLATE_AFTER,
+            ttl=session.ttl,
+            interval=session.poll_interval,
+        )
+        parts = DispatcherParts(
             threads=self.threads,
             aio=self.aio,
-            reservation=IsolationReservation(
-                using=using,
-                worker_id=session.id,
-                queues=self.queues,
-                isolate_after=conf.ISOLATE_AFTER,
-                ttl=session.ttl,
-                interval=session.poll_interval,
-            ),
+            gate=gate,
+            reservation=reservation,
+            slots=slots,
             heartbeat=self.heartbeat,
             writer=self.writer,
             signals=self.signals,
-            request_stop=self.request_stop,
-            gate=gate,
-            slots=slots,
             resolve=resolve,
             pace=pace,
+            request_stop=self.request_stop,
             # a fair queue's turns start where the claimers of the database left them, not at the
             # first key every time this process starts (tasks/models/fair_cursor.py)
             fair_cursor=SharedFairCursor(self.queues[0], using) if is_fair_claim(self.queues, 1) else None,
         )
+        self.dispatcher = Dispatcher(session, mailbox, ledger, settings, parts)
         self.wakeup = wakeup_for(using, session.poll_interval)
         self.services = Services()
         self._stopped = threading.Event()  # run() has returned
