@@ -244,7 +244,7 @@ def check_task_framework(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
 def history_retention_warnings(retention: dict[str, Any] | None) -> list[CheckMessage]:
     """A finished task is counted into the history once its hour has been over for FINAL_AFTER
     (tasks/maintenance/history.py): up to an hour and five minutes after it finished. A retention
-    shorter than that prunes it first, and the history shows its hour without it (breaker 32)."""
+    shorter than that prunes it first, and the history shows its hour without it."""
     import datetime as dt
 
     from tasks.maintenance.history import FINAL_AFTER

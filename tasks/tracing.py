@@ -135,7 +135,7 @@ def enqueuing(
 
 def _storable_carrier(carrier: dict[Any, Any]) -> str:
     """The carrier as the JSON text the row keeps: text keys and values only, none that jsonb cannot
-    hold (NUL, lone surrogates). Raises ValueError otherwise (breaker 32: a propagator writing bytes,
+    hold (NUL, lone surrogates). Raises ValueError otherwise (a propagator writing bytes,
     NaN or NUL stopped the enqueue)."""
     for key, value in carrier.items():
         if not isinstance(key, str) or not isinstance(value, str):

@@ -93,7 +93,7 @@ def _when(name: str, value: Any) -> str:
         raise BulkFilterError(f"{name} needs a time zone (e.g. 2026-01-31T12:00:00+00:00)", name)
     try:
         # Stored in UTC: Python reads offsets up to +-23:59 with seconds and fractions, PostgreSQL only
-        # up to +-15:59:59 in whole seconds (breaker 32: a filter the leader could not read was stored).
+        # up to +-15:59:59 in whole seconds (a filter the leader could not read was stored).
         return when.astimezone(dt.timezone.utc).isoformat()
     except (OverflowError, ValueError):
         raise BulkFilterError(f"{name} is out of range: {value!r}", name) from None

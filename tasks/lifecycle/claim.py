@@ -312,7 +312,7 @@ def _in_lap(walk: str) -> str:
 # claims (an API client's one task, a worker's last free slot) from crawling over the keys with
 # nothing due a few at a time; 4 per turn lets a worker's claim of 16 visit 96 keys. Costs
 # (bench/fair_claims.py, PostgreSQL 15): a claim of 10 among 100,000 keys with nothing due reads 459
-# blocks in its pick (8 per turn and 64: 893); breaker 33's 100 such tenants beside a backlog and
+# blocks in its pick (8 per turn and 64: 893); an attack's 100 such tenants beside a backlog and
 # four small tenants: the backlog tenant started 28 tasks while the four started their 40 (8 and
 # 64: 28 too; 2 and 16: 76).
 FAIR_WALK_KEYS_PER_TURN = 4
@@ -406,7 +406,7 @@ FAIR_CURSOR = f"""COALESCE(
 # A fair queue's cursor shared by every claimer of the database (tasks_faircursor, tasks/models/
 # fair_cursor.py): where a new claimer's turns start, so that a worker recycled by --max-tasks, killed
 # and restarted, or deployed, deals on from where the fleet's turns went instead of from the first
-# key every life (breaker 33). Off the hot path: a claimer reads it once, when it starts claiming
+# key every life. Off the hot path: a claimer reads it once, when it starts claiming
 # from the queue, and keeps its own cursor in memory from then on (FAIR_CURSOR, from each claim);
 # it writes back at most once a second, and at a clean stop. One row per fair queue: a primary-key
 # probe.
@@ -421,7 +421,7 @@ FAIR_CURSOR_READ_SQL = "SELECT fair_after FROM tasks_faircursor WHERE queue = %(
 # value is already there leaves no dead row version); ``updated_at`` is when it last moved, on the
 # database clock.
 #
-# The write never waits (breaker 34). An API claim writes inside its request's transaction and holds
+# The write never waits. An API claim writes inside its request's transaction and holds
 # the row's lock until the request commits, or longer if the request stalls; an upsert behind it
 # waited for that lock (a worker's dispatcher for its lock_timeout every round, an API request with
 # no bound at all, its claimed rows locked meanwhile). The cursor is advisory, so a writer that finds

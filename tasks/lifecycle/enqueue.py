@@ -65,7 +65,7 @@ RETURNING id, enqueued_at
 # its SELECT) before the arbiter index is checked, and that check waits for another transaction's
 # uncommitted insert of the key or delete of its row: when that one rolls back (or the delete, a
 # prune, commits), the insert goes on with the row computed before the wait, a window that may have
-# ended before the enqueue was accepted (breaker 32: 1 run in 6 through PgBouncer). So every wait
+# ended before the enqueue was accepted (1 run in 6 through PgBouncer). So every wait
 # comes first, in ``taken``: the key's transaction-level advisory lock, which every enqueue of the key
 # through this statement takes before it inserts (an uncommitted first window of the key holds it),
 # then the lock of the key's row as the snapshot has it (a prune's uncommitted delete holds that one;
@@ -124,7 +124,7 @@ SELECT a.task_id, i.enqueued_at FROM accepted AS a LEFT JOIN inserted AS i ON i.
 # start is pushed later gives its slot up in this statement: it waits BLOCKED, and the statement's
 # own admission (the AFTER UPDATE triggers of tasks/lifecycle/concurrency.py, which an upsert's DO
 # UPDATE fires) hands the slot to the key's next due waiting task; a READY task holds a slot, so one
-# that cannot run before its new start must not be READY (breaker 32: a debounce left the slot idle
+# that cannot run before its new start must not be READY (a debounce left the slot idle
 # while the key's other tasks waited). A start that stays due (``debounce_until``, the max_wait cap,
 # already passed: LEAST keeps it) keeps the slot. The cost:
 # one probe of a unique index that holds only the waiting debounced rows.

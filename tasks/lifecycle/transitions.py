@@ -309,7 +309,7 @@ STATUS_PRESERVING: tuple[str, ...] = (
 #: takes the shared key "" as an enqueue into that queue would give it (``fair_key_for``): its old id
 #: is never read by the recovery leader's tail over new rows, and its start, the newest of its level,
 #: is the last the pass over the backlog reaches, so left keyless it waited a whole pass, served only
-#: by a fill (breaker 33). A key it has is kept; a plain queue's NULL stays NULL. The fragment's one
+#: by a fill. A key it has is kept; a plain queue's NULL stays NULL. The fragment's one
 #: parameter, ``fair_queues`` (RERUN_FAIR_QUEUES), is LEASING_TASKS["FAIR_QUEUES"] as a list.
 RERUN_FAIR_QUEUES = "%(fair_queues)s"
 RERUN_SET: dict[str, str] = {

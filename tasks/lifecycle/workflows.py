@@ -11,7 +11,7 @@ transaction, through two triggers (migrations 0016 and 0017):
   task costs the WHEN clause's first test (not a BEFORE trigger: PostgreSQL locks the old row of
   every update for one of those). A counter, not a flag: another trigger of the same statement (the
   concurrency admission) may run a nested update whose statement trigger fires first, and that one
-  must leave the outer statement's moves to it (breaker 23 found keyed members never settled);
+  must leave the outer statement's moves to it (keyed members were found never settled);
 - an AFTER UPDATE statement trigger, whose own WHEN clause passes only while the counter is not zero
   (a plain task's statement calls no function), reads the statement's old and new rows (its
   transition tables) once, set-based:

@@ -49,8 +49,8 @@ class BulkRunner:
             return None
         try:
             # Bounded waits: a deposed leader stopped between its batch and its COMMIT holds the
-            # operation's row; waiting for it without end held the recovery round that runs this one
-            # (breaker 32). A lock timeout fails this round's batch, which the next round tries again.
+            # operation's row; waiting for it without end held the recovery round that runs this one.
+            # A lock timeout fails this round's batch, which the next round tries again.
             bounds = StatementBounds(statement_ms=BATCH_STATEMENT_MS, lock_ms=BATCH_LOCK_MS)
             with without_jit(), connections[self.using].execute_wrapper(bounds):
                 result = operation.run_batch(batch=self.batch_size, span=self.span, using=self.using)

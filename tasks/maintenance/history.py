@@ -88,7 +88,7 @@ WITH settled AS MATERIALIZED (
     CROSS JOIN LATERAL (
         -- Timed: a task whose last attempt ran. ``attempts`` > 0 as well as ``last_attempted_at``: a
         -- retry (bulk or an operator's) starts the count again but keeps the old attempt's time, and a
-        -- task discarded before it ran again was timed with it (breaker 32: a 48-hour "run").
+        -- task discarded before it ran again was timed with it (a 48-hour "run").
         SELECT CASE WHEN status IN ('SUCCESSFUL', 'FAILED') AND last_attempted_at IS NOT NULL AND attempts > 0
                     THEN GREATEST(EXTRACT(EPOCH FROM last_attempted_at - run_after)::float8, 0) END AS wait,
                CASE WHEN status IN ('SUCCESSFUL', 'FAILED') AND last_attempted_at IS NOT NULL AND attempts > 0
@@ -127,7 +127,7 @@ WITH settled AS MATERIALIZED (
     RETURNING 1
 ), gone AS (
     -- Overwritten whole: the keys of an earlier count with no task in the hour now (retried out of
-    -- it, pruned) go (breaker 32: their first counts stayed). Disjoint from ``stored``'s rows.
+    -- it, pruned) go (their first counts stayed). Disjoint from ``stored``'s rows.
     DELETE FROM tasks_activityhour AS g
     WHERE g.hour = %(hour)s::timestamptz
       AND NOT EXISTS (SELECT 1 FROM keyed AS k WHERE k.queue = g.queue AND k.task_path = g.task_path)

@@ -157,7 +157,7 @@ class KeylessAdopter:
                 return 0
             adopted = 0
             # Batch after batch until the newest row (a database taking more inserts a round than the
-            # batch would leave the tail further behind each round: breaker 33), at most
+            # batch would leave the tail further behind each round), at most
             # TAIL_BATCHES_PER_ROUND statements a round (the rest is read the round after).
             for _ in range(TAIL_BATCHES_PER_ROUND):
                 cursor.execute(ADOPT_NEW_KEYLESS_SQL, {"after": self.newest, "batch": self.batch, "queues": queues})

@@ -3,8 +3,8 @@
 A fair claim deals its turns on from the key that took the claimer's last turn (FAIR_CURSOR in
 tasks/lifecycle/claim.py). Kept only in a process's memory, that cursor died with the process:
 a worker recycled by ``--max-tasks``, killed and restarted, or deployed started from the first key
-every life, so with more tenants than one life's claims reach, the last ones never started a task
-(breaker 33). The row of ``tasks_faircursor`` is where a new claimer starts instead.
+every life, so with more tenants than one life's claims reach, the last ones never started a task.
+The row of ``tasks_faircursor`` is where a new claimer starts instead.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ class SharedFairCursor:
         earliest turn): a worker's drain, or an executor returning a claim it could not begin. The
         cursor goes back to just before the earliest turn handed back, so the next claimer serves that
         key and the ones after it, not passes over them. Each stop of a rolling deploy moved the
-        shared cursor past the keys of the claims it handed back (breaker 34), so the same keys went
+        shared cursor past the keys of the claims it handed back, so the same keys went
         without a start life after life; an executor's return mid-stream did the same (stop 61).
 
         Within a claim the cursor goes back to the key before the first turn handed back, not to the

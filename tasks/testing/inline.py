@@ -149,7 +149,7 @@ class InlineRunner:
         execution = InlineExecution(claimed, self.worker_id, self.ttl, clock.monotonic(), self.using)
         if rate_limited(claimed):
             # As a worker's executor does: the start is taken from the key's window, shared with
-            # every worker (breaker 32: runs here had bypassed it).
+            # every worker (runs here had bypassed it).
             started = self.tasks.rate_start(claimed.id, self.worker_id, claimed.token, queue=claimed.queue)
             if isinstance(started, RateRefused):
                 return "rate_refused"

@@ -49,7 +49,7 @@ def present(using: str = DEFAULT_DB_ALIAS) -> set[str]:
 def _has_a_value(value: Any) -> bool:
     """Whether ``value`` holds a scalar somewhere (null included). A jsonb_path_ops index has entries
     for paths to scalars only: a term of empty objects and arrays gives the index nothing to look up,
-    and the search would read all of it, so every row (breaker 32)."""
+    and the search would read all of it, so every row."""
     if isinstance(value, dict):
         return any(_has_a_value(item) for item in value.values())
     if isinstance(value, list):

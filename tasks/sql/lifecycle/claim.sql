@@ -161,7 +161,7 @@ walk(fair_key, due, wrapped, n, keys) AS (
 -- A fair queue's cursor shared by every claimer of the database (tasks_faircursor, tasks/models/
 -- fair_cursor.py): where a new claimer's turns start, so that a worker recycled by --max-tasks, killed
 -- and restarted, or deployed, deals on from where the fleet's turns went instead of from the first
--- key every life (breaker 33). Off the hot path: a claimer reads it once, when it starts claiming
+-- key every life. Off the hot path: a claimer reads it once, when it starts claiming
 -- from the queue, and keeps its own cursor in memory from then on (FAIR_CURSOR, from each claim);
 -- it writes back at most once a second, and at a clean stop. One row per fair queue: a primary-key
 -- probe.
@@ -177,7 +177,7 @@ SELECT fair_after FROM tasks_faircursor WHERE queue = %(queue)s;
 -- value is already there leaves no dead row version); ``updated_at`` is when it last moved, on the
 -- database clock.
 --
--- The write never waits (breaker 34). An API claim writes inside its request's transaction and holds
+-- The write never waits. An API claim writes inside its request's transaction and holds
 -- the row's lock until the request commits, or longer if the request stalls; an upsert behind it
 -- waited for that lock (a worker's dispatcher for its lock_timeout every round, an API request with
 -- no bound at all, its claimed rows locked meanwhile). The cursor is advisory, so a writer that finds

@@ -20,7 +20,7 @@ WHERE k.key = ANY(ARRAY(  -- run once (tasks/lifecycle/claim.py, PICK_ONE, says 
     SELECT i.key FROM tasks_ratelimit AS i
     -- The bound the index can take (idle, on the statement's clock: a volatile clock_timestamp() is
     -- no index bound), then each row's own (a whole period): a bound that depends on the row, or on
-    -- a volatile clock, is a filter, and read every live key of the index (breaker 32).
+    -- a volatile clock, is a filter, and read every live key of the index.
     WHERE i.decided_at < statement_timestamp() - make_interval(secs => %(idle)s)
       AND i.decided_at < clock_timestamp() - make_interval(secs => i.period)
     ORDER BY i.decided_at
