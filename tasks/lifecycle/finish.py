@@ -29,7 +29,8 @@ start) and every write to a held row is a compare-and-set on id + holder + token
 
 from __future__ import annotations
 
-from tasks.lifecycle.fragments import HELD, LIVE, OWNED, START_SET, STARTS, WAITING_STATUS, append_error, backoff_sql
+from tasks.lifecycle.fragments import HELD, LIVE, OWNED, START_SET, STARTS, WAITING_STATUS, append_error
+from tasks.lifecycle.policy import RETRYABLE, backoff_sql
 
 # A suspect's attempt is marked before its handler runs (one statement, by the executor).
 START_SQL = f"""
@@ -250,8 +251,7 @@ RETURNING t.id, t.token
 #   triggers settle its dependants as for any move into a final status (migration 0016).
 # One statement whatever the mix, each row a compare-and-set on id + holder + token + live lease.
 _SNOOZE = "(d.kind = 'snooze')"
-_RETRYABLE = "(d.kind = 'fail' AND d.retry AND t.failures + 1 < COALESCE(d.max_attempts, t.max_attempts))"
-_WAITS = f"({_SNOOZE} OR {_RETRYABLE})"
+_WAITS = f"({_SNOOZE} OR {RETRYABLE})"  # RETRYABLE: the retry decision's database half (policy.py)
 
 
 # When an attempt whose start marker rides on this statement began (a short attempt ends before the
@@ -276,7 +276,7 @@ FAIL_SQL = f"""
 UPDATE tasks_task AS t SET
     status = CASE WHEN {_WAITS} THEN {WAITING_STATUS} WHEN d.kind = 'cancel' THEN 'CANCELLED' ELSE 'FAILED' END,
     run_after = CASE WHEN {_SNOOZE} THEN clock_timestamp() + make_interval(secs => COALESCE(d.delay, 0))
-                     WHEN {_RETRYABLE} THEN clock_timestamp()
+                     WHEN {RETRYABLE} THEN clock_timestamp()
                           + COALESCE(make_interval(secs => d.delay), {backoff_sql("t.failures")})
                      ELSE t.run_after END,
     finished_at = CASE WHEN {_WAITS} THEN NULL ELSE clock_timestamp() END,

@@ -4,15 +4,6 @@ the backoff and the capped error history. Each statement reads whole in ``tasks/
 
 from __future__ import annotations
 
-
-def backoff_sql(exponent: str) -> str:
-    """Capped exponential backoff with 50-100 % jitter, as an interval (computed in the database)."""
-    return (
-        "make_interval(secs => LEAST(%(backoff_max)s, %(backoff_base)s * power(2, GREATEST(" + exponent + ", 0)))"
-        " * (0.5 + random() / 2))"
-    )
-
-
 # A keyed task that backs off (or whose rate key refused its start) gives its concurrency slot up: it
 # waits BLOCKED and is admitted again once due (tasks/lifecycle/concurrency.py). Its slot goes to the
 # next waiting task in the same statement.

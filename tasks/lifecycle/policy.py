@@ -9,9 +9,12 @@ Where a policy comes from, most specific first (each field is taken from the fir
 3. the task's queue: ``LEASING_TASKS["RETRY_POLICIES"][queue]``;
 4. the defaults: every exception retried, ``MAX_ATTEMPTS``, ``BACKOFF_BASE`` / ``BACKOFF_MAX``.
 
-The worker applies it when an attempt fails (tasks/worker/handlers.py), outside any transaction: it
-decides ``retry`` and the delay, and the fail statement (``FAIL_SQL``) adds the delay to the
-database clock. A backoff function returns seconds (a number >= 0) or None for the default backoff;
+The decision is here, in two halves. The worker's (:func:`decide`, called by tasks/worker/handlers.py
+when an attempt fails, outside any transaction, for a backoff is user code) says whether the
+exception is retried, after how long, under which limit. The database's (``RETRYABLE``, in
+``FAIL_SQL`` under the row lock) retries a failure the worker called retryable while the task's
+failures stay under that limit, at the database clock plus the delay, or plus :func:`backoff_sql`'s
+default backoff. A backoff function returns seconds (a number >= 0) or None for the default backoff;
 one that raises or returns anything else is logged and the default backoff is used.
 """
 
@@ -24,6 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.utils.module_loading import import_string
+
+from tasks.conf import get_settings
+from tasks.exceptions import Discard, NotATask, TaskPathRefused
 
 logger = logging.getLogger("tasks.worker")
 
@@ -229,3 +235,70 @@ def stored(
     if problems:
         raise ValueError("retry policy " + "; ".join(problems))
     return spec
+
+
+# -- the decision ----------------------------------------------------------------------------------
+
+#: Raised by a handler, never retried: a path that will not import, or not be admitted, next time
+#: either (ImportError, NotATask, TaskPathRefused), and Discard, which says so.
+NEVER_RETRIED: tuple[type[BaseException], ...] = (ImportError, NotATask, TaskPathRefused, Discard)
+
+
+def effective(row_policy: Mapping[str, Any] | None, queue: str, target: Any) -> RetryPolicy | None:
+    """An attempt's retry policy: its row's (the enqueue's), over its handler's (``target``, when it
+    resolved), over its queue's (``LEASING_TASKS["RETRY_POLICIES"]``). None: the defaults."""
+    found = from_mapping(row_policy)
+    own = handler_policy(target) if target is not None else None
+    if own is not None:
+        found = own if found is None else found.over(own)
+    queues = get_settings().RETRY_POLICIES
+    if queues and queue in queues:
+        configured = from_mapping(queues[queue])
+        found = configured if found is None else found.over(configured)
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The worker's half of a failure's fate: ``retry``; ``delay``, seconds (None: the default
+    backoff, computed by the database); ``max_attempts``, the limit that applies when it is not the
+    row's (None: the row's)."""
+
+    retry: bool
+    delay: float | None = None
+    max_attempts: int | None = None
+
+
+def decide(
+    exc: BaseException,
+    found: RetryPolicy | None,
+    *,
+    attempt: int,
+    row_max_attempts: int,
+    explicit_max_attempts: int | None,
+    backoff: bool = True,
+) -> Decision | None:
+    """Whether ``exc`` is retried under ``found`` (:func:`effective`), after how long and under which
+    limit; None when no policy applies (the defaults: retried, the default backoff, the row's limit).
+    ``backoff`` False: no delay is computed (the backoff function is not called)."""
+    if isinstance(exc, NEVER_RETRIED):
+        return Decision(False)
+    if found is None:
+        return None
+    if not found.retries(exc):
+        return Decision(False)
+    limit = None if explicit_max_attempts is not None or found.max_attempts == row_max_attempts else found.max_attempts
+    return Decision(True, found.delay(attempt, exc) if backoff else None, limit)
+
+
+def backoff_sql(exponent: str) -> str:
+    """Capped exponential backoff with 50-100 % jitter, as an interval (computed in the database)."""
+    return (
+        "make_interval(secs => LEAST(%(backoff_max)s, %(backoff_base)s * power(2, GREATEST(" + exponent + ", 0)))"
+        " * (0.5 + random() / 2))"
+    )
+
+
+#: The database's half, in FAIL_SQL (``d``: a failure the worker sent; ``t``: its row, locked): a
+#: failure the worker called retryable is retried while the task's failures stay under the limit.
+RETRYABLE = "(d.kind = 'fail' AND d.retry AND t.failures + 1 < COALESCE(d.max_attempts, t.max_attempts))"

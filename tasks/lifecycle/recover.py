@@ -4,7 +4,8 @@ stopped workers, dead workers; and the fate of attempts a worker asks about afte
 
 from __future__ import annotations
 
-from tasks.lifecycle.fragments import WAITING_STATUS, append_error, backoff_sql
+from tasks.lifecycle.fragments import WAITING_STATUS, append_error
+from tasks.lifecycle.policy import backoff_sql
 
 _NO_LEASE = "(t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)"
 # Handed to an executor by its worker (the ``handed`` CTE of RECOVER_EXPIRED_SQL: its holder's row names its

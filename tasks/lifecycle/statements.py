@@ -64,7 +64,6 @@ from tasks.lifecycle.fragments import (  # noqa: F401
     STARTS,
     WAITING_STATUS,
     append_error,
-    backoff_sql,
 )
 from tasks.lifecycle.operations import (  # noqa: F401
     DELETE_FINISHED_SQL,

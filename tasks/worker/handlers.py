@@ -18,8 +18,7 @@ from django.utils.module_loading import import_string
 
 from tasks.backends import allowlist
 from tasks.compat import normalize_json
-from tasks.conf import get_settings
-from tasks.exceptions import Cancel, Discard, NotATask, Snooze, TaskPathRefused, UnstorableResult
+from tasks.exceptions import Cancel, NotATask, Snooze, TaskPathRefused, UnstorableResult
 from tasks.lifecycle import policy
 from tasks.lifecycle.storable import storable_json
 from tasks.models import Failure
@@ -126,7 +125,7 @@ def failure_outcome(execution: Execution, exc: BaseException, target: Any = None
         decision = decided(execution, exc)
         if decision is not None:
             return decision
-    retry = not isinstance(exc, ImportError | NotATask | TaskPathRefused | Discard)
+    retry = not isinstance(exc, policy.NEVER_RETRIED)
     if isinstance(exc, ImportError | NotATask | TaskPathRefused):
         from tasks.backends.running import refused
 
@@ -154,34 +153,31 @@ def decided(execution: Execution, exc: Snooze | Cancel) -> Outcome | None:
 
 
 def effective_policy(execution: Execution, target: Any) -> policy.RetryPolicy | None:
-    """The attempt's retry policy: the enqueue's, over the handler's, over its queue's."""
-    task = execution.task
-    found = policy.from_mapping(task.retry_policy)
-    own = policy.handler_policy(target) if target is not None else None
-    if own is not None:
-        found = own if found is None else found.over(own)
-    queues = get_settings().RETRY_POLICIES
-    if queues and task.queue in queues:
-        configured = policy.from_mapping(queues[task.queue])
-        found = configured if found is None else found.over(configured)
-    return found
+    """The attempt's retry policy (:func:`tasks.lifecycle.policy.effective`)."""
+    return policy.effective(execution.task.retry_policy, execution.task.queue, target)
 
 
 def with_policy(
     failure: Failure, execution: Execution, exc: BaseException, target: Any, *, backoff: bool = True
 ) -> Failure:
-    """A retryable failure under the attempt's retry policy: not retried if the exception is not one
-    it retries; the policy's backoff (user code: it runs here, on the executor, outside any
-    transaction) and its limit when the row's is not the one that applies."""
-    found = effective_policy(execution, target)
-    if found is None:
+    """A retryable failure under the attempt's retry policy (:func:`tasks.lifecycle.policy.decide`):
+    not retried if the exception is not one it retries; the policy's backoff (user code: it runs
+    here, on the executor, outside any transaction) and its limit when the row's is not the one that
+    applies."""
+    task = execution.task
+    decision = policy.decide(
+        exc,
+        effective_policy(execution, target),
+        attempt=execution.attempt,
+        row_max_attempts=task.max_attempts,
+        explicit_max_attempts=(task.retry_policy or {}).get("max_attempts"),
+        backoff=backoff,
+    )
+    if decision is None:
         return failure
-    if not found.retries(exc):
+    if not decision.retry:
         return dataclasses.replace(failure, retry=False)
-    explicit = (execution.task.retry_policy or {}).get("max_attempts")
-    limit = None if explicit is not None or found.max_attempts == execution.task.max_attempts else found.max_attempts
-    delay = found.delay(execution.attempt, exc) if backoff else None
-    return dataclasses.replace(failure, delay=delay, max_attempts=limit)
+    return dataclasses.replace(failure, delay=decision.delay, max_attempts=decision.max_attempts)
 
 
 def value_outcome(execution: Execution, value: Any) -> Outcome:
