@@ -5,6 +5,8 @@ fencing token):
 - ``session.py``: its id, database, counters, stop flags, bounded and retried statements;
 - ``mailbox.py``: the hand-offs between its threads; ``ledger.py``: the attempts it holds;
 - ``dispatcher.py``: the one thread that writes (finish, mark started, claim, route);
+  ``positions.py``: where its claims resume; ``timeouts.py``: attempts past their timeout;
+  ``endings.py``: how an attempt's end is told (counters, log record, signal, span);
 - ``threads.py`` and ``aio.py``: the executors (threads; an event loop for ``async def``);
 - ``handlers.py``: from a task path to its handler, and from what it did to an outcome;
 - ``writer.py``: outcomes that cannot wedge it; ``heartbeat.py``; ``listener.py`` (LISTEN or poll);

@@ -24,35 +24,30 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError
 
 from leasing import clock
-from tasks import tracing
-from tasks.exceptions import Discard, TaskTimeout
-from tasks.lifecycle.storable import storable_text
-from tasks.lifecycle.values import ClaimPosition, FairPositions, fair_after_claim
+from tasks.lifecycle.values import fair_after_claim
 from tasks.models import ClaimedTask, SharedFairCursor
 from tasks.runtime import Execution
+from tasks.worker.endings import failure_state, tell_failure, tell_success
 from tasks.worker.handbacks import HandBacks
-from tasks.worker.handlers import HandlerCache, failure_from, with_policy
+from tasks.worker.handlers import HandlerCache
 from tasks.worker.handoff import HandOff, Plan
 from tasks.worker.heartbeat import Heartbeat
 from tasks.worker.isolation import IsolationGate, IsolationReservation
 from tasks.worker.ledger import Census, Ledger, Outcome
-from tasks.worker.logs import log_attempt
 from tasks.worker.mailbox import Mailbox
+from tasks.worker.positions import ClaimPositions
 from tasks.worker.session import CONNECTION_ERRORS, Session, is_lock_wait, retrying
 from tasks.worker.signals import FinishedSignals
 from tasks.worker.sizing import Capacity, Pace, fit, prefetch, room, starving
 from tasks.worker.slots import KeptSlots
 from tasks.worker.threads import ThreadExecutors
+from tasks.worker.timeouts import Timeouts
 from tasks.worker.writer import OutcomeWriter, minimal_failure
 
 if TYPE_CHECKING:
     from tasks.worker.aio import AsyncExecutor
 
 logger = logging.getLogger("tasks.worker")
-
-#: What the fail statement stored, by how the dispatcher counts the attempt's end (the signals' status).
-_STORED = {"retried": "READY", "snoozed": "READY", "failed": "FAILED", "discarded": "FAILED", "cancelled": "CANCELLED"}
-_LOGGED = {"retried": "failed", "discarded": "discarded (FAILED for good)", "cancelled": "CANCELLED"}
 
 Key = tuple[int, int]
 
@@ -61,13 +56,6 @@ LOCKED: Any = object()
 #: A start marker waits this long for the attempt's own outcome, which then carries it (a short task
 #: costs one row update, not two); longer attempts are marked by the next round after that.
 MARKER_DELAY = 0.02
-# Seconds between claims that scan each level from its front (the rest resume where the last claims
-# stopped): how long a READY row behind those positions (a hand-back keeping its place) may wait, and
-# how often a claim pays for the dead entries an old snapshot keeps (one pass over them per interval).
-RESCAN_INTERVAL = 1.0
-# Positions in a fair queue's keys a worker keeps, per row of its batch size (a claim visits at most
-# its limit of keys, so four claims' worth: a few hundred, each claim sending them all).
-FAIR_POSITIONS_PER_BATCH = 4
 
 
 #: The lock wait of a retried write that met a lock (ms): short, so that the retry keeps its rows
@@ -142,24 +130,14 @@ class Dispatcher:
         self.request_stop = parts.request_stop
         self.handbacks = HandBacks(session, mailbox, ledger, signals)
         self.handoff = HandOff(ledger, queues=self.queues)
+        self.timeouts = Timeouts(
+            session, mailbox, ledger, slots=parts.slots, gate=parts.gate, threads=parts.threads, aio=parts.aio,
+            resolve=parts.resolve, request_stop=parts.request_stop,
+        )  # fmt: skip
         self._pending_starts: dict[Key, tuple[Execution, float, float]] = {}
         self._deferred: list[tuple[float, Outcome]] = []  # outcomes whose row was locked: (retry at, outcome)
-        # Where the last claims stopped, per priority level: the next claims resume there instead of
-        # stepping over every row claimed since an old snapshot began (docs/explanation/claims.md,
-        # "Resuming where the last claims stopped"). Until the next scan from the start is due.
-        # Only while claims come back full (a backlog is being drained): after a short one the next
-        # scans from the start. Rows become READY behind the positions all the time where a queue
-        # keeps up (a keyed task admitted when a slot frees keeps its place): resumed claims would
-        # pass them over until the next scan from the start (a keyed drain fell from 2,100 to 150
-        # tasks/s).
-        self._positions: dict[tuple[str, int], ClaimPosition] = {}
-        # The same for a fair queue's keys: where its last claims stopped in each key (and level) they
-        # took rows from, so that a key's next turn resumes there (tasks/lifecycle/claim.py,
-        # ``mine``), kept and dropped with the positions above; the most recent few only (FairPositions).
-        self._fair_positions = FairPositions(FAIR_POSITIONS_PER_BATCH * self.batch_size)
-        self._scan_from_start_at = 0.0
-        self._resume = False  # the last claim came back full
-        self._resumed_short = False  # the last claim resumed and came back short: look again at once
+        # Where the next claim resumes (tasks/worker/positions.py).
+        self.positions = ClaimPositions(self.batch_size)
         # When (local clock) claims their rate key refused come due again, a heap (tasks/lifecycle/ratelimits.py).
         self._rate_wakes: list[float] = []
         # A fair queue's claims take turns between its keys: the next turn starts after the last key
@@ -173,7 +151,7 @@ class Dispatcher:
 
     def capacity(self) -> Capacity:
         aio = self.aio
-        window, batch, backlog = self.prefetch_window, self.batch_size, self._resume
+        window, batch, backlog = self.prefetch_window, self.batch_size, self.positions.full
         return Capacity(
             slots=self.threads.concurrency,
             prefetch=prefetch(
@@ -228,19 +206,10 @@ class Dispatcher:
                 can_serve=self.zombies() == 0,
                 stopping=session.draining.is_set(),
             )
-            self._abandon(census.overdue)
+            self.timeouts.abandon(census.overdue)
             self.slots.release_returned()
-            # Given back unstarted by an executor (a lapsed claim, no free slot of its kind, the drain
-            # begun): a fair queue's turns go back to where their claim began, drain or not. Rewound at
-            # the drain only, a claim an executor returned mid-stream (its keys' turns already dealt)
-            # was passed over: the next claims went on past its keys, for a lap.
-            self._rewind_fair_cursor(self.handbacks.take_returns())
-            for due in self.handbacks.take_refused():
-                heapq.heappush(self._rate_wakes, due)
-            while self._rate_wakes and self._rate_wakes[0] <= clock.monotonic():
-                heapq.heappop(self._rate_wakes)
-                may_have_work = True  # a claim its rate key refused comes due now
-            self.handbacks.take_handbacks()
+            if self._take_handbacks():
+                may_have_work = True
             deferred = self._due_deferred()
             if deferred:
                 self._write_deferred(deferred)
@@ -262,7 +231,7 @@ class Dispatcher:
                         continue  # there may be more; go round without waiting
                     # A failed claim is retried; a short one waits, unless it resumed: what lies
                     # behind its positions is looked for at once, from the start.
-                    may_have_work = claimed is None or self._resumed_short
+                    may_have_work = claimed is None or self.positions.resumed_short
             if self.fair_cursor is not None:
                 self.fair_cursor.sync()  # a move the last sync left (a write under a second before)
             if session.draining.is_set():
@@ -278,6 +247,22 @@ class Dispatcher:
             # to come); the counts read before it would sleep the whole poll past their deadlines.
             if not self.mailbox.wait(self._next_wait(self.ledger.census(clock.monotonic()))):
                 may_have_work = True  # the fallback poll
+
+    def _take_handbacks(self) -> bool:
+        """What came back since the last round; True when a claim its rate key refused comes due now."""
+        # Given back unstarted by an executor (a lapsed claim, no free slot of its kind, the drain
+        # begun): a fair queue's turns go back to where their claim began, drain or not. Rewound at
+        # the drain only, a claim an executor returned mid-stream (its keys' turns already dealt)
+        # was passed over: the next claims went on past its keys, for a lap.
+        self._rewind_fair_cursor(self.handbacks.take_returns())
+        for due in self.handbacks.take_refused():
+            heapq.heappush(self._rate_wakes, due)
+        due_now = False
+        while self._rate_wakes and self._rate_wakes[0] <= clock.monotonic():
+            heapq.heappop(self._rate_wakes)
+            due_now = True
+        self.handbacks.take_handbacks()
+        return due_now
 
     def drain(self) -> bool:
         """One step of the drain; True once nothing runs, the grace period is over, or the second
@@ -414,9 +399,8 @@ class Dispatcher:
         session.bind()
         if not (markers or claim or plan.names is not None):
             return _Written(manager.complete_many(session.id, results) if results else set(), {}, [])
-        resume = bool(claim) and self._resume and sent < self._scan_from_start_at
-        # (a worker that goes round more keys than it keeps positions in would send them for nothing)
-        send_keys = resume and self.fair_cursor is not None and self._fair_positions.revisits
+        positions = self.positions
+        resume = bool(claim) and positions.resumes(sent)
         fair_after = self.fair_cursor.current() if claim and self.fair_cursor is not None else None
         accepted, marked, claimed = manager.finish_start_claim(
             session.id,
@@ -428,9 +412,9 @@ class Dispatcher:
             isolate_after=self.isolate_after,
             # a task to run isolated goes only to a worker holding nothing else
             take_isolated=idle and self.zombies() == 0,
-            after=list(self._positions.values()) if resume else [],
+            after=positions.after(resume),
             fair_after=fair_after,
-            fair_positions=self._fair_positions if send_keys else (),
+            fair_positions=positions.fair_after(resume, fair=self.fair_cursor is not None),
             handed=plan.names,
             release=plan.release,
             rated_queues=sorted(plan.rated_queues),
@@ -443,9 +427,7 @@ class Dispatcher:
                     claim=sent,
                     turns=[t.fair_key for t in claimed if t.fair_turn and t.fair_key is not None],
                 )
-            self._remember(claimed, sent, resumed=resume)
-            self._resume = len(claimed) == claim
-            self._resumed_short = resume and len(claimed) < claim
+            positions.claimed(claimed, claim, sent, resumed=resume, fair=self.fair_cursor is not None)
         return _Written(accepted, marked, claimed)
 
     def _reconcile(
@@ -508,17 +490,6 @@ class Dispatcher:
             self._deferred.append((retry_at, outcome))
         return [o for o in successes if o.key not in keys], [o for o in failures if o.key not in keys]
 
-    def _remember(self, claimed: list[ClaimedTask], sent: float, *, resumed: bool) -> None:
-        """Where this claim stopped in each level it took rows from. A scan from the start replaces
-        every position (a level it found empty has none now) and sets when the next one is due."""
-        if not resumed:
-            self._positions = {}
-            self._fair_positions.clear()
-            self._scan_from_start_at = sent + RESCAN_INTERVAL
-        self._positions.update(ClaimPosition.last_per_level(claimed))
-        if self.fair_cursor is not None:
-            self._fair_positions.remember(claimed)
-
     def _route(self, plan: Plan, claimed: list[ClaimedTask], executions: list[Execution]) -> None:
         """Claimed attempts to the threads or the event loop, once the round that names them
         committed (:mod:`tasks.worker.handoff`; the rest wait there, with what the last rounds could
@@ -572,158 +543,14 @@ class Dispatcher:
         if refused:  # its row may still wait for recovery, which must see its name
             self.handoff.refused(refused)
         self.handoff.on_row(ended)
+        stats, signals = self.session.stats, self.signals
         for outcome in successes:
-            state = "succeeded" if outcome.key in accepted else None
-            self._finish_log(outcome, state)
-            self.signals.ended(outcome.execution, "SUCCESSFUL" if state else None, outcome)
-            if outcome.execution.span is not None:
-                ok = state is not None
-                tracing.end_attempt(
-                    outcome.execution, "success" if ok else "rejected", outcome, "SUCCESSFUL" if ok else None
-                )
+            tell_success(outcome, outcome.key in accepted, stats, signals)
         for outcome in failures:
             result = self.writer.fail_results.pop(outcome.key, None)
-            kind = outcome.failure.kind if outcome.failure is not None else "fail"
-            if outcome.key not in failed:
-                state = None
-            elif kind == "snooze":
-                state = "snoozed"
-            elif kind == "cancel":
-                state = "cancelled"
-            elif result is not None and result.retried:
-                state = "retried"
-            else:
-                state = "discarded" if isinstance(outcome.error, Discard) else "failed"
-            self._finish_log(outcome, state, None if result is None else result.retry_in)
-            stored = None if state is None else _STORED[state]
-            self.signals.ended(outcome.execution, stored, outcome)
-            if outcome.execution.span is not None:
-                traced = "rejected" if state is None else tracing.OUTCOMES[state]
-                tracing.end_attempt(outcome.execution, traced, outcome, None if result is None else result.status)
+            retried = result is not None and result.retried
+            tell_failure(outcome, failure_state(outcome, outcome.key in failed, retried), result, stats, signals)
         self.ledger.remove(o.key for o in successes + failures)
-
-    def _finish_log(self, outcome: Outcome, state: str | None, retry_in: float | None = None) -> None:
-        execution = outcome.execution
-        elapsed = clock.monotonic() - (execution.started or execution.claimed_at)
-        task = execution.task
-        stats = self.session.stats
-        # Each record ends the attempt: it carries the attempt's fields and its outcome (tasks/worker/logs.py).
-        if state is None:
-            stats["rejected"] += 1
-            log_attempt(
-                logger,
-                logging.WARNING,
-                execution,
-                "task %d %s: outcome REJECTED (fencing): this worker no longer held it (%s)",
-                task.id,
-                task.task_path,
-                execution.lost_reason or "lease expired or taken over",
-                outcome="rejected",
-            )
-            return
-        stats[state] += 1
-        if state == "succeeded":
-            log_attempt(
-                logger,
-                logging.INFO,
-                execution,
-                "task %d %s succeeded in %.3fs (attempt %d)",
-                task.id,
-                task.task_path,
-                elapsed,
-                execution.attempt,
-                outcome=state,
-            )
-        elif state == "snoozed":
-            delay = outcome.failure.delay if outcome.failure else None
-            log_attempt(
-                logger,
-                logging.INFO,
-                execution,
-                "task %d %s snoozed for %gs after %.3fs",
-                task.id,
-                task.task_path,
-                delay or 0.0,
-                elapsed,
-                outcome=state,
-            )
-        elif logger.isEnabledFor(logging.WARNING):
-            failure = outcome.failure
-            # The attempt's run time, then the retry's delay: until the run_after the fail statement set,
-            # on the database clock (unknown when the outcome was found by reconciliation).
-            retry = "" if state != "retried" else ", will retry" + ("" if retry_in is None else f" in {retry_in:.3f}s")
-            log_attempt(
-                logger,
-                logging.WARNING,
-                execution,
-                "task %d %s %s in %.3fs (attempt %d)%s: %s: %s",
-                task.id,
-                task.task_path,
-                _LOGGED.get(state, "FAILED for good"),
-                elapsed,
-                execution.attempt,
-                retry,
-                failure.exception_class_path if failure else "?",
-                storable_text(failure.message, 500) if failure else "",
-                outcome=state,
-            )
-
-    # -- timeouts -----------------------------------------------------------------------------------
-
-    def _handler(self, execution: Execution) -> Any:
-        """The attempt's handler (resolved before, so cached), or None."""
-        try:
-            return self.resolve(execution.task.task_path, api_origin=execution.task.api_origin)
-        except Exception:
-            return None
-
-    def _abandon(self, overdue: list[Execution]) -> None:
-        """Attempts past their timeout: stop heartbeating them, record the timeout now (so the late
-        result is refused by the database), and give the executor slot to a new thread. A keyed
-        attempt keeps its key's slot until its handler has returned (tasks/lifecycle/concurrency.py)."""
-        abandoned = [execution for execution in overdue if self.ledger.abandon(execution)]  # not finished
-        reasons = {}
-        for execution in abandoned:
-            self.slots.outlives(execution)
-            timeout = execution.task.timeout or 0.0
-            reasons[execution.key] = f"ran past its timeout of {timeout:g}s: abandoned, its late result will be refused"
-            # Lost before its slot is kept: a handler that returns meanwhile asks for the slot back,
-            # and this thread sends that after the keep.
-            execution.mark_lost(reasons[execution.key])
-        self.slots.keep(abandoned, reason="timeout")
-        session = self.session
-        for execution in abandoned:
-            self.gate.release(execution)  # a stuck handler must not keep anything else from running
-            reason = reasons[execution.key]
-            session.stats["timed_out"] += 1
-            log_attempt(
-                logger, logging.WARNING, execution, "task %d %s %s", execution.id, execution.task.task_path, reason
-            )
-            timed_out = TaskTimeout(f"task {execution.id} {reason}")
-            # The retry policy applies (retry_on, max_attempts), but not a backoff function: user
-            # code does not run on the dispatcher (the default backoff is used).
-            failure = with_policy(
-                failure_from(execution, timed_out), execution, timed_out, self._handler(execution), backoff=False
-            )
-            outcome = Outcome(execution, failure=failure, error=timed_out)
-            self.mailbox.deliver(outcome, wake=False)
-            if execution.is_async:
-                # A coroutine is cancelled, not replaced: the loop goes on running the others. One
-                # that ignores the cancellation is a zombie until it ends; one blocking the loop is
-                # the watchdog's (tasks/worker/aio.py).
-                assert self.aio is not None
-                self.aio.zombies += 1
-                self.aio.cancel(execution, "timeout", f"cancelled: {reason}")
-                continue
-            self.threads.abandoned(execution)  # the stuck thread retires when (if) its handler returns
-            if self.threads.zombies > 2 * self.threads.concurrency and not session.draining.is_set():
-                logger.error(
-                    "worker %s: %d handlers stuck past their timeouts; stopping so that a supervisor"
-                    " restarts a clean process",
-                    session.id,
-                    self.threads.zombies,
-                )
-                self.request_stop()
 
     # -- the end ------------------------------------------------------------------------------------
 
@@ -743,7 +570,7 @@ class Dispatcher:
     def close(self) -> None:
         """After the drain: write what has ended, and hand back everything still held."""
         self.reservation.release()
-        self._abandon(self.ledger.census(clock.monotonic()).overdue)
+        self.timeouts.abandon(self.ledger.census(clock.monotonic()).overdue)
         self.slots.release_returned()  # handlers still running keep theirs: recovery frees them once we stop
         self._rewind_fair_cursor(self.handbacks.take_returns())
         self.handbacks.take_refused()

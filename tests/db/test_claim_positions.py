@@ -13,7 +13,7 @@ from django.db import connection, transaction
 
 from tasks.lifecycle.values import ClaimedTask, ClaimPosition
 from tasks.models import Task
-from tasks.worker import dispatcher
+from tasks.worker import positions
 from tasks.worker.process import Worker
 from tests.helpers import wait_until, worker_in_thread
 from tests.helpers.plans import recorded
@@ -154,7 +154,7 @@ def test_a_worker_takes_a_row_behind_its_position_at_once_not_at_its_next_poll_o
     """A worker polls every 60 s here and its periodic scan from the start is an hour away. A row
     enqueued behind its position (an earlier run_after) is taken at once: after a short claim the
     next one scans from the start."""
-    monkeypatch.setattr(dispatcher, "RESCAN_INTERVAL", 3600.0)
+    monkeypatch.setattr(positions, "RESCAN_INTERVAL", 3600.0)
     worker = Worker(queues=["rescan"], concurrency=1, poll_interval=60, install_signal_handlers=False, worker_id="rs")
     with worker_in_thread(worker):
         first = Task.objects.enqueue(NOOP, queue="rescan").id
@@ -170,7 +170,7 @@ def test_keyed_tasks_admitted_behind_the_positions_do_not_wait_for_the_next_scan
     positions. Positions are used only while claims come back full, so a keyed queue that keeps up
     is drained at once even with the periodic scan from the start an hour away (with positions
     kept after short claims, every admitted task waited for that scan: 2,100 -> 150 tasks/s)."""
-    monkeypatch.setattr(dispatcher, "RESCAN_INTERVAL", 3600.0)
+    monkeypatch.setattr(positions, "RESCAN_INTERVAL", 3600.0)
     # Grouped by key: the first claim takes each key's first task, its position passes the rest of
     # the first keys' tasks (BLOCKED), which are admitted behind it one by one.
     ids = [
