@@ -1,5 +1,5 @@
 """Hostile concurrency key templates and hostile arguments for the django.tasks backend
-(tasks/backends/backend.py): a template that can only ever fail, or whose output size the call's arguments
+(tasks/backends/option_checks.py): a template that can only ever fail, or whose output size the call's arguments
 choose, is system check tasks.E012 at startup; a call whose arguments do not fit raises ValueError
 (never another exception) and writes nothing."""
 
