@@ -106,6 +106,29 @@ _PICK_EXPIRED_SINCE = """
     ORDER BY expires_at"""
 
 
+# The recovered leases on the activity chart (tasks/lifecycle/activity.py): how many this minute, how
+# long each was silent since its last renewal, and how long past its expiry it was found.
+_RECORD_RECOVERED = """), timed AS (
+    -- tasks_task as it was before the statement (one snapshot): each recovered lease's last renewal
+    SELECT EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(held.renewed_at, held.acquired_at))::float8 AS silent,
+           recovered.expired_for
+    FROM recovered JOIN tasks_task AS held ON held.id = recovered.id
+), recorded AS (
+    INSERT INTO tasks_activityminute AS a
+        (minute, succeeded, failed, closed, final, recovered, silent_total, silent_max, delay_max)
+    SELECT date_trunc('minute', clock_timestamp()), 0, 0, false, false, count(*),
+           COALESCE(sum(silent), 0), COALESCE(max(silent), 0), COALESCE(max(expired_for), 0)
+    FROM timed
+    HAVING count(*) > 0
+    ON CONFLICT (minute) DO UPDATE SET
+        recovered = a.recovered + EXCLUDED.recovered,
+        silent_total = a.silent_total + EXCLUDED.silent_total,
+        silent_max = GREATEST(a.silent_max, EXCLUDED.silent_max),
+        delay_max = GREATEST(a.delay_max, EXCLUDED.delay_max)
+)
+"""
+
+
 def _recover_expired(pick: str) -> str:
     return f"""
 WITH picked AS MATERIALIZED (
@@ -150,25 +173,7 @@ RETURNING t.id, t.status, EXTRACT(EPOCH FROM clock_timestamp() - picked.expires_
     SELECT r.concurrency_key, r.id, r.token, r.holder, 'lapsed' FROM recovered AS r
     WHERE r.concurrency_key IS NOT NULL AND r.kind = 'crash' AND {_stalled_in_live_worker("r", "r.last_renewed")}
     ON CONFLICT DO NOTHING
-), timed AS (
-    -- tasks_task as it was before the statement (one snapshot): each recovered lease's last renewal
-    SELECT EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(held.renewed_at, held.acquired_at))::float8 AS silent,
-           recovered.expired_for
-    FROM recovered JOIN tasks_task AS held ON held.id = recovered.id
-), recorded AS (
-    INSERT INTO tasks_activityminute AS a
-        (minute, succeeded, failed, closed, final, recovered, silent_total, silent_max, delay_max)
-    SELECT date_trunc('minute', clock_timestamp()), 0, 0, false, false, count(*),
-           COALESCE(sum(silent), 0), COALESCE(max(silent), 0), COALESCE(max(expired_for), 0)
-    FROM timed
-    HAVING count(*) > 0
-    ON CONFLICT (minute) DO UPDATE SET
-        recovered = a.recovered + EXCLUDED.recovered,
-        silent_total = a.silent_total + EXCLUDED.silent_total,
-        silent_max = GREATEST(a.silent_max, EXCLUDED.silent_max),
-        delay_max = GREATEST(a.delay_max, EXCLUDED.delay_max)
-)
-SELECT id, status, expired_for, kind, queue, attempts, holder FROM recovered
+{_RECORD_RECOVERED}SELECT id, status, expired_for, kind, queue, attempts, holder FROM recovered
 """
 
 

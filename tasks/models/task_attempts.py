@@ -220,13 +220,7 @@ class AttemptOperations(OperationsBase):
         attempts accepted. The rest were rejected by the compare-and-set: no longer held."""
         if not results:
             return set()
-        params = {
-            "worker": worker,
-            "ids": [r[0] for r in results],
-            "tokens": [r[1] for r in results],
-            "values": [r[2] for r in results],
-            "started": [r[3] if len(r) > 3 else None for r in results],
-        }
+        params = {"worker": worker, **_result_params(results)}
         return {(row[0], row[1]) for row in fetch(self, sql.COMPLETE_SQL, params)}
 
     def finish_start_claim(
@@ -262,10 +256,7 @@ class AttemptOperations(OperationsBase):
             isolate_after = get_settings().ISOLATE_AFTER
         params: dict[str, Any] = {
             "worker": worker,
-            "ids": [r[0] for r in results],
-            "tokens": [r[1] for r in results],
-            "values": [r[2] for r in results],
-            "started": [r[3] if len(r) > 3 else None for r in results],
+            **_result_params(results),
             "ttl": seconds(get_settings().TTL if ttl is None else ttl),
             "limit": limit,
             "start": False,
@@ -290,18 +281,7 @@ class AttemptOperations(OperationsBase):
             params.update(
                 start_ids=[s[0] for s in starts], start_tokens=[s[1] for s in starts], start_at=[s[2] for s in starts]
             )
-        finished: set[tuple[int, int]] = set()
-        started: dict[tuple[int, int], Started] = {}
-        claimed: list[ClaimedTask] = []
-        for row in fetch(self, statement, params):
-            if row[0] == "c":
-                claimed.append(claimed_from_row(row[1:]))
-            elif row[0] == "f":
-                finished.add((row[1], row[2]))
-            else:
-                started[(row[1], row[2])] = Started(row[1], row[2], row[6], row[9], row[13])
-        claimed.sort(key=lambda task: (-task.priority, task.id))
-        return finished, started, claimed
+        return _round_rows(fetch(self, statement, params))
 
     def complete(self, task_id: int, worker: str, token: int, return_value: Any = None) -> bool:
         """Finish one attempt. Raises UnstorableResult (a ValueError) for a value jsonb cannot hold."""
@@ -373,3 +353,32 @@ def is_fair_claim(queues: Sequence[str], limit: int) -> bool:
     """A claim of rows from one fair queue (LEASING_TASKS["FAIR_QUEUES"]) takes turns between keys.
     A claim from several queues keeps the plain order (each queue's best rows, by priority)."""
     return limit > 0 and len(queues) == 1 and queues[0] in get_settings().FAIR_QUEUES
+
+
+def _result_params(results: Sequence[tuple[int, int, str] | tuple[int, int, str, float | None]]) -> dict[str, Any]:
+    """A round's results (id, token, JSON, start time) as the statement's arrays."""
+    return {
+        "ids": [r[0] for r in results],
+        "tokens": [r[1] for r in results],
+        "values": [r[2] for r in results],
+        "started": [r[3] if len(r) > 3 else None for r in results],
+    }
+
+
+def _round_rows(
+    rows: Iterable[Sequence[Any]],
+) -> tuple[set[tuple[int, int]], dict[tuple[int, int], Started], list[ClaimedTask]]:
+    """A round's rows, by their first column: "f" a finish accepted, "c" a claimed task, else a start
+    recorded. The claimed in the order they are handed out (priority, then id)."""
+    finished: set[tuple[int, int]] = set()
+    started: dict[tuple[int, int], Started] = {}
+    claimed: list[ClaimedTask] = []
+    for row in rows:
+        if row[0] == "c":
+            claimed.append(claimed_from_row(row[1:]))
+        elif row[0] == "f":
+            finished.add((row[1], row[2]))
+        else:
+            started[(row[1], row[2])] = Started(row[1], row[2], row[6], row[9], row[13])
+    claimed.sort(key=lambda task: (-task.priority, task.id))
+    return finished, started, claimed

@@ -369,40 +369,8 @@ class AsyncExecutor:
         return await sync_to_async(call, thread_sensitive=False)()
 
     async def _run_admitted(self, state: _Loop, execution: Execution) -> None:
-        rated = rate_limited(execution.task)
-        if execution.task.suspect or rated:
-            # As on a thread: the start is recorded (a rate-limited one taken or refused) before the
-            # handler runs (an async attempt never runs isolated: isolated tasks go to the threads).
-            started = await self._db(
-                lambda: retrying(
-                    "taking a rate-limited start" if rated else "recording a start",
-                    self.session,
-                    lambda: take_start(self.session, execution, rated=rated, isolated=False),
-                )
-            )
-            with state.lock:
-                if state.retired:
-                    return  # the watchdog handed it back while the marker was on its way
-                if isinstance(started, RateRefused):
-                    self.mailbox.refused(execution, started)
-                    return
-                if started is None:
-                    execution.mark_lost("the claim lapsed before it could start")
-                    self.mailbox.give_back(execution)
-                    return
-                execution.begin(started)
-                # Before the ledger counts it running: from then on the dispatcher may end its span.
-                tracing.start_attempt(execution, "async")
-                self.ledger.begin(execution)
-        else:
-            with state.lock:
-                if state.retired:
-                    return
-                now = time.time()
-                execution.begin_local(now)
-                tracing.start_attempt(execution, "async")
-                self.mailbox.started(execution)  # before the ledger counts it running, as in threads.py
-                self.ledger.begin(execution)
+        if not await self._begin(state, execution):
+            return
         self.session.stats["started"] += 1
         try:
             outcome = await self._execute(state, execution)
@@ -432,6 +400,44 @@ class AsyncExecutor:
             self.mailbox.hand_back_later(execution, "handed back: the event loop it ran on was replaced")
             return
         self.mailbox.deliver(outcome)
+
+    async def _begin(self, state: _Loop, execution: Execution) -> bool:
+        """The attempt begun (its start recorded first where it must be); False when it is not to run."""
+        rated = rate_limited(execution.task)
+        if execution.task.suspect or rated:
+            # As on a thread: the start is recorded (a rate-limited one taken or refused) before the
+            # handler runs (an async attempt never runs isolated: isolated tasks go to the threads).
+            started = await self._db(
+                lambda: retrying(
+                    "taking a rate-limited start" if rated else "recording a start",
+                    self.session,
+                    lambda: take_start(self.session, execution, rated=rated, isolated=False),
+                )
+            )
+            with state.lock:
+                if state.retired:
+                    return False  # the watchdog handed it back while the marker was on its way
+                if isinstance(started, RateRefused):
+                    self.mailbox.refused(execution, started)
+                    return False
+                if started is None:
+                    execution.mark_lost("the claim lapsed before it could start")
+                    self.mailbox.give_back(execution)
+                    return False
+                execution.begin(started)
+                # Before the ledger counts it running: from then on the dispatcher may end its span.
+                tracing.start_attempt(execution, "async")
+                self.ledger.begin(execution)
+        else:
+            with state.lock:
+                if state.retired:
+                    return False
+                now = time.time()
+                execution.begin_local(now)
+                tracing.start_attempt(execution, "async")
+                self.mailbox.started(execution)  # before the ledger counts it running, as in threads.py
+                self.ledger.begin(execution)
+        return True
 
     async def _execute(self, state: _Loop, execution: Execution) -> Outcome:
         # Each asyncio task runs in a copy of the context: this attempt is what current_task() returns

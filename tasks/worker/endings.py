@@ -108,22 +108,27 @@ def log_end(outcome: Outcome, state: str | None, stats: dict[str, int], retry_in
             outcome=state,
         )
     elif logger.isEnabledFor(logging.WARNING):
-        failure = outcome.failure
-        # The attempt's run time, then the retry's delay: until the run_after the fail statement set,
-        # on the database clock (unknown when the outcome was found by reconciliation).
-        retry = "" if state != "retried" else ", will retry" + ("" if retry_in is None else f" in {retry_in:.3f}s")
-        log_attempt(
-            logger,
-            logging.WARNING,
-            execution,
-            "task %d %s %s in %.3fs (attempt %d)%s: %s: %s",
-            task.id,
-            task.task_path,
-            _LOGGED.get(state, "FAILED for good"),
-            elapsed,
-            execution.attempt,
-            retry,
-            failure.exception_class_path if failure else "?",
-            storable_text(failure.message, 500) if failure else "",
-            outcome=state,
-        )
+        _log_failure(outcome, state, elapsed, retry_in)
+
+
+def _log_failure(outcome: Outcome, state: str, elapsed: float, retry_in: float | None) -> None:
+    execution = outcome.execution
+    failure = outcome.failure
+    # The attempt's run time, then the retry's delay: until the run_after the fail statement set,
+    # on the database clock (unknown when the outcome was found by reconciliation).
+    retry = "" if state != "retried" else ", will retry" + ("" if retry_in is None else f" in {retry_in:.3f}s")
+    log_attempt(
+        logger,
+        logging.WARNING,
+        execution,
+        "task %d %s %s in %.3fs (attempt %d)%s: %s: %s",
+        execution.task.id,
+        execution.task.task_path,
+        _LOGGED.get(state, "FAILED for good"),
+        elapsed,
+        execution.attempt,
+        retry,
+        failure.exception_class_path if failure else "?",
+        storable_text(failure.message, 500) if failure else "",
+        outcome=state,
+    )
