@@ -70,13 +70,9 @@ def _start(queue: str) -> str:
                COALESCE((SELECT k.id {where}), 0) AS id"""
 
 
-# One queue: the ``levels`` walk, then each level's due rows after its start, locking as it goes,
-# all inside ARRAY(...): an uncorrelated InitPlan, run once per statement. Joined as a subquery it may
-# run again for every row of the outer table, each run locking the next rows (a claim of 5 took a
-# queue's every task: tests/db/test_pick_once.py; docs/explanation/claims.md, "A pick runs once").
-PICK_ONE = f"""
-WHERE t.id = ANY(ARRAY(
-    WITH RECURSIVE levels(priority) AS (
+# A queue's priority levels that have due rows, highest first (none while the queue is paused), each
+# with where its scan starts (``placed``): the plain claim's walk, and the fair claim's fill.
+_LEVELS = f"""levels(priority) AS (
         SELECT {_next_level("32767")}
         WHERE NOT EXISTS (SELECT 1 FROM tasks_queuecontrol WHERE name = %(queue)s AND paused)
         UNION ALL
@@ -84,7 +80,15 @@ WHERE t.id = ANY(ARRAY(
         FROM levels WHERE levels.priority IS NOT NULL
     ), placed AS (
         SELECT l.priority, {_start("%(queue)s")} FROM levels AS l
-    )
+    )"""
+
+# One queue: the ``levels`` walk, then each level's due rows after its start, locking as it goes,
+# all inside ARRAY(...): an uncorrelated InitPlan, run once per statement. Joined as a subquery it may
+# run again for every row of the outer table, each run locking the next rows (a claim of 5 took a
+# queue's every task: tests/db/test_pick_once.py; docs/explanation/claims.md, "A pick runs once").
+PICK_ONE = f"""
+WHERE t.id = ANY(ARRAY(
+    WITH RECURSIVE {_LEVELS}
     SELECT due.id FROM placed AS l
     CROSS JOIN LATERAL (
         SELECT id FROM tasks_task
@@ -358,15 +362,7 @@ FAIR_CTES = f"""walk(fair_key, due, wrapped, n, keys) AS (
         ) AS due
         WHERE {_in_lap("w")}
         LIMIT %(limit)s
-    ), levels(priority) AS (
-        SELECT {_next_level("32767")}
-        WHERE NOT EXISTS (SELECT 1 FROM tasks_queuecontrol WHERE name = %(queue)s AND paused)
-        UNION ALL
-        SELECT {_next_level("levels.priority")}
-        FROM levels WHERE levels.priority IS NOT NULL
-    ), placed AS (
-        SELECT l.priority, {_start("%(queue)s")} FROM levels AS l
-    )"""
+    ), {_LEVELS}"""
 
 PICK_FAIR = """
 WHERE t.id = ANY(ARRAY(
