@@ -126,6 +126,8 @@ GRANT_SET = f"""token = nextval('{FENCE_SEQUENCE}'),
     expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
     renewals = 0"""
 
+# The acquire: a new row, or the row of a lease that expired or was released, taken over with a fresh
+# token (GRANT_SET, under the row lock); a live lease of another holder is left as it is (no row back).
 ACQUIRE_SQL = f"""
 INSERT INTO leasing_lease AS lease
     (resource, holder, token, created_at, acquired_at, renewed_at, released_at, expires_at,
@@ -141,6 +143,8 @@ WHERE lease.expires_at <= clock_timestamp() OR lease.released_at IS NOT NULL
 {_RETURNING}
 """
 
+# The renew: only the holder with this token, while its lease is live on the database clock; a lapsed
+# lease is not revived (no row back: the holder has lost it).
 RENEW_SQL = f"""
 UPDATE leasing_lease
 SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
@@ -151,6 +155,8 @@ WHERE resource = %(resource)s AND holder = %(holder)s AND token = %(token)s
 {_RETURNING}
 """
 
+# The release: only the holder with this token, while its lease is live; it ends now (a lapsed one has
+# ended already: no row back).
 RELEASE_SQL = f"""
 UPDATE leasing_lease
 SET released_at = clock_timestamp(), expires_at = LEAST(expires_at, clock_timestamp())

@@ -3,6 +3,8 @@
 -- not edit: change the module, then regenerate (tests/unit/test_sql_files.py compares them).
 
 -- name: ACQUIRE_SQL
+-- The acquire: a new row, or the row of a lease that expired or was released, taken over with a fresh
+-- token (GRANT_SET, under the row lock); a live lease of another holder is left as it is (no row back).
 INSERT INTO leasing_lease AS lease
     (resource, holder, token, created_at, acquired_at, renewed_at, released_at, expires_at,
      renewals, transitions, metadata)
@@ -22,6 +24,8 @@ WHERE lease.expires_at <= clock_timestamp() OR lease.released_at IS NOT NULL
 RETURNING resource, holder, token, acquired_at, expires_at;
 
 -- name: RENEW_SQL
+-- The renew: only the holder with this token, while its lease is live on the database clock; a lapsed
+-- lease is not revived (no row back: the holder has lost it).
 UPDATE leasing_lease
 SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s),
     renewed_at = clock_timestamp(),
@@ -31,6 +35,8 @@ WHERE resource = %(resource)s AND holder = %(holder)s AND token = %(token)s
 RETURNING resource, holder, token, acquired_at, expires_at;
 
 -- name: RELEASE_SQL
+-- The release: only the holder with this token, while its lease is live; it ends now (a lapsed one has
+-- ended already: no row back).
 UPDATE leasing_lease
 SET released_at = clock_timestamp(), expires_at = LEAST(expires_at, clock_timestamp())
 WHERE resource = %(resource)s AND holder = %(holder)s AND token = %(token)s

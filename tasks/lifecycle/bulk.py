@@ -324,8 +324,11 @@ RETURNING b.status, b.cursor, b.matched, b.changed, b.skipped, c.picked, c.chang
 
 #: One batch of a bulk operation of each kind (see :func:`_bulk_sql`).
 BULK_RETRY_SQL = _bulk_sql("retry")
+# A cancel's batch: waiting tasks (never RUNNING) become CANCELLED.
 BULK_CANCEL_SQL = _bulk_sql("cancel")
+# A discard's batch: waiting tasks fail for good (FAILED, with an error entry saying so).
 BULK_DISCARD_SQL = _bulk_sql("discard")
+# Each kind's batch by its name, as the operation's row gives it (tasks/models/bulk.py).
 BULK_SQL = {"retry": BULK_RETRY_SQL, "cancel": BULK_CANCEL_SQL, "discard": BULK_DISCARD_SQL}
 
 # A retry of one row at a time, when a batch's retry collided with the unique dedup key of unfinished
@@ -387,6 +390,8 @@ WITH back AS (
 INSERT INTO tasks_task SELECT * FROM back
 RETURNING id
 """
+# Rows a retry batch picked in tasks_task but found taken by the mover meanwhile, brought back from
+# tasks_finished and run again: counted changed, not skipped, on the operation's row.
 MISSED_COUNTED_SQL = """
 UPDATE tasks_bulkoperation AS b SET
     changed = b.changed + %(found)s,

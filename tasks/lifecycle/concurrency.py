@@ -83,8 +83,12 @@ SHOWN_KEYS = 50
 #: Waiting tasks counted per key at most (shown as "10,000+").
 WAITING_CAP = 10_000
 
+# The recovery round's sweep (admit_waiting): a batch of the keys whose admission was skipped (their row
+# was held) and of those whose first deferred task came due while a slot is free, read from an index.
 SWEEP_SQL = "SELECT keys, admitted FROM tasks_concurrency_sweep(%(batch)s)"
 
+# Admission for named keys, in key order (two sessions admitting the same keys take their locks in
+# the same order): the number each admitted, never below 0.
 ADMIT_SQL = """
 SELECT k, greatest(tasks_concurrency_admit(k, NULL, NULL), 0) FROM unnest(%(keys)s::text[]) AS u(k) ORDER BY k
 """

@@ -78,8 +78,8 @@ RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
 # - The tail is ``next_due``, but not far past the latest live reservation of a task with this key of its
 #   own (tasks_task_rate_line_idx, read backwards from the end: one entry while the line is live): a
 #   backlog cancelled or deleted, or a limit raised, leaves ``next_due`` far ahead with nobody in line,
-#   and new refusals would queue after reservations nobody holds while the window stands empty (breaker
-#   32: 58 s instead of 2). That read is the statement's snapshot, taken before it waited for the key
+#   and new refusals would queue after reservations nobody holds while the window stands empty (a
+#   cancelled backlog: 58 s instead of 2). That read is the statement's snapshot, taken before it waited for the key
 #   row: the refusals committed meanwhile (one per start in flight, under a window's worth) are not in
 #   it, so the bound leaves them a period; a bound of one step gave several refusals of a burst the
 #   same reservation, and their tasks came back together to one free start. Queue-wide keys (no rate
@@ -92,6 +92,10 @@ _RATE_TAIL = f"""CASE WHEN (SELECT m.queue_wide FROM mine AS m) THEN k.next_due 
                     WHERE r.rate_key = excluded.key AND r.status IN ('READY', 'BLOCKED') AND r.run_after > c.now
                     ORDER BY r.run_after DESC LIMIT 1) + {_RATE_WINDOW} + {_RATE_STEP},
                    '-infinity')) END"""
+# The grant: a rate-limited attempt's start, taken under its key's row lock if the key has a start
+# left in its period, else refused with when to come back (the row waits in line: READY, or BLOCKED
+# for a keyed task, giving its slot up). Strict: at most max_starts grants in any window of a period;
+# the line's rules above (tasks/lifecycle/ratelimits.py has the user's side).
 RATE_START_SQL = f"""
 WITH mine AS MATERIALIZED (
     SELECT t.id, COALESCE(t.rate_key, %(key)s::text) AS rate_key,
@@ -214,6 +218,7 @@ UNION ALL
 SELECT false, id, token FROM busy
 """
 
+# A handler's progress, stored only while this attempt holds the live lease (a fenced write).
 CHECKPOINT_SQL = """
 UPDATE tasks_task SET progress = %(progress)s::jsonb, progress_at = clock_timestamp()
 WHERE id = %(id)s AND holder = %(worker)s AND token = %(token)s AND status = 'RUNNING'
@@ -228,6 +233,8 @@ COMPLETE_SET = f"""{START_SET},
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())"""
 
+# Successes alone (a round with no claim and no marker): the lighter finish, fenced like every finish,
+# each result with the time its attempt began when the start was not marked.
 COMPLETE_SQL = f"""
 UPDATE tasks_task AS t SET {COMPLETE_SET}
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[], %(started)s::float8[])

@@ -177,7 +177,12 @@ RETURNING t.id, t.status, EXTRACT(EPOCH FROM clock_timestamp() - picked.expires_
 """
 
 
+# Recovery's full scan: every lapsed lease (and impossible state) from the front of the expiry index;
+# each row requeued, backed off, kept BLOCKED for its stalled handler's slot, or FAILED past its limits,
+# in one statement with the error entry, the kept slot and the activity record (_recover_expired).
 RECOVER_EXPIRED_SQL = _recover_expired(_PICK_EXPIRED)
+# The windowed scan between full ones: the same, for the leases that expired since the last scan's
+# start (less RECOVERY_MARGIN): a range of the expiry index, whatever the history beside an old snapshot.
 RECOVER_EXPIRED_SINCE_SQL = _recover_expired(_PICK_EXPIRED_SINCE)
 
 # A lease left live on a row that is not running (it can only come from hand edits or a bug):
@@ -221,6 +226,8 @@ HELD_SQL = """
 SELECT id, token, attempt_started FROM tasks_task WHERE holder = %(worker)s AND status = 'RUNNING'
 """
 
+# Where did the attempts it was finishing end? Each row's holder, token, status and last error entry:
+# the worker's outcome landed when that entry (or a snooze after the grant) is its own token's.
 ATTEMPT_FATE_SQL = """
 SELECT t.id, t.token, t.holder, t.status, t.errors -> -1 ->> 'token', t.errors -> -1 ->> 'kind',
        -- a snooze leaves no error entry: it landed if the row snoozed after this claim's grant

@@ -97,7 +97,9 @@ FROM started
 
 # Each round statement in two forms, indexed by "claims from several queues".
 FINISH_AND_CLAIM_SQL = (_finish_and_claim_sql(PICK_ONE), _finish_and_claim_sql(PICK_MANY))
+# The same with start markers (attempts that began and have not ended): one more modifying CTE.
 FINISH_START_CLAIM_SQL = (_finish_start_claim_sql(PICK_ONE), _finish_start_claim_sql(PICK_MANY))
 # The same from one fair queue: each claimed row's fair_key and the cursor come back last.
 FAIR_FINISH_AND_CLAIM_SQL = _finish_and_claim_sql(PICK_FAIR, fair=True)
+# The fair queue's round with start markers.
 FAIR_FINISH_START_CLAIM_SQL = _finish_start_claim_sql(PICK_FAIR, fair=True)

@@ -108,6 +108,8 @@ def check_graph(parents: Mapping[int, Iterable[int]], size: int) -> list[int]:
 #: written in the same round of statements, and the callers know which id is which step).
 RESERVE_IDS_SQL = "SELECT nextval(pg_get_serial_sequence('tasks_task', 'id')) FROM generate_series(1, %(n)s::int)"
 
+# The workflow's row, RUNNING, with every member counted as remaining; its callback (if any) waits
+# for callback_waiting members. The members and edges follow in the same transaction.
 CREATE_WORKFLOW_SQL = """
 INSERT INTO tasks_workflow (name, kind, status, total, remaining, failed, callback_id, callback_waiting, callback_only,
                             created_at)
@@ -218,6 +220,7 @@ LOCK_PARENTS_SQL = """
 SELECT id, status, workflow_id FROM tasks_task WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR NO KEY UPDATE
 """
 
+# What the parents returned, in id order: a dependant's inputs when it is enqueued with its values.
 PARENT_VALUES_SQL = "SELECT return_value FROM tasks_task WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id"
 
 # A dependant enqueued after a parent already failed, under on_failure = 'cancel': cancelled at once,
@@ -274,6 +277,8 @@ MARK_CANCELLED_SQL = """
 UPDATE tasks_workflow SET status = 'CANCELLED' WHERE id = ANY(%(ids)s::bigint[]) RETURNING id
 """
 
+# How many members a group's callback still waits for (Task.parents_left), from its workflow's row;
+# no row when the task is not that workflow's callback.
 CALLBACK_WAITING_SQL = "SELECT callback_waiting FROM tasks_workflow WHERE id = %(id)s AND callback_id = %(task)s"
 
 # The parents of a task, with what they returned: for a callback or a dependant reading its inputs

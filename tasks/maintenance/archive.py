@@ -92,6 +92,7 @@ LIMIT 1
 _PROGRESS_UPSERT = """ON CONFLICT (status) DO UPDATE
     SET moved_until = GREATEST(tasks_archiveprogress.moved_until, EXCLUDED.moved_until),
         recorded_at = EXCLUDED.recorded_at, moved = tasks_archiveprogress.moved + EXCLUDED.moved"""
+# A pass's end: the mark moved up to its limit (never back), with no rows counted.
 PROGRESS_SQL = f"""
 INSERT INTO tasks_archiveprogress (status, moved_until, recorded_at, moved)
 VALUES (%(status)s, %(until)s, statement_timestamp(), 0)

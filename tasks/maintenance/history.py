@@ -177,6 +177,7 @@ PRUNE_HOURS_SQL = """
 DELETE FROM tasks_activityhour
 WHERE hour < date_trunc('hour', statement_timestamp()) - make_interval(hours => %(hours)s)
 """
+# The hours' marks (which hours are rolled up) past the kept window, by their primary key.
 PRUNE_MARKS_SQL = """
 DELETE FROM tasks_activityhourmark
 WHERE hour < date_trunc('hour', statement_timestamp()) - make_interval(hours => %(hours)s)

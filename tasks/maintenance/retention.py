@@ -220,6 +220,8 @@ SELECT (SELECT max(task_id) FROM picked), (SELECT count(*) FROM picked), (SELECT
 """
 
 
+# Steps and events whose task is in neither tasks_task nor tasks_finished: a batch of task ids after
+# the cursor, each probed by primary key in both tables (_orphans_sql), per statement.
 ORPHANS_SQL = {"steps": _orphans_sql("tasks_taskstep"), "events": _orphans_sql("tasks_taskevent")}
 
 _STATEMENTS = {

@@ -38,7 +38,10 @@ STATUS_TABLES = {
     "CANCELLED": f"{FINISHED_TABLE}_cancelled",
 }
 
+# A moved task read by id: the finished table's primary key (id) leads each partition's index, so one
+# probe per partition; LIMIT 1, the id is unique across them.
 FIND_FINISHED_SQL = "SELECT * FROM tasks_finished WHERE id = %s LIMIT 1"
+# The same for its status alone (a waiter whose task the mover has taken).
 FINISHED_STATUS_SQL = "SELECT status FROM tasks_finished WHERE id = %s LIMIT 1"
 # A moved task back into tasks_task, as it is (final: its status, attempts, result and errors kept),
 # for an operator's action that changes it: a rerun (the requeue that follows in the same transaction)

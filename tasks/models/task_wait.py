@@ -48,6 +48,8 @@ WITH marked AS (
 SELECT COALESCE((SELECT status FROM marked), t.status), EXISTS (SELECT FROM marked)
 FROM tasks_task AS t WHERE t.id = %(id)s
 """
+# A waiter's read once its wait is marked (finish_waited), after each notification or poll pause: the
+# status alone, by primary key.
 READ_STATUS_SQL = "SELECT status FROM tasks_task WHERE id = %s"
 #: The first pause of a wait that polls; it doubles up to the ``poll`` argument.
 FIRST_POLL = 0.05

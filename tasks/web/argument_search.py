@@ -30,6 +30,8 @@ MAX_TERM = 1000
 # transaction, hence not in a migration: a migration runs in one). IF NOT EXISTS: a rerun is harmless.
 # A build that failed leaves an invalid index, which ``present`` does not count and ``drop`` removes.
 CREATE_INDEX_SQL = "CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON tasks_task USING gin ({column} jsonb_path_ops)"
+# The operator's removal of a search index: CONCURRENTLY, so writes go on meanwhile; IF EXISTS, so a
+# second drop (or one of an index never built) is harmless.
 DROP_INDEX_SQL = "DROP INDEX CONCURRENTLY IF EXISTS {index}"
 # Which of the indexes exist and are valid (a build interrupted leaves one invalid: the planner cannot use it).
 PRESENT_SQL = """

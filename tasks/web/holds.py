@@ -44,6 +44,9 @@ _RATE_HELD = (
     " AND ({t}.rate_key IS NOT NULL OR {t}.queue = ANY(%(rated)s::text[])))"
 )
 
+# What holds the waiting tasks back, for the dashboard: one statement of bounded parts (the queues with
+# Ready rows by a loose index scan, then per queue its paused switch, key slots, rate lines and
+# dependencies), each part capped so that its cost does not grow with the table.
 HOLDS_SQL = f"""
 WITH RECURSIVE waiting(queue) AS (
     -- The queues with Ready rows: a loose index scan of tasks_task_claim_idx, one descent per queue.

@@ -38,3 +38,17 @@ def test_a_changed_constant_fails_the_comparison(monkeypatch: pytest.MonkeyPatch
     rendered = sql_files.render()
     changed = [path for path, text in rendered.items() if path.read_text() != text]
     assert [p.name for p in changed] == ["finish.sql"]
+
+
+def test_every_statement_carries_its_why() -> None:
+    """Each statement's block opens with the comment above its constant: what it does and why it is
+    written so, read where the SQL is (a ``-- (the same text as ...)`` line alone does not count)."""
+    bare = []
+    for path, text in sql_files.render().items():
+        lines = text.splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("-- name: "):
+                after = lines[i + 1] if i + 1 < len(lines) else ""
+                if not after.startswith("-- ") or after.startswith(("-- name: ", "-- (the same text as ")):
+                    bare.append(f"{path.parent.name}/{path.name}: {line.removeprefix('-- name: ')}")
+    assert not bare, f"statements with no comment above their constant: {bare}"

@@ -111,6 +111,7 @@ RETURNING b.status, b.cursor, b.matched, b.changed, b.skipped, c.picked, c.chang
     WHERE NOT p.moved AND NOT EXISTS (SELECT 1 FROM changed AS c WHERE c.id = p.id));
 
 -- name: BULK_CANCEL_SQL
+-- A cancel's batch: waiting tasks (never RUNNING) become CANCELLED.
 WITH op AS MATERIALIZED (
     SELECT b.id, b.cursor, b.last_id FROM tasks_bulkoperation AS b
     WHERE b.id = %(operation)s AND b.status IN ('PENDING', 'RUNNING')
@@ -178,6 +179,7 @@ WHERE b.id = op.id
 RETURNING b.status, b.cursor, b.matched, b.changed, b.skipped, c.picked, c.changed;
 
 -- name: BULK_DISCARD_SQL
+-- A discard's batch: waiting tasks fail for good (FAILED, with an error entry saying so).
 WITH op AS MATERIALIZED (
     SELECT b.id, b.cursor, b.last_id FROM tasks_bulkoperation AS b
     WHERE b.id = %(operation)s AND b.status IN ('PENDING', 'RUNNING')
@@ -249,12 +251,15 @@ WHERE b.id = op.id
 RETURNING b.status, b.cursor, b.matched, b.changed, b.skipped, c.picked, c.changed;
 
 -- name: BULK_SQL['retry']
+-- Each kind's batch by its name, as the operation's row gives it (tasks/models/bulk.py).
 -- (the same text as BULK_RETRY_SQL)
 
 -- name: BULK_SQL['cancel']
+-- Each kind's batch by its name, as the operation's row gives it (tasks/models/bulk.py).
 -- (the same text as BULK_CANCEL_SQL)
 
 -- name: BULK_SQL['discard']
+-- Each kind's batch by its name, as the operation's row gives it (tasks/models/bulk.py).
 -- (the same text as BULK_DISCARD_SQL)
 
 -- name: BULK_RETRY_ONE_SQL
@@ -393,6 +398,8 @@ INSERT INTO tasks_task SELECT * FROM back
 RETURNING id;
 
 -- name: MISSED_COUNTED_SQL
+-- Rows a retry batch picked in tasks_task but found taken by the mover meanwhile, brought back from
+-- tasks_finished and run again: counted changed, not skipped, on the operation's row.
 UPDATE tasks_bulkoperation AS b SET
     changed = b.changed + %(found)s,
     skipped = b.skipped - %(found)s

@@ -3,9 +3,13 @@
 -- not edit: change the module, then regenerate (tests/unit/test_sql_files.py compares them).
 
 -- name: SWEEP_SQL
+-- The recovery round's sweep (admit_waiting): a batch of the keys whose admission was skipped (their row
+-- was held) and of those whose first deferred task came due while a slot is free, read from an index.
 SELECT keys, admitted FROM tasks_concurrency_sweep(%(batch)s);
 
 -- name: ADMIT_SQL
+-- Admission for named keys, in key order (two sessions admitting the same keys take their locks in
+-- the same order): the number each admitted, never below 0.
 SELECT k, greatest(tasks_concurrency_admit(k, NULL, NULL), 0) FROM unnest(%(keys)s::text[]) AS u(k) ORDER BY k;
 
 -- name: KEY_STATS_SQL

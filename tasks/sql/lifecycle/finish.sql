@@ -18,6 +18,10 @@ WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t
 RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at;
 
 -- name: RATE_START_SQL
+-- The grant: a rate-limited attempt's start, taken under its key's row lock if the key has a start
+-- left in its period, else refused with when to come back (the row waits in line: READY, or BLOCKED
+-- for a keyed task, giving its slot up). Strict: at most max_starts grants in any window of a period;
+-- the line's rules above (tasks/lifecycle/ratelimits.py has the user's side).
 WITH mine AS MATERIALIZED (
     SELECT t.id, COALESCE(t.rate_key, %(key)s::text) AS rate_key,
            CASE WHEN t.rate_key IS NULL THEN %(limit)s::int ELSE t.rate_limit END AS rate_limit,
@@ -142,11 +146,14 @@ UNION ALL
 SELECT false, id, token FROM busy;
 
 -- name: CHECKPOINT_SQL
+-- A handler's progress, stored only while this attempt holds the live lease (a fenced write).
 UPDATE tasks_task SET progress = %(progress)s::jsonb, progress_at = clock_timestamp()
 WHERE id = %(id)s AND holder = %(worker)s AND token = %(token)s AND status = 'RUNNING'
   AND expires_at > clock_timestamp();
 
 -- name: COMPLETE_SQL
+-- Successes alone (a round with no claim and no marker): the lighter finish, fenced like every finish,
+-- each result with the time its attempt began when the start was not marked.
 UPDATE tasks_task AS t SET 
     attempt_started = true,
     attempts = t.attempts + (NOT t.attempt_started)::int,

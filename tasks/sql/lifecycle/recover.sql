@@ -3,6 +3,9 @@
 -- not edit: change the module, then regenerate (tests/unit/test_sql_files.py compares them).
 
 -- name: RECOVER_EXPIRED_SQL
+-- Recovery's full scan: every lapsed lease (and impossible state) from the front of the expiry index;
+-- each row requeued, backed off, kept BLOCKED for its stalled handler's slot, or FAILED past its limits,
+-- in one statement with the error entry, the kept slot and the activity record (_recover_expired).
 WITH picked AS MATERIALIZED (
     SELECT id, expires_at, holder, token FROM tasks_task
     WHERE status = 'RUNNING'
@@ -162,6 +165,8 @@ RETURNING t.id, t.status, EXTRACT(EPOCH FROM clock_timestamp() - picked.expires_
 SELECT id, status, expired_for, kind, queue, attempts, holder FROM recovered;
 
 -- name: RECOVER_EXPIRED_SINCE_SQL
+-- The windowed scan between full ones: the same, for the leases that expired since the last scan's
+-- start (less RECOVERY_MARGIN): a range of the expiry index, whatever the history beside an old snapshot.
 WITH picked AS MATERIALIZED (
     SELECT id, expires_at, holder, token FROM tasks_task
     WHERE status = 'RUNNING' AND expires_at > %(after)s::timestamptz AND expires_at <= clock_timestamp()
@@ -357,6 +362,8 @@ RETURNING id;
 SELECT id, token, attempt_started FROM tasks_task WHERE holder = %(worker)s AND status = 'RUNNING';
 
 -- name: ATTEMPT_FATE_SQL
+-- Where did the attempts it was finishing end? Each row's holder, token, status and last error entry:
+-- the worker's outcome landed when that entry (or a snooze after the grant) is its own token's.
 SELECT t.id, t.token, t.holder, t.status, t.errors -> -1 ->> 'token', t.errors -> -1 ->> 'kind',
        -- a snooze leaves no error entry: it landed if the row snoozed after this claim's grant
        COALESCE(t.snoozed_at >= t.acquired_at, false)

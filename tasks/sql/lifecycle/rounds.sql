@@ -209,6 +209,7 @@ SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NUL
 FROM finished;
 
 -- name: FINISH_START_CLAIM_SQL[0]
+-- The same with start markers (attempts that began and have not ended): one more modifying CTE.
 WITH finished AS (
     UPDATE tasks_task AS t SET 
     attempt_started = true,
@@ -318,6 +319,7 @@ SELECT 's', started.id, started.token, NULL, NULL, NULL, started.attempts, NULL,
 FROM started;
 
 -- name: FINISH_START_CLAIM_SQL[1]
+-- The same with start markers (attempts that began and have not ended): one more modifying CTE.
 WITH finished AS (
     UPDATE tasks_task AS t SET 
     attempt_started = true,
@@ -663,6 +665,7 @@ SELECT 'f', finished.id, finished.token, NULL, NULL, NULL, NULL, NULL, NULL, NUL
 FROM finished;
 
 -- name: FAIR_FINISH_START_CLAIM_SQL
+-- The fair queue's round with start markers.
 WITH RECURSIVE finished AS (
     UPDATE tasks_task AS t SET 
     attempt_started = true,

@@ -8,6 +8,8 @@
 SELECT nextval(pg_get_serial_sequence('tasks_task', 'id')) FROM generate_series(1, %(n)s::int);
 
 -- name: CREATE_WORKFLOW_SQL
+-- The workflow's row, RUNNING, with every member counted as remaining; its callback (if any) waits
+-- for callback_waiting members. The members and edges follow in the same transaction.
 INSERT INTO tasks_workflow (name, kind, status, total, remaining, failed, callback_id, callback_waiting, callback_only,
                             created_at)
 VALUES (%(name)s::text, %(kind)s::text, 'RUNNING', %(total)s::int, %(total)s::int, 0, %(callback)s::bigint,
@@ -58,6 +60,7 @@ FROM jsonb_array_elements(%(edges)s::jsonb) AS e(item), jsonb_array_elements_tex
 SELECT id, status, workflow_id FROM tasks_task WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR NO KEY UPDATE;
 
 -- name: PARENT_VALUES_SQL
+-- What the parents returned, in id order: a dependant's inputs when it is enqueued with its values.
 SELECT return_value FROM tasks_task WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id;
 
 -- name: CANCEL_AT_ONCE_SQL
@@ -111,6 +114,8 @@ WHERE id = %(workflow)s::bigint;
 UPDATE tasks_workflow SET status = 'CANCELLED' WHERE id = ANY(%(ids)s::bigint[]) RETURNING id;
 
 -- name: CALLBACK_WAITING_SQL
+-- How many members a group's callback still waits for (Task.parents_left), from its workflow's row;
+-- no row when the task is not that workflow's callback.
 SELECT callback_waiting FROM tasks_workflow WHERE id = %(id)s AND callback_id = %(task)s;
 
 -- name: PARENTS_SQL

@@ -25,6 +25,7 @@ ORDER BY finished_at, id
 LIMIT 1;
 
 -- name: PROGRESS_SQL
+-- A pass's end: the mark moved up to its limit (never back), with no rows counted.
 INSERT INTO tasks_archiveprogress (status, moved_until, recorded_at, moved)
 VALUES (%(status)s, %(until)s, statement_timestamp(), 0)
 ON CONFLICT (status) DO UPDATE

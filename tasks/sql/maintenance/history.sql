@@ -107,5 +107,6 @@ DELETE FROM tasks_activityhour
 WHERE hour < date_trunc('hour', statement_timestamp()) - make_interval(hours => %(hours)s);
 
 -- name: PRUNE_MARKS_SQL
+-- The hours' marks (which hours are rolled up) past the kept window, by their primary key.
 DELETE FROM tasks_activityhourmark
 WHERE hour < date_trunc('hour', statement_timestamp()) - make_interval(hours => %(hours)s);

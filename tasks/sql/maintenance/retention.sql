@@ -114,6 +114,8 @@ WHERE doomed.id = picked.id
 RETURNING doomed.finished_at, doomed.id;
 
 -- name: ORPHANS_SQL['steps']
+-- Steps and events whose task is in neither tasks_task nor tasks_finished: a batch of task ids after
+-- the cursor, each probed by primary key in both tables (_orphans_sql), per statement.
 WITH picked AS MATERIALIZED (
     SELECT DISTINCT o.task_id FROM tasks_taskstep AS o
     WHERE o.task_id > %(after)s
@@ -132,6 +134,8 @@ WITH picked AS MATERIALIZED (
 SELECT (SELECT max(task_id) FROM picked), (SELECT count(*) FROM picked), (SELECT count(*) FROM gone);
 
 -- name: ORPHANS_SQL['events']
+-- Steps and events whose task is in neither tasks_task nor tasks_finished: a batch of task ids after
+-- the cursor, each probed by primary key in both tables (_orphans_sql), per statement.
 WITH picked AS MATERIALIZED (
     SELECT DISTINCT o.task_id FROM tasks_taskevent AS o
     WHERE o.task_id > %(after)s

@@ -3,9 +3,12 @@
 -- not edit: change the module, then regenerate (tests/unit/test_sql_files.py compares them).
 
 -- name: FIND_FINISHED_SQL
+-- A moved task read by id: the finished table's primary key (id) leads each partition's index, so one
+-- probe per partition; LIMIT 1, the id is unique across them.
 SELECT * FROM tasks_finished WHERE id = %s LIMIT 1;
 
 -- name: FINISHED_STATUS_SQL
+-- The same for its status alone (a waiter whose task the mover has taken).
 SELECT status FROM tasks_finished WHERE id = %s LIMIT 1;
 
 -- name: RESTORE_SQL

@@ -17,4 +17,6 @@ SELECT COALESCE((SELECT status FROM marked), t.status), EXISTS (SELECT FROM mark
 FROM tasks_task AS t WHERE t.id = %(id)s;
 
 -- name: READ_STATUS_SQL
+-- A waiter's read once its wait is marked (finish_waited), after each notification or poll pause: the
+-- status alone, by primary key.
 SELECT status FROM tasks_task WHERE id = %s;

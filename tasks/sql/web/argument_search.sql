@@ -9,6 +9,8 @@
 CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON tasks_task USING gin ({column} jsonb_path_ops);
 
 -- name: DROP_INDEX_SQL
+-- The operator's removal of a search index: CONCURRENTLY, so writes go on meanwhile; IF EXISTS, so a
+-- second drop (or one of an index never built) is harmless.
 DROP INDEX CONCURRENTLY IF EXISTS {index};
 
 -- name: PRESENT_SQL

@@ -3,6 +3,9 @@
 -- not edit: change the module, then regenerate (tests/unit/test_sql_files.py compares them).
 
 -- name: HOLDS_SQL
+-- What holds the waiting tasks back, for the dashboard: one statement of bounded parts (the queues with
+-- Ready rows by a loose index scan, then per queue its paused switch, key slots, rate lines and
+-- dependencies), each part capped so that its cost does not grow with the table.
 WITH RECURSIVE waiting(queue) AS (
     -- The queues with Ready rows: a loose index scan of tasks_task_claim_idx, one descent per queue.
     (SELECT queue FROM tasks_task WHERE status = 'READY' ORDER BY queue LIMIT 1)
