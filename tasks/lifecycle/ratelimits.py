@@ -3,7 +3,7 @@ seconds on the database clock, across every worker and process ("at most 14 call
 this mail provider", "at most 100 per minute per customer").
 
 A concurrency limit (tasks/lifecycle/concurrency.py) caps attempts in flight; a rate limit caps
-*starts*. A start is the grant taken by RATE_START_SQL (tasks/lifecycle/finish.py), which the
+*starts*. A start is the grant taken by RATE_START_SQL (below), which the
 executor sends immediately before the handler runs, in place of the ordinary start marker: in one
 statement it takes a start of the key's window and marks the attempt started at the grant's clock,
 or, when the window is full, hands the attempt back uncharged (READY, not an attempt, not a crash:
@@ -47,6 +47,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from leasing.routing import selected_database
 from tasks.conf import derived, get_settings
+from tasks.lifecycle.fragments import HELD, WAITING_STATUS
 
 #: Starts a window may hold at most: a start rewrites the key's window (O(count) timestamps).
 MAX_RATE_COUNT = 10_000
@@ -237,3 +238,139 @@ def prune_idle_keys(*, using: str = DEFAULT_DB_ALIAS, idle: float = IDLE_KEY_SEC
     with connections[using].cursor() as cursor:
         cursor.execute(PRUNE_IDLE_KEYS_SQL, {"idle": idle, "limit": limit})
         return cursor.rowcount
+
+
+# A rate-limited attempt's start: ONE statement takes a start of its
+# rate key's sliding window and marks the attempt started at the grant's clock, or, when the key cannot
+# give it a start now, hands the attempt back uncharged (invariant 10: no attempt, no crash, no unstarted
+# return) with run_after pushed to when its start is due. Sent by the executor right before the handler
+# runs (as START_SQL for a suspect), so a start is counted when a handler really begins, not when a
+# worker prefetches a claim; a claim that never started never took one.
+#
+# - ``mine`` locks the task row first (held by this worker, this token, a live lease): a lapsed claim
+#   takes nothing; one already started (the reply to the first copy was lost) takes nothing again.
+#   The lock order is always task row, then key row. A task without a rate key of its own takes its
+#   queue's (``key``, ``limit``, ``period``: LEASING_TASKS["RATE_LIMITS"] as the worker has it).
+# - ``slot`` is an upsert on the key's primary key (one row, one index probe; the first start of a
+#   key inserts it). The SET is one sub-SELECT so that one clock reading, taken under the key row's
+#   lock, decides and is recorded: grants of a key are serialised by that lock, so their times only
+#   grow, and a grant needs fewer than ``max_starts`` recorded grants newer than now - period. Then
+#   every window [w, w + period) holds at most max_starts grants: the last of them to be granted
+#   counted all the others. ``starts`` keeps only the grants inside the window (at most max_starts,
+#   oldest first), so the row stays small and the cost is O(max_starts), whatever the number of keys
+#   or tasks. Strict by construction: no burst allowance (a token bucket with a burst of N lets 2N
+#   starts into one window).
+# - The key's refused tasks wait in line, in the order they were first refused, and nothing passes
+#   them (issue 38: a backlog's first hundred tasks started in the last seconds of its drain).
+#   * A task never refused (``rate_refusals`` 0) takes a free start only while nobody waits
+#     (``line_open``): else it joins the back of the line, ``next_due``, the key's reservation tail,
+#     which moves on by period / max_starts per refusal, so a backlog waits at distinct times at the
+#     key's rate instead of coming due all at once (a claim's range scan is ``run_after <= now``:
+#     deferred rows cost claims nothing).
+#   * A task back from the line takes a free start. If none is free yet (its reservation came early:
+#     the grants before it ran late), it keeps its place: it is given the next start the window frees
+#     after the last one promised to a task back from the line (``promised_until``), exact while the
+#     window holds the grant that frees it, else a step after the last promise. Sending such a task to
+#     the back of the line again (once a quick retry missed) reshuffled the line: 4.97 refusals per
+#     start, and a backlog's first tasks started last.
+# - The tail is ``next_due``, but not far past the latest live reservation of a task with this key of its
+#   own (tasks_task_rate_line_idx, read backwards from the end: one entry while the line is live): a
+#   backlog cancelled or deleted, or a limit raised, leaves ``next_due`` far ahead with nobody in line,
+#   and new refusals would queue after reservations nobody holds while the window stands empty (a
+#   cancelled backlog: 58 s instead of 2). That read is the statement's snapshot, taken before it waited for the key
+#   row: the refusals committed meanwhile (one per start in flight, under a window's worth) are not in
+#   it, so the bound leaves them a period; a bound of one step gave several refusals of a burst the
+#   same reservation, and their tasks came back together to one free start. Queue-wide keys (no rate
+#   key on the row) keep ``next_due``.
+# - A keyed task (concurrency) refused waits BLOCKED, giving its concurrency slot up while it waits.
+_RATE_WINDOW = "make_interval(secs => excluded.period)"
+_RATE_STEP = "make_interval(secs => excluded.period / excluded.max_starts)"
+_RATE_TAIL = f"""CASE WHEN (SELECT m.queue_wide FROM mine AS m) THEN k.next_due ELSE LEAST(k.next_due, COALESCE(
+                   (SELECT r.run_after FROM tasks_task AS r
+                    WHERE r.rate_key = excluded.key AND r.status IN ('READY', 'BLOCKED') AND r.run_after > c.now
+                    ORDER BY r.run_after DESC LIMIT 1) + {_RATE_WINDOW} + {_RATE_STEP},
+                   '-infinity')) END"""
+# The grant: a rate-limited attempt's start, taken under its key's row lock if the key has a start
+# left in its period, else refused with when to come back (the row waits in line: READY, or BLOCKED
+# for a keyed task, giving its slot up). Strict: at most max_starts grants in any window of a period;
+# the line's rules above (tasks/lifecycle/ratelimits.py has the user's side).
+RATE_START_SQL = f"""
+WITH mine AS MATERIALIZED (
+    SELECT t.id, COALESCE(t.rate_key, %(key)s::text) AS rate_key,
+           CASE WHEN t.rate_key IS NULL THEN %(limit)s::int ELSE t.rate_limit END AS rate_limit,
+           CASE WHEN t.rate_key IS NULL THEN %(period)s::float8 ELSE t.rate_period END AS rate_period,
+           t.rate_refusals > 0 AS in_line, t.attempt_started, t.rate_key IS NULL AS queue_wide
+    FROM tasks_task AS t
+    WHERE t.id = %(id)s::bigint AND t.token = %(token)s::bigint AND {HELD} AND t.expires_at > clock_timestamp()
+      AND COALESCE(t.rate_key, %(key)s::text) IS NOT NULL
+    FOR NO KEY UPDATE OF t
+), slot AS (
+    INSERT INTO tasks_ratelimit AS k (key, max_starts, period, starts, next_due, grants, refusals, retry_at,
+                                      promised_until, decided_at, granted)
+    SELECT m.rate_key, m.rate_limit, m.rate_period, ARRAY[c.now], c.now, 1, 0, NULL, NULL, c.now, true
+    FROM mine AS m, (SELECT clock_timestamp() AS now) AS c WHERE NOT m.attempt_started
+    ON CONFLICT (key) DO UPDATE SET (max_starts, period, starts, next_due, grants, refusals, retry_at,
+                                     promised_until, decided_at, granted) = (
+        SELECT excluded.max_starts, excluded.period,
+               CASE WHEN d.granted THEN w.kept || c.now ELSE w.kept END,
+               CASE WHEN d.granted OR l.in_line THEN k.next_due ELSE d.sent_to + {_RATE_STEP} END,
+               k.grants + d.granted::int,
+               k.refusals + (NOT d.granted)::int,
+               CASE WHEN d.granted THEN k.retry_at ELSE d.sent_to END,
+               CASE WHEN NOT d.granted AND l.in_line THEN d.sent_to ELSE k.promised_until END,
+               c.now,
+               d.granted
+        FROM (SELECT clock_timestamp() AS now) AS c
+        CROSS JOIN LATERAL (
+            SELECT COALESCE(array_agg(s.at ORDER BY s.at), '{{}}') AS kept, count(*)::int AS n
+            FROM unnest(k.starts) AS s(at) WHERE s.at > c.now - {_RATE_WINDOW}
+        ) AS w
+        CROSS JOIN LATERAL (
+            SELECT w.n >= excluded.max_starts AS full,
+                   w.kept[w.n - excluded.max_starts + 1] + {_RATE_WINDOW} AS frees,
+                   (SELECT m.in_line FROM mine AS m) AS in_line,
+                   {_RATE_TAIL} AS tail,
+                   GREATEST(c.now, k.promised_until) AS promised
+        ) AS l
+        CROSS JOIN LATERAL (
+            SELECT NOT l.full AND (l.in_line OR (l.tail <= c.now AND l.promised <= c.now)) AS granted,
+                   CASE WHEN l.in_line
+                        THEN COALESCE((SELECT min(s.at) + {_RATE_WINDOW} FROM unnest(w.kept) AS s(at)
+                                       WHERE s.at + {_RATE_WINDOW} > l.promised),
+                                      l.promised + {_RATE_STEP})
+                        ELSE GREATEST(l.tail, CASE WHEN l.full THEN l.frees END, l.promised + {_RATE_STEP}) END
+                       AS sent_to
+        ) AS d
+    )
+    RETURNING k.granted, k.decided_at, k.retry_at
+), started AS (
+    UPDATE tasks_task AS t SET
+        attempt_started = true,
+        attempt_isolated = %(isolated)s::boolean,
+        attempts = t.attempts + 1,
+        started_at = COALESCE(t.started_at, s.decided_at),
+        last_attempted_at = s.decided_at,
+        worker_ids = t.worker_ids || jsonb_build_array(t.holder)
+    FROM mine AS m, slot AS s
+    WHERE t.id = m.id AND s.granted
+    RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
+), refused AS (
+    UPDATE tasks_task AS t SET
+        status = {WAITING_STATUS},
+        run_after = s.retry_at,
+        rate_refusals = t.rate_refusals + 1,
+        attempt_started = false,
+        attempt_isolated = false,
+        released_at = clock_timestamp(),
+        expires_at = LEAST(t.expires_at, clock_timestamp())
+    FROM mine AS m, slot AS s
+    WHERE t.id = m.id AND NOT s.granted
+    RETURNING t.id, t.token, t.run_after
+)
+SELECT true, id, token, attempts, started_at, last_attempted_at, NULL::float8 FROM started
+UNION ALL  -- with the seconds until it is due: the worker looks for it then (it was not NOTIFYed)
+SELECT false, id, token, NULL, NULL, run_after, EXTRACT(EPOCH FROM run_after - clock_timestamp())::float8 FROM refused
+UNION ALL  -- sent again after a lost reply: the first copy granted it (nothing else starts a rate-limited claim)
+SELECT true, t.id, t.token, t.attempts, t.started_at, t.last_attempted_at, NULL
+FROM tasks_task AS t JOIN mine AS m ON t.id = m.id WHERE m.attempt_started
+"""

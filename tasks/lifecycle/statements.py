@@ -50,7 +50,6 @@ from tasks.lifecycle.finish import (  # noqa: F401
     FAIL_SQL,
     HAND_BACK_SQL,
     HEARTBEAT_SQL,
-    RATE_START_SQL,
     START_SQL,
 )
 from tasks.lifecycle.fragments import (  # noqa: F401
@@ -69,6 +68,7 @@ from tasks.lifecycle.operations import (  # noqa: F401
     DELETE_FINISHED_SQL,
 )
 from tasks.lifecycle.prepared import plan_once
+from tasks.lifecycle.ratelimits import RATE_START_SQL  # noqa: F401
 from tasks.lifecycle.recover import (  # noqa: F401
     ATTEMPT_FATE_SQL,
     EXPIRE_ORPHANS_SQL,

@@ -174,7 +174,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         "refuse a rate-limited start",
         (RUNNING,),
         (READY, BLOCKED),
-        ("tasks.lifecycle.finish.RATE_START_SQL",),
+        ("tasks.lifecycle.ratelimits.RATE_START_SQL",),
         "its rate key's window is full, or earlier tasks of the key wait in its line, when the executor is about "
         "to start it: handed back uncharged in the statement that would have granted the start, run_after pushed "
         "to its place in the key's line (a keyed task waits BLOCKED); a granted start marks the attempt started "

@@ -132,7 +132,7 @@ class GrantTimes(models.Field):
 class RateLimit(models.Model):
     """A rate key's sliding window: the grant times of the starts in the last ``period`` (at most
     ``max_starts`` of them, oldest first), and the row whose lock serialises the key's grants. Written
-    only by the rate start (tasks/lifecycle/finish.py, RATE_START_SQL; tasks/lifecycle/ratelimits.py)."""
+    only by the rate start (RATE_START_SQL, tasks/lifecycle/ratelimits.py)."""
 
     key = models.CharField(max_length=255, primary_key=True)
     max_starts = models.PositiveIntegerField(help_text="Starts allowed in any window of ``period`` (the last start's).")
