@@ -14,7 +14,7 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     from tasks.conf import get_settings
     from tasks.maintenance.partitions import PartitionError, days_ahead_setting
     from tasks.maintenance.retention import retention_policy
-    from tasks.maintenance.schedules import load_schedules
+    from tasks.maintenance.schedule_specs import load_schedules
 
     try:
         get_settings()

@@ -24,7 +24,7 @@ from leasing.routing import selected_database
 from leasing.validation import InvalidInput, loads
 from tasks import redaction
 from tasks.lifecycle.routing import queue_database
-from tasks.maintenance.schedules import CATCH_UP, InvalidSchedule, load_schedules, stored_spec
+from tasks.maintenance.schedule_specs import CATCH_UP, InvalidSchedule, load_schedules, stored_spec
 from tasks.models import Schedule, ScheduleRun, StoredSchedule
 
 

@@ -18,7 +18,7 @@ becomes a task exactly once, however many replicas run and whatever they suffer:
 - ``last_slot`` only moves forward, so a slot once handled is never enqueued again, even after its
   run row was pruned; the unique run row refuses a duplicate all the same.
 
-Slots (``tasks/maintenance/schedules.py``): an ``interval`` schedule is due at every multiple of the interval
+Slots (``tasks/maintenance/schedule_specs.py``): an ``interval`` schedule is due at every multiple of the interval
 since the Unix epoch (UTC); a ``cron`` schedule when its expression matches in its time zone, as
 Debian's cron would run it. A new schedule's first slot is the first one after the scheduler first
 saw it.
@@ -65,7 +65,7 @@ from leasing.routing import selected_database
 from tasks.conf import get_settings
 from tasks.lifecycle.routing import queue_database
 from tasks.lifecycle.values import fair_key_for
-from tasks.maintenance.schedules import ScheduleSpec, load_schedules, stored_spec
+from tasks.maintenance.schedule_specs import ScheduleSpec, load_schedules, stored_spec
 
 logger = logging.getLogger("tasks.scheduler")
 

@@ -187,7 +187,7 @@ class StoredScheduleQuerySet(models.QuerySet["StoredSchedule"]):
 
 class StoredSchedule(models.Model):
     """A schedule stored at runtime (admin, JSON API): the settings entry's keys in ``entry``
-    (validated by ``tasks.maintenance.schedules.stored_spec``, the settings' validator), run by the
+    (validated by ``tasks.maintenance.schedule_specs.stored_spec``, the settings' validator), run by the
     same scheduler as the declared ones. Write it through the queryset's operations (each bumps
     ``revision``), not ``save()``."""
 

@@ -15,8 +15,8 @@ from django.shortcuts import render
 from leasing.access import VIEW_SCHEDULE, VIEW_TASK, staff_page
 from leasing.validation import parse_iso_datetime
 from tasks import redaction
+from tasks.maintenance.schedule_specs import ScheduleSpec, load_schedules
 from tasks.maintenance.scheduler import schedule_status
-from tasks.maintenance.schedules import ScheduleSpec, load_schedules
 from tasks.models import ScheduleRun
 from tasks.models import finished as finished_storage
 

@@ -10,8 +10,8 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from leasing.models import Lease
+from tasks.maintenance.schedule_specs import build_spec
 from tasks.maintenance.scheduler import SCHEDULER_LEASE, Scheduler, ScheduleState, SlotWriter, database_now
-from tasks.maintenance.schedules import build_spec
 from tasks.models import Schedule, Task
 from tasks.workflows import chain, group, step
 from tests.helpers.task_paths import NOOP

@@ -352,7 +352,7 @@ def test_pausing_and_keys_blocks(settings: Any) -> None:
 
 
 def test_periodic_tasks_settings_are_valid(settings: Any) -> None:
-    from tasks.maintenance.schedules import load_schedules
+    from tasks.maintenance.schedule_specs import load_schedules
 
     def sync_invoices() -> None: ...
 

@@ -11,8 +11,8 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from leasing.models import Lease
+from tasks.maintenance.schedule_specs import load_schedules
 from tasks.maintenance.scheduler import SCHEDULER_LEASE, SlotWriter, database_now
-from tasks.maintenance.schedules import load_schedules
 from tasks.models import Schedule, ScheduleRun, Task
 from tests.helpers.api import check_answer
 from tests.helpers.task_paths import NOOP

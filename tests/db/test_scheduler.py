@@ -12,8 +12,8 @@ import pytest
 from django.db import connection
 
 from leasing.models import Lease
+from tasks.maintenance.schedule_specs import ScheduleSpec, build_spec
 from tasks.maintenance.scheduler import SCHEDULER_LEASE, Deposed, Scheduler, ScheduleState, SlotWriter, database_now
-from tasks.maintenance.schedules import ScheduleSpec, build_spec
 from tasks.models import Schedule, ScheduleRun, Task
 from tests.helpers import wait_until
 from tests.helpers.task_paths import NOOP

@@ -24,8 +24,8 @@ from leasing.routing import known_databases, lease_database
 from tasks.compat import task_backends
 from tasks.lifecycle.routing import queue_database
 from tasks.maintenance.recovery import RECOVERY_LEASE, RecoveryController, recover_once
+from tasks.maintenance.schedule_specs import load_schedules
 from tasks.maintenance.scheduler import Scheduler, schedule_status
-from tasks.maintenance.schedules import load_schedules
 from tasks.models import Task
 from tests.helpers import wait_until
 from tests.helpers.api import Api

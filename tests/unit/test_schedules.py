@@ -11,7 +11,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from tasks.maintenance.retention import parse_duration, retention_policy
-from tasks.maintenance.schedules import ScheduleSpec, build_spec, load_schedules
+from tasks.maintenance.schedule_specs import ScheduleSpec, build_spec, load_schedules
 
 UTC = dt.timezone.utc
 BERLIN = ZoneInfo("Europe/Berlin")

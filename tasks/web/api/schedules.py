@@ -24,8 +24,8 @@ from leasing.validation import parse_iso_datetime
 from tasks import redaction
 from tasks.conf import get_settings
 from tasks.lifecycle.routing import queue_database
+from tasks.maintenance.schedule_specs import InvalidSchedule, ScheduleSpec, load_schedules, stored_spec
 from tasks.maintenance.scheduler import schedule_status
-from tasks.maintenance.schedules import InvalidSchedule, ScheduleSpec, load_schedules, stored_spec
 from tasks.models import ScheduleRun, StoredRow, StoredSchedule
 from tasks.models import finished as finished_storage
 
