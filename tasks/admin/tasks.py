@@ -1,3 +1,7 @@
+"""The admin of the tasks (``TaskAdmin``): its list read as the dashboard's listings are
+(tasks/web/listings.py), its actions the operator's transitions; the filters beyond the status are in
+``task_filters.py``."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -7,108 +11,29 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import SEARCH_VAR, ChangeList
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import DEFAULT_DB_ALIAS, transaction
-from django.db.models import F, Q, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from leasing.admin import CheckedInputAdmin
-from leasing.routing import selected_database
 from leasing.templatetags.leasing_tags import stamp
 from leasing.validation import MAX_BIGINT, InvalidInput, parse_whole
 from tasks import redaction
-from tasks.backends.placement import misrouted, switch_database
+from tasks.admin.task_filters import QueueFilter, StuckFilter, WorkflowFilter, workflow_param
 from tasks.exceptions import TaskError, TaskNotFinished, TaskRunAgain
 from tasks.lifecycle import vocabulary
 from tasks.lifecycle.bulk import BulkFilterError
-from tasks.lifecycle.routing import queue_database
 from tasks.lifecycle.states import UNFINISHED
-from tasks.lifecycle.workflows import WorkflowStatus
-from tasks.models import BulkOperation, QueueControl, Task, Worker
+from tasks.models import BulkOperation, Task
 from tasks.models.finished import archived_ids
-from tasks.web import queries
+from tasks.web import listings, queries
 from tasks.web.attempts import history
-from tasks.web.queries import ValueAmong
-from tasks.web.workflows import workflow_page
-
-
-class StuckFilter(admin.SimpleListFilter):
-    title = "lease"
-    parameter_name = "lease"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [
-            ("stuck", f"{vocabulary.label('stuck')} (running, lease expired)"),
-            ("live", "Running with a live lease"),
-        ]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if self.value() == "stuck":
-            return queryset.stuck()  # type: ignore[attr-defined]
-        if self.value() == "live":
-            return queryset.running().active()  # type: ignore[attr-defined]
-        return queryset
-
-
-class QueueFilter(admin.SimpleListFilter):
-    """The queues, found by a loose index scan (the built-in filter runs SELECT DISTINCT over the table)."""
-
-    title = "queue"
-    parameter_name = "queue__exact"  # the built-in filter's parameter: existing links keep working
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        # The selected queue is a choice even when tasks_task holds none of its tasks (the mover took
-        # them all): a filter with no choices is dropped by the admin, and the list would show every
-        # queue's tasks under a URL that names one.
-        names = queries.queue_names()
-        if (selected := self.value()) and selected not in names:
-            names = [*names, selected]
-        return [(name, name) for name in names]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = self.value()
-        return queryset.filter(queue=value) if value else queryset
-
-
-class WorkflowFilter(admin.SimpleListFilter):
-    """A workflow's members (``?workflow_id=``, the link from the workflow admin), read through
-    tasks_task_workflow_idx (:meth:`TaskAdmin.get_paginator`). The choices are the newest running
-    workflows and the one selected: never a DISTINCT over the tasks."""
-
-    title = "workflow"
-    parameter_name = "workflow_id"
-    shown = 20
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        choices = [(str(w.pk), str(w)) for w in workflow_page(WorkflowStatus.RUNNING, limit=self.shown).workflows]
-        selected = _workflow_param(request)
-        if selected is not None and str(selected) not in {value for value, _ in choices}:
-            choices.insert(0, (str(selected), f"workflow {selected}"))
-        return choices
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if not self.value():
-            return queryset
-        selected = _workflow_param(request)
-        if selected is None:
-            raise IncorrectLookupParameters(f"workflow_id must be a whole number from 1 to {MAX_BIGINT}")
-        # An array, not an equality: with "workflow_id = X" the planner could drop the column from
-        # the listing's order and read the pages backwards from the primary key.
-        return queryset.filter(ValueAmong(F("workflow_id"), [selected]))
-
-
-def _workflow_param(request: HttpRequest) -> int | None:
-    try:
-        return parse_whole(request.GET.get(WorkflowFilter.parameter_name, ""), "workflow_id", low=1, high=MAX_BIGINT)
-    except InvalidInput:
-        return None
-
 
 _UNSEARCHED = "_tasks_unsearched_queryset"
 _UNFINISHED_DELETE = "_tasks_unfinished_delete"
@@ -215,9 +140,9 @@ class TaskAdmin(CheckedInputAdmin):
             if (cached := getattr(request, _SELECTED_ACROSS, None)) is not None:
                 return list(cached)
             paginator = self.get_changelist_instance(request).paginator
-            if not isinstance(paginator, queries.ListingPaginator) or paginator.capped:
+            if not isinstance(paginator, listings.ListingPaginator) or paginator.capped:
                 raise TaskError(
-                    f"more than {queries.COUNT_CAP:,} tasks selected: use the actions on ALL matching tasks"
+                    f"more than {listings.COUNT_CAP:,} tasks selected: use the actions on ALL matching tasks"
                     " (background) or narrow the filters"
                 )
             selected = list(paginator.listing.counted or [])
@@ -233,7 +158,7 @@ class TaskAdmin(CheckedInputAdmin):
         ids = self._selected_ids(request)
         present = set(Task.objects.using(queryset.db).filter(pk__in=ids).values_list("pk", flat=True))
         return [
-            pk for pk, _status in archived_ids([i for i in ids if i not in present][: queries.COUNT_CAP], queryset.db)
+            pk for pk, _status in archived_ids([i for i in ids if i not in present][: listings.COUNT_CAP], queryset.db)
         ]
 
     # Only a finished task is deleted (the "delete" transition, tasks/lifecycle/transitions.py). A
@@ -350,7 +275,7 @@ class TaskAdmin(CheckedInputAdmin):
         # a status filter cost nothing (the planner folds them to false).
         search = request.GET.get(SEARCH_VAR, "")
         lookups, base = None, queryset
-        if (workflow := _workflow_param(request)) is not None:
+        if (workflow := workflow_param(request)) is not None:
             # A workflow's members: the workflow drives every branch (tasks_task_workflow_idx) and a
             # search is checked among them; the cost is the workflow's, not the history's.
             lookups = [Q(workflow_id=workflow)]
@@ -360,8 +285,8 @@ class TaskAdmin(CheckedInputAdmin):
             except InvalidInput:  # said by get_search_results
                 lookups = []
             base = getattr(request, _UNSEARCHED, queryset)
-        listing = queries.Listing(base, queries.ALL_STATUSES, lookups=lookups)
-        return queries.ListingPaginator(listing, per_page, orphans, allow_empty_first_page)
+        listing = listings.Listing(base, listings.ALL_STATUSES, lookups=lookups)
+        return listings.ListingPaginator(listing, per_page, orphans, allow_empty_first_page)
 
     @admin.display(description="status", ordering="status")
     def status_display(self, obj: Task) -> str:
@@ -490,7 +415,7 @@ class TaskAdmin(CheckedInputAdmin):
             data["status"] = status
         if queue := request.GET.get(QueueFilter.parameter_name):
             data["queue"] = queue
-        if (workflow := _workflow_param(request)) is not None:
+        if (workflow := workflow_param(request)) is not None:
             data["workflow_id"] = workflow
         try:
             operation = BulkOperation.objects.request(kind, data, requested_by=request.user.get_username())
@@ -523,107 +448,6 @@ class TaskAdmin(CheckedInputAdmin):
     @admin.action(permissions=["change"], description="Discard ALL waiting tasks matching the filters (background)")
     def discard_all_matching(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
         self._request_bulk(request, "discard")
-
-
-@admin.register(Worker)
-class WorkerAdmin(CheckedInputAdmin):
-    list_display = ("id", "hostname", "pid", "concurrency", "running", "last_seen_at", "stopped_at", "tasks_link")
-    search_fields = ("id", "hostname")
-    readonly_fields = [field.name for field in Worker._meta.get_fields() if field.concrete]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    @admin.display(description="tasks held")
-    def tasks_link(self, obj: Worker) -> str:
-        url = reverse("admin:tasks_task_changelist") + f"?q={obj.id}&status__exact=RUNNING"
-        return format_html('<a href="{}">tasks</a>', url)
-
-
-@admin.register(QueueControl)
-class QueueControlAdmin(CheckedInputAdmin):
-    """Pause and resume queues. Saving here goes through the same calls as the command and the API,
-    so a resume wakes idle workers at once."""
-
-    list_display = ("name", "paused", "changed_at", "changed_by", "reason")
-    list_filter = ("paused",)
-    search_fields = ("=name",)
-    fields = ("name", "paused", "reason", "changed_at", "changed_by")
-    readonly_fields = ("changed_at", "changed_by")
-    actions = ("pause", "resume")
-
-    def get_readonly_fields(self, request: HttpRequest, obj: QueueControl | None = None) -> tuple[str, ...]:
-        return (*self.readonly_fields, "name") if obj is not None else self.readonly_fields
-
-    def get_form(
-        self, request: HttpRequest, obj: QueueControl | None = None, change: bool = False, **kwargs: Any
-    ) -> Any:
-        """A queue's switch lives in the database its workers claim from (tasks/lifecycle/routing.py): the
-        form refuses a queue whose tasks never land in the database the page shows (neither routed
-        there nor taken by a LeaseBackend pinned there), rather than saving a switch there that no
-        worker of that queue reads."""
-        base = super().get_form(request, obj, change, **kwargs)
-        shown = selected_database()
-
-        class RoutedForm(base):  # type: ignore[misc, valid-type]
-            def clean(self) -> dict[str, Any]:
-                data: dict[str, Any] = super().clean()
-                name = data.get("name") or (obj.name if obj is not None else None)
-                if name and misrouted([name], shown):
-                    raise ValidationError(
-                        f"Queue {name!r} lives in database {queue_database(name)!r}, not {shown!r}: "
-                        "switch the list to that database (?db=) to pause or resume it."
-                    )
-                return data
-
-        return RoutedForm
-
-    def changeform_view(
-        self,
-        request: HttpRequest,
-        object_id: str | None = None,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        try:
-            return super().changeform_view(request, object_id, form_url, extra_context)
-        except TaskError as exc:
-            # A pause that could not get its lock in time (a long transaction read the switches): the
-            # request's transactions are rolled back (no switch, no "added" log entry); say why.
-            self.message_user(request, str(exc), messages.ERROR)
-            return HttpResponseRedirect(request.get_full_path())
-
-    def save_model(self, request: HttpRequest, obj: QueueControl, form: Any, change: bool) -> None:
-        by = f"{request.user} (admin)"
-        controls = QueueControl.objects.db_manager(switch_database(obj.name, selected_database()))
-        if obj.paused:
-            controls.pause(obj.name, by=by, reason=obj.reason)
-        else:
-            controls.resume(obj.name, by=by)
-
-    @admin.action(permissions=["change"], description="Pause the selected queues")
-    def pause(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> None:
-        names = list(queryset.values_list("name", flat=True))
-        paused = 0
-        for name in names:  # in the queue's own database, whose claims read it
-            try:
-                controls = QueueControl.objects.db_manager(switch_database(name, selected_database()))
-                controls.pause(name, by=f"{request.user} (admin)")
-            except TaskError as exc:  # its lock did not come in time: this one is left as it was
-                self.message_user(request, str(exc), messages.ERROR)
-                continue
-            paused += 1
-        if paused:
-            self.message_user(request, f"Paused {paused} queue(s).", messages.SUCCESS)
-
-    @admin.action(permissions=["change"], description="Resume the selected queues")
-    def resume(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> None:
-        names = list(queryset.values_list("name", flat=True))
-        for name in names:
-            QueueControl.objects.db_manager(switch_database(name, selected_database())).resume(
-                name, by=f"{request.user} (admin)"
-            )
-        self.message_user(request, f"Resumed {len(names)} queue(s).", messages.SUCCESS)
 
 
 def _error_html(entry: dict[str, Any] | None) -> str:

@@ -20,7 +20,7 @@ from leasing.routing import selected_database
 from leasing.validation import MAX_BIGINT
 from tasks.lifecycle.workflows import WorkflowStatus
 from tasks.models import Workflow
-from tasks.web.queries import StatusAmong
+from tasks.web.listings import StatusAmong
 
 #: A name is searched among the newest workflows only: the name has no index, and a search must not
 #: read every workflow ever run.

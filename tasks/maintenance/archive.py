@@ -3,7 +3,7 @@ docs/explanation/finished-storage.md), where retention drops them a day at a tim
 
 On by default (``LEASING_TASKS["ARCHIVE_AFTER"]``, a duration, "10m"; None turns it off): lookups by
 id (tasks/models/finished.py), the lists and counts of the dashboard, the admin and the JSON API
-(tasks/web/queries.py), the rerun and the bulk retry read or bring back both tables.
+(tasks/web/listings.py, tasks/web/queries.py), the rerun and the bulk retry read or bring back both tables.
 
 What it moves, per final status, oldest first: plain tasks (``workflow_id IS NULL``; a workflow's
 members stay with their workflow, which retention prunes as one unit, tasks/lifecycle/workflows.py)

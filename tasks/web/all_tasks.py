@@ -2,7 +2,7 @@
 keys a task has, workflow, enqueue time and the search of the state pages; its cost depends on the page,
 not on the table (invariant 12).
 
-The listing is :class:`tasks.web.queries.Listing` once per group of statuses that read the same way,
+The listing is :class:`tasks.web.listings.Listing` once per group of statuses that read the same way,
 merged by id. One filter drives each group: the most selective equality whose page index covers
 the group's statuses (workflow, dedup key, task path, queue: each index is (column, status, id DESC));
 with none, the status index drives it. Every other filter (the keys no page index holds, the time
@@ -27,7 +27,8 @@ from leasing.validation import MAX_BIGINT, InvalidInput, clean_text, parse_iso_d
 from tasks.lifecycle import vocabulary
 from tasks.lifecycle.states import TaskStatus
 from tasks.models import Task
-from tasks.web.queries import ALL_STATUSES, Listing, Page, search_lookups
+from tasks.web.listings import ALL_STATUSES, Listing, Page
+from tasks.web.queries import search_lookups
 
 _OWN_WAY = (TaskStatus.RUNNING, TaskStatus.AWAITING, TaskStatus.BLOCKED)
 _FINISHED_AND_READY = (TaskStatus.READY, TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskStatus.CANCELLED)

@@ -1,9 +1,10 @@
 """The dashboard: what is held, by whom, until when; what is stuck; is the system healthy.
 
 Every page is server-rendered (no front-end build); a few lines of JavaScript refresh the marked
-parts in place. No page reads more rows when the table grows (tasks/web/queries.py): counts are capped
-(exact when small), lists are ordered index scans with keyset pagination on the primary key, search
-is an exact lookup, and the last-hour chart reads a per-minute rollup (tasks/lifecycle/activity.py).
+parts in place. No page reads more rows when the table grows (tasks/web/queries.py and
+tasks/web/listings.py): counts are capped (exact when small), lists are ordered index scans with
+keyset pagination on the primary key, search is an exact lookup, and the last-hour chart reads a
+per-minute rollup (tasks/lifecycle/activity.py).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from tasks.lifecycle.states import with_db_clock
 from tasks.lifecycle.storable import is_storable
 from tasks.models import Task, TaskEvent, TaskStatus, TaskStep, Worker, Workflow
 from tasks.models.finished import archived_ids
-from tasks.web import all_tasks, attempts, filter_box, holds, queries, workflows
+from tasks.web import all_tasks, attempts, filter_box, holds, listings, queries, workflows
 from tasks.web.queries import STATES, Count, state_counts
 
 PAGE_SIZE = 50
@@ -193,10 +194,10 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
     before = filter_value(request, "before", lambda v: parse_whole(v, "before", low=1, high=MAX_BIGINT))
     matched_paths: list[str] = []
     try:
-        listing = queries.state_listing(state, queue=queue, search=(search or "").strip(), matched_paths=matched_paths)
+        listing = listings.state_listing(state, queue=queue, search=(search or "").strip(), matched_paths=matched_paths)
     except InvalidInput as exc:  # an argument search without its index, or malformed
         messages.error(request, f"Search refused: {exc.message}.")
-        listing = queries.Listing(Task.objects.none(), (), lookups=[])
+        listing = listings.Listing(Task.objects.none(), (), lookups=[])
     page = listing.page(limit=PAGE_SIZE, before=before)
     counts = task_counts()
     if status in (TaskStatus.READY, TaskStatus.AWAITING, TaskStatus.BLOCKED):
@@ -220,7 +221,7 @@ def task_list(request: HttpRequest, state: str) -> HttpResponse:
             "tasks": page.tasks,
             "next_before": page.next_before,
             "scanned_to": page.scanned_to,
-            "scan_window": queries.SCAN_WINDOW,
+            "scan_window": listings.SCAN_WINDOW,
             "queue": queue or "",
             "query": search or "",
             "matched_paths": matched_paths,
@@ -467,7 +468,7 @@ def every_task(request: HttpRequest) -> HttpResponse:
             "tasks": page.tasks,
             "next_before": page.next_before,
             "scanned_to": page.scanned_to,
-            "scan_window": queries.SCAN_WINDOW,
+            "scan_window": listings.SCAN_WINDOW,
             "query": query.urlencode(),
             # Only the actions that fit every row shown (none for a page of mixed statuses).
             "actions": vocabulary.actions_for(shown),

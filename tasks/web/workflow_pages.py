@@ -18,7 +18,7 @@ from leasing.validation import MAX_BIGINT, InvalidInput, parse_whole
 from tasks.lifecycle.workflows import WorkflowStatus
 from tasks.models import Task, Workflow
 from tasks.web.dashboard import filter_value
-from tasks.web.queries import ALL_STATUSES
+from tasks.web.listings import ALL_STATUSES
 from tasks.web.workflows import WORKFLOW_STATUSES, member_counts, member_listing, workflow_counts, workflow_page
 
 PAGE_SIZE = 50

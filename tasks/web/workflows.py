@@ -5,7 +5,7 @@ Every read here costs a page, one workflow's members or a cap, never the history
 
 - The **list** is newest first: from the primary key when it shows every status, else from
   tasks_workflow_status_idx (status, id DESC) in an order only that index gives (the status as a
-  one-element array, ordered by status and id: see tasks/web/queries.py ``Listing._branches``, the
+  one-element array, ordered by status and id: see tasks/web/listings.py ``Listing._branches``, the
   same trap on the tasks table), so a page of failed workflows never steps over a newer burst of
   successful ones.
 - **Counts** of workflows per status stop at ``COUNT_CAP``, each read from the status index from
@@ -13,7 +13,7 @@ Every read here costs a page, one workflow's members or a cap, never the history
   metric) read only the running ones.
 - A workflow's **members** are counted per status with MEMBER_COUNTS_SQL (one grouped scan of
   tasks_task_workflow_idx: its own members, whatever else the table holds) and listed newest first
-  as a :class:`~tasks.web.queries.Listing` whose lookup is the workflow: one branch per status it
+  as a :class:`~tasks.web.listings.Listing` whose lookup is the workflow: one branch per status it
   has members in, each through tasks_task_workflow_idx (workflow_id, status), the workflow id
   given as an array so that the primary key cannot serve the order (a backward scan of it would
   step over every task newer than the workflow).
@@ -32,7 +32,8 @@ from django.db.models import F, Q
 from leasing.routing import selected_database
 from tasks.lifecycle.workflows import MEMBER_COUNTS_SQL, WorkflowStatus
 from tasks.models import Task, TaskDependency, Workflow
-from tasks.web.queries import ALL_STATUSES, COUNT_CAP, Count, Listing, StatusAmong, bounded_count
+from tasks.web.listings import ALL_STATUSES, Listing, StatusAmong
+from tasks.web.queries import COUNT_CAP, Count, bounded_count
 
 WORKFLOW_STATUSES: tuple[str, ...] = tuple(WorkflowStatus.values)
 #: Parents and children a task's page lists (each list ordered by id).

@@ -16,7 +16,7 @@ from django.db import connection
 from django.test import Client
 
 from tasks.models import Task
-from tasks.web.queries import Listing
+from tasks.web.listings import Listing
 from tests.db.test_finished_mover import roll_up_hours
 from tests.db.test_finished_partitions import drop_partitions
 from tests.factories import StaffFactory

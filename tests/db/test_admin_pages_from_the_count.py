@@ -109,10 +109,10 @@ def test_select_all_requeue_requeues_every_counted_task(staff: Client, monkeypat
 def test_select_all_past_the_cap_is_refused_and_changes_nothing(staff: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     """More tasks than the count enumerates (the cap, patched down to 10): "select all" requeue and
     delete are refused, naming the background actions; no task changes, none is restored."""
-    from tasks.web import queries
+    from tasks.web import listings
     from tests.db.test_finished_lists import ended, move, where
 
-    monkeypatch.setattr(queries, "COUNT_CAP", 10)
+    monkeypatch.setattr(listings, "COUNT_CAP", 10)
     monkeypatch.setattr(TaskAdmin, "list_per_page", 5)
     failed = [ended("FAILED") for _ in range(12)]
     move(*failed[:8])
@@ -133,7 +133,7 @@ def test_rows_changing_between_the_count_and_the_page_give_no_duplicate_nor_a_st
     import psycopg
     from django.db import connection
 
-    from tasks.web.queries import ALL_STATUSES, Listing, ListingPaginator
+    from tasks.web.listings import ALL_STATUSES, Listing, ListingPaginator
     from tests.db.test_finished_lists import ended, move
 
     ids = [ended("FAILED") for _ in range(12)]

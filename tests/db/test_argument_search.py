@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import Client
 
-from tasks.web.queries import SCAN_WINDOW
+from tasks.web.listings import SCAN_WINDOW
 from tests.helpers.plans import explained, rows_read, seq_scans_of_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)

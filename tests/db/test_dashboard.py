@@ -192,9 +192,9 @@ def test_counts_are_bounded() -> None:
 def test_a_page_cut_short_by_the_scan_window_says_so_and_goes_on(
     staff: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tasks.web import queries
+    from tasks.web import listings
 
-    monkeypatch.setattr(queries, "SCAN_WINDOW", 4)
+    monkeypatch.setattr(listings, "SCAN_WINDOW", 4)
     pending = Task.objects.bulk_enqueue("tests.testapp.handlers.noop", [{}] * 2, queue="mail")
     retrying = Task.objects.bulk_enqueue("tests.testapp.handlers.noop", [{}] * 6, queue="mail")
     Task.objects.filter(pk__in=retrying).update(failures=1)

@@ -14,7 +14,7 @@ from django.test import Client
 from django.utils import timezone
 
 from tasks.models import Task
-from tasks.web.queries import SCAN_WINDOW
+from tasks.web.listings import SCAN_WINDOW
 from tests.helpers.plans import add_rows, overreads, recorded
 
 PATH = "tests.testapp.handlers.noop"

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from tasks.models import Task
 from tasks.web import all_tasks
-from tasks.web.queries import SCAN_WINDOW
+from tasks.web.listings import SCAN_WINDOW
 from tests.db.test_dashboard import make_tasks
 from tests.helpers.plans import add_rows, overreads, recorded
 

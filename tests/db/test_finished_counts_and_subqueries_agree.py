@@ -16,8 +16,9 @@ from django.test import Client
 from leasing.pagination import Count
 from tasks.models import Task
 from tasks.models.finished import archived, in_finished
-from tasks.web import queries
-from tasks.web.queries import ALL_STATUSES, Listing, search_lookups
+from tasks.web import listings
+from tasks.web.listings import ALL_STATUSES, Listing
+from tasks.web.queries import search_lookups
 from tests.db.test_finished_lists import days, move  # noqa: F401 (days: the autouse fixture, its partitions)
 from tests.helpers.task_paths import NOOP
 
@@ -130,7 +131,7 @@ def test_the_admin_count_of_a_search_with_filters_agrees_with_both_tables(
         ]:  # fmt: skip
             true = sum(1 for row in rows if matches(term, row) and keep(row))
             cap = max(true + cap_delta, 0)
-            monkeypatch.setattr(queries, "COUNT_CAP", cap)
+            monkeypatch.setattr(listings, "COUNT_CAP", cap)
             response = staff.get("/admin/tasks/task/", {**query, "q": term})
             assert response.status_code == 200, response.content.decode()[-800:]
             cl = response.context["cl"]

@@ -22,7 +22,8 @@ from django.test import Client
 from leasing.pagination import COUNT_CAP
 from tasks.maintenance.partitions import create_ahead, create_day
 from tasks.models import Task
-from tasks.web.queries import SCAN_WINDOW, Listing, state_counts, state_listing
+from tasks.web.listings import SCAN_WINDOW, Listing, state_listing
+from tasks.web.queries import state_counts
 from tests.db.test_finished_partitions import drop_partitions
 from tests.helpers import wait_until
 from tests.helpers.api import Api

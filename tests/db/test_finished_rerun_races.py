@@ -26,7 +26,7 @@ from tasks.maintenance.archive import ARCHIVE_SQL
 from tasks.maintenance.partitions import create_day
 from tasks.models import Task
 from tasks.testing.inline import run_until_empty
-from tasks.web.queries import Listing
+from tasks.web.listings import Listing
 from tests.db.test_finished_lists import days, ended, move, where  # noqa: F401 (days: the autouse fixture, its partitions)
 from tests.helpers import wait_until
 from tests.helpers.api import TOKEN, Api

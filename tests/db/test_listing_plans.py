@@ -1,4 +1,4 @@
-"""The state listings behind the dashboard pages, the admin and the API lists (tasks/web/queries.py
+"""The state listings behind the dashboard pages, the admin and the API lists (tasks/web/listings.py
 ``Listing``) against a table whose newest rows are a burst of other statuses: a page reads about a
 page of index entries (or its scan window, for a condition no index covers), whatever lies after
 its own rows."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from tasks.web.queries import SCAN_WINDOW, state_listing
+from tasks.web.listings import SCAN_WINDOW, state_listing
 from tests.helpers.plans import add_rows, overreads, recorded
 
 pytestmark = pytest.mark.django_db(transaction=True)

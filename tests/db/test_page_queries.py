@@ -1,6 +1,6 @@
-"""The page queries (tasks/web/queries.py) list exactly what the plain ORM filter would, newest first,
-page after page: across statuses, lookups (a queue, a search), scan windows that end short, and the
-admin's capped count and offset pages."""
+"""The page queries (tasks/web/queries.py, tasks/web/listings.py) list exactly what the plain ORM
+filter would, newest first, page after page: across statuses, lookups (a queue, a search), scan
+windows that end short, and the admin's capped count and offset pages."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from tasks.models import FAILED_BEFORE, NEVER_FAILED, Task, TaskStatus
 from tasks.web import queries
-from tasks.web.queries import Count, Listing, ListingPaginator, search_lookups, state_listing
+from tasks.web.listings import ALL_STATUSES, Listing, ListingPaginator, state_listing
+from tasks.web.queries import Count, search_lookups
 
 pytestmark = pytest.mark.django_db
 
@@ -77,12 +78,12 @@ def expected(queryset: QuerySet[Task]) -> list[int]:
 @pytest.mark.parametrize(
     ("statuses", "lookups"),
     [
-        (queries.ALL_STATUSES, None),
-        (queries.ALL_STATUSES, [Q(queue="mail")]),
+        (ALL_STATUSES, None),
+        (ALL_STATUSES, [Q(queue="mail")]),
         (("FAILED",), [Q(queue="rare")]),
-        (queries.ALL_STATUSES, search_lookups("app.b")),
+        (ALL_STATUSES, search_lookups("app.b")),
         (("READY", "RUNNING"), search_lookups("key-3")),
-        (queries.ALL_STATUSES, search_lookups("w-1")),
+        (ALL_STATUSES, search_lookups("w-1")),
     ],
 )
 def test_pages_list_exactly_what_the_filter_selects(

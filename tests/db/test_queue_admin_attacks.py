@@ -1,4 +1,4 @@
-"""Hostile requests to the queue switches' admin (tasks/admin/tasks.py QueueControlAdmin): names PostgreSQL
+"""Hostile requests to the queue switches' admin (tasks/admin/workers.py QueueControlAdmin): names PostgreSQL
 cannot store or the column cannot hold, hostile ``?db=`` and ``_changelist_filters``, and a pause that
 cannot get its lock. Each is refused with a form error, a message or a 400, never a 5xx, and a
 refused request changes nothing in either database."""

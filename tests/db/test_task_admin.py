@@ -104,7 +104,7 @@ def test_search_is_exact_and_indexed(staff: Client) -> None:
 def test_queue_filter_offers_the_queues_and_counts_stop_at_the_cap(
     staff: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tasks.web import queries
+    from tasks.web import listings
 
     Task.objects.bulk_enqueue("tests.testapp.handlers.noop", [{}] * 5, queue="mail")
     Task.objects.enqueue("tests.testapp.handlers.noop", queue="reports")
@@ -112,7 +112,7 @@ def test_queue_filter_offers_the_queues_and_counts_stop_at_the_cap(
     queue_filter = next(spec for spec in page.context["cl"].filter_specs if spec.title == "queue")
     assert [value for value, _ in queue_filter.lookup_choices] == ["mail", "reports"]
     assert [t.queue for t in staff.get(URL, {"queue__exact": "reports"}).context["cl"].result_list] == ["reports"]
-    monkeypatch.setattr(queries, "COUNT_CAP", 3)
+    monkeypatch.setattr(listings, "COUNT_CAP", 3)
     capped = staff.get(URL, {"queue__exact": "mail"})
     assert capped.context["cl"].result_count == 3
     assert capped.context["cl"].paginator.capped

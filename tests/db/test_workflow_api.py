@@ -10,7 +10,7 @@ from django.test import Client
 
 from tasks.lifecycle.workflows import WorkflowStatus
 from tasks.models import Failure, Task, TaskStatus, Workflow
-from tasks.web.api import openapi
+from tasks.web.api.openapi import parts as openapi
 from tasks.workflows import EnqueuedWorkflow, chain, group, step
 from tests.helpers.api import TOKEN, Api
 from tests.helpers.task_paths import NOOP

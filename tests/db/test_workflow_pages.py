@@ -206,13 +206,13 @@ def test_awaiting_with_a_queue_reads_a_window_of_the_status_index_not_every_awai
 ) -> None:
     """No page index holds AWAITING rows, so a queue or a search is checked within the scan window,
     and the page says how far it looked."""
-    from tasks.web import queries
+    from tasks.web import listings
 
-    monkeypatch.setattr(queries, "SCAN_WINDOW", 3)
+    monkeypatch.setattr(listings, "SCAN_WINDOW", 3)
     rare = chain(step(NOOP), step(NOOP).options(queue="rare")).enqueue().task_ids[1]
     for _ in range(5):
         chain(step(NOOP), step(NOOP)).enqueue()
-    listing = queries.state_listing("awaiting", queue="rare")
+    listing = listings.state_listing("awaiting", queue="rare")
     first = listing.page(limit=10)
     assert first.tasks == [] and first.scanned_to is not None
     rest = listing.page(limit=10, before=first.next_before)

@@ -1,6 +1,6 @@
 """The JSON API as the tests call it: one bearer token, and a client that sends JSON and reads it back.
 
-Every answer is held to the API's OpenAPI document (tasks/web/api/openapi.py) before a test sees it
+Every answer is held to the API's OpenAPI document (tasks/web/api/openapi/) before a test sees it
 (:func:`check_answer`): its status must be one the operation documents and its body must match that
 status's schema, so the document cannot drift from what the API returns."""
 

@@ -42,10 +42,10 @@ from tasks.web.api import bulk as bulk_api
 from tasks.web.api import schedules as schedule_api
 from tasks.web.api import workflows as workflow_api
 from tasks.web.api.events import event_body
-from tasks.web.queries import ALL_STATUSES, Listing
+from tasks.web.listings import ALL_STATUSES, Listing
 
 MAX_TTL = 86_400.0
-#: name -> (queryset, the statuses it can hold): a listing is read one status at a time (tasks/web/queries.py).
+#: name -> (queryset, the statuses it can hold): a listing is read one status at a time (tasks/web/listings.py).
 LISTINGS = {
     "processed": (lambda: Task.objects.finished(), FINISHED),
     "started": (lambda: Task.objects.running(), (TaskStatus.RUNNING,)),
