@@ -314,7 +314,7 @@ class Task(LeaseFields):
                 condition=Q(finished_at__isnull=False),
             ),
             # Pages, newest first, by queue / task path / holder / dedup key within a status (see
-            # tasks/web/queries.py): each is an ordered index scan that stops after one page, however
+            # tasks/web/listings.py): each is an ordered index scan that stops after one page, however
             # many tasks match. The queue and task-path indexes leave RUNNING rows out (a set
             # bounded by the workers, listed from the running indexes), so that claims and
             # heartbeats never write to them.

@@ -104,6 +104,21 @@ def test_a_parent_suspends_until_its_child_ends_and_resumes_with_its_result(
     assert 'id="task-spawned-by"' not in parent_page
 
 
+def test_a_parent_waits_for_several_children_in_turn_waking_at_most_once_for_each(worker: Any) -> None:
+    sums = [[1, 2], [3, 4], [5, 6], [7, 8]]
+    parent = Task.objects.enqueue(H + "parent_of_many", kwargs={"sums": sums}).id
+    task = finished(parent)
+    children = list(Task.objects.filter(awaited_by=parent).order_by("id"))
+    assert (task.status, task.return_value) == ("SUCCESSFUL", [3, 7, 11, 15])
+    assert [c.return_value for c in children] == [3, 7, 11, 15], "one child per spawn, each run once"
+    # One worker slot: the children run only while the parent is suspended; it suspends for a child
+    # only when that child has not ended yet, and is never charged an attempt for it.
+    assert task.attempts == 1 and 1 <= task.snoozes <= len(sums)
+    assert [s.name for s in TaskStep.objects.filter(task_id=parent)][len(sums) :] == [
+        name for c in children for name in (f"wait:task:{c.id}", f"event:task:{c.id}")
+    ]
+
+
 def test_a_child_that_fails_for_good_raises_in_its_parent_with_its_error(worker: Any) -> None:
     parent = Task.objects.enqueue(
         H + "parent_of", kwargs={"child": H + "explode", "django_task": True, "child_options": {"max_attempts": 1}}

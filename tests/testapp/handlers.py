@@ -846,6 +846,16 @@ def parent_of(
     return {"child": child_id, **outcome}
 
 
+def parent_of_many(sums: list[list[int]], **kwargs: Any) -> list[Any]:
+    """Fan-out and fan-in: one ``add`` child per pair of ``sums``, all spawned first, then waited for
+    in turn (docs/howto/durable-steps.md, "Waiting for several children")."""
+    from tasks.steps import spawn, wait_for_task
+    from tasks.workflows import step as child_step
+
+    children = [spawn(child_step("tests.testapp.handlers.add", a, b)) for a, b in sums]
+    return [wait_for_task(child) for child in children]
+
+
 async def async_parent_of(child: str, child_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
     """``parent_of`` from an ``async def`` handler."""
     from tasks.steps import aspawn, astep, await_task
