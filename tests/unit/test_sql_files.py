@@ -52,3 +52,25 @@ def test_every_statement_carries_its_why() -> None:
                 if not after.startswith("-- ") or after.startswith(("-- name: ", "-- (the same text as ")):
                     bare.append(f"{path.parent.name}/{path.name}: {line.removeprefix('-- name: ')}")
     assert not bare, f"statements with no comment above their constant: {bare}"
+
+
+def test_every_statement_in_the_files_is_sent_or_built_on_by_code() -> None:
+    """No dead statement: each constant of the files is read (a name or an attribute loaded, not only
+    imported or re-exported) somewhere in the packages' code, migrations aside."""
+    import ast
+    import re
+
+    loaded: set[str] = set()
+    for root in sql_files.ROOTS.values():
+        for path in root.rglob("*.py"):
+            if "migrations" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                    loaded.add(node.id)
+                elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                    loaded.add(node.attr)
+    text = "\n".join(sql_files.render().values())
+    names = set(re.findall(r"^-- name: ([A-Z][A-Z0-9_]*)", text, re.MULTILINE))
+    assert len(names) > 100
+    assert not sorted(names - loaded), f"statements no code sends or builds on: {sorted(names - loaded)}"
