@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Side-by-side benchmark: this project, PgQueuer, procrastinate, django-tasks-db, oban and
-graphile-worker (Node: bench/graphile/) on one PostgreSQL in one run, plus a raw-SQL ceiling of our
+"""Side-by-side benchmark: this project, PgQueuer, procrastinate, django-tasks-db, oban,
+graphile-worker (Node: bench/graphile/) and awa (awa-pg: Python workers over a Rust core; ``awa-50``
+at its default 50 workers a process) on one PostgreSQL in one run, plus a raw-SQL ceiling of our
 claim and finish statements. Each drain also prints the CPU its workers and the server used.
 
     python3 -m venv .venv-bench && .venv-bench/bin/pip install -e '.[embedded]' -r bench/requirements.txt
@@ -16,8 +17,9 @@ them all), and each round starts with the next system in turn.
 
 ``--io`` runs the I/O-bound case instead: ``--io-tasks`` tasks that each ``await asyncio.sleep(1)``
 drained by one worker process with ``--io-concurrency`` coroutines at once (this project's async
-executor, PgQueuer, procrastinate, oban), and ``--io-thread-tasks`` ``time.sleep(1)`` tasks drained by this
-project's thread executor at its default concurrency (4 threads: 4 tasks/s, so fewer tasks).
+executor, PgQueuer, procrastinate, oban, graphile-worker, awa), and ``--io-thread-tasks``
+``time.sleep(1)`` tasks drained by this project's thread executor at its default concurrency
+(4 threads: 4 tasks/s, so fewer tasks).
 
 ``--snapshot`` runs the drains beside an old snapshot instead: ``--snapshot-tasks`` no-op tasks
 enqueued beforehand, drained by one worker process alone and then while another session holds a
@@ -48,6 +50,7 @@ from bench.common import stop_processes  # noqa: E402
 from bench.peers import (  # noqa: E402
     SYSTEMS,
     graphile_version,
+    install_awa,
     install_graphile,
     install_oban,
     install_pgqueuer,
@@ -291,7 +294,7 @@ def run_io_case(name: str, n: int, concurrency: int, log_dir: Path) -> float:
         system.reset()
 
 
-IO_SYSTEMS = ["django-leasing", "django-leasing-threads", "PgQueuer", "procrastinate", "oban", "graphile-worker"]
+IO_SYSTEMS = ["django-leasing", "django-leasing-threads", "PgQueuer", "procrastinate", "oban", "graphile-worker", "awa"]
 
 
 def main_io(args: Any, log_dir: Path) -> str:
@@ -330,6 +333,7 @@ def main_io(args: Any, log_dir: Path) -> str:
             f"Node, `concurrentJobs` {args.io_concurrency}, a pool of 25, local queue 500, batched completion, "
             "`setTimeout` 1 s"
         ),
+        "awa": f"Python SDK, async handler, queue `max_workers` {args.io_concurrency}, `asyncio.sleep(1)`",
     }
     for name in systems:
         values = results[name]
@@ -424,7 +428,8 @@ def run_raw(n: int, processes: int) -> float:
 
 def versions() -> dict[str, str]:
     found = {}
-    for package in ("django-leasing", "pgqueuer", "procrastinate", "django-tasks-db", "oban", "django", "psycopg"):
+    packages = ("django-leasing", "pgqueuer", "procrastinate", "django-tasks-db", "oban", "awa-pg", "django", "psycopg")
+    for package in packages:
         try:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
@@ -490,6 +495,7 @@ def main() -> None:
     install_procrastinate()
     install_oban()
     install_graphile()
+    install_awa()
     log_dir = Path(os.environ.get("BENCH_LOGS", "/tmp")) / f"bench-compare-{os.getpid()}"
     log_dir.mkdir(parents=True, exist_ok=True)
     if args.snapshot:
@@ -599,7 +605,11 @@ def render(results: dict[tuple[str, str], list[float | None]], cases: list[str],
         "its db_worker, one task at a time; oban: queue limit 8, `enqueue_many` in calls of 5,000, which the "
         "open-source edition runs as one INSERT per job in one transaction; graphile-worker: Node, "
         "bench/graphile/worker.mjs, concurrentJobs 8, a pool of 9, its performance page's batching: a local "
-        "queue of 500 and batched completion, jobs added by its SQL `add_job` / `add_jobs` in calls of 5,000). "
+        "queue of 500 and batched completion, jobs added by its SQL `add_job` / `add_jobs` in calls of 5,000; "
+        "awa: its Python SDK, async no-op "
+        "handlers, queue `max_workers` 8 (awa-50: 50, its QueueConfig default), its defaults otherwise (claim "
+        "batch 512, poll 200 ms, completion batch 512 flushed every 1 ms), `insert` from the sync `awa.Client` "
+        "one by one and `enqueue_many_copy` (COPY into its queue storage) in calls of 5,000). "
         "django-tasks-db has no batch enqueue; "
         "its drains are filled "
         "one by one (not timed differently: the clock starts at the first enqueue for every system).",

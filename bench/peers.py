@@ -464,6 +464,184 @@ def graphile_version() -> str:
     return str(json.loads(package.read_text())["version"]) if package.is_file() else "not installed"
 
 
+# -- awa (awa-pg: a Python SDK over a Rust core) -----------------------------------------------------
+
+#: Max workers per awa worker process for ``awa-50``: QueueConfig's default ``max_workers`` (awa's
+#: docs/configuration.md). ``awa`` itself gets the harness's concurrency, as every other system.
+AWA_DEFAULT_MAX_WORKERS = 50
+
+#: Is anything of the bench queue left in awa's queue storage? Its own queue_counts (the ``awa.jobs``
+#: view, ``queue_stats()``) materialise every retained job: ~0.5 s a call beside 20,000 rows. So:
+#: the dispatcher's claim signal (enqueue sequence ahead of claim sequence, per lane: a look-up in
+#: two small head tables) first; then, once nothing is left to claim, the attempts still open (a
+#: running lease, or a receipt claim with no closure, terminal, retry or DLQ row: the shape of its
+#: queue_counts' ``live_running``), and any retry/scheduled row.
+AWA_PENDING = """
+SELECT (
+    SELECT COALESCE(sum(GREATEST(awa.sequence_next_value(qe.seq_name) - awa.sequence_next_value(qc.seq_name), 0)), 0)
+    FROM awa.queue_enqueue_heads AS qe
+    JOIN awa.queue_claim_heads AS qc USING (queue, priority, enqueue_shard)
+    WHERE qe.queue = %(queue)s
+) > 0
+OR EXISTS (SELECT 1 FROM awa.leases WHERE queue = %(queue)s AND state = 'running')
+OR EXISTS (SELECT 1 FROM awa.deferred_jobs WHERE queue = %(queue)s)
+OR EXISTS (
+    SELECT 1 FROM awa.lease_claims AS claims
+    WHERE claims.queue = %(queue)s AND claims.closed_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM awa.lease_claim_closures AS closures
+                      WHERE closures.claim_slot = claims.claim_slot AND closures.job_id = claims.job_id
+                        AND closures.run_lease = claims.run_lease)
+      AND NOT EXISTS (SELECT 1 FROM awa.lease_claim_closure_batches AS closure_batches
+                      WHERE closure_batches.receipt_ranges @> claims.receipt_id)
+      AND NOT EXISTS (SELECT 1 FROM awa.done_entries AS done
+                      WHERE done.job_id = claims.job_id AND done.run_lease = claims.run_lease)
+      AND NOT EXISTS (SELECT 1 FROM awa.dlq_entries AS dlq
+                      WHERE dlq.job_id = claims.job_id AND dlq.run_lease = claims.run_lease)
+)
+OR EXISTS (
+    SELECT 1 FROM awa.lease_claim_batches AS batches
+    CROSS JOIN LATERAL unnest(batches.job_ids, batches.run_leases, batches.receipt_ids)
+        AS items(job_id, run_lease, receipt_id)
+    WHERE batches.queue = %(queue)s
+      AND NOT EXISTS (SELECT 1 FROM awa.lease_claim_closures AS closures
+                      WHERE closures.claim_slot = batches.claim_slot AND closures.job_id = items.job_id
+                        AND closures.run_lease = items.run_lease)
+      AND NOT EXISTS (SELECT 1 FROM awa.lease_claim_closure_batches AS closure_batches
+                      WHERE closure_batches.claim_slot = batches.claim_slot
+                        AND closure_batches.receipt_ranges @> items.receipt_id)
+      AND NOT EXISTS (SELECT 1 FROM awa.leases AS lease
+                      WHERE lease.job_id = items.job_id AND lease.run_lease = items.run_lease)
+      AND NOT EXISTS (SELECT 1 FROM awa.done_entries AS done
+                      WHERE done.job_id = items.job_id AND done.run_lease = items.run_lease)
+      AND NOT EXISTS (SELECT 1 FROM awa.dlq_entries AS dlq
+                      WHERE dlq.job_id = items.job_id AND dlq.run_lease = items.run_lease)
+)
+"""
+
+
+def awa_url() -> str:
+    """This run's database for awa (sqlx): a postgres:// URL whose socket directory is ?host=; sqlx
+    wants a host name in the URL all the same (the query's host overrides it)."""
+    url = graphile_url()
+    return url.replace("@/", "@localhost/", 1)
+
+
+def _awa_kinds() -> tuple[type, type]:
+    """The two job kinds (awa derives a kind from its args class: ``awa_noop``, ``awa_sleep``)."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class AwaNoop:
+        i: int = 0
+
+    @dataclass
+    class AwaSleep:
+        i: int = 0
+
+    return AwaNoop, AwaSleep
+
+
+def awa_system(max_workers: int | None = None) -> System:
+    """awa through its Python SDK: the synchronous ``awa.Client`` enqueues (``insert`` one by one,
+    ``enqueue_many_copy`` in calls of 5,000: its docs' producer path for bulk on queue storage), and a
+    worker process is an ``AsyncClient`` with async handlers on one queue (``max_workers`` =
+    the harness's concurrency, or ``max_workers`` given), every other setting its default (claim batch
+    512, poll 200 ms, completion batch 512 flushed every 1 ms)."""
+    import awa
+
+    noop_kind, sleep_kind = _awa_kinds()
+
+    def single(n: int) -> None:
+        client = awa.Client(awa_url())
+        for i in range(n):
+            client.insert(noop_kind(i=i), queue=QUEUE)
+        client.close()
+
+    def batches(kind: type, n: int) -> None:
+        client = awa.Client(awa_url())
+        for start in range(0, n, 5000):
+            client.enqueue_many_copy([kind(i=i) for i in range(start, min(n, start + 5000))], queue=QUEUE)
+        client.close()
+
+    async def _worker(concurrency: int) -> None:
+        client = awa.AsyncClient(awa_url())
+
+        @client.task(noop_kind, queue=QUEUE)
+        async def noop(job: Any) -> None:
+            return None
+
+        @client.task(sleep_kind, queue=QUEUE)
+        async def sleep(job: Any) -> None:
+            await asyncio.sleep(1.0)
+
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await client.start([{"name": QUEUE, "max_workers": max_workers or concurrency}])
+        print("ready", flush=True)
+        await stop.wait()
+        await client.shutdown()
+        await client.close()
+
+    probe: list[Any] = []  # the pending probe's own connection, opened at the first poll
+
+    def pending() -> int:
+        # A prepared statement: planned every time, over awa's partitioned tables, the probe cost
+        # the server ~6 ms a poll (0.4 ms prepared), charged to awa's drain.
+        import psycopg
+
+        from bench.common import psycopg_params
+
+        if not probe:
+            probe.append(psycopg.connect(**psycopg_params(), autocommit=True))
+        row = probe[0].execute(AWA_PENDING, {"queue": QUEUE}, prepare=True).fetchone()
+        return int(bool(row[0]))
+
+    def reset() -> int:
+        while probe:
+            probe.pop().close()
+        return reset_awa()
+
+    def worker(concurrency: int) -> None:
+        asyncio.run(_worker(concurrency))
+
+    return System(
+        "awa" if max_workers is None else f"awa ({max_workers} workers)",
+        single,
+        lambda n: batches(noop_kind, n),
+        pending,
+        reset,
+        worker,
+        lambda n: batches(sleep_kind, n),
+        worker,  # one queue serves both kinds; ``concurrency`` handlers at once
+    )
+
+
+def reset_awa() -> int:
+    """awa's own reset (what its Python benchmark runs between scenarios): drop the queue-storage
+    schema, re-run its migrations, install and activate queue storage afresh (~2 to 4 s, untimed)."""
+    import awa
+
+    async def reset() -> None:
+        client = awa.AsyncClient(awa_url())
+        await client.install_queue_storage(reset=True)
+        await client.close()
+
+    asyncio.run(reset())
+    return 0
+
+
+def install_awa() -> None:
+    """awa's migrations (what ``python -m awa migrate`` runs); a fresh install is on queue storage."""
+    import awa
+
+    async def install() -> None:
+        client = awa.AsyncClient(awa_url())
+        await client.migrate()
+        await client.close()
+
+    asyncio.run(install())
+
+
 def ours_two_queues() -> System:
     """This project's worker serving two queues (its claim takes both in one statement), the tasks
     split evenly between them: for the drain beside an old snapshot (each queue resumes after its
@@ -497,6 +675,8 @@ SYSTEMS: dict[str, Callable[[], System]] = {
     "django-tasks-db": django_tasks_db,
     "oban": oban_system,
     "graphile-worker": graphile_system,
+    "awa": awa_system,
+    "awa-50": lambda: awa_system(AWA_DEFAULT_MAX_WORKERS),
 }
 
 
