@@ -32,6 +32,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+# Run as a script, bench/ would come first on sys.path and bench/tasks.py would shadow the project's
+# ``tasks`` package, whose compat module is the one place that imports Django's task framework.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 _log_fd: int | None = None
 
 
@@ -90,7 +94,7 @@ def setup(url: str) -> None:
         USE_TZ=True,
     )
     django.setup()
-    from django.tasks import task
+    from tasks.compat import task
 
     global stepped
     stepped = task(stepped)  # type: ignore[assignment]
