@@ -57,6 +57,7 @@ from typing import Any
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from bench.common import stop_processes  # noqa: E402
 from bench.durable_steps import Database, _conninfo  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,16 +185,9 @@ class Peer:
 
     def stop(self) -> None:
         procs = [*self.members.values(), *self.zombies, *self.others]
+        stop_processes(procs, timeout=20)
         for proc in procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGCONT)
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            proc.wait()  # reaped, killed or not
 
     # -- faults ---------------------------------------------------------------------------------------
 
