@@ -66,7 +66,9 @@ class TaskSettings:
     FAIR_QUEUES: tuple[str, ...] = ()
     #: Worker defaults (command-line options override them).
     CONCURRENCY: int = 4
-    BATCH_SIZE: int = 16
+    #: Tasks one claim takes at most; None: four per executor thread, at least 16
+    #: (tasks/worker/sizing.py, ``default_batch_size``).
+    BATCH_SIZE: int | None = None
     POLL_INTERVAL: float = 2.0
     #: Coroutines (``async def`` handlers) one worker process runs at once on its event loop; 0 runs
     #: them on the executor threads instead (one thread each, through async_to_sync).

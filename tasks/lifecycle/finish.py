@@ -30,7 +30,7 @@ start) and every write to a held row is a compare-and-set on id + holder + token
 
 from __future__ import annotations
 
-from tasks.lifecycle.fragments import HELD, LIVE, OWNED, START_SET, STARTS, WAITING_STATUS, append_error
+from tasks.lifecycle.fragments import HELD, LIVE, OWNED, START_SET, STARTS, WAITING_STATUS, append_error, owned
 from tasks.lifecycle.policy import RETRYABLE, backoff_sql
 
 # A suspect's attempt is marked before its handler runs (one statement, by the executor).
@@ -38,7 +38,7 @@ START_SQL = f"""
 UPDATE tasks_task AS t SET {START_SET},
     attempt_isolated = %(isolated)s::boolean
 FROM {STARTS}
-WHERE t.id = d.id AND t.token = d.token AND {HELD}
+WHERE {owned("start_ids")}
   AND t.expires_at > clock_timestamp()
 RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
 """
@@ -51,7 +51,7 @@ HEARTBEAT_SQL = f"""
 WITH mine AS (
     SELECT t.id FROM tasks_task AS t
     JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token) ON t.id = d.id AND t.token = d.token
-    WHERE {HELD} AND t.expires_at > clock_timestamp()
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND {HELD} AND t.expires_at > clock_timestamp()
     FOR UPDATE OF t SKIP LOCKED
 ), renewed AS (
     UPDATE tasks_task AS t
@@ -63,7 +63,7 @@ WITH mine AS (
 ), busy AS (
     SELECT t.id, t.token FROM tasks_task AS t
     JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token) ON t.id = d.id AND t.token = d.token
-    WHERE {HELD} AND t.expires_at > clock_timestamp()
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND {HELD} AND t.expires_at > clock_timestamp()
       AND t.id NOT IN (SELECT id FROM mine)
 ), unkept AS (
     -- Slots kept for this worker's handlers (tasks/lifecycle/concurrency.py) whose handler is no longer running

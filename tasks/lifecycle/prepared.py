@@ -314,8 +314,22 @@ def _cursor(raw: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
 #: plans read the same bounded index ranges as the custom ones: tests/db/test_generic_round_plans.py
 #: runs each beside backlogs of 100,000 rows on every PostgreSQL major CI runs. Registered by the
 #: modules that define the statements (:func:`plan_once`).
+#:
+#: The one plan is made on the table as it is when the connection first runs the statement, and kept
+#: until the table's statistics change (autovacuum's ANALYZE). Made on a small table (a fresh
+#: install, a truncated one, the quiet hour before a burst) it read the table whole: a sequential
+#: scan, or a hash join over the whole primary key, to finish 16 tasks (~11,000 blocks a round once a
+#: minute of a 2,500/s load was in the table: the worker fell to 1,100 tasks/s until the ANALYZE,
+#: bench/sustained.py). So sequential scans are off for these statements too (local, like the plan
+#: cache mode): every table the statements read is reached by a bounded index range, and each
+#: statement names its rows' ids where the table meets an array parameter (``owned()`` in
+#: tasks/lifecycle/fragments.py), so that the primary key is probed for them whatever the join.
+#: tests/db/test_generic_round_plans.py makes the plans on an empty table and runs them beside the
+#: backlogs.
 GENERIC_PLAN: set[str] = set()
-_GENERIC_PLAN_PREFIX = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
+GENERIC_PLAN_SETTINGS = (
+    "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)"
+)
 
 
 def plan_once(*texts: str) -> None:
@@ -334,7 +348,7 @@ def _run(raw: psycopg.Connection[Any], wrappers: list[Any], sql: str, params: di
             for wrapper in wrappers:
                 cursor.execute(wrapper.prefix, prepare=True)
             if generic:
-                cursor.execute(_GENERIC_PLAN_PREFIX, prepare=True)
+                cursor.execute(GENERIC_PLAN_SETTINGS, prepare=True)
             cursor.execute(sql, params, prepare=True)
         # After the pipeline's one Sync: the cursor holds every statement's result, the last one ours.
         while cursor.nextset():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tasks.lifecycle.claim import CLAIM_SET, FAIR_CLAIM_RETURNING, FAIR_CTES, PICK_FAIR, PICK_MANY, PICK_ONE
 from tasks.lifecycle.finish import COMPLETE_SET
-from tasks.lifecycle.fragments import CLAIM_RETURNING, LIVE, OWNED, START_SET, STARTS
+from tasks.lifecycle.fragments import CLAIM_RETURNING, LIVE, OWNED, START_SET, STARTS, owned
 
 # The dispatcher's steady state in ONE statement (one round trip, one commit): finish the attempts
 # that completed, mark the ones that began, claim the next batch. The CTEs touch disjoint rows
@@ -83,7 +83,7 @@ def _finish_start_claim_sql(pick: str, fair: bool = False) -> str:
 {_with(fair)} started AS (
     UPDATE tasks_task AS t SET {START_SET}
     FROM {STARTS}
-    WHERE {OWNED} AND {LIVE}
+    WHERE {owned("start_ids")} AND {LIVE}
     RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
 ), {_claimed_cte(pick, returning)}, {_HANDING_CTE}
 {_claimed_and_finished(fair)}

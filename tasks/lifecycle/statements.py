@@ -98,5 +98,6 @@ from tasks.lifecycle.steps import (  # noqa: F401
 )
 
 # The claims and rounds (not their fair forms, whose keys' turns are planned from the statistics of
-# the moment: tests/db/test_fair_plans_without_statistics.py) run under one generic plan per connection.
-plan_once(*CLAIM_SQL, *FINISH_AND_CLAIM_SQL, *FINISH_START_CLAIM_SQL)
+# the moment: tests/db/test_fair_plans_without_statistics.py), and the dispatcher's finishes of a round
+# that claims nothing, run under one generic plan per connection, without sequential scans.
+plan_once(*CLAIM_SQL, *FINISH_AND_CLAIM_SQL, *FINISH_START_CLAIM_SQL, COMPLETE_SQL, FAIL_SQL)

@@ -51,7 +51,7 @@ from tasks.worker.listener import Listener
 from tasks.worker.mailbox import Mailbox
 from tasks.worker.session import Session
 from tasks.worker.signals import FinishedSignals
-from tasks.worker.sizing import Pace
+from tasks.worker.sizing import Pace, default_batch_size
 from tasks.worker.slots import KeptSlots
 from tasks.worker.threads import ThreadExecutors
 from tasks.worker.writer import OutcomeWriter
@@ -91,7 +91,7 @@ class Worker:
         self.queues = list(queues)
         self.concurrency = concurrency or conf.CONCURRENCY
         self.async_concurrency = conf.ASYNC_CONCURRENCY if async_concurrency is None else async_concurrency
-        self.batch_size = batch_size or conf.BATCH_SIZE
+        self.batch_size = batch_size or conf.BATCH_SIZE or default_batch_size(self.concurrency)
         if self.concurrency < 1 or self.batch_size < 1:
             raise ValueError("concurrency and batch size must be at least 1")
         if self.async_concurrency < 0:

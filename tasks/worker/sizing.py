@@ -23,6 +23,23 @@ ASYNC_SHARE_EPSILON = 0.05
 PROBE_SIZE = 8
 
 
+#: Claims a worker of the default settings takes at most per executor thread, and in all at least.
+BATCH_PER_THREAD = 4
+MIN_BATCH_SIZE = 16
+
+
+def default_batch_size(concurrency: int) -> int:
+    """The claim's size when none is set: four per executor thread, at least 16.
+
+    A worker's rounds are serial (each one statement and one commit), so under a steady offered load a
+    worker finishes at most one batch per round: with 16 threads of 1 ms tasks and a batch of 16, one
+    process kept up with 2,500 tasks/s offered and no more; with 64, with 4,000/s (p99 pickup 134 ms,
+    docs/explanation/benchmarks.md, "Sustained load"). What a worker holds stays bounded by what its
+    threads start within ``PREFETCH_WINDOW`` (:func:`prefetch`), whatever the batch: a larger one is
+    taken only while there is a backlog to take."""
+    return max(MIN_BATCH_SIZE, BATCH_PER_THREAD * concurrency)
+
+
 def smoothed(previous: float | None, sample: float, weight: float) -> float:
     """An exponential moving average (the first sample stands alone)."""
     return sample if previous is None else previous + weight * (sample - previous)

@@ -358,8 +358,10 @@ def test_a_keys_deferred_higher_priority_rows_are_not_read_to_reach_its_due_ones
 # forms each, joined by newlines) as they were before fair queues' fixes: a change to them must be
 # deliberate (their plans are pinned by tests/db/test_claim_plans.py), never a side effect of the
 # fair forms. Changed once since, deliberately: the claim's suspect column named, and the round's
-# ``handing`` CTE (issue 38: what the worker hands to its executors, named on its row).
-PLAIN_CLAIMS_SHA256 = "00a5a89743e0c0320bc608fd6e255a555a4653930e59e398c57d3d59f79954e7"
+# ``handing`` CTE (issue 38: what the worker hands to its executors, named on its row); the round's
+# finish and start name their rows' ids on the table's side (issue 59: ``owned()``, a generic plan made
+# on a small table read the whole primary key).
+PLAIN_CLAIMS_SHA256 = "9a0ad5d01b544740b8e8689319cfd187b974aa637dcf21949d8e563bbbc1326c"
 
 
 def test_plain_queues_send_the_plain_statements_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:

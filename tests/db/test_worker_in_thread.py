@@ -306,3 +306,13 @@ def test_a_cut_met_by_a_retried_statement_is_counted() -> None:
     assert retrying("counting tasks", worker.session, statement) == 0
     assert len(calls) == 2  # the first met the cut, the second ran on a fresh connection
     assert worker.stats["connection_errors"] == 1
+
+
+def test_a_worker_claims_four_tasks_a_thread_unless_told_otherwise(settings: Any) -> None:
+    """The claim's size: four per executor thread (at least 16) by default, then the setting, then the
+    worker's own argument (``--batch-size``)."""
+    assert Worker(concurrency=16, install_signal_handlers=False).batch_size == 64
+    assert Worker(concurrency=2, install_signal_handlers=False).batch_size == 16
+    settings.LEASING_TASKS = {"BATCH_SIZE": 10}
+    assert Worker(concurrency=16, install_signal_handlers=False).batch_size == 10
+    assert Worker(concurrency=16, batch_size=7, install_signal_handlers=False).batch_size == 7

@@ -11,6 +11,7 @@ from tasks.worker.sizing import (
     PROBE_SIZE,
     Capacity,
     Pace,
+    default_batch_size,
     fit,
     prefetch,
     room,
@@ -93,3 +94,10 @@ def test_pace_learns_durations_and_the_mix_of_claims() -> None:
     pace.observe_claim([])  # an empty claim says nothing of the mix
     assert (pace.duration, pace.async_duration) == (pytest.approx(1.2), 0.5)
     assert pace.async_share == pytest.approx(0.15)
+
+
+def test_the_default_claim_is_four_tasks_a_thread_and_at_least_sixteen() -> None:
+    assert default_batch_size(1) == 16
+    assert default_batch_size(4) == 16  # the default concurrency: the batch it always had
+    assert default_batch_size(16) == 64
+    assert default_batch_size(50) == 200

@@ -13,7 +13,7 @@ UPDATE tasks_task AS t SET
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END,
     attempt_isolated = %(isolated)s::boolean
 FROM unnest(%(start_ids)s::bigint[], %(start_tokens)s::bigint[], %(start_at)s::float8[]) AS d(id, token, at)
-WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false)
+WHERE t.id = ANY(%(start_ids)s::bigint[]) AND t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false)
   AND t.expires_at > clock_timestamp()
 RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at;
 
@@ -25,7 +25,7 @@ RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at;
 WITH mine AS (
     SELECT t.id FROM tasks_task AS t
     JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token) ON t.id = d.id AND t.token = d.token
-    WHERE COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
     FOR UPDATE OF t SKIP LOCKED
 ), renewed AS (
     UPDATE tasks_task AS t
@@ -37,7 +37,7 @@ WITH mine AS (
 ), busy AS (
     SELECT t.id, t.token FROM tasks_task AS t
     JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token) ON t.id = d.id AND t.token = d.token
-    WHERE COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
       AND t.id NOT IN (SELECT id FROM mine)
 ), unkept AS (
     -- Slots kept for this worker's handlers (tasks/lifecycle/concurrency.py) whose handler is no longer running
@@ -80,7 +80,7 @@ UPDATE tasks_task AS t SET
     expires_at = LEAST(t.expires_at, clock_timestamp())
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[], %(started)s::float8[])
          AS d(id, token, return_value, at)
-WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
+WHERE t.id = ANY(%(ids)s::bigint[]) AND t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
 RETURNING t.id, t.token;
 
 -- name: FAIL_SQL
@@ -117,7 +117,7 @@ UPDATE tasks_task AS t SET
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(errors)s::jsonb[], %(retry)s::boolean[], %(kinds)s::text[],
             %(delays)s::float8[], %(max_attempts)s::int[], %(started)s::float8[])
      AS d(id, token, error, retry, kind, delay, max_attempts, at)
-WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
+WHERE t.id = ANY(%(ids)s::bigint[]) AND t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
 RETURNING t.id, t.status, t.run_after,
           -- how long until it is due again, on the database clock (the worker's log says it)
           EXTRACT(EPOCH FROM t.run_after - clock_timestamp())::float8;
@@ -141,5 +141,5 @@ UPDATE tasks_task AS t SET
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token)
-WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false)
+WHERE t.id = ANY(%(ids)s::bigint[]) AND t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false)
 RETURNING t.id, t.token;

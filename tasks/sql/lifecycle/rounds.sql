@@ -19,7 +19,7 @@ WITH finished AS (
     expires_at = LEAST(t.expires_at, clock_timestamp())
     FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[], %(started)s::float8[])
          AS d(id, token, return_value, at)
-    WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
     RETURNING t.id, t.token
 ), claimed AS (
     UPDATE tasks_task AS t SET 
@@ -113,7 +113,7 @@ WITH finished AS (
     expires_at = LEAST(t.expires_at, clock_timestamp())
     FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[], %(started)s::float8[])
          AS d(id, token, return_value, at)
-    WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
     RETURNING t.id, t.token
 ), claimed AS (
     UPDATE tasks_task AS t SET 
@@ -225,7 +225,7 @@ WITH finished AS (
     expires_at = LEAST(t.expires_at, clock_timestamp())
     FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[], %(started)s::float8[])
          AS d(id, token, return_value, at)
-    WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
     RETURNING t.id, t.token
 ), started AS (
     UPDATE tasks_task AS t SET 
@@ -236,7 +236,7 @@ WITH finished AS (
                              ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END
     FROM unnest(%(start_ids)s::bigint[], %(start_tokens)s::bigint[], %(start_at)s::float8[]) AS d(id, token, at)
-    WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
+    WHERE t.id = ANY(%(start_ids)s::bigint[]) AND t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
     RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
 ), claimed AS (
     UPDATE tasks_task AS t SET 
@@ -335,7 +335,7 @@ WITH finished AS (
     expires_at = LEAST(t.expires_at, clock_timestamp())
     FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[], %(started)s::float8[])
          AS d(id, token, return_value, at)
-    WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
     RETURNING t.id, t.token
 ), started AS (
     UPDATE tasks_task AS t SET 
@@ -346,7 +346,7 @@ WITH finished AS (
                              ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END
     FROM unnest(%(start_ids)s::bigint[], %(start_tokens)s::bigint[], %(start_at)s::float8[]) AS d(id, token, at)
-    WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
+    WHERE t.id = ANY(%(start_ids)s::bigint[]) AND t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
     RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
 ), claimed AS (
     UPDATE tasks_task AS t SET 
@@ -463,7 +463,7 @@ WITH RECURSIVE finished AS (
     expires_at = LEAST(t.expires_at, clock_timestamp())
     FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[], %(started)s::float8[])
          AS d(id, token, return_value, at)
-    WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
     RETURNING t.id, t.token
 ), walk(fair_key, due, wrapped, n, keys) AS (
         SELECT %(fair_after)s::text COLLATE "C", false, false, 0, 0  -- where the walk starts from: no key of it
@@ -681,7 +681,7 @@ WITH RECURSIVE finished AS (
     expires_at = LEAST(t.expires_at, clock_timestamp())
     FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(values)s::jsonb[], %(started)s::float8[])
          AS d(id, token, return_value, at)
-    WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
     RETURNING t.id, t.token
 ), walk(fair_key, due, wrapped, n, keys) AS (
         SELECT %(fair_after)s::text COLLATE "C", false, false, 0, 0  -- where the walk starts from: no key of it
@@ -838,7 +838,7 @@ WITH RECURSIVE finished AS (
                              ELSE COALESCE(to_timestamp(d.at), statement_timestamp()) END,
     worker_ids = CASE WHEN t.attempt_started THEN t.worker_ids ELSE t.worker_ids || jsonb_build_array(t.holder) END
     FROM unnest(%(start_ids)s::bigint[], %(start_tokens)s::bigint[], %(start_at)s::float8[]) AS d(id, token, at)
-    WHERE t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
+    WHERE t.id = ANY(%(start_ids)s::bigint[]) AND t.id = d.id AND t.token = d.token AND COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false) AND t.expires_at > clock_timestamp()
     RETURNING t.id, t.token, t.attempts, t.started_at, t.last_attempted_at
 ), claimed AS (
     UPDATE tasks_task AS t SET 
