@@ -35,3 +35,13 @@ async def sleep_async(seconds: float = 1.0, **kwargs: Any) -> None:
 def sleep_sync(seconds: float = 1.0, **kwargs: Any) -> None:
     """The same wait, blocking its executor thread (the thread executor's variant)."""
     time.sleep(seconds)
+
+
+def sustained(at: float, **kwargs: Any) -> None:
+    """bench/sustained.py's job: report the pickup latency (now - ``at``, its enqueue wall-clock time),
+    do 1 ms of work on the executor thread, report the end."""
+    from bench import pickup
+
+    pickup.started(at)
+    time.sleep(0.001)
+    pickup.ended()

@@ -2,19 +2,23 @@
 
 Each system provides: enqueue one by one, enqueue in bulk (its own batch API, or None), count
 what is still pending, and run a worker until SIGTERM. Worker processes are started as
-``python bench/peers.py <system> <concurrency> [noop|io]`` and print "ready" once they are waiting.
-The ``io`` workload is the I/O-bound case: tasks that each wait one second (``asyncio.sleep(1)``, or
-``time.sleep(1)`` for this project's thread executor), enqueued with ``io_enqueue``.
+``python bench/peers.py <system> <concurrency> [noop|io|sustained]`` and print "ready" once they are
+waiting. The ``io`` workload is the I/O-bound case: tasks that each wait one second (``asyncio.sleep(1)``,
+or ``time.sleep(1)`` for this project's thread executor), enqueued with ``io_enqueue``. The
+``sustained`` workload is bench/sustained.py's: jobs carrying their enqueue time, each reporting its
+pickup latency (bench/pickup.py) and working 1 ms, added by a ``sustained_producer``.
 Everything runs against the database in DATABASE_URL, with Django settings bench.peer_settings.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +61,10 @@ def any_left(rows: str) -> int:
     return count(f"SELECT count(*) FROM (SELECT 1 FROM {rows} LIMIT 1) AS left_over")
 
 
+#: ``add(n, at)``: enqueue n jobs whose payload carries ``at`` (bench/sustained.py's producer).
+Add = Callable[[int, float], None]
+
+
 @dataclass
 class System:
     name: str
@@ -68,6 +76,11 @@ class System:
     #: The I/O-bound case: enqueue n one-second waits in bulk; run a worker that serves them.
     io_enqueue: Callable[[int], None] | None = None
     io_worker: Callable[[int], None] | None = None
+    #: The sustained load: a producer, open for a whole step, whose ``add(n, at)`` enqueues n jobs
+    #: carrying ``at`` (their enqueue wall-clock time) in one call of the system's bulk API; a worker
+    #: whose handler reports its pickup latency and end (bench/pickup.py) and works 1 ms.
+    sustained_producer: Callable[[], AbstractContextManager[Add]] | None = None
+    sustained_worker: Callable[[int], None] | None = None
 
 
 # -- this project ---------------------------------------------------------------------------------
@@ -101,6 +114,28 @@ def ours() -> System:
         print("ready", flush=True)
         worker.run()
 
+    @contextmanager
+    def sustained_producer() -> Iterator[Add]:
+        from django.db import connection
+
+        def add(n: int, at: float) -> None:
+            Task.objects.bulk_enqueue("bench.handlers.sustained", ({"at": at} for _ in range(n)), queue=QUEUE)
+
+        try:
+            yield add
+        finally:
+            connection.close()
+
+    def sustained_worker(concurrency: int) -> None:
+        from tasks.worker.process import Worker
+
+        # What ``manage.py run_worker`` runs unless told otherwise (the README's systemd unit): the
+        # recovery controller (and, while it leads, every duty of the leader: retention, partitions,
+        # bulk operations) and the scheduler in the worker process, at their default intervals.
+        worker = Worker(queues=[QUEUE], concurrency=concurrency, batch_size=BATCH_SIZE)
+        print("ready", flush=True)
+        worker.run()
+
     return System(
         "django-leasing",
         single,
@@ -110,6 +145,8 @@ def ours() -> System:
         worker,
         io_enqueue,
         io_worker,
+        sustained_producer,
+        sustained_worker,
     )
 
 
@@ -149,6 +186,8 @@ def pgqueuer() -> System:
     import psycopg
     from pgqueuer import PsycopgDriver, Queries, QueueManager
 
+    from bench import pickup
+
     async def connect() -> Any:
         return await psycopg.AsyncConnection.connect(conninfo(), autocommit=True)
 
@@ -181,6 +220,12 @@ def pgqueuer() -> System:
         async def sleep(job: Any) -> None:
             await asyncio.sleep(1.0)
 
+        @manager.entrypoint("sustained")
+        async def sustained(job: Any) -> None:
+            pickup.started(json.loads(job.payload)["at"])
+            await asyncio.sleep(0.001)
+            pickup.ended()
+
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, manager.shutdown.set)
         print("ready", flush=True)
         # PgQueuer wants its cap at least twice its batch.
@@ -195,6 +240,25 @@ def pgqueuer() -> System:
             await queries.enqueue(["sleep"] * size, [None] * size, [0] * size)
         await connection.close()
 
+    @contextmanager
+    def sustained_producer() -> Iterator[Add]:
+        loop = asyncio.new_event_loop()  # the producer's thread has none
+        connection = loop.run_until_complete(connect())
+        queries = Queries(PsycopgDriver(connection))
+
+        def add(n: int, at: float) -> None:
+            payload = json.dumps({"at": at}).encode()
+            loop.run_until_complete(queries.enqueue(["sustained"] * n, [payload] * n, [0] * n))
+
+        try:
+            yield add
+        finally:
+            loop.run_until_complete(connection.close())
+            loop.close()
+
+    def capped_worker(concurrency: int) -> None:
+        asyncio.run(_worker(concurrency, cap=concurrency))
+
     return System(
         "PgQueuer",
         lambda n: asyncio.run(_single(n)),
@@ -203,7 +267,9 @@ def pgqueuer() -> System:
         lambda: truncate("pgqueuer, pgqueuer_log"),
         lambda concurrency: asyncio.run(_worker(concurrency)),
         lambda n: asyncio.run(_io_bulk(n)),
-        lambda concurrency: asyncio.run(_worker(concurrency, cap=concurrency)),  # serves both entrypoints
+        capped_worker,  # serves every entrypoint, ``concurrency`` jobs at once
+        sustained_producer,
+        capped_worker,
     )
 
 
@@ -408,8 +474,6 @@ def graphile_system() -> System:
     """graphile-worker 0.18 (Node), in the same harness: its worker is bench/graphile/worker.mjs;
     jobs are added through its SQL API (``graphile_worker.add_job``, and ``add_jobs`` for a batch:
     what its Node ``addJob`` / ``addJobs`` send), from one psycopg connection in autocommit."""
-    import json
-
     import psycopg
 
     from bench.common import psycopg_params
@@ -435,6 +499,15 @@ def graphile_system() -> System:
         script = str(GRAPHILE_DIR / "worker.mjs")
         os.execv(GRAPHILE_NODE, [str(GRAPHILE_NODE), script, graphile_url(), str(concurrency)])
 
+    @contextmanager
+    def sustained_producer() -> Iterator[Add]:
+        with psycopg.connect(**psycopg_params(), autocommit=True) as connection:
+
+            def add(n: int, at: float) -> None:
+                connection.execute(add_many, (json.dumps([{"identifier": "sustained", "payload": {"at": at}}] * n),))
+
+            yield add
+
     return System(
         "graphile-worker",
         single,
@@ -443,7 +516,9 @@ def graphile_system() -> System:
         lambda: truncate("graphile_worker._private_jobs"),
         worker,
         lambda n: batches("sleep", n),
-        worker,  # one worker serves both tasks; ``concurrency`` jobs at once
+        worker,  # one worker serves every task; ``concurrency`` jobs at once
+        sustained_producer,
+        worker,
     )
 
 
@@ -458,8 +533,6 @@ def install_graphile() -> None:
 
 
 def graphile_version() -> str:
-    import json
-
     package = GRAPHILE_DIR / "node_modules" / "graphile-worker" / "package.json"
     return str(json.loads(package.read_text())["version"]) if package.is_file() else "not installed"
 
@@ -476,13 +549,14 @@ AWA_DEFAULT_MAX_WORKERS = 50
 #: two small head tables) first; then, once nothing is left to claim, the attempts still open (a
 #: running lease, or a receipt claim with no closure, terminal, retry or DLQ row: the shape of its
 #: queue_counts' ``live_running``), and any retry/scheduled row.
-AWA_PENDING = """
-SELECT (
-    SELECT COALESCE(sum(GREATEST(awa.sequence_next_value(qe.seq_name) - awa.sequence_next_value(qc.seq_name), 0)), 0)
-    FROM awa.queue_enqueue_heads AS qe
-    JOIN awa.queue_claim_heads AS qc USING (queue, priority, enqueue_shard)
-    WHERE qe.queue = %(queue)s
-) > 0
+AWA_UNCLAIMED = """
+SELECT COALESCE(sum(GREATEST(awa.sequence_next_value(qe.seq_name) - awa.sequence_next_value(qc.seq_name), 0)), 0)
+FROM awa.queue_enqueue_heads AS qe
+JOIN awa.queue_claim_heads AS qc USING (queue, priority, enqueue_shard)
+WHERE qe.queue = %(queue)s
+"""
+AWA_PENDING = f"""
+SELECT ({AWA_UNCLAIMED}) > 0
 OR EXISTS (SELECT 1 FROM awa.leases WHERE queue = %(queue)s AND state = 'running')
 OR EXISTS (SELECT 1 FROM awa.deferred_jobs WHERE queue = %(queue)s)
 OR EXISTS (
@@ -526,8 +600,9 @@ def awa_url() -> str:
     return url.replace("@/", "@localhost/", 1)
 
 
-def _awa_kinds() -> tuple[type, type]:
-    """The two job kinds (awa derives a kind from its args class: ``awa_noop``, ``awa_sleep``)."""
+def _awa_kinds() -> tuple[type, type, type]:
+    """The job kinds (awa derives a kind from its args class: ``awa_noop``, ``awa_sleep``,
+    ``awa_sustained``)."""
     from dataclasses import dataclass
 
     @dataclass
@@ -538,7 +613,11 @@ def _awa_kinds() -> tuple[type, type]:
     class AwaSleep:
         i: int = 0
 
-    return AwaNoop, AwaSleep
+    @dataclass
+    class AwaSustained:
+        at: float = 0.0
+
+    return AwaNoop, AwaSleep, AwaSustained
 
 
 def awa_system(max_workers: int | None = None) -> System:
@@ -549,7 +628,9 @@ def awa_system(max_workers: int | None = None) -> System:
     512, poll 200 ms, completion batch 512 flushed every 1 ms)."""
     import awa
 
-    noop_kind, sleep_kind = _awa_kinds()
+    from bench import pickup
+
+    noop_kind, sleep_kind, sustained_kind = _awa_kinds()
 
     def single(n: int) -> None:
         client = awa.Client(awa_url())
@@ -573,6 +654,12 @@ def awa_system(max_workers: int | None = None) -> System:
         @client.task(sleep_kind, queue=QUEUE)
         async def sleep(job: Any) -> None:
             await asyncio.sleep(1.0)
+
+        @client.task(sustained_kind, queue=QUEUE)
+        async def sustained(job: Any) -> None:
+            pickup.started(job.args.at)
+            await asyncio.sleep(0.001)
+            pickup.ended()
 
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -604,6 +691,18 @@ def awa_system(max_workers: int | None = None) -> System:
     def worker(concurrency: int) -> None:
         asyncio.run(_worker(concurrency))
 
+    @contextmanager
+    def sustained_producer() -> Iterator[Add]:
+        client = awa.Client(awa_url())
+
+        def add(n: int, at: float) -> None:
+            client.enqueue_many_copy([sustained_kind(at=at) for _ in range(n)], queue=QUEUE)
+
+        try:
+            yield add
+        finally:
+            client.close()
+
     return System(
         "awa" if max_workers is None else f"awa ({max_workers} workers)",
         single,
@@ -612,7 +711,9 @@ def awa_system(max_workers: int | None = None) -> System:
         reset,
         worker,
         lambda n: batches(sleep_kind, n),
-        worker,  # one queue serves both kinds; ``concurrency`` handlers at once
+        worker,  # one queue serves every kind; ``concurrency`` handlers at once
+        sustained_producer,
+        worker,
     )
 
 
@@ -692,7 +793,7 @@ if __name__ == "__main__":
     name, concurrency = sys.argv[1], int(sys.argv[2])
     workload = sys.argv[3] if len(sys.argv) > 3 else "noop"
     system = SYSTEMS[name]()
-    serve = system.io_worker if workload == "io" else system.worker
+    serve = {"io": system.io_worker, "sustained": system.sustained_worker}.get(workload, system.worker)
     if serve is None:
         raise SystemExit(f"{name} has no {workload} worker")
     serve(concurrency)
