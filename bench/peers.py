@@ -131,8 +131,9 @@ def ours() -> System:
 
         # What ``manage.py run_worker`` runs unless told otherwise (the README's systemd unit): the
         # recovery controller (and, while it leads, every duty of the leader: retention, partitions,
-        # bulk operations) and the scheduler in the worker process, at their default intervals.
-        worker = Worker(queues=[QUEUE], concurrency=concurrency, batch_size=BATCH_SIZE)
+        # bulk operations) and the scheduler in the worker process, at their default intervals; the
+        # default claim (4 a thread: 64 at concurrency 16, tasks/worker/sizing.py).
+        worker = Worker(queues=[QUEUE], concurrency=concurrency)
         print("ready", flush=True)
         worker.run()
 

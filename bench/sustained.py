@@ -14,8 +14,8 @@ server: the embedded PostgreSQL, or DATABASE_URL): the system's queue is emptied
 reset: TRUNCATE, or awa's queue-storage reset, so each step starts as a fresh install does, planner
 statistics included), one worker process starts (bench/peers.py's ``sustained`` workload) at ``--concurrency`` jobs at
 once, each job working 1 ms (this project: ``time.sleep(0.001)`` in a sync handler on its executor
-threads, claim batch 64; the async peers: ``await asyncio.sleep(0.001)``; graphile-worker: a 1 ms timer,
-bench/graphile/worker.mjs's settings). Maintenance runs as each ships it: this project's worker runs
+threads, its default claim of 4 a thread; the async peers: ``await asyncio.sleep(0.001)``; graphile-worker:
+a 1 ms timer, bench/graphile/worker.mjs's settings). Maintenance runs as each ships it: this project's worker runs
 the recovery controller and the scheduler in its process (``manage.py run_worker``'s default, the
 README's systemd unit; the recovery leader's duties, retention included, with it); graphile-worker,
 awa and PgQueuer run whatever their worker runs by default.
