@@ -83,8 +83,8 @@ def owned(ids: str) -> str:
     this worker still holds. ``t.id = ANY(ids)`` repeats the join on the table's own side so that the
     primary key is probed for the named ids whatever the join below it: a plan made while the table was
     small (a fresh or truncated table, kept as a prepared statement's generic plan while it grows) was
-    a hash join over a scan of the whole table (bench/sustained.py: ~11,000 blocks a round, the drain
-    fell to 1,100 tasks/s under a 2,500/s offered load until autovacuum's ANALYZE)."""
+    a hash join over a scan of the whole primary key (11,414 blocks to finish 16 tasks;
+    docs/explanation/benchmarks.md, "Sustained load against the peers")."""
     return f"t.id = ANY(%({ids})s::bigint[]) AND t.id = d.id AND t.token = d.token AND {HELD}"
 
 

@@ -318,9 +318,9 @@ def _cursor(raw: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
 #: The one plan is made on the table as it is when the connection first runs the statement, and kept
 #: until the table's statistics change (autovacuum's ANALYZE). Made on a small table (a fresh
 #: install, a truncated one, the quiet hour before a burst) it read the table whole: a sequential
-#: scan, or a hash join over the whole primary key, to finish 16 tasks (~11,000 blocks a round once a
-#: minute of a 2,500/s load was in the table: the worker fell to 1,100 tasks/s until the ANALYZE,
-#: bench/sustained.py). So sequential scans are off for these statements too (local, like the plan
+#: scan, or a hash join over the whole primary key, to finish 16 tasks (1,700-11,400 blocks a round:
+#: offered 4,000 tasks/s, one worker completed 1,683/s; docs/explanation/benchmarks.md, "Sustained
+#: load against the peers"). So sequential scans are off for these statements too (local, like the plan
 #: cache mode): every table the statements read is reached by a bounded index range, and each
 #: statement names its rows' ids where the table meets an array parameter (``owned()`` in
 #: tasks/lifecycle/fragments.py), so that the primary key is probed for them whatever the join.

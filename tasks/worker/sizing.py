@@ -33,8 +33,8 @@ def default_batch_size(concurrency: int) -> int:
 
     A worker's rounds are serial (each one statement and one commit), so under a steady offered load a
     worker finishes at most one batch per round: with 16 threads of 1 ms tasks and a batch of 16, one
-    process kept up with 2,500 tasks/s offered and no more; with 64, with 4,000/s (p99 pickup 134 ms,
-    docs/explanation/benchmarks.md, "Sustained load"). What a worker holds stays bounded by what its
+    process kept up with 2,500 tasks/s offered and no more; with 64, with 4,000/s (a probe,
+    docs/explanation/benchmarks.md, "Sustained load against the peers"). What a worker holds stays bounded by what its
     threads start within ``PREFETCH_WINDOW`` (:func:`prefetch`), whatever the batch: a larger one is
     taken only while there is a backlog to take."""
     return max(MIN_BATCH_SIZE, BATCH_PER_THREAD * concurrency)

@@ -48,6 +48,7 @@ STATEMENTS = {
     "finish, start and claim, one queue": (sql.FINISH_START_CLAIM_SQL[0], True),
     "finish, start and claim, several queues": (sql.FINISH_START_CLAIM_SQL[1], True),
     "finish alone": (sql.COMPLETE_SQL, True),
+    "fail alone": (sql.FAIL_SQL, True),
 }
 
 
@@ -140,6 +141,14 @@ def params_of(name: str, mine: list[tuple[int, int]]) -> list[Any]:
         "start_ids": [],
         "start_tokens": [],
         "start_at": [],
+        # A failure of each (retried: READY again), as fail_many sends it.
+        "errors": ['{"exception_class_path": "x.Error", "message": "", "traceback": ""}' for _ in mine],
+        "retry": [True for _ in mine],
+        "kinds": ["fail" for _ in mine],
+        "delays": [None for _ in mine],
+        "max_attempts": [None for _ in mine],
+        "backoff_base": 1.0,
+        "backoff_max": 60.0,
         **sql.claim_params(queues, busy=True, isolate_after=2),
     }
     return [params[n] for n in numbered(STATEMENTS[name][0])[1]]
