@@ -45,3 +45,14 @@ def sustained(at: float, **kwargs: Any) -> None:
     pickup.started(at)
     time.sleep(0.001)
     pickup.ended()
+
+
+async def sustained_async(at: float, **kwargs: Any) -> None:
+    """The same job as a coroutine on the worker's event loop (as the async peers' jobs are)."""
+    import asyncio
+
+    from bench import pickup
+
+    pickup.started(at)
+    await asyncio.sleep(0.001)
+    pickup.ended()

@@ -19,7 +19,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -114,28 +114,7 @@ def ours() -> System:
         print("ready", flush=True)
         worker.run()
 
-    @contextmanager
-    def sustained_producer() -> Iterator[Add]:
-        from django.db import connection
-
-        def add(n: int, at: float) -> None:
-            Task.objects.bulk_enqueue("bench.handlers.sustained", ({"at": at} for _ in range(n)), queue=QUEUE)
-
-        try:
-            yield add
-        finally:
-            connection.close()
-
-    def sustained_worker(concurrency: int) -> None:
-        from tasks.worker.process import Worker
-
-        # What ``manage.py run_worker`` runs unless told otherwise (the README's systemd unit): the
-        # recovery controller (and, while it leads, every duty of the leader: retention, partitions,
-        # bulk operations) and the scheduler in the worker process, at their default intervals; the
-        # default claim (4 a thread: 64 at concurrency 16, tasks/worker/sizing.py).
-        worker = Worker(queues=[QUEUE], concurrency=concurrency)
-        print("ready", flush=True)
-        worker.run()
+    sustained_producer, sustained_worker = _ours_sustained("bench.handlers.sustained", coroutines=False)
 
     return System(
         "django-leasing",
@@ -178,6 +157,50 @@ def ours_threads() -> System:
         io_enqueue,
         io_worker,
     )
+
+
+def ours_async() -> System:
+    """The sustained load as coroutines: ``async def`` jobs (``await asyncio.sleep(0.001)``, as the async
+    peers' jobs are) on the worker's event loop at ``concurrency`` coroutines at once, the executor
+    threads and everything else at their defaults (the claim's default included)."""
+    producer, worker = _ours_sustained("bench.handlers.sustained_async", coroutines=True)
+    return replace(ours(), name="django-leasing-async", sustained_producer=producer, sustained_worker=worker)
+
+
+def _ours_sustained(
+    handler: str, *, coroutines: bool
+) -> tuple[Callable[[], AbstractContextManager[Add]], Callable[[int], None]]:
+    """bench/sustained.py's producer and worker for this project: ``handler``'s jobs; the worker runs
+    ``concurrency`` executor threads, or (``coroutines``) that many coroutines on its event loop."""
+    from tasks.models import Task
+
+    @contextmanager
+    def sustained_producer() -> Iterator[Add]:
+        from django.db import connection
+
+        def add(n: int, at: float) -> None:
+            Task.objects.bulk_enqueue(handler, ({"at": at} for _ in range(n)), queue=QUEUE)
+
+        try:
+            yield add
+        finally:
+            connection.close()
+
+    def sustained_worker(concurrency: int) -> None:
+        from tasks.worker.process import Worker
+
+        # What ``manage.py run_worker`` runs unless told otherwise (the README's systemd unit): the
+        # recovery controller (and, while it leads, every duty of the leader: retention, partitions,
+        # bulk operations) and the scheduler in the worker process, at their default intervals; the
+        # default claim (4 a thread or a slot of the loop: 64 at 16, tasks/worker/sizing.py).
+        if coroutines:
+            worker = Worker(queues=[QUEUE], async_concurrency=concurrency)
+        else:
+            worker = Worker(queues=[QUEUE], concurrency=concurrency)
+        print("ready", flush=True)
+        worker.run()
+
+    return sustained_producer, sustained_worker
 
 
 # -- PgQueuer ----------------------------------------------------------------------------------------
@@ -771,6 +794,7 @@ def ours_two_queues() -> System:
 SYSTEMS: dict[str, Callable[[], System]] = {
     "django-leasing": ours,
     "django-leasing-threads": ours_threads,
+    "django-leasing-async": ours_async,
     "django-leasing-2q": ours_two_queues,
     "PgQueuer": pgqueuer,
     "procrastinate": procrastinate_system,

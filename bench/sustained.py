@@ -7,6 +7,7 @@ is what a long-horizon harness sees instead.
     python3 -m venv .venv-bench && .venv-bench/bin/pip install -e '.[embedded]' -r bench/requirements.txt
     .venv-bench/bin/python bench/sustained.py [--systems django-leasing,graphile-worker,awa,awa-50,PgQueuer]
         [--rates 500,1000,2000,3000,4000,5000,6000] [--step-minutes 10] [--concurrency 16] [--out /tmp/sustained]
+    (``django-leasing-async``: this project's jobs as coroutines on the worker's event loop, not a default system)
     .venv-bench/bin/python bench/sustained.py --replot /tmp/sustained --plot docs/explanation/sustained.svg
 
 Each step, for each system still climbing (the systems take turns at each rate, one at a time on the one
@@ -104,6 +105,9 @@ BACKLOG = {
     "PgQueuer": "SELECT count(*) FROM (SELECT 1 FROM pgqueuer LIMIT %(cap)s) AS backlog",
 }
 BACKLOG["awa-50"] = BACKLOG["awa"]
+# The same tables, the jobs as coroutines on the event loop (bench/peers.py's ours_async).
+TABLES["django-leasing-async"] = TABLES["django-leasing"]
+BACKLOG["django-leasing-async"] = BACKLOG["django-leasing"]
 TABLES_SQL = """
 SELECT COALESCE(sum(n_dead_tup), 0), COALESCE(sum(pg_total_relation_size(relid)), 0)
 FROM pg_stat_user_tables WHERE {where}

@@ -66,8 +66,8 @@ class TaskSettings:
     FAIR_QUEUES: tuple[str, ...] = ()
     #: Worker defaults (command-line options override them).
     CONCURRENCY: int = 4
-    #: Tasks one claim takes at most; None: four per executor thread, at least 16
-    #: (tasks/worker/sizing.py, ``default_batch_size``).
+    #: Tasks one claim takes at most; None: four per executor thread, at least 16, and four per
+    #: event-loop slot for coroutines (tasks/worker/sizing.py, ``default_batch_size``, ``claim_cap``).
     BATCH_SIZE: int | None = None
     POLL_INTERVAL: float = 2.0
     #: Coroutines (``async def`` handlers) one worker process runs at once on its event loop; 0 runs

@@ -9,9 +9,8 @@ At a stop it drains: claims nothing more, hands back what has not started, and w
 attempts up to the grace period (:meth:`Dispatcher.drain`); :meth:`Dispatcher.close` then writes the
 last outcomes and hands back everything still held.
 
-Why ~700 lines in one module: everything here runs on the dispatcher's one thread, and the
-invariant that only it writes is checked by reading this file; its parts that run elsewhere or hold
-no state of the round are apart (handoff.py, handbacks.py, handlers.py, writer.py, heartbeat.py)."""
+One module: all of it runs on the dispatcher's one thread (the invariant that only it writes is read
+here); what runs elsewhere or holds no round's state is apart (handoff, handbacks, writer, heartbeat)."""
 
 from __future__ import annotations
 
@@ -38,7 +37,7 @@ from tasks.worker.mailbox import Mailbox
 from tasks.worker.positions import ClaimPositions
 from tasks.worker.session import CONNECTION_ERRORS, Session, is_lock_wait, retrying
 from tasks.worker.signals import FinishedSignals
-from tasks.worker.sizing import Capacity, Pace, fit, prefetch, room, starving
+from tasks.worker.sizing import Capacity, Pace, claim_cap, fit, prefetch, room, starving
 from tasks.worker.slots import KeptSlots
 from tasks.worker.threads import ThreadExecutors
 from tasks.worker.timeouts import Timeouts
@@ -56,8 +55,6 @@ LOCKED: Any = object()
 #: A start marker waits this long for the attempt's own outcome, which then carries it (a short task
 #: costs one row update, not two); longer attempts are marked by the next round after that.
 MARKER_DELAY = 0.02
-
-
 #: The lock wait of a retried write that met a lock (ms): short, so that the retry keeps its rows
 #: locked, away from the heartbeat, no longer than that while the other session holds on.
 DEFERRED_LOCK_WAIT_MS = 50
@@ -84,6 +81,7 @@ class DispatcherSettings:
     prefetch_window: float
     isolate_after: int
     max_tasks: int | None = None
+    async_batch_size: int | None = None  # the event loop's kind (sizing.claim_cap); None: ``batch_size``
 
 
 @dataclass(frozen=True)
@@ -114,6 +112,7 @@ class Dispatcher:
         self.ledger = ledger
         self.queues = settings.queues
         self.batch_size = settings.batch_size
+        self.async_batch_size = settings.async_batch_size or settings.batch_size
         self.prefetch_window = settings.prefetch_window
         self.isolate_after = settings.isolate_after
         self.max_tasks = settings.max_tasks
@@ -137,7 +136,7 @@ class Dispatcher:
         self._pending_starts: dict[Key, tuple[Execution, float, float]] = {}
         self._deferred: list[tuple[float, Outcome]] = []  # outcomes whose row was locked: (retry at, outcome)
         # Where the next claim resumes (tasks/worker/positions.py).
-        self.positions = ClaimPositions(self.batch_size)
+        self.positions = ClaimPositions(max(self.batch_size, self.async_batch_size))
         # When (local clock) claims their rate key refused come due again, a heap (tasks/lifecycle/ratelimits.py).
         self._rate_wakes: list[float] = []
         # A fair queue's claims take turns between its keys: the next turn starts after the last key
@@ -151,7 +150,8 @@ class Dispatcher:
 
     def capacity(self) -> Capacity:
         aio = self.aio
-        window, batch, backlog = self.prefetch_window, self.batch_size, self.positions.full
+        window, batch, async_batch = self.prefetch_window, self.batch_size, self.async_batch_size
+        backlog = self.positions.full
         return Capacity(
             slots=self.threads.concurrency,
             prefetch=prefetch(
@@ -161,7 +161,7 @@ class Dispatcher:
             async_prefetch=0
             if aio is None
             else prefetch(
-                aio.capacity, batch_size=batch, window=window, duration=self.pace.async_duration, backlog=backlog
+                aio.capacity, batch_size=async_batch, window=window, duration=self.pace.async_duration, backlog=backlog
             ),
         )
 
@@ -169,24 +169,25 @@ class Dispatcher:
         """Abandoned attempts still running in the process (threads, and coroutines of the loop)."""
         return self.threads.zombies + (0 if self.aio is None else int(self.aio.zombies))
 
-    def _wanted(self, census: Census, capacity: Capacity) -> tuple[int, bool]:
-        """How many to claim this round, and whether it is a probe for the kind not seen lately."""
+    def _wanted(self, census: Census, capacity: Capacity) -> tuple[int, bool, int]:
+        """How many to claim this round, whether it is a probe for the kind not seen lately, the cap."""
         session = self.session
         if session.draining.is_set() or census.isolated:
-            return 0, False  # an isolated attempt runs alone: claim nothing beside it
+            return 0, False, 1  # an isolated attempt runs alone: claim nothing beside it
         if self.reservation.active and census.in_hand:
-            return 0, False  # becoming idle for a task that must run isolated (tasks/worker/isolation.py)
+            return 0, False, 1  # becoming idle for a task that must run isolated (tasks/worker/isolation.py)
         last_beat = self.heartbeat.last_beat
         if last_beat is not None and clock.monotonic() - last_beat > session.ttl / 2:
-            return 0, False  # heartbeats are not getting through: claims would only lapse (invariant 6)
+            return 0, False, 1  # heartbeats are not getting through: claims would only lapse (invariant 6)
         now = clock.monotonic()
         sized = room(census, capacity, share=self.pace.async_share, probe_due=now >= self.pace.next_probe)
         if sized.probe:
             self.pace.next_probe = now + session.poll_interval
-        wanted = min(self.batch_size, sized.claim)
+        cap = claim_cap(self.batch_size, self.async_batch_size, self.pace.async_share if self.aio else 0.0)
+        wanted = min(cap, sized.claim)
         if self.max_tasks is not None:
             wanted = min(wanted, self.max_tasks - session.kept())
-        return max(0, wanted), sized.probe
+        return max(0, wanted), sized.probe, cap
 
     # -- the loop -----------------------------------------------------------------------------------
 
@@ -216,14 +217,16 @@ class Dispatcher:
             outcomes = self.mailbox.take_outcomes()
             starts = self._due_starts(outcomes)
             capacity = self.capacity()
-            wanted, probing = self._wanted(census, capacity)
+            wanted, probing, cap = self._wanted(census, capacity)
             hungry = probing or starving(census, capacity, share=self.pace.async_share)
-            claim = wanted if may_have_work and wanted > 0 and (wanted >= self.batch_size or hungry) else 0
+            claim = wanted if may_have_work and wanted > 0 and (wanted >= cap or hungry) else 0
             to_hand = self.handoff.room(
                 census, capacity, duration=self.pace.duration, async_duration=self.pace.async_duration
             )
             if outcomes or starts or claim or self.handoff.can_release(to_hand):
-                claimed = self.round(outcomes, starts, claim, idle=census.in_hand == 0, to_hand=to_hand)
+                claimed = self.round(
+                    outcomes, starts, claim, idle=not census.in_hand, to_hand=to_hand, sized_by=capacity
+                )
                 if self.fair_cursor is not None:
                     self.fair_cursor.sync()  # where the turns went, once the claimed tasks are in hand
                 if claim:
@@ -344,13 +347,14 @@ class Dispatcher:
         claim: int,
         idle: bool = False,
         to_hand: dict[bool, int] | None = None,
+        sized_by: Capacity | None = None,
     ) -> list[ClaimedTask] | None:
         """Write outcomes and start markers, claim ``claim`` more, hand the executors as many attempts
         as ``to_hand`` allows per kind (none at the end): one statement in the steady state. A pipeline:
         the failures written (``writer.fail``), the round's statement (:meth:`_write`, or
         :meth:`_reconcile` when it did not commit), the markers' answers, the outcomes whose row was
         locked put off, the results the database refused failed instead, every outcome settled, and
-        the claimed attempts routed to the executors."""
+        the claimed attempts routed to the executors (kept as far as ``sized_by``, the claim's, allows)."""
         failures = [o for o in outcomes if not o.ok]
         successes = [o for o in outcomes if o.ok]
         ended = {o.key for o in outcomes}
@@ -381,7 +385,8 @@ class Dispatcher:
         if written.committed and (written.claimed or plan.releasing):
             session = self.session
             tasks = written.claimed or []
-            self._route(plan, tasks, [Execution(task, session.id, session.ttl, sent, session.using) for task in tasks])
+            executions = [Execution(task, session.id, session.ttl, sent, session.using) for task in tasks]
+            self._route(plan, tasks, executions, sized_by or self.capacity())
         return written.claimed
 
     def _write(
@@ -490,11 +495,12 @@ class Dispatcher:
             self._deferred.append((retry_at, outcome))
         return [o for o in successes if o.key not in keys], [o for o in failures if o.key not in keys]
 
-    def _route(self, plan: Plan, claimed: list[ClaimedTask], executions: list[Execution]) -> None:
+    def _route(self, plan: Plan, claimed: list[ClaimedTask], executions: list[Execution], capacity: Capacity) -> None:
         """Claimed attempts to the threads or the event loop, once the round that names them
         committed (:mod:`tasks.worker.handoff`; the rest wait there, with what the last rounds could
         not hand over yet); what no slot of its kind will start within the prefetch window goes back
-        at once, uncharged."""
+        at once, uncharged. By ``capacity``, the claim's: a short claim ends the backlog's second batch
+        of prefetch, so measured anew here part of it went back, to be claimed again (benchmarks.md)."""
         aio = self.aio
         for execution in executions:
             # Isolated attempts run on a thread, alone in the process.
@@ -503,7 +509,7 @@ class Dispatcher:
         if aio is not None:
             kinds = [e.is_async for e in executions]
             self.pace.observe_claim(kinds)
-            keep = fit(kinds, self.ledger.census(clock.monotonic()), self.capacity())
+            keep = fit(kinds, self.ledger.census(clock.monotonic()), capacity)
             excess = [e for e, k in zip(executions, keep, strict=True) if not k]
             executions = [e for e, k in zip(executions, keep, strict=True) if k]
         self.ledger.add(executions + excess)  # before any executor can see them

@@ -91,7 +91,9 @@ class Worker:
         self.queues = list(queues)
         self.concurrency = concurrency or conf.CONCURRENCY
         self.async_concurrency = conf.ASYNC_CONCURRENCY if async_concurrency is None else async_concurrency
-        self.batch_size = batch_size or conf.BATCH_SIZE or default_batch_size(self.concurrency)
+        explicit_batch = batch_size or conf.BATCH_SIZE
+        self.batch_size = explicit_batch or default_batch_size(self.concurrency)
+        self.async_batch_size = explicit_batch or default_batch_size(self.async_concurrency)
         if self.concurrency < 1 or self.batch_size < 1:
             raise ValueError("concurrency and batch size must be at least 1")
         if self.async_concurrency < 0:
@@ -153,6 +155,7 @@ class Worker:
         settings = DispatcherSettings(
             queues=self.queues,
             batch_size=self.batch_size,
+            async_batch_size=self.async_batch_size,
             prefetch_window=conf.PREFETCH_WINDOW if prefetch_window is None else prefetch_window,
             isolate_after=conf.ISOLATE_AFTER,
             max_tasks=max_tasks,

@@ -29,7 +29,8 @@ MIN_BATCH_SIZE = 16
 
 
 def default_batch_size(concurrency: int) -> int:
-    """The claim's size when none is set: four per executor thread, at least 16.
+    """The claim's size when none is set: four per executor thread (or event-loop slot, for the loop's
+    kind: :func:`claim_cap`), at least 16.
 
     A worker's rounds are serial (each one statement and one commit), so under a steady offered load a
     worker finishes at most one batch per round: with 16 threads of 1 ms tasks and a batch of 16, one
@@ -38,6 +39,15 @@ def default_batch_size(concurrency: int) -> int:
     threads start within ``PREFETCH_WINDOW`` (:func:`prefetch`), whatever the batch: a larger one is
     taken only while there is a backlog to take."""
     return max(MIN_BATCH_SIZE, BATCH_PER_THREAD * concurrency)
+
+
+def claim_cap(batch_size: int, async_batch_size: int, share: float) -> int:
+    """The most one claim takes: the batch of the threads and the batch of the event loop, weighed by
+    the share of coroutines among recent claims (a claim cannot choose by kind). With a batch set
+    (``BATCH_SIZE``, ``--batch-size``) both are that batch; by default each is four a slot of its
+    kind, so a loop of 16 coroutines running 1 ms jobs claims 64, not the threads' 16 (which held
+    it under 4,000 jobs/s offered: docs/explanation/benchmarks.md, "Sustained load against the peers")."""
+    return max(1, round(batch_size + (async_batch_size - batch_size) * share))
 
 
 def smoothed(previous: float | None, sample: float, weight: float) -> float:

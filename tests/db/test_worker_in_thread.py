@@ -309,10 +309,13 @@ def test_a_cut_met_by_a_retried_statement_is_counted() -> None:
 
 
 def test_a_worker_claims_four_tasks_a_thread_unless_told_otherwise(settings: Any) -> None:
-    """The claim's size: four per executor thread (at least 16) by default, then the setting, then the
-    worker's own argument (``--batch-size``)."""
+    """The claim's size: four per executor thread (at least 16) by default, and four per event-loop
+    slot for coroutines; then the setting, then the worker's own argument (``--batch-size``), for both."""
     assert Worker(concurrency=16, install_signal_handlers=False).batch_size == 64
-    assert Worker(concurrency=2, install_signal_handlers=False).batch_size == 16
+    worker = Worker(concurrency=2, async_concurrency=32, install_signal_handlers=False)
+    assert (worker.batch_size, worker.async_batch_size) == (16, 128)
     settings.LEASING_TASKS = {"BATCH_SIZE": 10}
-    assert Worker(concurrency=16, install_signal_handlers=False).batch_size == 10
-    assert Worker(concurrency=16, batch_size=7, install_signal_handlers=False).batch_size == 7
+    worker = Worker(concurrency=16, install_signal_handlers=False)
+    assert (worker.batch_size, worker.async_batch_size) == (10, 10)
+    worker = Worker(concurrency=16, batch_size=7, install_signal_handlers=False)
+    assert (worker.batch_size, worker.async_batch_size) == (7, 7)

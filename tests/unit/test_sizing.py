@@ -11,6 +11,7 @@ from tasks.worker.sizing import (
     PROBE_SIZE,
     Capacity,
     Pace,
+    claim_cap,
     default_batch_size,
     fit,
     prefetch,
@@ -101,3 +102,11 @@ def test_the_default_claim_is_four_tasks_a_thread_and_at_least_sixteen() -> None
     assert default_batch_size(4) == 16  # the default concurrency: the batch it always had
     assert default_batch_size(16) == 64
     assert default_batch_size(50) == 200
+
+
+def test_a_claim_takes_the_batch_of_the_kind_recent_claims_brought() -> None:
+    threads, loop = default_batch_size(4), default_batch_size(16)  # 16 and 64
+    assert claim_cap(threads, loop, share=0.0) == 16  # sync tasks only: the threads' batch
+    assert claim_cap(threads, loop, share=1.0) == 64  # coroutines only: four a slot of the loop
+    assert claim_cap(threads, loop, share=0.5) == 40
+    assert claim_cap(32, 32, share=0.7) == 32  # a batch set: the same for both kinds
