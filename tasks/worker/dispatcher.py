@@ -136,7 +136,7 @@ class Dispatcher:
         self._pending_starts: dict[Key, tuple[Execution, float, float]] = {}
         self._deferred: list[tuple[float, Outcome]] = []  # outcomes whose row was locked: (retry at, outcome)
         # Where the next claim resumes (tasks/worker/positions.py).
-        self.positions = ClaimPositions(max(self.batch_size, self.async_batch_size))
+        self.positions = ClaimPositions(self.batch_size)  # a fair claim's positions: the threads' batch
         # When (local clock) claims their rate key refused come due again, a heap (tasks/lifecycle/ratelimits.py).
         self._rate_wakes: list[float] = []
         # A fair queue's claims take turns between its keys: the next turn starts after the last key
@@ -169,25 +169,24 @@ class Dispatcher:
         """Abandoned attempts still running in the process (threads, and coroutines of the loop)."""
         return self.threads.zombies + (0 if self.aio is None else int(self.aio.zombies))
 
-    def _wanted(self, census: Census, capacity: Capacity) -> tuple[int, bool, int]:
-        """How many to claim this round, whether it is a probe for the kind not seen lately, the cap."""
+    def _wanted(self, census: Census, capacity: Capacity, cap: int) -> tuple[int, bool]:
+        """How many to claim this round (at most ``cap``), and whether it is a probe for the kind not seen lately."""
         session = self.session
         if session.draining.is_set() or census.isolated:
-            return 0, False, 1  # an isolated attempt runs alone: claim nothing beside it
+            return 0, False  # an isolated attempt runs alone: claim nothing beside it
         if self.reservation.active and census.in_hand:
-            return 0, False, 1  # becoming idle for a task that must run isolated (tasks/worker/isolation.py)
+            return 0, False  # becoming idle for a task that must run isolated (tasks/worker/isolation.py)
         last_beat = self.heartbeat.last_beat
         if last_beat is not None and clock.monotonic() - last_beat > session.ttl / 2:
-            return 0, False, 1  # heartbeats are not getting through: claims would only lapse (invariant 6)
+            return 0, False  # heartbeats are not getting through: claims would only lapse (invariant 6)
         now = clock.monotonic()
         sized = room(census, capacity, share=self.pace.async_share, probe_due=now >= self.pace.next_probe)
         if sized.probe:
             self.pace.next_probe = now + session.poll_interval
-        cap = claim_cap(self.batch_size, self.async_batch_size, self.pace.async_share if self.aio else 0.0)
         wanted = min(cap, sized.claim)
         if self.max_tasks is not None:
             wanted = min(wanted, self.max_tasks - session.kept())
-        return max(0, wanted), sized.probe, cap
+        return max(0, wanted), sized.probe
 
     # -- the loop -----------------------------------------------------------------------------------
 
@@ -217,7 +216,8 @@ class Dispatcher:
             outcomes = self.mailbox.take_outcomes()
             starts = self._due_starts(outcomes)
             capacity = self.capacity()
-            wanted, probing, cap = self._wanted(census, capacity)
+            cap = claim_cap(self.batch_size, self.async_batch_size, self.pace.async_share if self.aio else 0.0)
+            wanted, probing = self._wanted(census, capacity, cap)
             hungry = probing or starving(census, capacity, share=self.pace.async_share)
             claim = wanted if may_have_work and wanted > 0 and (wanted >= cap or hungry) else 0
             to_hand = self.handoff.room(
