@@ -118,6 +118,12 @@ class Session:
             deadline = min(deadline, clock.monotonic() + self.shutdown_grace + 1.0)
         return deadline
 
+    def out_of_retries(self, give_up_at: float) -> bool:
+        """A retry loop that began at :meth:`retry_deadline` ends: a second stop, its own bound, or a
+        stop requested while it ran (its bound was one TTL then: a loop that kept it would outlive
+        the drain, and the process its leases)."""
+        return self.hurry.is_set() or clock.monotonic() > min(give_up_at, self.retry_deadline())
+
     def close_connection(self) -> None:
         try:
             connections[self.using].close()
@@ -154,8 +160,7 @@ def retrying(what: str, session: Session, statement: Callable[[], T]) -> T | Non
                 session.stats["connection_errors"] += 1  # every path that meets a cut counts it
             session.close_connection()
             if (
-                session.hurry.is_set()
-                or clock.monotonic() > give_up_at
+                session.out_of_retries(give_up_at)
                 or not isinstance(exc, CONNECTION_ERRORS)
                 or is_lock_wait(exc)  # the row stays locked for now: retrying at once would only wait again
             ):

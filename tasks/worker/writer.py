@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
 
-from leasing import clock
 from tasks.lifecycle.storable import storable_text
 from tasks.models import AttemptFate, FailOutcome, Failure
 from tasks.worker.logs import log_attempt
@@ -190,7 +189,7 @@ class OutcomeWriter:
         written: set[Key] = set()
         pending = list(items)
         while pending:
-            if self.session.hurry.is_set() or clock.monotonic() > give_up_at:
+            if self.session.out_of_retries(give_up_at):
                 logger.error(
                     "worker %s: giving up %s for %d attempt(s) after connection errors; their leases will lapse",
                     self.session.id,
@@ -228,7 +227,7 @@ class OutcomeWriter:
         """After a claim whose reply was lost: hand back (uncharged) what the database says we hold
         but the worker never heard of. Returns how many."""
         give_up_at = self.session.retry_deadline()
-        while not self.session.hurry.is_set() and clock.monotonic() < give_up_at:
+        while not self.session.out_of_retries(give_up_at):
             try:
                 held = self._manager.held_by_worker(self.session.id)
                 unknown = [key for key, started in held.items() if not started and not is_known(key)]
