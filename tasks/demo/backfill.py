@@ -19,6 +19,7 @@ import random
 from django.db import transaction
 from django.utils import timezone
 
+from tasks.lifecycle.states import FINISHED
 from tasks.maintenance.history import BOUNDS, BUCKETS
 from tasks.models import ActivityHour, ActivityHourMark, Task
 
@@ -48,7 +49,9 @@ def backfill_history(hours: int = 24, *, seed: int | None = None) -> int:
             hour = current - dt.timedelta(hours=back)
             if ActivityHourMark.objects.filter(hour=hour).exists():
                 continue
-            if Task.objects.filter(finished_at__gte=hour, finished_at__lt=hour + dt.timedelta(hours=1)).exists():
+            if Task.objects.filter(
+                status__in=FINISHED, finished_at__gte=hour, finished_at__lt=hour + dt.timedelta(hours=1)
+            ).exists():
                 continue
             # A working day's shape: busier in the afternoon, quiet at night.
             load = 0.35 + 0.65 * math.sin(math.pi * ((hour.hour - 3) % 24) / 24) ** 2

@@ -2,12 +2,12 @@
 ``/metrics``, kept as a rollup so that no page scans the tasks finished in the last hour.
 
 - **Closed minutes are counted once.** A minute that ended more than ``LAG`` seconds ago is counted
-  from the finished-at index (one minute of rows, one statement) and stored in ``ActivityMinute``; a page
-  load then counts only the open part of the hour: the current minute and the ``LAG`` seconds
-  before it. ``roll_up()`` does the counting; the recovery controller calls it every round, and
-  pages call it too, so a minute is counted by whichever comes first (idempotent: the same counts
-  overwrite the same row). The first call after a long pause counts every closed minute of the
-  last hour once.
+  from the finish-time index (``tasks_task_prune_idx``: one minute of each of the two statuses, one
+  statement) and stored in ``ActivityMinute``; a page load then counts only the open part of the
+  hour: the current minute and the ``LAG`` seconds before it. ``roll_up()`` does the counting; the
+  recovery controller calls it every round, and pages call it too, so a minute is counted by
+  whichever comes first (idempotent: the same counts overwrite the same row). The first call after
+  a long pause counts every closed minute of the last hour once.
 - **Late commits.** ``finished_at`` is the clock read inside the finishing statement; the row becomes
   visible when its transaction commits. A finish committed more than ``LAG`` seconds after it was
   stamped would be missed by the first count, so every minute is counted a second (final) time once
@@ -50,16 +50,17 @@ WHERE a.minute IS NULL OR NOT a.closed
 ORDER BY m.minute
 """
 
-# Count one minute from the finished-at index and store it, zeros included (a stored row is what
-# marks the minute closed). A final row is never overwritten: a late provisional count racing with
-# it must not undo it.
+# Count one minute from the finish-time index (tasks_task_prune_idx: one range per status counted)
+# and store it, zeros included (a stored row is what marks the minute closed). A final row is never
+# overwritten: a late provisional count racing with it must not undo it.
 _COUNT_SQL = """
 INSERT INTO tasks_activityminute AS a
     (minute, succeeded, failed, closed, final, recovered, silent_total, silent_max, delay_max)
 SELECT %(minute)s::timestamptz, count(*) FILTER (WHERE status = 'SUCCESSFUL'),
        count(*) FILTER (WHERE status = 'FAILED'), true, %(final)s, 0, 0, 0, 0
 FROM tasks_task
-WHERE finished_at >= %(minute)s::timestamptz AND finished_at < %(minute)s::timestamptz + interval '1 minute'
+WHERE status IN ('SUCCESSFUL', 'FAILED')
+  AND finished_at >= %(minute)s::timestamptz AND finished_at < %(minute)s::timestamptz + interval '1 minute'
 ON CONFLICT (minute) DO UPDATE SET
     succeeded = EXCLUDED.succeeded, failed = EXCLUDED.failed, closed = true, final = EXCLUDED.final
 WHERE NOT a.final
@@ -78,7 +79,7 @@ _LIVE_SQL = """
 SELECT date_trunc('minute', finished_at), count(*) FILTER (WHERE status = 'SUCCESSFUL'),
        count(*) FILTER (WHERE status = 'FAILED')
 FROM tasks_task
-WHERE finished_at >= %(since)s AND finished_at <= statement_timestamp()
+WHERE status IN ('SUCCESSFUL', 'FAILED') AND finished_at >= %(since)s AND finished_at <= statement_timestamp()
 GROUP BY 1
 """
 

@@ -199,7 +199,7 @@ RETURNING id
 # Only workers that stopped within twice their TTL: an older one's leases have all expired (its last
 # renewal was before it stopped), and recovery's own pick takes those. Its rows are found by their
 # live leases (expires_at still ahead: tasks_task_running_exp_idx) with the holder test hidden from
-# the planner: beside an old snapshot tasks_task_running_holder_idx keeps every RUNNING version the
+# the planner: beside an old snapshot tasks_task_holder_newest_idx keeps every RUNNING version the
 # stopped worker ever had.
 EXPIRE_ORPHANS_SQL = """
 UPDATE tasks_task AS t SET expires_at = clock_timestamp()

@@ -4,8 +4,8 @@
 - **Where the numbers come from.** The per-minute activity rows (tasks/lifecycle/activity.py) count
   the whole queue: they hold no queue, no task path and no durations, so they cannot be split by key
   or give a percentile. An hour is therefore counted from the rows themselves, once: one statement
-  reads the hour's range of the finished-at index (``tasks_task_finished_idx``, the same range the
-  minute rollup reads for its sixty minutes) and writes one row per (queue, task path) that finished
+  reads the hour's range of each final status in the finish-time index (``tasks_task_prune_idx``,
+  the same ranges the minute rollup reads for its sixty minutes) and writes one row per (queue, task path) that finished
   in it. Pages read only these rows: 168 hours times the keys, whatever tasks_task holds.
 - **Counted once it is over.** An hour is counted ``FINAL_AFTER`` (5 minutes, the minute rollup's
   final count) after it ends, when finishes committed late have landed; the open hour is left to the
@@ -72,7 +72,8 @@ def _histogram(column: str) -> str:
 
 # Count one hour and store it: every (queue, task path) that finished in it, overwritten whole, and
 # the hour's mark, in one statement (one transaction: all or nothing). The finished CTE is the range
-# [hour, hour + 1 h) of tasks_task_finished_idx; the times use the database's own timestamps.
+# [hour, hour + 1 h) of each final status in tasks_task_prune_idx (status, finished_at, id); the times
+# use the database's own timestamps.
 COUNT_HOUR_SQL = f"""
 WITH settled AS MATERIALIZED (
     -- An hour counted COUNTED_MARGIN ago or more stands: a count begun since (a deposed leader's, a
@@ -94,7 +95,8 @@ WITH settled AS MATERIALIZED (
                CASE WHEN status IN ('SUCCESSFUL', 'FAILED') AND last_attempted_at IS NOT NULL AND attempts > 0
                     THEN GREATEST(EXTRACT(EPOCH FROM finished_at - last_attempted_at)::float8, 0) END AS run
     ) AS timed
-    WHERE finished_at >= %(hour)s::timestamptz AND finished_at < %(hour)s::timestamptz + interval '1 hour'
+    WHERE status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
+      AND finished_at >= %(hour)s::timestamptz AND finished_at < %(hour)s::timestamptz + interval '1 hour'
       AND NOT EXISTS (SELECT 1 FROM settled)
 ), keyed AS (
     SELECT queue, task_path,
@@ -160,13 +162,17 @@ ORDER BY h.hour DESC
 # COUNT_HOUR_SQL finding no task, 168 on a first start (its planning alone cost 3 ms each). An hour
 # with keys stored is left to COUNT_HOUR_SQL, which deletes them. A finish is stamped with the
 # database's clock and lands in an hour not yet due; the hours at or after the earliest finish are
-# counted one by one as before.
+# counted one by one as before. The earliest finish is the least of each final status's first entry
+# in tasks_task_prune_idx (an index of finished_at alone would cost every finish an entry more).
 MARK_EMPTY_HOURS_SQL = """
 INSERT INTO tasks_activityhourmark AS m (hour, counted_at, keys, tasks)
 SELECT h.hour, clock_timestamp(), 0, 0
 FROM unnest(%(hours)s::timestamptz[]) AS h(hour)
 WHERE h.hour + interval '1 hour' <= COALESCE(
-        (SELECT min(finished_at) FROM tasks_task WHERE finished_at IS NOT NULL), 'infinity'::timestamptz)
+        LEAST((SELECT min(finished_at) FROM tasks_task WHERE status = 'SUCCESSFUL' AND finished_at IS NOT NULL),
+              (SELECT min(finished_at) FROM tasks_task WHERE status = 'FAILED' AND finished_at IS NOT NULL),
+              (SELECT min(finished_at) FROM tasks_task WHERE status = 'CANCELLED' AND finished_at IS NOT NULL)),
+        'infinity'::timestamptz)
   AND NOT EXISTS (SELECT 1 FROM tasks_activityhour AS a WHERE a.hour = h.hour)
 ON CONFLICT (hour) DO NOTHING
 RETURNING m.hour

@@ -290,9 +290,17 @@ class Task(LeaseFields):
                 name="tasks_task_isolation_idx",
                 condition=Q(status="READY", shared_crashes__gt=0),
             ),
-            # Recovery and the stuck list: running rows by lease expiry.
+            # Recovery, the stuck list and every read of the running set: running rows by lease expiry.
+            # A worker's running rows are a range of tasks_task_holder_newest_idx (holder, status, id
+            # DESC): an index of the running rows by holder would cost every claim and every renewal
+            # one entry more (migration 0042).
             models.Index(fields=["expires_at"], name="tasks_task_running_exp_idx", condition=Q(status="RUNNING")),
-            models.Index(fields=["holder"], name="tasks_task_running_holder_idx", condition=Q(status="RUNNING")),
+            # Running rows nobody holds (normally none: a claim always names its worker), the third arm
+            # of the stuck list beside the expiry index's two, so that the list reads the stuck rows
+            # and not every running one. Empty, so it costs a claim nothing.
+            models.Index(
+                fields=["id"], name="tasks_task_running_unheld_idx", condition=Q(status="RUNNING", holder__isnull=True)
+            ),
             # A rate key's live reservations (RATE_START_SQL: a refusal's place in line is after the
             # latest of them, not after reservations of tasks since cancelled or deleted). Only rows
             # with a rate key of their own, waiting: a plain task never enters it.
@@ -303,11 +311,11 @@ class Task(LeaseFields):
             ),
             # Dashboard lists and counts by state, newest first.
             models.Index(fields=["status", "-id"], name="tasks_task_status_idx"),
-            models.Index(
-                fields=["finished_at"], name="tasks_task_finished_idx", condition=Q(finished_at__isnull=False)
-            ),
             # Retention (tasks/maintenance/retention.py) deletes finished rows of one status oldest first, in
             # batches that resume from the last key: an exact range scan, whatever the other statuses keep.
+            # Every read of finished rows by time reads it too (the minute and hour counts, the earliest
+            # finish: one range per final status), so a finish writes no entry to an index of finished_at
+            # alone (migration 0042).
             models.Index(
                 fields=["status", "finished_at", "id"],
                 name="tasks_task_prune_idx",

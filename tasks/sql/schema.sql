@@ -688,7 +688,6 @@ CREATE UNIQUE INDEX tasks_task_debounce_waiting ON public.tasks_task USING btree
 CREATE INDEX tasks_task_dedup_newest_idx ON public.tasks_task USING btree (dedup_key, status, id DESC) WHERE (dedup_key IS NOT NULL);
 CREATE UNIQUE INDEX tasks_task_dedup_unfinished ON public.tasks_task USING btree (dedup_key) WHERE ((dedup_key IS NOT NULL) AND ((status)::text = ANY ((ARRAY['BLOCKED'::character varying, 'READY'::character varying, 'RUNNING'::character varying])::text[])));
 CREATE INDEX tasks_task_fair_idx ON public.tasks_task USING btree (queue, fair_key, priority DESC, run_after, id) WHERE ((fair_key IS NOT NULL) AND ((status)::text = 'READY'::text));
-CREATE INDEX tasks_task_finished_idx ON public.tasks_task USING btree (finished_at) WHERE (finished_at IS NOT NULL);
 CREATE INDEX tasks_task_holder_newest_idx ON public.tasks_task USING btree (holder, status, id DESC) WHERE (holder IS NOT NULL);
 CREATE INDEX tasks_task_isolation_idx ON public.tasks_task USING btree (queue, run_after) WHERE ((shared_crashes > 0) AND ((status)::text = 'READY'::text));
 CREATE INDEX tasks_task_path_newest_idx ON public.tasks_task USING btree (task_path, status, id DESC) WHERE ((status)::text = ANY ((ARRAY['READY'::character varying, 'SUCCESSFUL'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying])::text[]));
@@ -698,7 +697,7 @@ CREATE INDEX tasks_task_queue_newest_idx ON public.tasks_task USING btree (queue
 CREATE INDEX tasks_task_rate_line_idx ON public.tasks_task USING btree (rate_key, run_after) WHERE ((rate_key IS NOT NULL) AND ((status)::text = ANY ((ARRAY['READY'::character varying, 'BLOCKED'::character varying])::text[])));
 CREATE INDEX tasks_task_retrying_idx ON public.tasks_task USING btree (id DESC) WHERE (((status)::text = 'READY'::text) AND ((failures > 0) OR (crashes > 0) OR (shared_crashes > 0)));
 CREATE INDEX tasks_task_running_exp_idx ON public.tasks_task USING btree (expires_at) WHERE ((status)::text = 'RUNNING'::text);
-CREATE INDEX tasks_task_running_holder_idx ON public.tasks_task USING btree (holder) WHERE ((status)::text = 'RUNNING'::text);
+CREATE INDEX tasks_task_running_unheld_idx ON public.tasks_task USING btree (id) WHERE ((holder IS NULL) AND ((status)::text = 'RUNNING'::text));
 CREATE INDEX tasks_task_slot_idx ON public.tasks_task USING btree (concurrency_key) WHERE ((concurrency_key IS NOT NULL) AND ((status)::text = ANY ((ARRAY['READY'::character varying, 'RUNNING'::character varying])::text[])));
 CREATE INDEX tasks_task_snoozed_idx ON public.tasks_task USING btree (id DESC) WHERE ((snoozed_at IS NOT NULL) AND ((status)::text = 'READY'::text));
 CREATE INDEX tasks_task_status_idx ON public.tasks_task USING btree (status, id DESC);

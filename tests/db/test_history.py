@@ -310,7 +310,7 @@ def test_counting_an_hour_reads_its_range_of_the_finished_index() -> None:
     plan = explained(history.COUNT_HOUR_SQL, {"hour": hour, "margin": history.COUNTED_MARGIN})
     assert seq_scans_of_tasks(plan) == []
     reads = rows_read(plan)
-    assert reads and all("tasks_task_finished_idx" in node or "Bitmap Heap" in node for node, _ in reads), reads
+    assert reads and all("tasks_task_prune_idx" in node or "Bitmap Heap" in node for node, _ in reads), reads
     assert max(read for _, read in reads) < 1500
     assert count_hour(hour) == pytest.approx(1250, abs=2)
 

@@ -5,7 +5,8 @@
 -- name: COUNT_HOUR_SQL
 -- Count one hour and store it: every (queue, task path) that finished in it, overwritten whole, and
 -- the hour's mark, in one statement (one transaction: all or nothing). The finished CTE is the range
--- [hour, hour + 1 h) of tasks_task_finished_idx; the times use the database's own timestamps.
+-- [hour, hour + 1 h) of each final status in tasks_task_prune_idx (status, finished_at, id); the times
+-- use the database's own timestamps.
 WITH settled AS MATERIALIZED (
     -- An hour counted COUNTED_MARGIN ago or more stands: a count begun since (a deposed leader's, a
     -- cron run's, from a list of due hours read before the mark) changes nothing. Its tasks may have
@@ -26,7 +27,8 @@ WITH settled AS MATERIALIZED (
                CASE WHEN status IN ('SUCCESSFUL', 'FAILED') AND last_attempted_at IS NOT NULL AND attempts > 0
                     THEN GREATEST(EXTRACT(EPOCH FROM finished_at - last_attempted_at)::float8, 0) END AS run
     ) AS timed
-    WHERE finished_at >= %(hour)s::timestamptz AND finished_at < %(hour)s::timestamptz + interval '1 hour'
+    WHERE status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
+      AND finished_at >= %(hour)s::timestamptz AND finished_at < %(hour)s::timestamptz + interval '1 hour'
       AND NOT EXISTS (SELECT 1 FROM settled)
 ), keyed AS (
     SELECT queue, task_path,
@@ -91,12 +93,16 @@ ORDER BY h.hour DESC;
 -- COUNT_HOUR_SQL finding no task, 168 on a first start (its planning alone cost 3 ms each). An hour
 -- with keys stored is left to COUNT_HOUR_SQL, which deletes them. A finish is stamped with the
 -- database's clock and lands in an hour not yet due; the hours at or after the earliest finish are
--- counted one by one as before.
+-- counted one by one as before. The earliest finish is the least of each final status's first entry
+-- in tasks_task_prune_idx (an index of finished_at alone would cost every finish an entry more).
 INSERT INTO tasks_activityhourmark AS m (hour, counted_at, keys, tasks)
 SELECT h.hour, clock_timestamp(), 0, 0
 FROM unnest(%(hours)s::timestamptz[]) AS h(hour)
 WHERE h.hour + interval '1 hour' <= COALESCE(
-        (SELECT min(finished_at) FROM tasks_task WHERE finished_at IS NOT NULL), 'infinity'::timestamptz)
+        LEAST((SELECT min(finished_at) FROM tasks_task WHERE status = 'SUCCESSFUL' AND finished_at IS NOT NULL),
+              (SELECT min(finished_at) FROM tasks_task WHERE status = 'FAILED' AND finished_at IS NOT NULL),
+              (SELECT min(finished_at) FROM tasks_task WHERE status = 'CANCELLED' AND finished_at IS NOT NULL)),
+        'infinity'::timestamptz)
   AND NOT EXISTS (SELECT 1 FROM tasks_activityhour AS a WHERE a.hour = h.hour)
 ON CONFLICT (hour) DO NOTHING
 RETURNING m.hour;
