@@ -1,5 +1,6 @@
-# Written by hand (issue 59: the index entries a task writes). Dropped concurrently (as 0008), so
-# workers keep claiming and finishing while it runs.
+# Written by hand (issue 59: the index entries a task writes). Built and dropped concurrently (as
+# 0008), so workers keep claiming and finishing while it runs. If the build fails, PostgreSQL leaves an
+# INVALID index: DROP INDEX CONCURRENTLY tasks_task_running_unheld_idx, migrate again.
 #
 # - tasks_task_running_holder_idx (holder, of RUNNING rows) goes: a worker's running rows are the range
 #   (holder, 'RUNNING') of tasks_task_holder_newest_idx (holder, status, id DESC), and the running set
