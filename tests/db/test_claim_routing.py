@@ -15,13 +15,12 @@ import threading
 from typing import Any
 
 import pytest
-from django.db import connections
 
 from tasks.models import Task, TaskStatus
 from tasks.worker.dispatcher import Dispatcher
 from tasks.worker.process import Worker
 from tasks.worker.sizing import Capacity
-from tests.helpers import wait_until
+from tests.helpers import wait_until, worker_in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -60,22 +59,8 @@ def test_a_claim_is_kept_by_the_capacity_it_was_sized_by(capacity_gone_within_a_
         install_signal_handlers=False,
         worker_id="routed",
     )
-
-    def run() -> None:
-        try:
-            worker.run()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    try:
+    with worker_in_thread(worker):
         done = Task.objects.filter(pk__in=ids, status=TaskStatus.SUCCESSFUL)
         wait_until(lambda: done.count() == len(ids), 60, what="every task run")
-    finally:
-        worker.request_stop()
-        worker.request_stop()
-        thread.join(30)
-    assert not thread.is_alive()
     assert worker.session.handed_back == 0
     assert worker.session.stats["claimed"] == len(ids)
