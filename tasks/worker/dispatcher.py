@@ -272,7 +272,7 @@ class Dispatcher:
         stop signal came."""
         session = self.session
         if session.drain_deadline is None:
-            session.drain_deadline = clock.monotonic() + session.shutdown_grace
+            session.drain_deadline = session.grace_deadline()
             logger.info(
                 "worker %s draining: %d attempt(s) held", session.id, len(self.ledger), extra={"worker_id": session.id}
             )

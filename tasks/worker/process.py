@@ -221,7 +221,7 @@ class Worker:
             self.session.hurry.set()
         elif self.hard_exit_after is not None:
             threading.Thread(target=self._hard_exit, name="hard-exit", daemon=True).start()
-        self.session.draining.set()
+        self.session.request_drain()
         self.mailbox.wake()
 
     def _hard_exit(self) -> None:

@@ -77,6 +77,9 @@ class Session:
     write_gate: threading.Lock = field(default_factory=threading.Lock)
     #: Local clock time the drain gives up waiting for running attempts (set when it begins).
     drain_deadline: float | None = None
+    #: Local clock time of the first stop request: the grace counts from it, wherever the dispatcher
+    #: is then (a retry loop of its own included: the drain begins only after it).
+    stop_requested_at: float | None = None
     #: Threads whose statements are the worker's own (dispatcher, heartbeat): bounded by :meth:`bind`.
     own_threads: set[int] = field(default_factory=set)
     #: Claims handed back before they ran (refused by their rate key, returned by an executor): not
@@ -109,13 +112,26 @@ class Session:
         """The task operations on the worker's database (tasks.models.task.TaskQuerySet)."""
         return Task.objects.db_manager(self.using)
 
+    def request_drain(self) -> None:
+        """The first stop request: claim nothing more, and let what runs finish within the grace
+        period, counted from now."""
+        if self.stop_requested_at is None:
+            self.stop_requested_at = clock.monotonic()
+        self.draining.set()
+
+    def grace_deadline(self) -> float:
+        """When the drain stops waiting for running attempts: the grace period after the stop request."""
+        since = clock.monotonic() if self.stop_requested_at is None else self.stop_requested_at
+        return since + self.shutdown_grace
+
     def retry_deadline(self) -> float:
-        """How long a retry loop may go on: one TTL, and never past the drain deadline."""
+        """How long a retry loop may go on: one TTL, and never past the drain deadline (once a stop
+        was requested, whether the drain has begun or not: the dispatcher's own retries come before it)."""
         deadline = clock.monotonic() + self.ttl
         if self.drain_deadline is not None:
             deadline = min(deadline, self.drain_deadline + 1.0)
         elif self.draining.is_set():
-            deadline = min(deadline, clock.monotonic() + self.shutdown_grace + 1.0)
+            deadline = min(deadline, self.grace_deadline() + 1.0)
         return deadline
 
     def out_of_retries(self, give_up_at: float) -> bool:

@@ -62,6 +62,34 @@ def test_sigterm_while_the_database_is_unreachable_exits_within_the_grace(proxy:
     wait_until(lambda: Task.objects.filter(pk__in=ids, status=TaskStatus.SUCCESSFUL).count() == 2, 60, what="rerun")
 
 
+def test_sigterm_while_the_dispatcher_retries_a_cut_round_exits_within_the_grace(
+    proxy: PgProxy, workers: Workers
+) -> None:
+    """The stop comes while the dispatcher itself retries (a round's finish cut: its reconcile, or a
+    claim's lost reply handed back): its drain begins only after that loop, so the loop's bound counts
+    from the stop request, not from a drain deadline not set yet (breaker 59: the process ran one TTL
+    past the stop, 62 s with a TTL of 60, its leases lapsed)."""
+    ids = [Task.objects.enqueue(H + "work", kwargs={"seconds": 2}).id for _ in range(2)]
+    proc = workers.start(
+        "cutround",
+        "--concurrency",
+        "2",
+        "--shutdown-grace",
+        "2",
+        "--ttl",
+        str(LONG_TTL),
+        DATABASE_URL=proxy.url_for(database_url()),
+    )
+    wait_until(lambda: Task.objects.filter(pk__in=ids, attempt_started=True).count() == 2, 60, what="both started")
+    proxy.stop()
+    # The attempts end; the round that writes their results meets the cut, and the dispatcher retries.
+    wait_until(lambda: "failed (connection)" in workers.log("cutround"), 60, what="the dispatcher to retry")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(120) == 0  # a hang guard, not the claim
+    # The claim: it ended while both leases still ran (renewed last before the cut, for 60 s).
+    assert Task.objects.filter(pk__in=ids, status=TaskStatus.RUNNING, expires_at__gt=Now()).count() == 2
+
+
 def test_sigterm_while_the_listener_reconnects_ends_at_once(proxy: PgProxy, workers: Workers) -> None:
     """The listener's wait and its reconnect pause end on the stop, not at a poll (here an hour): its
     thread ends by itself, not abandoned at the bound of the worker's join (which would log that
