@@ -125,12 +125,10 @@ class Session:
         return since + self.shutdown_grace
 
     def retry_deadline(self) -> float:
-        """How long a retry loop may go on: one TTL, and never past the drain deadline (once a stop
-        was requested, whether the drain has begun or not: the dispatcher's own retries come before it)."""
+        """How long a retry loop may go on: one TTL, and once a stop was requested never past the
+        grace period, whether the drain has begun or not (the dispatcher's own retries come before it)."""
         deadline = clock.monotonic() + self.ttl
-        if self.drain_deadline is not None:
-            deadline = min(deadline, self.drain_deadline + 1.0)
-        elif self.draining.is_set():
+        if self.draining.is_set():
             deadline = min(deadline, self.grace_deadline() + 1.0)
         return deadline
 

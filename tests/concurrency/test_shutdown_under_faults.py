@@ -31,15 +31,12 @@ H = "tests.testapp.handlers."
 LONG_TTL = 60
 
 
-def test_sigterm_while_the_database_is_unreachable_exits_within_the_grace(proxy: PgProxy, workers: Workers) -> None:
-    """Retries end at the drain deadline once a stop was requested (fault-model.md), whatever part
-    (listener, heartbeat, recovery, hand-back) is retrying. The worker's TTL is far longer than its
-    grace: a retry loop left to run its own bound (one TTL, from after the cut, so past the last
-    renewal) would keep the process alive until its leases expired. It exits before they do, on the
-    database's clock."""
-    ids = [Task.objects.enqueue(H + "work", kwargs={"seconds": 30}).id for _ in range(2)]
+def cut_off_while_running(proxy: PgProxy, workers: Workers, name: str, *, seconds: float) -> tuple[list[int], Any]:
+    """A worker (grace 2 s, TTL ``LONG_TTL``) running two tasks of ``seconds``, then cut off from the
+    database: every connection cut, every new one refused. The task ids and the process."""
+    ids = [Task.objects.enqueue(H + "work", kwargs={"seconds": seconds}).id for _ in range(2)]
     proc = workers.start(
-        "cut",
+        name,
         "--concurrency",
         "2",
         "--shutdown-grace",
@@ -49,12 +46,27 @@ def test_sigterm_while_the_database_is_unreachable_exits_within_the_grace(proxy:
         DATABASE_URL=proxy.url_for(database_url()),
     )
     wait_until(lambda: Task.objects.filter(pk__in=ids, attempt_started=True).count() == 2, 60, what="both started")
-    proxy.stop()  # every connection cut, every new one refused
+    proxy.stop()
+    return ids, proc
+
+
+def leases_live(ids: list[int]) -> int:
+    """How many of ``ids`` still run under a live lease, on the database's clock."""
+    return Task.objects.filter(pk__in=ids, status=TaskStatus.RUNNING, expires_at__gt=Now()).count()
+
+
+def test_sigterm_while_the_database_is_unreachable_exits_within_the_grace(proxy: PgProxy, workers: Workers) -> None:
+    """Retries end at the drain deadline once a stop was requested (fault-model.md), whatever part
+    (listener, heartbeat, recovery, hand-back) is retrying. The worker's TTL is far longer than its
+    grace: a retry loop left to run its own bound (one TTL, from after the cut, so past the last
+    renewal) would keep the process alive until its leases expired. It exits before they do, on the
+    database's clock."""
+    ids, proc = cut_off_while_running(proxy, workers, "cut", seconds=30)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(120) == 0  # a hang guard, not the claim
     # The claim: it ended while both leases still ran (no hand-back could land, so nothing released
     # them): it waited for the drain deadline, not for a TTL.
-    assert Task.objects.filter(pk__in=ids, status=TaskStatus.RUNNING, expires_at__gt=Now()).count() == 2
+    assert leases_live(ids) == 2
     # Its claims lapse (brought forward: the TTL's passing is not this test's) and go to a worker
     # that can reach the database.
     Task.objects.filter(pk__in=ids).update(kwargs={"seconds": 0}, expires_at=Now())
@@ -69,25 +81,13 @@ def test_sigterm_while_the_dispatcher_retries_a_cut_round_exits_within_the_grace
     claim's lost reply handed back): its drain begins only after that loop, so the loop's bound counts
     from the stop request, not from a drain deadline not set yet (breaker 59: the process ran one TTL
     past the stop, 62 s with a TTL of 60, its leases lapsed)."""
-    ids = [Task.objects.enqueue(H + "work", kwargs={"seconds": 2}).id for _ in range(2)]
-    proc = workers.start(
-        "cutround",
-        "--concurrency",
-        "2",
-        "--shutdown-grace",
-        "2",
-        "--ttl",
-        str(LONG_TTL),
-        DATABASE_URL=proxy.url_for(database_url()),
-    )
-    wait_until(lambda: Task.objects.filter(pk__in=ids, attempt_started=True).count() == 2, 60, what="both started")
-    proxy.stop()
+    ids, proc = cut_off_while_running(proxy, workers, "cutround", seconds=2)
     # The attempts end; the round that writes their results meets the cut, and the dispatcher retries.
     wait_until(lambda: "failed (connection)" in workers.log("cutround"), 60, what="the dispatcher to retry")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(120) == 0  # a hang guard, not the claim
     # The claim: it ended while both leases still ran (renewed last before the cut, for 60 s).
-    assert Task.objects.filter(pk__in=ids, status=TaskStatus.RUNNING, expires_at__gt=Now()).count() == 2
+    assert leases_live(ids) == 2
 
 
 def test_sigterm_while_the_listener_reconnects_ends_at_once(proxy: PgProxy, workers: Workers) -> None:
