@@ -158,6 +158,7 @@ UPDATE tasks_task AS t SET
     last_attempted_at = CASE WHEN {_HANDED} THEN t.acquired_at ELSE t.last_attempted_at END,
     attempt_started = false,
     attempt_isolated = false,
+    snoozed_at = NULL,  -- as after any failure: it waits for this attempt's end now, not a snooze
     {append_error(_RECOVERY_ENTRY)},
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())

@@ -348,9 +348,13 @@ class Task(LeaseFields):
             ),
             # Waiting tasks that failed before ("retrying"), newest first: few, and written only when
             # a task fails or is recovered. (The rest of the waiting tasks, "pending", are most of
-            # them: they are read from tasks_task_status_idx.)
+            # them: they are read from tasks_task_status_idx.) Not the snoozed ones: a task snoozed
+            # after a failure is "snoozed" (its own index below), so that neither the retrying list
+            # nor its count steps over them (migration 0043).
             models.Index(
-                models.F("id").desc(), name="tasks_task_retrying_idx", condition=Q(status="READY") & FAILED_BEFORE
+                models.F("id").desc(),
+                name="tasks_task_retry_idx",
+                condition=Q(status="READY", snoozed_at__isnull=True) & FAILED_BEFORE,
             ),
             # Concurrency keys (tasks/lifecycle/concurrency.py): a key's waiting tasks in admission order, and
             # its admitted ones (READY or RUNNING: at most its limit, counted under the key's row
@@ -385,7 +389,7 @@ class Task(LeaseFields):
                 condition=Q(workflow_id__isnull=False),
             ),
             # Waiting tasks their handler snoozed, newest first (the dashboard's "snoozed" list and
-            # count, as tasks_task_retrying_idx for "retrying"): only those waiting after a snooze. A
+            # count, as tasks_task_retry_idx for "retrying"): only those waiting after a snooze. A
             # claim leaves the entry (status leaves the predicate); a failure clears snoozed_at.
             models.Index(
                 models.F("id").desc(),

@@ -695,7 +695,7 @@ CREATE UNIQUE INDEX tasks_task_pkey ON public.tasks_task USING btree (id);
 CREATE INDEX tasks_task_prune_idx ON public.tasks_task USING btree (status, finished_at, id) WHERE (finished_at IS NOT NULL);
 CREATE INDEX tasks_task_queue_newest_idx ON public.tasks_task USING btree (queue, status, id DESC) WHERE ((status)::text = ANY ((ARRAY['READY'::character varying, 'SUCCESSFUL'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying])::text[]));
 CREATE INDEX tasks_task_rate_line_idx ON public.tasks_task USING btree (rate_key, run_after) WHERE ((rate_key IS NOT NULL) AND ((status)::text = ANY ((ARRAY['READY'::character varying, 'BLOCKED'::character varying])::text[])));
-CREATE INDEX tasks_task_retrying_idx ON public.tasks_task USING btree (id DESC) WHERE (((status)::text = 'READY'::text) AND ((failures > 0) OR (crashes > 0) OR (shared_crashes > 0)));
+CREATE INDEX tasks_task_retry_idx ON public.tasks_task USING btree (id DESC) WHERE ((snoozed_at IS NULL) AND ((status)::text = 'READY'::text) AND ((failures > 0) OR (crashes > 0) OR (shared_crashes > 0)));
 CREATE INDEX tasks_task_running_exp_idx ON public.tasks_task USING btree (expires_at) WHERE ((status)::text = 'RUNNING'::text);
 CREATE INDEX tasks_task_running_unheld_idx ON public.tasks_task USING btree (id) WHERE ((holder IS NULL) AND ((status)::text = 'RUNNING'::text));
 CREATE INDEX tasks_task_slot_idx ON public.tasks_task USING btree (concurrency_key) WHERE ((concurrency_key IS NOT NULL) AND ((status)::text = ANY ((ARRAY['READY'::character varying, 'RUNNING'::character varying])::text[])));

@@ -156,13 +156,11 @@ FROM (SELECT t.run_after, t.queue = ANY(%(paused)s::text[]) AS paused, {_RATE_HE
       FROM tasks_task AS t WHERE t.status = 'READY' AND t.snoozed_at IS NOT NULL
       ORDER BY t.id DESC LIMIT %(cap)s + 1) AS w
 UNION ALL
-SELECT 'backoff', NULL, count(*) FILTER (WHERE w.run_after > statement_timestamp() AND NOT w.paused AND NOT w.rated
-                                           AND NOT w.snoozed),
+SELECT 'backoff', NULL, count(*) FILTER (WHERE w.run_after > statement_timestamp() AND NOT w.paused AND NOT w.rated),
        count(*), NULL, NULL
-FROM (SELECT t.run_after, t.queue = ANY(%(paused)s::text[]) AS paused, {_RATE_HELD.format(t="t")} AS rated,
-             t.snoozed_at IS NOT NULL AS snoozed
+FROM (SELECT t.run_after, t.queue = ANY(%(paused)s::text[]) AS paused, {_RATE_HELD.format(t="t")} AS rated
       FROM tasks_task AS t
-      WHERE t.status = 'READY' AND (t.failures > 0 OR t.crashes > 0 OR t.shared_crashes > 0)
+      WHERE t.status = 'READY' AND t.snoozed_at IS NULL AND (t.failures > 0 OR t.crashes > 0 OR t.shared_crashes > 0)
       ORDER BY t.id DESC LIMIT %(cap)s + 1) AS w
 """
 

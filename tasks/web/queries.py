@@ -108,14 +108,18 @@ class TaskState:
 
 
 STATES: dict[str, TaskState] = {
-    # Retrying tasks have their own partial index (tasks_task_retrying_idx); pending ones are most
+    # Retrying tasks have their own partial index (tasks_task_retry_idx); pending ones are most
     # of the waiting tasks, read newest first from the status index, the few retrying ones skipped.
     "pending": TaskState("waiting to run; never failed nor snoozed", TaskStatus.READY, unindexed=NEVER_SNOOZED),
+    # Less the snoozed ones: a task is shown in one state (tasks.lifecycle.vocabulary.state_of), and
+    # one its handler snoozed after a failure waits for its wake time, not a backoff.
     "retrying": TaskState(
-        "failed (or lost its worker) at least once, waiting to run again", TaskStatus.READY, where=FAILED_BEFORE
+        "failed (or lost its worker) at least once, waiting to run again",
+        TaskStatus.READY,
+        where=FAILED_BEFORE & Q(snoozed_at__isnull=True),
     ),
     # Snoozed by their handler (tasks.runtime.Snooze): their own partial index (tasks_task_snoozed_idx).
-    # Not among pending; one that failed before is also retrying. Keyed ones wait BLOCKED.
+    # Neither pending nor retrying, whether it failed before or not. Keyed ones wait BLOCKED.
     "snoozed": TaskState(
         "snoozed by its handler: waiting for its wake time (run after)",
         TaskStatus.READY,
@@ -153,8 +157,8 @@ def state_counts(cap: int = COUNT_CAP) -> dict[str, Count]:
         if not state.unindexed
     }
     waiting, retrying = status_count(TaskStatus.READY, cap), counts["retrying"]
-    # Snoozed tasks that never failed are neither pending nor retrying (read from the snoozed index).
-    snoozed = bounded_count(STATES["snoozed"].queryset().filter(NEVER_FAILED), cap)
+    # Snoozed tasks are neither pending nor retrying (read from the snoozed index).
+    snoozed = counts["snoozed"]
     others = retrying.value + snoozed.value
     if not waiting.capped:
         counts["pending"] = Count(max(waiting.value - others, 0), capped=False)

@@ -8,6 +8,7 @@ import datetime as dt
 import re
 from html.parser import HTMLParser
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from django.test import Client
@@ -16,6 +17,7 @@ from tasks.lifecycle import vocabulary
 from tasks.models import Failure, Task, Worker
 from tasks.workflows import chain, step
 from tests.db.test_dashboard import make_tasks
+from tests.helpers import wait_until
 from tests.helpers.api import Api
 from tests.helpers.task_paths import NOOP
 
@@ -123,6 +125,47 @@ def test_each_task_is_shown_in_its_one_state() -> None:
         "blocked": "BLOCKED",
         "awaiting": "AWAITING",
     }
+
+
+def test_a_snooze_after_a_failure_and_a_crash_after_a_snooze_are_each_in_one_list_and_one_count(
+    staff: Client,
+) -> None:
+    """A task its handler snoozed after a failed attempt is shown Snoozed: the retrying list and count
+    leave it out (they listed it under the Snoozed label, and counted it twice). A task whose next
+    attempt after a snooze lost its worker waits for that attempt's retry, not for its wake time:
+    recovery clears the snooze, as a failure does (a clean-clone run's browser walk found such a
+    row, labelled Snoozed, on the retrying tab)."""
+    from tasks.web.queries import state_counts
+
+    def claim(pk: int, ttl: float = 30) -> Any:
+        Task.objects.filter(pk=pk).update(run_after=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1))
+        (claimed,) = Task.objects.claim("w1", limit=1, queues=["one-state"], ttl=ttl, start=True)
+        assert claimed.id == pk
+        return claimed
+
+    def snooze(claimed: Any) -> None:
+        Task.objects.fail(
+            Failure(claimed.id, claimed.token, "tasks.exceptions.Snooze", "", kind="snooze", delay=3600), "w1"
+        )
+
+    failed_then_snoozed = Task.objects.enqueue(NOOP, queue="one-state").id
+    claimed = claim(failed_then_snoozed)
+    Task.objects.fail(Failure(claimed.id, claimed.token, "builtins.ValueError", "oops", ""), "w1")
+    snooze(claim(failed_then_snoozed))
+
+    snoozed_then_lost = Task.objects.enqueue(NOOP, queue="one-state").id
+    snooze(claim(snoozed_then_lost))
+    claim(snoozed_then_lost, ttl=0.05)
+    wait_until(lambda: Task.objects.stuck().exists(), what="expiry")
+    assert [r.id for r in Task.objects.recover_expired()] == [snoozed_then_lost]
+
+    states = {pk: vocabulary.state_of(Task.objects.get(pk=pk)).key for pk in (failed_then_snoozed, snoozed_then_lost)}
+    assert states == {failed_then_snoozed: "snoozed", snoozed_then_lost: "retrying"}
+    for tab, expected in (("snoozed", failed_then_snoozed), ("retrying", snoozed_then_lost)):
+        response = staff.get(f"/dashboard/tasks/{tab}/")
+        assert [task.pk for task in response.context["tasks"]] == [expected], tab
+    counts = {name: count.value for name, count in state_counts().items()}
+    assert (counts["pending"], counts["retrying"], counts["snoozed"]) == (0, 1, 1)
 
 
 def test_labels_and_machine_values_name_the_same_status() -> None:

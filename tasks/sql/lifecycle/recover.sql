@@ -87,6 +87,7 @@ UPDATE tasks_task AS t SET
     last_attempted_at = CASE WHEN (handed.id IS NOT NULL AND NOT t.attempt_started AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)) THEN t.acquired_at ELSE t.last_attempted_at END,
     attempt_started = false,
     attempt_isolated = false,
+    snoozed_at = NULL,  -- as after any failure: it waits for this attempt's end now, not a snooze
     errors = CASE WHEN (jsonb_array_length(t.errors) >= 10) THEN (t.errors - 1) ELSE t.errors END || jsonb_build_array(jsonb_build_object(
         'attempt', t.attempts + (handed.id IS NOT NULL AND NOT t.attempt_started AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL))::int, 'worker', t.holder, 'token', t.token, 'at', clock_timestamp(),
         'started_at', CASE WHEN (handed.id IS NOT NULL AND NOT t.attempt_started AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)) THEN t.acquired_at WHEN ((t.attempt_started OR (handed.id IS NOT NULL AND NOT t.attempt_started AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL))) AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)) THEN t.last_attempted_at END,
@@ -247,6 +248,7 @@ UPDATE tasks_task AS t SET
     last_attempted_at = CASE WHEN (handed.id IS NOT NULL AND NOT t.attempt_started AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)) THEN t.acquired_at ELSE t.last_attempted_at END,
     attempt_started = false,
     attempt_isolated = false,
+    snoozed_at = NULL,  -- as after any failure: it waits for this attempt's end now, not a snooze
     errors = CASE WHEN (jsonb_array_length(t.errors) >= 10) THEN (t.errors - 1) ELSE t.errors END || jsonb_build_array(jsonb_build_object(
         'attempt', t.attempts + (handed.id IS NOT NULL AND NOT t.attempt_started AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL))::int, 'worker', t.holder, 'token', t.token, 'at', clock_timestamp(),
         'started_at', CASE WHEN (handed.id IS NOT NULL AND NOT t.attempt_started AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)) THEN t.acquired_at WHEN ((t.attempt_started OR (handed.id IS NOT NULL AND NOT t.attempt_started AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL))) AND NOT (t.expires_at IS NULL OR t.holder IS NULL OR t.token IS NULL)) THEN t.last_attempted_at END,

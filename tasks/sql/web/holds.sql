@@ -114,11 +114,9 @@ FROM (SELECT t.run_after, t.queue = ANY(%(paused)s::text[]) AS paused, (t.rate_r
       FROM tasks_task AS t WHERE t.status = 'READY' AND t.snoozed_at IS NOT NULL
       ORDER BY t.id DESC LIMIT %(cap)s + 1) AS w
 UNION ALL
-SELECT 'backoff', NULL, count(*) FILTER (WHERE w.run_after > statement_timestamp() AND NOT w.paused AND NOT w.rated
-                                           AND NOT w.snoozed),
+SELECT 'backoff', NULL, count(*) FILTER (WHERE w.run_after > statement_timestamp() AND NOT w.paused AND NOT w.rated),
        count(*), NULL, NULL
-FROM (SELECT t.run_after, t.queue = ANY(%(paused)s::text[]) AS paused, (t.rate_refusals > 0 AND t.run_after > statement_timestamp() AND (t.rate_key IS NOT NULL OR t.queue = ANY(%(rated)s::text[]))) AS rated,
-             t.snoozed_at IS NOT NULL AS snoozed
+FROM (SELECT t.run_after, t.queue = ANY(%(paused)s::text[]) AS paused, (t.rate_refusals > 0 AND t.run_after > statement_timestamp() AND (t.rate_key IS NOT NULL OR t.queue = ANY(%(rated)s::text[]))) AS rated
       FROM tasks_task AS t
-      WHERE t.status = 'READY' AND (t.failures > 0 OR t.crashes > 0 OR t.shared_crashes > 0)
+      WHERE t.status = 'READY' AND t.snoozed_at IS NULL AND (t.failures > 0 OR t.crashes > 0 OR t.shared_crashes > 0)
       ORDER BY t.id DESC LIMIT %(cap)s + 1) AS w;
