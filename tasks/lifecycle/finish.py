@@ -192,6 +192,7 @@ UPDATE tasks_task AS t SET
     run_after = LEAST(t.run_after, clock_timestamp()),
     attempt_started = false,
     attempt_isolated = false,
+    snoozed_at = NULL,  -- due now: no longer waiting for a wake time
     {append_error(_HAND_BACK_ENTRY, when="t.attempt_started")},
     released_at = clock_timestamp(),
     expires_at = LEAST(t.expires_at, clock_timestamp())

@@ -359,6 +359,7 @@ WITH mine AS MATERIALIZED (
         status = {WAITING_STATUS},
         run_after = s.retry_at,
         rate_refusals = t.rate_refusals + 1,
+        snoozed_at = NULL,  -- it waits for its key's next start now, not a wake time
         attempt_started = false,
         attempt_isolated = false,
         released_at = clock_timestamp(),

@@ -124,7 +124,7 @@ def task_metrics() -> Iterable[Metric]:
     counts = task_counts()
     tasks = GaugeMetricFamily(
         "tasks_tasks",
-        "Tasks by state, counted up to 10,000 (pending: waiting minus retrying, a lower bound beyond).",
+        "Tasks by state, counted up to 10,000 (pending: waiting minus retrying and snoozed, a lower bound beyond).",
         labels=["state"],
     )
     for state, count in counts.items():

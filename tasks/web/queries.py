@@ -9,7 +9,7 @@ Every page query sits beside the partial index it was shaped for and the plan te
   equality. No ``LIKE '%…%'``. Search by arguments (``kwargs:{"customer": 7}``) is jsonb containment
   through an opt-in GIN index, refused while that index is absent (tasks/web/argument_search.py).
 - **Counts** stop at ``COUNT_CAP`` (shown as "10,000+"), each on the index of its state read in its
-  own order (:func:`status_count`); pending is waiting minus retrying, a lower bound once more than
+  own order (:func:`status_count`); pending is waiting minus retrying and snoozed, a lower bound once more than
   ``COUNT_CAP`` tasks wait.
 - **Queues** are found with a loose index scan (a recursive CTE that jumps from one queue to the next
   in an index), never ``SELECT DISTINCT queue``; depth per queue is capped like every count.
@@ -148,7 +148,7 @@ STATES: dict[str, TaskState] = {
 
 def state_counts(cap: int = COUNT_CAP) -> dict[str, Count]:
     """Tasks per dashboard state, each counted up to ``cap`` on the state's index. Pending (no index
-    of its own) is waiting minus retrying: exact while fewer than ``cap`` tasks wait, else a lower
+    of its own) is waiting minus retrying and snoozed: exact while fewer than ``cap`` tasks wait, else a lower
     bound."""
     counts = {
         # Running rows are few, and retrying ones have their own index; the rest are one status each.

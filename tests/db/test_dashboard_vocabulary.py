@@ -14,7 +14,7 @@ import pytest
 from django.test import Client
 
 from tasks.lifecycle import vocabulary
-from tasks.models import Failure, Task, Worker
+from tasks.models import Failure, RateRefused, Started, Task, Worker
 from tasks.workflows import chain, step
 from tests.db.test_dashboard import make_tasks
 from tests.helpers import wait_until
@@ -132,14 +132,15 @@ def test_a_snooze_after_a_failure_and_a_crash_after_a_snooze_are_each_in_one_lis
 ) -> None:
     """A task its handler snoozed after a failed attempt is shown Snoozed: the retrying list and count
     leave it out (they listed it under the Snoozed label, and counted it twice). A task whose next
-    attempt after a snooze lost its worker waits for that attempt's retry, not for its wake time:
-    recovery clears the snooze, as a failure does (a clean-clone run's browser walk found such a
-    row, labelled Snoozed, on the retrying tab)."""
+    attempt after a snooze ended otherwise no longer waits for its wake time: recovery (a clean-clone
+    run's browser walk found such a row, labelled Snoozed, on the retrying tab), a hand-back and a
+    rate key's refusal clear the snooze, as a failure does."""
     from tasks.web.queries import state_counts
 
     def claim(pk: int, ttl: float = 30) -> Any:
         Task.objects.filter(pk=pk).update(run_after=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1))
-        (claimed,) = Task.objects.claim("w1", limit=1, queues=["one-state"], ttl=ttl, start=True)
+        queue = Task.objects.get(pk=pk).queue  # one queue each: the claim takes this one
+        (claimed,) = Task.objects.claim("w1", limit=1, queues=[queue], ttl=ttl, start=True)
         assert claimed.id == pk
         return claimed
 
@@ -148,24 +149,53 @@ def test_a_snooze_after_a_failure_and_a_crash_after_a_snooze_are_each_in_one_lis
             Failure(claimed.id, claimed.token, "tasks.exceptions.Snooze", "", kind="snooze", delay=3600), "w1"
         )
 
-    failed_then_snoozed = Task.objects.enqueue(NOOP, queue="one-state").id
+    failed_then_snoozed = Task.objects.enqueue(NOOP, queue="failed_then_snoozed").id
     claimed = claim(failed_then_snoozed)
     Task.objects.fail(Failure(claimed.id, claimed.token, "builtins.ValueError", "oops", ""), "w1")
     snooze(claim(failed_then_snoozed))
 
-    snoozed_then_lost = Task.objects.enqueue(NOOP, queue="one-state").id
+    snoozed_then_lost = Task.objects.enqueue(NOOP, queue="snoozed_then_lost").id
     snooze(claim(snoozed_then_lost))
     claim(snoozed_then_lost, ttl=0.05)
     wait_until(lambda: Task.objects.stuck().exists(), what="expiry")
     assert [r.id for r in Task.objects.recover_expired()] == [snoozed_then_lost]
 
-    states = {pk: vocabulary.state_of(Task.objects.get(pk=pk)).key for pk in (failed_then_snoozed, snoozed_then_lost)}
-    assert states == {failed_then_snoozed: "snoozed", snoozed_then_lost: "retrying"}
-    for tab, expected in (("snoozed", failed_then_snoozed), ("retrying", snoozed_then_lost)):
+    # Woken, claimed again, and handed back (a worker's shutdown): due now, Ready.
+    snoozed_then_handed_back = Task.objects.enqueue(NOOP, queue="snoozed_then_handed_back").id
+    snooze(claim(snoozed_then_handed_back))
+    claimed = claim(snoozed_then_handed_back)
+    assert Task.objects.hand_back("w1", [(claimed.id, claimed.token)]) == {(claimed.id, claimed.token)}
+
+    # Woken, claimed again, and refused a start by its rate key (one an hour): it waits in the key's
+    # line (the holds' "rate"), Ready, not for a wake time.
+    snoozed_then_refused = Task.objects.enqueue(
+        NOOP, queue="snoozed_then_refused", rate_key="one-state", rate_limit=(1, 3600)
+    ).id
+    claimed = claim(snoozed_then_refused)
+    assert isinstance(Task.objects.rate_start(claimed.id, "w1", claimed.token), Started)
+    snooze(claimed)
+    claimed = claim(snoozed_then_refused)
+    assert isinstance(Task.objects.rate_start(claimed.id, "w1", claimed.token), RateRefused)
+
+    states = {
+        pk: vocabulary.state_of(Task.objects.get(pk=pk)).key
+        for pk in (failed_then_snoozed, snoozed_then_lost, snoozed_then_handed_back, snoozed_then_refused)
+    }
+    assert states == {
+        failed_then_snoozed: "snoozed",
+        snoozed_then_lost: "retrying",
+        snoozed_then_handed_back: "READY",
+        snoozed_then_refused: "READY",
+    }
+    for tab, expected in (
+        ("snoozed", [failed_then_snoozed]),
+        ("retrying", [snoozed_then_lost]),
+        ("pending", [snoozed_then_refused, snoozed_then_handed_back]),
+    ):
         response = staff.get(f"/dashboard/tasks/{tab}/")
-        assert [task.pk for task in response.context["tasks"]] == [expected], tab
+        assert [task.pk for task in response.context["tasks"]] == expected, tab
     counts = {name: count.value for name, count in state_counts().items()}
-    assert (counts["pending"], counts["retrying"], counts["snoozed"]) == (0, 1, 1)
+    assert (counts["pending"], counts["retrying"], counts["snoozed"]) == (2, 1, 1)
 
 
 def test_labels_and_machine_values_name_the_same_status() -> None:

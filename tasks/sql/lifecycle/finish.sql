@@ -131,6 +131,7 @@ UPDATE tasks_task AS t SET
     run_after = LEAST(t.run_after, clock_timestamp()),
     attempt_started = false,
     attempt_isolated = false,
+    snoozed_at = NULL,  -- due now: no longer waiting for a wake time
     errors = CASE WHEN NOT (t.attempt_started) THEN t.errors WHEN (jsonb_array_length(t.errors) >= 10) THEN (t.errors - 1) ELSE t.errors END
         || CASE WHEN (t.attempt_started) THEN jsonb_build_array(jsonb_build_object(
         'attempt', t.attempts, 'worker', t.holder, 'token', t.token, 'kind', 'shutdown', 'at', clock_timestamp(),

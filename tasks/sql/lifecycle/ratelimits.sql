@@ -102,6 +102,7 @@ WITH mine AS MATERIALIZED (
         status = CASE WHEN t.concurrency_key IS NULL THEN 'READY' ELSE 'BLOCKED' END,
         run_after = s.retry_at,
         rate_refusals = t.rate_refusals + 1,
+        snoozed_at = NULL,  -- it waits for its key's next start now, not a wake time
         attempt_started = false,
         attempt_isolated = false,
         released_at = clock_timestamp(),
