@@ -11,6 +11,7 @@ every claim would go back whole and no task would ever run."""
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -59,6 +60,13 @@ def test_a_claim_is_kept_by_the_capacity_it_was_sized_by(capacity_gone_within_a_
         install_signal_handlers=False,
         worker_id="routed",
     )
+    # The mix of kinds is known from the start (every task is a coroutine) and never probed for: a
+    # claim sized for a mix still being learned, or a probe for the thread's kind while the event
+    # loop is full, brings coroutines no slot will start, and those go back by design (``fit``):
+    # as many or as few as the machine's speed lets the rounds and the probes interleave (a
+    # clean-clone run on a loaded machine handed back 13 of 53). Here only the capacity moves.
+    worker.pace.async_share = 1.0
+    worker.pace.next_probe = math.inf
     with worker_in_thread(worker):
         done = Task.objects.filter(pk__in=ids, status=TaskStatus.SUCCESSFUL)
         wait_until(lambda: done.count() == len(ids), 60, what="every task run")
