@@ -188,6 +188,7 @@ def test_run_worker_in_process_again_and_again_leaks_no_thread_fd_or_connection(
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND backend_type = 'client backend'"
             )
             return int(cursor.fetchone()[0])
 
