@@ -309,8 +309,10 @@ class Task(LeaseFields):
                 name="tasks_task_rate_line_idx",
                 condition=Q(rate_key__isnull=False, status__in=["READY", "BLOCKED"]),
             ),
-            # Dashboard lists and counts by state, newest first.
-            models.Index(fields=["status", "-id"], name="tasks_task_status_idx"),
+            # Dashboard lists and counts by state, newest first. Not the RUNNING rows: a set bounded by
+            # the workers, read from the running indexes (lease expiry, holder), so that a claim and
+            # each renewal write one entry less (migration 0044).
+            models.Index(fields=["status", "-id"], name="tasks_task_state_idx", condition=~Q(status="RUNNING")),
             # Retention (tasks/maintenance/retention.py) deletes finished rows of one status oldest first, in
             # batches that resume from the last key: an exact range scan, whatever the other statuses keep.
             # Every read of finished rows by time reads it too (the minute and hour counts, the earliest
@@ -348,7 +350,7 @@ class Task(LeaseFields):
             ),
             # Waiting tasks that failed before ("retrying"), newest first: few, and written only when
             # a task fails or is recovered. (The rest of the waiting tasks, "pending", are most of
-            # them: they are read from tasks_task_status_idx.) Not the snoozed ones: a task snoozed
+            # them: they are read from tasks_task_state_idx.) Not the snoozed ones: a task snoozed
             # after a failure is "snoozed" (its own index below), so that neither the retrying list
             # nor its count steps over them (migration 0043).
             models.Index(

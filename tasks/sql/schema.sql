@@ -700,7 +700,7 @@ CREATE INDEX tasks_task_running_exp_idx ON public.tasks_task USING btree (expire
 CREATE INDEX tasks_task_running_unheld_idx ON public.tasks_task USING btree (id) WHERE ((holder IS NULL) AND ((status)::text = 'RUNNING'::text));
 CREATE INDEX tasks_task_slot_idx ON public.tasks_task USING btree (concurrency_key) WHERE ((concurrency_key IS NOT NULL) AND ((status)::text = ANY ((ARRAY['READY'::character varying, 'RUNNING'::character varying])::text[])));
 CREATE INDEX tasks_task_snoozed_idx ON public.tasks_task USING btree (id DESC) WHERE ((snoozed_at IS NOT NULL) AND ((status)::text = 'READY'::text));
-CREATE INDEX tasks_task_status_idx ON public.tasks_task USING btree (status, id DESC);
+CREATE INDEX tasks_task_state_idx ON public.tasks_task USING btree (status, id DESC) WHERE (NOT ((status)::text = 'RUNNING'::text));
 CREATE INDEX tasks_task_stray_lease_idx ON public.tasks_task USING btree (id) WHERE ((expires_at IS NOT NULL) AND (released_at IS NULL) AND (NOT ((status)::text = 'RUNNING'::text)));
 CREATE INDEX tasks_task_workflow_idx ON public.tasks_task USING btree (workflow_id, status, id DESC) WHERE (workflow_id IS NOT NULL);
 CREATE UNIQUE INDEX tasks_taskdependency_pkey ON public.tasks_taskdependency USING btree (id);

@@ -44,7 +44,7 @@ FINISHED_STATUSES = frozenset({TaskStatus.SUCCESSFUL, TaskStatus.FAILED, TaskSta
 _MAX_ID = 2**63 - 1
 
 
-# One status's rows, counted up to a cap from tasks_task_status_idx (status, id DESC) read in its own
+# One status's rows, counted up to a cap from tasks_task_state_idx (status, id DESC) read in its own
 # order from the status on: no other index gives (status, id DESC), so the plan cannot be a backward
 # scan of the primary key filtering on the status, which (chosen for "WHERE status = … ORDER BY id
 # DESC LIMIT n" when the status is a large share of the table) stepped over every newer row of other
@@ -76,6 +76,8 @@ FROM ((SELECT 1 FROM tasks_task WHERE status >= %(status)s AND status <= %(statu
 def status_count(status: str, cap: int = COUNT_CAP) -> Count:
     """The tasks in ``status`` (of the selected database), counted up to ``cap``; a finished
     status's rows moved to tasks_finished included."""
+    if status == TaskStatus.RUNNING:  # not in tasks_task_state_idx: few, read from the running index
+        return bounded_count(Task.objects.using(selected_database()).filter(status=status).order_by(), cap)
     sql = _FINISHED_COUNT_SQL if status in FINISHED_STATUSES else _STATUS_COUNT_SQL
     with connections[selected_database()].cursor() as cursor:
         cursor.execute(sql, {"status": status, "limit": cap + 1})
@@ -125,7 +127,7 @@ STATES: dict[str, TaskState] = {
         TaskStatus.READY,
         where=Q(snoozed_at__isnull=False),
     ),
-    # Workflow members waiting for the tasks they depend on, read from tasks_task_status_idx; no
+    # Workflow members waiting for the tasks they depend on, read from tasks_task_state_idx; no
     # queue or search index holds them (they are not written until a member is released).
     "awaiting": TaskState(
         "a workflow member waiting for the tasks it depends on", TaskStatus.AWAITING, indexed_lookups=False
@@ -169,8 +171,8 @@ def state_counts(cap: int = COUNT_CAP) -> dict[str, Count]:
 
 #: The task paths that hold a task, each read by one index probe (a loose index scan: the next path
 #: after the last one found), from tasks_task's task-path index (READY and finished rows), from
-#: tasks_finished's, and from the running, awaiting and blocked rows (at most 5,000 of those read:
-#: no task-path index holds them). At most %(limit)s paths; a cost that grows with the number of
+#: tasks_finished's, and from the awaiting and blocked rows and the running ones (at most 5,000 of
+#: each read: no task-path index holds them). At most %(limit)s paths; a cost that grows with the number of
 #: distinct paths, never with the number of tasks.
 TASK_PATHS_SQL = """
 WITH RECURSIVE live(path) AS (
@@ -191,6 +193,8 @@ SELECT DISTINCT path FROM (
     (SELECT path FROM moved WHERE path IS NOT NULL LIMIT %(limit)s)
     UNION ALL
     (SELECT task_path FROM tasks_task WHERE status = ANY(%(own_way)s::text[]) ORDER BY status, id DESC LIMIT 5000)
+    UNION ALL
+    (SELECT task_path FROM tasks_task WHERE status = 'RUNNING' LIMIT 5000)
 ) AS paths
 """
 #: How many distinct task paths a search by a path's last part looks among, and expands to.
@@ -199,20 +203,23 @@ LAST_PART_MATCHES = 5
 _LAST_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+def task_paths_params() -> dict[str, Any]:
+    """TASK_PATHS_SQL's parameters: the statuses of the task-path index, and those read another way
+    (RUNNING rows have a part of their own: no index of status holds them)."""
+    return {
+        "not_running": [str(status) for status in NOT_RUNNING_STATUSES],
+        "own_way": [str(TaskStatus.AWAITING), str(TaskStatus.BLOCKED)],
+        "limit": TASK_PATHS_READ,
+    }
+
+
 def paths_ending_with(term: str, using: str) -> list[str]:
     """The task paths (of tasks the database holds) whose last part is ``term`` (``send_email`` finds
     ``app.tasks.send_email``): what people type. At most :data:`LAST_PART_MATCHES`, in order."""
     if not _LAST_PART.fullmatch(term):
         return []
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            TASK_PATHS_SQL,
-            {
-                "not_running": [str(status) for status in NOT_RUNNING_STATUSES],
-                "own_way": [str(TaskStatus.RUNNING), str(TaskStatus.AWAITING), str(TaskStatus.BLOCKED)],
-                "limit": TASK_PATHS_READ,
-            },
-        )
+        cursor.execute(TASK_PATHS_SQL, task_paths_params())
         paths = sorted(path for (path,) in cursor.fetchall() if path.rsplit(".", 1)[-1] == term and path != term)
     return paths[:LAST_PART_MATCHES]
 

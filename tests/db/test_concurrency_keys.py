@@ -217,7 +217,7 @@ def test_a_full_keys_backlog_costs_the_claim_nothing() -> None:
     assert all(n.get("Relation Name") != "tasks_task" for n in nodes if n["Node Type"] == "Seq Scan")
     # Only READY rows are read (through the claim index or, READY rows being few, the status index):
     # none of the blocked backlog.
-    assert {n.get("Index Name") for n in nodes} & {"tasks_task_claim_idx", "tasks_task_status_idx"}
+    assert {n.get("Index Name") for n in nodes} & {"tasks_task_claim_idx", "tasks_task_state_idx"}
     assert "tasks_task_blocked_idx" not in {n.get("Index Name") for n in nodes}
     assert plan["Actual Rows"] == len(others)
     assert plan["Shared Hit Blocks"] + plan["Shared Read Blocks"] < 150

@@ -10,7 +10,6 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from tasks.lifecycle.states import NOT_RUNNING_STATUSES, TaskStatus
 from tasks.models import Task
 from tasks.web import queries
 from tests.db.test_finished_lists import days, ended, move  # noqa: F401 (days: the autouse fixture)
@@ -81,12 +80,7 @@ def test_the_paths_are_read_by_one_probe_per_path_not_per_task() -> None:
     Task.objects.enqueue(ADD, kwargs={"a": 1, "b": 2})
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE tasks_task")
-    params = {
-        "not_running": [str(s) for s in NOT_RUNNING_STATUSES],
-        "own_way": [str(TaskStatus.RUNNING), str(TaskStatus.AWAITING), str(TaskStatus.BLOCKED)],
-        "limit": queries.TASK_PATHS_READ,
-    }
-    plan = explained(queries.TASK_PATHS_SQL, params)
+    plan = explained(queries.TASK_PATHS_SQL, queries.task_paths_params())
     assert seq_scans_of_tasks(plan) == []
     assert max(read for _node, read in rows_read(plan)) <= 3, rows_read(plan)
     assert queries.paths_ending_with("x", "default") == ["app.jobs.x"]

@@ -26,6 +26,8 @@ SELECT DISTINCT path FROM (
     (SELECT path FROM moved WHERE path IS NOT NULL LIMIT %(limit)s)
     UNION ALL
     (SELECT task_path FROM tasks_task WHERE status = ANY(%(own_way)s::text[]) ORDER BY status, id DESC LIMIT 5000)
+    UNION ALL
+    (SELECT task_path FROM tasks_task WHERE status = 'RUNNING' LIMIT 5000)
 ) AS paths;
 
 -- name: QUEUE_STATS_SQL
