@@ -5,8 +5,8 @@
 -- name: TASK_PATHS_SQL
 -- : The task paths that hold a task, each read by one index probe (a loose index scan: the next path
 -- : after the last one found), from tasks_task's task-path index (READY and finished rows), from
--- : tasks_finished's, and from the running, awaiting and blocked rows (at most 5,000 of those read:
--- : no task-path index holds them). At most %(limit)s paths; a cost that grows with the number of
+-- : tasks_finished's, and from the awaiting and blocked rows and the running ones (at most 5,000 of
+-- : each read: no task-path index holds them). At most %(limit)s paths; a cost that grows with the number of
 -- : distinct paths, never with the number of tasks.
 WITH RECURSIVE live(path) AS (
     (SELECT task_path FROM tasks_task WHERE status = ANY(%(not_running)s::text[]) ORDER BY task_path LIMIT 1)
