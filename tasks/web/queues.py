@@ -35,7 +35,7 @@ WITH RECURSIVE q(name) AS (
 SELECT name FROM q WHERE name IS NOT NULL
 """
 
-#: Per queue: waiting and blocked counts, capped, and running ones (few). Each capped count reads one
+#: Per queue: waiting and blocked counts, capped (the running ones: _RUNNING_SQL). Each capped count reads one
 #: index in its order, so the LIMIT stops the scan after ``cap`` entries whatever the plan's estimates:
 #: without an order, a backlog the planner expects to be large next to the cap got a sequential scan
 #: with a LIMIT, and ordered by id alone, a backward scan of the primary key: either steps over every
@@ -53,10 +53,13 @@ SELECT n.name,
        (SELECT count(*) FILTER (WHERE b.queue = n.name)
         FROM (SELECT t.queue FROM tasks_task AS t
               WHERE t.status = 'BLOCKED' AND t.queue >= n.name
-              ORDER BY t.queue, t.id DESC LIMIT %(cap)s) AS b),
-       (SELECT count(*) FROM tasks_task AS t WHERE t.status = 'RUNNING' AND t.queue = n.name)
+              ORDER BY t.queue, t.id DESC LIMIT %(cap)s) AS b)
 FROM unnest(%(names)s::text[]) AS n(name)
 """
+
+#: The running tasks per queue, and so the queues that have some: one read of the running set
+#: (bounded by the workers, through tasks_task_running_exp_idx), not one per queue listed.
+_RUNNING_SQL = "SELECT queue, count(*) FROM tasks_task WHERE status = 'RUNNING' GROUP BY queue"
 
 
 #: Keys with waiting tasks in a fair queue are counted up to here (shown as "1,000+").
@@ -120,12 +123,12 @@ def queue_overview(using: str | None = None) -> list[dict[str, Any]]:
         for status in ("READY", "BLOCKED"):
             cursor.execute(_QUEUES_IN_STATUS_SQL, {"status": status})
             names |= {row[0] for row in cursor.fetchall()}
-        cursor.execute("SELECT DISTINCT queue FROM tasks_task WHERE status = 'RUNNING'")
-        names |= {row[0] for row in cursor.fetchall()}
-        names |= set(controls) | declared_queues(using)
+        cursor.execute(_RUNNING_SQL)
+        running_in: dict[str, int] = dict(cursor.fetchall())
+        names |= set(running_in) | set(controls) | declared_queues(using)
         ordered = sorted(names)
         cursor.execute(_COUNTS_SQL, {"names": ordered, "cap": COUNT_CAP + 1})
-        counts = {name: (waiting, blocked, running) for name, waiting, blocked, running in cursor.fetchall()}
+        counts = {name: (waiting, blocked, running_in.get(name, 0)) for name, waiting, blocked in cursor.fetchall()}
     fair_queues = set(get_settings().FAIR_QUEUES)
     entries = []
     for name in ordered:

@@ -12,7 +12,7 @@ from django.db import connection
 
 from tasks.web.queries import queue_stats
 from tasks.web.queues import queue_overview
-from tests.helpers.plans import add_rows, overreads, recorded
+from tests.helpers.plans import add_rows, explained, overreads, recorded
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -94,3 +94,36 @@ def test_the_runnable_depth_reads_the_due_tasks_never_the_ones_asleep() -> None:
     many = _buffers(statements)
     assert small == large == {"bulk": 5}
     assert many <= few + 20, f"{few} buffers beside 600 sleepers, {many} beside 60,600"
+
+
+def _running_rows_read(plan: dict[str, Any]) -> float:
+    """Rows the plan's nodes read from the running rows (``tasks_task_running_exp_idx``, the one index
+    that holds them all), over all their loops."""
+    read = 0.0
+    if plan.get("Index Name") == "tasks_task_running_exp_idx":
+        read += (plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)) * plan["Actual Loops"]
+    return read + sum(_running_rows_read(child) for child in plan.get("Plans", []))
+
+
+def test_the_running_tasks_of_every_queue_are_counted_in_one_read_of_the_running_set() -> None:
+    """Beside 20,000 finished tasks, twenty queues with waiting tasks, 40 running tasks in one of them
+    and 25 in a queue that has nothing else: each queue's running count is exact, the queue with only
+    running tasks is listed, and the running rows are read once for the page (not once per queue
+    listed: 22 x 65 rows, which the parent's per-queue count read)."""
+    add_rows("history", "SUCCESSFUL", 20_000)  # a table the planner reads through its indexes
+    for n in range(20):
+        add_rows(f"q{n:02}", "READY", 5)
+    add_rows("q03", "RUNNING", 40)
+    add_rows("only-running", "RUNNING", 25)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE tasks_task")
+    with recorded() as statements:
+        entries = {e["name"]: e for e in queue_overview()}
+    assert {name: (e["waiting"], e["running"]) for name, e in entries.items()} == {
+        **{f"q{n:02}": (5, 0) for n in range(20)},
+        "q03": (5, 40),
+        "only-running": (0, 25),
+    }  # (a queue with finished tasks only is not listed)
+    read = sum(_running_rows_read(explained(sql, params)) for sql, params in statements)
+    assert read <= 65, read
+    assert not overreads(statements, 100)
