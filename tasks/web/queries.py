@@ -76,8 +76,8 @@ FROM ((SELECT 1 FROM tasks_task WHERE status >= %(status)s AND status <= %(statu
 def status_count(status: str, cap: int = COUNT_CAP) -> Count:
     """The tasks in ``status`` (of the selected database), counted up to ``cap``; a finished
     status's rows moved to tasks_finished included."""
-    if status == TaskStatus.RUNNING:  # not in tasks_task_state_idx: few, read from the running index
-        return bounded_count(Task.objects.using(selected_database()).filter(status=status).order_by(), cap)
+    if status == TaskStatus.RUNNING:  # not in tasks_task_state_idx: read from the running index, in its order
+        return bounded_count(Task.objects.using(selected_database()).filter(status=status).order_by("expires_at"), cap)
     sql = _FINISHED_COUNT_SQL if status in FINISHED_STATUSES else _STATUS_COUNT_SQL
     with connections[selected_database()].cursor() as cursor:
         cursor.execute(sql, {"status": status, "limit": cap + 1})
@@ -148,16 +148,24 @@ STATES: dict[str, TaskState] = {
 }
 
 
+def _state_count(state: TaskState, cap: int) -> Count:
+    """One state's count, on the index of its rows: running rows through the running index, in its
+    order (lease expiry), retrying and snoozed rows through their own (id DESC), the rest by status."""
+    if state.bounded:
+        # No index of status holds the RUNNING rows (migration 0044): ordered by id, a count of a state
+        # the planner expects thousands of (a NULL expiry and a status taken for independent, beside a
+        # never-claimed backlog) was a backward scan of the primary key through the whole table.
+        return bounded_count(state.queryset().order_by("expires_at"), cap)
+    if state.where:
+        return bounded_count(state.queryset(), cap)
+    return status_count(state.status, cap)
+
+
 def state_counts(cap: int = COUNT_CAP) -> dict[str, Count]:
     """Tasks per dashboard state, each counted up to ``cap`` on the state's index. Pending (no index
     of its own) is waiting minus retrying and snoozed: exact while fewer than ``cap`` tasks wait, else a lower
     bound."""
-    counts = {
-        # Running rows are few, and retrying ones have their own index; the rest are one status each.
-        name: bounded_count(state.queryset(), cap) if state.bounded or state.where else status_count(state.status, cap)
-        for name, state in STATES.items()
-        if not state.unindexed
-    }
+    counts = {name: _state_count(state, cap) for name, state in STATES.items() if not state.unindexed}
     waiting, retrying = status_count(TaskStatus.READY, cap), counts["retrying"]
     # Snoozed tasks are neither pending nor retrying (read from the snoozed index).
     snoozed = counts["snoozed"]
@@ -194,7 +202,7 @@ SELECT DISTINCT path FROM (
     UNION ALL
     (SELECT task_path FROM tasks_task WHERE status = ANY(%(own_way)s::text[]) ORDER BY status, id DESC LIMIT 5000)
     UNION ALL
-    (SELECT task_path FROM tasks_task WHERE status = 'RUNNING' LIMIT 5000)
+    (SELECT task_path FROM tasks_task WHERE status = 'RUNNING' ORDER BY expires_at LIMIT 5000)
 ) AS paths
 """
 #: How many distinct task paths a search by a path's last part looks among, and expands to.

@@ -27,7 +27,7 @@ SELECT DISTINCT path FROM (
     UNION ALL
     (SELECT task_path FROM tasks_task WHERE status = ANY(%(own_way)s::text[]) ORDER BY status, id DESC LIMIT 5000)
     UNION ALL
-    (SELECT task_path FROM tasks_task WHERE status = 'RUNNING' LIMIT 5000)
+    (SELECT task_path FROM tasks_task WHERE status = 'RUNNING' ORDER BY expires_at LIMIT 5000)
 ) AS paths;
 
 -- name: QUEUE_STATS_SQL
