@@ -75,9 +75,10 @@ FROM ((SELECT 1 FROM tasks_task WHERE status >= %(status)s AND status <= %(statu
 
 def status_count(status: str, cap: int = COUNT_CAP) -> Count:
     """The tasks in ``status`` (of the selected database), counted up to ``cap``; a finished
-    status's rows moved to tasks_finished included."""
-    if status == TaskStatus.RUNNING:  # not in tasks_task_state_idx: read from the running index, in its order
-        return bounded_count(Task.objects.using(selected_database()).filter(status=status).order_by("expires_at"), cap)
+    status's rows moved to tasks_finished included. Not RUNNING: tasks_task_state_idx leaves those
+    rows out (the running states are counted on the running index: :func:`_state_count`)."""
+    if status == TaskStatus.RUNNING:
+        raise ValueError("the RUNNING rows are counted by their state (_state_count), not by status_count")
     sql = _FINISHED_COUNT_SQL if status in FINISHED_STATUSES else _STATUS_COUNT_SQL
     with connections[selected_database()].cursor() as cursor:
         cursor.execute(sql, {"status": status, "limit": cap + 1})
