@@ -17,7 +17,7 @@ from tests.helpers import wait_until
 from tests.helpers.workers import Workers
 from tests.testapp.models import Gate
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 GATE = "attempts-41"
 

@@ -29,7 +29,7 @@ from tasks.maintenance.bulk import BulkRunner
 from tasks.models import BulkOperation, Task
 from tests.helpers import sql_installed, wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 WORK = "tests.testapp.handlers.work"
 TASKS = 2400

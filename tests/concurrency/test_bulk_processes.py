@@ -24,7 +24,7 @@ from tasks.models import BulkOperation, Task
 from tests.helpers import wait_until, wait_while_moving
 from tests.testapp.models import Effect
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 HANDLER = "tests.testapp.handlers.record_then_discard"
 TASKS = int(os.environ.get("BULK_TEST_TASKS", "2000"))

@@ -15,7 +15,7 @@ import pytest
 from tasks.models import Task, Worker
 from tests.helpers import start_manage, stop_process, wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 
 def free_port() -> int:

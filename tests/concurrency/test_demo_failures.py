@@ -12,7 +12,7 @@ import pytest
 from tasks.models import Task
 from tests.helpers import start_manage, stop_process, wait_until, worker_names, worker_row
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from tasks.models import ActivityHour
 from tests.helpers import wait_until
 from tests.helpers.demo import Seen, running_demo
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 #: A ceiling, not the promise: the issue's two minutes are a figure of the machine (a quiet one shows
 #: every feature in about one); what must hold at any speed is that every feature shows.

@@ -23,7 +23,7 @@ from tests.helpers.pgbouncer import Bouncer
 from tests.helpers.task_paths import NOOP
 from tests.helpers.workers import Workers
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.one_stack]
 
 QUEUE = "fair34lives"
 KEYS = [f"t{n:02d}" for n in range(12)]

@@ -22,7 +22,7 @@ from tests.helpers import wait_until
 from tests.helpers.task_paths import NOOP
 from tests.helpers.workers import Workers
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 QUEUE = "shares33"
 SMALL = [f"s-{n}" for n in range(4)]

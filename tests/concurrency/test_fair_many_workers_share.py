@@ -13,7 +13,7 @@ from tasks.models import Task, Worker
 from tests.helpers import wait_until
 from tests.helpers.task_paths import NOOP
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 
 def test_four_workers_start_every_small_tenant_before_the_backlog_tenant_takes_most_starts(tenant_workers: Any) -> None:

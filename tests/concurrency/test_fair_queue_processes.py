@@ -15,7 +15,7 @@ from tasks.models import Task, Worker
 from tests.helpers import wait_until
 from tests.helpers.task_paths import NOOP
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 BATCH = 16
 

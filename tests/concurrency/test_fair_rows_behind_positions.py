@@ -18,7 +18,7 @@ from tasks.models import Task, Worker
 from tests.helpers import wait_until
 from tests.testapp.models import Effect
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 MIX = "tests.testapp.outcome_handlers.fair_mix"
 BACKOFF = "tests.testapp.outcome_handlers.quick_backoff"

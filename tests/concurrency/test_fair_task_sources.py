@@ -20,7 +20,7 @@ from tests.helpers import wait_until
 from tests.helpers.task_paths import NOOP
 from tests.helpers.workers import Workers
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 QUEUE = "sources33"
 SCHEDULES = {"tick33": {"task": NOOP, "interval": 1, "queue": QUEUE, "catch_up": "skip", "kwargs": {"from": "tick"}}}

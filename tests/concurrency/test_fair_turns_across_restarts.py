@@ -24,7 +24,7 @@ from tests.helpers import wait_until
 from tests.helpers.task_paths import NOOP
 from tests.helpers.workers import Workers
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 QUEUE = "tenants33"
 #: Twelve tenants: six lives a test (each a worker's start, a second or more of a loaded machine's

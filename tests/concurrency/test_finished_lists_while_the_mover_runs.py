@@ -22,7 +22,7 @@ from tests.db.test_finished_partitions import drop_partitions
 from tests.factories import StaffFactory
 from tests.helpers import start_manage, stop_process, wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 ROWS = """
 INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, started_at,

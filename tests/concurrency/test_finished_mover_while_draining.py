@@ -22,7 +22,7 @@ from tests.db.test_finished_partitions import drop_partitions
 from tests.helpers import stop_process, wait_until
 from tests.testapp.models import Effect
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 RECORD = "tests.testapp.handlers.record"
 

@@ -14,7 +14,7 @@ from tasks.models import Task, TaskStatus, Worker
 from tests.helpers import stop_process, wait_until
 from tests.testapp.models import Effect
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 OLD_ROWS = """
 INSERT INTO tasks_task (queue, priority, task_path, args, kwargs, status, run_after, enqueued_at, finished_at,

@@ -22,7 +22,7 @@ from tests.helpers import sql_installed, wait_until
 from tests.helpers.task_paths import NOOP
 from tests.helpers.workers import Workers
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 LIMIT, PERIOD = 20, 1.0
 RUN_FOR = 20.0

@@ -26,7 +26,7 @@ from tests.helpers import test_database_url as direct_url
 from tests.helpers.pgbouncer import Bouncer
 from tests.helpers.workers import Workers
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 KEY = "b32-tiny"
 LIMIT, PERIOD = 5, 0.5

@@ -21,7 +21,7 @@ from tasks.models import ScheduleRun, Task
 from tests.helpers import start_manage, stop_process, wait_until
 from tests.helpers.task_paths import NOOP
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 SCHEDULES = {"tick": {"task": NOOP, "interval": 1, "catch_up": "all", "kwargs": {"from": "schedule"}}}
 

@@ -23,7 +23,7 @@ from tests.helpers import start_manage, stop_process, wait_until
 from tests.helpers.api import TOKEN, Api
 from tests.helpers.task_paths import NOOP
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 WORKERS = ("sched-worker-a", "sched-worker-b")
 

@@ -19,7 +19,7 @@ from tasks.models import Task, TaskStatus, UniqueKey
 from tests.helpers import db_now, ensure_ended, read_message, send, start_child, wait_until
 from tests.helpers.windows import BARRIER
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 PROCESSES = 8
 

@@ -17,7 +17,7 @@ from tasks.models import Workflow as WorkflowRow
 from tasks.workflows import chain, step
 from tests.helpers import start_manage, stop_process, wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 NOOP = "tests.testapp.handlers.noop"
 CHAINS = 300

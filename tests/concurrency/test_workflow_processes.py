@@ -23,7 +23,7 @@ from tasks.workflows import chain, group, step
 from tests.helpers import start_manage, stop_process, wait_until, wait_while_moving
 from tests.testapp.models import Effect, Once
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.one_stack]
 
 H = "tests.testapp.workflow_handlers."
 FAST = ["--ttl", "1", "--recovery-interval", "0.2", "--poll-interval", "0.2", "-v", "2"]

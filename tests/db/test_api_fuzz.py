@@ -20,7 +20,7 @@ from tests.factories import StaffFactory
 from tests.helpers.api import TOKEN, check_answer
 from tests.helpers.db_state import database_state
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("api_token")]
+pytestmark = [pytest.mark.django_db, pytest.mark.one_stack, pytest.mark.usefixtures("api_token")]
 
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
