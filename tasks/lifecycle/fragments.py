@@ -35,12 +35,13 @@ STARTS = "unnest(%(start_ids)s::bigint[], %(start_tokens)s::bigint[], %(start_at
 
 # "This worker holds the row", written so that no index but the primary key can serve it. The
 # rows an attempt names are found by id (one primary-key probe each). Written plainly, ``holder = w
-# AND status = 'RUNNING'`` lets the planner read the range (w, 'RUNNING') of a holder index instead
-# (it estimates a handful of rows there: tasks_task_holder_newest_idx today), whose entries include
-# every row version this worker ever held RUNNING until vacuum removes them: beside an old snapshot
-# (a forgotten transaction) none can be removed, and each finish and heartbeat read all of them
-# (2,600 blocks after 60,000 tasks, growing). Inside COALESCE neither the partial indexes' predicate
-# nor the holder column is visible to the planner.
+# AND status = 'RUNNING'`` lets the planner read an index of the running rows instead: a holder
+# index's range (w, 'RUNNING') did (before migration 0045 took the running rows out of
+# tasks_task_holder_state_idx), whose entries included every row version this worker ever held
+# RUNNING until vacuum removed them: beside an old snapshot (a forgotten transaction) none could be
+# removed, and each finish and heartbeat read all of them (2,600 blocks after 60,000 tasks,
+# growing); the expiry index's whole running set would be the same. Inside COALESCE neither the
+# partial indexes' predicate nor the holder column is visible to the planner.
 HELD = "COALESCE(t.holder = %(worker)s AND t.status = 'RUNNING', false)"
 
 

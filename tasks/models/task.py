@@ -256,8 +256,8 @@ class Task(LeaseFields):
     )
 
     # The lease columns' plain index on holder (and its LIKE twin) is replaced by
-    # tasks_task_holder_newest_idx below (holder, status, id), which serves the same lookups and also
-    # pages of a holder's tasks, newest first: one index write less per claim, heartbeat and finish.
+    # tasks_task_holder_state_idx below (holder, status, id) of the rows a worker no longer runs, which
+    # serves pages of a holder's tasks, newest first; its running rows are read from the running set.
     holder = models.CharField(max_length=200, null=True, blank=True)
 
     objects = SelectedManager.from_queryset(TaskQuerySet)()
@@ -291,9 +291,9 @@ class Task(LeaseFields):
                 condition=Q(status="READY", shared_crashes__gt=0),
             ),
             # Recovery, the stuck list and every read of the running set: running rows by lease expiry.
-            # A worker's running rows are a range of tasks_task_holder_newest_idx (holder, status, id
-            # DESC): an index of the running rows by holder would cost every claim and every renewal
-            # one entry more (migration 0042).
+            # A worker's running rows are read from it too (a set bounded by the workers): an index of
+            # the running rows by holder would cost every claim and every renewal one entry more
+            # (migrations 0042, 0045).
             models.Index(fields=["expires_at"], name="tasks_task_running_exp_idx", condition=Q(status="RUNNING")),
             # Running rows nobody holds (normally none: a claim always names its worker), the third arm
             # of the stuck list beside the expiry index's two, so that the list reads the stuck rows
@@ -334,12 +334,14 @@ class Task(LeaseFields):
             models.Index(
                 "task_path", "status", models.F("id").desc(), name="tasks_task_path_newest_idx", condition=NOT_RUNNING
             ),
+            # A holder's tasks but its running ones (not written when a task is enqueued, nor when it
+            # is claimed or its lease renewed: migration 0045).
             models.Index(
                 "holder",
                 "status",
                 models.F("id").desc(),
-                name="tasks_task_holder_newest_idx",
-                condition=Q(holder__isnull=False),  # not written when a task is enqueued
+                name="tasks_task_holder_state_idx",
+                condition=Q(holder__isnull=False) & ~Q(status="RUNNING"),
             ),
             models.Index(
                 "dedup_key",

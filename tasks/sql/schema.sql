@@ -688,7 +688,7 @@ CREATE UNIQUE INDEX tasks_task_debounce_waiting ON public.tasks_task USING btree
 CREATE INDEX tasks_task_dedup_newest_idx ON public.tasks_task USING btree (dedup_key, status, id DESC) WHERE (dedup_key IS NOT NULL);
 CREATE UNIQUE INDEX tasks_task_dedup_unfinished ON public.tasks_task USING btree (dedup_key) WHERE ((dedup_key IS NOT NULL) AND ((status)::text = ANY ((ARRAY['BLOCKED'::character varying, 'READY'::character varying, 'RUNNING'::character varying])::text[])));
 CREATE INDEX tasks_task_fair_idx ON public.tasks_task USING btree (queue, fair_key, priority DESC, run_after, id) WHERE ((fair_key IS NOT NULL) AND ((status)::text = 'READY'::text));
-CREATE INDEX tasks_task_holder_newest_idx ON public.tasks_task USING btree (holder, status, id DESC) WHERE (holder IS NOT NULL);
+CREATE INDEX tasks_task_holder_state_idx ON public.tasks_task USING btree (holder, status, id DESC) WHERE ((holder IS NOT NULL) AND (NOT ((status)::text = 'RUNNING'::text)));
 CREATE INDEX tasks_task_isolation_idx ON public.tasks_task USING btree (queue, run_after) WHERE ((shared_crashes > 0) AND ((status)::text = 'READY'::text));
 CREATE INDEX tasks_task_path_newest_idx ON public.tasks_task USING btree (task_path, status, id DESC) WHERE ((status)::text = ANY ((ARRAY['READY'::character varying, 'SUCCESSFUL'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying])::text[]));
 CREATE UNIQUE INDEX tasks_task_pkey ON public.tasks_task USING btree (id);

@@ -16,6 +16,7 @@ from leasing.models import Lease
 from tasks.maintenance.retention import (
     PRUNE_BULK_OPERATIONS_SQL,
     PRUNE_TASKS_SQL,
+    PRUNE_WORKERS_SQL,
     AutoPruner,
     PruneCursor,
     count_prunable,
@@ -160,6 +161,41 @@ def test_stopped_workers_are_pruned_unless_they_still_hold_a_running_task() -> N
     Task.objects.claim("holding", queues=["default"])
     assert prune({"WORKERS": DAY}) == {"WORKERS": 1}
     assert set(Worker.objects.values_list("id", flat=True)) == {"holding", "alive", "recent"}
+
+
+def _rows_read(plan: dict[str, Any], table: str) -> int:
+    """Rows the plan's nodes on ``table`` read (returned or filtered out), over all their loops."""
+    here = 0
+    if plan.get("Relation Name") == table:
+        here = (plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)) * plan["Actual Loops"]
+    return here + sum(_rows_read(child, table) for child in plan.get("Plans", []))
+
+
+def test_the_worker_prune_reads_the_running_set_once_not_once_a_candidate() -> None:
+    """No index has the running rows by holder (migration 0045): whether a stopped worker still holds
+    a running task is read from the running set, once for the statement (a hash anti join on
+    PostgreSQL 15 and 18, with the statistics of a quiet hour), not once for each stopped worker it
+    looks at."""
+    long_ago = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
+    Worker.objects.bulk_create(
+        Worker(id=f"stopped-{n:04}", hostname="h", pid=1, concurrency=1, stopped_at=long_ago) for n in range(1000)
+    )
+    Task.objects.bulk_enqueue(NOOP, [{}] * 1500, queue="held")
+    with connection.cursor() as cursor:  # statistics of a quiet hour: nothing running
+        cursor.execute("ANALYZE tasks_task")
+        cursor.execute("ANALYZE tasks_worker")
+    for n in range(15):  # live workers' running tasks, and one of the stopped workers' (its lease stays)
+        holder = "stopped-0500" if n == 0 else f"live-{n}"
+        assert len(Task.objects.claim(holder, limit=100, queues=["held"], ttl=3600)) == 100
+    params = {"age": 86400, "after_at": dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc), "after_id": "", "limit": 20}
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + PRUNE_WORKERS_SQL, params)
+        plan = cursor.fetchone()[0][0]["Plan"]
+        transaction.set_rollback(True)
+    # 1,500 running rows, read once (a loop per stopped worker read 1,000 x 1,500).
+    assert _rows_read(plan, "tasks_task") <= 1500, plan
+    assert prune({"WORKERS": DAY}) == {"WORKERS": 999}
+    assert list(Worker.objects.filter(id__startswith="stopped-").values_list("id", flat=True)) == ["stopped-0500"]
 
 
 def test_schedule_runs_are_pruned_and_the_schedule_row_stays() -> None:

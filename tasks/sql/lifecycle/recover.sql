@@ -340,8 +340,9 @@ RETURNING id;
 -- Only workers that stopped within twice their TTL: an older one's leases have all expired (its last
 -- renewal was before it stopped), and recovery's own pick takes those. Its rows are found by their
 -- live leases (expires_at still ahead: tasks_task_running_exp_idx) with the holder test hidden from
--- the planner: beside an old snapshot tasks_task_holder_newest_idx keeps every RUNNING version the
--- stopped worker ever had.
+-- the planner: a holder index once held every RUNNING version the stopped worker ever had, which an
+-- old snapshot kept (the holder index has no running rows since migration 0045; the expiry index is
+-- still the one read, whatever the planner thinks of a holder's share of the running set).
 UPDATE tasks_task AS t SET expires_at = clock_timestamp()
 FROM tasks_worker AS w
 WHERE t.status = 'RUNNING' AND t.expires_at > clock_timestamp() AND COALESCE(t.holder, '') = w.id
