@@ -187,7 +187,12 @@ def test_the_worker_prune_reads_the_running_set_once_not_once_a_candidate() -> N
     for n in range(15):  # live workers' running tasks, and one of the stopped workers' (its lease stays)
         holder = "stopped-0500" if n == 0 else f"live-{n}"
         assert len(Task.objects.claim(holder, limit=100, queues=["held"], ttl=3600)) == 100
-    params = {"age": 86400, "after_at": dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc), "after_id": "", "limit": 20}
+    params: dict[str, Any] = {
+        "age": 86400,
+        "after_at": dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc),
+        "after_id": "",
+        "limit": 20,
+    }
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + PRUNE_WORKERS_SQL, params)
         plan = cursor.fetchone()[0][0]["Plan"]
