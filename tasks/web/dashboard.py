@@ -48,7 +48,7 @@ from tasks.lifecycle.storable import is_storable
 from tasks.models import Task, TaskEvent, TaskStatus, TaskStep, Worker, Workflow
 from tasks.models.finished import archived_ids
 from tasks.web import all_tasks, attempts, filter_box, holds, listings, queries, workflows
-from tasks.web.queries import STATES, Count, state_counts
+from tasks.web.queries import RUNNING_ORDER, STATES, Count, state_counts
 
 PAGE_SIZE = 50
 #: Statuses whose tasks hold no lease: their lists drop the lease, heartbeat and progress columns.
@@ -482,7 +482,11 @@ def every_task(request: HttpRequest) -> HttpResponse:
 def workers(request: HttpRequest) -> HttpResponse:
     alive = list(live_workers())
     held: dict[str, list[Task]] = {}
-    for task in Task.objects.running().filter(holder__in=[w.id for w in alive]).order_by("pk")[:1000]:
+    # In the running index's order (lease expiry, as every read of the running set: RUNNING_ORDER), then
+    # by id for the page: ordered by id, the planner may walk the primary key from the oldest task
+    # looking for the running rows, which have the newest ids (no index has them by holder).
+    running = Task.objects.running().filter(holder__in=[w.id for w in alive]).order_by(*RUNNING_ORDER)[:1000]
+    for task in sorted(running, key=lambda task: task.pk):
         held.setdefault(task.holder or "", []).append(task)
     now = timezone.now()
     since = now - dt.timedelta(seconds=WORKERS_FOLD_AFTER)
@@ -526,9 +530,11 @@ HELD_LIMIT = 200
 @staff_page(GET=[VIEW_WORKER, VIEW_TASK])
 def worker_detail(request: HttpRequest, worker_id: str) -> HttpResponse:
     worker = get_object_or_404(Worker, pk=worker_id)
-    # Through the running-holder index: what this worker holds now, live or stuck (judged at this read,
-    # on the database's clock: Task.is_stuck).
-    held = list(with_db_clock(Task.objects.running().filter(holder=worker.id)).order_by("pk")[: HELD_LIMIT + 1])
+    # What this worker holds now, live or stuck (judged at this read, on the database's clock:
+    # Task.is_stuck): read from the running set in its index's order, shown by id (the workers page says
+    # why not ordered by id).
+    running = with_db_clock(Task.objects.running().filter(holder=worker.id)).order_by(*RUNNING_ORDER)
+    held = sorted(running[: HELD_LIMIT + 1], key=lambda task: task.pk)
     stats = worker.stats or {}
     counters = [(key, stats.get(key, 0)) for key in WORKER_COLUMNS]
     counters += sorted((key, value) for key, value in stats.items() if key not in WORKER_COLUMNS)

@@ -149,6 +149,13 @@ STATES: dict[str, TaskState] = {
 }
 
 
+#: The order a bounded read of running rows takes: the running index's (tasks_task_running_exp_idx,
+#: lease expiry), ids within one expiry. No index of tasks_task has the running rows in id order
+#: (migrations 0044, 0045): ordered by id, such a read may be planned as a walk of the primary key from
+#: the oldest task, looking for rows that have the newest ids, through the whole table.
+RUNNING_ORDER = ("expires_at", "pk")
+
+
 def _state_count(state: TaskState, cap: int) -> Count:
     """One state's count, on the index of its rows: running rows through the running index, in its
     order (lease expiry), retrying and snoozed rows through their own (id DESC), the rest by status."""
