@@ -1,6 +1,8 @@
 # Written by hand. Built and dropped concurrently (as 0042, 0043 and 0044), so workers keep claiming
 # and finishing while it runs. If the build fails, PostgreSQL leaves an INVALID index: DROP INDEX
-# CONCURRENTLY tasks_task_holder_state_idx, migrate again.
+# CONCURRENTLY tasks_task_holder_state_idx, migrate again (backwards, the same with
+# tasks_task_holder_newest_idx). A concurrent build waits for every transaction older than it, an old
+# snapshot held open by someone else included; an INVALID index is still written by every change.
 #
 # The index of a holder's tasks (holder, status, id DESC) leaves the RUNNING rows out, as the status
 # index does since 0044: a worker's running rows are a part of the running set, read through
