@@ -24,6 +24,7 @@ from tasks.maintenance.retention import (
     prune_batch,
 )
 from tasks.models import BulkOperation, Schedule, ScheduleRun, Task, Worker
+from tests.helpers.plans import total_rows_read
 from tests.helpers.task_paths import NOOP
 from tests.testapp.models import FencedRecord
 
@@ -163,14 +164,6 @@ def test_stopped_workers_are_pruned_unless_they_still_hold_a_running_task() -> N
     assert set(Worker.objects.values_list("id", flat=True)) == {"holding", "alive", "recent"}
 
 
-def _rows_read(plan: dict[str, Any], table: str) -> int:
-    """Rows the plan's nodes on ``table`` read (returned or filtered out), over all their loops."""
-    here = 0
-    if plan.get("Relation Name") == table:
-        here = (plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)) * plan["Actual Loops"]
-    return here + sum(_rows_read(child, table) for child in plan.get("Plans", []))
-
-
 def test_the_worker_prune_reads_the_running_set_once_not_once_a_candidate() -> None:
     """No index has the running rows by holder (migration 0045): whether a stopped worker still holds
     a running task is read from the running set, once for the statement (a hash anti join on
@@ -198,7 +191,7 @@ def test_the_worker_prune_reads_the_running_set_once_not_once_a_candidate() -> N
         plan = cursor.fetchone()[0][0]["Plan"]
         transaction.set_rollback(True)
     # 1,500 running rows, read once (a loop per stopped worker read 1,000 x 1,500).
-    assert _rows_read(plan, "tasks_task") <= 1500, plan
+    assert total_rows_read(plan) <= 1500, plan
     assert prune({"WORKERS": DAY}) == {"WORKERS": 999}
     assert list(Worker.objects.filter(id__startswith="stopped-").values_list("id", flat=True)) == ["stopped-0500"]
 

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from bench.pages import FILL_SQL, RUNNING_SQL
 from tasks.models import Worker
-from tests.helpers.plans import explained, recorded, rows_read
+from tests.helpers.plans import explained, recorded, total_rows_read
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -62,7 +62,7 @@ def test_a_workers_pages_read_the_running_set_not_the_table(client: Client) -> N
             assert [task.pk for task in row["tasks"]] == sorted(task.pk for task in row["tasks"]), url
         for sql, params in statements:
             plan: dict[str, Any] = explained(sql, params)
-            read = sum(rows for _, rows in rows_read(plan))
+            read = total_rows_read(plan)
             if read > RUNNING + 1_000:
                 problems.append(f"{url}: {read:,.0f} rows read by {sql[:300]}")
     assert not problems, "\n".join(problems)

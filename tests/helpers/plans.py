@@ -57,6 +57,18 @@ def rows_read(plan: dict[str, Any]) -> list[tuple[str, float]]:
     return found
 
 
+def total_rows_read(plan: dict[str, Any]) -> float:
+    """Rows every node reading tasks_task or one of its indexes read, over all its loops: a read
+    repeated for each row of an outer node counts each time."""
+    read = 0.0
+    if plan.get("Relation Name") == "tasks_task" or plan.get("Node Type") == "Bitmap Index Scan":
+        per_loop = (
+            plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0) + plan.get("Rows Removed by Index Recheck", 0)
+        )
+        read = per_loop * plan["Actual Loops"]
+    return read + sum(total_rows_read(child) for child in plan.get("Plans", []))
+
+
 @contextmanager
 def recorded() -> Iterator[list[tuple[str, Any]]]:
     """The statements touching tasks_task sent on this thread's default connection within the block."""
