@@ -152,7 +152,8 @@ STATES: dict[str, TaskState] = {
 #: The order a bounded read of running rows takes: the running index's (tasks_task_running_exp_idx,
 #: lease expiry), ids within one expiry. No index of tasks_task has the running rows in id order
 #: (migrations 0044, 0045): ordered by id, such a read may be planned as a walk of the primary key from
-#: the oldest task, looking for rows that have the newest ids, through the whole table.
+#: the oldest task, looking for rows that have the newest ids, through the whole table. (A count needs
+#: only its first key; TASK_PATHS_SQL's running part is the same order in SQL.)
 RUNNING_ORDER = ("expires_at", "pk")
 
 
@@ -163,7 +164,7 @@ def _state_count(state: TaskState, cap: int) -> Count:
         # No index of status holds the RUNNING rows (migration 0044): ordered by id, a count of a state
         # the planner expects thousands of (a NULL expiry and a status taken for independent, beside a
         # never-claimed backlog) was a backward scan of the primary key through the whole table.
-        return bounded_count(state.queryset().order_by("expires_at"), cap)
+        return bounded_count(state.queryset().order_by(RUNNING_ORDER[0]), cap)
     if state.where:
         return bounded_count(state.queryset(), cap)
     return status_count(state.status, cap)
